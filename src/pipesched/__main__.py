@@ -1,0 +1,3 @@
+from pipesched.cli import main
+
+main()

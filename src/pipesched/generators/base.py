@@ -1,0 +1,98 @@
+"""What every schedule family provides: a pure generator and its closed-form (level 1) model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipesched.errors import require
+from pipesched.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class SlotCosts:
+    """Slot lengths of the idealized table: F, I and W (a full backward B = I + W)."""
+
+    f: float = 1.0
+    i: float = 1.0
+    w: float = 1.0
+
+    @property
+    def b(self) -> float:
+        return self.i + self.w
+
+
+@dataclass(frozen=True)
+class FormulaEstimate:
+    """Level 1: a family's closed form at (p, m, v) with slot costs F, I, W.
+
+    Definitions (used everywhere in pipesched):
+    - B is the full backward, B = I + W.
+    - idle: bubble time of one device per iteration (the closed forms give the worst device).
+    - work: useful compute time of one device per iteration.
+    - makespan = work + idle.
+    - bubble_ratio = idle / makespan (bubble over iteration time);
+      bubble_over_work = idle / work (the form the zero-bubble and Megatron papers use).
+    - peak_inflight: stage-microbatches whose activations are held at once on the worst
+      device, counted in this schedule's stages (an interleaved stage is a 1/v chunk);
+      activation_units rescales it to units of a 1F1B stage (num_devices / num_stages of
+      the model), so families with different chunk counts compare directly.
+    - exact: the closed form is exact for these sizes (not an approximation).
+    """
+
+    idle: float
+    work: float
+    peak_inflight: float
+    activation_units: float
+    exact: bool
+    note: str = ""
+
+    @property
+    def makespan(self) -> float:
+        return self.work + self.idle
+
+    @property
+    def bubble_ratio(self) -> float:
+        return self.idle / self.makespan if self.makespan > 0 else 0.0
+
+    @property
+    def bubble_over_work(self) -> float:
+        return self.idle / self.work if self.work > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Family:
+    """A registered schedule family.
+
+    build(p, m, *, v=..., **options) -> Schedule is a pure function.
+    formula(p, m, v, costs) -> FormulaEstimate is the family's level-1 model.
+    chunks: stages per device (fixed) or None when the family takes v.
+    options: names of extra keyword options build accepts (e.g. ``waves``, ``costs``).
+    """
+
+    name: str
+    summary: str
+    constraints: str
+    build: Callable[..., Schedule]
+    formula: Callable[[int, int, int, SlotCosts], FormulaEstimate]
+    chunks: int | None = 1
+    default_v: int = 1
+    options: tuple[str, ...] = field(default=())
+
+    def resolve_v(self, v: int | None) -> int:
+        """The chunk count to use: the family's fixed one, or the user's v (default_v)."""
+        if self.chunks is not None:
+            require(
+                v is None or v == self.chunks,
+                "v",
+                v,
+                f"{self.name} always uses {self.chunks} stage(s) per device; drop -v",
+            )
+            return self.chunks
+        return self.default_v if v is None else v
+
+
+def check_sizes(p: int, m: int, *, min_p: int = 2) -> None:
+    """The constraints every family shares."""
+    require(p >= min_p, "p", p, f"needs at least {min_p} pipeline devices")
+    require(m >= 1, "m", m, "needs at least 1 microbatch")

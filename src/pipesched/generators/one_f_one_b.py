@@ -1,0 +1,48 @@
+"""1F1B (PipeDream-Flush): warm-up forwards, then one forward / one backward, then drain."""
+
+from __future__ import annotations
+
+from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.ops import B, F, Op
+from pipesched.schedule import Placement, Schedule
+
+
+def one_f_one_b(p: int, m: int) -> Schedule:
+    """Device d runs min(p-d, m) warm-up forwards, then alternates B and F, then drains.
+
+    >>> [str(op) for op in one_f_one_b(2, 3).device_ops[0]]
+    ['0F0', '0F1', '0B0', '0F2', '0B1', '0B2']
+    """
+    check_sizes(p, m)
+    device_ops = []
+    for d in range(p):
+        warmup = min(p - d, m)  # forwards in flight before the first backward arrives
+        ops = [Op(d, F, mb) for mb in range(warmup)]
+        # steady state: each backward frees a slot for the next forward
+        for mb in range(m - warmup):
+            ops.append(Op(d, B, mb))
+            ops.append(Op(d, F, warmup + mb))
+        # cool-down: the remaining backwards
+        ops.extend(Op(d, B, mb) for mb in range(m - warmup, m))
+        device_ops.append(tuple(ops))
+    return Schedule("1f1b", Placement.one_per_device(p), m, tuple(device_ops), params={"p": p, "m": m})
+
+
+def one_f_one_b_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+    # same bubble as GPipe; device d holds at most p-d microbatches, device 0 holds min(p, m)
+    return FormulaEstimate(
+        idle=(p - 1) * (c.f + c.b),
+        work=m * (c.f + c.b),
+        peak_inflight=min(p, m),
+        activation_units=min(p, m),
+        exact=True,
+    )
+
+
+FAMILY = Family(
+    name="1f1b",
+    summary="one-forward-one-backward: GPipe's bubble with at most p microbatches in flight",
+    constraints="p >= 2, m >= 1",
+    build=lambda p, m, *, v=None: one_f_one_b(p, m),
+    formula=one_f_one_b_formula,
+)

@@ -1,0 +1,56 @@
+"""Safe file output: an output file appears whole or not at all, and nothing is overwritten
+until the new content is complete."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from pipesched.errors import PipeschedError
+
+
+def check_output_path(path: str | os.PathLike[str], field: str = "output") -> Path:
+    """Fail early (before any work) if ``path`` cannot be written."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise PipeschedError(f"{field}={target}: directory {folder} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK):
+        raise PipeschedError(f"{field}={target}: directory {folder} is not writable; choose another path")
+    if target.is_dir():
+        raise PipeschedError(f"{field}={target}: is a directory; give a file name")
+    return target
+
+
+def write_atomic(path: str | os.PathLike[str], data: str | bytes, field: str = "output") -> Path:
+    """Write ``data`` to a temporary file beside ``path`` and rename it into place."""
+    target = check_output_path(path, field)
+    mode = "wb" if isinstance(data, bytes) else "w"
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    try:
+        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8", "newline": ""})) as handle:
+            handle.write(data)
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise PipeschedError(f"{field}={target}: cannot write ({exc.strerror}); choose another path") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def read_text(path: str | os.PathLike[str], field: str = "file") -> str:
+    """Read a UTF-8 text input file, with a one-line error when that is impossible."""
+    source = Path(path)
+    try:
+        return source.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PipeschedError(f"{field}={source}: no such file; check the path") from None
+    except IsADirectoryError:
+        raise PipeschedError(f"{field}={source}: is a directory; give a file") from None
+    except UnicodeDecodeError:
+        raise PipeschedError(f"{field}={source}: not UTF-8 text; give a text file") from None
+    except OSError as exc:
+        raise PipeschedError(f"{field}={source}: cannot read ({exc.strerror})") from None

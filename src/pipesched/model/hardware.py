@@ -1,0 +1,72 @@
+"""Devices, links and clusters: the hardware the simulator places a schedule on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesched.errors import require
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator."""
+
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    memory_bytes: float  # device memory capacity, bytes
+    memory_bandwidth: float  # bytes/s
+    # achievable fraction of peak for large matmuls (documented default, overridable)
+    matmul_efficiency: float = 0.7
+    # achievable fraction of memory bandwidth for memory-bound kernels
+    bandwidth_efficiency: float = 0.8
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A communication link: a transfer of n bytes takes latency + n / bandwidth when alone."""
+
+    bandwidth: float  # bytes/s, per direction
+    latency: float  # seconds
+
+    def __post_init__(self) -> None:
+        require(self.bandwidth > 0, "bandwidth", self.bandwidth, "must be > 0 bytes/s (use inf for free links)")
+        require(self.latency >= 0, "latency", self.latency, "must be >= 0 seconds")
+
+    def transfer_time(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Ranks grouped into nodes. Rank r is ``devices[r]`` on node ``node_of[r]``.
+
+    Ranks on one node talk over ``intra_node`` (NVLink-like, one link per direction per rank
+    pair); ranks on different nodes go over ``inter_node``, through one NIC per rank
+    (``nic_per_device=True``) or one NIC shared by the whole node.
+    """
+
+    name: str
+    devices: tuple[DeviceSpec, ...]
+    node_of: tuple[int, ...]
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+    nic_per_device: bool = True
+
+    def __post_init__(self) -> None:
+        require(len(self.devices) >= 1, "devices", 0, "a cluster needs at least one device")
+        require(
+            len(self.node_of) == len(self.devices),
+            "node_of",
+            len(self.node_of),
+            f"give one node index per device ({len(self.devices)})",
+        )
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    def same_node(self, a: int, b: int) -> bool:
+        return self.node_of[a] == self.node_of[b]
+
+    def link(self, src: int, dst: int) -> LinkSpec:
+        return self.intra_node if self.same_node(src, dst) else self.inter_node

@@ -1,0 +1,71 @@
+"""Op kinds and the Op value type, with PyTorch's compact text form (``2F0``, ``3I1``)."""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+from typing import NamedTuple
+
+from pipesched.errors import PipeschedError
+
+
+class OpKind(str, Enum):
+    """What a compute op does for one microbatch on one stage.
+
+    The one-letter values are those of ``torch.distributed.pipelining``'s ``_ComputationType``.
+    """
+
+    FORWARD = "F"
+    # backward for inputs: the gradient the previous stage waits for
+    BACKWARD_INPUT = "I"
+    # backward for weights: may be deferred to fill bubbles (zero-bubble schedules)
+    BACKWARD_WEIGHT = "W"
+    # full backward = I then W fused in one op
+    BACKWARD = "B"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+F = OpKind.FORWARD
+I = OpKind.BACKWARD_INPUT  # noqa: E741 - the letter is the domain's name for it
+W = OpKind.BACKWARD_WEIGHT
+B = OpKind.BACKWARD
+
+# Fixed order used wherever kinds are stored as small integers (arrays, timelines).
+KIND_ORDER: tuple[OpKind, ...] = (F, I, W, B)
+KIND_INDEX: dict[OpKind, int] = {kind: index for index, kind in enumerate(KIND_ORDER)}
+
+_OP_TEXT = re.compile(r"^(\d+)([FIWB])(\d+)$")
+
+
+class Op(NamedTuple):
+    """One compute op: (stage, kind, microbatch). Its text form is ``f"{stage}{kind}{mb}"``.
+
+    >>> Op.parse("3I1")
+    Op(stage=3, kind=<OpKind.BACKWARD_INPUT: 'I'>, microbatch=1)
+    >>> str(Op(0, F, 12))
+    '0F12'
+    """
+
+    stage: int
+    kind: OpKind
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind.value}{self.microbatch}"
+
+    @classmethod
+    def parse(cls, text: str) -> Op:
+        """Parse ``2F0`` style text; raise PipeschedError naming the token otherwise."""
+        match = _OP_TEXT.match(text.strip())
+        if match is None:
+            raise PipeschedError(
+                f"op={text!r}: not an op; write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1 or 1B0"
+            )
+        return cls(int(match.group(1)), OpKind(match.group(2)), int(match.group(3)))
+
+
+def is_backward(kind: OpKind) -> bool:
+    """True for I and B: the ops that send a gradient to the previous stage."""
+    return kind is I or kind is B

@@ -1,0 +1,219 @@
+"""Schedule: per-device ordered op tables plus the placement of stages onto devices."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from pipesched.errors import PipeschedError, require
+from pipesched.ops import B, F, I, Op, OpKind, W
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each model stage runs.
+
+    ``replicas[r][s]`` is the device of stage ``s`` in replica ``r``. Most schedules have one
+    replica. Bidirectional schedules (Chimera, DualPipe) keep a second full copy of the model
+    laid out in the opposite direction: each model stage then lives on two devices, each
+    microbatch goes through one replica (``Schedule.route``), and the replicas' gradients are
+    all-reduced at the end of the iteration.
+
+    >>> Placement.looped(2, 2).replicas
+    ((0, 1, 0, 1),)
+    >>> Placement.vshape(2).replicas
+    ((0, 1, 1, 0),)
+    """
+
+    num_devices: int
+    replicas: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        require(self.num_devices >= 1, "devices", self.num_devices, "must be at least 1")
+        require(len(self.replicas) >= 1, "placement", "[]", "needs at least one replica")
+        stages = len(self.replicas[0])
+        require(stages >= 1, "stages", stages, "must be at least 1")
+        for replica in self.replicas:
+            require(
+                len(replica) == stages,
+                "placement",
+                replica,
+                f"every replica must place all {stages} stages",
+            )
+            for device in replica:
+                require(
+                    0 <= device < self.num_devices,
+                    "placement device",
+                    device,
+                    f"must be in 0..{self.num_devices - 1}",
+                )
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.replicas[0])
+
+    @property
+    def num_replicas(self) -> int:
+        return len(self.replicas)
+
+    def device(self, stage: int, replica: int = 0) -> int:
+        return self.replicas[replica][stage]
+
+    def stages_on(self, device: int, replica: int = 0) -> tuple[int, ...]:
+        """Stages that replica ``replica`` keeps on ``device``, in stage order."""
+        return tuple(s for s, d in enumerate(self.replicas[replica]) if d == device)
+
+    # --- the common layouts -------------------------------------------------------------
+    @classmethod
+    def one_per_device(cls, p: int) -> Placement:
+        """Stage s on device s."""
+        return cls(p, (tuple(range(p)),))
+
+    @classmethod
+    def looped(cls, p: int, v: int) -> Placement:
+        """Interleaved chunks: stage s on device s mod p (Megatron's virtual pipeline)."""
+        return cls(p, (tuple(s % p for s in range(p * v)),))
+
+    @classmethod
+    def zigzag(cls, p: int, chunks: int) -> Placement:
+        """Stage s of chunk c = s // p goes down the devices for even c and up for odd c.
+
+        chunks=2 is the V shape (stage s and 2p-1-s share device s); Hanayo with w waves
+        uses 2w chunks.
+        """
+        stages = []
+        for s in range(p * chunks):
+            chunk, position = divmod(s, p)
+            stages.append(position if chunk % 2 == 0 else p - 1 - position)
+        return cls(p, (tuple(stages),))
+
+    @classmethod
+    def vshape(cls, p: int) -> Placement:
+        """V shape: stages s and 2p-1-s on device s (ZB-V, V-Half, V-Min, DualPipeV)."""
+        return cls.zigzag(p, 2)
+
+    @classmethod
+    def bidirectional(cls, p: int, stages_per_device: int = 1) -> Placement:
+        """Two replicas in opposite directions (Chimera, DualPipe).
+
+        Replica 0 runs down: stage s on device s // k. Replica 1 runs up: stage s on device
+        p-1 - s // k, where k = stages_per_device.
+        """
+        k = stages_per_device
+        down = tuple(s // k for s in range(p * k))
+        up = tuple(p - 1 - s // k for s in range(p * k))
+        return cls(p, (down, up))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A pipeline schedule as data: one ordered op sequence per device.
+
+    ``device_ops[d]`` lists the compute ops device ``d`` runs, in order. Time is not part of a
+    schedule: the slot table (level 2) and the simulator (level 3) give ops their times.
+
+    ``route[mb]`` is the replica that microbatch ``mb`` goes through (all 0 with one replica).
+    ``params`` records the generator's parameters (``p``, ``m``, ``v``, ...) for display.
+    """
+
+    name: str
+    placement: Placement
+    num_microbatches: int
+    device_ops: tuple[tuple[Op, ...], ...]
+    route: tuple[int, ...] = ()
+    params: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        require(self.num_microbatches >= 1, "microbatches", self.num_microbatches, "must be at least 1")
+        require(
+            len(self.device_ops) == self.placement.num_devices,
+            "devices",
+            len(self.device_ops),
+            f"the placement has {self.placement.num_devices} devices; give one op row per device",
+        )
+        if not self.route:
+            object.__setattr__(self, "route", (0,) * self.num_microbatches)
+        require(
+            len(self.route) == self.num_microbatches,
+            "route",
+            len(self.route),
+            f"needs one replica index per microbatch ({self.num_microbatches})",
+        )
+        for replica in self.route:
+            if not 0 <= replica < self.placement.num_replicas:
+                raise PipeschedError(
+                    f"route={replica}: replica index must be in 0..{self.placement.num_replicas - 1}"
+                )
+
+    # --- sizes ---------------------------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return self.placement.num_stages
+
+    @property
+    def num_devices(self) -> int:
+        return self.placement.num_devices
+
+    @property
+    def num_ops(self) -> int:
+        return sum(len(ops) for ops in self.device_ops)
+
+    def device_of(self, stage: int, microbatch: int) -> int:
+        """The device that runs ``stage`` for ``microbatch`` (replicas follow the route)."""
+        return self.placement.replicas[self.route[microbatch]][stage]
+
+    def ops(self) -> Iterator[tuple[int, Op]]:
+        """Every (device, op) pair, device by device, in table order."""
+        for device, ops in enumerate(self.device_ops):
+            for op in ops:
+                yield device, op
+
+    @cached_property
+    def op_set(self) -> frozenset[Op]:
+        return frozenset(op for ops in self.device_ops for op in ops)
+
+    @cached_property
+    def splits_backward(self) -> bool:
+        """True when some backward is split into I and W (zero-bubble style)."""
+        return any(op.kind is I or op.kind is W for _, op in self.ops())
+
+    def backward_op(self, stage: int, microbatch: int) -> Op:
+        """The op that produces stage's input gradient for microbatch: I if the table splits
+        that backward, else B."""
+        split = Op(stage, I, microbatch)
+        return split if split in self.op_set else Op(stage, B, microbatch)
+
+    def predecessors(self, op: Op) -> tuple[Op, ...]:
+        """Data dependencies of ``op`` (not the device order).
+
+        forward:   F(s, mb) needs F(s-1, mb)'s activation
+        backward:  I/B(s, mb) needs its own F(s, mb) and the gradient of I/B(s+1, mb)
+        weight:    W(s, mb) needs I(s, mb)
+        """
+        s, kind, mb = op
+        if kind is F:
+            return (Op(s - 1, F, mb),) if s > 0 else ()
+        if kind is W:
+            return (Op(s, I, mb),)
+        own_forward = Op(s, F, mb)
+        if s == self.num_stages - 1:
+            return (own_forward,)
+        return (own_forward, self.backward_op(s + 1, mb))
+
+    def with_ops(self, device_ops: tuple[tuple[Op, ...], ...], *, name: str | None = None) -> Schedule:
+        """A copy with other op tables (for passes: Schedule -> Schedule)."""
+        return Schedule(
+            name=name or self.name,
+            placement=self.placement,
+            num_microbatches=self.num_microbatches,
+            device_ops=tuple(tuple(ops) for ops in device_ops),
+            route=self.route,
+            params=dict(self.params),
+        )
+
+
+def expected_ops(num_stages: int, num_microbatches: int, *, split_backward: bool) -> list[Op]:
+    """Every op a complete schedule must contain, in stage-major order."""
+    kinds: tuple[OpKind, ...] = (F, I, W) if split_backward else (F, B)
+    return [Op(s, k, mb) for s in range(num_stages) for mb in range(num_microbatches) for k in kinds]

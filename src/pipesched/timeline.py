@@ -1,0 +1,139 @@
+"""Timeline: when each op and transfer of one iteration ran.
+
+The same type holds the idealized slot table (level 2, unit = slot), the simulator's output
+(level 3, seconds) and a measured run (seconds, from the profiler), so every renderer and
+metric works on all three. It is columnar (numpy arrays, one row per event) because
+timelines of a million ops are normal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipesched.ops import KIND_ORDER, Op
+from pipesched.schedule import Schedule
+
+# Transfer kinds stored in TransferTable.kind
+ACTIVATION, GRADIENT, ALLREDUCE = 0, 1, 2
+TRANSFER_KIND_NAMES = ("activation", "gradient", "allreduce")
+
+
+@dataclass(frozen=True, eq=False)
+class TransferTable:
+    """Point-to-point transfers and collectives; arrays of equal length, one row each.
+
+    ``channel`` indexes ``channel_names`` (a link, a NIC, or a rank's send queue: whatever
+    resource the transfer occupied). For an all-reduce, src and dst are the two replicas'
+    devices and stage names the model stage whose gradients are reduced (microbatch = -1).
+    """
+
+    src_device: np.ndarray  # int32
+    dst_device: np.ndarray  # int32
+    kind: np.ndarray  # int8, ACTIVATION / GRADIENT / ALLREDUCE
+    stage: np.ndarray  # int32, the stage that sent (activation: producer; gradient: producer)
+    microbatch: np.ndarray  # int32, -1 for collectives
+    nbytes: np.ndarray  # float64, bytes moved
+    start: np.ndarray  # float64
+    end: np.ndarray  # float64
+    channel: np.ndarray  # int32, index into channel_names
+    channel_names: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+    @classmethod
+    def empty(cls) -> TransferTable:
+        i32, f64 = np.zeros(0, np.int32), np.zeros(0, np.float64)
+        return cls(i32, i32, np.zeros(0, np.int8), i32, i32, f64, f64, f64, i32, ())
+
+
+@dataclass(frozen=True, eq=False)
+class MemoryTrace:
+    """Memory in use on each device over time, as step functions.
+
+    ``times[d][k]`` is when the usage of device d became ``bytes[d][k]`` (bytes, or
+    stage-microbatches for the slot table: see ``unit``). ``static`` is the part that is
+    there all iteration (parameters, gradients, optimizer state).
+    """
+
+    times: tuple[np.ndarray, ...]
+    values: tuple[np.ndarray, ...]
+    static: tuple[float, ...]
+    capacity: tuple[float, ...] | None = None  # device memory, bytes; None when unknown
+    unit: str = "bytes"  # "bytes" or "stage-microbatches"
+
+    @property
+    def peak(self) -> tuple[float, ...]:
+        return tuple(float(v.max()) if v.size else s for v, s in zip(self.values, self.static))
+
+    @property
+    def out_of_memory(self) -> tuple[bool, ...]:
+        if self.capacity is None:
+            return tuple(False for _ in self.values)
+        return tuple(p > c for p, c in zip(self.peak, self.capacity))
+
+
+@dataclass(frozen=True, eq=False)
+class Timeline:
+    """Start and end of every compute op (and transfer) of one iteration.
+
+    Op rows follow the schedule's table order (device 0's ops in order, then device 1's, ...),
+    so row ``k`` is the k-th pair of ``schedule.ops()``; a measured timeline keeps the order
+    in which the ops really ran.
+    """
+
+    schedule: Schedule
+    source: str  # "table" (level 2), "simulated" (level 3) or "measured" (real run)
+    unit: str  # "slot" or "s"
+    op_device: np.ndarray  # int32
+    op_stage: np.ndarray  # int32
+    op_kind: np.ndarray  # int8, index into ops.KIND_ORDER
+    op_microbatch: np.ndarray  # int32
+    op_start: np.ndarray  # float64
+    op_end: np.ndarray  # float64
+    transfers: TransferTable = field(default_factory=TransferTable.empty)
+    memory: MemoryTrace | None = None
+    meta: dict = field(default_factory=dict)  # e.g. costs used, cluster name, run settings
+
+    def __len__(self) -> int:
+        return int(self.op_start.shape[0])
+
+    @property
+    def num_devices(self) -> int:
+        return self.schedule.num_devices
+
+    @property
+    def makespan(self) -> float:
+        """Iteration time: from the first start to the last end of any op or transfer."""
+        end = float(self.op_end.max()) if len(self) else 0.0
+        if len(self.transfers):
+            end = max(end, float(self.transfers.end.max()))
+        return end - self.origin
+
+    @property
+    def origin(self) -> float:
+        return float(self.op_start.min()) if len(self) else 0.0
+
+    def busy_per_device(self) -> np.ndarray:
+        """Compute time per device (float64 array of length num_devices)."""
+        return np.bincount(
+            self.op_device, weights=self.op_end - self.op_start, minlength=self.num_devices
+        )
+
+    def idle_per_device(self) -> np.ndarray:
+        return self.makespan - self.busy_per_device()
+
+    def bubble_ratio(self) -> float:
+        """Idle compute time over (devices x iteration time)."""
+        total = self.makespan * self.num_devices
+        return float(self.idle_per_device().sum() / total) if total > 0 else 0.0
+
+    def op(self, row: int) -> Op:
+        return Op(int(self.op_stage[row]), KIND_ORDER[int(self.op_kind[row])], int(self.op_microbatch[row]))
+
+    def rows_of_device(self, device: int) -> np.ndarray:
+        """Row indices of device's ops, in start-time order."""
+        rows = np.flatnonzero(self.op_device == device)
+        return rows[np.argsort(self.op_start[rows], kind="stable")]
