@@ -1,0 +1,52 @@
+"""Schedule files: grid text (``.txt`` and anything else), PyTorch CSV (``.csv``), JSON
+(``.json``). Every format round-trips: ``load(save(s)) == s``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipesched.errors import PipeschedError
+from pipesched.io import grid, json_format, torch_csv
+from pipesched.io.files import read_text, write_atomic
+from pipesched.schedule import Schedule
+
+FORMATS = ("grid", "csv", "json")
+
+
+def format_for(path: str | os.PathLike[str]) -> str:
+    suffix = Path(path).suffix.lower()
+    return {".csv": "csv", ".json": "json"}.get(suffix, "grid")
+
+
+def dumps(schedule: Schedule, fmt: str = "grid") -> str:
+    if fmt == "grid":
+        return grid.dumps(schedule)
+    if fmt == "csv":
+        return torch_csv.dumps(schedule)
+    if fmt == "json":
+        return json_format.dumps(schedule)
+    raise PipeschedError(f"format={fmt!r}: unknown; choose one of {', '.join(FORMATS)}")
+
+
+def loads(text: str, fmt: str = "grid", *, source: str = "<text>") -> Schedule:
+    if fmt == "grid":
+        return grid.loads(text, source=source)
+    if fmt == "csv":
+        name = "custom" if source.startswith("<") else Path(source).stem
+        return torch_csv.loads(text, source=source, name=name)
+    if fmt == "json":
+        return json_format.loads(text, source=source)
+    raise PipeschedError(f"format={fmt!r}: unknown; choose one of {', '.join(FORMATS)}")
+
+
+def load_schedule(path: str | os.PathLike[str], *, fmt: str | None = None) -> Schedule:
+    """Read a schedule file; the format follows the extension unless ``fmt`` is given."""
+    return loads(read_text(path, "schedule_file"), fmt or format_for(path), source=str(path))
+
+
+def save_schedule(schedule: Schedule, path: str | os.PathLike[str], *, fmt: str | None = None) -> Path:
+    return write_atomic(path, dumps(schedule, fmt or format_for(path)))
+
+
+__all__ = ["FORMATS", "dumps", "format_for", "load_schedule", "loads", "save_schedule"]

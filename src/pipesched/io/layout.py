@@ -1,0 +1,28 @@
+"""The text layout shared by the grid and CSV formats: every op takes one time step, idle steps
+are empty. This is how PyTorch lays out ``pipeline_order`` (one action per step, ``None`` when
+idle), so our CSV rows line up the way its own dumps do."""
+
+from __future__ import annotations
+
+from pipesched.ops import Op
+from pipesched.ordering import walk
+from pipesched.schedule import Schedule
+
+
+def step_rows(schedule: Schedule) -> list[list[Op | None]]:
+    """One row per device; ``None`` marks an idle step. A table that deadlocks is laid out
+    compactly (no idle steps) so it can still be written and inspected."""
+    result = walk(schedule, lambda op: 1.0)
+    if result.stuck is not None:
+        return [list(ops) for ops in schedule.device_ops]
+    rows: list[list[Op | None]] = []
+    row_index = 0
+    for ops in schedule.device_ops:
+        row: list[Op | None] = []
+        for op in ops:
+            step = int(result.start[row_index])
+            row.extend([None] * (step - len(row)))
+            row.append(op)
+            row_index += 1
+        rows.append(row)
+    return rows

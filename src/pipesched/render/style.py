@@ -1,0 +1,101 @@
+"""Colours, names and unit formatting shared by every view (terminal, Gantt, trace, HTML).
+
+Forward is blue, the backward halves are warm (I orange, B the darker burnt orange of the
+fused I+W), the deferrable weight gradient W is green; transfers take the colour of what
+they carry, lightened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesched.ops import KIND_ORDER
+from pipesched.timeline import TRANSFER_KIND_NAMES
+
+# index = ops.KIND_ORDER position (F, I, W, B)
+KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a")
+KIND_LETTERS: tuple[str, ...] = tuple(kind.value for kind in KIND_ORDER)
+KIND_NAMES: tuple[str, ...] = ("forward", "backward (input)", "backward (weight)", "backward (full)")
+
+# index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce)
+TRANSFER_COLORS: tuple[str, ...] = ("#8fb8de", "#f7c08a", "#9d7cc1")
+TRANSFER_NAMES: tuple[str, ...] = TRANSFER_KIND_NAMES
+
+IDLE_COLOR = "#ececec"
+OOM_COLOR = "#c0392b"
+# text drawn on a box of each kind (white reads on all four fills)
+LABEL_ON_KIND = "#ffffff"
+
+
+def lighten(color: str, amount: float) -> str:
+    """Mix ``#rrggbb`` with white; amount 0 keeps it, 1 gives white.
+
+    >>> lighten("#000000", 0.5)
+    '#808080'
+    """
+    rgb = [int(color[i : i + 2], 16) for i in (1, 3, 5)]
+    mixed = [round(c + (255 - c) * amount) for c in rgb]
+    return "#" + "".join(f"{c:02x}" for c in mixed)
+
+
+def chunk_shade(chunk: int, chunks: int) -> float:
+    """How much to lighten a device's ``chunk``-th stage (0 for the first) so the chunks of
+    an interleaved or V schedule tell apart; never more than 0.45 so the kind stays clear."""
+    if chunks <= 1:
+        return 0.0
+    return 0.45 * chunk / (chunks - 1)
+
+
+@dataclass(frozen=True)
+class TimeScale:
+    """How to show times: ``value_in_unit = time * factor``."""
+
+    factor: float
+    unit: str  # "slots", "s", "ms" or "us"
+
+    def format(self, time: float, *, digits: int = 4) -> str:
+        return f"{time * self.factor:.{digits}g} {self.unit}"
+
+
+def time_scale(unit: str, span: float) -> TimeScale:
+    """The display unit for a timeline in ``unit`` ("slot" or "s") spanning ``span``.
+
+    >>> time_scale("s", 0.025)
+    TimeScale(factor=1000.0, unit='ms')
+    >>> time_scale("slot", 100).unit
+    'slots'
+    """
+    if unit == "slot":
+        return TimeScale(1.0, "slots")
+    if span >= 1.0:
+        return TimeScale(1.0, "s")
+    if span >= 1e-3:
+        return TimeScale(1e3, "ms")
+    return TimeScale(1e6, "us")
+
+
+def format_memory(value: float, unit: str) -> str:
+    """Memory in a readable unit: bytes as GiB/MiB/KiB, other units (stage-microbatches) as
+    a plain number.
+
+    >>> format_memory(3 * 2**30, "bytes")
+    '3.00 GiB'
+    >>> format_memory(4, "stage-microbatches")
+    '4 stage-microbatches'
+    """
+    if unit != "bytes":
+        return f"{value:g} {unit}"
+    for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {name}"
+    return f"{value:g} B"
+
+
+def memory_scale(unit: str, peak: float) -> tuple[float, str]:
+    """(divisor, unit name) for a memory axis whose largest value is ``peak``."""
+    if unit != "bytes":
+        return 1.0, unit
+    for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if peak >= size:
+            return float(size), name
+    return 1.0, "B"
