@@ -20,6 +20,15 @@ class DeviceSpec:
     # achievable fraction of memory bandwidth for memory-bound kernels
     bandwidth_efficiency: float = 0.8
 
+    def __post_init__(self) -> None:
+        require(bool(self.name), "device name", repr(self.name), "give the device a name")
+        for field_name in ("peak_flops", "memory_bytes", "memory_bandwidth"):
+            value = getattr(self, field_name)
+            require(value > 0, f"{self.name}.{field_name}", value, "must be > 0")
+        for field_name in ("matmul_efficiency", "bandwidth_efficiency"):
+            value = getattr(self, field_name)
+            require(0 < value <= 1, f"{self.name}.{field_name}", value, "must be in (0, 1]")
+
 
 @dataclass(frozen=True)
 class LinkSpec:

@@ -1,0 +1,184 @@
+"""What is being trained and how: the model's shape, the training settings, and the cost of
+one layer for one microbatch.
+
+A model is a list of layers: the embedding (``E``), ``num_layers`` transformer blocks
+(``t``: attention + MLP, dense or mixture-of-experts) and the final norm + LM head + loss
+(``L``). The letters are Megatron's pipeline-layout symbols. A model may instead carry
+``measured`` layer costs (from a profile file); those are used as given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pipesched.errors import require
+
+# Megatron pipeline-layout letters of the layer kinds.
+EMBEDDING = "E"
+TRANSFORMER = "t"
+MTP = "m"
+LOSS = "L"
+LAYER_KINDS = (EMBEDDING, TRANSFORMER, MTP, LOSS)
+
+# bytes of one activation element per training dtype (Korthikanti et al. assume 16-bit)
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def _finite(value: float, field_name: str) -> float:
+    value = float(value)
+    require(math.isfinite(value) and value >= 0, field_name, value, "must be a finite number >= 0")
+    return value
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """What one layer costs for one microbatch on one device (its tensor-parallel share).
+
+    The first seven fields are the columns of the measured-layer CSV and of
+    ``pipesched costs --json``.
+    """
+
+    name: str
+    forward_s: float  # F: forward time, seconds
+    backward_input_s: float  # I: input-gradient time (with any recompute), seconds
+    backward_weight_s: float  # W: weight-gradient time, seconds
+    activation_bytes: float  # kept from F until the backward ends, bytes per microbatch
+    params: float  # parameters this device holds for the layer
+    output_bytes: float  # tensor sent to the next layer (its gradient comes back the same size)
+    flops: float = 0.0  # matmul FLOPs of F + I + W (+ recompute) on this device
+    weight_input_bytes: float = 0.0  # part of activation_bytes W still needs after I
+    kind: str = TRANSFORMER  # layout letter: E, t, m or L
+
+    def __post_init__(self) -> None:
+        require(bool(self.name), "layer name", repr(self.name), "give every layer a name")
+        for field_name in ("forward_s", "backward_input_s", "backward_weight_s", "activation_bytes",
+                           "params", "output_bytes", "flops", "weight_input_bytes"):
+            object.__setattr__(self, field_name, _finite(getattr(self, field_name), f"{self.name}.{field_name}"))
+        require(self.kind in LAYER_KINDS, f"{self.name}.kind", self.kind,
+                f"must be one of {', '.join(LAYER_KINDS)}")
+
+    @property
+    def backward_s(self) -> float:
+        """Full backward B = I + W, seconds."""
+        return self.backward_input_s + self.backward_weight_s
+
+    @property
+    def total_s(self) -> float:
+        """F + I + W, seconds."""
+        return self.forward_s + self.backward_input_s + self.backward_weight_s
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer (nanoGPT-style config: one field, one meaning).
+
+    For mixture-of-experts models ``ffn_hidden_size`` is the hidden size of one expert.
+    With ``measured`` layer costs the shape fields are informational and may be 0.
+    """
+
+    name: str
+    num_layers: int  # transformer blocks (not counting embedding and head)
+    hidden_size: int  # h
+    num_heads: int  # a, query heads
+    num_kv_heads: int  # key/value heads (grouped-query attention when < num_heads)
+    ffn_hidden_size: int  # f, MLP (or per-expert) hidden size
+    vocab_size: int  # V
+    num_experts: int = 1  # E, 1 = dense MLP
+    experts_per_token: int = 1  # top-k routing
+    gated_mlp: bool = False  # SwiGLU (Llama, Mixtral): three MLP matrices instead of two
+    head_dim: int = 0  # per-head size; 0 = hidden_size / num_heads
+    tied_embeddings: bool = False  # LM head shares the embedding matrix (the head stage keeps a copy)
+    position_embeddings: int = 0  # learned absolute positions (GPT); 0 = rotary, no parameters
+    bias: bool = False  # linear layers and norms have biases (GPT); False for RMSNorm models
+    dropout: bool = False  # dropout masks are kept (Korthikanti's inventory assumes dropout)
+    measured: tuple[LayerCost, ...] = ()  # measured per-layer costs, used as given
+    measured_on: str = ""  # device preset the measured costs come from ("" = use them anywhere as is)
+
+    def __post_init__(self) -> None:
+        if self.measured:
+            object.__setattr__(self, "measured", tuple(self.measured))
+            names = [layer.name for layer in self.measured]
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            require(not duplicates, "layer name", duplicates[0] if duplicates else "",
+                    "appears twice in the measured layers; give each layer its own name")
+            return
+        require(bool(self.name), "model name", repr(self.name), "give the model a name")
+        for field_name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
+                           "ffn_hidden_size", "vocab_size", "num_experts", "experts_per_token"):
+            value = getattr(self, field_name)
+            require(isinstance(value, int) and value > 0, field_name, value, "must be a positive integer")
+        require(self.head_dim >= 0, "head_dim", self.head_dim, "must be >= 0 (0 = hidden_size / num_heads)")
+        require(self.position_embeddings >= 0, "position_embeddings", self.position_embeddings,
+                "must be >= 0 (0 = rotary positions)")
+        if self.head_dim == 0:
+            require(self.hidden_size % self.num_heads == 0, "num_heads", self.num_heads,
+                    f"must divide hidden_size={self.hidden_size} (or give head_dim)")
+        require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
+                f"must divide num_heads={self.num_heads}")
+        require(self.experts_per_token <= self.num_experts, "experts_per_token", self.experts_per_token,
+                f"must be at most num_experts={self.num_experts}")
+
+    @property
+    def kv_channels(self) -> int:
+        """Size of one attention head (d_h)."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def layer_kinds(self) -> tuple[str, ...]:
+        """The layout letter of every layer, in order."""
+        if self.measured:
+            return tuple(layer.kind for layer in self.measured)
+        return (EMBEDDING,) + (TRANSFORMER,) * self.num_layers + (LOSS,)
+
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        if self.measured:
+            return tuple(layer.name for layer in self.measured)
+        return ("embedding", *(f"layer.{i}" for i in range(self.num_layers)), "head")
+
+    @property
+    def num_cost_layers(self) -> int:
+        """Layers the partitioner places (embedding and head included)."""
+        return len(self.layer_kinds)
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """How one microbatch is run. Parameter memory uses mixed-precision Adam by default:
+    2 bytes bf16 weight + 4 bytes fp32 gradient + 12 bytes fp32 master weight, Adam m and v
+    = 18 bytes per parameter (Megatron without a distributed optimizer)."""
+
+    micro_batch_size: int = 1  # b, sequences per microbatch
+    seq_len: int = 2048  # s, tokens per sequence
+    dtype: str = "bf16"  # activation and matmul dtype: bf16, fp16 or fp32 (fp32 matmuls at half the 16-bit peak)
+    recompute: str = "none"  # none | selective (attention core) | full (whole layer, keeps its input)
+    tensor_parallel: int = 1  # t, ranks that split every layer (Megatron tensor parallelism)
+    sequence_parallel: bool = False  # also split norms/dropouts along the sequence (Korthikanti)
+    weight_bytes: float = 2.0  # bytes per parameter for the working weights
+    grad_bytes: float = 4.0  # bytes per parameter for the gradient (what data parallel all-reduces)
+    optimizer_bytes: float = 12.0  # bytes per parameter for optimizer state (fp32 master + Adam m, v)
+
+    def __post_init__(self) -> None:
+        for field_name in ("micro_batch_size", "seq_len", "tensor_parallel"):
+            value = getattr(self, field_name)
+            require(isinstance(value, int) and value > 0, field_name, value, "must be a positive integer")
+        require(self.dtype in DTYPE_BYTES, "dtype", self.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
+        require(self.recompute in RECOMPUTE_MODES, "recompute", self.recompute,
+                f"must be one of {', '.join(RECOMPUTE_MODES)}")
+        for field_name in ("weight_bytes", "grad_bytes", "optimizer_bytes"):
+            _finite(getattr(self, field_name), field_name)
+
+    @property
+    def element_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def static_bytes_per_param(self) -> float:
+        """Parameters + gradients + optimizer state, bytes per parameter."""
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes

@@ -1,0 +1,72 @@
+"""Quantities with units in hardware files: ``450 GB/s``, ``400 Gb/s``, ``80 GiB``, ``3 us``,
+``989 TFLOP/s``. A bare number is taken in base units (bytes, bytes/s, seconds, FLOP/s)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from pipesched.errors import invalid
+
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+
+# unit suffix (after the prefix) -> (quantity, factor to base units)
+_UNITS = {
+    "B": ("bytes", 1.0),
+    "B/s": ("bandwidth", 1.0),
+    "b/s": ("bandwidth", 1.0 / 8),  # bits per second
+    "bps": ("bandwidth", 1.0 / 8),
+    "FLOP/s": ("flops", 1.0),
+    "FLOPS": ("flops", 1.0),
+    "s": ("time", 1.0),
+}
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_QUANTITY = re.compile(r"^\s*([0-9.eE+-]+)\s*([A-Za-zµ/]*)\s*$")
+
+
+def parse_quantity(value: object, quantity: str, field: str) -> float:
+    """Read a number or a string with a unit as ``quantity`` (bytes, bandwidth, time, flops).
+
+    >>> parse_quantity("400 Gb/s", "bandwidth", "link")
+    50000000000.0
+    >>> parse_quantity("3 us", "time", "latency")
+    3e-06
+    >>> parse_quantity(80, "bytes", "memory")
+    80.0
+    """
+    if isinstance(value, bool):
+        raise invalid(field, value, f"must be a number or a {quantity} with a unit")
+    if isinstance(value, int | float):
+        number = float(value)
+    else:
+        match = _QUANTITY.match(str(value))
+        if match is None:
+            raise invalid(field, value, f"must be a number or a {quantity} with a unit such as {_example(quantity)}")
+        try:
+            number = float(match.group(1))
+        except ValueError:
+            raise invalid(field, value, f"must be a number or a {quantity} with a unit such as {_example(quantity)}") from None
+        unit = match.group(2)
+        if unit:
+            number *= _unit_factor(unit, quantity, field, value)
+    if not (math.isfinite(number) or (number == math.inf and quantity == "bandwidth")) or number < 0:
+        raise invalid(field, value, f"must be a {quantity} >= 0")
+    return number
+
+
+def _unit_factor(unit: str, quantity: str, field: str, value: object) -> float:
+    if quantity == "time":
+        if unit in _TIME_UNITS:
+            return _TIME_UNITS[unit]
+        raise invalid(field, value, f"unknown time unit {unit!r}; use one of {', '.join(_TIME_UNITS)}")
+    for suffix, (kind, factor) in _UNITS.items():
+        prefix = unit[: len(unit) - len(suffix)]
+        if unit.endswith(suffix) and kind == quantity and prefix in _PREFIX:
+            return _PREFIX[prefix] * factor
+    raise invalid(field, value, f"unknown {quantity} unit {unit!r}; for example {_example(quantity)}")
+
+
+def _example(quantity: str) -> str:
+    return {"bytes": "80 GiB", "bandwidth": "450 GB/s or 400 Gb/s", "time": "3 us",
+            "flops": "989 TFLOP/s"}[quantity]

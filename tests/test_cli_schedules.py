@@ -1,0 +1,76 @@
+"""`pipesched list / show / validate`: exit codes, one-line errors, files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from pipesched import io
+from pipesched.generators import generate
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.code == 2, result
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("pipesched: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert "Traceback" not in result.err
+
+
+def test_list_shows_every_family(cli) -> None:
+    result = cli("list")
+    assert result.code == 0
+    assert "gpipe" in result.out and "1f1b" in result.out
+
+
+def test_show_prints_grid_and_both_levels(cli) -> None:
+    result = cli("show", "1f1b", "-p", "4", "-m", "8")
+    assert result.code == 0
+    assert "d3: .   .   .   3F0 3B0" in result.out
+    assert "slot makespan 33" in result.out and "formula: makespan 33" in result.out
+
+
+def test_show_writes_each_format_that_loads_back(cli, tmp_path) -> None:
+    for fmt, suffix in (("grid", ".txt"), ("csv", ".csv"), ("json", ".json")):
+        path = tmp_path / f"s{suffix}"
+        result = cli("show", "gpipe", "-p", "3", "-m", "4", "--format", fmt, "-o", str(path))
+        assert result.code == 0, result
+        assert io.load_schedule(path).device_ops == generate("gpipe", 3, 4).device_ops
+
+
+def test_show_bad_input_is_one_line(cli, tmp_path) -> None:
+    assert_one_line_error(cli("show", "nope"), "unknown family", "gpipe")
+    assert_one_line_error(cli("show", "1f1b", "-p", "1"), "p=1")
+    assert_one_line_error(cli("show", "1f1b", "-m", "0"), "m=0")
+    assert_one_line_error(cli("show", "1f1b", "--format", "xml"), "format")
+    assert_one_line_error(cli("show", "1f1b", "-o", str(tmp_path / "missing" / "s.txt")), "does not exist")
+    assert_one_line_error(cli("show", "1f1b", "--set", "waves"), "KEY=VALUE")
+    assert_one_line_error(cli("show", "1f1b", "--set", "waves=2"), "option=waves")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_validate_exit_codes(cli, tmp_path) -> None:
+    good = tmp_path / "good.txt"
+    io.save_schedule(generate("1f1b", 2, 3), good)
+    assert cli("validate", str(good)).code == 0
+    cycle = tmp_path / "cycle.txt"
+    cycle.write_text("d0: 0F0 0B0 0F1 0B1\nd1: 1F1 1F0 1B0 1B1\n")
+    result = cli("validate", str(cycle))
+    assert result.code == 1 and "deadlock" in result.out and "<-- ERROR HERE" in result.out
+    over = tmp_path / "gpipe.csv"
+    io.save_schedule(generate("gpipe", 2, 4), over)
+    assert cli("validate", str(over), "--memory-limit", "4").code == 0
+    assert cli("validate", str(over), "--memory-limit", "2").code == 1
+    bad = tmp_path / "bad.txt"
+    bad.write_text("d0: 0F0 0B0\nd1: 1F0 1Z0\n")
+    assert_one_line_error(cli("validate", str(bad)), "bad.txt:2:9", "1Z0")
+    assert_one_line_error(cli("validate", str(tmp_path / "none.txt")), "no such file")
+
+
+def test_console_script_exits_2_without_traceback() -> None:
+    proc = subprocess.run([sys.executable, "-m", "pipesched", "show", "nope"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
