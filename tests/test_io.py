@@ -38,7 +38,7 @@ def test_op_parse_rejects(bad: str) -> None:
 
 
 def _all_schedules(p: int = 4, m: int = 8):
-    for name, family in FAMILIES.items():
+    for name, _family in FAMILIES.items():
         try:
             yield generate(name, p, m)
         except PipeschedError:

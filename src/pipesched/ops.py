@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from enum import Enum
+from enum import StrEnum
 from typing import NamedTuple
 
 from pipesched.errors import PipeschedError
 
 
-class OpKind(str, Enum):
+class OpKind(StrEnum):
     """What a compute op does for one microbatch on one stage.
 
     The one-letter values are those of ``torch.distributed.pipelining``'s ``_ComputationType``.

@@ -9,7 +9,7 @@ import numpy as np
 
 from pipesched.errors import PipeschedError
 from pipesched.generators.base import SlotCosts
-from pipesched.ops import B, F, I, KIND_INDEX, W, Op
+from pipesched.ops import KIND_INDEX, B, F, I, Op, W
 from pipesched.ordering import walk
 from pipesched.schedule import Schedule
 from pipesched.timeline import Timeline
@@ -98,10 +98,10 @@ def grid_cells(timeline: Timeline) -> list[list[Op | None]]:
 
     An op of length k slots fills k cells. Needs integral slot times.
     """
-    total = int(round(timeline.makespan))
+    total = round(timeline.makespan)
     cells: list[list[Op | None]] = [[None] * total for _ in range(timeline.num_devices)]
     for row in range(len(timeline)):
-        first, last = int(round(timeline.op_start[row])), int(round(timeline.op_end[row]))
+        first, last = round(timeline.op_start[row]), round(timeline.op_end[row])
         for slot in range(first, last):
             cells[int(timeline.op_device[row])][slot] = timeline.op(row)
     return cells

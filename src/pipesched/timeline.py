@@ -66,13 +66,13 @@ class MemoryTrace:
 
     @property
     def peak(self) -> tuple[float, ...]:
-        return tuple(float(v.max()) if v.size else s for v, s in zip(self.values, self.static))
+        return tuple(float(v.max()) if v.size else s for v, s in zip(self.values, self.static, strict=True))
 
     @property
     def out_of_memory(self) -> tuple[bool, ...]:
         if self.capacity is None:
             return tuple(False for _ in self.values)
-        return tuple(p > c for p, c in zip(self.peak, self.capacity))
+        return tuple(p > c for p, c in zip(self.peak, self.capacity, strict=True))
 
 
 @dataclass(frozen=True, eq=False)

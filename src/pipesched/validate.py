@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from pipesched.ops import B, F, I, W, Op
+from pipesched.ops import B, F, I, Op, W
 from pipesched.ordering import walk
 from pipesched.schedule import Schedule
 
