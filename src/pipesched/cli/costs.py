@@ -1,0 +1,243 @@
+"""`pipesched costs` and `pipesched partition`: per-layer costs of a model on a device, and
+its layers split into pipeline stages."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipesched.errors import PipeschedError, require
+from pipesched.generators import generate
+from pipesched.model import (
+    LAYER_COLUMNS,
+    METHODS,
+    Cluster,
+    StagePlan,
+    TrainingSettings,
+    homogeneous_cluster,
+    layer_costs,
+    load_cluster,
+    load_device,
+    load_model,
+    plan_stages,
+)
+from pipesched.model.hardware import DeviceSpec
+from pipesched.partition import format_layout, parse_layout
+from pipesched.schedule import Placement
+
+GiB = 2.0**30
+MiB = 2.0**20
+
+def _console() -> Console:
+    """A terminal console, or a wide one when the output goes to a file or pipe."""
+    console = Console()
+    return console if console.is_terminal else Console(width=140)
+
+
+MODEL_HELP = "model preset name, Hugging Face config.json, or YAML/CSV model file"
+
+
+def _settings(micro_batch_size: int, seq_len: int, dtype: str, recompute: str, tensor_parallel: int,
+              sequence_parallel: bool) -> TrainingSettings:
+    return TrainingSettings(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, recompute=recompute,
+                            tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel)
+
+
+def _tuned(device: DeviceSpec, matmul_efficiency: float | None, bandwidth_efficiency: float | None) -> DeviceSpec:
+    changes = {}
+    if matmul_efficiency is not None:
+        changes["matmul_efficiency"] = matmul_efficiency
+    if bandwidth_efficiency is not None:
+        changes["bandwidth_efficiency"] = bandwidth_efficiency
+    return dataclasses.replace(device, **changes) if changes else device
+
+
+def costs(
+    model: str = typer.Option(..., "--model", help=MODEL_HELP),
+    device: str = typer.Option(..., "--device", help="device preset (a100-40gb, h100-sxm, cpu, ...)"),
+    micro_batch_size: int = typer.Option(1, "--micro-batch-size", "-b", help="sequences per microbatch"),
+    seq_len: int = typer.Option(2048, "--seq-len", "-s", help="tokens per sequence"),
+    recompute: str = typer.Option("none", "--recompute", help="activation recompute: none, selective, full"),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel", "-t", help="tensor-parallel degree"),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="split norms and dropouts too"),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32"),
+    matmul_efficiency: float | None = typer.Option(None, "--matmul-efficiency", help="fraction of peak FLOP/s"),
+    bandwidth_efficiency: float | None = typer.Option(None, "--bandwidth-efficiency",
+                                                      help="fraction of memory bandwidth"),
+    as_json: bool = typer.Option(False, "--json", help="print a JSON list of per-layer objects"),
+) -> None:
+    """Per-layer costs of one microbatch: forward, backward-input, backward-weight seconds,
+    activation bytes, parameters and the bytes sent to the next layer."""
+    spec = load_model(model)
+    chip = _tuned(load_device(device), matmul_efficiency, bandwidth_efficiency)
+    settings = _settings(micro_batch_size, seq_len, dtype, recompute, tensor_parallel, sequence_parallel)
+    layers = layer_costs(spec, chip, settings)
+    if as_json:
+        rows = [{column: getattr(layer, column) for column in LAYER_COLUMNS}
+                | {"flops": layer.flops, "kind": layer.kind} for layer in layers]
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    table = Table(title=f"{spec.name} on {chip.name}: b={settings.micro_batch_size} s={settings.seq_len} "
+                        f"t={settings.tensor_parallel} recompute={settings.recompute}")
+    for column in ("layer", "F ms", "I ms", "W ms", "act MiB", "params M", "out MiB", "GFLOP"):
+        table.add_column(column, justify="left" if column == "layer" else "right")
+    for layer in layers:
+        table.add_row(layer.name, f"{layer.forward_s * 1e3:.3f}", f"{layer.backward_input_s * 1e3:.3f}",
+                      f"{layer.backward_weight_s * 1e3:.3f}", f"{layer.activation_bytes / MiB:.1f}",
+                      f"{layer.params / 1e6:.2f}", f"{layer.output_bytes / MiB:.2f}", f"{layer.flops / 1e9:.2f}")
+    table.add_section()
+    table.add_row("total", *(f"{sum(getattr(x, f) for x in layers) * 1e3:.3f}"
+                             for f in ("forward_s", "backward_input_s", "backward_weight_s")),
+                  f"{sum(x.activation_bytes for x in layers) / MiB:.1f}",
+                  f"{sum(x.params for x in layers) / 1e6:.2f}", "", f"{sum(x.flops for x in layers) / 1e9:.2f}")
+    _console().print(table)
+
+
+def _cluster(device: str | None, cluster: str | None, ranks: int, matmul_efficiency: float | None,
+             bandwidth_efficiency: float | None) -> Cluster:
+    if (device is None) == (cluster is None):
+        raise PipeschedError("device/cluster: give exactly one of --device NAME or --cluster NAME|FILE")
+    if device is not None:
+        built = homogeneous_cluster(load_device(device), ranks)
+    else:
+        built = load_cluster(cluster)
+    return dataclasses.replace(
+        built, devices=tuple(_tuned(d, matmul_efficiency, bandwidth_efficiency) for d in built.devices))
+
+
+def _layer_span(kinds: list[str], first_block: int) -> str:
+    """``E t0-7``, ``t8-15``, ``t24-31 L``: layout letters, blocks numbered in model order."""
+    if not kinds:
+        return "(empty)"
+    parts = []
+    block = first_block
+    run = 0
+    for kind in [*kinds, ""]:
+        if kind == "t":
+            run += 1
+            continue
+        if run:
+            parts.append(f"t{block}" if run == 1 else f"t{block}-{block + run - 1}")
+            block += run
+            run = 0
+        if kind:
+            parts.append(kind)
+    return " ".join(parts)
+
+
+def _plan_json(plan: StagePlan, layout: str) -> str:
+    stages = []
+    for s in range(plan.costs.num_stages):
+        stages.append({
+            "stage": s, "rank": plan.ranks[s], "device": plan.devices[s].name,
+            "layers": [layer.name for layer in plan.layers[s]],
+            "forward_s": plan.costs.forward[s], "backward_input_s": plan.costs.backward_input[s],
+            "backward_weight_s": plan.costs.backward_weight[s], "send_s": plan.send_s[s],
+            "stage_s": plan.stage_s[s], "activation_bytes": plan.costs.activation_bytes[s],
+            "static_bytes": plan.costs.static(s), "output_bytes": plan.costs.output_bytes[s],
+            "inflight": plan.inflight[s] if plan.inflight is not None else None,
+        })
+    return json.dumps({
+        "model": plan.model.name, "method": plan.method, "sizes": list(plan.partition.sizes),
+        "layout": layout, "bottleneck_s": plan.bottleneck_s, "stages": stages,
+        "device_peak_bytes": list(plan.device_peak_bytes) if plan.device_peak_bytes is not None else None,
+        "device_memory_bytes": list(plan.device_memory),
+    }, indent=1)
+
+
+def _print_plan(plan: StagePlan, layout: str | None) -> None:
+    console = _console()
+    run = plan.settings
+    table = Table(title=f"{plan.model.name}: {plan.costs.num_stages} stages ({plan.method}), "
+                        f"b={run.micro_batch_size} s={run.seq_len} t={run.tensor_parallel} recompute={run.recompute}; "
+                        "times in ms per microbatch, memory in GiB")
+    columns = ["stage", "cluster rank", "device", "layers", "F", "I", "W", "send", "total", "static", "act/mb"]
+    if plan.inflight is not None:
+        columns += ["in flight"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("device", "layers") else "right")
+    costs = plan.costs
+    blocks = 0
+    for s in range(costs.num_stages):
+        kinds = [x.kind for x in plan.layers[s]]
+        row = [str(s), str(plan.ranks[s]), plan.devices[s].name, _layer_span(kinds, blocks),
+               f"{costs.forward[s] * 1e3:.2f}", f"{costs.backward_input[s] * 1e3:.2f}",
+               f"{costs.backward_weight[s] * 1e3:.2f}", f"{plan.send_s[s] * 1e3:.2f}",
+               f"{plan.stage_s[s] * 1e3:.2f}", f"{costs.static(s) / GiB:.2f}",
+               f"{costs.activation_bytes[s] / GiB:.2f}"]
+        blocks += kinds.count("t")
+        if plan.inflight is not None:
+            row += [str(plan.inflight[s])]
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"bottleneck stage: {plan.bottleneck_s * 1e3:.2f} ms per microbatch (F + I + W + sends); "
+                  f"sizes {plan.partition}")
+    if plan.device_peak_bytes is not None:
+        memory = Table(title="peak memory per pipeline rank (static + in-flight activations)")
+        for column in ("pipeline rank", "stages", "peak GiB", "capacity GiB", "fits"):
+            memory.add_column(column, justify="right")
+        for device, (peak, capacity) in enumerate(zip(plan.device_peak_bytes, plan.device_memory, strict=True)):
+            held = ", ".join(str(s) for replica in plan.placement.replicas for s, d in enumerate(replica) if d == device)
+            memory.add_row(str(device), held, f"{peak / GiB:.2f}", f"{capacity / GiB:.2f}",
+                           "yes" if peak <= capacity else "NO")
+        console.print(memory)
+    if layout is not None:
+        console.print(f"layout: {layout}", highlight=False, markup=False)
+
+
+def partition(
+    model: str = typer.Option(..., "--model", help=MODEL_HELP),
+    device: str | None = typer.Option(None, "--device", help="one device preset for every rank (8 per node, NVLink, 400 Gb/s InfiniBand)"),
+    cluster: str | None = typer.Option(None, "--cluster", help="cluster preset or YAML file"),
+    p: int = typer.Option(..., "-p", help="pipeline ranks"),
+    v: int | None = typer.Option(None, "-v", help="stages (model chunks) per rank [default: 1, or the schedule's]"),
+    method: str = typer.Option("balanced", "--method", help=f"{' | '.join(METHODS)}"),
+    schedule: str | None = typer.Option(None, "--schedule", help="schedule family for in-flight memory"),
+    microbatches: int = typer.Option(0, "-m", help="microbatches (with --schedule)"),
+    from_layout: str | None = typer.Option(None, "--from-layout", help="use this Megatron layout string"),
+    show_layout: bool = typer.Option(False, "--layout", help="print the Megatron layout string"),
+    memory_limit: float | None = typer.Option(None, "--memory-limit", help="device memory in GiB (default: the device's)"),
+    micro_batch_size: int = typer.Option(1, "--micro-batch-size", "-b", help="sequences per microbatch"),
+    seq_len: int = typer.Option(2048, "--seq-len", "-s", help="tokens per sequence"),
+    recompute: str = typer.Option("none", "--recompute", help="activation recompute: none, selective, full"),
+    tensor_parallel: int = typer.Option(1, "--tensor-parallel", "-t", help="tensor-parallel degree"),
+    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="split norms and dropouts too"),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32"),
+    matmul_efficiency: float | None = typer.Option(None, "--matmul-efficiency", help="fraction of peak FLOP/s"),
+    bandwidth_efficiency: float | None = typer.Option(None, "--bandwidth-efficiency",
+                                                      help="fraction of memory bandwidth"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+) -> None:
+    """Split a model's layers into p x v pipeline stages and show each stage's time and memory."""
+    require(p >= 1, "p", p, "must be at least 1")
+    require(v is None or v >= 1, "v", v, "must be at least 1")
+    require(memory_limit is None or memory_limit > 0, "memory-limit", memory_limit, "must be > 0 GiB")
+    spec = load_model(model)
+    settings = _settings(micro_batch_size, seq_len, dtype, recompute, tensor_parallel, sequence_parallel)
+    built = None
+    if schedule is not None:
+        require(microbatches >= 1, "m", microbatches, "give the number of microbatches with --schedule (-m M)")
+        built = generate(schedule, p, microbatches, v=v)
+        placement = built.placement
+    else:
+        require(method != "memory", "method", method, "needs --schedule NAME and -m M for the in-flight counts")
+        placement = Placement.looped(p, v or 1)
+    hardware = _cluster(device, cluster, placement.num_devices * tensor_parallel, matmul_efficiency,
+                        bandwidth_efficiency)
+    given = parse_layout(from_layout, spec.layer_kinds, num_stages=placement.num_stages) if from_layout else None
+    plan = plan_stages(spec, placement, hardware, settings, method=method, partition=given, schedule=built,
+                       memory_limit=memory_limit * GiB if memory_limit is not None else None)
+    layout = format_layout(plan.partition, spec.layer_kinds)
+    if as_json:
+        typer.echo(_plan_json(plan, layout))
+        return
+    _print_plan(plan, layout if show_layout else None)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("costs")(costs)
+    app.command("partition")(partition)

@@ -1,0 +1,197 @@
+"""Clusters from YAML files or presets.
+
+A cluster file lists node groups, the intra-node link and the inter-node link::
+
+    name: 4x8-h100
+    nodes:                        # node groups, in rank order
+      - count: 4                  # identical nodes in this group (default 1)
+        devices_per_node: 8
+        device: h100-sxm          # a device preset, or a mapping (below)
+      # a node with mixed devices lists them instead, one entry per rank:
+      # - devices: [h100-sxm, h100-sxm, a100-80gb, a100-80gb]
+    intra_node:                   # per direction, between two ranks of one node (NVLink)
+      bandwidth: 450 GB/s
+      latency: 3 us
+    inter_node:                   # per direction, through one NIC (InfiniBand / RoCE)
+      bandwidth: 400 Gb/s
+      latency: 5 us
+    nic_per_device: true          # one NIC per rank (default); false: one NIC per node, shared
+
+Quantities take a unit (``GB/s``, ``Gb/s``, ``GiB``, ``us``, ``TFLOP/s``) or are bare numbers
+in bytes, bytes/s, seconds and FLOP/s. A device mapping either names a preset to adjust
+(``{preset: h100-sxm, matmul_efficiency: 0.8}``) or defines a device::
+
+    device: {name: my-gpu, peak_flops: 500 TFLOP/s, memory: 96 GiB, memory_bandwidth: 4 TB/s}
+
+Ranks are numbered node by node. ``pipesched/data/clusters/`` holds the presets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from pipesched.errors import PipeschedError, invalid, require
+from pipesched.io.files import read_text
+from pipesched.model.devices import load_device
+from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
+from pipesched.model.units import parse_quantity
+
+# Links assumed when a cluster is built from a device name alone (``--device``): NVLink 4
+# (450 GB/s per direction) inside a node of 8, 400 Gb/s InfiniBand per device across nodes.
+NVLINK = LinkSpec(bandwidth=450e9, latency=3e-6)
+INFINIBAND_400G = LinkSpec(bandwidth=50e9, latency=5e-6)
+
+_CLUSTER_KEYS = {"name", "nodes", "intra_node", "inter_node", "nic_per_device"}
+_NODE_KEYS = {"count", "devices_per_node", "device", "devices"}
+_DEVICE_KEYS = {"preset", "name", "peak_flops", "memory", "memory_bandwidth",
+                "matmul_efficiency", "bandwidth_efficiency"}
+
+
+def _preset_dir():
+    return resources.files("pipesched") / "data" / "clusters"
+
+
+def cluster_presets() -> tuple[str, ...]:
+    """Names of the built-in clusters."""
+    return tuple(sorted(entry.name.removesuffix(".yaml") for entry in _preset_dir().iterdir()
+                        if entry.name.endswith(".yaml")))
+
+
+def load_cluster(name_or_path: str) -> Cluster:
+    """A cluster preset by name, or a cluster YAML file.
+
+    >>> load_cluster("4x8-h100").num_devices
+    32
+    """
+    path = Path(name_or_path)
+    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
+        return parse_cluster(read_text(path, "cluster"), source=str(path))
+    if name_or_path in cluster_presets():
+        text = (_preset_dir() / f"{name_or_path}.yaml").read_text(encoding="utf-8")
+        return parse_cluster(text, source=name_or_path)
+    raise PipeschedError(f"cluster={name_or_path!r}: unknown cluster preset and no such file; "
+                         f"known presets: {', '.join(cluster_presets())}")
+
+
+def parse_cluster(text: str, *, source: str = "cluster") -> Cluster:
+    """Build a Cluster from the YAML text described in the module docstring."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise PipeschedError(f"cluster={source}: not valid YAML{where}; fix the file") from None
+    require(isinstance(data, dict), "cluster", source, "must be a YAML mapping with nodes, intra_node, inter_node")
+    _check_keys(data, _CLUSTER_KEYS, "cluster")
+    for key in ("nodes", "intra_node", "inter_node"):
+        require(key in data, "cluster", source, f"is missing '{key}'; see the cluster file format in the docs")
+    nodes = data["nodes"]
+    require(isinstance(nodes, list) and len(nodes) > 0, "nodes", nodes, "must be a non-empty list of node groups")
+    devices: list[DeviceSpec] = []
+    node_of: list[int] = []
+    node = 0
+    for index, group in enumerate(nodes):
+        for node_devices in _node_group(group, f"nodes[{index}]"):
+            devices.extend(node_devices)
+            node_of.extend([node] * len(node_devices))
+            node += 1
+    nic_per_device = data.get("nic_per_device", True)
+    require(isinstance(nic_per_device, bool), "nic_per_device", nic_per_device, "must be true or false")
+    return Cluster(
+        name=str(data.get("name", Path(source).stem)),
+        devices=tuple(devices),
+        node_of=tuple(node_of),
+        intra_node=_link(data["intra_node"], "intra_node"),
+        inter_node=_link(data["inter_node"], "inter_node"),
+        nic_per_device=nic_per_device,
+    )
+
+
+def homogeneous_cluster(device: DeviceSpec, num_devices: int, *, devices_per_node: int = 8,
+                        intra_node: LinkSpec = NVLINK, inter_node: LinkSpec = INFINIBAND_400G) -> Cluster:
+    """``num_devices`` identical devices, ``devices_per_node`` per node.
+
+    >>> homogeneous_cluster(load_device("h100-sxm"), 16).node_of[8]
+    1
+    """
+    require(num_devices >= 1, "devices", num_devices, "must be at least 1")
+    require(devices_per_node >= 1, "devices_per_node", devices_per_node, "must be at least 1")
+    return Cluster(
+        name=f"{num_devices}x{device.name}",
+        devices=(device,) * num_devices,
+        node_of=tuple(rank // devices_per_node for rank in range(num_devices)),
+        intra_node=intra_node,
+        inter_node=inter_node,
+    )
+
+
+def _check_keys(data: Mapping, known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise invalid(f"{where}.{unknown[0]}", data[unknown[0]], f"unknown key; known keys: {', '.join(sorted(known))}")
+
+
+def _node_group(group: object, where: str) -> list[list[DeviceSpec]]:
+    require(isinstance(group, dict), where, group, "must be a mapping with device/devices_per_node or devices")
+    _check_keys(group, _NODE_KEYS, where)
+    count = group.get("count", 1)
+    require(isinstance(count, int) and not isinstance(count, bool) and count >= 1, f"{where}.count", count,
+            "must be a positive integer")
+    if "devices" in group:
+        require("device" not in group and "devices_per_node" not in group, where, "devices",
+                "give either a devices list or device + devices_per_node, not both")
+        listed = group["devices"]
+        require(isinstance(listed, list) and len(listed) > 0, f"{where}.devices", listed,
+                "must be a non-empty list of devices")
+        node = [_device(entry, f"{where}.devices[{i}]") for i, entry in enumerate(listed)]
+    else:
+        require("device" in group, where, group, "needs 'device' (with devices_per_node) or 'devices'")
+        per_node = group.get("devices_per_node", 1)
+        require(isinstance(per_node, int) and not isinstance(per_node, bool) and per_node >= 1,
+                f"{where}.devices_per_node", per_node, "must be a positive integer")
+        node = [_device(group["device"], f"{where}.device")] * per_node
+    return [list(node) for _ in range(count)]
+
+
+def _device(entry: object, where: str) -> DeviceSpec:
+    if isinstance(entry, str):
+        return load_device(entry)
+    require(isinstance(entry, dict), where, entry, "must be a device preset name or a mapping")
+    _check_keys(entry, _DEVICE_KEYS, where)
+    if "preset" in entry:
+        base = load_device(str(entry["preset"]))
+    else:
+        for key in ("name", "peak_flops", "memory", "memory_bandwidth"):
+            require(key in entry, where, entry.get("name", "device"), f"is missing '{key}' (or name a preset)")
+        base = DeviceSpec(str(entry["name"]), 1.0, 1.0, 1.0)
+    changes: dict[str, object] = {}
+    if "name" in entry:
+        changes["name"] = str(entry["name"])
+    if "peak_flops" in entry:
+        changes["peak_flops"] = parse_quantity(entry["peak_flops"], "flops", f"{where}.peak_flops")
+    if "memory" in entry:
+        changes["memory_bytes"] = parse_quantity(entry["memory"], "bytes", f"{where}.memory")
+    if "memory_bandwidth" in entry:
+        changes["memory_bandwidth"] = parse_quantity(entry["memory_bandwidth"], "bandwidth", f"{where}.memory_bandwidth")
+    for key in ("matmul_efficiency", "bandwidth_efficiency"):
+        if key in entry:
+            value = entry[key]
+            require(isinstance(value, int | float) and not isinstance(value, bool), f"{where}.{key}", value,
+                    "must be a number in (0, 1]")
+            changes[key] = float(value)
+    return dataclasses.replace(base, **changes)
+
+
+def _link(entry: object, where: str) -> LinkSpec:
+    require(isinstance(entry, dict), where, entry, "must be a mapping with bandwidth and latency")
+    _check_keys(entry, {"bandwidth", "latency"}, where)
+    require("bandwidth" in entry, where, entry, "is missing 'bandwidth' (for example 450 GB/s)")
+    bandwidth = parse_quantity(entry["bandwidth"], "bandwidth", f"{where}.bandwidth")
+    latency = parse_quantity(entry.get("latency", 0.0), "time", f"{where}.latency")
+    require(bandwidth > 0, f"{where}.bandwidth", entry["bandwidth"], "must be > 0")
+    return LinkSpec(bandwidth=bandwidth, latency=latency)

@@ -1,0 +1,233 @@
+"""From a model on a cluster to per-stage costs: cost the layers on each stage's device,
+partition them, and sum each stage.
+
+Pipeline rank ``d`` of the placement runs on cluster ranks ``d*t .. d*t + t-1`` (t = the
+tensor-parallel degree; that group must sit inside one node and is costed on its first
+rank's device). Stage ``s`` runs on pipeline rank ``placement.replicas[0][s]``.
+
+Methods:
+- ``uniform``: equal blocks per stage, embedding first, head last;
+- ``balanced``: exact minimum of the largest stage time F + I + W plus the boundary sends
+  (each stage pays for sending its output on and its input gradient back);
+- ``memory``: ``balanced`` among the partitions that fit in device memory under a
+  schedule's in-flight activations. A stage held ``n`` microbatches at once needs its
+  static bytes + n x its activation bytes; a device holding k stage copies gives each a
+  1/k share of its memory (the sum of per-stage peaks bounds the device's peak, so what is
+  found fits; with k = 1 the search is exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipesched.costs import StageCosts
+from pipesched.errors import PipeschedError, require
+from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
+from pipesched.model.spec import LayerCost, ModelSpec, TrainingSettings
+from pipesched.model.transformer import layer_costs
+from pipesched.partition import (
+    Partition,
+    device_peak_bytes,
+    inflight_per_stage,
+    min_bottleneck,
+    stage_instances_per_device,
+    stage_values,
+    uniform,
+)
+from pipesched.schedule import Placement, Schedule
+
+METHODS = ("uniform", "balanced", "memory")
+GiB = 2.0**30
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """A partition with everything derived from it. Times in seconds, sizes in bytes."""
+
+    model: ModelSpec
+    settings: TrainingSettings
+    placement: Placement
+    partition: Partition
+    method: str
+    ranks: tuple[int, ...]  # cluster rank of every stage (replica 0)
+    devices: tuple[DeviceSpec, ...]  # device of every stage
+    layers: tuple[tuple[LayerCost, ...], ...]  # the layer costs of every stage, on its device
+    costs: StageCosts
+    send_s: tuple[float, ...]  # boundary sends every stage pays per microbatch
+    stage_s: tuple[float, ...]  # F + I + W + sends
+    inflight: tuple[int, ...] | None = None  # per stage, from the schedule
+    device_peak_bytes: tuple[float, ...] | None = None  # per pipeline rank, from the schedule
+    device_memory: tuple[float, ...] = ()  # capacity per pipeline rank
+
+    @property
+    def bottleneck_s(self) -> float:
+        return max(self.stage_s)
+
+
+def pipeline_ranks(placement: Placement, cluster: Cluster, tensor_parallel: int) -> tuple[int, ...]:
+    """Cluster rank of every pipeline rank: the first rank of its tensor-parallel group."""
+    needed = placement.num_devices * tensor_parallel
+    require(cluster.num_devices >= needed, "cluster", cluster.name,
+            f"has {cluster.num_devices} devices; the pipeline needs {placement.num_devices} x "
+            f"tensor_parallel {tensor_parallel} = {needed}")
+    ranks = []
+    for device in range(placement.num_devices):
+        first = device * tensor_parallel
+        group = range(first, first + tensor_parallel)
+        require(all(cluster.node_of[r] == cluster.node_of[first] for r in group), "tensor_parallel",
+                tensor_parallel, f"group of pipeline rank {device} spans two nodes; use a degree that divides the node size")
+        ranks.append(first)
+    return tuple(ranks)
+
+
+def _transfer(cluster: Cluster, src: int, dst: int, nbytes: float) -> float:
+    if src == dst or nbytes <= 0:
+        return 0.0
+    return cluster.link(src, dst).transfer_time(nbytes)
+
+
+def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,
+                method: str = "balanced", partition: Partition | None = None, schedule: Schedule | None = None,
+                memory_limit: float | None = None) -> StagePlan:
+    """Partition ``model`` into ``placement.num_stages`` stages and cost them.
+
+    ``partition`` fixes the partition (``method`` is then ignored). ``schedule`` gives the
+    in-flight counts (needed by ``method="memory"``; with other methods it adds each device's
+    peak memory to the plan). ``memory_limit`` replaces every device's capacity, in bytes.
+    """
+    require(method in METHODS, "method", method, f"must be one of {', '.join(METHODS)}")
+    if schedule is not None:
+        require(schedule.placement.replicas == placement.replicas, "schedule", schedule.name,
+                "places stages differently from the given placement; pass schedule.placement")
+    tp = settings.tensor_parallel
+    ranks_of_device = pipeline_ranks(placement, cluster, tp)
+    stage_ranks = tuple(ranks_of_device[d] for d in placement.replicas[0])
+    num_stages = placement.num_stages
+    tp_link = cluster.intra_node
+
+    by_device: dict[DeviceSpec, list[LayerCost]] = {}
+    for rank in stage_ranks:
+        spec = cluster.devices[rank]
+        if spec not in by_device:
+            by_device[spec] = layer_costs(model, spec, settings, tp_link=tp_link)
+    per_stage = [by_device[cluster.devices[rank]] for rank in stage_ranks]
+    num_layers = len(per_stage[0])
+
+    compute = np.array([[layer.total_s for layer in layers] for layers in per_stage])
+    send_forward = np.zeros((num_stages, num_layers))
+    send_backward = np.zeros((num_stages, num_layers))
+    for s, layers in enumerate(per_stage):
+        out = [layer.output_bytes for layer in layers]
+        if s + 1 < num_stages:
+            send_forward[s] = [_transfer(cluster, stage_ranks[s], stage_ranks[s + 1], n) for n in out]
+        if s > 0:
+            send_backward[s] = [_transfer(cluster, stage_ranks[s], stage_ranks[s - 1], n) for n in out]
+
+    capacity = [memory_limit if memory_limit is not None else cluster.devices[r].memory_bytes for r in ranks_of_device]
+    inflight = inflight_per_stage(schedule) if schedule is not None else None
+    chosen = method if partition is None else "given"
+    if partition is not None:
+        require(partition.num_stages == num_stages, "partition", partition,
+                f"has {partition.num_stages} stages; the placement has {num_stages}")
+        require(partition.num_layers == num_layers, "partition", partition,
+                f"covers {partition.num_layers} layers; {model.name} has {num_layers}")
+    elif method == "uniform":
+        partition = uniform(model.layer_kinds, num_stages)
+    elif method == "balanced":
+        partition = min_bottleneck(compute, send_forward=send_forward, send_backward=send_backward).partition
+    else:
+        if schedule is None:
+            raise PipeschedError("method=memory: needs a schedule for its in-flight activations; give one "
+                                 "(CLI: --schedule NAME -m MICROBATCHES)")
+        partition = _fit_memory(model, settings, placement, per_stage, inflight, capacity,
+                                compute, send_forward, send_backward, schedule.name)
+
+    layers = tuple(tuple(per_stage[s][i] for i in partition.layers(s)) for s in range(num_stages))
+    costs = _stage_costs(layers, settings)
+    sends = stage_values(partition, np.zeros((num_stages, num_layers)),
+                         send_forward=send_forward, send_backward=send_backward)
+    stage_s = stage_values(partition, compute, send_forward=send_forward, send_backward=send_backward)
+    peaks = None
+    if schedule is not None:
+        static = costs.static_bytes or (0.0,) * num_stages
+        peaks = tuple(device_peak_bytes(schedule, costs.activation_bytes, static))
+    return StagePlan(
+        model=model, settings=settings, placement=placement, partition=partition, method=chosen,
+        ranks=stage_ranks, devices=tuple(cluster.devices[r] for r in stage_ranks), layers=layers,
+        costs=costs, send_s=tuple(float(x) for x in sends), stage_s=tuple(float(x) for x in stage_s),
+        inflight=tuple(inflight) if inflight is not None else None, device_peak_bytes=peaks,
+        device_memory=tuple(capacity),
+    )
+
+
+def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placement,
+                per_stage: list[list[LayerCost]], inflight: Sequence[int], capacity: Sequence[float],
+                compute: np.ndarray, send_forward: np.ndarray, send_backward: np.ndarray,
+                schedule_name: str) -> Partition:
+    """The balanced partition among those whose stages fit their share of device memory."""
+    per_param = settings.static_bytes_per_param
+    memory = np.array([[layer.params * per_param + n * layer.activation_bytes for layer in layers]
+                       for layers, n in zip(per_stage, inflight, strict=True)])
+    copies = stage_instances_per_device(placement)
+    share = np.array([copies[d] for d in placement.replicas[0]], dtype=float)
+    caps = np.array([capacity[d] for d in placement.replicas[0]]) / share
+    found = min_bottleneck(compute, send_forward=send_forward, send_backward=send_backward,
+                           memory=memory, memory_cap=caps)
+    if found is not None:
+        return found.partition
+    smallest = min_bottleneck(memory * share[:, None])
+    assert smallest is not None
+    shared = " (a device holding k stage copies gives each 1/k of its memory)" if share.max() > 1 else ""
+    raise PipeschedError(
+        f"memory={min(capacity) / GiB:.1f} GiB: no partition of {model.name} into {placement.num_stages} stages "
+        f"fits under schedule {schedule_name}; the smallest memory that fits is {smallest.value / GiB:.2f} GiB "
+        f"per device{shared}; use more devices, recompute, or a schedule with fewer microbatches in flight")
+
+
+def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettings) -> StageCosts:
+    def total(field: str) -> tuple[float, ...]:
+        return tuple(sum(getattr(layer, field) for layer in stage) for stage in layers)
+
+    params = total("params")
+    activations = total("activation_bytes")
+    kept_for_w = sum(total("weight_input_bytes"))
+    all_activations = sum(activations)
+    # the stage's output is its last layer's; an empty stage passes its input on unchanged
+    outputs = []
+    previous = 0.0
+    for stage in layers:
+        previous = stage[-1].output_bytes if stage else previous
+        outputs.append(previous)
+    return StageCosts(
+        forward=total("forward_s"),
+        backward_input=total("backward_input_s"),
+        backward_weight=total("backward_weight_s"),
+        activation_bytes=activations,
+        output_bytes=tuple(outputs),
+        static_bytes=tuple(p * settings.static_bytes_per_param for p in params),
+        grad_bytes=tuple(p * settings.grad_bytes for p in params),
+        input_frees=1.0 - kept_for_w / all_activations if all_activations > 0 else 0.5,
+    )
+
+
+def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,
+                      method: str = "balanced", partition: Partition | None = None,
+                      schedule: Schedule | None = None, memory_limit: float | None = None) -> StageCosts:
+    """Per-stage costs of ``model`` split over ``placement`` on ``cluster`` (see plan_stages).
+
+    >>> from pipesched.model import load_cluster, load_model
+    >>> costs = build_stage_costs(load_model("llama3-8b"), Placement.one_per_device(4),
+    ...                           load_cluster("1x8-h100"), TrainingSettings(seq_len=4096))
+    >>> costs.num_stages
+    4
+    """
+    return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
+                       schedule=schedule, memory_limit=memory_limit).costs
+
+
+def link_summary(link: LinkSpec) -> str:
+    """``450 GB/s, 3 us`` style text of a link."""
+    return f"{link.bandwidth / 1e9:g} GB/s, {link.latency * 1e6:g} us"
