@@ -4,7 +4,21 @@ its closed-form model, exported as ``FAMILY``."""
 from __future__ import annotations
 
 from pipesched.errors import PipeschedError
-from pipesched.generators import gpipe, one_f_one_b
+from pipesched.generators import (
+    chimera,
+    dualpipe,
+    dualpipev,
+    gpipe,
+    hanayo,
+    interleaved,
+    looped_bfs,
+    one_f_one_b,
+    v_half,
+    v_min,
+    zb_h1,
+    zb_h2,
+    zb_v,
+)
 from pipesched.generators.base import Family, FormulaEstimate, SlotCosts
 from pipesched.schedule import Schedule
 
@@ -14,6 +28,17 @@ FAMILIES: dict[str, Family] = {
     for module in (
         gpipe,
         one_f_one_b,
+        interleaved,
+        looped_bfs,
+        zb_h1,
+        zb_h2,
+        zb_v,
+        v_half,
+        v_min,
+        chimera,
+        hanayo,
+        dualpipe,
+        dualpipev,
     )
 }
 

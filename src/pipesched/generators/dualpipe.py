@@ -1,0 +1,206 @@
+"""DualPipe (DeepSeek-V3 technical report; deepseek-ai/DualPipe): two pipelines run in
+opposite directions over the same devices, each carrying half the microbatches.
+
+Device r holds stage r of the forward-direction replica (replica 0: stage s on device s) and
+stage p-1-r of the reverse replica (replica 1: stage s on device p-1-s), so every device keeps
+two stages' parameters (2x the parameters of one pipeline), and the two replicas' gradients
+are all-reduced at the end of the iteration. Microbatches 0..m/2-1 go forward, m/2..m-1 in
+reverse.
+
+Each device runs the eight phases of DualPipe's ``step()``. Phase 0 is the direction in
+which the device sits in the first half of the pipeline, phase 1 the other one; ``h`` is
+the device's distance from the nearer end (min(r, p-1-r)) and ``half = p/2``:
+
+1. ``2(half-h-1)`` forwards of phase 0 (warm-up)
+2. ``h+1`` pairs F0 F1
+3. ``half-h-1`` rounds I1 W1 F1 (zero-bubble split: the input gradient leaves first)
+4. ``m/2 - p + h + 1`` rounds (F0&B1) (F1&B0): the steady phase of overlapped pairs; the
+   middle devices run their first F0, B1 one after the other instead
+5. ``half-h-1`` rounds B1 (F1&B0)
+6. ``h+1`` rounds B1 B0, switching to split backwards (I, W deferred) half-way
+7. ``half-h-1`` rounds W I0
+8. ``h+1`` deferred W
+
+Deferred weight gradients run first in, first out. An overlapped pair ``F&B`` (one forward
+and one full backward of the other direction computing at once, each hiding the other's
+communication) appears in the tables as the F immediately followed by its B;
+``overlapped_pairs`` lists them. The slot table runs the two one after the other; a
+simulator that models the overlap can take the pairs from there.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from pipesched.errors import require
+from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.ops import B, F, I, Op, OpKind, W
+from pipesched.schedule import Placement, Schedule
+
+# A phase of one device (0: its first-half direction, 1: the other), mapped to an op
+PhaseOp = Callable[[int, OpKind, int], Op]
+
+
+def dual_program(half: int, n: int, h: int, op_of: PhaseOp) -> tuple[list[Op], list[int]]:
+    """One device's ops under DualPipe's eight phases, and where its overlapped pairs start.
+
+    ``half`` is the number of devices in one half of the (possibly folded) pipeline, ``n``
+    the microbatches per phase, ``h`` the device's position in its half (0 = an end).
+    ``op_of(phase, kind, microbatch)`` names the op. Returns the ops in order and the
+    indices i where ops[i], ops[i+1] form an overlapped F&B pair.
+    """
+    ops: list[Op] = []
+    pairs: list[int] = []
+    forwards = [0, 0]  # next microbatch to run forward, per phase
+    backwards = [0, 0]  # next microbatch to run backward (B or I), per phase
+    deferred: deque[Op] = deque()  # weight gradients owed, oldest first
+
+    def forward(phase: int) -> None:
+        ops.append(op_of(phase, F, forwards[phase]))
+        forwards[phase] += 1
+
+    def backward(phase: int, *, split: bool = False) -> None:
+        mb = backwards[phase]
+        backwards[phase] += 1
+        if split:
+            ops.append(op_of(phase, I, mb))
+            deferred.append(op_of(phase, W, mb))
+        else:
+            ops.append(op_of(phase, B, mb))
+
+    def weight() -> None:
+        if deferred:
+            ops.append(deferred.popleft())
+
+    def overlapped(forward_phase: int, backward_phase: int) -> None:
+        pairs.append(len(ops))
+        forward(forward_phase)
+        backward(backward_phase)
+
+    outer = half - h - 1  # phases that shrink toward the middle of the pipeline
+    inner = h + 1  # phases that grow toward the middle
+    # 1. warm-up forwards of phase 0
+    for _ in range(2 * outer):
+        forward(0)
+    # 2. forwards of both phases
+    for _ in range(inner):
+        forward(0)
+        forward(1)
+    # 3. first backwards of phase 1, split so the gradient leaves before W runs
+    for _ in range(outer):
+        backward(1, split=True)
+        weight()
+        forward(1)
+    # 4. steady phase: overlapped forward/backward pairs of opposite phases
+    for i in range(n - 2 * half + h + 1):
+        if i == 0 and h == half - 1:
+            # the middle devices run this pair unoverlapped: it shortens the bubble
+            forward(0)
+            backward(1)
+        else:
+            overlapped(0, 1)
+        overlapped(1, 0)
+    # 5. phase 1 drains while phase 0 still takes forwards
+    for _ in range(outer):
+        backward(1)
+        overlapped(1, 0)
+    # 6. last backwards of both phases; the second half defers W to fill the drain
+    split = False
+    for i in range(inner):
+        if i == inner // 2 and h % 2 == 1:
+            split = True
+        backward(1, split=split)
+        if i == inner // 2 and h % 2 == 0:
+            split = True
+        backward(0, split=split)
+    # 7. deferred W interleaved with the last phase-0 input gradients
+    for _ in range(outer):
+        weight()
+        backward(0, split=True)
+    # 8. the deferred W still owed
+    for _ in range(inner):
+        weight()
+    return ops, pairs
+
+
+def _check(p: int, m: int) -> None:
+    check_sizes(p, m)
+    require(p % 2 == 0, "p", p, "DualPipe needs an even number of devices (two half pipelines)")
+    require(m % 2 == 0, "m", m, "DualPipe needs an even number of microbatches (half go each way)")
+    require(
+        m >= 2 * p, "m", m, f"DualPipe needs m >= 2p = {2 * p} (at least p microbatches each way)"
+    )
+
+
+def _programs(p: int, m: int) -> list[tuple[list[Op], list[int]]]:
+    half, n = p // 2, m // 2
+    programs = []
+    for r in range(p):
+        second_half = r >= half
+
+        def op_of(
+            phase: int, kind: OpKind, mb: int, r: int = r, second_half: bool = second_half
+        ) -> Op:
+            direction = phase ^ second_half  # 0: forward replica, 1: reverse replica
+            if direction == 0:
+                return Op(r, kind, mb)
+            return Op(p - 1 - r, kind, n + mb)
+
+        programs.append(dual_program(half, n, min(r, p - 1 - r), op_of))
+    return programs
+
+
+def dualpipe(p: int, m: int) -> Schedule:
+    """DualPipe's tables: p devices (even), m microbatches (even, m >= 2p).
+
+    >>> s = dualpipe(2, 4)
+    >>> [str(op) for op in s.device_ops[0]]
+    ['0F0', '1F2', '0F1', '1B2', '1F3', '0B0', '1B3', '0I1', '0W1']
+    >>> s.route
+    (0, 0, 1, 1)
+    """
+    _check(p, m)
+    programs = _programs(p, m)
+    return Schedule(
+        "dualpipe",
+        Placement.bidirectional(p),
+        m,
+        tuple(tuple(ops) for ops, _ in programs),
+        route=tuple(0 if mb < m // 2 else 1 for mb in range(m)),
+        params={"p": p, "m": m, "fb_overlap": True},
+    )
+
+
+def overlapped_pairs(p: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """Per device, the table indices i where ops i and i+1 of ``dualpipe(p, m)`` run as one
+    overlapped F&B pair."""
+    _check(p, m)
+    return tuple(tuple(pairs) for _, pairs in _programs(p, m))
+
+
+def dualpipe_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+    # DualPipe's README: bubble (p/2-1)(F&B + B - 3W), activations p+1 stage-microbatches,
+    # 2x parameters. The slot table runs an overlapped pair as F then B: F&B = F + B.
+    fb = c.f + c.b
+    return FormulaEstimate(
+        idle=max(0.0, (p // 2 - 1) * (fb + c.b - 3 * c.w)),
+        work=m * (c.f + c.b),  # two stages x m/2 microbatches per device
+        peak_inflight=p + 1,
+        activation_units=p + 1,
+        exact=False,
+        note=(
+            "DualPipe's published bubble with F&B = F + B (the slot table runs the pair "
+            "unoverlapped and idles less: (p/2-1)F at F = I = W); 2x parameters (two "
+            "replicas, gradients all-reduced)"
+        ),
+    )
+
+
+FAMILY = Family(
+    name="dualpipe",
+    summary="two opposite pipelines with overlapped forward/backward pairs (DeepSeek)",
+    constraints="p even, m even, m >= 2p; 2x parameters",
+    build=lambda p, m, *, v=None: dualpipe(p, m),
+    formula=dualpipe_formula,
+)

@@ -1,0 +1,358 @@
+"""Chimera, Hanayo, DualPipe and DualPipeV: constraints, reference tables, published findings.
+
+DualPipeV is checked against PyTorch's ScheduleDualPipeV; DualPipe against the phase
+structure of deepseek-ai/DualPipe's ``step()`` (read by hand into the expected prefix below)
+and against DualPipeV, which is the same per-device program on half the devices.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from pipesched.errors import PipeschedError
+from pipesched.generators import FAMILIES, formula, generate
+from pipesched.generators.base import SlotCosts
+from pipesched.generators.chimera import chimera
+from pipesched.generators.dualpipe import dualpipe
+from pipesched.generators.dualpipe import overlapped_pairs as dualpipe_pairs
+from pipesched.generators.dualpipev import dualpipev
+from pipesched.generators.dualpipev import overlapped_pairs as dualpipev_pairs
+from pipesched.generators.hanayo import hanayo
+from pipesched.io.grid import dumps, loads
+from pipesched.ops import B, F, I, Op
+from pipesched.schedule import Placement
+from pipesched.slot_table import table_metrics
+from pipesched.validate import validate
+
+FAMILY_NAMES = ("chimera", "hanayo", "dualpipe", "dualpipev")
+
+
+# --- registry and constraints ------------------------------------------------------------
+def test_families_are_registered():
+    for name in FAMILY_NAMES:
+        assert FAMILIES[name].name == name
+    assert FAMILIES["hanayo"].chunks is None and FAMILIES["hanayo"].default_v == 2
+    assert FAMILIES["dualpipev"].chunks == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "p", "m", "v", "field", "words"),
+    [
+        ("chimera", 3, 6, None, "p=3", "even"),
+        ("chimera", 4, 6, None, "m=6", "multiple of 4"),
+        ("dualpipe", 3, 8, None, "p=3", "even"),
+        ("dualpipe", 4, 9, None, "m=9", "even"),
+        ("dualpipe", 4, 6, None, "m=6", "m >= 2p = 8"),
+        ("dualpipev", 4, 7, None, "m=7", "m >= 2p = 8"),
+        ("hanayo", 4, 8, 3, "v=3", "even v"),
+        ("hanayo", 4, 0, None, "m=0", "at least 1"),
+        ("dualpipev", 1, 8, None, "p=1", "at least 2"),
+    ],
+)
+def test_impossible_sizes_name_the_constraint(name, p, m, v, field, words):
+    with pytest.raises(PipeschedError) as caught:
+        generate(name, p, m, v=v)
+    message = str(caught.value)
+    assert message.startswith(f"{field}:")
+    assert words in message
+    assert "\n" not in message
+
+
+def test_hanayo_needs_a_wave():
+    with pytest.raises(PipeschedError, match=r"^waves=0: "):
+        hanayo(4, 8, waves=0)
+
+
+def test_fixed_chunk_families_refuse_v():
+    with pytest.raises(PipeschedError, match=r"^v=3: dualpipev always uses 2"):
+        generate("dualpipev", 4, 8, v=3)
+
+
+def test_cli_reports_bad_sizes_on_one_line(cli):
+    result = cli("show", "chimera", "-p", "4", "-m", "6")
+    assert result.code == 2
+    assert result.err.strip() == (
+        "pipesched: error: m=6: Chimera concatenates basic units of p=4 microbatches; "
+        "give m a multiple of 4"
+    )
+
+
+# --- placements and routes ---------------------------------------------------------------
+def test_bidirectional_families_route_half_each_way():
+    for schedule in (chimera(4, 8), dualpipe(4, 8)):
+        assert schedule.placement == Placement.bidirectional(4)
+        assert schedule.route == (0, 0, 0, 0, 1, 1, 1, 1)
+        # microbatch 5 goes up: stage 0 on device 3
+        assert schedule.device_of(0, 5) == 3
+        assert schedule.device_of(0, 1) == 0
+
+
+def test_hanayo_waves_map_to_zigzag_chunks():
+    schedule = generate("hanayo", 4, 8, v=4)
+    assert schedule.params["waves"] == 2
+    assert schedule.placement == Placement.zigzag(4, 4)
+    assert schedule.num_stages == 16
+    assert generate("hanayo", 4, 8).placement == Placement.vshape(4)
+
+
+def test_grid_round_trips_two_replicas():
+    for schedule in (chimera(4, 8), dualpipe(4, 8), hanayo(4, 8, waves=2), dualpipev(4, 8)):
+        again = loads(dumps(schedule))
+        assert again.device_ops == schedule.device_ops
+        assert again.placement == schedule.placement
+        assert again.route == schedule.route
+
+
+# --- DualPipeV against PyTorch -----------------------------------------------------------
+def _torch_dualpipev_order(p: int, m: int) -> dict[int, list]:
+    """PyTorch's ScheduleDualPipeV tables, built from stand-in stages.
+
+    The constructor reads only the stages' group size, rank, stage count and submodule (for
+    its torch.compile check) and stores ``stage_index_to_group_rank`` on them; it computes
+    ``pipeline_order`` for every rank, so one rank's stages suffice and no process group is
+    needed.
+    """
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining.schedules import ScheduleDualPipeV
+
+    stages = [
+        SimpleNamespace(submod=None, group_size=p, group_rank=0, num_stages=2 * p) for _ in range(2)
+    ]
+    return ScheduleDualPipeV(stages, m).pipeline_order
+
+
+def _flatten(actions) -> tuple[list[str], list[int]]:
+    """Actions as op text, overlapped F&B actions split into their two sub-actions; with the
+    positions where such a pair starts."""
+    from torch.distributed.pipelining.schedules import _ComputationType
+
+    ops: list[str] = []
+    pairs: list[int] = []
+    for action in actions:
+        if action.computation_type == _ComputationType.OVERLAP_F_B:
+            pairs.append(len(ops))
+            ops.extend(str(sub) for sub in action.sub_actions)
+        else:
+            ops.append(str(action))
+    return ops, pairs
+
+
+@pytest.mark.parametrize(
+    ("p", "m"), [(2, 4), (2, 7), (3, 6), (4, 8), (4, 11), (5, 13), (6, 12), (8, 16), (8, 32)]
+)
+def test_dualpipev_equals_pytorch_schedule(p, m):
+    order = _torch_dualpipev_order(p, m)
+    ours = dualpipev(p, m)
+    pairs = dualpipev_pairs(p, m)
+    assert sorted(order) == list(range(p))
+    for rank in range(p):
+        ops, torch_pairs = _flatten(order[rank])
+        assert [str(op) for op in ours.device_ops[rank]] == ops, f"rank {rank}"
+        assert list(pairs[rank]) == torch_pairs, f"rank {rank}"
+
+
+def test_pytorch_refuses_what_we_refuse():
+    with pytest.raises(ValueError, match="at least as many microbatches as stages"):
+        _torch_dualpipev_order(4, 7)
+    with pytest.raises(PipeschedError):
+        dualpipev(4, 7)
+
+
+# --- DualPipe against DualPipe's step() -----------------------------------------------------
+def test_dualpipe_first_device_follows_dualpipe_phases():
+    # 8 ranks, 20 microbatches (10 each way), rank 0 (half_rank 0), as in DualPipe's README
+    # figure. Forward direction: stage 0, microbatches 0..9; reverse: stage 7, 10..19.
+    ops = [str(op) for op in dualpipe(8, 20).device_ops[0]]
+    expected = [
+        # 1. nF0: 2 x (4 - 0 - 1) = 6 forwards
+        *["0F0", "0F1", "0F2", "0F3", "0F4", "0F5"],
+        # 2. nF0F1: 1 pair
+        *["0F6", "7F10"],
+        # 3. nB1W1F1 with zero bubble: 3 rounds
+        *["7I10", "7W10", "7F11", "7I11", "7W11", "7F12", "7I12", "7W12", "7F13"],
+        # 4. nF0B1F1B0: 10 - 8 + 0 + 1 = 3 rounds of two overlapped pairs
+        *["0F7", "7B13", "7F14", "0B0", "0F8", "7B14", "7F15", "0B1", "0F9", "7B15", "7F16", "0B2"],
+        # 5. nB1F1B0: 3 rounds
+        *["7B16", "7F17", "0B3", "7B17", "7F18", "0B4", "7B18", "7F19", "0B5"],
+        # 6. nB1B0: 1 round, zero bubble from the first B0 on (half_rank 0 is even)
+        *["7B19", "0I6"],
+        # 7. nWB0: 3 rounds
+        *["0W6", "0I7", "0W7", "0I8", "0W8", "0I9"],
+        # 8. nW: 1
+        "0W9",
+    ]
+    assert ops == expected
+    # steps 1-3 take 17 ops; pairs: step 4 two per round, step 5 one after each B1
+    assert dualpipe_pairs(8, 20)[0] == (17, 19, 21, 23, 25, 27, 30, 33, 36)
+
+
+def test_middle_rank_runs_its_first_steady_pair_unoverlapped():
+    # rank 3 of 8 is a middle rank: its first F0, B1 of step 4 is not a pair
+    ops = dualpipe(8, 20).device_ops[3]
+    pairs = dualpipe_pairs(8, 20)[3]
+    first_steady_forward = next(i for i, op in enumerate(ops) if op.kind is B) - 1
+    assert ops[first_steady_forward].kind is F
+    assert first_steady_forward not in pairs
+    assert first_steady_forward + 2 in pairs
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 12), (6, 14), (8, 20), (8, 34)])
+def test_dualpipe_is_dualpipev_on_each_half(p, m):
+    """Device r < p/2 of DualPipe runs DualPipeV's device r program for p/2 devices and m/2
+    microbatches: its down stage is the same stage, its up stage p-1-r carries the reverse
+    microbatches. Device p-1-r mirrors it with the two directions swapped."""
+    half, n = p // 2, m // 2
+    ours = dualpipe(p, m)
+    folded = dualpipev(half, n)
+    for r in range(half):
+        expected = [
+            Op(op.stage, op.kind, op.microbatch if op.stage < half else n + op.microbatch)
+            for op in folded.device_ops[r]
+        ]
+        assert list(ours.device_ops[r]) == expected
+        mirrored = [
+            Op(op.stage, op.kind, op.microbatch + n if op.microbatch < n else op.microbatch - n)
+            for op in ours.device_ops[r]
+        ]
+        assert list(ours.device_ops[p - 1 - r]) == mirrored
+    assert dualpipe_pairs(p, m)[:half] == dualpipev_pairs(half, n)
+
+
+def test_overlapped_pairs_are_forward_then_backward_of_the_other_stage():
+    for schedule, pairs in (
+        (dualpipe(8, 32), dualpipe_pairs(8, 32)),
+        (dualpipev(8, 32), dualpipev_pairs(8, 32)),
+    ):
+        assert schedule.params["fb_overlap"] is True
+        for ops, starts in zip(schedule.device_ops, pairs, strict=True):
+            assert starts, "every device has a steady phase"
+            for i in starts:
+                assert ops[i].kind is F and ops[i + 1].kind is B
+                assert ops[i].stage != ops[i + 1].stage
+
+
+# --- Chimera and Hanayo tables -----------------------------------------------------------
+def test_chimera_basic_unit_has_p_minus_2_bubble_cells():
+    # the paper's picture: equal cells, D-2 bubbles on every worker of a basic unit
+    costs = SlotCosts(f=1, i=0.5, w=0.5)
+    for p in (4, 6, 8):
+        metrics = table_metrics(chimera(p, p), costs)
+        assert metrics.idle_per_device == tuple(float(p - 2) for _ in range(p))
+
+
+def test_chimera_holds_at_most_p_microbatches():
+    for p, m in ((4, 16), (8, 32), (16, 64)):
+        peaks = table_metrics(chimera(p, m)).peak_inflight
+        assert max(peaks) == p
+        assert peaks[0] == p // 2 + 1  # the first device: p/2 down, 1 up
+
+
+def test_hanayo_one_wave_idle_closed_form():
+    # one wave, m >= 2p, B >= F: the folded table idles 2(p-1)B chunk slots
+    for costs in (SlotCosts(), SlotCosts(f=2, i=1, w=1), SlotCosts(f=1, i=3, w=0.5)):
+        for p, m in ((4, 8), (6, 13), (8, 32)):
+            idle = max(table_metrics(hanayo(p, m), costs).idle_per_device)
+            assert idle == 2 * (p - 1) * costs.b
+
+
+def test_more_waves_lower_hanayo_bubble_and_raise_activations():
+    ratios, units = [], []
+    for waves in (1, 2, 3):
+        schedule = hanayo(8, 32, waves=waves)
+        metrics = table_metrics(schedule)
+        ratios.append(metrics.bubble_ratio)
+        units.append(metrics.activation_units)
+    assert ratios[0] > ratios[1] > ratios[2]
+    assert units[0] < units[1] < units[2]
+
+
+# --- formulas (level 1) ------------------------------------------------------------------
+def test_formula_notes_say_what_is_approximate():
+    for name in FAMILY_NAMES:
+        estimate = formula(name, 8, 32, v=None)
+        assert estimate.exact or estimate.note
+    assert "2x parameters" in formula("chimera", 8, 32).note
+    assert "2x parameters" in formula("dualpipe", 8, 32).note
+    assert formula("chimera", 8, 32, costs=SlotCosts(f=2, i=1, w=1)).exact
+
+
+@pytest.mark.parametrize("x", [1.0, 2.0])
+def test_dualpipe_tables_idle_half_the_published_bubble_at_equal_costs(x):
+    costs = SlotCosts(f=x, i=x, w=x)
+    for name, p, m in (
+        ("dualpipe", 8, 32),
+        ("dualpipe", 4, 10),
+        ("dualpipev", 4, 8),
+        ("dualpipev", 8, 40),
+    ):
+        published = formula(name, p, m, costs=costs).idle
+        idle = max(table_metrics(generate(name, p, m), costs).idle_per_device)
+        assert idle == published / 2
+
+
+def test_formula_peaks_match_tables():
+    for name, p, m, v in (
+        ("dualpipe", 8, 32, None),
+        ("dualpipev", 8, 32, None),
+        ("chimera", 8, 32, None),
+        ("hanayo", 8, 32, 4),
+    ):
+        estimate = formula(name, p, m, v=v)
+        peaks = table_metrics(generate(name, p, m, v=v)).peak_inflight
+        assert max(peaks) == estimate.peak_inflight
+
+
+# --- findings of the tabular-abstraction study, checked at level 2 ----------------------------
+@pytest.mark.parametrize("p", [4, 8, 16])
+def test_chimera_beats_1f1b_with_few_microbatches(p):
+    chimera_time = table_metrics(generate("chimera", p, p)).makespan
+    one_f_one_b_time = table_metrics(generate("1f1b", p, p)).makespan
+    assert chimera_time < one_f_one_b_time
+
+
+def test_chimera_advantage_fades_with_many_microbatches():
+    # with B = 2F, directly concatenated units leave gaps: 1F1B catches up at m = 4p
+    p = 8
+    gains = [
+        table_metrics(generate("1f1b", p, m)).makespan
+        - table_metrics(generate("chimera", p, m)).makespan
+        for m in (p, 2 * p, 4 * p)
+    ]
+    assert gains[0] > gains[1] > gains[2]
+    assert gains[2] < 0
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 32), (8, 16), (8, 64)])
+def test_dualpipev_bubble_below_1f1b(p, m):
+    assert (
+        table_metrics(dualpipev(p, m)).bubble_ratio
+        < table_metrics(generate("1f1b", p, m)).bubble_ratio
+    )
+
+
+# --- golden tables -----------------------------------------------------------------------
+GOLDEN = [
+    ("chimera_p4_m4.txt", "chimera", 4, 4, None),
+    ("chimera_p4_m8.txt", "chimera", 4, 8, None),
+    ("hanayo_p4_m8.txt", "hanayo", 4, 8, None),
+    ("hanayo_p4_m8_v4.txt", "hanayo", 4, 8, 4),
+    ("dualpipe_p4_m8.txt", "dualpipe", 4, 8, None),
+    ("dualpipe_p8_m20.txt", "dualpipe", 8, 20, None),
+    ("dualpipev_p4_m8.txt", "dualpipev", 4, 8, None),
+]
+
+
+@pytest.mark.parametrize(("filename", "name", "p", "m", "v"), GOLDEN)
+def test_golden_tables(golden, filename, name, p, m, v):
+    schedule = generate(name, p, m, v=v)
+    assert validate(schedule) == []
+    golden.check(filename, dumps(schedule))
+
+
+def test_split_backwards_only_where_dualpipe_splits_them():
+    assert not chimera(4, 8).splits_backward and not hanayo(4, 8).splits_backward
+    ops = dualpipev(4, 8).device_ops[0]
+    # device 0 of 4 (h = 0): 3 split in step 3, 1 in step 6, 3 in step 7
+    assert sum(op.kind is I for op in ops) == 2 * (4 - 0 - 1) + 1
