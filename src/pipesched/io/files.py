@@ -27,18 +27,29 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, field: str = "
     """Write ``data`` to a temporary file beside ``path`` and rename it into place."""
     target = check_output_path(path, field)
     mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent or ".")
+    tmp: str | None = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        # mkstemp makes owner-only files; give the output the usual permissions (umask applies)
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8", "newline": ""})) as handle:
             handle.write(data)
         os.replace(tmp, target)
     except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise PipeschedError(f"{field}={target}: cannot write ({exc.strerror}); choose another path") from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def read_text(path: str | os.PathLike[str], field: str = "file") -> str:

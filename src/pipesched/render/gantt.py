@@ -6,8 +6,9 @@ transfers, then, when the timeline has a memory trace, one memory curve per devi
 are labelled with the microbatch (``F3``), or the op text (``5F3``) on devices holding
 several stages, when wide enough. Timelines in the same unit share the time axis.
 
-Boxes are drawn as one PolyCollection per panel so a timeline of a million ops still draws
-in seconds. In SVG every op box is wrapped in a link ``#op-<panel>-<row>`` (and transfers
+Boxes are drawn as one PolyCollection per panel (one compound path per colour beyond
+COLLECTION_LIMIT boxes), so p=16, m=64 draws in about a second and a million ops in tens
+of seconds. In SVG every op box is wrapped in a link ``#op-<panel>-<row>`` (and transfers
 in ``#transfer-<panel>-<row>``), so the boxes can be found and counted.
 """
 
@@ -50,10 +51,15 @@ DEVICE_ROW = 0.26
 LINK_ROW = 0.13
 MEMORY_ROW = 0.2
 PANEL_HEADER = 0.45
-# approximate share of the figure width taken by the plotting area (for label fitting)
-_PLOT_SHARE = 0.86
+# inches left of the plots (device and link names) and right of them (idle share, peaks)
+MARGIN_LEFT = 0.85
+MARGIN_RIGHT = 0.95
+# Agg draws at most 2**16 pixels a side; tall comparison figures get a lower resolution
+MAX_PIXELS = 30000
 # at most this many box labels per figure: beyond that they are unreadable anyway
 MAX_LABELS = 4000
+# boxes per panel drawn as separate, linked shapes; larger panels draw one path per colour
+COLLECTION_LIMIT = 100_000
 # height of a box within its row (rows are 1 data unit apart)
 _BOX = 0.78
 _TRANSFER_BOX = 0.6
@@ -70,47 +76,56 @@ class GanttFigure:
 
 
 def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float = FIGURE_WIDTH) -> GanttFigure:
-    """Build the Gantt chart of ``timelines`` (panels top to bottom, in the given order)."""
+    """Build the Gantt chart of ``timelines`` (panels top to bottom, in the given order).
+
+    The layout is computed here in inches (fixed margins, one block per panel) rather than
+    by matplotlib's layout engines, which take seconds on figures with many panels.
+    """
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline to draw")
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    heights = []
-    for timeline in timelines:
-        heights.append(PANEL_HEADER + DEVICE_ROW * timeline.num_devices + LINK_ROW * len(_channels(timeline)))
+    # blocks top to bottom: (timeline index, "ops" or "memory", inches above, height, inches below)
+    blocks: list[tuple[int, str, float, float, float]] = []
+    for index, timeline in enumerate(timelines):
+        rows = DEVICE_ROW * timeline.num_devices + LINK_ROW * len(_channels(timeline)) + 0.1
+        below = 0.3 if timeline.memory is not None else 0.55
+        blocks.append((index, "ops", PANEL_HEADER, rows, below))
         if timeline.memory is not None:
-            heights.append(0.35 + MEMORY_ROW * timeline.num_devices)
-    legend_height = 0.45
-    figure = Figure(
-        figsize=(width, sum(heights) + legend_height + (0.4 if title else 0.1)),
-        layout="constrained",
-    )
-    grid = figure.add_gridspec(len(heights), 1, height_ratios=heights)
+            blocks.append((index, "memory", 0.3, MEMORY_ROW * timeline.num_devices, 0.55))
+    top = 0.55 if title else 0.1
+    bottom = 0.4  # the legend
+    height = top + sum(above + rows + below for _, _, above, rows, below in blocks) + bottom
+    figure = Figure(figsize=(width, height))
     if title:
-        figure.suptitle(title, fontsize=12, fontweight="bold")
+        figure.suptitle(title, fontsize=12, fontweight="bold", y=1 - 0.15 / height, va="top", parse_math=False)
 
     scales = _shared_scales(timelines)
     first_of_unit: dict[str, Axes] = {}
-    panel = 0
     op_boxes = transfer_boxes = labels = 0
-    for index, timeline in enumerate(timelines):
-        shared = first_of_unit.get(timeline.unit)
-        axes = figure.add_subplot(grid[panel, 0], sharex=shared)
-        first_of_unit.setdefault(timeline.unit, axes)
-        panel += 1
+    cursor = height - top
+    left, plot_width = MARGIN_LEFT / width, (width - MARGIN_LEFT - MARGIN_RIGHT) / width
+    for index, kind, above, rows, below in blocks:
+        cursor -= above + rows
+        box = [left, cursor / height, plot_width, rows / height]
+        cursor -= below
+        timeline = timelines[index]
         scale = scales[timeline.unit]
+        axes = figure.add_axes(box, sharex=first_of_unit.get(timeline.unit))
+        first_of_unit.setdefault(timeline.unit, axes)
+        last_block = kind == "memory" or timeline.memory is None
+        if last_block:
+            axes.set_xlabel(f"time ({scale.unit})", fontsize=9, labelpad=2)
+        if kind == "memory":
+            _draw_memory(axes, timeline, scale)
+            continue
+        # inches of plot per displayed time unit, the same for every panel of this unit
+        inches_per_unit = (width - MARGIN_LEFT - MARGIN_RIGHT) / (_span(timelines, timeline.unit) * scale.factor)
         drawn = _draw_panel(axes, timeline, index, scale, label_budget=MAX_LABELS - labels,
-                            plot_width=width * _PLOT_SHARE)
+                            inches_per_unit=inches_per_unit)
         op_boxes += drawn[0]
         transfer_boxes += drawn[1]
         labels += drawn[2]
-        memory_axes = None
-        if timeline.memory is not None:
-            memory_axes = figure.add_subplot(grid[panel, 0], sharex=axes)
-            panel += 1
-            _draw_memory(memory_axes, timeline, scale)
-        last = memory_axes or axes
-        last.set_xlabel(f"time ({scale.unit})", fontsize=9)
         axes.set_xlim(0, _span(timelines, timeline.unit) * scale.factor)
 
     handles = [Patch(facecolor=KIND_COLORS[k], label=f"{KIND_LETTERS[k]}  {KIND_NAMES[k]}")
@@ -118,7 +133,8 @@ def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float
     handles += [Patch(facecolor=TRANSFER_COLORS[k], label=f"{TRANSFER_NAMES[k]} transfer")
                 for k in _transfer_kinds_present(timelines)]
     handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8, frameon=False)
+    figure.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.05 / height),
+                  ncol=len(handles), fontsize=8, frameon=False)
     return GanttFigure(figure, op_boxes, transfer_boxes, labels)
 
 
@@ -127,22 +143,18 @@ def render_gantt(timelines: Sequence[Timeline], *, fmt: str, title: str = "", dp
     require(fmt in FORMATS, "format", fmt, f"choose one of {', '.join(FORMATS)}")
     built = gantt_figure(timelines, title=title)
     buffer = io.BytesIO()
-    if fmt == "png":
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-        FigureCanvasAgg(built.figure).print_png(buffer, dpi=dpi, metadata={"Software": "pipesched"})
-    else:
-        from matplotlib.backends.backend_svg import FigureCanvasSVG
-
-        FigureCanvasSVG(built.figure).print_svg(buffer, metadata={"Creator": "pipesched", "Date": None})
+    # Figure.savefig picks the Agg (PNG) or SVG canvas itself; pyplot is never involved
+    metadata = {"Software": "pipesched"} if fmt == "png" else {"Creator": "pipesched", "Date": None}
+    height = built.figure.get_figheight()
+    built.figure.savefig(buffer, format=fmt, dpi=min(dpi, MAX_PIXELS / height), metadata=metadata)
     return buffer.getvalue()
 
 
 # --- one panel -------------------------------------------------------------------------------
 def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
-                label_budget: int, plot_width: float) -> tuple[int, int, int]:
+                label_budget: int, inches_per_unit: float) -> tuple[int, int, int]:
     """Op boxes, idle bars, link rows and labels of one timeline; returns the counts drawn."""
-    from matplotlib.collections import PolyCollection
+    from matplotlib.colors import to_rgba
 
     devices = timeline.num_devices
     channels = _channels(timeline)
@@ -155,18 +167,9 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
     axes.barh(np.arange(devices), span * scale.factor, left=0, height=_BOX, color=IDLE_COLOR, linewidth=0, zorder=1)
 
     chunk, chunks = op_chunks(timeline)
-    colors = [lighten(KIND_COLORS[k], chunk_shade(c, n))
-              for k, c, n in zip(timeline.op_kind.tolist(), chunk.tolist(), chunks[timeline.op_device].tolist())]
-    boxes = PolyCollection(
-        _rectangles(x0, x1, y, _BOX),
-        facecolors=colors,
-        edgecolors="white",
-        linewidths=_edge_width(x1 - x0, span * scale.factor, plot_width),
-        zorder=2,
-    )
-    boxes.set_gid(f"ops-{index}")
-    boxes.set_urls([f"#op-{index}-{row}" for row in range(len(timeline))])
-    axes.add_collection(boxes, autolim=False)
+    palette, color = _op_colors(timeline.op_kind, chunk, chunks[timeline.op_device])
+    _draw_boxes(axes, _rectangles(x0, x1, y, _BOX), palette, color, gid=f"ops-{index}", link=f"op-{index}",
+                edge=_edge_width(x1 - x0, inches_per_unit))
 
     # link rows: one per channel, below the devices, half height
     table = timeline.transfers
@@ -174,26 +177,21 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
     if len(table):
         t0 = (table.start - origin) * scale.factor
         t1 = (table.end - origin) * scale.factor
-        ty = np.array([link_y[int(c)] for c in table.channel.tolist()])
-        transfers = PolyCollection(
-            _rectangles(t0, t1, ty, 0.5 * _TRANSFER_BOX),
-            facecolors=[TRANSFER_COLORS[int(k)] for k in table.kind.tolist()],
-            edgecolors="white",
-            linewidths=_edge_width(t1 - t0, span * scale.factor, plot_width),
-            zorder=2,
-        )
-        transfers.set_gid(f"transfers-{index}")
-        transfers.set_urls([f"#transfer-{index}-{row}" for row in range(len(table))])
-        axes.add_collection(transfers, autolim=False)
-        axes.axhline(devices - 0.5 + 0.0, color="#999999", linewidth=0.5)
+        lane = np.zeros(max(channels) + 1)
+        lane[channels] = [link_y[c] for c in channels]
+        transfer_palette = np.array([to_rgba(c) for c in TRANSFER_COLORS])
+        _draw_boxes(axes, _rectangles(t0, t1, lane[table.channel], 0.5 * _TRANSFER_BOX), transfer_palette,
+                    table.kind.astype(np.int64), gid=f"transfers-{index}", link=f"transfer-{index}", edge=_edge_width(t1 - t0, inches_per_unit))
+        axes.axhline(devices - 0.5, color="#999999", linewidth=0.5)
 
     labels = _draw_labels(axes, timeline, x0, x1, y, chunks, label_budget=label_budget,
-                          inches_per_unit=plot_width / (_span_of(timeline) * scale.factor or 1.0))
+                          inches_per_unit=inches_per_unit)
 
     ticks = list(range(devices)) + [link_y[c] for c in channels]
     names = [f"d{d}" for d in range(devices)] + [_channel_name(table, c) for c in channels]
     axes.set_yticks(ticks, names)
     for tick in axes.get_yticklabels()[devices:]:
+        tick.set_parse_math(False)
         tick.set_fontsize(6)
         tick.set_color("#555555")
     for tick in axes.get_yticklabels()[:devices]:
@@ -211,7 +209,8 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
                       xytext=(4, 0), textcoords="offset points", va="center", fontsize=6.5, color="#555555")
 
     summary = summarize(timeline)
-    axes.set_title(f"{summary.name}", loc="left", fontsize=10, fontweight="bold")
+    # names come from input files: drawn as plain text, never as $math$
+    axes.set_title(summary.name, loc="left", fontsize=10, fontweight="bold", parse_math=False)
     axes.set_title(f"{summary.source} · {summary.headline()}", loc="right", fontsize=9, color="#333333")
     return len(timeline), len(table), labels
 
@@ -247,7 +246,7 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
     if show_capacity and capacities is not None:
         top = max(top, max(capacities))
     divisor, unit = memory_scale(memory.unit, max(peaks))
-    end = (timeline.origin + timeline.makespan - timeline.origin) * scale.factor
+    end = timeline.makespan * scale.factor
     for device in range(devices):
         times = (np.asarray(memory.times[device], np.float64) - timeline.origin) * scale.factor
         values = np.asarray(memory.values[device], np.float64)
@@ -277,6 +276,45 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+def _op_colors(kind: np.ndarray, chunk: np.ndarray, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(RGBA palette, palette index per op): each op takes its kind's colour, lightened for
+    later chunks of its device; one palette entry per distinct (kind, chunk, chunks)."""
+    from matplotlib.colors import to_rgba
+
+    combos, inverse = np.unique(np.stack([kind, chunk, chunks], 1).astype(np.int64), axis=0, return_inverse=True)
+    palette = np.array([to_rgba(lighten(KIND_COLORS[k], chunk_shade(c, n))) for k, c, n in combos.tolist()])
+    return palette, inverse.reshape(-1)
+
+
+def _draw_boxes(axes: Axes, boxes: np.ndarray, palette: np.ndarray, color: np.ndarray, *, gid: str,
+                link: str, edge: float) -> None:
+    """Draw boxes (n, 4, 2) filled with ``palette[color]``.
+
+    Up to COLLECTION_LIMIT boxes: one PolyCollection with ``gid`` and a link
+    ``#<link>-<row>`` per box (countable in SVG). Beyond it, one compound path per colour:
+    a matplotlib Path object per box would take tens of seconds for a million boxes.
+    """
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import PathPatch
+    from matplotlib.path import Path
+
+    if len(boxes) <= COLLECTION_LIMIT:
+        collection = PolyCollection(boxes, facecolors=palette[color], edgecolors="white", linewidths=edge, zorder=2)
+        collection.set_gid(gid)
+        collection.set_urls([f"#{link}-{row}" for row in range(len(boxes))])
+        axes.add_collection(collection, autolim=False)
+        return
+    closed = np.concatenate([boxes, boxes[:, :1]], axis=1)  # (n, 5, 2)
+    codes = np.array([Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY], np.uint8)
+    for index in np.unique(color).tolist():
+        chosen = closed[color == index]
+        path = Path(chosen.reshape(-1, 2), np.tile(codes, len(chosen)))
+        patch = PathPatch(path, facecolor=palette[index], linewidth=0, zorder=2)
+        patch.set_gid(f"{gid}-{index}")
+        # add_artist, not add_patch: updating data limits walks every vertex in Python
+        axes.add_artist(patch)
+
+
 def _rectangles(x0: np.ndarray, x1: np.ndarray, y: np.ndarray, height: float) -> np.ndarray:
     """Vertices (n, 4, 2) of boxes [x0, x1] x [y - height/2, y + height/2]."""
     low, high = y - height / 2, y + height / 2
@@ -284,12 +322,12 @@ def _rectangles(x0: np.ndarray, x1: np.ndarray, y: np.ndarray, height: float) ->
                      np.stack([x1, high], 1), np.stack([x1, low], 1)], 1)
 
 
-def _edge_width(widths: np.ndarray, span: float, plot_width: float) -> float:
-    """A thin white edge separates touching boxes; none when boxes are under ~2 px."""
-    if widths.size == 0 or span <= 0:
+def _edge_width(widths: np.ndarray, inches_per_unit: float) -> float:
+    """A thin white edge separates touching boxes; none when a typical box is under
+    0.02 in (the edges would hide the colours)."""
+    if widths.size == 0:
         return 0.0
-    typical = float(np.median(widths)) / span * plot_width * 100
-    return 0.4 if typical >= 2.0 else 0.0
+    return 0.4 if float(np.median(widths)) * inches_per_unit >= 0.02 else 0.0
 
 
 def _channels(timeline: Timeline) -> list[int]:
@@ -298,15 +336,12 @@ def _channels(timeline: Timeline) -> list[int]:
 
 def _channel_name(table, channel: int) -> str:
     name = table.channel_names[channel] if channel < len(table.channel_names) else f"channel {channel}"
-    return name if len(name) <= 24 else name[:23] + "…"
-
-
-def _span_of(timeline: Timeline) -> float:
-    return timeline.makespan or 1.0
+    return name if len(name) <= 16 else name[:15] + "…"
 
 
 def _span(timelines: Sequence[Timeline], unit: str) -> float:
-    return max(_span_of(t) for t in timelines if t.unit == unit)
+    """The longest iteration among the timelines in ``unit`` (1 if all are empty)."""
+    return max(t.makespan for t in timelines if t.unit == unit) or 1.0
 
 
 def _shared_scales(timelines: Sequence[Timeline]) -> dict[str, TimeScale]:

@@ -1,8 +1,8 @@
 """Colours, names and unit formatting shared by every view (terminal, Gantt, trace, HTML).
 
 Forward is blue, the backward halves are warm (I orange, B the darker burnt orange of the
-fused I+W), the deferrable weight gradient W is green; transfers take the colour of what
-they carry, lightened.
+fused I+W), the deferrable weight gradient W is green; later chunks of a device are lighter
+shades of the same colours. Transfers: activations teal, gradients gold, all-reduces purple.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a")
 KIND_LETTERS: tuple[str, ...] = tuple(kind.value for kind in KIND_ORDER)
 KIND_NAMES: tuple[str, ...] = ("forward", "backward (input)", "backward (weight)", "backward (full)")
 
-# index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce)
-TRANSFER_COLORS: tuple[str, ...] = ("#8fb8de", "#f7c08a", "#9d7cc1")
+# index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce): teal, gold
+# and purple, apart from every op colour and its lighter chunk shades
+TRANSFER_COLORS: tuple[str, ...] = ("#5fb3b0", "#e3b52f", "#9d7cc1")
 TRANSFER_NAMES: tuple[str, ...] = TRANSFER_KIND_NAMES
 
 IDLE_COLOR = "#ececec"

@@ -175,7 +175,8 @@ def comparison_table(rows: Sequence[Mapping[str, object]], *, title: str = "") -
     table = Table(title=title or None)
     for column in columns:
         numeric = all(isinstance(row.get(column), int | float) for row in rows if column in row)
-        table.add_column(column, justify="right" if numeric else "left")
+        # Text, not a markup string: column names may come from input files
+        table.add_column(Text(column), justify="right" if numeric else "left")
     for row in rows:
         table.add_row(*(Text(format_cell(row.get(column))) for column in columns))
     return table

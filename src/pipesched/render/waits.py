@@ -2,8 +2,11 @@
 
 An op starts once its device is free (the previous op on the device ended) and its inputs
 are there (each data predecessor ended, or, across devices, the transfer carrying its
-activation or gradient arrived). The cause is the latest of these; on a tie the data
-dependency is named, since it explains more than "the device was busy".
+activation or gradient arrived). The cause is the latest of these; on a tie the transfer or
+data dependency is named, since it explains more than "the device was busy".
+
+Everything here works on whole columns (numpy), so a timeline of a million ops takes
+about a second.
 """
 
 from __future__ import annotations
@@ -12,14 +15,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.ops import F, Op
-from pipesched.timeline import ACTIVATION, GRADIENT, Timeline
+from pipesched.ops import KIND_INDEX, B, F, I, W
+from pipesched.render.style import time_scale
+from pipesched.timeline import ACTIVATION, GRADIENT, TRANSFER_KIND_NAMES, Timeline
 
 # cause codes, stored in Waits.cause
 WAIT_NONE, WAIT_DEPENDENCY, WAIT_TRANSFER, WAIT_DEVICE = 0, 1, 2, 3
 WAIT_NAMES = ("nothing", "dependency", "transfer", "device")
 # tie order: a transfer explains most, then the producing op, then the device order
-_PRIORITY = {WAIT_TRANSFER: 2, WAIT_DEPENDENCY: 1, WAIT_DEVICE: 0}
+_PRIORITY = np.array([-1, 1, 2, 0])
+_F, _I, _W, _B = (KIND_INDEX[k] for k in (F, I, W, B))
 
 
 @dataclass(frozen=True)
@@ -31,72 +36,134 @@ class Waits:
     ready: np.ndarray  # float64: when that cause ended (nan for nothing)
 
 
-def consumer(timeline: Timeline, transfer: int) -> Op | None:
-    """The op that waits for transfer row ``transfer`` (None for collectives).
+@dataclass(frozen=True)
+class Dependencies:
+    """The data dependencies of a timeline's rows, as row numbers (-1: none).
 
-    An activation sent by stage s feeds F(s+1); a gradient sent by stage s feeds the
-    backward of stage s-1 (I when the table splits it, else B).
+    ``carried[r]`` is the predecessor whose output reaches op row r from another stage (the
+    activation of F(s-1) for F(s), the gradient of stage s+1's backward for I/B(s)); ``local``
+    is the other one (F(s) for I/B(s), I(s) for W(s)). ``consumer[t]`` is the op row that
+    transfer row t feeds (-1 for all-reduces), ``delivery[r]`` the transfer that brought row
+    r its carried input (-1 when none did: same device, or no transfers recorded).
     """
+
+    carried: np.ndarray
+    local: np.ndarray
+    consumer: np.ndarray
+    delivery: np.ndarray
+
+
+def dependencies(timeline: Timeline) -> Dependencies:
+    """Row-level data dependencies (see ``Schedule.predecessors`` for the rules)."""
+    stage = timeline.op_stage.astype(np.int64)
+    kind = timeline.op_kind.astype(np.int64)
+    microbatch = timeline.op_microbatch.astype(np.int64)
+    stages = timeline.schedule.num_stages
+    microbatches = max(timeline.schedule.num_microbatches, int(microbatch.max(initial=-1)) + 1)
+    row_of = np.full(stages * microbatches * 4 + 4, -1, np.int64)
+
+    def lookup(s: np.ndarray, k: np.ndarray | int, mb: np.ndarray) -> np.ndarray:
+        inside = (s >= 0) & (s < stages) & (mb >= 0)
+        keys = np.where(inside, (s * microbatches + mb) * 4 + k, len(row_of) - 1)
+        return np.where(inside, row_of[keys], -1)
+
+    row_of[(stage * microbatches + microbatch) * 4 + kind] = np.arange(len(timeline))
+
+    def backward_of(s: np.ndarray, mb: np.ndarray) -> np.ndarray:
+        """The op producing stage s's input gradient: I when split, else B."""
+        split = lookup(s, _I, mb)
+        return np.where(split >= 0, split, lookup(s, _B, mb))
+
+    is_f, is_w = kind == _F, kind == _W
+    is_back = (kind == _I) | (kind == _B)
+    carried = np.full(len(timeline), -1, np.int64)
+    local = np.full(len(timeline), -1, np.int64)
+    carried[is_f] = lookup(stage - 1, _F, microbatch)[is_f]
+    carried[is_back] = backward_of(stage + 1, microbatch)[is_back]
+    local[is_back] = lookup(stage, _F, microbatch)[is_back]
+    local[is_w] = lookup(stage, _I, microbatch)[is_w]
+
     table = timeline.transfers
-    kind, stage, microbatch = int(table.kind[transfer]), int(table.stage[transfer]), int(table.microbatch[transfer])
-    if kind == ACTIVATION:
-        return Op(stage + 1, F, microbatch)
-    if kind == GRADIENT and stage >= 1:
-        return timeline.schedule.backward_op(stage - 1, microbatch)
-    return None
-
-
-def delivered_by(timeline: Timeline) -> dict[Op, int]:
-    """Consumer op -> the transfer row that delivered its input."""
-    return {
-        op: row
-        for row in range(len(timeline.transfers))
-        if (op := consumer(timeline, row)) is not None
-    }
+    t_stage = table.stage.astype(np.int64)
+    t_mb = table.microbatch.astype(np.int64)
+    consumer = np.full(len(table), -1, np.int64)
+    activation, gradient = table.kind == ACTIVATION, table.kind == GRADIENT
+    consumer[activation] = lookup(t_stage + 1, _F, t_mb)[activation]
+    consumer[gradient] = backward_of(t_stage - 1, t_mb)[gradient]
+    delivery = np.full(len(timeline), -1, np.int64)
+    fed = consumer >= 0
+    delivery[consumer[fed]] = np.flatnonzero(fed)
+    return Dependencies(carried, local, consumer, delivery)
 
 
 def waited_for(timeline: Timeline) -> Waits:
     """The cause of every op's start time (see the module docstring)."""
     n = len(timeline)
-    ops = [timeline.op(row) for row in range(n)]
-    row_of = {op: row for row, op in enumerate(ops)}
-    deliveries = delivered_by(timeline)
+    deps = dependencies(timeline)
     previous = np.full(n, -1, np.int64)
     for device in range(timeline.num_devices):
         rows = timeline.rows_of_device(device)
         previous[rows[1:]] = rows[:-1]
 
     end = timeline.op_end
-    transfer_end = timeline.transfers.end
+    device = timeline.op_device
+    # candidates per row: [previous op on the device, local input, carried input]
+    time = np.full((n, 3), -np.inf)
+    code = np.zeros((n, 3), np.int64)
+    ref = np.full((n, 3), -1, np.int64)
+    for column, rows, what in ((0, previous, WAIT_DEVICE), (1, deps.local, WAIT_DEPENDENCY),
+                               (2, deps.carried, WAIT_DEPENDENCY)):
+        present = rows >= 0
+        time[present, column] = end[rows[present]]
+        code[present, column] = what
+        ref[present, column] = rows[present]
+    # a carried input from another device arrives with its transfer
+    crossed = (deps.carried >= 0) & (deps.delivery >= 0)
+    crossed[crossed] = device[deps.carried[crossed]] != device[crossed]
+    time[crossed, 2] = timeline.transfers.end[deps.delivery[crossed]]
+    code[crossed, 2] = WAIT_TRANSFER
+    ref[crossed, 2] = deps.delivery[crossed]
+
+    latest = time.max(axis=1, initial=-np.inf)
     tolerance = 1e-9 * max(timeline.makespan, 1e-30)
-    cause = np.zeros(n, np.int8)
-    ref = np.full(n, -1, np.int32)
-    ready = np.full(n, np.nan)
-    for row, op in enumerate(ops):
-        candidates: list[tuple[float, int, int]] = []
-        if previous[row] >= 0:
-            candidates.append((float(end[previous[row]]), WAIT_DEVICE, int(previous[row])))
-        for pred in timeline.schedule.predecessors(op):
-            pred_row = row_of.get(pred)
-            if pred_row is None:
-                continue
-            carrier = deliveries.get(op)
-            crosses = timeline.op_device[pred_row] != timeline.op_device[row]
-            if crosses and carrier is not None and _carries(timeline, carrier, pred):
-                candidates.append((float(transfer_end[carrier]), WAIT_TRANSFER, carrier))
-            else:
-                candidates.append((float(end[pred_row]), WAIT_DEPENDENCY, pred_row))
-        if not candidates:
-            continue
-        latest = max(time for time, _, _ in candidates)
-        tied = [c for c in candidates if c[0] >= latest - tolerance]
-        time, code, target = max(tied, key=lambda c: _PRIORITY[c[1]])
-        cause[row], ref[row], ready[row] = code, target, time
-    return Waits(cause, ref, ready)
+    tied = time >= (latest - tolerance)[:, None]
+    choice = np.argmax(np.where(tied, _PRIORITY[code], -2), axis=1)
+    picked = np.arange(n)
+    found = np.isfinite(latest)
+    return Waits(
+        cause=np.where(found, code[picked, choice], WAIT_NONE).astype(np.int8),
+        ref=np.where(found, ref[picked, choice], -1).astype(np.int32),
+        ready=np.where(found, time[picked, choice], np.nan),
+    )
 
 
-def _carries(timeline: Timeline, transfer: int, pred: Op) -> bool:
-    """True when transfer row ``transfer`` moves the output of ``pred`` (not its other input)."""
+def wait_texts(timeline: Timeline, waits: Waits) -> list[str]:
+    """The cause of every op's start, in words (for traces; the HTML report builds the same
+    sentences in the page).
+
+    >>> from pipesched.generators import generate
+    >>> from pipesched.slot_table import slot_table
+    >>> t = slot_table(generate("1f1b", 2, 2))  # device 0 runs 0F0 0F1 0B0 0B1
+    >>> wait_texts(t, waited_for(t))[:3]
+    ['nothing: starts the iteration', 'device: 0F0 on device 0 ended at 1 slots', 'dependency: 1B0 on device 1 ended at 4 slots']
+    """
+    scale = time_scale(timeline.unit, timeline.makespan)
+    letters = [kind.value for kind in (F, I, W, B)]
+    stage, kind, microbatch = (timeline.op_stage.tolist(), timeline.op_kind.tolist(),
+                               timeline.op_microbatch.tolist())
+    device = timeline.op_device.tolist()
     table = timeline.transfers
-    expected = ACTIVATION if pred.kind is F else GRADIENT
-    return int(table.kind[transfer]) == expected and int(table.stage[transfer]) == pred.stage
+    when = ((waits.ready - timeline.origin) * scale.factor).tolist()
+    texts = []
+    for row, (code, target) in enumerate(zip(waits.cause.tolist(), waits.ref.tolist(), strict=True)):
+        at = f"{when[row]:.6g} {scale.unit}"
+        if code == WAIT_NONE:
+            texts.append("nothing: starts the iteration")
+        elif code == WAIT_TRANSFER:
+            texts.append(f"transfer: {TRANSFER_KIND_NAMES[int(table.kind[target])]} of microbatch "
+                         f"{int(table.microbatch[target])} d{int(table.src_device[target])}->"
+                         f"d{int(table.dst_device[target])} arrived at {at}")
+        else:
+            op = f"{stage[target]}{letters[kind[target]]}{microbatch[target]}"
+            texts.append(f"{WAIT_NAMES[code]}: {op} on device {device[target]} ended at {at}")
+    return texts

@@ -1,0 +1,48 @@
+"""Real runs: schedules executed on P local ranks with PyTorch, layers profiled in
+isolation, and the simulator checked against measured step times.
+
+Importing this package does not import torch; the functions start rank processes that do.
+
+>>> from pipesched.runtime import RunOptions
+>>> RunOptions().backend
+'gloo'
+"""
+
+from __future__ import annotations
+
+from pipesched.runtime.check import CheckReport, CheckRow, check_schedules
+from pipesched.runtime.launch import Fault
+from pipesched.runtime.profile import (
+    LinkProfile,
+    ProfileOptions,
+    add_op_overhead,
+    layer_costs_csv,
+    link_yaml,
+    profile_layers,
+    profile_link,
+    profile_overhead,
+    profile_stages,
+    stage_costs_csv,
+)
+from pipesched.runtime.runs import RunOptions, RunResult, choose_runtime, run_schedules
+
+__all__ = [
+    "CheckReport",
+    "CheckRow",
+    "Fault",
+    "LinkProfile",
+    "ProfileOptions",
+    "RunOptions",
+    "RunResult",
+    "add_op_overhead",
+    "check_schedules",
+    "choose_runtime",
+    "layer_costs_csv",
+    "link_yaml",
+    "profile_layers",
+    "profile_link",
+    "profile_overhead",
+    "profile_stages",
+    "run_schedules",
+    "stage_costs_csv",
+]

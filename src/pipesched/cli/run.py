@@ -1,0 +1,273 @@
+"""`pipesched run`, `profile`, `check`: real PyTorch runs, layer profiling, and the
+simulator's error against real runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipesched.cli.options import split_names
+from pipesched.cli.schedules import load_or_generate
+from pipesched.errors import PipeschedError, require
+from pipesched.generators import FAMILIES
+from pipesched.io.files import check_output_path, write_atomic
+from pipesched.model import load_model
+from pipesched.partition import Partition
+from pipesched.schedule import Schedule
+from pipesched.timeline import Timeline
+
+ModelOption = Annotated[str, typer.Option("--model", help="model preset (tiny, small, ...), YAML shape or config.json")]
+MicroBatchSize = Annotated[int, typer.Option("--micro-batch-size", "-b", help="sequences per microbatch")]
+SeqLen = Annotated[int, typer.Option("--seq-len", "-s", help="tokens per sequence")]
+DtypeOption = Annotated[str, typer.Option("--dtype", help="runtime dtype: float32, float64 or bfloat16")]
+Backend = Annotated[str, typer.Option("--backend", help="gloo (CPU ranks) or nccl (one GPU per rank)")]
+Steps = Annotated[int, typer.Option("--steps", help="measured steps (after warm-up)")]
+Warmup = Annotated[int, typer.Option("--warmup", help="steps run first and not measured")]
+Runtime = Annotated[str, typer.Option("--runtime", help="auto (PyTorch's runtime where it can, else ours), pytorch or ours")]
+Timeout = Annotated[float, typer.Option("--timeout", help="seconds before every rank is killed")]
+Settings = Annotated[list[str] | None, typer.Option("--set", help="family option KEY=VALUE")]
+AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK or hang:RANK (tests)")]
+
+_RUNTIME_NAMES = {"pytorch": "PyTorch _PipelineScheduleRuntime", "ours": "pipesched executor"}
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=140)
+
+
+def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: list[str] | None) -> Schedule:
+    if name not in FAMILIES and any(ch in name for ch in "./\\"):
+        for flag, value in (("p", p), ("m", m), ("v", v)):
+            if value is not None:
+                raise PipeschedError(f"{flag}={value}: a schedule file fixes its own sizes; drop -{flag}")
+    require(p is not None or name not in FAMILIES, "p", None, "give the number of ranks with -p")
+    require(m is not None or name not in FAMILIES, "m", None, "give the number of microbatches with -m")
+    return load_or_generate(name, p=p or 0, m=m or 0, v=v, settings=settings)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}"
+
+
+def timeline_records(timeline: Timeline) -> list[dict]:
+    """Every op of a timeline as a JSON-ready dict, in the timeline's row order."""
+    waits = timeline.meta.get("op_wait_s")
+    return [
+        {"device": int(timeline.op_device[row]), "op": str(timeline.op(row)),
+         "start_s": float(timeline.op_start[row]), "end_s": float(timeline.op_end[row]),
+         **({"wait_s": float(waits[row])} if waits is not None else {})}
+        for row in range(len(timeline))
+    ]
+
+
+# --- run -----------------------------------------------------------------------------------
+def run_command(
+    schedule_name: Annotated[str, typer.Argument(metavar="SCHEDULE|FILE", help="schedule family or schedule file")],
+    p: Annotated[int | None, typer.Option("-p", help="ranks (pipeline devices)")] = None,
+    m: Annotated[int | None, typer.Option("-m", help="microbatches")] = None,
+    v: Annotated[int | None, typer.Option("-v", help="chunks (stages) per device, for families that take it")] = None,
+    family_settings: Settings = None,
+    model: ModelOption = "tiny",
+    backend: Backend = "gloo",
+    steps: Steps = 5,
+    warmup: Warmup = 2,
+    runtime: Runtime = "auto",
+    micro_batch_size: MicroBatchSize = 2,
+    seq_len: SeqLen = 64,
+    dtype: DtypeOption = "float32",
+    timeout: Timeout = 300.0,
+    as_json: AsJson = False,
+    inject_fault: Fault = None,
+) -> None:
+    """Run a schedule for real on P local ranks (gloo on CPU, NCCL on GPUs): median step time
+    after warm-up and the measured timeline of every op on every rank."""
+    from pipesched.runtime.launch import Fault as FaultSpec
+    from pipesched.runtime.runs import RunOptions, run_schedules
+
+    schedule = _schedule(schedule_name, p, m, v, family_settings)
+    spec = load_model(model)
+    options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
+                         steps=steps, warmup=warmup, timeout_s=timeout)
+    fault = FaultSpec.parse(inject_fault) if inject_fault else None
+    result = run_schedules([schedule], spec, options=options, runtime=runtime, fault=fault)[0]
+    if as_json:
+        typer.echo(json.dumps({
+            "schedule": schedule.name, "p": schedule.num_devices, "m": schedule.num_microbatches,
+            "num_stages": schedule.num_stages, "model": spec.name, "runtime": result.runtime,
+            "backend": result.backend, "partition": result.timeline.meta["partition"],
+            "step_time_s": result.step_time, "step_times_s": list(result.step_times),
+            "loss": result.loss, "losses": list(result.losses),
+            "timeline": timeline_records(result.timeline),
+        }, indent=1))
+        return
+    _print_run(schedule, spec.name, options, result)
+
+
+def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
+    from pipesched.render.terminal import timeline_view
+
+    console = _console()
+    table = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={schedule.num_microbatches}, "
+                        f"{schedule.num_stages} stages; {model_name} ({result.timeline.meta['partition']}), "
+                        f"micro-batch {options.micro_batch_size} x {options.seq_len}, {options.dtype}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("runtime", f"{result.runtime} ({_RUNTIME_NAMES[result.runtime]}), {result.backend}")
+    table.add_row("median step time", f"{_ms(result.step_time)} ms")
+    table.add_row(f"steps ({options.steps} after {options.warmup} warm-up)",
+                  ", ".join(_ms(t) for t in result.step_times) + " ms")
+    table.add_row("loss (mean over microbatches)", f"{result.loss:.6f}")
+    busy = result.timeline.busy_per_device()
+    table.add_row("busy per rank (median step)", ", ".join(_ms(b) for b in busy) + " ms")
+    table.add_row("bubble ratio (median step)", f"{result.timeline.bubble_ratio():.3f}")
+    console.print(table)
+    console.print(timeline_view(result.timeline, width=min(console.width, 160)))
+
+
+# --- profile -------------------------------------------------------------------------------
+def profile_command(
+    model: ModelOption = "small",
+    output: Annotated[str, typer.Option("-o", "--output", help="cost CSV to write (per layer, or per stage with -p)")] = "costs.csv",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
+    micro_batch_size: MicroBatchSize = 2,
+    seq_len: SeqLen = 64,
+    dtype: DtypeOption = "float32",
+    repeats: Annotated[int, typer.Option("--repeats", help="timed repeats per op (median kept)")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", help="untimed repeats first")] = 3,
+    p: Annotated[int | None, typer.Option("-p", help="write per-stage costs for p ranks")] = None,
+    v: Annotated[int, typer.Option("-v", help="stages per rank, with -p")] = 1,
+    partition: Annotated[str | None, typer.Option("--partition", help="layers per stage like 3|4|3, with -p (default: uniform)")] = None,
+    runtime: Annotated[str, typer.Option("--runtime", help="whose per-op overhead to add to per-stage costs: ours or pytorch")] = "ours",
+    link: Annotated[bool, typer.Option("--link/--no-link", help="measure rank-to-rank latency and bandwidth")] = True,
+    as_json: AsJson = False,
+) -> None:
+    """Measure layer (or stage) op times in isolation, the runtime's per-op overhead and the
+    link between ranks; write the cost CSV the simulator reads, and the link beside it
+    (FILE.link.yaml)."""
+    from pipesched.runtime.profile import (
+        ProfileOptions,
+        add_op_overhead,
+        layer_costs_csv,
+        link_yaml,
+        profile_layers,
+        profile_link,
+        profile_overhead,
+        profile_stages,
+        stage_costs_csv,
+    )
+    from pipesched.runtime.runs import stage_partition
+
+    target = check_output_path(output)
+    link_path = check_output_path(Path(str(target) + ".link.yaml"))
+    require(runtime in ("ours", "pytorch"), "runtime", runtime, "must be ours or pytorch")
+    spec = load_model(model)
+    options = ProfileOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, device=device,
+                             repeats=repeats, warmup=warmup)
+    backend = options.backend
+    summary: dict[str, object] = {"model": spec.name, "device": device, "output": str(target)}
+    if p is None:
+        require(partition is None, "partition", partition, "needs -p (per-stage costs)")
+        layers = profile_layers(spec, options)
+        text = layer_costs_csv(layers)
+        summary["layers"] = [{"name": layer.name, "forward_s": layer.forward_s, "backward_input_s": layer.backward_input_s,
+                              "backward_weight_s": layer.backward_weight_s} for layer in layers]
+    else:
+        require(p >= 1 and v >= 1, "p", p, "-p and -v must be at least 1")
+        chosen = stage_partition(spec, p * v, _parse_partition(partition) if partition else None)
+        costs = profile_stages(spec, [chosen], options)[0]
+        overhead = profile_overhead(runtime=runtime, backend=backend)
+        costs = add_op_overhead(costs, overhead)
+        text = stage_costs_csv(costs)
+        summary.update(partition=str(chosen), per_op_overhead_s=overhead)
+    write_atomic(target, text)
+    if link:
+        measured = profile_link(backend=backend)
+        write_atomic(link_path, link_yaml(measured, overhead_s=summary.get("per_op_overhead_s")))
+        summary.update(latency_s=measured.latency, bandwidth_bytes_per_s=measured.bandwidth, link_file=str(link_path))
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1))
+        return
+    typer.echo(f"wrote {target}" + (f" ({summary['partition']})" if "partition" in summary else ""))
+    if "per_op_overhead_s" in summary:
+        typer.echo(f"per-op overhead of the {runtime} runtime: {summary['per_op_overhead_s'] * 1e6:.0f} us (included)")
+    if link:
+        typer.echo(f"wrote {link_path}; simulate with --stage-costs FILE --latency {summary['latency_s']:.6g} "
+                   f"--bandwidth {summary['bandwidth_bytes_per_s']:.6g}")
+
+
+def _parse_partition(text: str) -> Partition:
+    try:
+        sizes = [int(part) for part in text.split("|")]
+    except ValueError:
+        raise PipeschedError(f"partition={text!r}: write layers per stage like 3|4|3") from None
+    return Partition.from_sizes(sizes)
+
+
+# --- check ---------------------------------------------------------------------------------
+def check_command(
+    schedules: Annotated[str, typer.Option("--schedules", help="comma-separated families, e.g. gpipe,1f1b,zb-h1")],
+    p: Annotated[int, typer.Option("-p", help="ranks (pipeline devices)")] = 2,
+    m: Annotated[int, typer.Option("-m", help="microbatches")] = 8,
+    v: Annotated[int | None, typer.Option("-v", help="chunks per device, for families that take it")] = None,
+    model: ModelOption = "small",
+    backend: Backend = "gloo",
+    steps: Steps = 5,
+    warmup: Warmup = 2,
+    runtime: Runtime = "auto",
+    micro_batch_size: MicroBatchSize = 2,
+    seq_len: SeqLen = 64,
+    dtype: DtypeOption = "float32",
+    timeout: Timeout = 600.0,
+    as_json: AsJson = False,
+) -> None:
+    """Profile in isolation, simulate, run for real, and compare: predicted vs measured step
+    time per schedule, the error, and whether the ranking of the schedules agrees."""
+    from pipesched.runtime.check import check_schedules
+    from pipesched.runtime.runs import RunOptions
+
+    names = split_names(schedules)
+    require(len(names) >= 1, "schedules", schedules, "give at least one schedule family")
+    built = [_schedule(name, p, m, v if FAMILIES.get(name) is not None and FAMILIES[name].chunks is None else None, None)
+             for name in names]
+    options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
+                         steps=steps, warmup=warmup, timeout_s=timeout)
+    report = check_schedules(built, load_model(model), options=options, runtime=runtime)
+    if as_json:
+        typer.echo(json.dumps({
+            "model": model, "p": p, "m": m,
+            "rows": [{"schedule": row.schedule.name, "runtime": row.run.runtime, "predicted_s": row.predicted_s,
+                      "measured_s": row.measured_s, "error": row.error, "step_times_s": list(row.run.step_times)}
+                     for row in report.rows],
+            "median_abs_error": report.median_abs_error, "ranking_agrees": report.ranking_agrees,
+            "predicted_order": list(report.predicted_order), "measured_order": list(report.measured_order),
+            "latency_s": report.link.latency, "bandwidth_bytes_per_s": report.link.bandwidth,
+            "per_op_overhead_s": report.overhead_s,
+        }, indent=1))
+        return
+    console = _console()
+    table = Table(title=f"prediction check: {model}, p={p}, m={m}, micro-batch {micro_batch_size} x {seq_len}, "
+                        f"{dtype}, {backend}")
+    for column in ("schedule", "runtime", "predicted ms", "measured ms", "error"):
+        table.add_column(column, justify="left" if column in ("schedule", "runtime") else "right")
+    for row in report.rows:
+        table.add_row(row.schedule.name, row.run.runtime, _ms(row.predicted_s), _ms(row.measured_s), f"{row.error:+.1%}")
+    console.print(table)
+    agrees = "yes" if report.ranking_agrees else "no"
+    console.print(f"median |error| {report.median_abs_error:.1%}; ranking agrees: {agrees} "
+                  f"(predicted {' < '.join(report.predicted_order)}; measured {' < '.join(report.measured_order)})")
+    overheads = ", ".join(f"{name} {seconds * 1e6:.0f} us" for name, seconds in report.overhead_s.items())
+    console.print(f"link {report.link.latency * 1e6:.0f} us, {report.link.bandwidth / 1e9:.2f} GB/s; "
+                  f"per-op overhead {overheads}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_command)
+    app.command("profile")(profile_command)
+    app.command("check")(check_command)

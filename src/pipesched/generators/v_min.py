@@ -1,0 +1,55 @@
+"""V-Min: a V-shape schedule with about a third of 1F1B's activation memory ("Pipeline
+Parallelism with Controllable Memory", Qi et al., NeurIPS 2024), built from its repeating
+building block (see v_blocks)."""
+
+from __future__ import annotations
+
+from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.v_blocks import block_min, block_schedule
+from pipesched.schedule import Placement, Schedule
+
+
+def v_min(p: int, m: int) -> Schedule:
+    """Device d holds stages d and 2p-1-d; the block's lifespans keep about 2p/3 + 2 chunk
+    activations (p/3 + 1 1F1B stages) in flight.
+
+    >>> [str(op) for op in v_min(2, 2).device_ops[0]]
+    ['0F0', '0F1', '3F0', '3I0', '3W0', '0I0', '0W0', '3F1', '3I1', '3W1', '0I1', '0W1']
+    """
+    check_sizes(p, m)
+    tables = block_schedule(block_min(p), m)
+    return Schedule("v-min", Placement.vshape(p), m, tuple(tuple(ops) for ops in tables),
+                    params={"p": p, "m": m})
+
+
+def v_min_peak(p: int, m: int) -> int:
+    """In-flight chunk activations on the worst device: the block's, or 2 per microbatch."""
+    return min(2 * ((p + 1) // 3) + 2, 2 * m)
+
+
+def v_min_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+    """Slot costs are those of one chunk op. The paper's bubble for V-Min is about 2p/(3m)
+    of the work, i.e. idle about (4p/3)(F+I+W): two thirds of 1F1B's in whole-stage units."""
+    peak = v_min_peak(p, m)
+    return FormulaEstimate(
+        idle=4 * p * (c.f + c.i + c.w) / 3,
+        work=2 * m * (c.f + c.i + c.w),
+        peak_inflight=peak,
+        activation_units=peak / 2,
+        exact=False,
+        note=(
+            "times in slots of one chunk op; idle is the paper's approximation (with F = I = W "
+            "the table idles between 4p-7 and 4p F once m >= 2p, at most 4p F with fewer "
+            "microbatches); the peak is exact for this building block"
+        ),
+    )
+
+
+FAMILY = Family(
+    name="v-min",
+    summary="V placement, about a third of 1F1B's activation memory, bubble about 2/3 of 1F1B's",
+    constraints="p >= 2, m >= 1",
+    build=lambda p, m, *, v=None: v_min(p, m),
+    formula=v_min_formula,
+    chunks=2,
+)

@@ -1,0 +1,128 @@
+"""ZB-V: zero-bubble's V-shape schedule (Qi et al., ICLR 2024, section 6), the table PyTorch's
+``ScheduleZBVZeroBubble`` builds.
+
+Each device holds two chunks placed as a V: stage d (down) and stage 2p-1-d (up), so a
+microbatch's forward goes down the devices and comes back up, and its last stage runs on
+device 0 like its first. With F = I = W the table has no bubble inside any device's span and
+holds 1F1B's activation memory (2p half-size stages on device 0).
+"""
+
+from __future__ import annotations
+
+from pipesched.costs import StageCosts
+from pipesched.errors import PipeschedError
+from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.op_costs import op_costs
+from pipesched.generators.v_greedy import v_greedy
+from pipesched.generators.zero_bubble import check_memory_limit
+from pipesched.ops import F, I, Op, OpKind, W
+from pipesched.schedule import Placement, Schedule
+
+
+def handcrafted_zb_v(p: int, m: int) -> tuple[tuple[Op, ...], ...]:
+    """The paper's ZB-V, phase by phase. Built for max(m, 2p-1) microbatches (the fewest
+    that fill the V), then ops of microbatches >= m are dropped, as PyTorch does."""
+    n = max(m, 2 * p - 1)
+    tables = []
+    for d in range(p):
+        down, up = d, 2 * p - 1 - d
+        counts = {(kind, stage): 0 for kind in (F, I, W) for stage in (down, up)}
+        ops: list[Op] = []
+
+        def run(kind: OpKind, stage: int, *, ops: list[Op] = ops, counts: dict = counts) -> None:
+            ops.append(Op(stage, kind, counts[kind, stage]))
+            counts[kind, stage] += 1
+
+        # warm-up: down forwards until the first microbatch can come back up to this device
+        for _ in range(2 * (p - d) - 1):
+            run(F, down)
+        for _ in range(d):
+            run(F, up)
+            run(F, down)
+        # the first up-chunk backwards, each completed with its W at once
+        for _ in range(p - d):
+            run(F, up)
+            run(I, up)
+            run(W, up)
+        # steady state: F/I/W of the down chunk, then of the up chunk
+        while counts[F, up] < counts[F, down] or counts[F, down] < n:
+            if counts[F, down] < n:
+                run(F, down)
+            run(I, down)
+            run(W, down)
+            run(F, up)
+            run(I, up)
+            run(W, up)
+        # cool-down: input gradients first, W deferred to the end
+        w_down, w_up = counts[I, down], counts[I, up]
+        for _ in range(d):
+            run(I, down)
+            run(I, up)
+        for _ in range(p - d):
+            run(I, down)
+            ops.append(Op(down, W, w_down))
+            w_down += 1
+        ops.extend(Op(up, W, mb) for mb in range(w_up, counts[I, up]))
+        ops.extend(Op(down, W, mb) for mb in range(w_down, counts[I, down]))
+        tables.append(tuple(op for op in ops if op.microbatch < m))
+    return tuple(tables)
+
+
+def zb_v(p: int, m: int, *, costs: StageCosts | SlotCosts | None = None,
+         memory_limit: int | None = None) -> Schedule:
+    """The handcrafted ZB-V; with ``costs`` (per stage of the 2p) or ``memory_limit``
+    (in-flight stage-microbatches per device, default 2p) the zero-bubble V heuristic
+    builds the table instead.
+
+    >>> [str(op) for op in zb_v(2, 3).device_ops[1]]
+    ['1F0', '2F0', '1F1', '2F1', '2I0', '2W0', '1F2', '1I0', '1W0', '2F2', '2I1', '2W1', '1I1', '2I2', '1I2', '1W1', '2W2', '1W2']
+    """
+    check_sizes(p, m)
+    placement = Placement.vshape(p)
+    if costs is None and memory_limit is None:
+        return Schedule("zb-v", placement, m, handcrafted_zb_v(p, m), params={"p": p, "m": m})
+    limit = 2 * p if memory_limit is None else memory_limit
+    # device 0 holds both chunks of the first microbatch until its up-chunk backward: the V
+    # needs two in flight; below 2p the heuristic trades bubble for memory
+    check_memory_limit(limit, 2, "zb-v")
+    tables = v_greedy(p, m, op_costs(costs, 2 * p, "zb-v"), limit)
+    if tables is None:
+        raise PipeschedError(
+            f"memory_limit={limit}: the zb-v heuristic found no schedule for p={p}, m={m}; "
+            f"raise the limit or use v-half / v-min for less memory"
+        )
+    return Schedule(
+        "zb-v", placement, m, tuple(tuple(ops) for ops in tables),
+        params={"p": p, "m": m, "memory_limit": limit, "heuristic": True},
+    )
+
+
+def zb_v_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+    """Slot costs are those of one chunk op (half a 1F1B stage). With m >= 2p-1 and
+    F = I = W every device is busy from its first op to its last; the iteration spans the
+    (p-1)F by which the last device starts late. With fewer microbatches the V is not full
+    and each missing one costs 2F. Device 0 holds 2p chunks = p 1F1B stages."""
+    peak = min(2 * p, 2 * m)
+    equal = c.f == c.i == c.w
+    return FormulaEstimate(
+        idle=max(p - 1, 4 * p - 2 - 2 * m) * c.f,
+        work=2 * m * (c.f + c.i + c.w),
+        peak_inflight=peak,
+        activation_units=peak / 2,
+        exact=equal,
+        note="times in slots of one chunk op" if equal else (
+            "times in slots of one chunk op; exact for F = I = W, otherwise an approximation: the "
+            "table idles at least (p-1)F and less than twice this form taken in units of F+I+W"
+        ),
+    )
+
+
+FAMILY = Family(
+    name="zb-v",
+    summary="zero bubble on a V placement (2 chunks per device) with 1F1B's memory",
+    constraints="p >= 2, m >= 1; memory_limit >= 2",
+    build=lambda p, m, *, v=None, **options: zb_v(p, m, **options),
+    formula=zb_v_formula,
+    chunks=2,
+    options=("costs", "memory_limit"),
+)

@@ -1,0 +1,124 @@
+"""What the zero-bubble families share (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
+2024): the split backward (I = input gradient, W = weight gradient), their options (per-stage
+F/I/W costs and a memory limit in in-flight stage-microbatches per device), and the
+handcrafted ZB-H1 / ZB-H2 tables.
+"""
+
+from __future__ import annotations
+
+from pipesched.costs import StageCosts
+from pipesched.errors import require
+from pipesched.generators.base import FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.op_costs import op_costs
+from pipesched.generators.zb_greedy import zb_greedy
+from pipesched.ops import F, I, Op, W
+from pipesched.schedule import Placement, Schedule
+
+
+def check_memory_limit(memory_limit: int, smallest: int, family: str) -> None:
+    """A memory limit must be a whole number of stage-microbatches the heuristic can use."""
+    require(
+        isinstance(memory_limit, int) and not isinstance(memory_limit, bool),
+        "memory_limit",
+        memory_limit,
+        "give a whole number of in-flight stage-microbatches per device",
+    )
+    require(
+        memory_limit >= smallest,
+        "memory_limit",
+        memory_limit,
+        f"too small for {family} to make progress; the smallest that works here is {smallest}",
+    )
+
+
+def handcrafted_tables(p: int, m: int, *, warmup: list[int], delay: list[int]) -> tuple[tuple[Op, ...], ...]:
+    """The paper's handcrafted one-stage-per-device schedules (its figure 3).
+
+    Device d runs ``warmup[d]`` forwards, then for each microbatch k its I, the W of
+    microbatch k - ``delay[d]`` (once there is one), and its next forward while any is left;
+    the W still owed close the iteration. Deferring W lets the input gradients run back up
+    the pipeline without waiting; device d then holds warmup[d] + delay[d] microbatches (at most m).
+    """
+    tables = []
+    for d in range(p):
+        first = min(warmup[d], m)
+        ops = [Op(d, F, mb) for mb in range(first)]
+        for k in range(m):
+            ops.append(Op(d, I, k))
+            if k >= delay[d]:
+                ops.append(Op(d, W, k - delay[d]))
+            if first + k < m:
+                ops.append(Op(d, F, first + k))
+        # cool-down: the W deferred past the last I
+        ops.extend(Op(d, W, k) for k in range(max(0, m - delay[d]), m))
+        tables.append(tuple(ops))
+    return tuple(tables)
+
+
+def one_stage_schedule(
+    name: str,
+    p: int,
+    m: int,
+    *,
+    warmup: list[int],
+    delay: list[int],
+    default_limit: int,
+    costs: StageCosts | SlotCosts | None,
+    memory_limit: int | None,
+) -> Schedule:
+    """ZB-H1 / ZB-H2: the handcrafted table, or the heuristic when costs or a memory limit
+    are given (the handcrafted tables assume F = I = W and their own memory)."""
+    check_sizes(p, m)
+    if costs is None and memory_limit is None:
+        tables = handcrafted_tables(p, m, warmup=warmup, delay=delay)
+        params: dict[str, object] = {"p": p, "m": m}
+    else:
+        limit = default_limit if memory_limit is None else memory_limit
+        # one in flight always works: F, I, W of a microbatch before the next F
+        check_memory_limit(limit, 1, name)
+        tables = tuple(tuple(ops) for ops in zb_greedy(m, op_costs(costs, p, name), limit))
+        params = {"p": p, "m": m, "memory_limit": limit, "heuristic": True}
+    return Schedule(name, Placement.one_per_device(p), m, tables, params=params)
+
+
+def _equal(c: SlotCosts) -> bool:
+    return c.f == c.i == c.w
+
+
+def _approximation_note(p: int, m: int, c: SlotCosts) -> str:
+    low = (p - 1) * c.f
+    high = (p - 1 + max(0, p - m)) * (c.f + c.b)
+    return (
+        f"exact for F = I = W; with these costs an approximation: the table idles between "
+        f"(p-1)F = {low:g} and (p-1+max(0,p-m))(F+B) = {high:g}"
+    )
+
+
+def zb_h1_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+    """ZB-H1: the paper's idle (p-1)(F+I-W), never less than the (p-1)F by which the last
+    device starts late; fewer microbatches than devices add (p-m)F. Peak p, like 1F1B."""
+    return FormulaEstimate(
+        idle=(p - 1) * max(c.f, c.f + c.i - c.w) + max(0, p - m) * c.f,
+        work=m * (c.f + c.i + c.w),
+        peak_inflight=min(p, m),
+        activation_units=min(p, m),
+        exact=_equal(c),
+        note="" if _equal(c) else _approximation_note(p, m, c),
+    )
+
+
+def zb_h2_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+    """ZB-H2: no bubble inside any device's span once m >= 2p-1; the iteration still spans
+    the (p-1)F by which the last device starts late. With fewer microbatches the deep warm-up
+    is cut short and every two missing microbatches cost one more F. Peak 2p-1."""
+    return FormulaEstimate(
+        idle=(p - 1) * c.f + max(0, 2 * p - 1 - m) // 2 * c.f,
+        work=m * (c.f + c.i + c.w),
+        peak_inflight=min(2 * p - 1, m),
+        activation_units=min(2 * p - 1, m),
+        exact=_equal(c),
+        note=(
+            "idle over the whole iteration; the paper's zero bubble counts each device from "
+            "its first to its last op"
+        ) if _equal(c) else _approximation_note(p, m, c),
+    )

@@ -1,0 +1,145 @@
+"""Stage-cost files: what one microbatch costs on each stage, measured by the user.
+
+CSV, one row per stage, with the header::
+
+    stage,forward,backward_input,backward_weight,activation_bytes,output_bytes
+
+Times in seconds, sizes in bytes. A full backward B costs backward_input + backward_weight;
+an optional ``backward`` column gives B's time instead. Optional ``static_bytes``
+(parameters + gradients + optimizer state of the stage) and ``grad_bytes`` (what its
+replicas all-reduce) columns feed the memory trace and the all-reduce. Columns may come in
+any order; every stage 0..S-1 appears exactly once (rows in any order).
+
+>>> costs = parse_stage_costs(
+...     "stage,forward,backward_input,backward_weight,activation_bytes,output_bytes\\n"
+...     "0,0.010,0.010,0.008,2e9,1.6e7\\n"
+...     "1,0.012,0.0125,0.0075,2e9,1.6e7\\n")
+>>> costs.full_backward(1)
+0.02
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+
+from pipesched.costs import StageCosts
+from pipesched.errors import PipeschedError
+from pipesched.io.files import read_text, write_atomic
+
+REQUIRED_COLUMNS = ("stage", "forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes")
+OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes")
+_UNITS = {"forward": "seconds", "backward_input": "seconds", "backward_weight": "seconds",
+          "backward": "seconds", "activation_bytes": "bytes", "output_bytes": "bytes",
+          "static_bytes": "bytes", "grad_bytes": "bytes"}
+
+
+def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | None = None) -> StageCosts:
+    """Read stage costs from CSV text; ``num_stages`` (when known) is the stage count the
+    file must cover. Every problem raises PipeschedError naming the line, field and value."""
+    rows = list(csv.reader(io.StringIO(text)))
+    # the header is the first non-blank line
+    lines = [(number, row) for number, row in enumerate(rows, start=1) if any(cell.strip() for cell in row)]
+    if not lines:
+        raise PipeschedError(f"stage_costs={source}: empty file; write the header {','.join(REQUIRED_COLUMNS)} and one row per stage")
+    header_line, header = lines[0]
+    columns = [cell.strip() for cell in header]
+    known = set(REQUIRED_COLUMNS) | set(OPTIONAL_COLUMNS)
+    for column in columns:
+        if column not in known:
+            raise PipeschedError(
+                f"{source}:{header_line}: column={column!r}: unknown; the header is "
+                f"{','.join(REQUIRED_COLUMNS)} (optional: {', '.join(OPTIONAL_COLUMNS)})"
+            )
+    duplicated = sorted({c for c in columns if columns.count(c) > 1})
+    if duplicated:
+        raise PipeschedError(f"{source}:{header_line}: column={duplicated[0]!r}: appears twice in the header; keep one")
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise PipeschedError(
+            f"{source}:{header_line}: column={missing[0]!r}: missing from the header; the header is "
+            f"{','.join(REQUIRED_COLUMNS)} (optional: {', '.join(OPTIONAL_COLUMNS)})"
+        )
+    values: dict[int, dict[str, float]] = {}
+    for number, row in lines[1:]:
+        cells = [cell.strip() for cell in row]
+        if len(cells) != len(columns):
+            raise PipeschedError(
+                f"{source}:{number}: row has {len(cells)} fields, the header {len(columns)}; give one value per column"
+            )
+        record = dict(zip(columns, cells, strict=True))
+        stage = _stage(record["stage"], source, number)
+        if stage in values:
+            raise PipeschedError(f"{source}:{number}: stage={stage}: appears twice; give one row per stage")
+        if num_stages is not None and stage >= num_stages:
+            raise PipeschedError(
+                f"{source}:{number}: stage={stage}: extra row; the schedule has {num_stages} stages (0..{num_stages - 1})"
+            )
+        values[stage] = {name: _amount(record[name], name, source, number) for name in columns if name != "stage"}
+    count = num_stages if num_stages is not None else (max(values) + 1 if values else 0)
+    if count == 0:
+        raise PipeschedError(f"stage_costs={source}: no stage rows; give one row per stage after the header")
+    for stage in range(count):
+        if stage not in values:
+            raise PipeschedError(
+                f"{source}: stage={stage}: missing row; give one row per stage 0..{count - 1}"
+            )
+
+    def column(name: str) -> tuple[float, ...] | None:
+        if name not in columns:
+            return None
+        return tuple(values[stage][name] for stage in range(count))
+
+    return StageCosts(
+        forward=column("forward"),
+        backward_input=column("backward_input"),
+        backward_weight=column("backward_weight"),
+        activation_bytes=column("activation_bytes"),
+        output_bytes=column("output_bytes"),
+        backward=column("backward"),
+        static_bytes=column("static_bytes"),
+        grad_bytes=column("grad_bytes"),
+    )
+
+
+def load_stage_costs(path: str | os.PathLike[str], *, num_stages: int | None = None) -> StageCosts:
+    """Read a stage-cost CSV file (see the module docstring)."""
+    return parse_stage_costs(read_text(path, "stage_costs"), source=str(path), num_stages=num_stages)
+
+
+def dumps_stage_costs(costs: StageCosts) -> str:
+    """The CSV text of ``costs``; ``parse_stage_costs`` reads it back to equal costs."""
+    columns = list(REQUIRED_COLUMNS)
+    columns += [name for name in OPTIONAL_COLUMNS if getattr(costs, name) is not None]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for stage in range(costs.num_stages):
+        writer.writerow([stage, *(repr(getattr(costs, name)[stage]) for name in columns[1:])])
+    return out.getvalue()
+
+
+def save_stage_costs(costs: StageCosts, path: str | os.PathLike[str]) -> None:
+    write_atomic(path, dumps_stage_costs(costs))
+
+
+def _stage(text: str, source: str, line: int) -> int:
+    try:
+        stage = int(text)
+    except ValueError:
+        raise PipeschedError(f"{source}:{line}: stage={text!r}: not a whole number; number the stages 0, 1, 2, ...") from None
+    if stage < 0:
+        raise PipeschedError(f"{source}:{line}: stage={stage}: must be >= 0")
+    return stage
+
+
+def _amount(text: str, name: str, source: str, line: int) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise PipeschedError(f"{source}:{line}: {name}={text!r}: not a number; give {_UNITS[name]}") from None
+    if not math.isfinite(value) or value < 0:
+        raise PipeschedError(f"{source}:{line}: {name}={text}: must be a finite number >= 0 ({_UNITS[name]})")
+    return value

@@ -1,0 +1,476 @@
+// pipesched report: sortable tables and interactive timelines, drawn from the JSON blob in
+// #report-data. Plain DOM and SVG; all text from the data goes through textContent.
+(function () {
+  "use strict";
+
+  var SVGNS = "http://www.w3.org/2000/svg";
+  var data = JSON.parse(document.getElementById("report-data").textContent);
+  var tooltip = document.getElementById("tooltip");
+
+  // layout, pixels
+  var GUTTER = 64;        // device and link names, left of the plot
+  var SIDE = 74;          // idle share and memory peaks, right of the plot
+  var ROW = 24;           // one device row
+  var LINK_ROW = 11;      // one channel row
+  var BOX = 0.78;         // op box height, fraction of ROW
+  var AXIS = 34;          // time axis under the rows
+  var MEMORY = 150;       // memory chart height
+  var MAX_LABELS = 1500;  // box labels drawn per chart at once
+
+  function el(name, attrs, parent) {
+    var node = document.createElementNS(SVGNS, name);
+    for (var key in attrs) node.setAttribute(key, attrs[key]);
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+  function html(name, className, text, parent) {
+    var node = document.createElement(name);
+    if (className) node.className = className;
+    if (text !== undefined) node.textContent = text;
+    if (parent) parent.appendChild(node);
+    return node;
+  }
+  function fmt(value) {
+    return Number(value.toPrecision(6)).toString();
+  }
+  function lighten(hex, amount) {
+    var out = "#";
+    for (var i = 1; i < 7; i += 2) {
+      var c = parseInt(hex.substr(i, 2), 16);
+      var mixed = Math.round(c + (255 - c) * amount);
+      out += (mixed < 16 ? "0" : "") + mixed.toString(16);
+    }
+    return out;
+  }
+  function chunkShade(chunk, chunks) {
+    return chunks <= 1 ? 0 : 0.45 * chunk / (chunks - 1);
+  }
+  function niceStep(span, target) {
+    var raw = span / target, power = Math.pow(10, Math.floor(Math.log10(raw)));
+    var steps = [1, 2, 5, 10];
+    for (var i = 0; i < steps.length; i++) if (steps[i] * power >= raw) return steps[i] * power;
+    return 10 * power;
+  }
+  function opText(t, row) {
+    var ops = t.ops;
+    return ops.stage[row] + data.kinds.letters[ops.kind[row]] + ops.microbatch[row];
+  }
+  function opLabel(t, row) {
+    var ops = t.ops;
+    if (t.chunks[ops.device[row]] > 1) return opText(t, row);
+    return data.kinds.letters[ops.kind[row]] + ops.microbatch[row];
+  }
+
+  // ---- sortable tables ----------------------------------------------------------------
+  function makeSortable(table) {
+    var heads = table.querySelectorAll("th");
+    heads.forEach(function (th, column) {
+      function sort() {
+        var ascending = th.getAttribute("aria-sort") !== "ascending";
+        heads.forEach(function (h) { h.removeAttribute("aria-sort"); });
+        th.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+        var body = table.tBodies[0];
+        var rows = Array.prototype.slice.call(body.rows);
+        rows.sort(function (a, b) {
+          var x = a.cells[column].getAttribute("data-value"), y = b.cells[column].getAttribute("data-value");
+          var nx = Number(x), ny = Number(y), order;
+          if (x !== "" && y !== "" && !isNaN(nx) && !isNaN(ny)) order = nx - ny;
+          else order = x.localeCompare(y);
+          return ascending ? order : -order;
+        });
+        rows.forEach(function (row) { body.appendChild(row); });
+      }
+      th.addEventListener("click", sort);
+      th.addEventListener("keydown", function (event) {
+        if (event.key === "Enter" || event.key === " ") { event.preventDefault(); sort(); }
+      });
+    });
+  }
+  document.querySelectorAll("table.sortable").forEach(makeSortable);
+
+  // ---- shared views: charts in the same time unit zoom and pan together ---------------
+  var views = {};
+  function viewFor(t) {
+    var key = t.unit;
+    if (!views[key]) views[key] = { x0: 0, x1: 0, full: 0, charts: [] };
+    var view = views[key];
+    view.full = Math.max(view.full, t.makespan || 1);
+    view.x1 = view.full;
+    return view;
+  }
+  function setView(view, x0, x1) {
+    var span = Math.max(x1 - x0, view.full * 1e-6);
+    if (span >= view.full) { x0 = 0; span = view.full; }
+    x0 = Math.min(Math.max(x0, 0), view.full - span);
+    view.x0 = x0;
+    view.x1 = x0 + span;
+    if (!view.pending) {
+      view.pending = true;
+      requestAnimationFrame(function () {
+        view.pending = false;
+        view.charts.forEach(function (chart) { chart.update(); });
+      });
+    }
+  }
+  function zoom(view, factor, center) {
+    var mid = center === undefined ? (view.x0 + view.x1) / 2 : center;
+    setView(view, mid - (mid - view.x0) * factor, mid + (view.x1 - mid) * factor);
+  }
+
+  // ---- tooltip ------------------------------------------------------------------------
+  function showTip(event, title, rows, wait) {
+    tooltip.textContent = "";
+    html("div", "tip-title", title, tooltip);
+    rows.forEach(function (pair) {
+      var line = html("div", "tip-row", undefined, tooltip);
+      html("span", "tip-key", pair[0] + ": ", line);
+      line.appendChild(document.createTextNode(pair[1]));
+    });
+    if (wait) {
+      var line = html("div", "tip-wait", undefined, tooltip);
+      html("span", "tip-key", "waited for: ", line);
+      line.appendChild(document.createTextNode(wait));
+    }
+    tooltip.hidden = false;
+    moveTip(event);
+  }
+  function moveTip(event) {
+    var x = event.clientX + 14, y = event.clientY + 14;
+    var box = tooltip.getBoundingClientRect();
+    if (x + box.width > window.innerWidth - 8) x = event.clientX - box.width - 14;
+    if (y + box.height > window.innerHeight - 8) y = event.clientY - box.height - 14;
+    tooltip.style.left = x + "px";
+    tooltip.style.top = y + "px";
+  }
+  function hideTip() { tooltip.hidden = true; }
+
+  function waitText(t, row) {
+    var ops = t.ops, code = ops.cause[row], ref = ops.ref[row], unit = " " + t.timeUnit;
+    if (code === 0) return "nothing: it starts the iteration";
+    if (code === 2) {
+      var tr = t.transfers;
+      return data.transferKinds.names[tr.kind[ref]] + " transfer of microbatch " + tr.microbatch[ref] +
+        " from d" + tr.src[ref] + " to d" + tr.dst[ref] + " (" + (t.channels[tr.channel[ref]] || "") +
+        "), arrived at " + fmt(tr.end[ref]) + unit;
+    }
+    var what = code === 1 ? "its input " : "the device: previous op ";
+    return what + opText(t, ref) + " on d" + ops.device[ref] + ", ended at " + fmt(ops.end[ref]) + unit;
+  }
+  function opTip(t, row) {
+    var ops = t.ops, unit = " " + t.timeUnit;
+    return {
+      title: opText(t, row) + " · " + data.kinds.names[ops.kind[row]],
+      rows: [
+        ["schedule", t.name],
+        ["device", "d" + ops.device[row]],
+        ["stage", String(ops.stage[row])],
+        ["microbatch", String(ops.microbatch[row])],
+        ["start", fmt(ops.start[row]) + unit],
+        ["end", fmt(ops.end[row]) + unit],
+        ["duration", fmt(ops.end[row] - ops.start[row]) + unit]
+      ],
+      wait: waitText(t, row)
+    };
+  }
+  function transferTip(t, row) {
+    var tr = t.transfers, unit = " " + t.timeUnit;
+    var rows = [
+      ["schedule", t.name],
+      ["route", "d" + tr.src[row] + " → d" + tr.dst[row] + " on " + (t.channels[tr.channel[row]] || "")],
+      ["stage", String(tr.stage[row])],
+      ["microbatch", tr.microbatch[row] < 0 ? "all" : String(tr.microbatch[row])],
+      ["bytes", formatBytes(tr.bytes[row])],
+      ["start", fmt(tr.start[row]) + unit],
+      ["end", fmt(tr.end[row]) + unit],
+      ["duration", fmt(tr.end[row] - tr.start[row]) + unit]
+    ];
+    return { title: data.transferKinds.names[tr.kind[row]] + " transfer", rows: rows, wait: null };
+  }
+  function formatBytes(value) {
+    var units = [["TiB", 1099511627776], ["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
+    for (var i = 0; i < units.length; i++) if (value >= units[i][1]) return fmt(value / units[i][1]) + " " + units[i][0];
+    return fmt(value) + " B";
+  }
+
+  // ---- one timeline chart -------------------------------------------------------------
+  function drawTimeline(t, index, container) {
+    var panel = html("div", "panel", undefined, container);
+    panel.setAttribute("data-timeline", String(index));
+    var head = html("div", "panel-head", undefined, panel);
+    html("h3", "", t.name, head);
+    html("span", "headline", t.source + " · " + t.headline, head);
+    var tools = html("span", "tools", undefined, head);
+    var view = viewFor(t);
+    [["−", "zoom out", function () { zoom(view, 1.6); }],
+     ["+", "zoom in", function () { zoom(view, 1 / 1.6); }],
+     ["reset", "show the whole iteration", function () { setView(view, 0, view.full); }]
+    ].forEach(function (spec) {
+      var button = html("button", "", spec[0], tools);
+      button.type = "button";
+      button.title = spec[1];
+      button.addEventListener("click", spec[2]);
+    });
+
+    var channels = [];
+    t.transfers.channel.forEach(function (c) { if (channels.indexOf(c) < 0) channels.push(c); });
+    channels.sort(function (a, b) { return a - b; });
+    var linkTop = t.devices * ROW + (channels.length ? 6 : 0);
+    var plotHeight = linkTop + channels.length * LINK_ROW;
+    var height = plotHeight + AXIS;
+    var svg = el("svg", { "class": "chart", height: height, role: "img" }, panel);
+    svg.setAttribute("aria-label", "timeline of " + t.name);
+    var clipId = "clip-" + index;
+    var clip = el("rect", { x: GUTTER, y: 0, height: plotHeight }, el("clipPath", { id: clipId }, el("defs", {}, svg)));
+    var grid = el("g", { "class": "grid" }, svg);
+    var clipped = el("g", { "clip-path": "url(#" + clipId + ")" }, svg);
+    var idleBars = el("g", {}, clipped);
+    var scaled = el("g", {}, clipped);
+    var labels = el("g", {}, clipped);
+    var side = el("g", {}, svg);
+
+    // device rows: idle bar, name, idle share
+    for (var d = 0; d < t.devices; d++) {
+      var y = d * ROW;
+      el("rect", { x: 0, y: y + ROW * (1 - BOX) / 2, width: t.makespan, height: ROW * BOX, fill: data.idleColor }, idleBars);
+      var name = el("text", { x: GUTTER - 8, y: y + ROW / 2 + 4, "text-anchor": "end", "class": "row-label" }, svg);
+      name.textContent = "d" + d;
+      var idle = el("text", { y: y + ROW / 2 + 4, "class": "side-label" }, side);
+      idle.textContent = Math.round(100 * t.idle[d] / (t.makespan || 1)) + "% idle";
+    }
+    // op boxes, in time units horizontally (the group is scaled), pixels vertically
+    var ops = t.ops, opNodes = new Array(ops.start.length);
+    for (var row = 0; row < ops.start.length; row++) {
+      var device = ops.device[row];
+      var color = lighten(data.kinds.colors[ops.kind[row]], chunkShade(ops.chunk[row], t.chunks[device]));
+      opNodes[row] = el("rect", {
+        x: ops.start[row], width: Math.max(ops.end[row] - ops.start[row], 0),
+        y: device * ROW + ROW * (1 - BOX) / 2, height: ROW * BOX, fill: color,
+        "data-op": index + ":" + row
+      }, scaled);
+    }
+    // link rows: one per channel, transfers coloured by what they carry
+    var tr = t.transfers, transferNodes = new Array(tr.start.length);
+    channels.forEach(function (channel, k) {
+      var label = el("text", { x: GUTTER - 8, y: linkTop + k * LINK_ROW + LINK_ROW / 2 + 3, "text-anchor": "end", "class": "link-label" }, svg);
+      label.textContent = t.channels[channel] || ("channel " + channel);
+    });
+    for (var j = 0; j < tr.start.length; j++) {
+      var lane = channels.indexOf(tr.channel[j]);
+      transferNodes[j] = el("rect", {
+        x: tr.start[j], width: Math.max(tr.end[j] - tr.start[j], 0),
+        y: linkTop + lane * LINK_ROW + 2, height: LINK_ROW - 4, fill: data.transferKinds.colors[tr.kind[j]],
+        "data-transfer": index + ":" + j
+      }, scaled);
+    }
+    var axis = el("g", {}, svg);
+
+    var chart = { svg: svg, update: null };
+    chart.update = function () {
+      var width = svg.clientWidth || 800;
+      var plot = Math.max(width - GUTTER - SIDE, 50);
+      var k = plot / (view.x1 - view.x0);
+      clip.setAttribute("width", plot);
+      var transform = "translate(" + (GUTTER - view.x0 * k) + ",0) scale(" + k + ",1)";
+      scaled.setAttribute("transform", transform);
+      idleBars.setAttribute("transform", transform);
+      side.setAttribute("transform", "translate(" + (GUTTER + plot + 6) + ",0)");
+      // thin white edges between boxes once a typical box is a few pixels wide
+      var typical = ops.start.length ? (ops.end[0] - ops.start[0]) * k : 0;
+      svg.classList.toggle("edged", typical >= 4);
+      drawLabels(k);
+      drawAxis(axis, grid, view, k, plot, plotHeight, t.timeUnit);
+    };
+    function drawLabels(k) {
+      labels.textContent = "";
+      var drawn = 0;
+      for (var row = 0; row < ops.start.length && drawn < MAX_LABELS; row++) {
+        if (ops.end[row] < view.x0 || ops.start[row] > view.x1) continue;
+        var text = opLabel(t, row);
+        var pixels = (ops.end[row] - ops.start[row]) * k;
+        if (pixels < text.length * 6.5 + 4) continue;
+        var mid = GUTTER + ((ops.start[row] + ops.end[row]) / 2 - view.x0) * k;
+        var label = el("text", { x: mid, y: ops.device[row] * ROW + ROW / 2 + 3.5, "text-anchor": "middle", "class": "op-label" }, labels);
+        label.textContent = text;
+        drawn++;
+      }
+    }
+
+    // hover: the op's details, with the op or transfer it waited for outlined
+    var marked = [];
+    function unmark() { marked.forEach(function (n) { n.classList.remove("hovered", "cause"); }); marked = []; }
+    svg.addEventListener("mouseover", function (event) {
+      var target = event.target;
+      unmark();
+      if (target.hasAttribute("data-op")) {
+        var row = Number(target.getAttribute("data-op").split(":")[1]);
+        var tip = opTip(t, row);
+        target.classList.add("hovered");
+        marked.push(target);
+        var cause = ops.cause[row] === 2 ? transferNodes[ops.ref[row]] : ops.cause[row] ? opNodes[ops.ref[row]] : null;
+        if (cause) { cause.classList.add("cause"); marked.push(cause); }
+        showTip(event, tip.title, tip.rows, tip.wait);
+      } else if (target.hasAttribute("data-transfer")) {
+        var tip2 = transferTip(t, Number(target.getAttribute("data-transfer").split(":")[1]));
+        target.classList.add("hovered");
+        marked.push(target);
+        showTip(event, tip2.title, tip2.rows, null);
+      } else {
+        hideTip();
+      }
+    });
+    svg.addEventListener("mousemove", function (event) { if (!tooltip.hidden) moveTip(event); });
+    svg.addEventListener("mouseleave", function () { unmark(); hideTip(); });
+    attachZoom(svg, view);
+    view.charts.push(chart);
+
+    if (t.memory) drawMemory(t, index, panel, view);
+    return chart;
+  }
+
+  // ---- time axis with round ticks and grid lines --------------------------------------
+  function drawAxis(axis, grid, view, k, plot, plotHeight, unit) {
+    axis.textContent = "";
+    grid.textContent = "";
+    var step = niceStep(view.x1 - view.x0, Math.max(2, Math.floor(plot / 90)));
+    var first = Math.ceil(view.x0 / step) * step;
+    for (var x = first; x <= view.x1 + step * 1e-9; x += step) {
+      var px = GUTTER + (x - view.x0) * k;
+      el("line", { x1: px, x2: px, y1: 0, y2: plotHeight, stroke: "#e3e7eb" }, grid);
+      var tick = el("g", { "class": "tick" }, axis);
+      el("line", { x1: px, x2: px, y1: plotHeight, y2: plotHeight + 4, stroke: "#8c959f" }, tick);
+      var label = el("text", { x: px, y: plotHeight + 15, "text-anchor": "middle" }, tick);
+      label.textContent = fmt(x);
+    }
+    el("line", { x1: GUTTER, x2: GUTTER + plot, y1: plotHeight, y2: plotHeight, stroke: "#8c959f" }, axis);
+    var title = el("text", { x: GUTTER + plot / 2, y: plotHeight + 30, "text-anchor": "middle", "class": "axis-title" }, axis);
+    title.textContent = "time (" + unit + ")";
+  }
+
+  // ---- memory curves ------------------------------------------------------------------
+  function deviceColor(d, devices) {
+    // a viridis-like ramp, dark purple (first device) through teal to green (last device);
+    // red stays reserved for out-of-memory devices
+    var stops = [[68, 1, 84], [49, 104, 142], [33, 145, 140], [94, 201, 98]];
+    var f = devices > 1 ? d / (devices - 1) : 0, at = f * (stops.length - 1);
+    var i = Math.min(Math.floor(at), stops.length - 2), w = at - i;
+    return "rgb(" + stops[i].map(function (c, j) { return Math.round(c + (stops[i + 1][j] - c) * w); }).join(",") + ")";
+  }
+  function drawMemory(t, index, panel, view) {
+    var memory = t.memory;
+    var top = Math.max.apply(null, memory.peak.concat([1e-12]));
+    var caps = memory.capacity;
+    var showCaps = caps && Math.min.apply(null, caps) < 1.25 * top;
+    if (showCaps) top = Math.max(top, Math.max.apply(null, caps));
+    top *= 1.08;
+    var title = html("p", "memory-title", "memory in use per device (" + memory.unit + ")" + (showCaps ? "; dashed: capacity" : ""), panel);
+    title.setAttribute("data-memory", String(index));
+    var height = MEMORY + AXIS;
+    var svg = el("svg", { "class": "chart", height: height, role: "img" }, panel);
+    svg.setAttribute("aria-label", "memory of " + t.name);
+    var clipId = "mclip-" + index;
+    var clip = el("rect", { x: GUTTER, y: 0, height: MEMORY }, el("clipPath", { id: clipId }, el("defs", {}, svg)));
+    var grid = el("g", {}, svg);
+    var yAxis = el("g", {}, svg);
+    var scaled = el("g", {}, el("g", { "clip-path": "url(#" + clipId + ")" }, svg));
+    var axis = el("g", {}, svg);
+    function y(value) { return MEMORY - 4 - (MEMORY - 8) * value / top; }
+    var ystep = niceStep(top, 4);
+    for (var v = 0; v <= top; v += ystep) {
+      el("line", { x1: GUTTER, x2: "100%", y1: y(v), y2: y(v), stroke: "#eef1f4" }, yAxis);
+      var label = el("text", { x: GUTTER - 8, y: y(v) + 4, "text-anchor": "end", "class": "side-label" }, yAxis);
+      label.textContent = fmt(v);
+    }
+    var unitLabel = el("text", { x: 4, y: 12, "class": "side-label" }, yAxis);
+    unitLabel.textContent = memory.unit;
+    memory.times.forEach(function (times, d) {
+      var values = memory.values[d], points = [];
+      for (var i = 0; i < times.length; i++) {
+        if (i > 0) points.push(times[i] + "," + y(values[i - 1]));
+        points.push(times[i] + "," + y(values[i]));
+      }
+      if (times.length) points.push(t.makespan + "," + y(values[values.length - 1]));
+      var line = el("polyline", { points: points.join(" "), stroke: memory.oom[d] ? data.oomColor : deviceColor(d, t.devices), "data-memory-device": d }, scaled);
+      line.addEventListener("mouseover", function (event) {
+        var rows = [["schedule", t.name], ["peak", fmt(memory.peak[d]) + " " + memory.unit]];
+        if (caps) rows.push(["capacity", fmt(caps[d]) + " " + memory.unit]);
+        showTip(event, "memory of d" + d + (memory.oom[d] ? " (out of memory)" : ""), rows, null);
+      });
+      line.addEventListener("mouseout", hideTip);
+      if (showCaps) {
+        el("polyline", { "class": "capacity", points: "0," + y(caps[d]) + " " + t.makespan + "," + y(caps[d]), stroke: data.oomColor }, scaled);
+      }
+    });
+    // right of the plot: the peak, and which colour is which end of the device range
+    var side = el("g", {}, svg);
+    var peaks = el("text", { y: 14, "class": "side-label" }, side);
+    peaks.textContent = "peak " + fmt(Math.max.apply(null, memory.peak)) + " " + memory.unit;
+    [0, t.devices - 1].forEach(function (d, k) {
+      if (k === 1 && d === 0) return;
+      var key = el("text", { y: 32 + 14 * k, "class": "side-label" }, side);
+      key.setAttribute("style", "fill:" + deviceColor(d, t.devices) + ";font-weight:600");
+      key.textContent = "— d" + d;
+    });
+    var chart = {
+      update: function () {
+        var width = svg.clientWidth || 800;
+        var plot = Math.max(width - GUTTER - SIDE, 50);
+        var k = plot / (view.x1 - view.x0);
+        clip.setAttribute("width", plot);
+        scaled.setAttribute("transform", "translate(" + (GUTTER - view.x0 * k) + ",0) scale(" + k + ",1)");
+        side.setAttribute("transform", "translate(" + (GUTTER + plot + 6) + ",0)");
+        drawAxis(axis, grid, view, k, plot, MEMORY, t.timeUnit);
+      }
+    };
+    svg.addEventListener("mouseleave", hideTip);
+    attachZoom(svg, view);
+    view.charts.push(chart);
+  }
+
+  // ---- wheel zoom, drag pan, double-click reset ---------------------------------------
+  function attachZoom(svg, view) {
+    function timeAt(clientX) {
+      var box = svg.getBoundingClientRect();
+      var plot = Math.max(box.width - GUTTER - SIDE, 50);
+      return view.x0 + (clientX - box.left - GUTTER) / plot * (view.x1 - view.x0);
+    }
+    svg.addEventListener("wheel", function (event) {
+      event.preventDefault();
+      var factor = Math.exp(Math.max(-1, Math.min(1, event.deltaY / 300)));
+      zoom(view, factor, timeAt(event.clientX));
+    }, { passive: false });
+    var drag = null;
+    svg.addEventListener("mousedown", function (event) {
+      if (event.button !== 0) return;
+      drag = { x: event.clientX, x0: view.x0, x1: view.x1 };
+      svg.classList.add("dragging");
+    });
+    window.addEventListener("mousemove", function (event) {
+      if (!drag) return;
+      var box = svg.getBoundingClientRect();
+      var plot = Math.max(box.width - GUTTER - SIDE, 50);
+      var shift = (event.clientX - drag.x) / plot * (drag.x1 - drag.x0);
+      setView(view, drag.x0 - shift, drag.x1 - shift);
+    });
+    window.addEventListener("mouseup", function () {
+      drag = null;
+      svg.classList.remove("dragging");
+    });
+    svg.addEventListener("dblclick", function () { setView(view, 0, view.full); });
+  }
+
+  // ---- build ----------------------------------------------------------------------------
+  var container = document.getElementById("timelines");
+  data.timelines.forEach(function (t, index) { drawTimeline(t, index, container); });
+  Object.keys(views).forEach(function (key) {
+    var view = views[key];
+    view.charts.forEach(function (chart) { chart.update(); });
+  });
+  var resizing = null;
+  window.addEventListener("resize", function () {
+    if (resizing) cancelAnimationFrame(resizing);
+    resizing = requestAnimationFrame(function () {
+      Object.keys(views).forEach(function (key) { views[key].charts.forEach(function (chart) { chart.update(); }); });
+    });
+  });
+  document.body.setAttribute("data-ready", "true");
+})();

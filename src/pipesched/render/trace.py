@@ -1,0 +1,218 @@
+"""Chrome / Perfetto trace (the JSON trace event format) of one or several timelines.
+
+Layout in the viewer:
+- one process per device (``pid``), named ``<schedule> · device <d>``;
+- in it, thread 1 ``compute`` with one complete event (``ph: X``) per op, and one thread
+  per communication channel the device sends on, with one complete event per transfer;
+- flow arrows (``ph: s`` then ``ph: f``, same ``id``, bound to the enclosing slices) from
+  each transfer to the op that receives it; a timeline without transfers (the slot table)
+  gets them from each producing op to its consumer on another device instead;
+- a counter track (``ph: C``) ``memory`` per device when the timeline has a memory trace.
+
+Timestamps are microseconds from the start of the iteration. Slot tables have no real
+time: one slot is drawn as 1000 us, and ``otherData`` says so.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+
+from pipesched.errors import require
+from pipesched.render.style import KIND_LETTERS, KIND_NAMES, TRANSFER_NAMES
+from pipesched.render.waits import dependencies, wait_texts, waited_for
+from pipesched.timeline import Timeline
+
+# microseconds per timeline unit
+MICROSECONDS = {"s": 1e6, "slot": 1000.0}
+COMPUTE_TID = 1
+FLOW_CATEGORY = "dependency"
+
+
+def trace_document(timelines: Sequence[Timeline]) -> dict:
+    """The trace as a JSON-ready dict ``{"traceEvents": [...], "otherData": {...}}``."""
+    require(len(timelines) >= 1, "timelines", 0, "give at least one timeline to trace")
+    events: list[dict] = []
+    next_pid = 1
+    flow_ids = iter(range(1, 1 << 62))
+    for timeline in timelines:
+        require(timeline.unit in MICROSECONDS, "unit", timeline.unit, "timeline unit must be 's' or 'slot'")
+        events.extend(_timeline_events(timeline, first_pid=next_pid, flow_ids=flow_ids))
+        next_pid += timeline.num_devices
+    units = sorted({t.unit for t in timelines})
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "producer": "pipesched",
+            "time unit": "; ".join(
+                "timestamps in microseconds" if unit == "s" else "1 slot = 1000 us (slot tables have no real time)"
+                for unit in units
+            ),
+            "schedules": ", ".join(f"{t.schedule.name} ({t.source})" for t in timelines),
+        },
+    }
+
+
+def render_trace(timelines: Sequence[Timeline]) -> str:
+    """The trace as compact JSON text."""
+    return json.dumps(trace_document(timelines), separators=(",", ":"))
+
+
+def _timeline_events(timeline: Timeline, *, first_pid: int, flow_ids) -> list[dict]:
+    per_unit = MICROSECONDS[timeline.unit]
+    origin = timeline.origin
+
+    def stamp(time: float) -> float:
+        return round((time - origin) * per_unit, 3)
+
+    name = timeline.schedule.name
+    pid_of = [first_pid + d for d in range(timeline.num_devices)]
+    table = timeline.transfers
+    # Slices on one thread must not overlap, so overlapping ops (an overlapped F&B pair) or
+    # transfers sharing a channel go to extra lanes: threads "compute 2", "send ... 2".
+    op_lane = _lanes(timeline.op_device, timeline.op_start, timeline.op_end)
+    transfer_group = table.src_device.astype(np.int64) * (1 + int(table.channel.max(initial=0))) + table.channel
+    transfer_lane = _lanes(transfer_group, table.start, table.end)
+    threads: dict[tuple[int, int, int], int] = {}  # (device, channel or -1, lane) -> tid
+    for device in range(timeline.num_devices):
+        lanes = int(op_lane[timeline.op_device == device].max(initial=0)) + 1
+        for lane in range(lanes):
+            threads[(device, -1, lane)] = COMPUTE_TID + lane
+    for src, channel, lane in sorted(set(zip(table.src_device.tolist(), table.channel.tolist(),
+                                              transfer_lane.tolist(), strict=True))):
+        threads[(src, channel, lane)] = 1 + max(tid for (d, _, _), tid in threads.items() if d == src)
+
+    events: list[dict] = []
+    for device, pid in enumerate(pid_of):
+        events += [
+            _meta("process_name", pid, 0, name=f"{name} · device {device}"),
+            _meta("process_sort_index", pid, 0, sort_index=pid),
+        ]
+    for (device, channel, lane), tid in threads.items():
+        if channel < 0:
+            label = "compute"
+        else:
+            label = "send " + (table.channel_names[channel] if channel < len(table.channel_names)
+                               else f"channel {channel}")
+        label += f" {lane + 1}" if lane else ""
+        events += [
+            _meta("thread_name", pid_of[device], tid, name=label),
+            _meta("thread_sort_index", pid_of[device], tid, sort_index=tid),
+        ]
+    op_tid = [threads[(d, -1, lane)] for d, lane in zip(timeline.op_device.tolist(), op_lane.tolist(), strict=True)]
+    transfer_tid = [threads[(s, c, lane)] for s, c, lane in
+                    zip(table.src_device.tolist(), table.channel.tolist(), transfer_lane.tolist(), strict=True)]
+
+    # ops: one complete event each, in row order
+    waits = wait_texts(timeline, waited_for(timeline))
+    kinds, stages, microbatches = (timeline.op_kind.tolist(), timeline.op_stage.tolist(),
+                                   timeline.op_microbatch.tolist())
+    # the op text of each row, 2F0 as everywhere in pipesched
+    names = [f"{s}{KIND_LETTERS[k]}{mb}" for s, k, mb in zip(stages, kinds, microbatches, strict=True)]
+    op_pid = [pid_of[d] for d in timeline.op_device.tolist()]
+    starts = [stamp(t) for t in timeline.op_start.tolist()]
+    ends = [stamp(t) for t in timeline.op_end.tolist()]
+    for row in range(len(timeline)):
+        kind = kinds[row]
+        events.append({
+            "name": names[row],
+            "cat": KIND_NAMES[kind],
+            "ph": "X",
+            "ts": starts[row],
+            "dur": round(ends[row] - starts[row], 3),
+            "pid": op_pid[row],
+            "tid": op_tid[row],
+            "args": {
+                "stage": stages[row],
+                "microbatch": microbatches[row],
+                "kind": KIND_LETTERS[kind],
+                "waited for": waits[row],
+            },
+        })
+
+    # transfers: one complete event each, on the sender's channel thread
+    t_starts = [stamp(t) for t in table.start.tolist()]
+    t_ends = [stamp(t) for t in table.end.tolist()]
+    for row in range(len(table)):
+        src, dst = int(table.src_device[row]), int(table.dst_device[row])
+        microbatch = int(table.microbatch[row])
+        what = TRANSFER_NAMES[int(table.kind[row])]
+        events.append({
+            "name": f"{what} mb{microbatch}" if microbatch >= 0 else what,
+            "cat": "transfer",
+            "ph": "X",
+            "ts": t_starts[row],
+            "dur": round(t_ends[row] - t_starts[row], 3),
+            "pid": pid_of[src],
+            "tid": transfer_tid[row],
+            "args": {"src device": src, "dst device": dst, "stage": int(table.stage[row]),
+                     "microbatch": microbatch, "bytes": float(table.nbytes[row])},
+        })
+
+    events += _flows(timeline, names, pid_of, op_tid, transfer_tid, starts, ends, t_starts, t_ends, flow_ids)
+    events += _counters(timeline, pid_of, stamp)
+    return events
+
+
+def _flows(timeline, names, pid_of, op_tid, transfer_tid, starts, ends, t_starts, t_ends, flow_ids) -> list[dict]:
+    """Flow arrows, each an ``s`` inside the sending slice and an ``f`` inside the receiving
+    op (timestamps at slice middles so they bind to the enclosing slice unambiguously)."""
+    deps = dependencies(timeline)
+    op_pid = [pid_of[d] for d in timeline.op_device.tolist()]
+    pairs: list[tuple[int, int, float, int]] = []  # (send pid, send tid, send ts, consumer row)
+    if len(timeline.transfers):
+        for transfer, row in enumerate(deps.consumer.tolist()):
+            if row >= 0:
+                src = int(timeline.transfers.src_device[transfer])
+                ts = (t_starts[transfer] + t_ends[transfer]) / 2
+                pairs.append((pid_of[src], transfer_tid[transfer], ts, row))
+    else:
+        device = timeline.op_device
+        crossing = np.flatnonzero((deps.carried >= 0) & (device[np.maximum(deps.carried, 0)] != device))
+        for row, producer in zip(crossing.tolist(), deps.carried[crossing].tolist(), strict=True):
+            pairs.append((op_pid[producer], op_tid[producer], (starts[producer] + ends[producer]) / 2, row))
+    events = []
+    for pid, tid, ts, row in sorted(pairs, key=lambda pair: pair[3]):
+        flow = next(flow_ids)
+        name = f"to {names[row]}"
+        events.append({"name": name, "cat": FLOW_CATEGORY, "ph": "s", "id": flow,
+                       "ts": round(ts, 3), "pid": pid, "tid": tid})
+        events.append({"name": name, "cat": FLOW_CATEGORY, "ph": "f", "bp": "e", "id": flow,
+                       "ts": round((starts[row] + ends[row]) / 2, 3), "pid": op_pid[row], "tid": op_tid[row]})
+    return events
+
+
+def _counters(timeline, pid_of, stamp) -> list[dict]:
+    """Memory in use per device, one counter sample per step of the memory trace."""
+    memory = timeline.memory
+    if memory is None:
+        return []
+    events = []
+    key = memory.unit
+    for device, (times, values) in enumerate(zip(memory.times, memory.values, strict=True)):
+        for time, value in zip(np.asarray(times).tolist(), np.asarray(values).tolist(), strict=True):
+            events.append({"name": "memory", "ph": "C", "ts": stamp(time), "pid": pid_of[device],
+                           "args": {key: value}})
+    return events
+
+
+def _lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Lane of each interval within its group: the first lane free at its start (greedy
+    interval partitioning), so intervals in one lane never overlap."""
+    lane = np.zeros(len(start), np.int64)
+    lane_ends: dict[int, list[float]] = {}
+    for row in np.lexsort((end, start)).tolist():
+        ends = lane_ends.setdefault(int(group[row]), [])
+        free = next((k for k, busy_until in enumerate(ends) if busy_until <= start[row]), len(ends))
+        if free == len(ends):
+            ends.append(0.0)
+        ends[free] = float(end[row])
+        lane[row] = free
+    return lane
+
+
+def _meta(what: str, pid: int, tid: int, **args: object) -> dict:
+    return {"name": what, "ph": "M", "pid": pid, "tid": tid, "args": args}

@@ -1,0 +1,59 @@
+"""Write any set of views of some timelines at once (the ``--png/--svg/--trace/--html``
+options of ``show``, ``simulate`` and ``compare``).
+
+Every output path is checked before anything is drawn, and each file is written atomically,
+so a bad path costs nothing and a failure leaves no partial file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pipesched.errors import require
+from pipesched.io.files import check_output_path, write_atomic
+from pipesched.timeline import Timeline
+
+PathLike = str | os.PathLike[str]
+
+
+def write_views(
+    timelines: Sequence[Timeline],
+    *,
+    png: PathLike | None = None,
+    svg: PathLike | None = None,
+    trace: PathLike | None = None,
+    html: PathLike | None = None,
+    comparison: Sequence[Mapping[str, object]] | None = None,
+    title: str = "",
+) -> list[Path]:
+    """Render the requested views of ``timelines`` and return the paths written, in the
+    order png, svg, trace, html.
+
+    comparison: rows of the three-level comparison table (column -> value) for the HTML
+    report; title: the figure and page title.
+    """
+    require(len(timelines) >= 1, "timelines", 0, "give at least one timeline to draw")
+    requested = [(field, path) for field, path in (("png", png), ("svg", svg), ("trace", trace), ("html", html))
+                 if path is not None]
+    targets = [(field, check_output_path(path, field)) for field, path in requested]
+
+    written = []
+    for field, target in targets:
+        written.append(write_atomic(target, _render(field, timelines, comparison, title), field))
+    return written
+
+
+def _render(field: str, timelines: Sequence[Timeline], comparison, title: str) -> str | bytes:
+    if field in ("png", "svg"):
+        from pipesched.render.gantt import render_gantt
+
+        return render_gantt(timelines, fmt=field, title=title)
+    if field == "trace":
+        from pipesched.render.trace import render_trace
+
+        return render_trace(timelines)
+    from pipesched.render.html import render_html
+
+    return render_html(timelines, comparison=comparison, title=title)

@@ -1,0 +1,247 @@
+"""Our executor: runs any pipesched Schedule on torch.distributed point-to-point ops.
+
+It covers what PyTorch's runtime cannot express: a model stage kept on two devices (the
+replicas of Chimera and DualPipe), each microbatch going through the replica its route
+names, and the gradient all-reduce between the replicas. Each rank walks its
+communication plan (``comm_plan``): receives are posted early and waited on by the op that
+consumes them, sends go out right after the op that produced them and are waited on at the
+end of the step.
+
+The compute of each op is ``stage_ops``' (PyTorch's semantics). The loss is divided by the
+number of microbatches before the backward, so gradients are those of the mean loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pipesched.ops import B, F, I, Op, W
+from pipesched.runtime.comm_plan import Compute, Message, Recv, Send, communication_plan
+from pipesched.runtime.measure import HostRecorder, RankStep
+from pipesched.runtime.stage_ops import (
+    Forwarded,
+    backward_full,
+    backward_input,
+    backward_weight,
+    forward,
+)
+from pipesched.runtime.torch_import import require_torch
+from pipesched.runtime.torch_model import Batch, StageModule
+from pipesched.schedule import Schedule
+
+torch = require_torch()
+dist = torch.distributed
+
+
+@dataclass
+class RankSetup:
+    """Everything one rank needs to run steps of a schedule."""
+
+    schedule: Schedule
+    rank: int
+    modules: dict[tuple[int, int], StageModule]  # (stage, replica) -> module on this rank
+    batch: Batch
+    boundary_shape: tuple[int, ...]  # [b, s, h]: every stage boundary tensor
+    dtype: object  # torch.dtype of boundary tensors
+    device: object  # torch.device of this rank
+    recorder: HostRecorder
+    before_op: Callable[[int, int], None]  # (step, position) -> None; progress and fault hooks
+    reduce_groups: dict[int, object] = field(default_factory=dict)  # replicated stage -> its 2-rank group
+
+
+@dataclass
+class _StepState:
+    forwarded: dict[tuple[int, int], Forwarded] = field(default_factory=dict)  # (stage, mb) -> F's state
+    produced: dict[Message, object] = field(default_factory=dict)
+    pending: dict[Message, tuple[object, object]] = field(default_factory=dict)  # (work, buffer)
+    sends: list[tuple[object, object]] = field(default_factory=list)
+    reduces: list[tuple[int, int, object, object, int]] = field(default_factory=list)
+    losses: dict[int, object] = field(default_factory=dict)
+
+
+def replicated_stages(schedule: Schedule) -> dict[int, tuple[int, int]]:
+    """Stage -> its two devices, for stages whose replicas live on different devices."""
+    placement = schedule.placement
+    if placement.num_replicas < 2:
+        return {}
+    return {
+        s: (placement.device(s, 0), placement.device(s, 1))
+        for s in range(schedule.num_stages)
+        if placement.device(s, 0) != placement.device(s, 1)
+    }
+
+
+def hosted_modules(schedule: Schedule, rank: int) -> list[tuple[int, int]]:
+    """(stage, replica) pairs whose module lives on ``rank``."""
+    placement = schedule.placement
+    return [(s, r) for r in range(placement.num_replicas) for s in range(schedule.num_stages)
+            if placement.device(s, r) == rank]
+
+
+class Executor:
+    """Runs steps of ``setup.schedule`` on one rank."""
+
+    def __init__(self, setup: RankSetup) -> None:
+        self.setup = setup
+        schedule = setup.schedule
+        self.plan = communication_plan(schedule)[setup.rank]
+        self.num_stages = schedule.num_stages
+        self.num_microbatches = schedule.num_microbatches
+        replicated = replicated_stages(schedule)
+        # a replicated stage's gradients are complete on this rank after its last B or W here
+        last_backward: dict[int, Op] = {}
+        for op in schedule.device_ops[setup.rank]:
+            if op.kind in (B, W) and op.stage in replicated:
+                last_backward[op.stage] = op
+        self.reduce_after = {op: stage for stage, op in last_backward.items()}
+        self.partner = {s: (b if a == setup.rank else a) for s, (a, b) in replicated.items()
+                        if setup.rank in (a, b)}
+
+    # --- one step ---------------------------------------------------------------------------
+    def step(self, step_index: int) -> tuple[RankStep, dict[int, float]]:
+        """Run one iteration; returns the rank's op records and its microbatch losses."""
+        setup = self.setup
+        for module in setup.modules.values():
+            module.zero_grad(set_to_none=True)
+        setup.recorder.start_step()
+        state = _StepState()
+        compute_index = 0
+        for action in self.plan:
+            if isinstance(action, Compute):
+                setup.before_op(step_index, compute_index)
+                self._compute(action.op, state)
+                compute_index += 1
+            elif isinstance(action, Send):
+                tensor = state.produced.pop(action.message)
+                work = dist.isend(tensor, action.peer, tag=self._tag(action.message))
+                state.sends.append((work, tensor))
+            else:
+                assert isinstance(action, Recv)
+                buffer = torch.empty(setup.boundary_shape, dtype=setup.dtype, device=setup.device)
+                work = dist.irecv(buffer, action.peer, tag=self._tag(action.message))
+                state.pending[action.message] = (work, buffer)
+        for work, _ in state.sends:
+            work.wait()
+        self._finish_reduces(state)
+        self._sum_local_replicas()
+        record = setup.recorder.finish()
+        losses = {mb: float(loss) for mb, loss in state.losses.items()}
+        return record, losses
+
+    def _tag(self, message: Message) -> int:
+        return message.tag(self.num_stages, self.num_microbatches)
+
+    def _take(self, message: Message, state: _StepState) -> tuple[object, int]:
+        """The tensor ``message`` carries and the ns spent waiting for it."""
+        if message in state.pending:
+            work, buffer = state.pending.pop(message)
+            begun = self.setup.recorder.now()
+            work.wait()
+            return buffer, self.setup.recorder.now() - begun
+        return state.produced.pop(message), 0
+
+    def _compute(self, op: Op, state: _StepState) -> None:
+        setup = self.setup
+        s, kind, mb = op
+        key = (s, mb)
+        module = setup.modules[(s, setup.schedule.route[mb])]
+        first, last = s == 0, s == self.num_stages - 1
+        recorder = setup.recorder
+        waited = 0
+        if kind is F:
+            if first:
+                x = setup.batch.tokens[mb]
+            else:
+                x, waited = self._take(Message("activation", s - 1, mb), state)
+                x = x.detach().requires_grad_(True)
+            begun = recorder.begin()
+            done = forward(module, x, targets=setup.batch.targets[mb] if last else None,
+                           loss_scale=1.0 / self.num_microbatches)
+            recorder.end(op, begun, wait_ns=waited)
+            state.forwarded[key] = done
+            if last:
+                state.losses[mb] = done.loss
+            else:
+                state.produced[Message("activation", s, mb)] = done.output.detach()
+            return
+        if kind is W:
+            begun = recorder.begin()
+            backward_weight(module, state.forwarded.pop(key), first=first)
+            recorder.end(op, begun)
+            self._maybe_reduce(op, state)
+            return
+        grad = None
+        if not last:
+            grad, waited = self._take(Message("gradient", s + 1, mb), state)
+        done = state.forwarded[key]
+        begun = recorder.begin()
+        if kind is B:
+            input_grad = backward_full(done, grad)
+        else:
+            assert kind is I
+            input_grad = backward_input(module, done, grad, first=first)
+        recorder.end(op, begun, wait_ns=waited)
+        if not first:
+            state.produced[Message("gradient", s, mb)] = input_grad
+        if kind is B:
+            del state.forwarded[key]
+            self._maybe_reduce(op, state)
+
+    # --- replicas (Chimera, DualPipe) ---------------------------------------------------------
+    def _maybe_reduce(self, op: Op, state: _StepState) -> None:
+        """Start the all-reduce of a replicated stage once its last backward on this rank ran."""
+        stage = self.reduce_after.get(op)
+        if stage is not None:
+            self._post_reduce(stage, state)
+
+    def _post_reduce(self, stage: int, state: _StepState) -> None:
+        module = self.setup.modules[self._replica_here(stage)]
+        flat = torch.cat([
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in module.parameters()
+        ])
+        posted = self.setup.recorder.now()
+        # one process group per replicated stage: the two ranks reduce each stage in its own group,
+        # so the order in which a rank finishes its stages does not matter
+        work = dist.all_reduce(flat, group=self.setup.reduce_groups[stage], async_op=True)
+        state.reduces.append((stage, self.partner[stage], work, flat, posted))
+
+    def _replica_here(self, stage: int) -> tuple[int, int]:
+        return next(key for key in self.setup.modules if key[0] == stage)
+
+    def _finish_reduces(self, state: _StepState) -> None:
+        # a replica that no microbatch went through still joins its stage's all-reduce
+        posted_stages = {stage for stage, *_ in state.reduces}
+        for stage in sorted(set(self.partner) - posted_stages):
+            self._post_reduce(stage, state)
+        record = self.setup.recorder.step
+        for stage, partner, work, flat, posted in state.reduces:
+            work.wait()
+            finished = self.setup.recorder.now()
+            offset = 0
+            for param in self.setup.modules[self._replica_here(stage)].parameters():
+                size = param.numel()
+                param.grad = flat[offset:offset + size].view_as(param).clone()
+                offset += size
+            record.reduces.append((stage, partner, posted, finished))
+            record.reduce_bytes.append(float(flat.numel() * flat.element_size()))
+
+    def _sum_local_replicas(self) -> None:
+        """Both replicas of a stage on this rank: their gradients are summed in place."""
+        modules = self.setup.modules
+        for (stage, replica), module in modules.items():
+            other = modules.get((stage, 1 - replica))
+            if replica != 0 or other is None:
+                continue
+            for mine, theirs in zip(module.parameters(), other.parameters(), strict=True):
+                total = _add(mine.grad, theirs.grad)
+                mine.grad = total
+                theirs.grad = None if total is None else total.clone()
+
+
+def _add(a: object, b: object) -> object:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a + b

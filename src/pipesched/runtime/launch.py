@@ -1,0 +1,240 @@
+"""Start P rank processes on this machine, watch them, and never leave one behind.
+
+Each rank is ``python -m pipesched.runtime.worker`` in a session (process group) of its
+own, so it and anything it starts can be killed together. The ranks meet through a
+``FileStore`` in a private temporary folder (no port to pick), read their task from a
+pickle there, report progress in a small shared file, and leave either a result pickle or
+a one-line error. The launcher:
+
+- returns the ranks' results when every rank exits cleanly;
+- on the first rank that fails, waits a moment for the others to report, kills every
+  process group, and raises a PipeschedError with the earliest error (the cause; later
+  ones are usually peers losing their connection);
+- after ``timeout_s``, kills every process group and raises a PipeschedError saying where
+  each unfinished rank was (step, op), which names a hang or a deadlock.
+
+Torch is not imported here: the parent process only starts and watches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipesched.errors import PipeschedError, require
+
+POLL_S = 0.02  # seconds between checks of the rank processes
+GRACE_S = 1.0  # seconds the other ranks get to report after the first failure
+KILL_WAIT_S = 5.0  # seconds to wait for a killed process to be reaped
+PROGRESS_FIELDS = 4  # per rank: job, step, op position, 1 while running
+_PROGRESS_FORMAT = "<" + "q" * PROGRESS_FIELDS
+PROGRESS_BYTES = struct.calcsize(_PROGRESS_FORMAT)
+FAULTS = ("crash", "hang")
+HANG_S = 3600.0  # how long an injected hang sleeps (the launcher's timeout ends it first)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure injected on purpose, to test that failures end runs cleanly."""
+
+    kind: str  # "crash": the rank raises; "hang": the rank sleeps forever
+    rank: int
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        """``crash:1`` or ``hang:0``."""
+        kind, _, rank = text.partition(":")
+        require(kind in FAULTS and rank.isdigit(), "fault", text, "write crash:RANK or hang:RANK, e.g. crash:1")
+        return cls(kind, int(rank))
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What every rank receives: its handler's name and the task (pickled)."""
+
+    handler: str  # a key of pipesched.runtime.worker.HANDLERS
+    task: object
+    world_size: int
+    backend: str  # "gloo" or "nccl"
+    timeout_s: float
+    threads: int = 1  # torch threads per rank
+    pin_cpus: bool = False  # pin rank r to CPU core r (when there are enough cores)
+    fault: Fault | None = None
+
+
+class Progress:
+    """The shared progress file: each rank writes where it is; the launcher reads it."""
+
+    def __init__(self, path: Path, rank: int) -> None:
+        self._file = path.open("r+b")
+        self._map = mmap.mmap(self._file.fileno(), 0)
+        self._offset = rank * PROGRESS_BYTES
+
+    def update(self, job: int, step: int, position: int) -> None:
+        struct.pack_into(_PROGRESS_FORMAT, self._map, self._offset, job, step, position, 1)
+
+    def close(self) -> None:
+        self._map.close()
+        self._file.close()
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by an injected ``crash`` fault."""
+
+
+@dataclass
+class RankContext:
+    """What a rank's handler gets besides the spec: its work folder, progress and fault."""
+
+    folder: Path
+    rank: int
+    progress: Progress
+    fault: Fault | None = None
+
+    def before_op(self, job: int):
+        """The hook a runtime calls before each compute op of ``job``: (step, position) -> None.
+
+        It records progress, and fires the injected fault at the first op of the first step.
+        """
+        progress, fault, rank = self.progress, self.fault, self.rank
+
+        def hook(step: int, position: int) -> None:
+            progress.update(job, step, position)
+            if fault is not None and fault.rank == rank and job == 0 and step == 0 and position == 0:
+                if fault.kind == "crash":
+                    raise InjectedFault(f"injected crash on rank {rank} before its first op")
+                time.sleep(HANG_S)
+
+        return hook
+
+
+def read_progress(path: Path, world_size: int) -> list[tuple[int, int, int, int]]:
+    data = path.read_bytes()
+    return [struct.unpack_from(_PROGRESS_FORMAT, data, r * PROGRESS_BYTES) for r in range(world_size)]
+
+
+def _source_root() -> str:
+    """The folder holding the ``pipesched`` package, so ranks import this very copy."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _environment(spec: LaunchSpec) -> dict[str, str]:
+    env = dict(os.environ)
+    threads = str(spec.threads)
+    env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+    root = _source_root()
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def launch(spec: LaunchSpec, *, describe: Sequence[str] = ()) -> list[object]:
+    """Run ``spec`` on ``spec.world_size`` ranks; the results of ranks 0..P-1 in order.
+
+    ``describe[j]`` names job j in hang reports (e.g. the schedule's name).
+    """
+    with tempfile.TemporaryDirectory(prefix="pipesched-run-") as folder:
+        work = Path(folder)
+        (work / "task.pkl").write_bytes(pickle.dumps(spec))
+        progress_path = work / "progress.bin"
+        progress_path.write_bytes(bytes(PROGRESS_BYTES * spec.world_size))
+        processes = []
+        try:
+            for rank in range(spec.world_size):
+                log = (work / f"rank{rank}.log").open("wb")
+                processes.append(subprocess.Popen(
+                    [sys.executable, "-m", "pipesched.runtime.worker", folder, str(rank)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=_environment(spec), start_new_session=True, close_fds=True,
+                ))
+                log.close()
+            _watch(processes, spec, work, describe)
+        finally:
+            kill_all(processes)
+        return [pickle.loads((work / f"rank{rank}.result").read_bytes()) for rank in range(spec.world_size)]
+
+
+def _watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, describe: Sequence[str]) -> None:
+    deadline = time.monotonic() + spec.timeout_s
+    while True:
+        codes = [proc.poll() for proc in processes]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            _settle(processes, time.monotonic() + GRACE_S)
+            raise PipeschedError(_failure_message(processes, work))
+        if all(code == 0 for code in codes):
+            return
+        if time.monotonic() > deadline:
+            pending = [rank for rank, code in enumerate(codes) if code is None]
+            raise PipeschedError(_hang_message(pending, spec, work, describe))
+        time.sleep(POLL_S)
+
+
+def _settle(processes: list[subprocess.Popen], until: float) -> None:
+    """Give the surviving ranks until ``until`` to notice the failure and report."""
+    while time.monotonic() < until and any(proc.poll() is None for proc in processes):
+        time.sleep(POLL_S)
+
+
+def _failure_message(processes: list[subprocess.Popen], work: Path) -> str:
+    reports = []
+    for rank, proc in enumerate(processes):
+        path = work / f"rank{rank}.error"
+        if path.exists():
+            report = json.loads(path.read_text(encoding="utf-8"))
+            reports.append((report["time"], rank, report["message"]))
+        elif proc.returncode not in (None, 0):
+            reports.append((float("inf"), rank, _exit_reason(proc.returncode, work / f"rank{rank}.log")))
+    reports.sort()
+    _, rank, message = reports[0]
+    return f"rank {rank} failed: {message}"
+
+
+def _exit_reason(code: int, log: Path) -> str:
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return f"exited with status {code}" + (f" ({lines[-1].strip()})" if lines else "")
+
+
+def _hang_message(pending: list[int], spec: LaunchSpec, work: Path, describe: Sequence[str]) -> str:
+    where = []
+    for rank, (job, step, position, started) in enumerate(read_progress(work / "progress.bin", spec.world_size)):
+        if rank not in pending:
+            continue
+        if not started:
+            where.append(f"rank {rank} never reached its first op")
+            continue
+        name = f"{describe[job]} " if job < len(describe) else ""
+        where.append(f"rank {rank} at {name}step {step} op #{position}")
+    return (f"timeout={spec.timeout_s:g}s: {len(pending)} of {spec.world_size} ranks did not finish "
+            f"({'; '.join(where)}); a rank hung or the schedule deadlocks at run time; "
+            "raise the timeout if the run is only slow")
+
+
+def kill_all(processes: list[subprocess.Popen]) -> None:
+    """Kill every rank's process group and reap the ranks."""
+    for proc in processes:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    for proc in processes:
+        try:
+            proc.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # a rank's own helpers left in its group after it exited
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,0 +1,169 @@
+"""Per-op timing of a real run, and the measured Timeline built from it.
+
+Every rank records, for each compute op it runs, its start and end on the host's monotonic
+clock (``time.perf_counter_ns``, CLOCK_MONOTONIC on Linux: one clock for every process of
+the machine, so the ranks' records line up without an offset exchange; the launcher only
+starts ranks on one machine). GPU ranks time ops with CUDA events mapped onto the same
+clock (``pipesched.runtime.gpu``).
+
+An op's start is when its compute starts, after any wait for its input; the wait is kept
+apart (``Timeline.meta["op_wait_s"]``). The last stage's forward includes the loss.
+``Timeline.meta["op_cpu_s"]`` is the CPU time the op's thread got during the op: on a CPU
+rank (one torch thread) it falls short of the op's duration exactly when other processes
+took the core, which ``cpu_share`` sums up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipesched.ops import KIND_INDEX, KIND_ORDER, Op
+from pipesched.schedule import Schedule
+from pipesched.timeline import ALLREDUCE, Timeline, TransferTable
+
+
+@dataclass
+class RankStep:
+    """What one rank recorded in one step; times in ns on the common clock."""
+
+    device: int
+    stage: list[int] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)  # index into ops.KIND_ORDER
+    microbatch: list[int] = field(default_factory=list)
+    start_ns: list[int] = field(default_factory=list)
+    end_ns: list[int] = field(default_factory=list)
+    wait_ns: list[int] = field(default_factory=list)  # input wait before the op started
+    cpu_ns: list[int] = field(default_factory=list)  # CPU time of the op's thread during the op
+    # gradient all-reduces of replicated stages: (stage, partner device, posted, finished)
+    reduces: list[tuple[int, int, int, int]] = field(default_factory=list)
+    reduce_bytes: list[float] = field(default_factory=list)
+
+    def ops(self) -> list[Op]:
+        return [Op(s, KIND_ORDER[k], mb) for s, k, mb in zip(self.stage, self.kind, self.microbatch, strict=True)]
+
+
+class HostRecorder:
+    """Op timing on the host clock (CPU ranks, where compute is synchronous)."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.step = RankStep(device)
+
+    def start_step(self) -> None:
+        self.step = RankStep(self.device)
+
+    def begin(self) -> tuple[int, int]:
+        return time.perf_counter_ns(), time.thread_time_ns()
+
+    def end(self, op: Op, begun: tuple[int, int], *, wait_ns: int = 0) -> None:
+        cpu = time.thread_time_ns() - begun[1]
+        self._append(op, begun[0], time.perf_counter_ns(), wait_ns, cpu)
+
+    def extend_last(self) -> None:
+        """Move the last op's end to now (the loss computed right after the last forward)."""
+        end = time.perf_counter_ns()
+        # the thread was busy with the loss all along: its CPU time grows by the same span
+        self.step.cpu_ns[-1] += end - self.step.end_ns[-1]
+        self.step.end_ns[-1] = end
+
+    def now(self) -> int:
+        return time.perf_counter_ns()
+
+    def finish(self) -> RankStep:
+        return self.step
+
+    def _append(self, op: Op, start: int, end: int, wait_ns: int, cpu_ns: int) -> None:
+        step = self.step
+        step.stage.append(op.stage)
+        step.kind.append(KIND_INDEX[op.kind])
+        step.microbatch.append(op.microbatch)
+        step.start_ns.append(start)
+        step.end_ns.append(end)
+        step.wait_ns.append(wait_ns)
+        step.cpu_ns.append(cpu_ns)
+
+
+def measured_timeline(schedule: Schedule, ranks: list[RankStep], *, meta: dict | None = None) -> Timeline:
+    """The Timeline (source "measured", seconds from the step's first op) of one step.
+
+    Op rows go device by device, each device's ops in the order they ran.
+    """
+    ordered = sorted(ranks, key=lambda r: r.device)
+    starts = [s for r in ordered for s in r.start_ns]
+    origin = min(starts) if starts else 0
+
+    def column(name: str, dtype: type) -> np.ndarray:
+        return np.array([x for r in ordered for x in getattr(r, name)], dtype=dtype)
+
+    device = np.array([r.device for r in ordered for _ in r.start_ns], dtype=np.int32)
+    to_s = 1e-9
+    info = dict(meta or {})
+    info["op_wait_s"] = column("wait_ns", np.int64).astype(np.float64) * to_s
+    info["op_cpu_s"] = column("cpu_ns", np.int64).astype(np.float64) * to_s
+    return Timeline(
+        schedule=schedule,
+        source="measured",
+        unit="s",
+        op_device=device,
+        op_stage=column("stage", np.int32),
+        op_kind=column("kind", np.int8),
+        op_microbatch=column("microbatch", np.int32),
+        op_start=(column("start_ns", np.int64) - origin).astype(np.float64) * to_s,
+        op_end=(column("end_ns", np.int64) - origin).astype(np.float64) * to_s,
+        transfers=_reduce_table(ordered, origin),
+        meta=info,
+    )
+
+
+def _reduce_table(ranks: list[RankStep], origin: int) -> TransferTable:
+    """One row per replicated stage: from the later of the two posts to the later finish."""
+    sides: dict[tuple[int, int, int], list[tuple[int, int, float]]] = {}
+    for rank in ranks:
+        for (stage, partner, posted, finished), nbytes in zip(rank.reduces, rank.reduce_bytes, strict=True):
+            pair = (min(rank.device, partner), max(rank.device, partner), stage)
+            sides.setdefault(pair, []).append((posted, finished, nbytes))
+    if not sides:
+        return TransferTable.empty()
+    keys = sorted(sides)
+    start = np.array([max(p for p, _, _ in sides[k]) for k in keys], np.int64)
+    end = np.array([max(f for _, f, _ in sides[k]) for k in keys], np.int64)
+    n = len(keys)
+    return TransferTable(
+        src_device=np.array([k[0] for k in keys], np.int32),
+        dst_device=np.array([k[1] for k in keys], np.int32),
+        kind=np.full(n, ALLREDUCE, np.int8),
+        stage=np.array([k[2] for k in keys], np.int32),
+        microbatch=np.full(n, -1, np.int32),
+        nbytes=np.array([sides[k][0][2] for k in keys], np.float64),
+        start=(start - origin).astype(np.float64) * 1e-9,
+        end=(end - origin).astype(np.float64) * 1e-9,
+        channel=np.arange(n, dtype=np.int32),
+        channel_names=tuple(f"all-reduce {k[0]}<->{k[1]} stage {k[2]}" for k in keys),
+    )
+
+
+def order_mismatch(schedule: Schedule, timeline: Timeline) -> str | None:
+    """None when every device ran exactly its table's ops in table order; else where not."""
+    for device, expected in enumerate(schedule.device_ops):
+        rows = np.flatnonzero(timeline.op_device == device)
+        ran = [timeline.op(int(row)) for row in rows]
+        if ran == list(expected):
+            continue
+        for index, (want, got) in enumerate(zip(expected, ran, strict=False)):
+            if want != got:
+                return f"device {device} ran {got} as its op {index}; the table has {want}"
+        return f"device {device} ran {len(ran)} ops; the table has {len(expected)}"
+    return None
+
+
+def cpu_share(timeline: Timeline) -> float:
+    """CPU time the ops' threads got over the ops' total duration (1.0: nothing else ran on
+    the ranks' cores during the ops; only meaningful for CPU ranks)."""
+    cpu = timeline.meta.get("op_cpu_s")
+    busy = float(np.sum(timeline.op_end - timeline.op_start))
+    if cpu is None or busy <= 0:
+        return 1.0
+    return float(np.sum(cpu)) / busy

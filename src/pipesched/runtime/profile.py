@@ -1,0 +1,275 @@
+"""Profiling for the simulator: layer and stage op times measured in isolation, the
+runtime's per-op overhead, and point-to-point latency and bandwidth between ranks.
+
+Everything is measured in rank processes started like a real run's (one torch thread,
+pinned to a core, on the same backend), never inside the run being predicted:
+
+- ``profile_layers``: each layer alone (the embedding, a transformer block, the head with
+  its loss), as the measured-layer CSV rows ``pipesched.model.load_model`` reads. Blocks of
+  one model have the same shape, so one block is timed and every block gets its numbers.
+- ``profile_stages``: each stage of a partition alone, with the op code a run executes
+  (``stage_ops``), so the first stage's I/W split (I does nothing, W the whole backward)
+  and the last stage's loss come out as in a run. Stages with the same layer kinds and
+  count are timed once.
+- ``profile_overhead``: the runtime's fixed cost per op, outside the op's compute (posting
+  sends and receives, bookkeeping), from a 2-rank run of a model too small to matter: the
+  median gap between consecutive ops of a rank that did not wait for data.
+- ``profile_link``: ping-pong between two ranks; latency is the one-way time of the smallest
+  message, bandwidth the least-squares slope over the larger ones.
+
+The simulator reads the stage-cost CSV (``pipesched simulate --stage-costs FILE --latency S
+--bandwidth B``); ``link_yaml`` writes the link figures beside the cost file.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import itertools
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import yaml
+
+from pipesched.costs import StageCosts
+from pipesched.errors import require
+from pipesched.model.loading import LAYER_COLUMNS
+from pipesched.model.spec import LayerCost, ModelSpec
+from pipesched.partition import Partition
+from pipesched.runtime.launch import LaunchSpec, launch
+
+PROFILE_DEVICES = ("cpu", "cuda")
+ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}  # bytes per element of each runtime dtype
+# message sizes of the ping-pong, bytes: the smallest gives latency, the rest bandwidth
+LINK_SIZES = (8, 65536, 262144, 1048576, 4194304)
+# the overhead probe: a model whose ops take well under a millisecond
+PROBE_MODEL = ModelSpec(name="overhead-probe", num_layers=2, hidden_size=8, num_heads=1, num_kv_heads=1,
+                        ffn_hidden_size=8, vocab_size=8)
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """How layers and stages are timed."""
+
+    micro_batch_size: int = 2  # b, sequences per microbatch
+    seq_len: int = 64  # s, tokens per sequence
+    dtype: str = "float32"  # float32, float64 or bfloat16
+    device: str = "cpu"  # cpu or cuda
+    warmup: int = 3  # untimed repeats first
+    repeats: int = 10  # timed repeats; the median is kept
+    seed: int = 0
+    threads: int = 1  # torch threads (as in a run)
+    timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        require(self.device in PROFILE_DEVICES, "device", self.device, "must be cpu or cuda")
+        for name in ("micro_batch_size", "seq_len", "repeats", "threads"):
+            require(getattr(self, name) >= 1, name, getattr(self, name), "must be at least 1")
+        require(self.warmup >= 0, "warmup", self.warmup, "must be >= 0")
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.device == "cuda" else "gloo"
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """Median op times of a run of layers for one microbatch (seconds) and its sizes (bytes)."""
+
+    forward: float
+    backward_input: float
+    backward_weight: float
+    backward: float  # full backward B, timed on its own (not I + W)
+    activation_bytes: float  # tensors autograd saves in F (parameters excluded)
+    output_bytes: float  # the tensor sent to the next stage (0 on the last stage: nothing is sent)
+    params: int
+
+
+@dataclass(frozen=True)
+class ProfileTask:
+    """What the profiling rank receives: runs of layers (start, stop) to time."""
+
+    model: ModelSpec
+    ranges: tuple[tuple[int, int], ...]
+    options: ProfileOptions
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """Point-to-point link between two ranks of this machine."""
+
+    backend: str
+    latency: float  # seconds, one-way time of the smallest message
+    bandwidth: float  # bytes/s
+    sizes: tuple[int, ...]  # bytes
+    one_way_s: tuple[float, ...]  # median one-way time of each size, seconds
+
+
+def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: ProfileOptions) -> list[StageTiming]:
+    spec = LaunchSpec(handler="profile", task=ProfileTask(model, tuple(ranges), options), world_size=1,
+                      backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
+                      pin_cpus=options.device == "cpu")
+    return launch(spec, describe=["profile"])[0]
+
+
+def _kind_key(model: ModelSpec, layers: range) -> tuple[str, ...]:
+    """Stages with the same layer kinds in the same order cost the same (blocks are alike)."""
+    kinds = model.layer_kinds
+    return tuple(kinds[i] for i in layers)
+
+
+def profile_layers(model: ModelSpec, options: ProfileOptions | None = None) -> tuple[LayerCost, ...]:
+    """Per-layer costs measured in isolation, one row per layer of the model."""
+    options = options or ProfileOptions()
+    from pipesched.runtime.torch_model import check_buildable
+
+    check_buildable(model)
+    count = model.num_cost_layers
+    distinct: dict[tuple[str, ...], int] = {}
+    for index in range(count):
+        distinct.setdefault(_kind_key(model, range(index, index + 1)), index)
+    timings = dict(zip(distinct, _time_ranges(model, [(i, i + 1) for i in distinct.values()], options), strict=True))
+    layers = []
+    for index, (name, kind) in enumerate(zip(model.layer_names, model.layer_kinds, strict=True)):
+        t = timings[_kind_key(model, range(index, index + 1))]
+        layers.append(LayerCost(name=name, forward_s=t.forward, backward_input_s=t.backward_input,
+                                backward_weight_s=t.backward_weight, activation_bytes=t.activation_bytes,
+                                params=t.params, output_bytes=t.output_bytes, kind=kind))
+    return tuple(layers)
+
+
+def profile_stages(model: ModelSpec, partitions: Sequence[Partition],
+                   options: ProfileOptions | None = None) -> list[StageCosts]:
+    """Stage costs of each partition, every distinct stage timed once in isolation."""
+    options = options or ProfileOptions()
+    from pipesched.runtime.torch_model import check_buildable
+
+    check_buildable(model)
+    wanted: dict[tuple[str, ...], tuple[int, int]] = {}
+    for partition in partitions:
+        for stage in range(partition.num_stages):
+            layers = partition.layers(stage)
+            wanted.setdefault(_stage_key(model, layers), (layers.start, layers.stop))
+    timings = dict(zip(wanted, _time_ranges(model, list(wanted.values()), options), strict=True))
+    result = []
+    for partition in partitions:
+        stages = [timings[_stage_key(model, partition.layers(s))] for s in range(partition.num_stages)]
+        result.append(_stage_costs(stages, ELEMENT_BYTES[options.dtype]))
+    return result
+
+
+def _stage_key(model: ModelSpec, layers: range) -> tuple[object, ...]:
+    # first and last stage differ from a middle one with the same kinds (stage 0's I/W split)
+    return (layers.start == 0, layers.stop == model.num_cost_layers, *_kind_key(model, layers))
+
+
+def _stage_costs(stages: Sequence[StageTiming], element_bytes: int) -> StageCosts:
+    def column(name: str) -> tuple[float, ...]:
+        return tuple(float(getattr(t, name)) for t in stages)
+
+    params = column("params")
+    return StageCosts(
+        forward=column("forward"),
+        backward_input=column("backward_input"),
+        backward_weight=column("backward_weight"),
+        backward=column("backward"),
+        activation_bytes=column("activation_bytes"),
+        output_bytes=column("output_bytes"),
+        # a run keeps weights and gradients in the runtime dtype (no optimizer state)
+        static_bytes=tuple(2 * n * element_bytes for n in params),
+        grad_bytes=tuple(n * element_bytes for n in params),
+    )
+
+
+def add_op_overhead(costs: StageCosts, overhead_s: float) -> StageCosts:
+    """``costs`` with the runtime's fixed per-op cost (seconds) added to every op's time."""
+    def plus(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        return None if values is None else tuple(v + overhead_s for v in values)
+
+    return dataclasses.replace(costs, forward=plus(costs.forward), backward_input=plus(costs.backward_input),
+                               backward_weight=plus(costs.backward_weight), backward=plus(costs.backward))
+
+
+def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", steps: int = 5,
+                     timeout_s: float = 300.0) -> float:
+    """The runtime's fixed cost per op outside its compute, seconds (see the module docstring)."""
+    from pipesched.generators import generate
+    from pipesched.runtime.runs import RunOptions, run_schedules
+
+    options = RunOptions(micro_batch_size=1, seq_len=4, steps=steps, warmup=2, backend=backend, timeout_s=timeout_s)
+    result = run_schedules([generate("1f1b", 2, 8)], PROBE_MODEL, options=options, runtime=runtime)[0]
+    gaps = []
+    for timeline in result.timelines:
+        waits = timeline.meta["op_wait_s"]
+        for device in range(timeline.num_devices):
+            rows = np.flatnonzero(timeline.op_device == device)
+            for before, after in itertools.pairwise(rows):
+                gaps.append(timeline.op_start[after] - timeline.op_end[before] - waits[after])
+    return max(0.0, float(statistics.median(gaps)))
+
+
+def profile_link(*, backend: str = "gloo", repeats: int = 20, timeout_s: float = 300.0) -> LinkProfile:
+    """Latency and bandwidth between two ranks of this machine (ping-pong)."""
+    spec = LaunchSpec(handler="p2p", task={"sizes": LINK_SIZES, "repeats": repeats}, world_size=2,
+                      backend=backend, timeout_s=timeout_s, pin_cpus=backend == "gloo")
+    measured = launch(spec, describe=["ping-pong"])[0]
+    return fit_link(backend, measured["sizes"], measured["one_way_s"])
+
+
+def fit_link(backend: str, sizes: Sequence[int], one_way_s: Sequence[float]) -> LinkProfile:
+    """latency = one-way time of the smallest message; bandwidth = 1 / slope of a
+    least-squares line through the other sizes.
+
+    >>> link = fit_link("gloo", [8, 1000, 2000], [1e-5, 2e-5, 3e-5])
+    >>> round(link.bandwidth)
+    100000000
+    """
+    sizes_arr = np.asarray(sizes, dtype=np.float64)
+    times = np.asarray(one_way_s, dtype=np.float64)
+    order = np.argsort(sizes_arr)
+    sizes_arr, times = sizes_arr[order], times[order]
+    slope = float(np.polyfit(sizes_arr[1:], times[1:], 1)[0]) if len(sizes_arr) > 2 else 0.0
+    bandwidth = 1.0 / slope if slope > 0 else float("inf")
+    return LinkProfile(backend=backend, latency=float(times[0]), bandwidth=bandwidth,
+                       sizes=tuple(int(s) for s in sizes_arr), one_way_s=tuple(float(t) for t in times))
+
+
+# --- files --------------------------------------------------------------------------------
+def layer_costs_csv(layers: Sequence[LayerCost]) -> str:
+    """The measured-layer CSV (``pipesched.model.load_model`` reads it), with the kind column."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow((*LAYER_COLUMNS, "kind"))
+    for layer in layers:
+        writer.writerow([layer.name, *(f"{getattr(layer, c):.9g}" for c in LAYER_COLUMNS[1:]), layer.kind])
+    return buffer.getvalue()
+
+
+def stage_costs_csv(costs: StageCosts) -> str:
+    """The stage-cost CSV the simulator reads (``pipesched.io.stage_costs``)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    columns = ["forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes"]
+    if costs.backward is not None:
+        columns.append("backward")
+    writer.writerow(["stage", *columns])
+    for stage in range(costs.num_stages):
+        writer.writerow([stage, *(f"{getattr(costs, c)[stage]:.9g}" for c in columns)])
+    return buffer.getvalue()
+
+
+def link_yaml(link: LinkProfile, *, overhead_s: float | None = None) -> str:
+    """The measured link (and per-op overhead) as YAML, with the simulator flags to use them."""
+    data = {
+        "backend": link.backend,
+        "latency_s": link.latency,
+        "bandwidth_bytes_per_s": link.bandwidth,
+        "ping_pong": {"sizes_bytes": list(link.sizes), "one_way_s": list(link.one_way_s)},
+    }
+    if overhead_s is not None:
+        data["per_op_overhead_s"] = overhead_s
+    header = f"# simulate with: --latency {link.latency:.6g} --bandwidth {link.bandwidth:.6g}\n"
+    return header + yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,237 @@
+"""Real runs of schedules: choose a runtime, launch the ranks, and turn what they recorded
+into measured Timelines and step times.
+
+Step time: the makespan of a step's measured timeline (first op start to last op or
+gradient all-reduce end, over all ranks), the same definition as the simulator's
+``Timeline.makespan``. A run reports the median over its measured steps (after warm-up)
+and the timeline of the median step.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipesched.errors import PipeschedError, require
+from pipesched.model.spec import ModelSpec
+from pipesched.partition import Partition, uniform
+from pipesched.runtime.launch import Fault, LaunchSpec, launch
+from pipesched.runtime.measure import RankStep, measured_timeline, order_mismatch
+from pipesched.schedule import Schedule
+from pipesched.timeline import Timeline
+from pipesched.validate import validate
+
+BACKENDS = ("gloo", "nccl")
+RUNTIMES = ("auto", "pytorch", "ours")
+RUNTIME_DTYPES = ("float32", "float64", "bfloat16")
+GLOO_RANKS_PER_CORE = 4  # most gloo ranks one CPU core may host
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How schedules are run for real."""
+
+    micro_batch_size: int = 2  # b, sequences per microbatch
+    seq_len: int = 64  # s, tokens per sequence
+    dtype: str = "float32"  # runtime dtype: float32, float64 or bfloat16
+    backend: str = "gloo"  # gloo (CPU ranks) or nccl (one GPU per rank)
+    steps: int = 5  # measured steps
+    warmup: int = 2  # steps run first and not measured
+    seed: int = 0  # weights and data
+    timeout_s: float = 300.0  # the whole launch, seconds; then every rank is killed
+    threads: int = 1  # torch threads per rank
+    pin_cpus: bool = True  # pin rank r to core r when the machine has a core per rank
+    collect_grads: bool = False  # return the gradients of the last step (tests)
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "seq_len", "steps", "threads"):
+            require(getattr(self, name) >= 1, name, getattr(self, name), "must be at least 1")
+        require(self.warmup >= 0, "warmup", self.warmup, "must be >= 0")
+        require(self.dtype in RUNTIME_DTYPES, "dtype", self.dtype, f"must be one of {', '.join(RUNTIME_DTYPES)}")
+        require(self.backend in BACKENDS, "backend", self.backend,
+                "must be gloo (CPU) or nccl (one GPU per rank)")
+        require(self.timeout_s > 0, "timeout", self.timeout_s, "must be > 0 seconds")
+
+    @property
+    def device_kind(self) -> str:
+        return "cuda" if self.backend == "nccl" else "cpu"
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """One schedule to run: its partition of the model's layers and the runtime."""
+
+    schedule: Schedule
+    partition: Partition
+    runtime: str  # "pytorch" or "ours"
+
+
+@dataclass(frozen=True)
+class PipelineTask:
+    """What every rank of a pipeline launch receives."""
+
+    model: ModelSpec
+    jobs: tuple[RunJob, ...]
+    options: RunOptions
+
+
+@dataclass
+class RankJobResult:
+    """What one rank sends back for one job."""
+
+    steps: list[RankStep]  # the measured steps
+    losses: dict[int, float]  # microbatch -> loss, last step (ranks holding the last stage)
+    grads: dict[str, np.ndarray] | None = None  # parameter -> gradient, last step
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """A schedule run for real."""
+
+    schedule: Schedule
+    runtime: str  # "pytorch" or "ours"
+    backend: str
+    step_times: tuple[float, ...]  # seconds, each measured step
+    timeline: Timeline  # the median step (source "measured", unit "s")
+    timelines: tuple[Timeline, ...]  # every measured step
+    losses: tuple[float, ...]  # per microbatch, last step
+    grads: dict[str, np.ndarray] | None = field(default=None, compare=False)
+
+    @property
+    def step_time(self) -> float:
+        """Median step time, seconds."""
+        return float(statistics.median(self.step_times))
+
+    @property
+    def loss(self) -> float:
+        """Mean microbatch loss of the last step."""
+        return float(np.mean(self.losses))
+
+
+def stage_partition(model: ModelSpec, num_stages: int, partition: Partition | None = None) -> Partition:
+    """The given partition (checked) or the uniform one: equal blocks, embedding first, head last."""
+    if partition is None:
+        return uniform(model.layer_kinds, num_stages)
+    require(partition.num_stages == num_stages, "partition", partition,
+            f"has {partition.num_stages} stages; the schedule has {num_stages}")
+    require(partition.num_layers == model.num_cost_layers, "partition", partition,
+            f"covers {partition.num_layers} layers; {model.name} has {model.num_cost_layers}")
+    require(all(size > 0 for size in partition.sizes), "partition", partition,
+            "has an empty stage; a real run needs at least one layer per stage")
+    return partition
+
+
+def check_capacity(num_ranks: int, backend: str) -> None:
+    """Refuse before launching when the machine cannot host ``num_ranks`` ranks."""
+    if backend == "gloo":
+        cores = len(os.sched_getaffinity(0))
+        limit = cores * GLOO_RANKS_PER_CORE
+        require(num_ranks <= limit, "p", num_ranks,
+                f"this machine has {cores} CPU cores and hosts at most {limit} gloo ranks "
+                f"({GLOO_RANKS_PER_CORE} per core); use fewer ranks")
+        return
+    from pipesched.runtime.torch_import import require_torch
+
+    torch = require_torch()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    require(num_ranks <= gpus, "p", num_ranks,
+            f"the nccl backend needs one GPU per rank and this machine has {gpus}; "
+            "use fewer ranks or --backend gloo")
+
+
+def choose_runtime(schedule: Schedule, runtime: str) -> str:
+    """``pytorch`` or ``ours`` for this schedule; raises when the requested one cannot run it.
+
+    auto: PyTorch's runtime where it can express the schedule, ours otherwise.
+    """
+    require(runtime in RUNTIMES, "runtime", runtime, f"must be one of {', '.join(RUNTIMES)}")
+    problems = validate(schedule)
+    if problems:
+        raise PipeschedError(
+            f"schedule={schedule.name}: neither runtime can run it: the table is invalid ({problems[0]}); "
+            "run `pipesched validate` for the report"
+        )
+    from pipesched.runtime.comm_plan import communication_plan
+
+    communication_plan(schedule)
+    if runtime == "ours":
+        return "ours"
+    from pipesched.runtime.pytorch_runtime import pytorch_limitation
+
+    reason = pytorch_limitation(schedule)
+    if reason is None:
+        return "pytorch"
+    if runtime == "pytorch":
+        raise PipeschedError(f"schedule={schedule.name}: PyTorch's runtime cannot run it: {reason}; "
+                             "use --runtime ours (or auto)")
+    return "ours"
+
+
+def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: RunOptions | None = None,
+                  runtime: str = "auto", partitions: Sequence[Partition | None] | None = None,
+                  fault: Fault | None = None) -> list[RunResult]:
+    """Run each schedule for real, one after the other in a single launch of P ranks.
+
+    All schedules must have the same number of devices P. ``partitions[i]`` fixes schedule
+    i's layer partition (default: uniform). ``fault`` injects a crash or hang (tests).
+    """
+    options = options or RunOptions()
+    require(len(schedules) >= 1, "schedules", 0, "give at least one schedule")
+    num_ranks = schedules[0].num_devices
+    for schedule in schedules:
+        require(schedule.num_devices == num_ranks, "schedule", schedule.name,
+                f"has {schedule.num_devices} devices; every schedule of one run needs {num_ranks}")
+    from pipesched.runtime.torch_import import require_torch
+
+    require_torch()
+    from pipesched.runtime.torch_model import check_buildable
+
+    check_buildable(model)
+    check_capacity(num_ranks, options.backend)
+    given = list(partitions) if partitions is not None else [None] * len(schedules)
+    require(len(given) == len(schedules), "partitions", len(given), f"give one per schedule ({len(schedules)})")
+    jobs = tuple(
+        RunJob(schedule, stage_partition(model, schedule.num_stages, partition), choose_runtime(schedule, runtime))
+        for schedule, partition in zip(schedules, given, strict=True)
+    )
+    spec = LaunchSpec(handler="pipeline", task=PipelineTask(model, jobs, options), world_size=num_ranks,
+                      backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
+                      pin_cpus=options.pin_cpus and options.backend == "gloo", fault=fault)
+    per_rank: list[list[RankJobResult]] = launch(spec, describe=[job.schedule.name for job in jobs])
+    return [_assemble(job, [ranks[j] for ranks in per_rank], options) for j, job in enumerate(jobs)]
+
+
+def _assemble(job: RunJob, ranks: list[RankJobResult], options: RunOptions) -> RunResult:
+    schedule = job.schedule
+    meta = {"runtime": job.runtime, "backend": options.backend, "partition": str(job.partition),
+            "dtype": options.dtype, "micro_batch_size": options.micro_batch_size, "seq_len": options.seq_len}
+    timelines = tuple(
+        measured_timeline(schedule, [rank.steps[i] for rank in ranks], meta=dict(meta, step=i))
+        for i in range(options.steps)
+    )
+    for timeline in timelines:
+        mismatch = order_mismatch(schedule, timeline)
+        if mismatch is not None:
+            raise PipeschedError(f"schedule={schedule.name}: the {job.runtime} runtime ran ops out of table order ({mismatch})")
+    times = tuple(t.makespan for t in timelines)
+    median_step = int(np.argsort(times, kind="stable")[(len(times) - 1) // 2])
+    losses: dict[int, float] = {}
+    grads: dict[str, np.ndarray] | None = {} if options.collect_grads else None
+    for rank in ranks:
+        losses.update(rank.losses)
+        if grads is not None and rank.grads:
+            grads.update(rank.grads)
+    return RunResult(
+        schedule=schedule,
+        runtime=job.runtime,
+        backend=options.backend,
+        step_times=times,
+        timeline=timelines[median_step],
+        timelines=timelines,
+        losses=tuple(losses[mb] for mb in sorted(losses)),
+        grads=grads,
+    )

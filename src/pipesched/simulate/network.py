@@ -1,0 +1,157 @@
+"""Network: the links between a pipeline's devices, as the simulator sees them.
+
+A transfer of ``n`` bytes from device ``a`` to device ``b`` costs
+``latency[a, b] + n / bandwidth[a, b]`` seconds when it has its link to itself. Which
+transfers compete for a link is the engine's business (``pipesched.simulate.engine``); the
+network only says which node each device sits on and whether the devices of a node share
+one network interface (NIC) for inter-node traffic.
+
+Pipeline device ``d`` runs on cluster rank ``ranks[d]``: with tensor parallelism of degree
+t, ``pipesched.model.pipeline_ranks`` gives ranks ``0, t, 2t, ...`` (each pipeline device is
+the first rank of its tensor-parallel group, whose other ranks split its layers), so a
+pipeline of 8 on 4 nodes of 8 ranks with t = 4 puts 2 stages on each node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipesched.errors import PipeschedError, require
+from pipesched.model.hardware import Cluster
+
+
+@dataclass(frozen=True, eq=False)
+class Network:
+    """Point-to-point links between ``num_devices`` pipeline devices.
+
+    latency[a, b]: seconds before the first byte of a transfer a -> b arrives.
+    bandwidth[a, b]: bytes/s of the link a -> b (``inf`` for a free link).
+    node_of[d]: the node of device d; transfers between nodes leave through a NIC.
+    shared_nic: True when all devices of a node share one NIC (its sends queue on the node's
+        egress and its receives on the node's ingress); False when each device has its own.
+    capacity: device memory in bytes (the out-of-memory check), or None when unknown.
+    peak_flops: dense FLOP/s of each device (for MFU), or None when unknown.
+    ranks: cluster rank of each pipeline device (names in timelines and reports).
+    name: where the network came from (a cluster name, "uniform").
+    """
+
+    latency: np.ndarray  # float64 (D, D), seconds
+    bandwidth: np.ndarray  # float64 (D, D), bytes/s
+    node_of: tuple[int, ...]
+    shared_nic: bool = False
+    capacity: tuple[float, ...] | None = None  # bytes per device
+    peak_flops: tuple[float, ...] | None = None  # FLOP/s per device
+    ranks: tuple[int, ...] = ()
+    name: str = "network"
+
+    def __post_init__(self) -> None:
+        latency = np.array(self.latency, dtype=np.float64)
+        bandwidth = np.array(self.bandwidth, dtype=np.float64)
+        n = len(self.node_of)
+        require(n >= 1, "devices", n, "a network needs at least one device")
+        require(latency.shape == (n, n), "latency", f"shape {latency.shape}", f"give a {n} x {n} matrix")
+        require(bandwidth.shape == (n, n), "bandwidth", f"shape {bandwidth.shape}", f"give a {n} x {n} matrix")
+        off_diagonal = ~np.eye(n, dtype=bool)
+        bad_latency = latency[off_diagonal]
+        if bad_latency.size and not (np.all(np.isfinite(bad_latency)) and np.all(bad_latency >= 0)):
+            value = bad_latency[~(np.isfinite(bad_latency) & (bad_latency >= 0))][0]
+            raise PipeschedError(f"latency={value}: must be a finite number >= 0 seconds")
+        bad_bandwidth = bandwidth[off_diagonal]
+        if bad_bandwidth.size and not np.all(bad_bandwidth > 0):
+            value = bad_bandwidth[~(bad_bandwidth > 0)][0]
+            raise PipeschedError(f"bandwidth={value}: must be > 0 bytes/s (use inf for free links)")
+        # a device never sends to itself: zero cost on the diagonal
+        np.fill_diagonal(latency, 0.0)
+        np.fill_diagonal(bandwidth, math.inf)
+        latency.setflags(write=False)
+        bandwidth.setflags(write=False)
+        object.__setattr__(self, "latency", latency)
+        object.__setattr__(self, "bandwidth", bandwidth)
+        if not self.ranks:
+            object.__setattr__(self, "ranks", tuple(range(n)))
+        require(len(self.ranks) == n, "ranks", len(self.ranks), f"give one rank per device ({n})")
+        for field_name in ("capacity", "peak_flops"):
+            values = getattr(self, field_name)
+            if values is not None:
+                require(len(values) == n, field_name, f"{len(values)} values", f"give one value per device ({n})")
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.node_of)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(self.node_of) + 1
+
+    def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` from ``src`` to ``dst`` with the link to itself."""
+        if src == dst:
+            return 0.0
+        return float(self.latency[src, dst] + nbytes / self.bandwidth[src, dst])
+
+    def crosses_nodes(self, src: int, dst: int) -> bool:
+        return self.node_of[src] != self.node_of[dst]
+
+    def device_name(self, device: int) -> str:
+        return f"rank {self.ranks[device]}"
+
+    # --- constructors ---------------------------------------------------------------------
+    @classmethod
+    def uniform(cls, num_devices: int, *, latency: float, bandwidth: float) -> Network:
+        """Every pair of devices joined by an equal, private link (each device its own node).
+
+        >>> Network.uniform(2, latency=1e-5, bandwidth=1e9).transfer_time(0, 1, 1e6)
+        0.00101
+        """
+        require(num_devices >= 1, "devices", num_devices, "must be at least 1")
+        require(math.isfinite(latency) and latency >= 0, "latency", latency, "must be a finite number >= 0 seconds")
+        require(bandwidth > 0, "bandwidth", bandwidth, "must be > 0 bytes/s (use inf for free links)")
+        shape = (num_devices, num_devices)
+        return cls(
+            latency=np.full(shape, float(latency)),
+            bandwidth=np.full(shape, float(bandwidth)),
+            node_of=tuple(range(num_devices)),
+            name="uniform",
+        )
+
+    @classmethod
+    def from_cluster(cls, cluster: Cluster, *, ranks: Sequence[int] | None = None) -> Network:
+        """The links between ``ranks`` of ``cluster`` (default: every rank, in order).
+
+        Ranks on one node use the cluster's intra-node link; ranks on different nodes its
+        inter-node link, through one NIC per rank or one per node (``cluster.nic_per_device``).
+        """
+        chosen = tuple(range(cluster.num_devices)) if ranks is None else tuple(int(r) for r in ranks)
+        require(len(chosen) >= 1, "ranks", "[]", "give at least one rank")
+        for rank in chosen:
+            require(0 <= rank < cluster.num_devices, "rank", rank,
+                    f"cluster {cluster.name} has ranks 0..{cluster.num_devices - 1}")
+        require(len(set(chosen)) == len(chosen), "ranks", list(chosen), "each rank may hold one pipeline device")
+        n = len(chosen)
+        latency = np.empty((n, n))
+        bandwidth = np.empty((n, n))
+        for a, rank_a in enumerate(chosen):
+            for b, rank_b in enumerate(chosen):
+                link = cluster.link(rank_a, rank_b)
+                latency[a, b] = link.latency
+                bandwidth[a, b] = link.bandwidth
+        # renumber the nodes that hold pipeline devices 0, 1, ...
+        node_ids: dict[int, int] = {}
+        for rank in chosen:
+            node_ids.setdefault(cluster.node_of[rank], len(node_ids))
+        devices = [cluster.devices[r] for r in chosen]
+        return cls(
+            latency=latency,
+            bandwidth=bandwidth,
+            node_of=tuple(node_ids[cluster.node_of[r]] for r in chosen),
+            shared_nic=not cluster.nic_per_device,
+            capacity=tuple(float(d.memory_bytes) for d in devices),
+            peak_flops=tuple(float(d.peak_flops) for d in devices),
+            ranks=chosen,
+            name=cluster.name,
+        )
+

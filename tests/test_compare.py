@@ -1,0 +1,122 @@
+"""The three-level comparison and `pipesched compare`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipesched.compare import LEVELS, compare
+from pipesched.costs import StageCosts
+from pipesched.generators import FAMILIES
+from pipesched.simulate.setup import SimulationSetup
+
+FAST = SimulationSetup.from_costs(StageCosts.uniform(4, output_bytes=1.0))
+
+
+def assert_one_line_error(result, *fragments: str) -> None:
+    assert result.code == 2, result
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("pipesched: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_formula_and_table_levels_in_1f1b_stage_slots() -> None:
+    result = compare(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"], p=4, m=8, levels=("formula", "table"))
+    assert result.schedules == ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
+    one = result.result("1f1b", "table")
+    assert one.iteration_time == 33.0 and one.time_unit == "slot"
+    assert one.bubble_ratio == pytest.approx(3 / 11)
+    assert one.peak_memory == 4.0 and result.result("gpipe", "formula").peak_memory == 8.0
+    # interleaved (v = 2): chunk slots count half: m(F+B) + (p-1)(F+B)/2 = 24 + 4.5
+    assert result.result("interleaved-1f1b", "table").iteration_time == pytest.approx(28.5)
+    assert result.result("zb-h1", "formula").iteration_time == pytest.approx(27.0)
+    assert result.ranking("table") == ["zb-h1", "interleaved-1f1b", "1f1b", "gpipe"]
+    # equal times share a rank
+    assert result.result("gpipe", "table").rank == result.result("1f1b", "table").rank == 3
+
+
+def test_families_that_cannot_build_are_skipped_with_the_reason() -> None:
+    result = compare(["1f1b", "chimera", "dualpipe"], p=3, m=6, levels=("table",))
+    assert result.schedules == ("1f1b",)
+    reasons = dict(result.skipped)
+    assert set(reasons) == {"chimera", "dualpipe"}
+    assert "even" in reasons["chimera"]
+
+
+def test_sim_level_and_a_ranking_that_changes_between_levels() -> None:
+    # Chimera beats 1F1B in the slot table at m = p, but not once its extra gradient
+    # all-reduce (and every activation) crosses slow links
+    costs = StageCosts.uniform(4, output_bytes=1.0)
+    costs = StageCosts(costs.forward, costs.backward_input, costs.backward_weight, costs.activation_bytes,
+                       costs.output_bytes, grad_bytes=(4.0,) * 4)
+    slow = SimulationSetup.from_costs(costs, bandwidth=0.5)
+    result = compare(["1f1b", "chimera"], p=4, m=4, levels=("table", "sim"), setup=slow)
+    table_order, sim_order = result.ranking("table"), result.ranking("sim")
+    assert table_order == ["chimera", "1f1b"] and sim_order == ["1f1b", "chimera"]
+    changed = result.rank_changes()
+    assert {r.schedule for r in changed} == {"1f1b", "chimera"}
+    assert all(r.level == "sim" for r in changed)
+    assert result.result("chimera", "sim").previous_rank == 1
+    sim = result.result("1f1b", "sim")
+    assert sim.time_unit == "s" and sim.memory_unit == "bytes" and sim.throughput_samples_per_s > 0
+
+
+def test_records_are_flat_and_serializable() -> None:
+    result = compare(["gpipe", "1f1b", "zb-v"], p=4, m=8, setup=FAST)
+    records = result.to_records()
+    assert len(records) == 3 * len(LEVELS)
+    for record in records:
+        assert all(not isinstance(value, dict | list | tuple) for value in record.values())
+        assert {"schedule", "level", "iteration_time", "bubble_ratio", "peak_memory", "rank", "rank_changed"} <= set(record)
+    json.dumps(result.to_dict())
+
+
+def test_stage_costs_split_into_chunks_for_interleaved_families() -> None:
+    result = compare(["1f1b", "interleaved-1f1b"], p=4, m=8, levels=("sim",), costs=StageCosts.uniform(4))
+    # free links: the simulated time equals the slot table's with F = I = W = 1
+    assert result.result("1f1b", "sim").iteration_time == pytest.approx(33.0)
+    assert result.result("interleaved-1f1b", "sim").iteration_time == pytest.approx(28.5)
+
+
+def test_progress_reports_every_step() -> None:
+    seen = []
+    compare(["gpipe", "1f1b"], p=4, m=4, levels=("formula", "table"), progress=lambda d, t, label: seen.append((d, t)))
+    assert seen[-1] == (4, 4) and all(t == 4 for _, t in seen)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+
+
+def test_cli_compare_two_levels(cli) -> None:
+    result = cli("compare", "--schedules", "gpipe,1f1b,chimera", "-p", "3", "-m", "6", "--levels", "formula,table")
+    assert result.code == 0, result
+    assert "formula (slots)" in result.out and "table (slots)" in result.out
+    assert "skipped chimera" in result.out
+
+
+def test_cli_compare_json(cli, tmp_path) -> None:
+    costs = tmp_path / "costs.csv"
+    costs.write_text("stage,forward,backward_input,backward_weight,activation_bytes,output_bytes,grad_bytes\n"
+                     + "".join(f"{s},1,1,1,1,1,4\n" for s in range(4)), encoding="utf-8")
+    result = cli("compare", "--schedules", "1f1b,chimera", "-p", "4", "-m", "4", "--stage-costs", str(costs),
+                 "--bandwidth", "0.5", "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    sim = {r["schedule"]: r for r in data["records"] if r["level"] == "sim"}
+    assert sim["1f1b"]["rank"] == 1 and sim["chimera"]["rank_changed"]
+
+
+def test_cli_compare_default_scenario_ranks_every_family(cli) -> None:
+    result = cli("compare")
+    assert result.code == 0, result
+    assert "llama3-70b on 4x8-h100" in result.out
+    for name in FAMILIES:
+        assert name in result.out
+    assert "simulated (s)" in result.out and "rank changed" in result.out
+
+
+def test_cli_compare_bad_input(cli) -> None:
+    assert_one_line_error(cli("compare", "--levels", "formula,magic"), "levels=magic")
+    assert_one_line_error(cli("compare", "--schedules", "1f1b,nope", "--levels", "table"), "unknown family")
+    assert_one_line_error(cli("compare", "--bandwidth", "0", "--stage-costs", "x.csv"), "x.csv")

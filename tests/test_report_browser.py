@@ -1,0 +1,128 @@
+"""The HTML report in a real headless browser (Debian's chromium, driven by playwright).
+
+It loads from a file URL with no console error and no network request, draws one element
+per op, shows an op's details on hover, zooms, sorts, and leaves a screenshot in
+test-artifacts/report.png. In CI (CI=true) a missing browser fails the test; elsewhere it
+skips.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipesched.generators import generate
+from pipesched.render.views import write_views
+from pipesched.render.waits import WAIT_TRANSFER, waited_for
+from pipesched.slot_table import slot_table
+from render_timelines import GIB, simulated, split_backward
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+EVIL = "<script>alert(1)</script> 1f1b"
+
+
+def browser_or_fail():
+    """playwright's sync API, after checking chromium and playwright are there."""
+    problems = []
+    if not CHROMIUM.exists() and shutil.which("chromium") is None:
+        problems.append("chromium is missing (Debian: apt-get install -y chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        problems.append("playwright is missing (pip install 'pipesched[browser]')")
+        sync_playwright = None
+    if problems:
+        message = "browser test cannot run: " + "; ".join(problems)
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return sync_playwright
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    schedule = generate("1f1b", 4, 8)
+    evil = split_backward(schedule.with_ops(schedule.device_ops, name=EVIL))
+    timelines = [simulated(evil, capacity=3 * GIB), simulated(generate("gpipe", 4, 8)),
+                 slot_table(generate("1f1b", 4, 8))]
+    path = tmp_path_factory.mktemp("report") / "report.html"
+    comparison = [{"schedule": "1f1b", "level": "formula", "bubble": 0.2727},
+                  {"schedule": "gpipe", "level": "table", "bubble": 0.2727}]
+    write_views(timelines, html=path, comparison=comparison, title="browser test")
+    return path, timelines
+
+
+def test_report_in_chromium(report) -> None:
+    sync_playwright = browser_or_fail()
+    path, timelines = report
+    url = path.as_uri()
+    executable = str(CHROMIUM) if CHROMIUM.exists() else shutil.which("chromium")
+    problems: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+            page.on("pageerror", lambda error: problems.append(str(error)))
+            page.on("dialog", lambda dialog: (problems.append("dialog: " + dialog.message), dialog.dismiss()))
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]", timeout=15_000)
+
+            # one element per op, one per transfer
+            assert page.locator("[data-op]").count() == sum(len(t) for t in timelines)
+            assert page.locator("[data-transfer]").count() == sum(len(t.transfers) for t in timelines)
+            # the hostile schedule name is shown as text, never run
+            assert page.locator("#metrics-table tbody tr").first.inner_text().startswith(EVIL)
+
+            # hover 1I3 of the first timeline: its details and what it waited for
+            timeline = timelines[0]
+            row = next(r for r in range(len(timeline)) if str(timeline.op(r)) == "1I3")
+            waits = waited_for(timeline)
+            assert waits.cause[row] == WAIT_TRANSFER  # its gradient comes from device 2
+            page.hover(f'[data-op="0:{row}"]')
+            tooltip = page.locator("#tooltip")
+            tooltip.wait_for(state="visible", timeout=5_000)
+            text = tooltip.inner_text()
+            start_ms = (timeline.op_start[row] - timeline.origin) * 1e3
+            for expected in ("1I3", "backward (input)", "stage: 1", "microbatch: 3", "device: d1",
+                             f"start: {float(f'{start_ms:.6g}'):g} ms", "duration: 1 ms",
+                             "waited for: gradient transfer of microbatch 3 from d2 to d1"):
+                assert expected in text, f"{expected!r} not in tooltip {text!r}"
+            # the transfer it waited for is outlined
+            assert page.locator(f'[data-transfer="0:{int(waits.ref[row])}"].cause').count() == 1
+
+            # zoom in with the button: the op boxes stretch
+            before = page.locator(f'[data-op="0:{row}"]').bounding_box()["width"]
+            page.locator(".panel").first.get_by_role("button", name="+").click()
+            page.wait_for_timeout(100)
+            after = page.locator(f'[data-op="0:{row}"]').bounding_box()["width"]
+            assert after > before * 1.3
+            page.mouse.move(10, 10)
+
+            # sort the metrics by bubble, largest first
+            header = page.locator("#metrics-table th", has_text="bubble / work")
+            header.click()
+            header.click()
+            assert header.get_attribute("aria-sort") == "descending"
+            worst = max(timelines, key=lambda t: t.bubble_ratio())
+            first = page.locator("#metrics-table tbody tr").first.inner_text()
+            assert first.startswith(worst.schedule.name) and worst.source in first
+
+            page.get_by_role("button", name="reset").first.click()
+            page.wait_for_timeout(100)
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.hover(f'[data-op="0:{row}"]')
+            page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert problems == []
+    assert set(requests) == {url}
+    assert (ARTIFACTS / "report.png").stat().st_size > 20_000

@@ -1,0 +1,241 @@
+"""Real pipeline runs: 2 gloo ranks on CPU, the tiny model in float64.
+
+Each pipelined step must compute the loss and gradients of the same model run in one
+process, and every rank must run exactly its table's ops in table order; a rank that
+crashes or hangs must end the run with a one-line error, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from pipesched.errors import PipeschedError
+from pipesched.generators import generate
+from pipesched.model import load_model
+from pipesched.ops import Op
+from pipesched.runtime import launch as launch_module
+from pipesched.runtime.comm_plan import Compute, Recv, Send, communication_plan
+from pipesched.runtime.launch import Fault
+from pipesched.runtime.runs import RunOptions, choose_runtime, run_schedules
+from pipesched.runtime.torch_model import reference_step
+from pipesched.schedule import Placement, Schedule
+
+MODEL = load_model("tiny")
+M = 4
+OPTIONS = RunOptions(micro_batch_size=2, seq_len=16, dtype="float64", steps=1, warmup=1, collect_grads=True,
+                     timeout_s=120)
+PYTORCH_FAMILIES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
+REPLICATED_FAMILIES = ("chimera", "dualpipe")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_step(MODEL, microbatches=M, micro_batch_size=2, seq_len=16, dtype="float64")
+
+
+@pytest.fixture(scope="module")
+def pytorch_runs():
+    """The five families through PyTorch's runtime (what auto picks for them), one launch."""
+    return run_schedules([generate(name, 2, M) for name in PYTORCH_FAMILIES], MODEL, options=OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def our_runs():
+    """The same families and two replicated ones through our executor, one launch."""
+    names = PYTORCH_FAMILIES + REPLICATED_FAMILIES
+    return run_schedules([generate(name, 2, M) for name in names], MODEL, options=OPTIONS, runtime="ours")
+
+
+def _assert_matches_reference(result, reference) -> None:
+    loss, grads = reference
+    assert result.loss == pytest.approx(loss, rel=1e-12)
+    assert set(result.grads) == set(grads)
+    for name, expected in grads.items():
+        np.testing.assert_allclose(result.grads[name], expected, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def _assert_table_order(result) -> None:
+    timeline = result.timeline
+    for device, expected in enumerate(result.schedule.device_ops):
+        rows = np.flatnonzero(timeline.op_device == device)
+        assert [timeline.op(int(row)) for row in rows] == list(expected)
+        # rows of a device are in the order they ran: starts never go back
+        assert np.all(np.diff(timeline.op_start[rows]) >= 0)
+        assert np.all(timeline.op_end[rows] >= timeline.op_start[rows])
+
+
+@pytest.mark.parametrize("index", range(len(PYTORCH_FAMILIES)), ids=PYTORCH_FAMILIES)
+def test_pytorch_runtime_matches_single_process(pytorch_runs, reference, index):
+    result = pytorch_runs[index]
+    assert result.schedule.name == PYTORCH_FAMILIES[index]
+    assert result.runtime == "pytorch"
+    _assert_matches_reference(result, reference)
+    _assert_table_order(result)
+    assert result.timeline.source == "measured" and result.timeline.unit == "s"
+    assert result.step_time > 0 and result.step_time == pytest.approx(result.timeline.makespan)
+
+
+@pytest.mark.parametrize("index", range(len(PYTORCH_FAMILIES + REPLICATED_FAMILIES)),
+                         ids=PYTORCH_FAMILIES + REPLICATED_FAMILIES)
+def test_our_executor_matches_single_process(our_runs, reference, index):
+    result = our_runs[index]
+    assert result.runtime == "ours"
+    _assert_matches_reference(result, reference)
+    _assert_table_order(result)
+
+
+def test_replicated_stages_are_all_reduced(our_runs):
+    chimera = our_runs[len(PYTORCH_FAMILIES)]
+    assert chimera.schedule.placement.num_replicas == 2
+    transfers = chimera.timeline.transfers
+    # one all-reduce per stage: both stages live on both ranks
+    assert sorted(transfers.stage.tolist()) == [0, 1]
+    assert np.all(transfers.end >= transfers.start) and np.all(transfers.nbytes > 0)
+
+
+def test_auto_picks_pytorch_where_it_can_and_ours_otherwise():
+    assert choose_runtime(generate("zb-v", 2, 4), "auto") == "pytorch"
+    assert choose_runtime(generate("chimera", 2, 4), "auto") == "ours"
+    with pytest.raises(PipeschedError, match="PyTorch's runtime cannot run it: its stages live on two ranks"):
+        choose_runtime(generate("dualpipe", 2, 4), "pytorch")
+
+
+def test_a_schedule_neither_runtime_can_run_is_refused_before_launch():
+    good = generate("1f1b", 2, 2)
+    # device 1 runs B0 before F0: the table is broken for every runtime
+    broken = good.with_ops((good.device_ops[0], (Op.parse("1B0"), Op.parse("1F0"), Op.parse("1F1"), Op.parse("1B1"))))
+    with pytest.raises(PipeschedError, match=r"^schedule=1f1b: neither runtime can run it"):
+        run_schedules([broken], MODEL, options=OPTIONS)
+
+
+def test_more_ranks_than_the_machine_hosts_are_refused_before_launch():
+    too_many = len(os.sched_getaffinity(0)) * 4 + 1
+    with pytest.raises(PipeschedError, match=r"^p=\d+: this machine has \d+ CPU cores"):
+        run_schedules([generate("gpipe", too_many, 1)], MODEL, options=OPTIONS)
+
+
+def test_more_ranks_than_gpus_are_refused_before_launch_with_nccl():
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(PipeschedError, match=f"nccl backend needs one GPU per rank and this machine has {gpus}"):
+        run_schedules([generate("gpipe", max(2, gpus + 1), 1)], MODEL, options=RunOptions(backend="nccl"))
+
+
+# --- communication plan (no processes) -------------------------------------------------------
+def test_communication_plan_pairs_every_send_with_a_receive_in_the_same_order():
+    schedule = generate("interleaved-1f1b", 2, 4)
+    plans = communication_plan(schedule)
+    for a in range(2):
+        b = 1 - a
+        sends = [action.message for action in plans[a] if isinstance(action, Send) and action.peer == b]
+        receives = [action.message for action in plans[b] if isinstance(action, Recv) and action.peer == a]
+        assert sends == receives and sends
+    for device, plan in enumerate(plans):
+        assert [action.op for action in plan if isinstance(action, Compute)] == list(schedule.device_ops[device])
+
+
+def test_communication_plan_keeps_same_device_handoffs_local():
+    # V shape: stages 1 and 2 share device 1, so their activation never leaves it
+    schedule = generate("zb-v", 2, 2)
+    assert schedule.placement.replicas == Placement.vshape(2).replicas
+    for plan in communication_plan(schedule):
+        for action in plan:
+            if isinstance(action, Send):
+                assert schedule.device_of(action.message.stage, action.message.microbatch) != action.peer
+
+
+def test_communication_plan_reports_a_deadlock():
+    ops = ((Op.parse("0F0"), Op.parse("0B0")), (Op.parse("1B0"), Op.parse("1F0")))
+    schedule = Schedule("stuck", Placement.one_per_device(2), 1, ops)
+    with pytest.raises(PipeschedError, match=r"^schedule=stuck: the tables deadlock \(device 0 waits at 0B0; device 1 waits at 1B0\)"):
+        communication_plan(schedule)
+
+
+# --- failures end the run cleanly -------------------------------------------------------------
+@pytest.fixture
+def started(monkeypatch):
+    """Every rank process the launcher starts during the test."""
+    processes: list[subprocess.Popen] = []
+    original = subprocess.Popen
+
+    class Recording(original):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            processes.append(self)
+
+    monkeypatch.setattr(launch_module.subprocess, "Popen", Recording)
+    return processes
+
+
+def _assert_nothing_left(processes) -> None:
+    assert len(processes) == 2
+    for proc in processes:
+        assert proc.returncode is not None, "a rank was not reaped"
+        assert not Path(f"/proc/{proc.pid}").exists()
+    groups = {proc.pid for proc in processes}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            assert int(fields[2]) not in groups, f"process {entry.name} of a rank's group survived"
+
+
+def test_a_crashing_rank_ends_the_run_with_its_error(started):
+    begun = time.monotonic()
+    with pytest.raises(PipeschedError) as caught:
+        run_schedules([generate("1f1b", 2, M)], MODEL, options=OPTIONS, runtime="ours", fault=Fault("crash", 1))
+    assert str(caught.value) == "rank 1 failed: InjectedFault: injected crash on rank 1 before its first op"
+    assert time.monotonic() - begun < OPTIONS.timeout_s
+    _assert_nothing_left(started)
+
+
+def test_a_hanging_rank_ends_the_run_at_the_timeout(started):
+    options = RunOptions(micro_batch_size=2, seq_len=16, steps=1, warmup=0, timeout_s=15)
+    begun = time.monotonic()
+    with pytest.raises(PipeschedError) as caught:
+        run_schedules([generate("gpipe", 2, M)], MODEL, options=options, runtime="ours", fault=Fault("hang", 0))
+    elapsed = time.monotonic() - begun
+    message = str(caught.value)
+    assert message.startswith("timeout=15s: 2 of 2 ranks did not finish (rank 0 at gpipe step 0 op #0;")
+    assert "\n" not in message
+    assert 15 <= elapsed < 15 + 10
+    _assert_nothing_left(started)
+
+
+# --- the command ------------------------------------------------------------------------------
+def test_run_command_json(cli):
+    result = cli("run", "zb-h1", "-p", "2", "-m", "3", "--model", "tiny", "-s", "16", "--steps", "2",
+                 "--warmup", "1", "--json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert data["schedule"] == "zb-h1" and data["runtime"] == "pytorch" and data["backend"] == "gloo"
+    assert len(data["step_times_s"]) == 2 and data["step_time_s"] > 0
+    ran = {(row["device"], row["op"]) for row in data["timeline"]}
+    schedule = generate("zb-h1", 2, 3)
+    assert ran == {(device, str(op)) for device, op in schedule.ops()}
+    assert all(row["end_s"] >= row["start_s"] >= 0 for row in data["timeline"])
+
+
+def test_run_command_reports_a_crash_on_one_line(cli):
+    result = cli("run", "1f1b", "-p", "2", "-m", "2", "--model", "tiny", "-s", "8", "--runtime", "ours",
+                 "--inject-fault", "crash:0")
+    assert result.code == 2
+    assert result.err == "pipesched: error: rank 0 failed: InjectedFault: injected crash on rank 0 before its first op\n"
+
+
+def test_run_command_refuses_pytorch_for_replicated_stages(cli):
+    result = cli("run", "chimera", "-p", "2", "-m", "2", "--runtime", "pytorch")
+    assert result.code == 2
+    assert result.err.startswith("pipesched: error: schedule=chimera: PyTorch's runtime cannot run it:")

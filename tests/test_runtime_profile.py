@@ -1,0 +1,159 @@
+"""Profiling layers and stages in isolation, the link between ranks, and the prediction
+check (simulate, run, compare) on the tiny model."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import json
+import math
+import statistics
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from pipesched.errors import PipeschedError
+from pipesched.generators import generate
+from pipesched.io.stage_costs import parse_stage_costs
+from pipesched.model import load_model
+from pipesched.model.loading import parse_layer_csv
+from pipesched.partition import uniform
+from pipesched.runtime.profile import (
+    LinkProfile,
+    ProfileOptions,
+    add_op_overhead,
+    fit_link,
+    layer_costs_csv,
+    profile_layers,
+    profile_link,
+    profile_stages,
+    stage_costs_csv,
+)
+
+MODEL = load_model("tiny")
+OPTIONS = ProfileOptions(micro_batch_size=2, seq_len=16, warmup=1, repeats=3)
+
+
+@pytest.mark.parametrize("name", ["pipesched.runtime", "pipesched.runtime.comm_plan", "pipesched.runtime.profile"])
+def test_doctests(name):
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_missing_torch_says_how_to_install_it(monkeypatch):
+    from pipesched.runtime.torch_import import require_torch
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(PipeschedError, match=r"^torch is not installed; install it with pip install 'pipesched\[torch\]'$"):
+        require_torch()
+
+
+def test_importing_the_runtime_package_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, pipesched.runtime, pipesched.cli.run; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return profile_layers(MODEL, OPTIONS)
+
+
+def test_profile_layers_gives_every_layer_its_costs(layers):
+    assert [layer.name for layer in layers] == list(MODEL.layer_names)
+    assert [layer.kind for layer in layers] == list(MODEL.layer_kinds)
+    embedding, block, head = layers[0], layers[1], layers[-1]
+    # the embedding's input (token ids) has no gradient: I does nothing, W all the backward
+    assert embedding.backward_input_s < embedding.backward_weight_s
+    assert all(t > 0 for t in (block.forward_s, block.backward_input_s, block.backward_weight_s))
+    hidden_bytes = 2 * 16 * MODEL.hidden_size * 4  # b x s x h float32
+    assert embedding.output_bytes == block.output_bytes == hidden_bytes
+    assert head.output_bytes == 0  # the last layer sends nothing on
+    assert block.activation_bytes > hidden_bytes  # at least its input is kept
+    # q, k+v, out: h*h + 2*h*h + h*h; MLP: 2*h*f; two RMSNorm weights: 2*h (h=64, f=256)
+    assert block.params == 4 * 64 * 64 + 2 * 64 * 256 + 2 * 64
+    # blocks of one model are alike: timed once, every block gets the numbers
+    assert len({(layer.forward_s, layer.backward_input_s) for layer in layers[1:-1]}) == 1
+
+
+def test_layer_csv_loads_as_a_measured_model(layers):
+    model = parse_layer_csv(layer_costs_csv(layers), name="tiny-measured")
+    assert [layer.kind for layer in model.measured] == list(MODEL.layer_kinds)
+    for read, measured in zip(model.measured, layers, strict=True):
+        assert read.forward_s == pytest.approx(measured.forward_s, rel=1e-6)
+
+
+def test_profile_stages_follows_the_partition():
+    partition = uniform(MODEL.layer_kinds, 2)
+    costs = profile_stages(MODEL, [partition], OPTIONS)[0]
+    assert costs.num_stages == 2
+    # stage 0 holds the embedding: I does nothing there, W runs the whole backward
+    assert costs.backward_input[0] < 0.2 * costs.backward_weight[0]
+    assert costs.output_bytes == (2 * 16 * MODEL.hidden_size * 4, 0.0)
+    assert all(g > 0 for g in costs.grad_bytes)
+    text = stage_costs_csv(add_op_overhead(costs, 1e-4))
+    read = parse_stage_costs(text, num_stages=2)
+    assert read.forward[1] == pytest.approx(costs.forward[1] + 1e-4, rel=1e-6)
+    assert read.full_backward(0) == pytest.approx(costs.backward[0] + 1e-4, rel=1e-6)
+
+
+def test_fit_link_separates_latency_from_bandwidth():
+    sizes = [8, 1_000_000, 2_000_000, 4_000_000]
+    link = fit_link("gloo", sizes, [5e-5 + n / 2e9 for n in sizes])
+    assert link.latency == pytest.approx(5e-5, rel=1e-3)
+    assert link.bandwidth == pytest.approx(2e9, rel=1e-6)
+
+
+def test_profile_link_between_two_ranks():
+    link = profile_link(repeats=3)
+    assert 0 < link.latency < 0.05
+    assert link.bandwidth > 1e6
+    assert len(link.one_way_s) == len(link.sizes)
+
+
+def test_profile_command_writes_layer_costs(cli, tmp_path):
+    target = tmp_path / "tiny.csv"
+    result = cli("profile", "--model", "tiny", "-s", "16", "--repeats", "3", "--warmup", "1", "--no-link",
+                 "-o", str(target))
+    assert result.code == 0, result.err
+    assert f"wrote {target}" in result.out
+    model = load_model(str(target))
+    assert [layer.name for layer in model.measured] == list(MODEL.layer_names)
+
+
+def test_profile_command_refuses_an_unwritable_output_before_measuring(cli, tmp_path):
+    result = cli("profile", "--model", "tiny", "-o", str(tmp_path / "missing" / "x.csv"))
+    assert result.code == 2
+    assert "does not exist" in result.err
+
+
+def test_check_command_compares_prediction_and_run(cli):
+    result = cli("check", "--schedules", "gpipe,zb-h1", "-p", "2", "-m", "3", "--model", "tiny", "-s", "16",
+                 "--steps", "2", "--warmup", "1", "--json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert [row["schedule"] for row in data["rows"]] == ["gpipe", "zb-h1"]
+    for row in data["rows"]:
+        assert row["predicted_s"] > 0 and row["measured_s"] > 0
+        assert row["error"] == pytest.approx((row["predicted_s"] - row["measured_s"]) / row["measured_s"])
+    assert data["median_abs_error"] == pytest.approx(statistics.median(abs(r["error"]) for r in data["rows"]))
+    assert sorted(data["predicted_order"]) == sorted(data["measured_order"]) == ["gpipe", "zb-h1"]
+    assert data["latency_s"] > 0 and set(data["per_op_overhead_s"]) == {"pytorch"}
+
+
+def test_check_returns_both_timelines_for_overlays():
+    from pipesched.runtime.check import check_schedules
+    from pipesched.runtime.runs import RunOptions
+
+    schedules = [generate("1f1b", 2, 2)]
+    link = LinkProfile("gloo", latency=1e-4, bandwidth=1e9, sizes=(), one_way_s=())
+    report = check_schedules(schedules, MODEL, options=RunOptions(seq_len=16, steps=1, warmup=1), link=link,
+                             overhead_s={"pytorch": 0.0}, repeats=2)
+    (predicted, measured), = report.timeline_pairs()
+    assert predicted.source == "simulated" and measured.source == "measured"
+    assert predicted.schedule is measured.schedule is schedules[0]
+    assert math.isfinite(report.rows[0].error)
