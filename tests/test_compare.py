@@ -120,3 +120,16 @@ def test_cli_compare_bad_input(cli) -> None:
     assert_one_line_error(cli("compare", "--levels", "formula,magic"), "levels=magic")
     assert_one_line_error(cli("compare", "--schedules", "1f1b,nope", "--levels", "table"), "unknown family")
     assert_one_line_error(cli("compare", "--bandwidth", "0", "--stage-costs", "x.csv"), "x.csv")
+
+
+def test_wide_records_put_levels_side_by_side() -> None:
+    from pipesched.compare import compare
+
+    result = compare(["gpipe", "1f1b", "zb-h1"], p=4, m=8, levels=("formula", "table"))
+    rows = result.to_wide_records()
+    assert [row["schedule"] for row in rows] == result.ranking("table")
+    zb = next(row for row in rows if row["schedule"] == "zb-h1")
+    assert zb["formula time (slots)"] == zb["table time (slots)"] == 27
+    assert zb["table rank"] == 1 and zb["rank changes"] == "-"
+    gpipe = next(row for row in rows if row["schedule"] == "gpipe")
+    assert gpipe["table act."] == 8 and gpipe["formula act."] == 8

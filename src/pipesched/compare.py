@@ -104,6 +104,32 @@ class Comparison:
         """Flat rows, one per schedule and level (for tables, JSON and the HTML report)."""
         return [{**asdict(r), "rank_changed": r.rank_changed} for r in self.results]
 
+    def to_wide_records(self) -> list[dict]:
+        """One row per schedule with every level side by side (time, bubble, memory, rank),
+        in the order of the last level's ranking; ``rank changes`` lists where it moved.
+        Memory is peak GiB at the sim level and peak in-flight activations in 1F1B-stage
+        units ("act.") at the formula and table levels."""
+        rows = []
+        for name in self.ranking(self.levels[-1]):
+            row: dict[str, object] = {"schedule": name}
+            moves = []
+            for level in self.levels:
+                r = self.result(name, level)
+                unit = "s" if r.time_unit == "s" else "slots"
+                row[f"{level} time ({unit})"] = round(r.iteration_time, 6)
+                row[f"{level} bubble"] = round(r.bubble_ratio, 4)
+                if r.memory_unit == "bytes":
+                    row[f"{level} GiB"] = round(r.peak_memory / 2**30, 2)
+                    row[f"{level} fits"] = "no (OOM)" if r.out_of_memory else "yes"
+                else:
+                    row[f"{level} act."] = r.peak_memory
+                row[f"{level} rank"] = r.rank
+                if r.rank_changed:
+                    moves.append(f"{level}: {r.previous_rank} -> {r.rank}")
+            row["rank changes"] = "; ".join(moves) or "-"
+            rows.append(row)
+        return rows
+
     def to_dict(self) -> dict:
         return {
             "p": self.p,

@@ -107,7 +107,7 @@ def compare_command(
                          keep_timelines=views.any)
     finally:
         progress.close()
-    views.write(result.timelines, comparison=result.to_records(), title=_title(result))
+    views.write(result.timelines, comparison=result.to_wide_records(), title=_title(result))
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
         return
