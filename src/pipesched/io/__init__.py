@@ -15,11 +15,13 @@ FORMATS = ("grid", "csv", "json")
 
 
 def format_for(path: str | os.PathLike[str]) -> str:
+    """The format a file name implies: ``.csv`` PyTorch CSV, ``.json`` JSON, else grid text."""
     suffix = Path(path).suffix.lower()
     return {".csv": "csv", ".json": "json"}.get(suffix, "grid")
 
 
 def dumps(schedule: Schedule, fmt: str = "grid") -> str:
+    """A schedule as text in ``fmt`` (grid, csv or json)."""
     if fmt == "grid":
         return grid.dumps(schedule)
     if fmt == "csv":
@@ -30,6 +32,7 @@ def dumps(schedule: Schedule, fmt: str = "grid") -> str:
 
 
 def loads(text: str, fmt: str = "grid", *, source: str = "<text>") -> Schedule:
+    """Parse schedule text in ``fmt``; errors name ``source`` with line and column."""
     if fmt == "grid":
         return grid.loads(text, source=source)
     if fmt == "csv":
@@ -46,6 +49,8 @@ def load_schedule(path: str | os.PathLike[str], *, fmt: str | None = None) -> Sc
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike[str], *, fmt: str | None = None) -> Path:
+    """Write a schedule file atomically; the format follows the extension unless ``fmt`` is
+    given (PyTorch's CSV cannot hold replicated stages and raises PipeschedError)."""
     return write_atomic(path, dumps(schedule, fmt or format_for(path)))
 
 
