@@ -24,11 +24,10 @@ from pipesched.slot_table import slot_table, table_metrics
 from pipesched.timeline import MemoryTrace, Timeline, TransferTable
 from pipesched.validate import Violation, validate
 
-# Imported on first use: they pull in numba (the simulator) or the model package.
+# Imported on first use: they pull in numba (the simulator) or the model package. The
+# simulator and the comparison live in the subpackages of the same name:
+# ``from pipesched.simulate import simulate, Network``; ``from pipesched.compare import compare``.
 _LAZY = {
-    "simulate": "pipesched.simulate",
-    "Network": "pipesched.simulate",
-    "compare": "pipesched.compare",
     "summarize": "pipesched.metrics",
     "Cluster": "pipesched.model.hardware",
     "DeviceSpec": "pipesched.model.hardware",
@@ -40,11 +39,9 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
-    from pipesched.compare import compare
     from pipesched.metrics import summarize
     from pipesched.model import TrainingSettings, build_stage_costs, load_cluster, load_model
     from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
-    from pipesched.simulate import Network, simulate
 
 
 def __getattr__(name: str) -> object:
@@ -60,7 +57,6 @@ __all__ = [
     "FormulaEstimate",
     "LinkSpec",
     "MemoryTrace",
-    "Network",
     "Op",
     "OpKind",
     "PipeschedError",
@@ -73,14 +69,12 @@ __all__ = [
     "TransferTable",
     "Violation",
     "build_stage_costs",
-    "compare",
     "formula",
     "generate",
     "load_cluster",
     "load_model",
     "load_schedule",
     "save_schedule",
-    "simulate",
     "slot_table",
     "summarize",
     "table_metrics",

@@ -1,0 +1,26 @@
+"""The examples in examples/ run and print what they promise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_quickstart_runs() -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "quickstart.py")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["1f1b", "zb-v"]
+    assert all("simulated" in line and "GiB" in line for line in lines)
+
+
+def test_example_cluster_files_load() -> None:
+    from pipesched.model import load_cluster
+
+    clusters = list(EXAMPLES.glob("cluster_*.yaml"))
+    assert clusters
+    for path in clusters:
+        assert load_cluster(str(path)).num_devices >= 2
