@@ -14,7 +14,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pipesched.cli.options import split_names
-from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.cli.simulate import (
     Bandwidth,
     ClusterName,
@@ -29,6 +28,7 @@ from pipesched.cli.simulate import (
     TensorParallel,
     build_setup,
 )
+from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.compare import LEVELS, Comparison, compare
 from pipesched.errors import PipeschedError
 from pipesched.simulate.setup import DEFAULT_SCENARIO
