@@ -51,9 +51,9 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "FAMILIES",
     "Cluster",
     "DeviceSpec",
-    "FAMILIES",
     "FormulaEstimate",
     "LinkSpec",
     "MemoryTrace",
