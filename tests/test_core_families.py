@@ -59,3 +59,10 @@ def test_fixed_chunk_families_reject_v() -> None:
 def test_every_family_documents_itself() -> None:
     for family in FAMILIES.values():
         assert family.summary and family.constraints
+
+
+def test_huge_sizes_are_refused_before_any_work(cli) -> None:
+    result = cli("show", "1f1b", "-p", "100000", "-m", "100000")
+    assert result.code == 2 and "size=p100000 x m100000" in result.err and result.out == ""
+    with pytest.raises(PipeschedError, match="lower p, m or v"):
+        generate("zb-v", 4096, 4096)

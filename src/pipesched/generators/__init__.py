@@ -59,6 +59,7 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, **options: obje
     64
     """
     family = get_family(name)
+    _check_size(p, m, family.resolve_v(v))
     unknown = sorted(set(options) - set(family.options))
     if unknown:
         raise PipeschedError(
@@ -68,6 +69,20 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, **options: obje
     if family.chunks is None:
         return family.build(p, m, v=chunks, **options)
     return family.build(p, m, **options)
+
+
+# Largest table generate() builds: 2^23 ops, ten times ZB-V at p=128, m=1024 (786k ops),
+# about 1 GiB of op tuples; larger sizes are almost surely a typo.
+MAX_OPS = 2**23
+
+
+def _check_size(p: int, m: int, v: int) -> None:
+    ops = 3 * max(p, 1) * max(v, 1) * max(m, 1)  # upper bound: F, I, W per stage-microbatch
+    if ops > MAX_OPS:
+        raise PipeschedError(
+            f"size=p{p} x m{m} x v{v}: about {ops:,} ops, over the {MAX_OPS:,} this tool builds; "
+            "lower p, m or v"
+        )
 
 
 def formula(name: str, p: int, m: int, *, v: int | None = None, costs: SlotCosts | None = None) -> FormulaEstimate:
