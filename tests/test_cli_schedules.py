@@ -5,18 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from cli_helpers import assert_one_line_error
 from pipesched import io
 from pipesched.generators import generate
-
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.code == 2, result
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1, result.err
-    assert lines[0].startswith("pipesched: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0]
-    assert "Traceback" not in result.err
 
 
 def test_list_shows_every_family(cli) -> None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from test_cli_schedules import assert_one_line_error
+from cli_helpers import assert_one_line_error
 
 
 def test_show_writes_every_view(cli, tmp_path) -> None:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from cli_helpers import assert_one_line_error
 from pipesched.compare import LEVELS, compare
 from pipesched.costs import StageCosts
 from pipesched.generators import FAMILIES
@@ -13,14 +14,6 @@ from pipesched.simulate.setup import SimulationSetup
 
 FAST = SimulationSetup.from_costs(StageCosts.uniform(4, output_bytes=1.0))
 
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.code == 2, result
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1, result.err
-    assert lines[0].startswith("pipesched: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def test_formula_and_table_levels_in_1f1b_stage_slots() -> None:

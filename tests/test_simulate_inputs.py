@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from cli_helpers import assert_one_line_error
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.io.stage_costs import dumps_stage_costs, load_stage_costs, parse_stage_costs
@@ -20,15 +21,6 @@ HEADER = "stage,forward,backward_input,backward_weight,activation_bytes,output_b
 def costs_text(rows: list[str], header: str = HEADER) -> str:
     return "\n".join([header, *rows]) + "\n"
 
-
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.code == 2, result
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1, result.err
-    assert lines[0].startswith("pipesched: error: ")
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    assert "Traceback" not in result.err
 
 
 # --- stage-cost files -----------------------------------------------------------------------
