@@ -68,7 +68,8 @@ def main() -> None:
           f"{len(os.sched_getaffinity(0))} cores, load average {os.getloadavg()[0]:.2f}")
     link = profile_link(backend="gloo")
     runtimes = {choose_runtime(s, args.runtime) for s in _buildable(names, args.p, max(int(m) for m in args.ms.split(",")))}
-    overhead = {r: profile_overhead(runtime=r) for r in sorted(runtimes)}
+    overhead = {r: profile_overhead(runtime=r, model=model, micro_batch_size=args.micro_batch_size,
+                                    seq_len=args.seq_len) for r in sorted(runtimes)}
     print(f"link: latency {link.latency * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; per-op overhead "
           + ", ".join(f"{r} {s * 1e6:.0f} us" for r, s in overhead.items()))
     print(f"{'m':>3} {'schedule':18} {'runtime':8} {'predicted ms':>13} {'measured ms':>12} {'error':>8} {'cpu share':>10}")
@@ -85,7 +86,8 @@ def main() -> None:
             print(f"{m:>3} {row.schedule.name:18} {row.run.runtime:8} {row.predicted_s * 1e3:13.1f} "
                   f"{row.measured_s * 1e3:12.1f} {row.error:+8.1%} {share:10.3f}")
         agrees = "yes" if report.ranking_agrees else "no"
-        print(f"    m={m}: median |error| {report.median_abs_error:.1%}, ranking agrees: {agrees}")
+        print(f"    m={m}: median |error| {report.median_abs_error:.1%}, ranking agrees: {agrees}, "
+              f"Kendall's tau {report.rank_correlation:+.2f}")
     print(f"median |error| over {len(errors)} runs: {statistics.median(errors):.1%} "
           f"(max {max(errors):.1%}); over the {len(clean)} runs with cpu share >= 0.97: "
           + (f"{statistics.median(clean):.1%}" if clean else "none"))

@@ -3,6 +3,7 @@ check (simulate, run, compare) on the tiny model."""
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import importlib
 import json
@@ -36,7 +37,8 @@ MODEL = load_model("tiny")
 OPTIONS = ProfileOptions(micro_batch_size=2, seq_len=16, warmup=1, repeats=3)
 
 
-@pytest.mark.parametrize("name", ["pipesched.runtime", "pipesched.runtime.comm_plan", "pipesched.runtime.profile"])
+@pytest.mark.parametrize("name", ["pipesched.runtime", "pipesched.runtime.comm_plan", "pipesched.runtime.profile",
+                                  "pipesched.runtime.check"])
 def test_doctests(name):
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
@@ -89,7 +91,8 @@ def test_layer_csv_loads_as_a_measured_model(layers):
 
 def test_profile_stages_follows_the_partition():
     partition = uniform(MODEL.layer_kinds, 2)
-    costs = profile_stages(MODEL, [partition], OPTIONS)[0]
+    # two ranks time the stages at once, as busy as the cores of a 2-rank run
+    costs = profile_stages(MODEL, [partition], dataclasses.replace(OPTIONS, ranks=2))[0]
     assert costs.num_stages == 2
     # stage 0 holds the embedding: I does nothing there, W runs the whole backward
     assert costs.backward_input[0] < 0.2 * costs.backward_weight[0]
@@ -99,6 +102,30 @@ def test_profile_stages_follows_the_partition():
     read = parse_stage_costs(text, num_stages=2)
     assert read.forward[1] == pytest.approx(costs.forward[1] + 1e-4, rel=1e-6)
     assert read.full_backward(0) == pytest.approx(costs.backward[0] + 1e-4, rel=1e-6)
+
+
+def test_profile_phase_of_a_run_times_every_stage_copy():
+    from pipesched.runtime.runs import RunOptions, run_schedules
+
+    options = RunOptions(seq_len=16, steps=2, warmup=1, profile_repeats=3)
+    chimera, one_f_one_b = run_schedules([generate("chimera", 2, 2), generate("1f1b", 2, 2)], MODEL, options=options)
+    # Chimera keeps every stage on both ranks: two timings per stage
+    assert sorted(chimera.stage_timings) == [0, 1]
+    assert [len(t) for t in chimera.stage_timings.values()] == [2, 2]
+    assert [len(t) for t in one_f_one_b.stage_timings.values()] == [1, 1]
+    first = one_f_one_b.stage_timings[0][0]
+    assert first.backward_input < first.backward_weight  # I does nothing on stage 0
+    assert run_schedules([generate("1f1b", 2, 2)], MODEL, options=RunOptions(seq_len=16, steps=1))[0].stage_timings is None
+
+
+def test_profile_command_writes_stage_costs(cli, tmp_path):
+    target = tmp_path / "stages.csv"
+    result = cli("profile", "--model", "tiny", "-s", "16", "--repeats", "2", "--warmup", "1", "--no-link",
+                 "-p", "2", "-v", "2", "-o", str(target))
+    assert result.code == 0, result.err
+    assert "(3|2|2|3)" in result.out and "per-op overhead of the ours runtime" in result.out
+    costs = parse_stage_costs(target.read_text(), num_stages=4)
+    assert costs.backward is not None and all(f > 0 for f in costs.forward)
 
 
 def test_fit_link_separates_latency_from_bandwidth():
@@ -142,6 +169,7 @@ def test_check_command_compares_prediction_and_run(cli):
         assert row["error"] == pytest.approx((row["predicted_s"] - row["measured_s"]) / row["measured_s"])
     assert data["median_abs_error"] == pytest.approx(statistics.median(abs(r["error"]) for r in data["rows"]))
     assert sorted(data["predicted_order"]) == sorted(data["measured_order"]) == ["gpipe", "zb-h1"]
+    assert data["rank_correlation"] == (1.0 if data["ranking_agrees"] else -1.0)
     assert data["latency_s"] > 0 and set(data["per_op_overhead_s"]) == {"pytorch"}
 
 

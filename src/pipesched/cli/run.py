@@ -141,6 +141,7 @@ def profile_command(
     dtype: DtypeOption = "float32",
     repeats: Annotated[int, typer.Option("--repeats", help="timed repeats per op (median kept)")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed repeats first")] = 3,
+    ranks: Annotated[int, typer.Option("--ranks", help="ranks timing at once, each on its own core or GPU (load the machine as a run with that many ranks does)")] = 1,
     p: Annotated[int | None, typer.Option("-p", help="write per-stage costs for p ranks")] = None,
     v: Annotated[int, typer.Option("-v", help="stages per rank, with -p")] = 1,
     partition: Annotated[str | None, typer.Option("--partition", help="layers per stage like 3|4|3, with -p (default: uniform)")] = None,
@@ -169,7 +170,7 @@ def profile_command(
     require(runtime in ("ours", "pytorch"), "runtime", runtime, "must be ours or pytorch")
     spec = load_model(model)
     options = ProfileOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, device=device,
-                             repeats=repeats, warmup=warmup)
+                             repeats=repeats, warmup=warmup, ranks=ranks)
     backend = options.backend
     summary: dict[str, object] = {"model": spec.name, "device": device, "output": str(target)}
     if p is None:
@@ -182,7 +183,8 @@ def profile_command(
         require(p >= 1 and v >= 1, "p", p, "-p and -v must be at least 1")
         chosen = stage_partition(spec, p * v, _parse_partition(partition) if partition else None)
         costs = profile_stages(spec, [chosen], options)[0]
-        overhead = profile_overhead(runtime=runtime, backend=backend)
+        overhead = profile_overhead(runtime=runtime, backend=backend, model=spec, micro_batch_size=micro_batch_size,
+                                    seq_len=seq_len, dtype=dtype)
         costs = add_op_overhead(costs, overhead)
         text = stage_costs_csv(costs)
         summary.update(partition=str(chosen), per_op_overhead_s=overhead)
@@ -246,6 +248,7 @@ def check_command(
                       "measured_s": row.measured_s, "error": row.error, "step_times_s": list(row.run.step_times)}
                      for row in report.rows],
             "median_abs_error": report.median_abs_error, "ranking_agrees": report.ranking_agrees,
+            "rank_correlation": report.rank_correlation,
             "predicted_order": list(report.predicted_order), "measured_order": list(report.measured_order),
             "latency_s": report.link.latency, "bandwidth_bytes_per_s": report.link.bandwidth,
             "per_op_overhead_s": report.overhead_s,
@@ -260,7 +263,8 @@ def check_command(
         table.add_row(row.schedule.name, row.run.runtime, _ms(row.predicted_s), _ms(row.measured_s), f"{row.error:+.1%}")
     console.print(table)
     agrees = "yes" if report.ranking_agrees else "no"
-    console.print(f"median |error| {report.median_abs_error:.1%}; ranking agrees: {agrees} "
+    console.print(f"median |error| {report.median_abs_error:.1%}; ranking agrees: {agrees}, "
+                  f"Kendall's tau {report.rank_correlation:+.2f} "
                   f"(predicted {' < '.join(report.predicted_order)}; measured {' < '.join(report.measured_order)})")
     overheads = ", ".join(f"{name} {seconds * 1e6:.0f} us" for name, seconds in report.overhead_s.items())
     console.print(f"link {report.link.latency * 1e6:.0f} us, {report.link.bandwidth / 1e9:.2f} GB/s; "

@@ -56,7 +56,7 @@ class _StepState:
     produced: dict[Message, object] = field(default_factory=dict)
     pending: dict[Message, tuple[object, object]] = field(default_factory=dict)  # (work, buffer)
     sends: list[tuple[object, object]] = field(default_factory=list)
-    reduces: list[tuple[int, int, object, object, int]] = field(default_factory=list)
+    reduces: list[tuple[int, int, list, tuple, int]] = field(default_factory=list)  # replica gradient exchanges
     losses: dict[int, object] = field(default_factory=dict)
 
 
@@ -97,6 +97,13 @@ class Executor:
         self.reduce_after = {op: stage for stage, op in last_backward.items()}
         self.partner = {s: (b if a == setup.rank else a) for s, (a, b) in replicated.items()
                         if setup.rank in (a, b)}
+        # a replicated stage keeps its gradients in one flat buffer (the parameters' .grad are
+        # views into it), sent as it is; ``theirs`` receives the other replica's
+        self.flat_grads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for stage in self.partner:
+            params = list(setup.modules[self._replica_here(stage)].parameters())
+            flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
+            self.flat_grads[stage] = (flat, torch.empty_like(flat))
 
     # --- one step ---------------------------------------------------------------------------
     def step(self, step_index: int) -> tuple[RankStep, dict[int, float]]:
@@ -104,6 +111,12 @@ class Executor:
         setup = self.setup
         for module in setup.modules.values():
             module.zero_grad(set_to_none=True)
+        for stage, (flat, _) in self.flat_grads.items():
+            flat.zero_()
+            offset = 0
+            for param in setup.modules[self._replica_here(stage)].parameters():
+                param.grad = flat[offset:offset + param.numel()].view_as(param)
+                offset += param.numel()
         setup.recorder.start_step()
         state = _StepState()
         compute_index = 0
@@ -196,15 +209,16 @@ class Executor:
             self._post_reduce(stage, state)
 
     def _post_reduce(self, stage: int, state: _StepState) -> None:
-        module = self.setup.modules[self._replica_here(stage)]
-        flat = torch.cat([
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in module.parameters()
-        ])
+        flat, theirs = self.flat_grads[stage]
         posted = self.setup.recorder.now()
-        # one process group per replicated stage: the two ranks reduce each stage in its own group,
-        # so the order in which a rank finishes its stages does not matter
-        work = dist.all_reduce(flat, group=self.setup.reduce_groups[stage], async_op=True)
-        state.reduces.append((stage, self.partner[stage], work, flat, posted))
+        # a two-rank all-reduce as an exchange: each rank sends its gradients and adds the
+        # other's (a + b == b + a, so both end with the same bits). One process group per
+        # replicated stage: the order in which a rank finishes its stages does not matter.
+        # (gloo's all_reduce on CPU ranks moves the same bytes, but several times slower.)
+        partner, group = self.partner[stage], self.setup.reduce_groups[stage]
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, flat, partner, group),
+                                        dist.P2POp(dist.irecv, theirs, partner, group)])
+        state.reduces.append((stage, partner, works, (flat, theirs), posted))
 
     def _replica_here(self, stage: int) -> tuple[int, int]:
         return next(key for key in self.setup.modules if key[0] == stage)
@@ -215,14 +229,11 @@ class Executor:
         for stage in sorted(set(self.partner) - posted_stages):
             self._post_reduce(stage, state)
         record = self.setup.recorder.step
-        for stage, partner, work, flat, posted in state.reduces:
-            work.wait()
+        for stage, partner, works, (flat, theirs), posted in state.reduces:
+            for work in works:
+                work.wait()
+            flat += theirs  # the parameters' .grad are views: they now hold the sum
             finished = self.setup.recorder.now()
-            offset = 0
-            for param in self.setup.modules[self._replica_here(stage)].parameters():
-                size = param.numel()
-                param.grad = flat[offset:offset + size].view_as(param).clone()
-                offset += size
             record.reduces.append((stage, partner, posted, finished))
             record.reduce_bytes.append(float(flat.numel() * flat.element_size()))
 

@@ -16,7 +16,7 @@ from pipesched.model.spec import ModelSpec
 from pipesched.runtime.profile import ProfileTask, StageTiming
 from pipesched.runtime.stage_ops import backward_full, backward_input, backward_weight, forward
 from pipesched.runtime.torch_import import require_torch
-from pipesched.runtime.torch_model import build_stage, make_batch, torch_dtype
+from pipesched.runtime.torch_model import StageModule, build_stage, make_batch, torch_dtype
 
 torch = require_torch()
 
@@ -50,64 +50,94 @@ def time_stage(model: ModelSpec, layers: range, *, micro_batch_size: int, seq_le
                device: str, warmup: int, repeats: int, seed: int = 0) -> StageTiming:
     """Time F, I, W and B of the stage holding ``layers`` (model order indices)."""
     torch_device = torch.device(device)
-    kind = torch_dtype(dtype)
-    module = build_stage(model, layers, seed=seed, dtype=kind, device=torch_device)
-    first = layers.start == 0
-    last = layers.stop == model.num_cost_layers
+    module = build_stage(model, layers, seed=seed, dtype=torch_dtype(dtype), device=torch_device)
     batch = make_batch(model, microbatches=1, micro_batch_size=micro_batch_size, seq_len=seq_len,
                        seed=seed, device=torch_device)
-    targets = batch.targets[0] if last else None
-    hidden = (micro_batch_size, seq_len, model.hidden_size)
-    generator = torch.Generator(device=torch_device).manual_seed(seed)
-    x_data = batch.tokens[0] if first else torch.randn(hidden, generator=generator, device=torch_device).to(kind)
-    grad = None if last else torch.randn(hidden, generator=generator, device=torch_device).to(kind)
-    now = _clock(torch_device)
-    samples: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
+    timer = StageTimer(module, first=layers.start == 0, last=layers.stop == model.num_cost_layers,
+                       tokens=batch.tokens[0], targets=batch.targets[0],
+                       hidden_shape=(micro_batch_size, seq_len, model.hidden_size), seed=seed)
+    timer.sample(warmup, record=False)
+    timer.sample(repeats)
+    return timer.timing()
 
-    def stage_input() -> torch.Tensor:
-        return x_data if first else x_data.detach().clone().requires_grad_(True)
 
-    def timed(name: str, call: Callable[[], object], record: bool) -> object:
-        begun = now()
+class StageTimer:
+    """Times F, I, W and B of a built stage on one microbatch, in rounds that may be spread
+    over time (``sample``); ``timing`` gives the medians of every round so far.
+
+    ``tokens`` feed a first stage and ``targets`` a last one; other inputs and output
+    gradients are random. B and W add to existing weight gradients, as every backward of a
+    run's step but the first does: autograd then reads and writes each gradient once more
+    than when it can hand its result over (milliseconds for a large stage). The rounds
+    leave the module's gradients set: zero them before using the module for anything else.
+    """
+
+    def __init__(self, module: StageModule, *, first: bool, last: bool, tokens: torch.Tensor,
+                 targets: torch.Tensor, hidden_shape: tuple[int, ...], seed: int = 0) -> None:
+        param = next(module.parameters())
+        device, kind = param.device, param.dtype
+        self.module, self.first = module, first
+        self.targets = targets if last else None
+        generator = torch.Generator(device=device).manual_seed(seed)
+        self.x_data = tokens if first else torch.randn(hidden_shape, generator=generator, device=device).to(kind)
+        self.grad = None if last else torch.randn(hidden_shape, generator=generator, device=device).to(kind)
+        self.now = _clock(device)
+        self.samples: dict[str, list[float]] = {"F": [], "I": [], "W": [], "B": []}
+        # sizes, from untimed forwards
+        with torch.no_grad():
+            output = module(self._input())
+        self.output_bytes = 0.0 if last else float(output.numel() * output.element_size())
+        _, self.activation_bytes = _saved_bytes(module, lambda: self._forward(self._input()))
+
+    def _input(self) -> torch.Tensor:
+        return self.x_data if self.first else self.x_data.detach().clone().requires_grad_(True)
+
+    def _forward(self, x: torch.Tensor):
+        return forward(self.module, x, targets=self.targets, loss_scale=1.0)
+
+    def _timed(self, name: str, call: Callable[[], object], record: bool) -> object:
+        begun = self.now()
         result = call()
         if record:
-            samples[name].append((now() - begun) * 1e-9)
+            self.samples[name].append((self.now() - begun) * 1e-9)
         return result
 
-    # sizes, from one untimed forward
-    with torch.no_grad():
-        output = module(stage_input())
-    output_bytes = 0.0 if last else float(output.numel() * output.element_size())
-    _, activation = _saved_bytes(module, lambda: forward(module, stage_input(), targets=targets, loss_scale=1.0))
-    for repeat in range(warmup + repeats):
-        record = repeat >= warmup
-        module.zero_grad(set_to_none=True)
-        # split backward: F, I, W
-        x = stage_input()
-        state = timed("F", lambda x=x: forward(module, x, targets=targets, loss_scale=1.0), record)
-        timed("I", lambda state=state: backward_input(module, state, grad, first=first), record)
-        timed("W", lambda state=state: backward_weight(module, state, first=first), record)
-        # full backward: F again (untimed), then B
-        state = forward(module, stage_input(), targets=targets, loss_scale=1.0)
-        timed("B", lambda state=state: backward_full(state, grad), record)
-    return StageTiming(
-        forward=statistics.median(samples["F"]),
-        backward_input=statistics.median(samples["I"]),
-        backward_weight=statistics.median(samples["W"]),
-        backward=statistics.median(samples["B"]),
-        activation_bytes=activation,
-        output_bytes=output_bytes,
-        params=sum(p.numel() for p in module.parameters()),
-    )
+    def sample(self, rounds: int, *, record: bool = True) -> None:
+        """Run ``rounds`` rounds of F, I (split backward), F (untimed) and B, then the first
+        F's W: W runs after other work, as zero-bubble schedules defer it."""
+        module, first, grad = self.module, self.first, self.grad
+        for _ in range(rounds):
+            for param in module.parameters():
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+            x = self._input()
+            split = self._timed("F", lambda x=x: self._forward(x), record)
+            self._timed("I", lambda state=split: backward_input(module, state, grad, first=first), record)
+            full = self._forward(self._input())
+            self._timed("B", lambda state=full: backward_full(state, grad), record)
+            self._timed("W", lambda state=split: backward_weight(module, state, first=first), record)
+
+    def timing(self) -> StageTiming:
+        return StageTiming(
+            forward=statistics.median(self.samples["F"]),
+            backward_input=statistics.median(self.samples["I"]),
+            backward_weight=statistics.median(self.samples["W"]),
+            backward=statistics.median(self.samples["B"]),
+            activation_bytes=self.activation_bytes,
+            output_bytes=self.output_bytes,
+            params=sum(p.numel() for p in self.module.parameters()),
+        )
 
 
-def time_ranges(task: ProfileTask) -> list[StageTiming]:
-    """Time every run of layers of the task, in order."""
+def time_ranges(task: ProfileTask, *, rank: int = 0, sync: Callable[[], None] = lambda: None) -> list[StageTiming]:
+    """Time every run of layers of the task, in order; ``sync`` is called before each, so
+    ranks profiling together time the same layers at the same time."""
     options = task.options
-    device = "cuda:0" if options.device == "cuda" else "cpu"
-    return [
-        time_stage(task.model, range(start, stop), micro_batch_size=options.micro_batch_size,
-                   seq_len=options.seq_len, dtype=options.dtype, device=device, warmup=options.warmup,
-                   repeats=options.repeats, seed=options.seed)
-        for start, stop in task.ranges
-    ]
+    device = f"cuda:{rank}" if options.device == "cuda" else "cpu"
+    timings = []
+    for start, stop in task.ranges:
+        sync()
+        timings.append(time_stage(task.model, range(start, stop), micro_batch_size=options.micro_batch_size,
+                                  seq_len=options.seq_len, dtype=options.dtype, device=device,
+                                  warmup=options.warmup, repeats=options.repeats, seed=options.seed))
+    return timings

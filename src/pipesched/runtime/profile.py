@@ -12,10 +12,15 @@ pinned to a core, on the same backend), never inside the run being predicted:
   and the last stage's loss come out as in a run. Stages with the same layer kinds and
   count are timed once.
 - ``profile_overhead``: the runtime's fixed cost per op, outside the op's compute (posting
-  sends and receives, bookkeeping), from a 2-rank run of a model too small to matter: the
-  median gap between consecutive ops of a rank that did not wait for data.
-- ``profile_link``: ping-pong between two ranks; latency is the one-way time of the smallest
-  message, bandwidth the least-squares slope over the larger ones.
+  sends and receives, bookkeeping), from a 2-rank run of a probe model with almost no
+  compute but the run's boundary tensors: the median gap between consecutive ops of a
+  rank, less any wait for data.
+- ``profile_link``: two ranks exchange messages, both directions at once (a pipeline's
+  activations and gradients cross in its steady state; replicas trade gradients);
+  latency is the time of the smallest message, bandwidth the least-squares slope over the
+  larger ones. Each size keeps its fastest exchange: an idle rank waiting in a blocking
+  receive can take milliseconds to wake up (idle virtual CPUs do), while in a run the
+  receiver is busy computing when its data arrives.
 
 The simulator reads the stage-cost CSV (``pipesched simulate --stage-costs FILE --latency S
 --bandwidth B``); ``link_yaml`` writes the link figures beside the cost file.
@@ -35,7 +40,7 @@ import numpy as np
 import yaml
 
 from pipesched.costs import StageCosts
-from pipesched.errors import require
+from pipesched.errors import PipeschedError, require
 from pipesched.model.loading import LAYER_COLUMNS
 from pipesched.model.spec import LayerCost, ModelSpec
 from pipesched.partition import Partition
@@ -43,11 +48,23 @@ from pipesched.runtime.launch import LaunchSpec, launch
 
 PROFILE_DEVICES = ("cpu", "cuda")
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}  # bytes per element of each runtime dtype
-# message sizes of the ping-pong, bytes: the smallest gives latency, the rest bandwidth
-LINK_SIZES = (8, 65536, 262144, 1048576, 4194304)
-# the overhead probe: a model whose ops take well under a millisecond
-PROBE_MODEL = ModelSpec(name="overhead-probe", num_layers=2, hidden_size=8, num_heads=1, num_kv_heads=1,
-                        ffn_hidden_size=8, vocab_size=8)
+# message sizes of the link measurement, bytes: the smallest gives latency, the rest bandwidth (up
+# to the size of a stage's gradients, which replicated stages exchange)
+LINK_SIZES = (8, 262144, 1048576, 4194304, 16777216)
+
+
+def probe_model(model: ModelSpec | None = None) -> ModelSpec:
+    """The overhead probe: a model with almost no compute, whose stage boundaries carry the
+    same hidden states as ``model``'s (the runtime's per-op cost grows with what it sends).
+
+    >>> probe_model().hidden_size
+    8
+    """
+    if model is None:
+        return ModelSpec(name="overhead-probe", num_layers=2, hidden_size=8, num_heads=1, num_kv_heads=1,
+                         ffn_hidden_size=8, vocab_size=8)
+    return ModelSpec(name="overhead-probe", num_layers=2, hidden_size=model.hidden_size, num_heads=model.num_heads,
+                     num_kv_heads=model.num_kv_heads, ffn_hidden_size=8, vocab_size=8, head_dim=model.head_dim)
 
 
 @dataclass(frozen=True)
@@ -62,11 +79,15 @@ class ProfileOptions:
     repeats: int = 10  # timed repeats; the median is kept
     seed: int = 0
     threads: int = 1  # torch threads (as in a run)
+    # ranks timing the same ops at the same time, each on its own core (or GPU): the machine
+    # is then as busy as during a run with that many ranks (cores that share a physical core
+    # or memory bandwidth slow each other down)
+    ranks: int = 1
     timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
         require(self.device in PROFILE_DEVICES, "device", self.device, "must be cpu or cuda")
-        for name in ("micro_batch_size", "seq_len", "repeats", "threads"):
+        for name in ("micro_batch_size", "seq_len", "repeats", "threads", "ranks"):
             require(getattr(self, name) >= 1, name, getattr(self, name), "must be at least 1")
         require(self.warmup >= 0, "warmup", self.warmup, "must be >= 0")
 
@@ -105,14 +126,31 @@ class LinkProfile:
     latency: float  # seconds, one-way time of the smallest message
     bandwidth: float  # bytes/s
     sizes: tuple[int, ...]  # bytes
-    one_way_s: tuple[float, ...]  # median one-way time of each size, seconds
+    one_way_s: tuple[float, ...]  # fastest exchange of each size (both directions at once), seconds
 
 
 def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: ProfileOptions) -> list[StageTiming]:
-    spec = LaunchSpec(handler="profile", task=ProfileTask(model, tuple(ranges), options), world_size=1,
+    """Every range timed by ``options.ranks`` ranks at once; each field is the median over
+    the ranks of their medians."""
+    from pipesched.runtime.runs import check_capacity
+
+    check_capacity(options.ranks, options.backend)
+    spec = LaunchSpec(handler="profile", task=ProfileTask(model, tuple(ranges), options), world_size=options.ranks,
                       backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
                       pin_cpus=options.device == "cpu")
-    return launch(spec, describe=["profile"])[0]
+    per_rank: list[list[StageTiming]] = launch(spec, describe=["profile"])
+    return [median_timing(timings) for timings in zip(*per_rank, strict=True)]
+
+
+def median_timing(timings: Sequence[StageTiming]) -> StageTiming:
+    """Field by field median of several timings of the same stage."""
+    def median(name: str) -> float:
+        return float(statistics.median(getattr(t, name) for t in timings))
+
+    first = timings[0]
+    return StageTiming(forward=median("forward"), backward_input=median("backward_input"),
+                       backward_weight=median("backward_weight"), backward=median("backward"),
+                       activation_bytes=first.activation_bytes, output_bytes=first.output_bytes, params=first.params)
 
 
 def _kind_key(model: ModelSpec, layers: range) -> tuple[str, ...]:
@@ -157,7 +195,7 @@ def profile_stages(model: ModelSpec, partitions: Sequence[Partition],
     result = []
     for partition in partitions:
         stages = [timings[_stage_key(model, partition.layers(s))] for s in range(partition.num_stages)]
-        result.append(_stage_costs(stages, ELEMENT_BYTES[options.dtype]))
+        result.append(stage_costs_from_timings(stages, dtype=options.dtype))
     return result
 
 
@@ -166,7 +204,10 @@ def _stage_key(model: ModelSpec, layers: range) -> tuple[object, ...]:
     return (layers.start == 0, layers.stop == model.num_cost_layers, *_kind_key(model, layers))
 
 
-def _stage_costs(stages: Sequence[StageTiming], element_bytes: int) -> StageCosts:
+def stage_costs_from_timings(stages: Sequence[StageTiming], *, dtype: str = "float32") -> StageCosts:
+    """StageCosts from one timing per stage (sizes in the runtime ``dtype``)."""
+    element_bytes = ELEMENT_BYTES[dtype]
+
     def column(name: str) -> tuple[float, ...]:
         return tuple(float(getattr(t, name)) for t in stages)
 
@@ -193,14 +234,20 @@ def add_op_overhead(costs: StageCosts, overhead_s: float) -> StageCosts:
                                backward_weight=plus(costs.backward_weight), backward=plus(costs.backward))
 
 
-def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", steps: int = 5,
+def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: ModelSpec | None = None,
+                     micro_batch_size: int = 1, seq_len: int = 4, dtype: str = "float32", steps: int = 5,
                      timeout_s: float = 300.0) -> float:
-    """The runtime's fixed cost per op outside its compute, seconds (see the module docstring)."""
+    """The runtime's fixed cost per op outside its compute, seconds (see the module docstring).
+
+    With ``model`` (and the run's micro-batch size, sequence length and dtype) the probe's
+    stage boundaries carry tensors of the run's size.
+    """
     from pipesched.generators import generate
     from pipesched.runtime.runs import RunOptions, run_schedules
 
-    options = RunOptions(micro_batch_size=1, seq_len=4, steps=steps, warmup=2, backend=backend, timeout_s=timeout_s)
-    result = run_schedules([generate("1f1b", 2, 8)], PROBE_MODEL, options=options, runtime=runtime)[0]
+    options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, steps=steps, warmup=2,
+                         backend=backend, timeout_s=timeout_s)
+    result = run_schedules([generate("1f1b", 2, 8)], probe_model(model), options=options, runtime=runtime)[0]
     gaps = []
     for timeline in result.timelines:
         waits = timeline.meta["op_wait_s"]
@@ -212,10 +259,16 @@ def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", steps: int
 
 
 def profile_link(*, backend: str = "gloo", repeats: int = 20, timeout_s: float = 300.0) -> LinkProfile:
-    """Latency and bandwidth between two ranks of this machine (ping-pong)."""
+    """Latency and bandwidth between two ranks of this machine (two-way exchanges)."""
+    from pipesched.runtime.runs import check_capacity
+
+    try:
+        check_capacity(2, backend)
+    except PipeschedError as exc:
+        raise PipeschedError(f"link: measuring it needs two ranks ({exc}); skip it (CLI: --no-link)") from None
     spec = LaunchSpec(handler="p2p", task={"sizes": LINK_SIZES, "repeats": repeats}, world_size=2,
                       backend=backend, timeout_s=timeout_s, pin_cpus=backend == "gloo")
-    measured = launch(spec, describe=["ping-pong"])[0]
+    measured = launch(spec, describe=["exchange"])[0]
     return fit_link(backend, measured["sizes"], measured["one_way_s"])
 
 
@@ -267,7 +320,7 @@ def link_yaml(link: LinkProfile, *, overhead_s: float | None = None) -> str:
         "backend": link.backend,
         "latency_s": link.latency,
         "bandwidth_bytes_per_s": link.bandwidth,
-        "ping_pong": {"sizes_bytes": list(link.sizes), "one_way_s": list(link.one_way_s)},
+        "exchange": {"sizes_bytes": list(link.sizes), "seconds": list(link.one_way_s)},
     }
     if overhead_s is not None:
         data["per_op_overhead_s"] = overhead_s

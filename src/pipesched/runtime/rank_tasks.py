@@ -1,17 +1,16 @@
-"""What a rank process does, by handler name: run pipeline jobs, or measure point-to-point
-latency and bandwidth. Runs inside ``pipesched.runtime.worker`` after the process group is up."""
+"""What a rank process does, by handler name: run pipeline jobs (with an optional profile
+phase), time layers in isolation, or measure the link between two ranks. Runs inside
+``pipesched.runtime.worker`` after the process group is up."""
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from pipesched.io import torch_csv
 from pipesched.runtime.executor import Executor, RankSetup, hosted_modules, replicated_stages
 from pipesched.runtime.launch import LaunchSpec, RankContext
 from pipesched.runtime.measure import HostRecorder
-from pipesched.runtime.runs import PipelineTask, RankJobResult, RunJob
+from pipesched.runtime.runs import PROFILE_WARMUP, PipelineTask, RankJobResult, RunJob, RunOptions
 from pipesched.runtime.torch_import import require_torch
 from pipesched.runtime.torch_model import build_stage, make_batch, torch_dtype
 
@@ -72,6 +71,8 @@ def _run_job(spec: LaunchSpec, context: RankContext, index: int, job: RunJob, de
         before_op=context.before_op(index),
         reduce_groups={stage: group for stage, group in reduce_groups.items() if rank in replicated[stage]},
     )
+    timers = _stage_timers(setup, options) if options.profile_repeats else {}
+    rounds = -(-options.profile_repeats // options.steps)  # profile rounds before each measured step
     if job.runtime == "pytorch":
         from pipesched.runtime.pytorch_runtime import PyTorchRunner
 
@@ -83,6 +84,8 @@ def _run_job(spec: LaunchSpec, context: RankContext, index: int, job: RunJob, de
     steps = []
     losses: dict[int, float] = {}
     for step in range(options.warmup + options.steps):
+        if timers and step >= options.warmup:
+            _profile_round(timers, rounds, control)
         dist.barrier(group=control)
         record, losses = runner.step(step)
         if step >= options.warmup:
@@ -97,12 +100,40 @@ def _run_job(spec: LaunchSpec, context: RankContext, index: int, job: RunJob, de
     dist.barrier(group=control)
     for group in reduce_groups.values():
         dist.destroy_process_group(group)
-    return RankJobResult(steps=steps, losses=losses, grads=grads)
+    profile = {key: timer.timing() for key, timer in timers.items()} if timers else None
+    return RankJobResult(steps=steps, losses=losses, grads=grads, profile=profile)
+
+
+def _stage_timers(setup: RankSetup, options: RunOptions) -> dict:
+    """A warmed-up timer for each stage copy on this rank (the profile phase's start)."""
+    from pipesched.runtime.layer_timing import StageTimer
+
+    last = setup.schedule.num_stages - 1
+    timers = {}
+    for (stage, replica), module in sorted(setup.modules.items()):
+        timer = StageTimer(module, first=stage == 0, last=stage == last, tokens=setup.batch.tokens[0],
+                           targets=setup.batch.targets[0], hidden_shape=setup.boundary_shape, seed=options.seed)
+        timer.sample(PROFILE_WARMUP, record=False)
+        module.zero_grad(set_to_none=True)
+        timers[(stage, replica)] = timer
+    return timers
+
+
+def _profile_round(timers: dict, rounds: int, control) -> None:
+    """Time this rank's stages in isolation between two measured steps, all ranks at once.
+    Every round is recorded: keeping only the rounds that fit some time window would favor
+    the fast ones."""
+    dist.barrier(group=control)
+    for timer in timers.values():
+        timer.sample(rounds)
+        timer.module.zero_grad(set_to_none=True)
 
 
 # --- point-to-point latency and bandwidth ---------------------------------------------------
 def run_p2p(spec: LaunchSpec, context: RankContext) -> dict:
-    """Ping-pong between ranks 0 and 1: median one-way time for each message size.
+    """Ranks 0 and 1 exchange a message of each size, both directions at once (as a
+    pipeline's activations and gradients cross in its steady state, and as replicas trade
+    gradients); the fastest exchange of each size is its one-way time.
 
     Returns {"sizes": bytes, "one_way_s": seconds} on rank 0 (empty elsewhere).
     """
@@ -112,31 +143,30 @@ def run_p2p(spec: LaunchSpec, context: RankContext) -> dict:
     peer = 1 - rank
     times = []
     for size in sizes:
-        buffer = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
+        mine = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
+        theirs = torch.empty_like(mine)
         samples = []
         for repeat in range(repeats + 2):
             dist.barrier()
             begun = time.perf_counter_ns()
-            if rank == 0:
-                dist.send(buffer, peer)
-                dist.recv(buffer, peer)
-            elif rank == 1:
-                dist.recv(buffer, peer)
-                dist.send(buffer, peer)
+            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)])
+            for work in works:
+                work.wait()
             if spec.backend == "nccl":
                 torch.cuda.synchronize()
-            if repeat >= 2:  # the first two round trips set up the connection
-                samples.append((time.perf_counter_ns() - begun) / 2e9)
-        times.append(float(np.median(samples)))
+            if repeat >= 2:  # the first two exchanges set up the connection
+                samples.append((time.perf_counter_ns() - begun) * 1e-9)
+        times.append(min(samples))
     return {"sizes": list(sizes), "one_way_s": times} if rank == 0 else {}
 
 
 # --- layer and stage timing ------------------------------------------------------------------
 def run_profile(spec: LaunchSpec, context: RankContext) -> list:
-    """Time runs of layers in isolation (a one-rank launch)."""
+    """Time runs of layers in isolation; with several ranks, all at the same time."""
     from pipesched.runtime.layer_timing import time_ranges
 
-    return time_ranges(spec.task)
+    _device(spec, context.rank)
+    return time_ranges(spec.task, rank=context.rank, sync=dist.barrier)
 
 
 HANDLERS = {"pipeline": run_pipeline, "p2p": run_p2p, "profile": run_profile}

@@ -21,6 +21,7 @@ from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition, uniform
 from pipesched.runtime.launch import Fault, LaunchSpec, launch
 from pipesched.runtime.measure import RankStep, measured_timeline, order_mismatch
+from pipesched.runtime.profile import StageTiming
 from pipesched.schedule import Schedule
 from pipesched.timeline import Timeline
 from pipesched.validate import validate
@@ -29,6 +30,7 @@ BACKENDS = ("gloo", "nccl")
 RUNTIMES = ("auto", "pytorch", "ours")
 RUNTIME_DTYPES = ("float32", "float64", "bfloat16")
 GLOO_RANKS_PER_CORE = 4  # most gloo ranks one CPU core may host
+PROFILE_WARMUP = 3  # untimed repeats before the profile phase's timed ones
 
 
 @dataclass(frozen=True)
@@ -46,11 +48,16 @@ class RunOptions:
     threads: int = 1  # torch threads per rank
     pin_cpus: bool = True  # pin rank r to core r when the machine has a core per rank
     collect_grads: bool = False  # return the gradients of the last step (tests)
+    # > 0: every rank also times the ops of its own stages in isolation, this many rounds (after
+    # PROFILE_WARMUP untimed ones), all ranks at once, spread between the measured steps so
+    # the profile sees the machine as the steps do; see RunResult.stage_timings
+    profile_repeats: int = 0
 
     def __post_init__(self) -> None:
         for name in ("micro_batch_size", "seq_len", "steps", "threads"):
             require(getattr(self, name) >= 1, name, getattr(self, name), "must be at least 1")
         require(self.warmup >= 0, "warmup", self.warmup, "must be >= 0")
+        require(self.profile_repeats >= 0, "profile_repeats", self.profile_repeats, "must be >= 0")
         require(self.dtype in RUNTIME_DTYPES, "dtype", self.dtype, f"must be one of {', '.join(RUNTIME_DTYPES)}")
         require(self.backend in BACKENDS, "backend", self.backend,
                 "must be gloo (CPU) or nccl (one GPU per rank)")
@@ -86,6 +93,7 @@ class RankJobResult:
     steps: list[RankStep]  # the measured steps
     losses: dict[int, float]  # microbatch -> loss, last step (ranks holding the last stage)
     grads: dict[str, np.ndarray] | None = None  # parameter -> gradient, last step
+    profile: dict[tuple[int, int], StageTiming] | None = None  # (stage, replica) -> its timing
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ class RunResult:
     timelines: tuple[Timeline, ...]  # every measured step
     losses: tuple[float, ...]  # per microbatch, last step
     grads: dict[str, np.ndarray] | None = field(default=None, compare=False)
+    # profile phase (RunOptions.profile_repeats): stage -> the timing of each of its copies
+    stage_timings: dict[int, tuple[StageTiming, ...]] | None = field(default=None, compare=False)
 
     @property
     def step_time(self) -> float:
@@ -221,10 +231,14 @@ def _assemble(job: RunJob, ranks: list[RankJobResult], options: RunOptions) -> R
     median_step = int(np.argsort(times, kind="stable")[(len(times) - 1) // 2])
     losses: dict[int, float] = {}
     grads: dict[str, np.ndarray] | None = {} if options.collect_grads else None
+    timings: dict[int, list[StageTiming]] | None = {} if options.profile_repeats else None
     for rank in ranks:
         losses.update(rank.losses)
         if grads is not None and rank.grads:
             grads.update(rank.grads)
+        if timings is not None and rank.profile:
+            for (stage, _), timing in sorted(rank.profile.items()):
+                timings.setdefault(stage, []).append(timing)
     return RunResult(
         schedule=schedule,
         runtime=job.runtime,
@@ -234,4 +248,5 @@ def _assemble(job: RunJob, ranks: list[RankJobResult], options: RunOptions) -> R
         timelines=timelines,
         losses=tuple(losses[mb] for mb in sorted(losses)),
         grads=grads,
+        stage_timings=None if timings is None else {stage: tuple(t) for stage, t in sorted(timings.items())},
     )
