@@ -3,6 +3,7 @@ moves for free, each device runs its table in order. Gives the classic grid pict
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,24 +47,25 @@ def slot_table(schedule: Schedule, costs: SlotCosts | None = None) -> Timeline:
     )
 
 
-def inflight_per_device(schedule: Schedule) -> list[int]:
-    """Peak stage-microbatches whose activations a device holds at once.
+def held_after_each_op(ops: Sequence[Op]) -> Iterator[tuple[Op, int]]:
+    """(op, stage-microbatches of activations held right after it) along one device's table.
 
     An F allocates its stage-microbatch's activations; the op that ends its backward frees
-    them (B, or W when the backward is split into I and W). Counted in table order, which
-    is time order on one device.
+    them (B, or W when the backward is split into I and W). Table order is time order on
+    one device.
     """
-    peaks = []
-    for ops in schedule.device_ops:
-        held = peak = 0
-        for op in ops:
-            if op.kind is F:
-                held += 1
-                peak = max(peak, held)
-            elif op.kind is B or op.kind is W:
-                held -= 1
-        peaks.append(peak)
-    return peaks
+    held = 0
+    for op in ops:
+        if op.kind is F:
+            held += 1
+        elif op.kind is B or op.kind is W:
+            held -= 1
+        yield op, held
+
+
+def inflight_per_device(schedule: Schedule) -> list[int]:
+    """Peak stage-microbatches whose activations each device holds at once."""
+    return [max((held for _, held in held_after_each_op(ops)), default=0) for ops in schedule.device_ops]
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pipesched.ops import B, F, I, Op, W
 from pipesched.ordering import walk
 from pipesched.schedule import Schedule
+from pipesched.slot_table import held_after_each_op
 
 # Violation kinds
 OUT_OF_RANGE = "out-of-range"
@@ -130,18 +131,13 @@ def _order(schedule: Schedule) -> list[Violation]:
 def _memory(schedule: Schedule, limit: int) -> list[Violation]:
     found = []
     for device, ops in enumerate(schedule.device_ops):
-        held = 0
-        for op in ops:
-            if op.kind is F:
-                held += 1
-                if held > limit:
-                    found.append(Violation(
-                        MEMORY,
-                        f"device {device} holds {held} stage-microbatches of activations at {op}; the limit is {limit}",
-                        (op,), device))
-                    break
-            elif op.kind is B or op.kind is W:
-                held -= 1
+        for op, held in held_after_each_op(ops):
+            if held > limit:
+                found.append(Violation(
+                    MEMORY,
+                    f"device {device} holds {held} stage-microbatches of activations at {op}; the limit is {limit}",
+                    (op,), device))
+                break
     return found
 
 

@@ -90,6 +90,12 @@ def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     )
 
 
+def looped_idle(p: int, m: int, v: int, c: SlotCosts) -> float:
+    """Idle of a looped (chunk s on device s mod p) schedule, in chunk-op slots: the fill and
+    drain (p-1)(F+B), plus (p-m)(F+B) at each of the v-1 chunk changes when m < p."""
+    return (p - 1) * (c.f + c.b) + (v - 1) * max(0, p - m) * (c.f + c.b)
+
+
 def interleaved_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
     """Slot costs are those of one chunk op (a stage of this schedule).
 
@@ -102,7 +108,7 @@ def interleaved_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate
     first_round = round_sizes(p, m)[0]
     peak = min((v - 1) * first_round + 2 * (p - 1) + 1, v * m)
     return FormulaEstimate(
-        idle=(p - 1) * (c.f + c.b) + (v - 1) * max(0, p - m) * (c.f + c.b),
+        idle=looped_idle(p, m, v, c),
         work=v * m * (c.f + c.b),
         peak_inflight=peak,
         activation_units=peak / v,

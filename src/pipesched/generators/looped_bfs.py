@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pipesched.errors import require
 from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.interleaved import looped_idle
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
@@ -44,7 +45,7 @@ def looped_bfs_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
     m < p each of the v-1 chunk changes also waits (p-m)(F+B) for the first microbatch to
     come round. Every device holds all v m chunk activations at the end of the forwards."""
     return FormulaEstimate(
-        idle=(p - 1) * (c.f + c.b) + (v - 1) * max(0, p - m) * (c.f + c.b),
+        idle=looped_idle(p, m, v, c),
         work=v * m * (c.f + c.b),
         peak_inflight=v * m,
         activation_units=m,

@@ -33,10 +33,9 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from pipesched.errors import PipeschedError, invalid, require
 from pipesched.io.files import read_text
+from pipesched.io.yaml_text import load_yaml
 from pipesched.model.devices import load_device
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
 from pipesched.model.units import parse_quantity
@@ -80,12 +79,7 @@ def load_cluster(name_or_path: str) -> Cluster:
 
 def parse_cluster(text: str, *, source: str = "cluster") -> Cluster:
     """Build a Cluster from the YAML text described in the module docstring."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PipeschedError(f"cluster={source}: not valid YAML{where}; fix the file") from None
+    data = load_yaml(text, field="cluster", source=source)
     require(isinstance(data, dict), "cluster", source, "must be a YAML mapping with nodes, intra_node, inter_node")
     _check_keys(data, _CLUSTER_KEYS, "cluster")
     for key in ("nodes", "intra_node", "inter_node"):

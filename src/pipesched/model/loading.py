@@ -43,10 +43,9 @@ from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 
-import yaml
-
 from pipesched.errors import PipeschedError, invalid, require
 from pipesched.io.files import read_text
+from pipesched.io.yaml_text import load_yaml
 from pipesched.model.devices import load_device
 from pipesched.model.presets import model_preset
 from pipesched.model.spec import EMBEDDING, LOSS, TRANSFORMER, LayerCost, ModelSpec
@@ -147,12 +146,7 @@ def parse_hf_config(config: Mapping, *, name: str = "config") -> ModelSpec:
 
 def parse_model_yaml(text: str, *, source: str = "model") -> ModelSpec:
     """A ModelSpec from a YAML shape or measured-layer file (see the module docstring)."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise PipeschedError(f"model={source}: not valid YAML{where}; fix the file") from None
+    data = load_yaml(text, field="model", source=source)
     require(isinstance(data, dict), "model", source, "must be a YAML mapping (a model shape or a layers list)")
     name = str(data.get("name", Path(source).stem))
     if "layers" in data:
