@@ -12,15 +12,18 @@ profile (taken on idle cores) cannot know about.
 
     python benchmarks/bench_accuracy.py                      # small model, p=2, m=4,8,16
     python benchmarks/bench_accuracy.py -p 4 --ms 8,16       # on a machine with >= 4 cores
+    python benchmarks/bench_accuracy.py -p 8 --layers 14     # p=8: 16 stages with two per rank
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
 
+from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, generate
 from pipesched.model import load_model
 from pipesched.runtime.check import check_schedules
@@ -45,6 +48,8 @@ def _buildable(names: list[str], p: int, m: int) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small")
+    parser.add_argument("--layers", type=int, help="transformer blocks (default: the model's); p=8 with two "
+                        "stages per rank needs at least 14 (16 stages, embedding and head included)")
     parser.add_argument("-b", "--micro-batch-size", type=int, default=2)
     parser.add_argument("-s", "--seq-len", type=int, default=128)
     parser.add_argument("-p", type=int, default=2)
@@ -54,9 +59,16 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--runtime", default="auto", choices=("auto", "pytorch", "ours"))
     parser.add_argument("--repeats", type=int, default=10, help="profile repeats per op")
+    parser.add_argument("--per-launch", type=int, default=0,
+                        help="families run per launch of the ranks, their rows printed as each launch ends "
+                             "(default 0: all in one launch)")
     args = parser.parse_args()
 
     model = load_model(args.model)
+    if args.layers is not None:
+        if args.layers < 1:
+            parser.error(f"--layers {args.layers}: must be at least 1")
+        model = dataclasses.replace(model, name=f"{model.name}-{args.layers}l", num_layers=args.layers)
     names = [n for n in args.families.split(",") if n]
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
@@ -76,15 +88,20 @@ def main() -> None:
     errors, clean = [], []
     for m in (int(x) for x in args.ms.split(",")):
         schedules = _buildable(names, args.p, m)
-        report = check_schedules(schedules, model, options=options, runtime=args.runtime, link=link,
-                                 overhead_s=overhead, repeats=args.repeats)
-        for row in report.rows:
-            share = cpu_share(row.run.timeline)
-            errors.append(abs(row.error))
-            if share >= 0.97:
-                clean.append(abs(row.error))
-            print(f"{m:>3} {row.schedule.name:18} {row.run.runtime:8} {row.predicted_s * 1e3:13.1f} "
-                  f"{row.measured_s * 1e3:12.1f} {row.error:+8.1%} {share:10.3f}")
+        size = args.per_launch if args.per_launch > 0 else len(schedules)
+        rows = []
+        for start in range(0, len(schedules), size):
+            part = check_schedules(schedules[start:start + size], model, options=options, runtime=args.runtime,
+                                   link=link, overhead_s=overhead, repeats=args.repeats)
+            for row in part.rows:
+                share = cpu_share(row.run.timeline)
+                errors.append(abs(row.error))
+                if share >= 0.97:
+                    clean.append(abs(row.error))
+                print(f"{m:>3} {row.schedule.name:18} {row.run.runtime:8} {row.predicted_s * 1e3:13.1f} "
+                      f"{row.measured_s * 1e3:12.1f} {row.error:+8.1%} {share:10.3f}", flush=True)
+            rows.extend(part.rows)
+        report = dataclasses.replace(part, rows=tuple(rows))
         agrees = "yes" if report.ranking_agrees else "no"
         print(f"    m={m}: median |error| {report.median_abs_error:.1%}, ranking agrees: {agrees}, "
               f"Kendall's tau {report.rank_correlation:+.2f}")
@@ -95,4 +112,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except PipeschedError as exc:
+        raise SystemExit(f"bench_accuracy: error: {exc}") from None

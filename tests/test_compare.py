@@ -126,3 +126,20 @@ def test_wide_records_put_levels_side_by_side() -> None:
     assert zb["table rank"] == 1 and zb["rank changes"] == "-"
     gpipe = next(row for row in rows if row["schedule"] == "gpipe")
     assert gpipe["table act."] == 8 and gpipe["formula act."] == 8
+
+
+def test_cli_compare_with_nothing_comparable_fails_and_writes_nothing(cli, tmp_path) -> None:
+    # measured layers already hold their tensor parallelism; the default scenario asks for 4
+    model = tmp_path / "measured.yaml"
+    model.write_text("name: m\nlayers:\n" + "".join(
+        f"  - {{name: {name}, forward_s: 0.01, backward_input_s: 0.01, backward_weight_s: 0.01, "
+        f"activation_bytes: 1000, params: 1000, output_bytes: 100}}\n"
+        for name in ("embedding", "block.0", "block.1", "block.2", "head")))
+    report = tmp_path / "report.html"
+    result = cli("compare", "--model", str(model), "-p", "2", "-m", "4", "--schedules", "1f1b,zb-h1",
+                 "--html", str(report))
+    assert_one_line_error(result, "no schedule could be compared: 1f1b (and 1 more schedules): sim:",
+                          "tensor_parallel=4")
+    assert not report.exists()
+    result = cli("compare", "--model", str(model), "-t", "1", "-p", "2", "-m", "4", "--schedules", "1f1b,zb-h1")
+    assert result.code == 0, result.err

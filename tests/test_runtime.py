@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -214,6 +216,63 @@ def test_a_hanging_rank_ends_the_run_at_the_timeout(started):
     _assert_nothing_left(started)
 
 
+_HANGING_LAUNCHER = """
+from pipesched.generators import generate
+from pipesched.model import load_model
+from pipesched.runtime.launch import Fault
+from pipesched.runtime.runs import RunOptions, run_schedules
+options = RunOptions(micro_batch_size=1, seq_len=8, steps=1, warmup=0, timeout_s=300)
+run_schedules([generate("gpipe", 2, 2)], load_model("tiny"), options=options, runtime="ours", fault=Fault("hang", 0))
+"""
+
+
+def _ranks_marked(marker: bytes) -> set[int]:
+    """Live rank processes whose environment holds ``marker``."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"pipesched.runtime.worker" in (entry / "cmdline").read_bytes() and marker in (entry / "environ").read_bytes():
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["terminated", "killed"])
+def test_a_launcher_that_is_stopped_takes_its_ranks_with_it(signum):
+    marker = f"PIPESCHED_TEST_MARKER=launcher-{os.getpid()}-{int(signum)}"
+    env = dict(os.environ, PIPESCHED_TEST_MARKER=marker.split("=", 1)[1])
+    launcher = subprocess.Popen([sys.executable, "-c", _HANGING_LAUNCHER], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+    ranks: set[int] = set()
+    try:
+        assert _wait_until(lambda: len(_ranks_marked(marker.encode())) == 2, 60), "the ranks never started"
+        ranks = _ranks_marked(marker.encode())
+        time.sleep(3)  # the ranks are past their start-up, hanging or waiting for data
+        launcher.send_signal(signum)
+        code = launcher.wait(timeout=30)
+        assert code == (128 + signum if signum == signal.SIGTERM else -signum)
+        assert _wait_until(lambda: not _ranks_marked(marker.encode()), 10), "a rank outlived its launcher"
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for pid in _ranks_marked(marker.encode()) & ranks:
+            os.kill(pid, signal.SIGKILL)
+
+
 # --- the command ------------------------------------------------------------------------------
 def test_run_command_json(cli):
     result = cli("run", "zb-h1", "-p", "2", "-m", "3", "--model", "tiny", "-s", "16", "--steps", "2",
@@ -239,3 +298,27 @@ def test_run_command_refuses_pytorch_for_replicated_stages(cli):
     result = cli("run", "chimera", "-p", "2", "-m", "2", "--runtime", "pytorch")
     assert result.code == 2
     assert result.err.startswith("pipesched: error: schedule=chimera: PyTorch's runtime cannot run it:")
+
+
+_SELF_PEER_PROBE = """
+import os, sys, tempfile
+import torch, torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+from pipesched.runtime.pytorch_runtime import TimedStage
+store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+hidden = torch.empty(1, 2, 4, requires_grad=True)
+stage = TimedStage(torch.nn.Linear(4, 4), 1, 3, torch.device("cpu"), input_args=hidden, output_args=hidden,
+                   hooks=None)
+stage.stage_index_to_group_rank = {0: 0, 1: 0, 2: 0}  # both neighbours on this rank: the turn of a V
+print(len(stage._get_init_p2p_neighbors_ops()), len(PipelineStage._get_init_p2p_neighbors_ops(stage)))
+dist.destroy_process_group()
+"""
+
+
+def test_connection_warm_up_sends_nothing_to_its_own_rank():
+    # PyTorch up to 2.11 posts the warm-up to a neighbouring stage on the same rank, which
+    # gloo refuses; our stages leave those messages out (PyTorch's own would post 4)
+    out = subprocess.run([sys.executable, "-c", _SELF_PEER_PROBE], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert out.split() == ["0", "4"]

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from cli_helpers import assert_one_line_error
+
 pytest.importorskip("torch")
 
 from pipesched.errors import PipeschedError
@@ -185,3 +187,46 @@ def test_check_returns_both_timelines_for_overlays():
     assert predicted.source == "simulated" and measured.source == "measured"
     assert predicted.schedule is measured.schedule is schedules[0]
     assert math.isfinite(report.rows[0].error)
+
+
+@pytest.mark.parametrize("link", ["--link", "--no-link"])
+def test_profile_on_a_missing_gpu_is_refused_before_anything_is_written(cli, tmp_path, monkeypatch, link):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without a GPU
+    target = tmp_path / "gpu.csv"
+    target_link = tmp_path / "gpu.csv.link.yaml"
+    result = cli("profile", "--model", "tiny", "--device", "cuda", link, "-o", str(target))
+    fix = "--no-link" if link == "--link" else "--device cpu"
+    assert_one_line_error(result, "this machine has 0", fix)
+    assert not target.exists() and not target_link.exists()
+
+
+def test_profile_writes_a_yaml_model_file_headed_by_how_it_was_measured(cli, tmp_path):
+    target = tmp_path / "tiny.yaml"
+    result = cli("profile", "--model", "tiny", "-s", "16", "--repeats", "2", "--warmup", "1", "--no-link",
+                 "-o", str(target))
+    assert result.code == 0, result.err
+    text = target.read_text()
+    assert text.startswith("# Per-layer costs of tiny, measured by `pipesched profile` on ")
+    assert "torch " in text and "micro-batch 2 x 16 tokens" in text and "medians of 2 timed repeats" in text
+    measured = load_model(str(target))
+    assert measured.name == "tiny-measured" and measured.measured_on == ""  # CPU times are used as they are
+    assert [layer.kind for layer in measured.measured] == list(MODEL.layer_kinds)
+    assert all(layer.forward_s > 0 and layer.backward_weight_s > 0 for layer in measured.measured)
+    assert measured.measured[1].params == _block_parameter_count()
+
+
+def _block_parameter_count() -> int:
+    import torch
+
+    from pipesched.runtime.torch_model import build_layer
+
+    return sum(p.numel() for p in build_layer(MODEL, 1, seed=0, dtype=torch.float32, device="cpu").parameters())
+
+
+def test_per_stage_profile_is_refused_as_yaml(cli, tmp_path):
+    target = tmp_path / "stages.yaml"
+    result = cli("profile", "--model", "tiny", "-p", "2", "--no-link", "-o", str(target))
+    assert_one_line_error(result, "output=", "per-stage costs (-p) are a CSV")
+    assert not target.exists()

@@ -107,6 +107,10 @@ def compare_command(
                          keep_timelines=views.any)
     finally:
         progress.close()
+    if not result.results and result.skipped:  # nothing to compare: say why, write nothing
+        name, reason = result.skipped[0]
+        others = f" (and {len(result.skipped) - 1} more schedules)" if len(result.skipped) > 1 else ""
+        raise PipeschedError(f"no schedule could be compared: {name}{others}: {reason}")
     views.write(result.timelines, comparison=result.to_wide_records(), title=_title(result))
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))

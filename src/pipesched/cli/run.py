@@ -134,7 +134,7 @@ def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
 # --- profile -------------------------------------------------------------------------------
 def profile_command(
     model: ModelOption = "small",
-    output: Annotated[str, typer.Option("-o", "--output", help="cost CSV to write (per layer, or per stage with -p)")] = "costs.csv",
+    output: Annotated[str, typer.Option("-o", "--output", help="cost file to write: CSV per layer, or per stage with -p; .yaml: a per-layer model file headed by how it was measured")] = "costs.csv",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
     micro_batch_size: MicroBatchSize = 2,
     seq_len: SeqLen = 64,
@@ -155,8 +155,12 @@ def profile_command(
     from pipesched.runtime.profile import (
         ProfileOptions,
         add_op_overhead,
+        device_preset_for,
         layer_costs_csv,
+        layer_costs_yaml,
         link_yaml,
+        measurement_notes,
+        measuring_device,
         profile_layers,
         profile_link,
         profile_overhead,
@@ -172,11 +176,23 @@ def profile_command(
     options = ProfileOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, device=device,
                              repeats=repeats, warmup=warmup, ranks=ranks)
     backend = options.backend
+    if link:  # refuse a link this machine cannot measure before timing anything
+        from pipesched.runtime.profile import check_link_capacity
+
+        check_link_capacity(backend)
     summary: dict[str, object] = {"model": spec.name, "device": device, "output": str(target)}
+    as_yaml = target.suffix in (".yaml", ".yml")
+    require(not (as_yaml and p is not None), "output", str(target),
+            "per-stage costs (-p) are a CSV; name the output .csv, or drop -p for a per-layer YAML")
     if p is None:
         require(partition is None, "partition", partition, "needs -p (per-stage costs)")
         layers = profile_layers(spec, options)
-        text = layer_costs_csv(layers)
+        if as_yaml:  # the measured-layer model file, headed by how it was measured
+            name, memory = measuring_device()
+            text = layer_costs_yaml(layers, name=f"{spec.name}-measured", measured_on=device_preset_for(name, memory)
+                                    if device == "cuda" else "", notes=measurement_notes(spec, options, name))
+        else:
+            text = layer_costs_csv(layers)
         summary["layers"] = [{"name": layer.name, "forward_s": layer.forward_s, "backward_input_s": layer.backward_input_s,
                               "backward_weight_s": layer.backward_weight_s} for layer in layers]
     else:
@@ -188,11 +204,11 @@ def profile_command(
         costs = add_op_overhead(costs, overhead)
         text = stage_costs_csv(costs)
         summary.update(partition=str(chosen), per_op_overhead_s=overhead)
-    write_atomic(target, text)
     if link:
         measured = profile_link(backend=backend)
         write_atomic(link_path, link_yaml(measured, overhead_s=summary.get("per_op_overhead_s")))
         summary.update(latency_s=measured.latency, bandwidth_bytes_per_s=measured.bandwidth, link_file=str(link_path))
+    write_atomic(target, text)  # last: a failed measurement leaves no cost file behind
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
         return

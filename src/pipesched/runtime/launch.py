@@ -11,7 +11,11 @@ a one-line error. The launcher:
   process group, and raises a PipeschedError with the earliest error (the cause; later
   ones are usually peers losing their connection);
 - after ``timeout_s``, kills every process group and raises a PipeschedError saying where
-  each unfinished rank was (step, op), which names a hang or a deadlock.
+  each unfinished rank was (step, op), which names a hang or a deadlock;
+- when it is itself terminated (SIGTERM or SIGHUP: ``timeout``, a closed terminal, a job
+  scheduler), kills every process group before it exits. A launcher killed outright
+  (SIGKILL) takes its ranks with it too: each rank asks the kernel to kill it when its
+  parent dies (Linux), and exits at once if the launcher is gone before it asked.
 
 Torch is not imported here: the parent process only starts and watches.
 """
@@ -28,6 +32,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +47,7 @@ PROGRESS_FIELDS = 4  # per rank: job, step, op position, 1 while running
 _PROGRESS_FORMAT = "<" + "q" * PROGRESS_FIELDS
 PROGRESS_BYTES = struct.calcsize(_PROGRESS_FORMAT)
 FAULTS = ("crash", "hang")
+LAUNCHER_PID_VARIABLE = "PIPESCHED_LAUNCHER_PID"
 HANG_S = 3600.0  # how long an injected hang sleeps (the launcher's timeout ends it first)
 
 
@@ -134,6 +140,7 @@ def _environment(spec: LaunchSpec) -> dict[str, str]:
     env = dict(os.environ)
     threads = str(spec.threads)
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+    env[LAUNCHER_PID_VARIABLE] = str(os.getpid())  # a rank exits when this process is gone
     root = _source_root()
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -150,19 +157,46 @@ def launch(spec: LaunchSpec, *, describe: Sequence[str] = ()) -> list[object]:
         progress_path = work / "progress.bin"
         progress_path.write_bytes(bytes(PROGRESS_BYTES * spec.world_size))
         processes = []
-        try:
-            for rank in range(spec.world_size):
-                log = (work / f"rank{rank}.log").open("wb")
-                processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "pipesched.runtime.worker", folder, str(rank)],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=_environment(spec), start_new_session=True, close_fds=True,
-                ))
-                log.close()
-            _watch(processes, spec, work, describe)
-        finally:
-            kill_all(processes)
+        with _terminate_as_exit():
+            try:
+                _start_and_watch(processes, spec, work, folder, describe)
+            finally:
+                kill_all(processes)
         return [pickle.loads((work / f"rank{rank}.result").read_bytes()) for rank in range(spec.world_size)]
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """Turn SIGTERM and SIGHUP into SystemExit while ranks run, so that ``launch`` kills them
+    on its way out (by default those signals end Python without running ``finally``)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = {signum: signal.signal(signum, leave) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _start_and_watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, folder: str,
+                     describe: Sequence[str]) -> None:
+    """Start the ranks (appending each to ``processes`` at once, for the caller's cleanup)
+    and watch them to the end."""
+    for rank in range(spec.world_size):
+        log = (work / f"rank{rank}.log").open("wb")
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "pipesched.runtime.worker", folder, str(rank)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=_environment(spec), start_new_session=True, close_fds=True,
+        ))
+        log.close()
+    _watch(processes, spec, work, describe)
 
 
 def _watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, describe: Sequence[str]) -> None:

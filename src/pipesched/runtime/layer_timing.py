@@ -50,7 +50,8 @@ def time_stage(model: ModelSpec, layers: range, *, micro_batch_size: int, seq_le
                device: str, warmup: int, repeats: int, seed: int = 0) -> StageTiming:
     """Time F, I, W and B of the stage holding ``layers`` (model order indices)."""
     torch_device = torch.device(device)
-    module = build_stage(model, layers, seed=seed, dtype=torch_dtype(dtype), device=torch_device)
+    # only the timing matters here: draw the weights where they will live (fast on a GPU)
+    module = build_stage(model, layers, seed=seed, dtype=torch_dtype(dtype), device=torch_device, init_on_device=True)
     batch = make_batch(model, microbatches=1, micro_batch_size=micro_batch_size, seq_len=seq_len,
                        seed=seed, device=torch_device)
     timer = StageTimer(module, first=layers.start == 0, last=layers.stop == model.num_cost_layers,

@@ -134,12 +134,22 @@ def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: P
     the ranks of their medians."""
     from pipesched.runtime.runs import check_capacity
 
-    check_capacity(options.ranks, options.backend)
+    try:
+        check_capacity(options.ranks, options.backend)
+    except PipeschedError as exc:
+        fix = "profile with --device cpu" if options.device == "cuda" else "use fewer --ranks"
+        raise PipeschedError(f"device={options.device}, ranks={options.ranks}: {_reason(exc)}; {fix}") from None
     spec = LaunchSpec(handler="profile", task=ProfileTask(model, tuple(ranges), options), world_size=options.ranks,
                       backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
                       pin_cpus=options.device == "cpu")
     per_rank: list[list[StageTiming]] = launch(spec, describe=["profile"])
     return [median_timing(timings) for timings in zip(*per_rank, strict=True)]
+
+
+def _reason(exc: PipeschedError) -> str:
+    """The middle of check_capacity's message: what the machine has, without its fix."""
+    text = str(exc).split(": ", 1)[-1]
+    return text.rsplit("; ", 1)[0]
 
 
 def median_timing(timings: Sequence[StageTiming]) -> StageTiming:
@@ -258,14 +268,20 @@ def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: Mod
     return max(0.0, float(statistics.median(gaps)))
 
 
-def profile_link(*, backend: str = "gloo", repeats: int = 20, timeout_s: float = 300.0) -> LinkProfile:
-    """Latency and bandwidth between two ranks of this machine (two-way exchanges)."""
+def check_link_capacity(backend: str) -> None:
+    """Refuse when this machine cannot host the two ranks a link measurement needs (with
+    nccl: two GPUs)."""
     from pipesched.runtime.runs import check_capacity
 
     try:
         check_capacity(2, backend)
     except PipeschedError as exc:
         raise PipeschedError(f"link: measuring it needs two ranks ({exc}); skip it (CLI: --no-link)") from None
+
+
+def profile_link(*, backend: str = "gloo", repeats: int = 20, timeout_s: float = 300.0) -> LinkProfile:
+    """Latency and bandwidth between two ranks of this machine (two-way exchanges)."""
+    check_link_capacity(backend)
     spec = LaunchSpec(handler="p2p", task={"sizes": LINK_SIZES, "repeats": repeats}, world_size=2,
                       backend=backend, timeout_s=timeout_s, pin_cpus=backend == "gloo")
     measured = launch(spec, describe=["exchange"])[0]
@@ -299,6 +315,97 @@ def layer_costs_csv(layers: Sequence[LayerCost]) -> str:
     for layer in layers:
         writer.writerow([layer.name, *(f"{getattr(layer, c):.9g}" for c in LAYER_COLUMNS[1:]), layer.kind])
     return buffer.getvalue()
+
+
+def layer_costs_yaml(layers: Sequence[LayerCost], *, name: str, measured_on: str = "",
+                     notes: Sequence[str] = ()) -> str:
+    """The measured-layer YAML model file (``pipesched.model.load_model`` reads it): ``notes``
+    as comment lines first (how the numbers were measured), then ``name``, ``measured_on``
+    (a device preset, so that costs scale to other devices by peak FLOP/s) and the layers.
+
+    >>> from pipesched.model.spec import LayerCost
+    >>> text = layer_costs_yaml([LayerCost("block.0", 1e-3, 1e-3, 1e-3, 8.0, 4.0, 2.0, kind="t")],
+    ...                         name="m", notes=["measured on a test"])
+    >>> text.splitlines()[0]
+    '# measured on a test'
+    """
+    header = "".join(f"# {line}\n" for line in notes)
+    data: dict[str, object] = {"name": name}
+    if measured_on:
+        data["measured_on"] = measured_on
+    body = yaml.safe_dump(data, sort_keys=False)
+    rows = []
+    for layer in layers:
+        cells = [f"name: {layer.name}", f"kind: {layer.kind}",
+                 *(f"{column}: {getattr(layer, column):.9g}" for column in LAYER_COLUMNS[1:])]
+        rows.append("  - {" + ", ".join(cells) + "}\n")
+    return header + body + "layers:\n" + "".join(rows)
+
+
+# GPU names (as torch.cuda.get_device_name reports them) -> device presets (pipesched.model.devices)
+_GPU_PRESETS = (("H200", "h200"), ("H100", "h100-sxm"), ("B200", "b200"), ("MI300X", "mi300x"))
+
+
+def device_preset_for(device_name: str, memory_bytes: float = 0.0) -> str:
+    """The device preset a GPU of this name is, or "" when none fits.
+
+    >>> device_preset_for("NVIDIA H200")
+    'h200'
+    >>> device_preset_for("NVIDIA A100-SXM4-40GB", 40 * 2**30)
+    'a100-40gb'
+    >>> device_preset_for("Intel(R) Xeon(R) Platinum")
+    ''
+    """
+    for fragment, preset in _GPU_PRESETS:
+        if fragment in device_name:
+            return preset
+    if "A100" in device_name:
+        return "a100-80gb" if memory_bytes > 48 * 2**30 else "a100-40gb"
+    return ""
+
+
+def measuring_device() -> tuple[str, float]:
+    """(name, memory bytes) of the device ``profile`` timed on: the first GPU when one is
+    visible to torch, else this machine's CPU model (memory 0)."""
+    from pipesched.runtime.torch_import import require_torch
+
+    torch = require_torch()
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        return properties.name, float(properties.total_memory)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip(), 0.0
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine(), 0.0
+
+
+def measurement_notes(model: ModelSpec, options: ProfileOptions, device_name: str) -> list[str]:
+    """How a profile was taken, as lines for the head of its file."""
+    import datetime
+    import os
+
+    from pipesched.runtime.torch_import import require_torch
+
+    torch = require_torch()
+    threads = "" if options.device == "cuda" else f", {options.threads} torch thread(s) pinned to a core"
+    return [
+        f"Per-layer costs of {model.name}, measured by `pipesched profile` on {device_name}",
+        f"({options.device}, {options.ranks} rank(s) timing at once{threads}, "
+        f"{len(os.sched_getaffinity(0))} CPU cores visible), torch {torch.__version__}, "
+        f"{datetime.date.today().isoformat()}.",
+        f"Each layer alone in {options.dtype}, micro-batch {options.micro_batch_size} x {options.seq_len} tokens: "
+        f"F, I (stage_backward_input) and W (stage_backward_weight) are medians of {options.repeats} timed "
+        f"repeats after {options.warmup} untimed warm-up repeat(s)"
+        + (", each ended by torch.cuda.synchronize." if options.device == "cuda" else "."),
+        "One transformer block is timed and every block gets its numbers (blocks of one model have one shape);",
+        "activation_bytes are the tensors autograd saves in F; output_bytes the hidden state sent to the next layer.",
+    ]
 
 
 def stage_costs_csv(costs: StageCosts) -> str:

@@ -99,6 +99,12 @@ class TimedStage(PipelineStage):
         super().__init__(*args, **kwargs)
         self.hooks = hooks
 
+    def _get_init_p2p_neighbors_ops(self):
+        # The connection warm-up before the first step. PyTorch up to 2.11 also posts it to a
+        # neighbouring stage on this same rank (the turn of a V: ZB-V, DualPipeV), a message to
+        # itself that gloo refuses ("Pair is not connected"); such a neighbour needs none.
+        return [op for op in super()._get_init_p2p_neighbors_ops() if op.group_peer != self.group_rank]
+
     def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
         begun = self.hooks.begin()
         output = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)

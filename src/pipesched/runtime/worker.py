@@ -4,6 +4,7 @@ result pickle or a one-line error report in FOLDER."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -13,7 +14,9 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from pipesched.runtime.launch import LaunchSpec, Progress, RankContext
+from pipesched.runtime.launch import LAUNCHER_PID_VARIABLE, LaunchSpec, Progress, RankContext
+
+PR_SET_PDEATHSIG = 1  # prctl option: the signal this process gets when its parent dies
 
 
 def _report_error(folder: Path, rank: int, exc: BaseException) -> None:
@@ -30,8 +33,24 @@ def _pin(rank: int, world_size: int) -> None:
         os.sched_setaffinity(0, {cores[rank]})
 
 
+def _die_with_launcher() -> None:
+    """Ask the kernel to kill this rank when the launcher dies (Linux), and exit now if the
+    launcher is already gone: a rank lives in a session of its own, so nothing else would
+    end it if the launcher were killed outright."""
+    launcher = os.environ.get(LAUNCHER_PID_VARIABLE)
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if launcher and os.getppid() != int(launcher):
+        sys.exit(1)
+
+
 def main(argv: list[str]) -> int:
     folder, rank = Path(argv[0]), int(argv[1])
+    _die_with_launcher()
     progress = None
     try:
         spec: LaunchSpec = pickle.loads((folder / "task.pkl").read_bytes())
