@@ -143,3 +143,4 @@ def test_cli_compare_with_nothing_comparable_fails_and_writes_nothing(cli, tmp_p
     assert not report.exists()
     result = cli("compare", "--model", str(model), "-t", "1", "-p", "2", "-m", "4", "--schedules", "1f1b,zb-h1")
     assert result.code == 0, result.err
+    assert "m (measured layers) on 4x8-h100" in result.out and "tokens" not in result.out.splitlines()[0]

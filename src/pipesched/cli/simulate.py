@@ -102,11 +102,12 @@ def build_setup(
     spec = load_model(model or DEFAULT_SCENARIO.model)
     machines = load_cluster(cluster or DEFAULT_SCENARIO.cluster)
     setup = SimulationSetup.from_model(spec, machines, settings)
-    return dataclasses.replace(
-        setup,
-        description=f"{spec.name} on {machines.name}, micro-batch {settings.micro_batch_size} x {settings.seq_len} "
-                    f"tokens, tensor parallel {settings.tensor_parallel}, recompute {settings.recompute}",
-    )
+    if spec.measured:  # the measurement fixed micro-batch, sequence length and recompute
+        description = f"{spec.name} (measured layers) on {machines.name}"
+    else:
+        description = (f"{spec.name} on {machines.name}, micro-batch {settings.micro_batch_size} x {settings.seq_len} "
+                       f"tokens, tensor parallel {settings.tensor_parallel}, recompute {settings.recompute}")
+    return dataclasses.replace(setup, description=description)
 
 
 def simulate_command(

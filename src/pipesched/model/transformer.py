@@ -369,7 +369,7 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
     """
     if model.measured:
         require(settings.tensor_parallel == 1, "tensor_parallel", settings.tensor_parallel,
-                "measured layer costs already include any tensor parallelism; use 1")
+                "measured layer costs already include any tensor parallelism; use 1 (CLI: -t 1)")
         return _measured(model, device)
     link = tp_link or DEFAULT_TP_LINK
     return [_cost(plan, device, settings, link) for plan in layer_plans(model, settings)]

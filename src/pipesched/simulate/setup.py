@@ -48,8 +48,12 @@ class Scenario:
     m: int = 32  # microbatches per iteration
     settings: TrainingSettings = field(default_factory=_default_settings)
 
-    def describe(self) -> str:
+    def describe(self, *, measured: bool = False) -> str:
+        """One line; ``measured``: the model's layer costs were measured, so the micro-batch,
+        sequence length and recompute are those of the measurement, not the settings'."""
         s = self.settings
+        if measured:
+            return f"{self.model} (measured layers) on {self.cluster}, p={self.p}, m={self.m}"
         return (f"{self.model} on {self.cluster}, p={self.p}, m={self.m}, micro-batch {s.micro_batch_size} x "
                 f"{s.seq_len} tokens, tensor parallel {s.tensor_parallel}, recompute {s.recompute}")
 
@@ -133,8 +137,9 @@ class SimulationSetup:
     def from_scenario(cls, scenario: Scenario) -> SimulationSetup:
         from pipesched.model import load_cluster, load_model
 
-        setup = cls.from_model(load_model(scenario.model), load_cluster(scenario.cluster), scenario.settings)
-        return dataclasses.replace(setup, description=scenario.describe())
+        model = load_model(scenario.model)
+        setup = cls.from_model(model, load_cluster(scenario.cluster), scenario.settings)
+        return dataclasses.replace(setup, description=scenario.describe(measured=bool(model.measured)))
 
     def costs_for(self, schedule: Schedule) -> StageCosts:
         if self.costs is not None:
