@@ -188,7 +188,7 @@ def profile_command(
         require(partition is None, "partition", partition, "needs -p (per-stage costs)")
         layers = profile_layers(spec, options)
         if as_yaml:  # the measured-layer model file, headed by how it was measured
-            name, memory = measuring_device()
+            name, memory = measuring_device(device)
             text = layer_costs_yaml(layers, name=f"{spec.name}-measured", measured_on=device_preset_for(name, memory)
                                     if device == "cuda" else "", notes=measurement_notes(spec, options, name))
         else:

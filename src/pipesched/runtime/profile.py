@@ -132,24 +132,17 @@ class LinkProfile:
 def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: ProfileOptions) -> list[StageTiming]:
     """Every range timed by ``options.ranks`` ranks at once; each field is the median over
     the ranks of their medians."""
-    from pipesched.runtime.runs import check_capacity
+    from pipesched.runtime.runs import capacity_problem
 
-    try:
-        check_capacity(options.ranks, options.backend)
-    except PipeschedError as exc:
+    problem = capacity_problem(options.ranks, options.backend)
+    if problem is not None:
         fix = "profile with --device cpu" if options.device == "cuda" else "use fewer --ranks"
-        raise PipeschedError(f"device={options.device}, ranks={options.ranks}: {_reason(exc)}; {fix}") from None
+        raise PipeschedError(f"device={options.device}, ranks={options.ranks}: {problem}; {fix}")
     spec = LaunchSpec(handler="profile", task=ProfileTask(model, tuple(ranges), options), world_size=options.ranks,
                       backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
                       pin_cpus=options.device == "cpu")
     per_rank: list[list[StageTiming]] = launch(spec, describe=["profile"])
     return [median_timing(timings) for timings in zip(*per_rank, strict=True)]
-
-
-def _reason(exc: PipeschedError) -> str:
-    """The middle of check_capacity's message: what the machine has, without its fix."""
-    text = str(exc).split(": ", 1)[-1]
-    return text.rsplit("; ", 1)[0]
 
 
 def median_timing(timings: Sequence[StageTiming]) -> StageTiming:
@@ -271,12 +264,11 @@ def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: Mod
 def check_link_capacity(backend: str) -> None:
     """Refuse when this machine cannot host the two ranks a link measurement needs (with
     nccl: two GPUs)."""
-    from pipesched.runtime.runs import check_capacity
+    from pipesched.runtime.runs import capacity_problem
 
-    try:
-        check_capacity(2, backend)
-    except PipeschedError as exc:
-        raise PipeschedError(f"link: measuring it needs two ranks ({exc}); skip it (CLI: --no-link)") from None
+    problem = capacity_problem(2, backend)
+    if problem is not None:
+        raise PipeschedError(f"link: measuring it needs two ranks and {problem}; skip it (CLI: --no-link)")
 
 
 def profile_link(*, backend: str = "gloo", repeats: int = 20, timeout_s: float = 300.0) -> LinkProfile:
@@ -364,13 +356,13 @@ def device_preset_for(device_name: str, memory_bytes: float = 0.0) -> str:
     return ""
 
 
-def measuring_device() -> tuple[str, float]:
-    """(name, memory bytes) of the device ``profile`` timed on: the first GPU when one is
-    visible to torch, else this machine's CPU model (memory 0)."""
+def measuring_device(device: str) -> tuple[str, float]:
+    """(name, memory bytes) of what ``profile --device DEVICE`` timed on: for cuda the first
+    GPU, for cpu this machine's CPU model (memory 0)."""
     from pipesched.runtime.torch_import import require_torch
 
     torch = require_torch()
-    if torch.cuda.is_available():
+    if device == "cuda":
         properties = torch.cuda.get_device_properties(0)
         return properties.name, float(properties.total_memory)
     try:

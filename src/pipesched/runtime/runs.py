@@ -135,22 +135,29 @@ def stage_partition(model: ModelSpec, num_stages: int, partition: Partition | No
     return partition
 
 
-def check_capacity(num_ranks: int, backend: str) -> None:
-    """Refuse before launching when the machine cannot host ``num_ranks`` ranks."""
+def capacity_problem(num_ranks: int, backend: str) -> str | None:
+    """Why this machine cannot host ``num_ranks`` ranks on ``backend`` (what it has), or None."""
     if backend == "gloo":
         cores = len(os.sched_getaffinity(0))
         limit = cores * GLOO_RANKS_PER_CORE
-        require(num_ranks <= limit, "p", num_ranks,
-                f"this machine has {cores} CPU cores and hosts at most {limit} gloo ranks "
-                f"({GLOO_RANKS_PER_CORE} per core); use fewer ranks")
-        return
+        if num_ranks > limit:
+            return f"this machine has {cores} CPU cores and hosts at most {limit} gloo ranks ({GLOO_RANKS_PER_CORE} per core)"
+        return None
     from pipesched.runtime.torch_import import require_torch
 
     torch = require_torch()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    require(num_ranks <= gpus, "p", num_ranks,
-            f"the nccl backend needs one GPU per rank and this machine has {gpus}; "
-            "use fewer ranks or --backend gloo")
+    if num_ranks > gpus:
+        return f"the nccl backend needs one GPU per rank and this machine has {gpus}"
+    return None
+
+
+def check_capacity(num_ranks: int, backend: str) -> None:
+    """Refuse before launching when the machine cannot host ``num_ranks`` ranks."""
+    problem = capacity_problem(num_ranks, backend)
+    if problem is not None:
+        fix = "use fewer ranks" if backend == "gloo" else "use fewer ranks or --backend gloo"
+        raise PipeschedError(f"p={num_ranks}: {problem}; {fix}")
 
 
 def choose_runtime(schedule: Schedule, runtime: str) -> str:
