@@ -26,7 +26,7 @@ import time
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, generate
 from pipesched.model import load_model
-from pipesched.runtime.check import check_schedules
+from pipesched.runtime.check import CheckReport, check_schedules
 from pipesched.runtime.measure import cpu_share
 from pipesched.runtime.profile import profile_link, profile_overhead
 from pipesched.runtime.runs import RunOptions, choose_runtime
@@ -101,7 +101,7 @@ def main() -> None:
                 print(f"{m:>3} {row.schedule.name:18} {row.run.runtime:8} {row.predicted_s * 1e3:13.1f} "
                       f"{row.measured_s * 1e3:12.1f} {row.error:+8.1%} {share:10.3f}", flush=True)
             rows.extend(part.rows)
-        report = dataclasses.replace(part, rows=tuple(rows))
+        report = CheckReport(rows=tuple(rows), link=link, overhead_s=overhead)
         agrees = "yes" if report.ranking_agrees else "no"
         print(f"    m={m}: median |error| {report.median_abs_error:.1%}, ranking agrees: {agrees}, "
               f"Kendall's tau {report.rank_correlation:+.2f}")

@@ -19,7 +19,7 @@ from pipesched.io.stage_costs import load_stage_costs
 from pipesched.metrics import summarize
 from pipesched.schedule import Schedule
 from pipesched.simulate import simulate
-from pipesched.simulate.setup import DEFAULT_SCENARIO, SimulationSetup
+from pipesched.simulate.setup import DEFAULT_SCENARIO, SimulationSetup, describe_model_setup
 
 GiB = 2.0**30
 
@@ -102,12 +102,8 @@ def build_setup(
     spec = load_model(model or DEFAULT_SCENARIO.model)
     machines = load_cluster(cluster or DEFAULT_SCENARIO.cluster)
     setup = SimulationSetup.from_model(spec, machines, settings)
-    if spec.measured:  # the measurement fixed micro-batch, sequence length and recompute
-        description = f"{spec.name} (measured layers) on {machines.name}"
-    else:
-        description = (f"{spec.name} on {machines.name}, micro-batch {settings.micro_batch_size} x {settings.seq_len} "
-                       f"tokens, tensor parallel {settings.tensor_parallel}, recompute {settings.recompute}")
-    return dataclasses.replace(setup, description=description)
+    return dataclasses.replace(setup, description=describe_model_setup(spec.name, machines.name, settings,
+                                                                       measured=bool(spec.measured)))
 
 
 def simulate_command(

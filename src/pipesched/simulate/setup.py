@@ -49,13 +49,21 @@ class Scenario:
     settings: TrainingSettings = field(default_factory=_default_settings)
 
     def describe(self, *, measured: bool = False) -> str:
-        """One line; ``measured``: the model's layer costs were measured, so the micro-batch,
-        sequence length and recompute are those of the measurement, not the settings'."""
-        s = self.settings
-        if measured:
-            return f"{self.model} (measured layers) on {self.cluster}, p={self.p}, m={self.m}"
-        return (f"{self.model} on {self.cluster}, p={self.p}, m={self.m}, micro-batch {s.micro_batch_size} x "
-                f"{s.seq_len} tokens, tensor parallel {s.tensor_parallel}, recompute {s.recompute}")
+        """One line (``measured``: the model's layer costs were measured)."""
+        return describe_model_setup(self.model, self.cluster, self.settings, measured=measured,
+                                    pipeline=f"p={self.p}, m={self.m}")
+
+
+def describe_model_setup(model: str, cluster: str, settings: TrainingSettings, *, measured: bool,
+                         pipeline: str = "") -> str:
+    """"MODEL on CLUSTER[, PIPELINE], micro-batch ...": the settings are left out for a model
+    with measured layer costs, whose micro-batch, sequence length and recompute are the
+    measurement's."""
+    line = f"{model}{' (measured layers)' if measured else ''} on {cluster}" + (f", {pipeline}" if pipeline else "")
+    if measured:
+        return line
+    return (f"{line}, micro-batch {settings.micro_batch_size} x {settings.seq_len} tokens, "
+            f"tensor parallel {settings.tensor_parallel}, recompute {settings.recompute}")
 
 
 def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
