@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipesched import io
+from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, formula, generate, get_family
-from pipesched.generators.base import SlotCosts
 from pipesched.slot_table import inflight_per_device, table_metrics
 from pipesched.validate import validate
 
@@ -26,7 +26,7 @@ def test_slot_table_equals_closed_form(p: int, m: int, name: str, f: int, i: int
     schedule = generate(name, p, m)
     assert validate(schedule) == []
     assert schedule.num_ops == 2 * p * m
-    costs = SlotCosts(f, i, w)
+    costs = StageCosts.slots(f, i, w)
     metrics = table_metrics(schedule, costs)
     est = formula(name, p, m, costs=costs)
     assert est.exact

@@ -12,7 +12,6 @@ import pytest
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import formula, generate
-from pipesched.generators.base import SlotCosts
 from pipesched.io.grid import dumps
 from pipesched.ops import F, I, Op, W
 from pipesched.schedule import Placement, Schedule
@@ -173,7 +172,7 @@ def test_one_stage_heuristic_with_equal_costs_is_as_good_as_the_handcrafted_tabl
     assert table_metrics(heuristic).makespan <= table_metrics(handcrafted).makespan
 
 
-@pytest.mark.parametrize("costs", [SlotCosts(f=1, i=2, w=0.5), SlotCosts(f=2, i=1, w=1), SlotCosts(f=1, i=1, w=3)])
+@pytest.mark.parametrize("costs", [StageCosts.slots(f=1, i=2, w=0.5), StageCosts.slots(f=2, i=1, w=1), StageCosts.slots(f=1, i=1, w=3)])
 def test_zb_h1_heuristic_uses_the_costs(costs):
     handcrafted = generate("zb-h1", 6, 24)
     heuristic = generate("zb-h1", 6, 24, costs=costs)
@@ -232,16 +231,16 @@ def test_memory_families_order_as_published():
 
 # --- level 1 --------------------------------------------------------------------------------
 def test_formulas_at_p4_m8():
-    unit = SlotCosts()
+    unit = StageCosts.slots()
     assert formula("zb-h1", 4, 8, costs=unit).idle == 3
     assert formula("zb-h2", 4, 8, costs=unit).peak_inflight == 7
-    interleaved = formula("interleaved-1f1b", 4, 8, v=2, costs=SlotCosts(f=1, i=1, w=1))
+    interleaved = formula("interleaved-1f1b", 4, 8, v=2, costs=StageCosts.slots(f=1, i=1, w=1))
     # (p-1)(F+B) chunk slots; device 0 holds (v-1)p + 2(p-1) + 1 = 11 chunks = p + (p-1)/v stages
     assert (interleaved.idle, interleaved.peak_inflight, interleaved.activation_units) == (9, 11, 5.5)
     zb_v = formula("zb-v", 4, 8, costs=unit)
     assert (zb_v.idle, zb_v.peak_inflight, zb_v.activation_units, zb_v.exact) == (3, 8, 4, True)
     assert not formula("v-half", 4, 8).exact and "approximation" in formula("v-min", 4, 8).note
-    assert not formula("zb-h1", 4, 8, costs=SlotCosts(f=1, i=2, w=1)).exact
+    assert not formula("zb-h1", 4, 8, costs=StageCosts.slots(f=1, i=2, w=1)).exact
 
 
 # --- bad input ----------------------------------------------------------------------------------
@@ -257,9 +256,9 @@ def test_formulas_at_p4_m8():
         (lambda: generate("zb-v", 4, 8, memory_limit=1), "memory_limit=1: too small for zb-v to make progress; the smallest that works here is 2"),
         (lambda: generate("zb-h2", 4, 8, memory_limit=2.5), "memory_limit=2.5: give a whole number"),
         (lambda: generate("v-half", 4, 8, memory_limit=4), "option=memory_limit: v-half does not take it"),
-        (lambda: generate("zb-h1", 4, 8, costs=SlotCosts(f=-1)), "costs.f=-1: must be a finite number >= 0"),
+        (lambda: generate("zb-h1", 4, 8, costs=StageCosts.slots(f=-1)), "forward[stage 0]=-1.0: must be a finite number >= 0"),
         (lambda: generate("zb-v", 4, 8, costs=StageCosts.uniform(4)), "costs=4 stages: zb-v here has 8 stages"),
-        (lambda: generate("zb-h1", 4, 8, costs="fast"), "costs=str: give a StageCosts or a SlotCosts"),
+        (lambda: generate("zb-h1", 4, 8, costs="fast"), "costs=str: give a StageCosts"),
     ],
 )
 def test_bad_input_names_the_constraint(call, message):

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from pipesched.costs import StageCosts
 from pipesched.generators import formula, generate
-from pipesched.generators.base import SlotCosts
 from pipesched.ops import B, F, I, W
 from pipesched.ordering import walk
 from pipesched.schedule import Schedule
@@ -24,10 +23,10 @@ from pipesched.validate import validate
 
 SETTINGS = settings(max_examples=25, deadline=None)
 SIZES = {"p": st.integers(2, 16), "m": st.integers(1, 64)}
-EQUAL_COSTS = st.sampled_from([SlotCosts(), SlotCosts(f=2, i=2, w=2), SlotCosts(f=0.5, i=0.5, w=0.5)])
+EQUAL_COSTS = st.sampled_from([StageCosts.slots(), StageCosts.slots(f=2, i=2, w=2), StageCosts.slots(f=0.5, i=0.5, w=0.5)])
 # uneven slot lengths within a factor 6 of each other, the range the bounds are stated for
 UNEVEN_COSTS = st.builds(
-    SlotCosts,
+    StageCosts.slots,
     f=st.sampled_from([0.5, 1.0, 2.0, 3.0]),
     i=st.sampled_from([0.5, 1.0, 2.0, 3.0]),
     w=st.sampled_from([0.5, 1.0, 2.0, 3.0]),
@@ -52,13 +51,13 @@ def check_table(schedule: Schedule, *, split: bool) -> None:
     assert validate(schedule) == []
 
 
-def idle_and_peak(schedule: Schedule, costs: SlotCosts) -> tuple[float, float, int]:
+def idle_and_peak(schedule: Schedule, costs: StageCosts) -> tuple[float, float, int]:
     """Worst device's idle, every device's work (equal in these families), peak in flight."""
     metrics = table_metrics(schedule, costs)
     return max(metrics.idle_per_device), metrics.makespan - max(metrics.idle_per_device), max(metrics.peak_inflight)
 
 
-def assert_exact(name: str, p: int, m: int, v: int | None, costs: SlotCosts) -> None:
+def assert_exact(name: str, p: int, m: int, v: int | None, costs: StageCosts) -> None:
     schedule = generate(name, p, m, v=v)
     estimate = formula(name, p, m, v=v, costs=costs)
     assert estimate.exact

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, formula, generate
-from pipesched.generators.base import SlotCosts
 from pipesched.generators.chimera import chimera
 from pipesched.generators.dualpipe import dualpipe
 from pipesched.generators.dualpipe import overlapped_pairs as dualpipe_pairs
@@ -236,7 +236,7 @@ def test_overlapped_pairs_are_forward_then_backward_of_the_other_stage():
 # --- Chimera and Hanayo tables -----------------------------------------------------------
 def test_chimera_basic_unit_has_p_minus_2_bubble_cells():
     # the paper's picture: equal cells, D-2 bubbles on every worker of a basic unit
-    costs = SlotCosts(f=1, i=0.5, w=0.5)
+    costs = StageCosts.slots(f=1, i=0.5, w=0.5)
     for p in (4, 6, 8):
         metrics = table_metrics(chimera(p, p), costs)
         assert metrics.idle_per_device == tuple(float(p - 2) for _ in range(p))
@@ -251,7 +251,7 @@ def test_chimera_holds_at_most_p_microbatches():
 
 def test_hanayo_one_wave_idle_closed_form():
     # one wave, m >= 2p, B >= F: the folded table idles 2(p-1)B chunk slots
-    for costs in (SlotCosts(), SlotCosts(f=2, i=1, w=1), SlotCosts(f=1, i=3, w=0.5)):
+    for costs in (StageCosts.slots(), StageCosts.slots(f=2, i=1, w=1), StageCosts.slots(f=1, i=3, w=0.5)):
         for p, m in ((4, 8), (6, 13), (8, 32)):
             idle = max(table_metrics(hanayo(p, m), costs).idle_per_device)
             assert idle == 2 * (p - 1) * costs.b
@@ -275,12 +275,12 @@ def test_formula_notes_say_what_is_approximate():
         assert estimate.exact or estimate.note
     assert "2x parameters" in formula("chimera", 8, 32).note
     assert "2x parameters" in formula("dualpipe", 8, 32).note
-    assert formula("chimera", 8, 32, costs=SlotCosts(f=2, i=1, w=1)).exact
+    assert formula("chimera", 8, 32, costs=StageCosts.slots(f=2, i=1, w=1)).exact
 
 
 @pytest.mark.parametrize("x", [1.0, 2.0])
 def test_dualpipe_tables_idle_half_the_published_bubble_at_equal_costs(x):
-    costs = SlotCosts(f=x, i=x, w=x)
+    costs = StageCosts.slots(f=x, i=x, w=x)
     for name, p, m in (
         ("dualpipe", 8, 32),
         ("dualpipe", 4, 10),

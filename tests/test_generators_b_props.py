@@ -12,8 +12,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipesched.costs import StageCosts
 from pipesched.generators import formula, generate
-from pipesched.generators.base import SlotCosts
 from pipesched.ops import B, F, I, W
 from pipesched.ordering import walk
 from pipesched.schedule import Schedule
@@ -22,7 +22,7 @@ from pipesched.validate import validate
 
 SETTINGS = settings(max_examples=30, deadline=None)
 # slot costs with B >= F, the regime the bounds below are stated for
-COSTS = st.sampled_from([SlotCosts(), SlotCosts(f=2, i=1, w=1), SlotCosts(f=1, i=2, w=2)])
+COSTS = st.sampled_from([StageCosts.slots(), StageCosts.slots(f=2, i=1, w=1), StageCosts.slots(f=1, i=2, w=2)])
 
 
 @st.composite
@@ -60,7 +60,7 @@ def check_table(schedule: Schedule) -> None:
     assert validate(schedule) == []
 
 
-def idle(schedule: Schedule, costs: SlotCosts) -> float:
+def idle(schedule: Schedule, costs: StageCosts) -> float:
     return max(table_metrics(schedule, costs).idle_per_device)
 
 
@@ -75,7 +75,7 @@ def test_chimera(sizes, costs):
     assert max(table_metrics(schedule).peak_inflight) == estimate.peak_inflight == p
     # the paper's (p/2-1)(F+B) is a lower bound; each unit adds at most (p-2)B
     assert estimate.idle <= idle(schedule, costs) <= (m // p) * (p - 2) * costs.b
-    equal_cells = SlotCosts(f=costs.b, i=costs.i, w=costs.w)
+    equal_cells = StageCosts.slots(f=costs.b, i=costs.i, w=costs.w)
     exact = formula("chimera", p, m, costs=equal_cells)
     assert exact.exact
     assert idle(schedule, equal_cells) == exact.idle
@@ -117,7 +117,7 @@ def test_dualpipe(sizes, x):
         == formula("dualpipe", p, m).peak_inflight
         == p + 1
     )
-    equal = SlotCosts(f=x, i=x, w=x)
+    equal = StageCosts.slots(f=x, i=x, w=x)
     assert (
         idle(schedule, equal) == formula("dualpipe", p, m, costs=equal).idle / 2 == (p // 2 - 1) * x
     )
@@ -135,5 +135,5 @@ def test_dualpipev(sizes, x):
         == formula("dualpipev", p, m).peak_inflight
         == 2 * p + 1
     )
-    equal = SlotCosts(f=x, i=x, w=x)
+    equal = StageCosts.slots(f=x, i=x, w=x)
     assert idle(schedule, equal) == formula("dualpipev", p, m, costs=equal).idle / 2 == (p - 1) * x

@@ -25,11 +25,9 @@ from pipesched.generators import generate
 from pipesched.model import load_model
 from pipesched.ops import Op
 from pipesched.runtime import launch as launch_module
-from pipesched.runtime.comm_plan import Compute, Recv, Send, communication_plan
 from pipesched.runtime.launch import Fault
 from pipesched.runtime.runs import RunOptions, choose_runtime, run_schedules
 from pipesched.runtime.torch_model import reference_step
-from pipesched.schedule import Placement, Schedule
 
 MODEL = load_model("tiny")
 M = 4
@@ -131,36 +129,6 @@ def test_more_ranks_than_gpus_are_refused_before_launch_with_nccl():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     with pytest.raises(PipeschedError, match=f"nccl backend needs one GPU per rank and this machine has {gpus}"):
         run_schedules([generate("gpipe", max(2, gpus + 1), 1)], MODEL, options=RunOptions(backend="nccl"))
-
-
-# --- communication plan (no processes) -------------------------------------------------------
-def test_communication_plan_pairs_every_send_with_a_receive_in_the_same_order():
-    schedule = generate("interleaved-1f1b", 2, 4)
-    plans = communication_plan(schedule)
-    for a in range(2):
-        b = 1 - a
-        sends = [action.message for action in plans[a] if isinstance(action, Send) and action.peer == b]
-        receives = [action.message for action in plans[b] if isinstance(action, Recv) and action.peer == a]
-        assert sends == receives and sends
-    for device, plan in enumerate(plans):
-        assert [action.op for action in plan if isinstance(action, Compute)] == list(schedule.device_ops[device])
-
-
-def test_communication_plan_keeps_same_device_handoffs_local():
-    # V shape: stages 1 and 2 share device 1, so their activation never leaves it
-    schedule = generate("zb-v", 2, 2)
-    assert schedule.placement.replicas == Placement.vshape(2).replicas
-    for plan in communication_plan(schedule):
-        for action in plan:
-            if isinstance(action, Send):
-                assert schedule.device_of(action.message.stage, action.message.microbatch) != action.peer
-
-
-def test_communication_plan_reports_a_deadlock():
-    ops = ((Op.parse("0F0"), Op.parse("0B0")), (Op.parse("1B0"), Op.parse("1F0")))
-    schedule = Schedule("stuck", Placement.one_per_device(2), 1, ops)
-    with pytest.raises(PipeschedError, match=r"^schedule=stuck: the tables deadlock \(device 0 waits at 0B0; device 1 waits at 1B0\)"):
-        communication_plan(schedule)
 
 
 # --- failures end the run cleanly -------------------------------------------------------------

@@ -39,7 +39,7 @@ MODEL = load_model("tiny")
 OPTIONS = ProfileOptions(micro_batch_size=2, seq_len=16, warmup=1, repeats=3)
 
 
-@pytest.mark.parametrize("name", ["pipesched.runtime", "pipesched.runtime.comm_plan", "pipesched.runtime.profile",
+@pytest.mark.parametrize("name", ["pipesched.runtime", "pipesched.passes.communication", "pipesched.runtime.profile",
                                   "pipesched.runtime.check"])
 def test_doctests(name):
     result = doctest.testmod(importlib.import_module(name))

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, formula, generate
-from pipesched.generators.base import SlotCosts
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
 from pipesched.ops import B, F, I, Op, W
 from pipesched.schedule import Placement, Schedule
@@ -60,7 +59,7 @@ def test_interleaved_closed_form(p, m, v) -> None:
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 12), (6, 12)])
 def test_zero_bubble_closed_forms(family, p, m) -> None:
     schedule = generate(family, p, m)
-    estimate = formula(family, p, m, costs=SlotCosts())
+    estimate = formula(family, p, m, costs=StageCosts.slots())
     assert estimate.exact
     timeline = simulate(schedule, costs_of(schedule), free_network(p))
     assert timeline.makespan == pytest.approx(estimate.makespan)
@@ -234,7 +233,7 @@ def test_replicated_stages_all_reduce_their_gradients() -> None:
         pair = {int(timeline.transfers.src_device[row]), int(timeline.transfers.dst_device[row])}
         assert pair == {replica[stage] for replica in schedule.placement.replicas}
     assert timeline.makespan == pytest.approx(max(timeline.transfers.end.max(), timeline.op_end.max()))
-    assert max(timeline.meta["optimizer_step_s"]) == pytest.approx(timeline.makespan)
+    assert max(timeline.simulation.optimizer_step) == pytest.approx(timeline.makespan)
 
 
 # --- memory -------------------------------------------------------------------------------

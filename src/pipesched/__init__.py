@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, formula, generate
-from pipesched.generators.base import FormulaEstimate, SlotCosts
+from pipesched.generators.base import FormulaEstimate
 from pipesched.io import load_schedule, save_schedule
 from pipesched.ops import Op, OpKind
 from pipesched.schedule import Placement, Schedule
@@ -62,7 +62,6 @@ __all__ = [
     "PipeschedError",
     "Placement",
     "Schedule",
-    "SlotCosts",
     "StageCosts",
     "Timeline",
     "TrainingSettings",

@@ -1,15 +1,25 @@
-"""StageCosts: what one microbatch costs on each stage; the input of the slot table and the
-simulator. Derived from a model + partition + device (pipesched.model), read from a
-stage-cost CSV, or measured (pipesched.runtime)."""
+"""StageCosts: what one microbatch costs on each stage; the one cost type of pipesched.
+
+The same type feeds every level and every tool: the closed forms (level 1) read its F, I,
+W of a stage, the slot table (level 2) runs on slot costs (``StageCosts.slots``: F = I = W
+= 1 slot unless told, one stage-microbatch of activations), the simulator (level 3), the
+greedy generators, the solver and the Monte Carlo engine run on per-stage seconds and bytes
+derived from a model + partition + device (``pipesched.model``), read from a stage-cost CSV
+(``pipesched.io.stage_costs``), or measured (``pipesched.runtime``).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
-from pipesched.errors import require
-from pipesched.ops import B, F, I, Op, W
+from pipesched.errors import PipeschedError, require
+from pipesched.ops import Op, OpKind
+from pipesched.rules import RULES
+
+SECONDS, SLOTS = "s", "slot"
 
 
 def _floats(values: Sequence[float], field_name: str) -> tuple[float, ...]:
@@ -24,19 +34,23 @@ def _floats(values: Sequence[float], field_name: str) -> tuple[float, ...]:
     return out
 
 
+_PER_STAGE = ("forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes",
+              "backward", "static_bytes", "grad_bytes")
+
+
 @dataclass(frozen=True)
 class StageCosts:
-    """Per-stage costs of one microbatch; index = stage. Times in seconds (or slots), sizes in
-    bytes.
+    """Per-stage costs of one microbatch; index = stage. Times in ``unit`` (seconds, or slots
+    of the idealized table), sizes in bytes (stage-microbatches for slot costs).
 
     forward, backward_input, backward_weight: F, I and W durations; a full backward B costs
     ``backward[s]`` when given, else backward_input + backward_weight.
-    activation_bytes: activations kept from F until the backward frees them.
+    activation_bytes: activations kept from F until the backward frees them (M_B).
     output_bytes: the tensor F sends to the next stage (its gradient comes back the same size).
     static_bytes: parameters + gradients + optimizer state of the stage (there all iteration).
     grad_bytes: gradient bytes the stage's replicas all-reduce (Chimera, DualPipe).
     input_frees: fraction of activation_bytes an I frees; W frees the rest (zero-bubble
-    schedules keep the inputs W needs).
+    schedules keep the inputs W needs): M_W = (1 - input_frees) x M_B.
     """
 
     forward: tuple[float, ...]
@@ -48,18 +62,19 @@ class StageCosts:
     static_bytes: tuple[float, ...] | None = None
     grad_bytes: tuple[float, ...] | None = None
     input_frees: float = 0.5
+    unit: str = SECONDS
 
     def __post_init__(self) -> None:
         n = len(self.forward)
         require(n >= 1, "stages", n, "stage costs need at least one stage")
-        for name in ("forward", "backward_input", "backward_weight", "activation_bytes",
-                     "output_bytes", "backward", "static_bytes", "grad_bytes"):
+        for name in _PER_STAGE:
             values = getattr(self, name)
             if values is None:
                 continue
             require(len(values) == n, name, f"{len(values)} values", f"give one value per stage ({n})")
             object.__setattr__(self, name, _floats(values, name))
         require(0.0 <= self.input_frees <= 1.0, "input_frees", self.input_frees, "must be in [0, 1]")
+        require(self.unit in (SECONDS, SLOTS), "unit", self.unit, f"must be {SECONDS!r} or {SLOTS!r}")
 
     @property
     def num_stages(self) -> int:
@@ -70,20 +85,78 @@ class StageCosts:
             return self.backward[stage]
         return self.backward_input[stage] + self.backward_weight[stage]
 
+    def times(self, name: str) -> tuple[float, ...]:
+        """Per-stage durations of the cost ``name`` an op kind's rule names (``forward``,
+        ``backward_input``, ``backward_weight``, or ``backward``: the full backward)."""
+        if name == "backward":
+            return tuple(self.full_backward(s) for s in range(self.num_stages))
+        if name not in ("forward", "backward_input", "backward_weight"):
+            raise PipeschedError(f"cost={name!r}: not a time of StageCosts")
+        return getattr(self, name)
+
+    @cached_property
+    def _times_by_kind(self) -> dict[OpKind, tuple[float, ...]]:
+        return {rule.kind: self.times(rule.cost) for rule in RULES}
+
+    def of(self, kind: OpKind, stage: int) -> float:
+        """Duration of an op of ``kind`` on ``stage`` (as the default rules map kinds to
+        costs)."""
+        return self._times_by_kind[kind][stage]
+
     def duration(self, op: Op) -> float:
         """Compute time of one op."""
-        if op.kind is F:
-            return self.forward[op.stage]
-        if op.kind is I:
-            return self.backward_input[op.stage]
-        if op.kind is W:
-            return self.backward_weight[op.stage]
-        assert op.kind is B
-        return self.full_backward(op.stage)
+        return self.of(op.kind, op.stage)
 
     def static(self, stage: int) -> float:
         return self.static_bytes[stage] if self.static_bytes is not None else 0.0
 
+    # --- what the closed forms read: one stage's F, I, W --------------------------------
+    @property
+    def f(self) -> float:
+        """F of the slowest stage (the closed forms assume every stage costs the same)."""
+        return max(self.forward)
+
+    @property
+    def i(self) -> float:
+        return max(self.backward_input)
+
+    @property
+    def w(self) -> float:
+        return max(self.backward_weight)
+
+    @property
+    def b(self) -> float:
+        return max(self.full_backward(s) for s in range(self.num_stages))
+
+    @property
+    def is_uniform(self) -> bool:
+        """Every stage costs the same (the closed forms are then about these costs)."""
+        return all(len(set(getattr(self, name) or (0.0,))) == 1 for name in _PER_STAGE)
+
+    def broadcast(self, num_stages: int, *, family: str = "the schedule") -> StageCosts:
+        """These costs for ``num_stages`` stages: one row is repeated for every stage; a
+        table of ``num_stages`` rows is itself. (Splitting a model stage into chunks divides
+        its costs: that is ``pipesched.simulate.setup.split_stage_costs``.)"""
+        if self.num_stages == num_stages:
+            return self
+        require(
+            self.num_stages == 1,
+            "costs",
+            f"{self.num_stages} stages",
+            f"{family} here has {num_stages} stages; give one cost row per stage, or one row for all",
+        )
+
+        def each(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
+            return None if values is None else values * num_stages
+
+        return StageCosts(
+            each(self.forward), each(self.backward_input), each(self.backward_weight),
+            each(self.activation_bytes), each(self.output_bytes), backward=each(self.backward),
+            static_bytes=each(self.static_bytes), grad_bytes=each(self.grad_bytes),
+            input_frees=self.input_frees, unit=self.unit,
+        )
+
+    # --- constructors ---------------------------------------------------------------------
     @classmethod
     def uniform(
         cls,
@@ -94,10 +167,40 @@ class StageCosts:
         backward_weight: float = 1.0,
         activation_bytes: float = 1.0,
         output_bytes: float = 0.0,
+        unit: str = SECONDS,
     ) -> StageCosts:
-        """Equal costs on every stage (the slot table's unit costs by default)."""
+        """Equal costs on every stage."""
         def each(x: float) -> tuple[float, ...]:
             return (x,) * num_stages
 
         return cls(each(forward), each(backward_input), each(backward_weight),
-                   each(activation_bytes), each(output_bytes))
+                   each(activation_bytes), each(output_bytes), unit=unit)
+
+    @classmethod
+    def slots(cls, f: float = 1.0, i: float = 1.0, w: float = 1.0, *, stages: int = 1) -> StageCosts:
+        """The idealized table's costs: F, I and W slot lengths (a full backward B = I + W),
+        the same on every stage; each stage-microbatch holds one unit of activations from F
+        until the op that ends its backward (B, or W when split), so memory counts
+        stage-microbatches in flight.
+
+        >>> StageCosts.slots().b, StageCosts.slots(1, 2, 1).num_stages
+        (2.0, 1)
+        """
+        costs = cls.uniform(stages, forward=f, backward_input=i, backward_weight=w, unit=SLOTS)
+        return StageCosts(costs.forward, costs.backward_input, costs.backward_weight,
+                          costs.activation_bytes, costs.output_bytes, input_frees=0.0, unit=SLOTS)
+
+    @classmethod
+    def parse_slots(cls, text: str) -> StageCosts:
+        """``"F,I,W"`` slot lengths (e.g. ``1,2,1``) as slot costs (``--set costs=...``)."""
+        parts = [part.strip() for part in str(text).split(",")]
+        try:
+            values = [float(part) for part in parts]
+        except ValueError:
+            values = []
+        if len(values) != 3 or not all(math.isfinite(v) and v >= 0 for v in values):
+            raise PipeschedError(
+                f"costs={str(text)[:40]!r}: give F,I,W slot lengths like 1,1,1 or 1,2,1 (numbers >= 0), "
+                "or a stage-cost CSV file"
+            )
+        return cls.slots(*values)

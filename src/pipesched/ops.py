@@ -32,7 +32,8 @@ I = OpKind.BACKWARD_INPUT  # noqa: E741 - the letter is the domain's name for it
 W = OpKind.BACKWARD_WEIGHT
 B = OpKind.BACKWARD
 
-# Fixed order used wherever kinds are stored as small integers (arrays, timelines).
+# Fixed order used wherever kinds are stored as small integers (arrays, timelines); the
+# order of the default rules table (``pipesched.rules.RULES``).
 KIND_ORDER: tuple[OpKind, ...] = (F, I, W, B)
 KIND_INDEX: dict[OpKind, int] = {kind: index for index, kind in enumerate(KIND_ORDER)}
 
@@ -53,7 +54,7 @@ class Op(NamedTuple):
     microbatch: int
 
     def __str__(self) -> str:
-        return f"{self.stage}{self.kind.value}{self.microbatch}"
+        return f"{self.stage}{self.kind}{self.microbatch}"
 
     @classmethod
     def parse(cls, text: str) -> Op:
@@ -65,7 +66,3 @@ class Op(NamedTuple):
             )
         return cls(int(match.group(1)), OpKind(match.group(2)), int(match.group(3)))
 
-
-def is_backward(kind: OpKind) -> bool:
-    """True for I and B: the ops that send a gradient to the previous stage."""
-    return kind is I or kind is B

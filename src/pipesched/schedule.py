@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from pipesched.errors import PipeschedError, require
-from pipesched.ops import B, F, I, Op, OpKind, W
+from pipesched.ops import I, Op, W
+from pipesched.rules import RULES, Rules
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class Schedule:
 
     ``route[mb]`` is the replica that microbatch ``mb`` goes through (all 0 with one replica).
     ``params`` records the generator's parameters (``p``, ``m``, ``v``, ...) for display.
+    ``rules`` is the table of op kinds the ops are read with (``pipesched.rules.RULES``).
     """
 
     name: str
@@ -123,6 +125,7 @@ class Schedule:
     device_ops: tuple[tuple[Op, ...], ...]
     route: tuple[int, ...] = ()
     params: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
+    rules: Rules = field(default=RULES, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         require(self.num_microbatches >= 1, "microbatches", self.num_microbatches, "must be at least 1")
@@ -174,32 +177,36 @@ class Schedule:
         return frozenset(op for ops in self.device_ops for op in ops)
 
     @cached_property
+    def derived(self) -> dict[str, object]:
+        """Values computed once from this immutable schedule by the modules that need them
+        (op columns, dependency rows), keyed by what they are."""
+        return {}
+
+    @cached_property
     def splits_backward(self) -> bool:
         """True when some backward is split into I and W (zero-bubble style)."""
         return any(op.kind is I or op.kind is W for _, op in self.ops())
 
-    def backward_op(self, stage: int, microbatch: int) -> Op:
-        """The op that produces stage's input gradient for microbatch: I if the table splits
-        that backward, else B."""
-        split = Op(stage, I, microbatch)
-        return split if split in self.op_set else Op(stage, B, microbatch)
-
     def predecessors(self, op: Op) -> tuple[Op, ...]:
-        """Data dependencies of ``op`` (not the device order).
+        """Data dependencies of ``op`` (not the device order), as the rules say: for each of
+        its needs, the op of the needed kind on the needed stage (the first kind of the need
+        that this table has; a need outside the model is no need).
 
-        forward:   F(s, mb) needs F(s-1, mb)'s activation
-        backward:  I/B(s, mb) needs its own F(s, mb) and the gradient of I/B(s+1, mb)
-        weight:    W(s, mb) needs I(s, mb)
+        >>> from pipesched.generators import generate
+        >>> [str(op) for op in generate("zb-h1", 2, 2).predecessors(Op.parse("0I1"))]
+        ['0F1', '1I1']
         """
-        s, kind, mb = op
-        if kind is F:
-            return (Op(s - 1, F, mb),) if s > 0 else ()
-        if kind is W:
-            return (Op(s, I, mb),)
-        own_forward = Op(s, F, mb)
-        if s == self.num_stages - 1:
-            return (own_forward,)
-        return (own_forward, self.backward_op(s + 1, mb))
+        found = []
+        for need in self.rules[op.kind].needs:
+            stage = op.stage + need.offset
+            if not 0 <= stage < self.num_stages:
+                continue
+            kinds = need.kinds
+            kind = kinds[0]
+            if len(kinds) > 1:
+                kind = next((k for k in kinds if Op(stage, k, op.microbatch) in self.op_set), kind)
+            found.append(Op(stage, kind, op.microbatch))
+        return tuple(found)
 
     def with_ops(self, device_ops: tuple[tuple[Op, ...], ...], *, name: str | None = None) -> Schedule:
         """A copy with other op tables (for passes: Schedule -> Schedule)."""
@@ -210,10 +217,6 @@ class Schedule:
             device_ops=tuple(tuple(ops) for ops in device_ops),
             route=self.route,
             params=dict(self.params),
+            rules=self.rules,
         )
 
-
-def expected_ops(num_stages: int, num_microbatches: int, *, split_backward: bool) -> list[Op]:
-    """Every op a complete schedule must contain, in stage-major order."""
-    kinds: tuple[OpKind, ...] = (F, I, W) if split_backward else (F, B)
-    return [Op(s, k, mb) for s in range(num_stages) for mb in range(num_microbatches) for k in kinds]

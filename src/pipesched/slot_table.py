@@ -6,66 +6,50 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from pipesched.errors import PipeschedError
-from pipesched.generators.base import SlotCosts
-from pipesched.ops import KIND_INDEX, B, F, I, Op, W
-from pipesched.ordering import walk
+from pipesched.costs import StageCosts
+from pipesched.ops import Op
+from pipesched.rules import RULES, Rules
 from pipesched.schedule import Schedule
 from pipesched.timeline import Timeline
 
 
-def slot_duration(costs: SlotCosts):
-    lengths = {F: costs.f, I: costs.i, W: costs.w, B: costs.b}
-    return lambda op: lengths[op.kind]
-
-
-def slot_table(schedule: Schedule, costs: SlotCosts | None = None) -> Timeline:
-    """The unit-time timeline of ``schedule`` (source "table", unit "slot").
+def slot_table(schedule: Schedule, costs: StageCosts | None = None) -> Timeline:
+    """The unit-time timeline of ``schedule`` (source "table", unit "slot"): the compiled
+    engine with free communication and slot costs (``StageCosts.slots()``: F = I = W = 1 by
+    default; one row of costs applies to every stage). In-flight activations are
+    ``table_metrics``' (the timeline carries no memory trace).
 
     Raises PipeschedError if the tables deadlock; validate first for the full report.
     """
-    costs = costs or SlotCosts()
-    result = walk(schedule, slot_duration(costs))
-    if result.stuck is not None:
-        cycle = result.stuck.cycle or result.stuck.waits
-        detail = "; ".join(f"device {d} waits at {head} for {missing}" for d, head, missing in cycle)
-        raise PipeschedError(f"schedule={schedule.name}: the tables deadlock ({detail}); run `pipesched validate` for the report")
-    rows = [(d, op) for d, op in schedule.ops()]
-    return Timeline(
-        schedule=schedule,
-        source="table",
-        unit="slot",
-        op_device=np.fromiter((d for d, _ in rows), np.int32, len(rows)),
-        op_stage=np.fromiter((op.stage for _, op in rows), np.int32, len(rows)),
-        op_kind=np.fromiter((KIND_INDEX[op.kind] for _, op in rows), np.int8, len(rows)),
-        op_microbatch=np.fromiter((op.microbatch for _, op in rows), np.int32, len(rows)),
-        op_start=result.start,
-        op_end=result.end,
-        meta={"slot_costs": costs},
-    )
+    from pipesched.simulate.graph import compile_graph
+    from pipesched.simulate.run import run
+
+    given = (costs if costs is not None else StageCosts.slots()).broadcast(schedule.num_stages, family=schedule.name)
+    # the table's own units: op lengths in slots, one unit of activations per stage-microbatch
+    # held from its F until the op that ends its backward
+    ones = (1.0,) * given.num_stages
+    slots = StageCosts(given.forward, given.backward_input, given.backward_weight, ones, (0.0,) * given.num_stages,
+                       backward=given.backward, input_frees=0.0, unit="slot")
+    return run(compile_graph(schedule, slots, None), memory=False)
 
 
-def held_after_each_op(ops: Sequence[Op]) -> Iterator[tuple[Op, int]]:
+def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES) -> Iterator[tuple[Op, int]]:
     """(op, stage-microbatches of activations held right after it) along one device's table.
 
     An F allocates its stage-microbatch's activations; the op that ends its backward frees
-    them (B, or W when the backward is split into I and W). Table order is time order on
-    one device.
+    them (B, or W when the backward is split into I and W): the rules' count
+    (``Rules.units_delta``). Table order is time order on one device.
     """
-    held = 0
+    held = 0.0
     for op in ops:
-        if op.kind is F:
-            held += 1
-        elif op.kind is B or op.kind is W:
-            held -= 1
-        yield op, held
+        held += rules.units_delta(op.kind)
+        yield op, round(held)
 
 
 def inflight_per_device(schedule: Schedule) -> list[int]:
     """Peak stage-microbatches whose activations each device holds at once."""
-    return [max((held for _, held in held_after_each_op(ops)), default=0) for ops in schedule.device_ops]
+    return [max((held for _, held in held_after_each_op(ops, schedule.rules)), default=0)
+            for ops in schedule.device_ops]
 
 
 @dataclass(frozen=True)
@@ -80,7 +64,7 @@ class TableMetrics:
     activation_units: float  # worst device's peak x devices / stages (units of a 1F1B stage)
 
 
-def table_metrics(schedule: Schedule, costs: SlotCosts | None = None, *,
+def table_metrics(schedule: Schedule, costs: StageCosts | None = None, *,
                   timeline: Timeline | None = None) -> TableMetrics:
     """Level-2 figures; pass ``timeline`` when the slot table of ``schedule`` (with the same
     costs) is already at hand."""

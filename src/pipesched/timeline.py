@@ -9,11 +9,18 @@ timelines of a million ops are normal.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipesched.ops import KIND_ORDER, Op
+from pipesched.ops import Op
 from pipesched.schedule import Schedule
+
+if TYPE_CHECKING:
+    from pipesched.costs import StageCosts
+    from pipesched.simulate.critical import CriticalPath
+    from pipesched.simulate.network import Network
 
 # Transfer kinds stored in TransferTable.kind
 ACTIVATION, GRADIENT, ALLREDUCE = 0, 1, 2
@@ -75,6 +82,41 @@ class MemoryTrace:
         return tuple(p > c for p, c in zip(self.peak, self.capacity, strict=True))
 
 
+class Source(StrEnum):
+    """Where a timeline came from."""
+
+    TABLE = "table"  # level 2: the idealized slot table
+    SIMULATED = "simulated"  # level 3: the communication-aware simulation
+    MEASURED = "measured"  # a real run, timed
+
+
+@dataclass(frozen=True, eq=False)
+class SimulationInfo:
+    """What a table or simulated timeline was computed from, and what the engine found."""
+
+    costs: StageCosts
+    network: Network | None  # None: free communication (the slot table)
+    contention: bool
+    overlap: bool
+    critical_path: CriticalPath
+    optimizer_step: tuple[float, ...]  # per device: when it may step its optimizer
+
+
+@dataclass(frozen=True, eq=False)
+class MeasuredInfo:
+    """How a measured timeline was run, and what was measured beside the op times."""
+
+    runtime: str  # "pytorch" or "pipesched" (our executor)
+    backend: str  # "gloo" or "nccl"
+    partition: str  # layers per stage
+    dtype: str
+    micro_batch_size: int
+    seq_len: int
+    step: int  # which measured step of the run
+    op_wait_s: np.ndarray  # per op row: time spent waiting for its inputs inside the op's span
+    op_cpu_s: np.ndarray  # per op row: CPU time the op's thread got during the op
+
+
 @dataclass(frozen=True, eq=False)
 class Timeline:
     """Start and end of every compute op (and transfer) of one iteration.
@@ -85,17 +127,18 @@ class Timeline:
     """
 
     schedule: Schedule
-    source: str  # "table" (level 2), "simulated" (level 3) or "measured" (real run)
+    source: Source
     unit: str  # "slot" or "s"
     op_device: np.ndarray  # int32
     op_stage: np.ndarray  # int32
-    op_kind: np.ndarray  # int8, index into ops.KIND_ORDER
+    op_kind: np.ndarray  # int8, index into the schedule's rules (F, I, W, B)
     op_microbatch: np.ndarray  # int32
     op_start: np.ndarray  # float64
     op_end: np.ndarray  # float64
     transfers: TransferTable = field(default_factory=TransferTable.empty)
     memory: MemoryTrace | None = None
-    meta: dict = field(default_factory=dict)  # e.g. costs used, cluster name, run settings
+    simulation: SimulationInfo | None = None  # table and simulated timelines
+    measured: MeasuredInfo | None = None  # measured timelines
 
     def __len__(self) -> int:
         return int(self.op_start.shape[0])
@@ -131,7 +174,8 @@ class Timeline:
         return float(self.idle_per_device().sum() / total) if total > 0 else 0.0
 
     def op(self, row: int) -> Op:
-        return Op(int(self.op_stage[row]), KIND_ORDER[int(self.op_kind[row])], int(self.op_microbatch[row]))
+        return Op(int(self.op_stage[row]), self.schedule.rules.kinds[int(self.op_kind[row])].kind,
+                  int(self.op_microbatch[row]))
 
     def rows_of_device(self, device: int) -> np.ndarray:
         """Row indices of device's ops, in start-time order."""

@@ -131,7 +131,7 @@ def _order(schedule: Schedule) -> list[Violation]:
 def _memory(schedule: Schedule, limit: int) -> list[Violation]:
     found = []
     for device, ops in enumerate(schedule.device_ops):
-        for op, held in held_after_each_op(ops):
+        for op, held in held_after_each_op(ops, schedule.rules):
             if held > limit:
                 found.append(Violation(
                     MEMORY,

@@ -58,7 +58,7 @@ def _ms(seconds: float) -> str:
 
 def timeline_records(timeline: Timeline) -> list[dict]:
     """Every op of a timeline as a JSON-ready dict, in the timeline's row order."""
-    waits = timeline.meta.get("op_wait_s")
+    waits = timeline.measured.op_wait_s if timeline.measured is not None else None
     return [
         {"device": int(timeline.op_device[row]), "op": str(timeline.op(row)),
          "start_s": float(timeline.op_start[row]), "end_s": float(timeline.op_end[row]),
@@ -101,7 +101,7 @@ def run_command(
         typer.echo(json.dumps({
             "schedule": schedule.name, "p": schedule.num_devices, "m": schedule.num_microbatches,
             "num_stages": schedule.num_stages, "model": spec.name, "runtime": result.runtime,
-            "backend": result.backend, "partition": result.timeline.meta["partition"],
+            "backend": result.backend, "partition": result.timeline.measured.partition,
             "step_time_s": result.step_time, "step_times_s": list(result.step_times),
             "loss": result.loss, "losses": list(result.losses),
             "timeline": timeline_records(result.timeline),
@@ -115,7 +115,7 @@ def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
 
     console = _console()
     table = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={schedule.num_microbatches}, "
-                        f"{schedule.num_stages} stages; {model_name} ({result.timeline.meta['partition']}), "
+                        f"{schedule.num_stages} stages; {model_name} ({result.timeline.measured.partition}), "
                         f"micro-batch {options.micro_batch_size} x {options.seq_len}, {options.dtype}")
     table.add_column("metric")
     table.add_column("value", justify="right")

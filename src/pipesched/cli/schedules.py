@@ -13,7 +13,6 @@ from pipesched import io
 from pipesched.cli.options import parse_settings
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.generators import FAMILIES, formula, generate, get_family
-from pipesched.generators.base import SlotCosts
 from pipesched.io.files import check_output_path, write_atomic
 from pipesched.slot_table import slot_table, table_metrics
 from pipesched.validate import format_report, validate
@@ -35,7 +34,7 @@ def show(
     p: Annotated[int, typer.Option("-p", help="pipeline devices")] = 4,
     m: Annotated[int, typer.Option("-m", help="microbatches")] = 8,
     v: Annotated[int | None, typer.Option("-v", help="chunks (stages) per device, for families that take it")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="grid | csv (PyTorch compute-only) | json")] = "grid",
+    fmt: Annotated[str, typer.Option("--format", help="grid | csv (PyTorch compute-only) | csv-comms (PyTorch compute+comms) | json")] = "grid",
     output: Annotated[str | None, typer.Option("-o", "--output", help="write to this file instead of stdout")] = None,
     settings: Annotated[list[str] | None, typer.Option("--set", help="family option KEY=VALUE, e.g. waves=2, memory_limit=6")] = None,
     png: Png = None,
@@ -65,7 +64,7 @@ def show(
             f"peak in-flight per device {list(metrics.peak_inflight)}\n"
         )
         if name in FAMILIES:
-            est = formula(name, p, m, v=v, costs=SlotCosts())
+            est = formula(name, p, m, v=v)
             sys.stdout.write(
                 f"# formula: makespan {est.makespan:g}, bubble ratio {est.bubble_ratio:.3f}, "
                 f"peak in-flight {est.peak_inflight:g}{'' if est.exact else ' (approximate)'}\n"

@@ -161,7 +161,7 @@ def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: 
 
 
 def _json(schedule, setup, network, timeline, metrics, contention, overlap) -> dict:
-    path = timeline.meta["critical_path"]
+    path = timeline.simulation.critical_path
     return {
         "schedule": schedule.name,
         "p": schedule.num_devices,
@@ -190,7 +190,7 @@ def _json(schedule, setup, network, timeline, metrics, contention, overlap) -> d
             "comm_s": metrics.critical_path_comm,
             "length": len(path),
         },
-        "optimizer_step_s": list(timeline.meta["optimizer_step_s"]),
+        "optimizer_step_s": list(timeline.simulation.optimizer_step),
         "num_ops": len(timeline),
         "num_transfers": len(timeline.transfers),
     }

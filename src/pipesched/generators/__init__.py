@@ -3,6 +3,9 @@ its closed-form model, exported as ``FAMILY``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import (
     chimera,
@@ -19,7 +22,7 @@ from pipesched.generators import (
     zb_h2,
     zb_v,
 )
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts
+from pipesched.generators.base import Family, FormulaEstimate
 from pipesched.schedule import Schedule
 
 # Listing order is the order of `pipesched list` and of comparisons.
@@ -85,10 +88,17 @@ def _check_size(p: int, m: int, v: int) -> None:
         )
 
 
-def formula(name: str, p: int, m: int, *, v: int | None = None, costs: SlotCosts | None = None) -> FormulaEstimate:
-    """Level 1: the family's closed-form bubble and peak in-flight activations."""
+def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCosts | None = None) -> FormulaEstimate:
+    """Level 1: the family's closed-form bubble and peak in-flight activations, with the F, I
+    and W of one stage of ``costs`` (default F = I = W = 1 slot). Costs that differ between
+    stages make the estimate approximate: the closed forms assume equal stages and take the
+    slowest stage's."""
     family = get_family(name)
-    return family.formula(p, m, family.resolve_v(v), costs or SlotCosts())
+    costs = costs if costs is not None else StageCosts.slots()
+    estimate = family.formula(p, m, family.resolve_v(v), costs)
+    if estimate.exact and not costs.is_uniform:
+        estimate = replace(estimate, exact=False, note="the stages' costs differ; the closed form takes the slowest stage's")
+    return estimate
 
 
-__all__ = ["FAMILIES", "Family", "FormulaEstimate", "SlotCosts", "formula", "generate", "get_family"]
+__all__ = ["FAMILIES", "Family", "FormulaEstimate", "formula", "generate", "get_family"]

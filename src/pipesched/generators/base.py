@@ -5,26 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pipesched.errors import require
+from pipesched.costs import StageCosts
+from pipesched.errors import PipeschedError, require
 from pipesched.schedule import Schedule
 
 
 @dataclass(frozen=True)
-class SlotCosts:
-    """Slot lengths of the idealized table: F, I and W (a full backward B = I + W)."""
-
-    f: float = 1.0
-    i: float = 1.0
-    w: float = 1.0
-
-    @property
-    def b(self) -> float:
-        return self.i + self.w
-
-
-@dataclass(frozen=True)
 class FormulaEstimate:
-    """Level 1: a family's closed form at (p, m, v) with slot costs F, I, W.
+    """Level 1: a family's closed form at (p, m, v) with the F, I, W of a stage (slots).
 
     Definitions (used everywhere in pipesched):
     - B is the full backward, B = I + W.
@@ -74,7 +62,7 @@ class Family:
     summary: str
     constraints: str
     build: Callable[..., Schedule]
-    formula: Callable[[int, int, int, SlotCosts], FormulaEstimate]
+    formula: Callable[[int, int, int, StageCosts], FormulaEstimate]
     chunks: int | None = 1
     default_v: int = 1
     options: tuple[str, ...] = field(default=())
@@ -96,3 +84,14 @@ def check_sizes(p: int, m: int, *, min_p: int = 2) -> None:
     """The constraints every family shares."""
     require(p >= min_p, "p", p, f"needs at least {min_p} pipeline devices")
     require(m >= 1, "m", m, "needs at least 1 microbatch")
+
+
+def per_stage_costs(costs: StageCosts | None, num_stages: int, family: str) -> StageCosts:
+    """The F, I, W costs a cost-aware generator (the greedy heuristics) plans with: one
+    entry per stage of its schedule; one row of costs applies to every stage, and None
+    means F = I = W = 1 slot."""
+    if costs is None:
+        costs = StageCosts.slots()
+    if not isinstance(costs, StageCosts):
+        raise PipeschedError(f"costs={type(costs).__name__}: give a StageCosts (e.g. StageCosts.slots(1, 2, 1))")
+    return costs.broadcast(num_stages, family=family)

@@ -19,8 +19,9 @@ most p microbatches in flight per device.
 
 from __future__ import annotations
 
+from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
@@ -140,7 +141,7 @@ def _pick(
     return None if best is None else (best[1], best[2])
 
 
-def chimera_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def chimera_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     # The paper: (p/2-1) forward and (p/2-1) backward bubbles per device, i.e. bubble ratio
     # (p-2)/(2m+p-2) when F = B; at most p microbatches in flight (device p/2-1 holds p/2
     # of each direction).

@@ -33,8 +33,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.ops import B, F, I, Op, OpKind, W
 from pipesched.schedule import Placement, Schedule
 
@@ -179,7 +180,7 @@ def overlapped_pairs(p: int, m: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(pairs) for _, pairs in _programs(p, m))
 
 
-def dualpipe_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def dualpipe_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     # DualPipe's README: bubble (p/2-1)(F&B + B - 3W), activations p+1 stage-microbatches,
     # 2x parameters. The slot table runs an overlapped pair as F then B: F&B = F + B.
     fb = c.f + c.b

@@ -10,8 +10,9 @@ table runs them one after the other.
 
 from __future__ import annotations
 
+from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.generators.dualpipe import dual_program
 from pipesched.ops import Op, OpKind
 from pipesched.schedule import Placement, Schedule
@@ -64,7 +65,7 @@ def overlapped_pairs(p: int, m: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(pairs) for _, pairs in _programs(p, m))
 
 
-def dualpipev_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def dualpipev_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     # DualPipe's README with PP = 2p stages: bubble (p-1)(F&B + B - 3W) in stage (half-chunk)
     # times, activations 2p+1 stage-microbatches; F&B = F + B in the slot table.
     fb = c.f + c.b

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.costs import StageCosts
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
@@ -21,7 +22,7 @@ def gpipe(p: int, m: int) -> Schedule:
     return Schedule("gpipe", Placement.one_per_device(p), m, device_ops, params={"p": p, "m": m})
 
 
-def gpipe_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def gpipe_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     # every device idles (p-1)(F+B): the fill and drain of the pipeline; all m activations held
     return FormulaEstimate(
         idle=(p - 1) * (c.f + c.b),

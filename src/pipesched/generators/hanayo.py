@@ -19,8 +19,9 @@ and raises the activations held: stage s keeps min(m, 2wp - s) microbatches in f
 
 from __future__ import annotations
 
+from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.generators.one_f_one_b import one_f_one_b
 from pipesched.ops import B, F, Op
 from pipesched.ordering import walk
@@ -72,7 +73,7 @@ def waves_of(v: int) -> int:
     return v // 2
 
 
-def hanayo_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def hanayo_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     # Interleaved form with v = 2w chunk stages per device: idle (p-1)(F+B) in chunk times,
     # bubble ratio (p-1)/(v m + p - 1); activations: the deep 1F1B holds min(m, vp - s) on
     # stage s, summed over the stages a device holds, worst device.

@@ -8,8 +8,9 @@ through chunk 1, and so on ("depth first"); backwards mirror that with the chunk
 
 from __future__ import annotations
 
+from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
@@ -90,13 +91,13 @@ def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     )
 
 
-def looped_idle(p: int, m: int, v: int, c: SlotCosts) -> float:
+def looped_idle(p: int, m: int, v: int, c: StageCosts) -> float:
     """Idle of a looped (chunk s on device s mod p) schedule, in chunk-op slots: the fill and
     drain (p-1)(F+B), plus (p-m)(F+B) at each of the v-1 chunk changes when m < p."""
     return (p - 1) * (c.f + c.b) + (v - 1) * max(0, p - m) * (c.f + c.b)
 
 
-def interleaved_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def interleaved_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     """Slot costs are those of one chunk op (a stage of this schedule).
 
     Idle is the 1F1B fill and drain counted in chunk ops, (p-1)(F+B): in units of a whole

@@ -8,8 +8,9 @@ forwards chunk by chunk, then all backwards, last chunk first and last microbatc
 
 from __future__ import annotations
 
+from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.generators.interleaved import looped_idle
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
@@ -40,7 +41,7 @@ def looped_bfs(p: int, m: int, v: int = 2) -> Schedule:
     )
 
 
-def looped_bfs_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def looped_bfs_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     """Slot costs are those of one chunk op. Fill and drain cost (p-1)(F+B) as in GPipe; with
     m < p each of the v-1 chunk changes also waits (p-m)(F+B) for the first microbatch to
     come round. Every device holds all v m chunk activations at the end of the forwards."""

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.costs import StageCosts
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
@@ -28,7 +29,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return Schedule("1f1b", Placement.one_per_device(p), m, tuple(device_ops), params={"p": p, "m": m})
 
 
-def one_f_one_b_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def one_f_one_b_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     # same bubble as GPipe; device d holds at most p-d microbatches, device 0 holds min(p, m)
     return FormulaEstimate(
         idle=(p - 1) * (c.f + c.b),

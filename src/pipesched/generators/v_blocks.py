@@ -21,12 +21,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipesched.ops import F, I, Op, W
+from pipesched.rules import RULES
 
 # Pass types of one device, in the order ties are broken.
 F_DOWN, F_UP, I_UP, I_DOWN, W_ANY = 0, 1, 2, 3, 4
 W_UP, W_DOWN = 4, 5  # after the final split of W by chunk
 PERIOD = 6  # slots per microbatch per device
-_MEMORY = (1, 1, 0, 0, -1)  # stage-microbatches in flight added by F, F, I, I, W
+# stage-microbatches in flight each pass type adds (F, F, I, I, W), as the rules count them
+_MEMORY = tuple(RULES.units_delta(kind) for kind in (F, F, I, I, W))
 
 # times[device][pass type][microbatch] -> slot
 Times = list[list[list[int]]]

@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from pipesched.generators.op_costs import OpCosts
+from pipesched.costs import StageCosts
 from pipesched.ops import F, I, Op, OpKind, W
+from pipesched.rules import RULES
 
 DOWN, UP = 0, 1
 
@@ -52,7 +53,7 @@ class _Device:
 class _Pass:
     """One run of the heuristic with fixed policies; raises Infeasible when stuck."""
 
-    def __init__(self, p: int, m: int, costs: OpCosts, limit: int, *, fill_f: bool, fill_i: bool,
+    def __init__(self, p: int, m: int, costs: StageCosts, limit: int, *, fill_f: bool, fill_i: bool,
                  allowance: list[float] | None) -> None:
         self.p, self.m, self.costs, self.limit = p, m, costs, limit
         self.fill_f, self.fill_i = fill_f, fill_i
@@ -115,9 +116,8 @@ class _Pass:
             ends = max(ends, self.end[source] + duration)
         self._record(dev, op, ends, no_wait)
         counter[chunk] += 1
-        if kind is F:
-            dev.held += 1
-        else:
+        dev.held += RULES.units_delta(kind)
+        if kind is not F:
             dev.pending_w.append(Op(op.stage, W, mb))
 
     def put_w(self, device: int) -> None:
@@ -127,7 +127,7 @@ class _Pass:
         op = dev.pending_w.popleft()
         ends = dev.free_at + self.costs.of(W, op.stage)
         self._record(dev, op, ends, ends)
-        dev.held -= 1
+        dev.held += RULES.units_delta(W)
 
     def _record(self, dev: _Device, op: Op, ends: float, no_wait: float) -> None:
         if dev.forwards[DOWN] > 0:
@@ -275,7 +275,7 @@ class _Pass:
         return max(dev.free_at for dev in self.devices)
 
 
-def v_greedy(p: int, m: int, costs: OpCosts, memory_limit: int) -> list[list[Op]] | None:
+def v_greedy(p: int, m: int, costs: StageCosts, memory_limit: int) -> list[list[Op]] | None:
     """Per-device op orders of the best schedule the heuristic finds; None when every
     policy gets stuck."""
     best: tuple[float, float, list[list[Op]]] | None = None

@@ -4,7 +4,8 @@ building block (see v_blocks)."""
 
 from __future__ import annotations
 
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.costs import StageCosts
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.generators.v_blocks import block_half, block_schedule
 from pipesched.schedule import Placement, Schedule
 
@@ -27,7 +28,7 @@ def v_half_peak(p: int, m: int) -> int:
     return min(2 * (p // 2) + 2, 2 * m)
 
 
-def v_half_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def v_half_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     """Slot costs are those of one chunk op. The paper's bubble for V-Half is about p/(2m)
     of the work, i.e. idle about p(F+I+W): half of 1F1B's in whole-stage units."""
     peak = v_half_peak(p, m)

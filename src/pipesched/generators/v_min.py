@@ -4,7 +4,8 @@ building block (see v_blocks)."""
 
 from __future__ import annotations
 
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
+from pipesched.costs import StageCosts
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.generators.v_blocks import block_min, block_schedule
 from pipesched.schedule import Placement, Schedule
 
@@ -27,7 +28,7 @@ def v_min_peak(p: int, m: int) -> int:
     return min(2 * ((p + 1) // 3) + 2, 2 * m)
 
 
-def v_min_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def v_min_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     """Slot costs are those of one chunk op. The paper's bubble for V-Min is about 2p/(3m)
     of the work, i.e. idle about (4p/3)(F+I+W): two thirds of 1F1B's in whole-stage units."""
     peak = v_min_peak(p, m)

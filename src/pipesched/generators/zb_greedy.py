@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import product
 
-from pipesched.generators.op_costs import OpCosts
+from pipesched.costs import StageCosts
 from pipesched.ops import F, I, Op, OpKind, W
+from pipesched.rules import RULES
 
 
 @dataclass
@@ -37,7 +38,7 @@ class _Device:
 
 
 class _Pass:
-    def __init__(self, m: int, costs: OpCosts, limit: int, *, bubble_before_first_i: bool,
+    def __init__(self, m: int, costs: StageCosts, limit: int, *, bubble_before_first_i: bool,
                  prioritise_i: bool, greedy_fill: bool) -> None:
         self.p = len(costs.forward)
         self.m, self.costs, self.limit = m, costs, limit
@@ -64,7 +65,7 @@ class _Pass:
         if dev.placed[F] > 0:
             dev.bubble += ends - no_wait
         dev.free_at = self.end[op] = ends
-        dev.held += 1 if kind is F else -1 if kind is W else 0
+        dev.held += RULES.units_delta(kind)
         dev.placed[kind] += 1
         dev.ops.append(op)
 
@@ -185,7 +186,7 @@ class _Pass:
         return max(dev.free_at for dev in self.devices)
 
 
-def zb_greedy(m: int, costs: OpCosts, memory_limit: int) -> list[list[Op]]:
+def zb_greedy(m: int, costs: StageCosts, memory_limit: int) -> list[list[Op]]:
     """Per-device op orders (one stage per device, p = number of stages in ``costs``) of
     the best of the heuristic's eight variants. ``memory_limit`` must be at least 1."""
     best: tuple[float, float, list[list[Op]]] | None = None

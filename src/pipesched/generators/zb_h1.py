@@ -9,12 +9,12 @@ when F = I = W.
 from __future__ import annotations
 
 from pipesched.costs import StageCosts
-from pipesched.generators.base import Family, SlotCosts
+from pipesched.generators.base import Family
 from pipesched.generators.zero_bubble import one_stage_schedule, zb_h1_formula
 from pipesched.schedule import Schedule
 
 
-def zb_h1(p: int, m: int, *, costs: StageCosts | SlotCosts | None = None,
+def zb_h1(p: int, m: int, *, costs: StageCosts | None = None,
           memory_limit: int | None = None) -> Schedule:
     """Device d: p-d warm-up forwards, then I / (W) / F, holding at most p microbatches.
 

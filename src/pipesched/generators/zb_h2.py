@@ -8,12 +8,12 @@ microbatches, about twice 1F1B's activations.
 from __future__ import annotations
 
 from pipesched.costs import StageCosts
-from pipesched.generators.base import Family, SlotCosts
+from pipesched.generators.base import Family
 from pipesched.generators.zero_bubble import one_stage_schedule, zb_h2_formula
 from pipesched.schedule import Schedule
 
 
-def zb_h2(p: int, m: int, *, costs: StageCosts | SlotCosts | None = None,
+def zb_h2(p: int, m: int, *, costs: StageCosts | None = None,
           memory_limit: int | None = None) -> Schedule:
     """Device d: 2(p-d)-1 warm-up forwards, then I / (W) / F, holding at most 2p-1.
 

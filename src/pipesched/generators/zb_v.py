@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
-from pipesched.generators.base import Family, FormulaEstimate, SlotCosts, check_sizes
-from pipesched.generators.op_costs import op_costs
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes, per_stage_costs
 from pipesched.generators.v_greedy import v_greedy
 from pipesched.generators.zero_bubble import check_memory_limit
 from pipesched.ops import F, I, Op, OpKind, W
@@ -68,7 +67,7 @@ def handcrafted_zb_v(p: int, m: int) -> tuple[tuple[Op, ...], ...]:
     return tuple(tables)
 
 
-def zb_v(p: int, m: int, *, costs: StageCosts | SlotCosts | None = None,
+def zb_v(p: int, m: int, *, costs: StageCosts | None = None,
          memory_limit: int | None = None) -> Schedule:
     """The handcrafted ZB-V; with ``costs`` (per stage of the 2p) or ``memory_limit``
     (in-flight stage-microbatches per device, default 2p) the zero-bubble V heuristic
@@ -85,7 +84,7 @@ def zb_v(p: int, m: int, *, costs: StageCosts | SlotCosts | None = None,
     # device 0 holds both chunks of the first microbatch until its up-chunk backward: the V
     # needs two in flight; below 2p the heuristic trades bubble for memory
     check_memory_limit(limit, 2, "zb-v")
-    tables = v_greedy(p, m, op_costs(costs, 2 * p, "zb-v"), limit)
+    tables = v_greedy(p, m, per_stage_costs(costs, 2 * p, "zb-v"), limit)
     if tables is None:
         raise PipeschedError(
             f"memory_limit={limit}: the zb-v heuristic found no schedule for p={p}, m={m}; "
@@ -97,7 +96,7 @@ def zb_v(p: int, m: int, *, costs: StageCosts | SlotCosts | None = None,
     )
 
 
-def zb_v_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def zb_v_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     """Slot costs are those of one chunk op (half a 1F1B stage). With m >= 2p-1 and
     F = I = W every device is busy from its first op to its last; the iteration spans the
     (p-1)F by which the last device starts late. With fewer microbatches the V is not full

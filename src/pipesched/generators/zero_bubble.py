@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import FormulaEstimate, SlotCosts, check_sizes
-from pipesched.generators.op_costs import op_costs
+from pipesched.generators.base import FormulaEstimate, check_sizes, per_stage_costs
 from pipesched.generators.zb_greedy import zb_greedy
 from pipesched.ops import F, I, Op, W
 from pipesched.schedule import Placement, Schedule
@@ -63,7 +62,7 @@ def one_stage_schedule(
     warmup: list[int],
     delay: list[int],
     default_limit: int,
-    costs: StageCosts | SlotCosts | None,
+    costs: StageCosts | None,
     memory_limit: int | None,
 ) -> Schedule:
     """ZB-H1 / ZB-H2: the handcrafted table, or the heuristic when costs or a memory limit
@@ -76,16 +75,16 @@ def one_stage_schedule(
         limit = default_limit if memory_limit is None else memory_limit
         # one in flight always works: F, I, W of a microbatch before the next F
         check_memory_limit(limit, 1, name)
-        tables = tuple(tuple(ops) for ops in zb_greedy(m, op_costs(costs, p, name), limit))
+        tables = tuple(tuple(ops) for ops in zb_greedy(m, per_stage_costs(costs, p, name), limit))
         params = {"p": p, "m": m, "memory_limit": limit, "heuristic": True}
     return Schedule(name, Placement.one_per_device(p), m, tables, params=params)
 
 
-def _equal(c: SlotCosts) -> bool:
+def _equal(c: StageCosts) -> bool:
     return c.f == c.i == c.w
 
 
-def _approximation_note(p: int, m: int, c: SlotCosts) -> str:
+def _approximation_note(p: int, m: int, c: StageCosts) -> str:
     low = (p - 1) * c.f
     high = (p - 1 + max(0, p - m)) * (c.f + c.b)
     return (
@@ -94,7 +93,7 @@ def _approximation_note(p: int, m: int, c: SlotCosts) -> str:
     )
 
 
-def zb_h1_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def zb_h1_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     """ZB-H1: the paper's idle (p-1)(F+I-W), never less than the (p-1)F by which the last
     device starts late; fewer microbatches than devices add (p-m)F. Peak p, like 1F1B."""
     return FormulaEstimate(
@@ -107,7 +106,7 @@ def zb_h1_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
     )
 
 
-def zb_h2_formula(p: int, m: int, v: int, c: SlotCosts) -> FormulaEstimate:
+def zb_h2_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     """ZB-H2: no bubble inside any device's span once m >= 2p-1; the iteration still spans
     the (p-1)F by which the last device starts late. With fewer microbatches the deep warm-up
     is cut short and every two missing microbatches cost one more F. Peak 2p-1."""

@@ -1,5 +1,7 @@
 """Schedule files: grid text (``.txt`` and anything else), PyTorch CSV (``.csv``), JSON
-(``.json``). Every format round-trips: ``load(save(s)) == s``."""
+(``.json``). Every format round-trips: ``load(save(s)) == s``. ``csv-comms`` writes
+PyTorch's compute+comms CSV (the communication pass's sends and receives added), which
+loads back as the same schedule (and, with ``torch_csv.loads_comms``, the same actions)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pipesched.io import grid, json_format, torch_csv
 from pipesched.io.files import read_text, write_atomic
 from pipesched.schedule import Schedule
 
-FORMATS = ("grid", "csv", "json")
+FORMATS = ("grid", "csv", "csv-comms", "json")
 
 
 def format_for(path: str | os.PathLike[str]) -> str:
@@ -21,11 +23,15 @@ def format_for(path: str | os.PathLike[str]) -> str:
 
 
 def dumps(schedule: Schedule, fmt: str = "grid") -> str:
-    """A schedule as text in ``fmt`` (grid, csv or json)."""
+    """A schedule as text in ``fmt`` (grid, csv, csv-comms or json)."""
     if fmt == "grid":
         return grid.dumps(schedule)
     if fmt == "csv":
         return torch_csv.dumps(schedule)
+    if fmt == "csv-comms":
+        from pipesched.passes.communication import with_communication
+
+        return torch_csv.dumps_comms(with_communication(schedule))
     if fmt == "json":
         return json_format.dumps(schedule)
     raise PipeschedError(f"format={fmt!r}: unknown; choose one of {', '.join(FORMATS)}")
@@ -35,7 +41,7 @@ def loads(text: str, fmt: str = "grid", *, source: str = "<text>") -> Schedule:
     """Parse schedule text in ``fmt``; errors name ``source`` with line and column."""
     if fmt == "grid":
         return grid.loads(text, source=source)
-    if fmt == "csv":
+    if fmt in ("csv", "csv-comms"):
         name = "custom" if source.startswith("<") else Path(source).stem
         return torch_csv.loads(text, source=source, name=name)
     if fmt == "json":

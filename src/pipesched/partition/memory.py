@@ -1,14 +1,14 @@
 """Activation memory a schedule implies for a partition: in-flight counts and device peaks.
 
 A stage-microbatch's activations are held from its F until the op that ends its backward
-(B, or W when the backward is split into I and W), as in ``slot_table.inflight_per_device``.
+(B, or W when the backward is split into I and W): the rules' count of stage-microbatches
+in flight (``pipesched.rules.Rules.units_delta``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipesched.ops import B, F, W
 from pipesched.schedule import Placement, Schedule
 
 
@@ -23,13 +23,10 @@ def inflight_per_stage(schedule: Schedule) -> list[int]:
     """
     peaks = [0] * schedule.num_stages
     for ops in schedule.device_ops:
-        held = [0] * schedule.num_stages
+        held = [0.0] * schedule.num_stages
         for op in ops:
-            if op.kind is F:
-                held[op.stage] += 1
-                peaks[op.stage] = max(peaks[op.stage], held[op.stage])
-            elif op.kind is B or op.kind is W:
-                held[op.stage] -= 1
+            held[op.stage] += schedule.rules.units_delta(op.kind)
+            peaks[op.stage] = max(peaks[op.stage], round(held[op.stage]))
     return peaks
 
 
@@ -58,10 +55,7 @@ def device_peak_bytes(schedule: Schedule, activation_bytes: Sequence[float],
     for device, ops in enumerate(schedule.device_ops):
         held = peak = 0.0
         for op in ops:
-            if op.kind is F:
-                held += activation_bytes[op.stage]
-                peak = max(peak, held)
-            elif op.kind is B or op.kind is W:
-                held -= activation_bytes[op.stage]
+            held += schedule.rules.units_delta(op.kind) * activation_bytes[op.stage]
+            peak = max(peak, held)
         peaks.append(static[device] + peak)
     return peaks

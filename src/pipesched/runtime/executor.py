@@ -2,10 +2,11 @@
 
 It covers what PyTorch's runtime cannot express: a model stage kept on two devices (the
 replicas of Chimera and DualPipe), each microbatch going through the replica its route
-names, and the gradient all-reduce between the replicas. Each rank walks its
-communication plan (``comm_plan``): receives are posted early and waited on by the op that
-consumes them, sends go out right after the op that produced them and are waited on at the
-end of the step.
+names, and the gradient all-reduce between the replicas. Each rank walks its actions from
+the communication pass (``pipesched.passes.communication``): receives are posted early and
+waited on by the op that consumes them, sends go out right after the op that produced them
+and are waited on at the end of the step, and a replicated stage's all-reduce is posted
+after its last weight-gradient op here and waited on at the end.
 
 The compute of each op is ``stage_ops``' (PyTorch's semantics). The loss is divided by the
 number of microbatches before the backward, so gradients are those of the mean loss.
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pipesched.ops import B, F, I, Op, W
-from pipesched.runtime.comm_plan import Compute, Message, Recv, Send, communication_plan
+from pipesched.passes.communication import AllReduce, Message, Recv, Send, with_communication
 from pipesched.runtime.measure import HostRecorder, RankStep
 from pipesched.runtime.stage_ops import (
     Forwarded,
@@ -29,6 +30,7 @@ from pipesched.runtime.stage_ops import (
 from pipesched.runtime.torch_import import require_torch
 from pipesched.runtime.torch_model import Batch, StageModule
 from pipesched.schedule import Schedule
+from pipesched.timeline import ACTIVATION, GRADIENT
 
 torch = require_torch()
 dist = torch.distributed
@@ -85,16 +87,10 @@ class Executor:
     def __init__(self, setup: RankSetup) -> None:
         self.setup = setup
         schedule = setup.schedule
-        self.plan = communication_plan(schedule)[setup.rank]
+        self.plan = with_communication(schedule).actions[setup.rank]
         self.num_stages = schedule.num_stages
         self.num_microbatches = schedule.num_microbatches
         replicated = replicated_stages(schedule)
-        # a replicated stage's gradients are complete on this rank after its last B or W here
-        last_backward: dict[int, Op] = {}
-        for op in schedule.device_ops[setup.rank]:
-            if op.kind in (B, W) and op.stage in replicated:
-                last_backward[op.stage] = op
-        self.reduce_after = {op: stage for stage, op in last_backward.items()}
         self.partner = {s: (b if a == setup.rank else a) for s, (a, b) in replicated.items()
                         if setup.rank in (a, b)}
         # a replicated stage keeps its gradients in one flat buffer (the parameters' .grad are
@@ -121,10 +117,12 @@ class Executor:
         state = _StepState()
         compute_index = 0
         for action in self.plan:
-            if isinstance(action, Compute):
+            if isinstance(action, Op):
                 setup.before_op(step_index, compute_index)
-                self._compute(action.op, state)
+                self._compute(action, state)
                 compute_index += 1
+            elif isinstance(action, AllReduce):
+                self._post_reduce(action.stage, state)
             elif isinstance(action, Send):
                 tensor = state.produced.pop(action.message)
                 work = dist.isend(tensor, action.peer, tag=self._tag(action.message))
@@ -166,7 +164,7 @@ class Executor:
             if first:
                 x = setup.batch.tokens[mb]
             else:
-                x, waited = self._take(Message("activation", s - 1, mb), state)
+                x, waited = self._take(Message(ACTIVATION, s - 1, mb), state)
                 x = x.detach().requires_grad_(True)
             begun = recorder.begin()
             done = forward(module, x, targets=setup.batch.targets[mb] if last else None,
@@ -176,17 +174,16 @@ class Executor:
             if last:
                 state.losses[mb] = done.loss
             else:
-                state.produced[Message("activation", s, mb)] = done.output.detach()
+                state.produced[Message(ACTIVATION, s, mb)] = done.output.detach()
             return
         if kind is W:
             begun = recorder.begin()
             backward_weight(module, state.forwarded.pop(key), first=first)
             recorder.end(op, begun)
-            self._maybe_reduce(op, state)
             return
         grad = None
         if not last:
-            grad, waited = self._take(Message("gradient", s + 1, mb), state)
+            grad, waited = self._take(Message(GRADIENT, s + 1, mb), state)
         done = state.forwarded[key]
         begun = recorder.begin()
         if kind is B:
@@ -196,18 +193,11 @@ class Executor:
             input_grad = backward_input(module, done, grad, first=first)
         recorder.end(op, begun, wait_ns=waited)
         if not first:
-            state.produced[Message("gradient", s, mb)] = input_grad
+            state.produced[Message(GRADIENT, s, mb)] = input_grad
         if kind is B:
             del state.forwarded[key]
-            self._maybe_reduce(op, state)
 
     # --- replicas (Chimera, DualPipe) ---------------------------------------------------------
-    def _maybe_reduce(self, op: Op, state: _StepState) -> None:
-        """Start the all-reduce of a replicated stage once its last backward on this rank ran."""
-        stage = self.reduce_after.get(op)
-        if stage is not None:
-            self._post_reduce(stage, state)
-
     def _post_reduce(self, stage: int, state: _StepState) -> None:
         flat, theirs = self.flat_grads[stage]
         posted = self.setup.recorder.now()
@@ -224,10 +214,6 @@ class Executor:
         return next(key for key in self.setup.modules if key[0] == stage)
 
     def _finish_reduces(self, state: _StepState) -> None:
-        # a replica that no microbatch went through still joins its stage's all-reduce
-        posted_stages = {stage for stage, *_ in state.reduces}
-        for stage in sorted(set(self.partner) - posted_stages):
-            self._post_reduce(stage, state)
         record = self.setup.recorder.step
         for stage, partner, works, (flat, theirs), posted in state.reduces:
             for work in works:

@@ -7,14 +7,15 @@ starts ranks on one machine). GPU ranks time ops with CUDA events mapped onto th
 clock (``pipesched.runtime.gpu``).
 
 An op's start is when its compute starts, after any wait for its input; the wait is kept
-apart (``Timeline.meta["op_wait_s"]``). The last stage's forward includes the loss.
-``Timeline.meta["op_cpu_s"]`` is the CPU time the op's thread got during the op: on a CPU
+apart (``Timeline.measured.op_wait_s``). The last stage's forward includes the loss.
+``Timeline.measured.op_cpu_s`` is the CPU time the op's thread got during the op: on a CPU
 rank (one torch thread) it falls short of the op's duration exactly when other processes
 took the core, which ``cpu_share`` sums up.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from pipesched.ops import KIND_INDEX, KIND_ORDER, Op
 from pipesched.schedule import Schedule
-from pipesched.timeline import ALLREDUCE, Timeline, TransferTable
+from pipesched.timeline import ALLREDUCE, MeasuredInfo, Source, Timeline, TransferTable
 
 
 @dataclass
@@ -86,8 +87,9 @@ class HostRecorder:
         step.cpu_ns.append(cpu_ns)
 
 
-def measured_timeline(schedule: Schedule, ranks: list[RankStep], *, meta: dict | None = None) -> Timeline:
-    """The Timeline (source "measured", seconds from the step's first op) of one step.
+def measured_timeline(schedule: Schedule, ranks: list[RankStep], *, info: MeasuredInfo) -> Timeline:
+    """The Timeline (source "measured", seconds from the step's first op) of one step; ``info``
+    says how it was run (its op waits and CPU times are filled in from ``ranks``).
 
     Op rows go device by device, each device's ops in the order they ran.
     """
@@ -100,12 +102,11 @@ def measured_timeline(schedule: Schedule, ranks: list[RankStep], *, meta: dict |
 
     device = np.array([r.device for r in ordered for _ in r.start_ns], dtype=np.int32)
     to_s = 1e-9
-    info = dict(meta or {})
-    info["op_wait_s"] = column("wait_ns", np.int64).astype(np.float64) * to_s
-    info["op_cpu_s"] = column("cpu_ns", np.int64).astype(np.float64) * to_s
+    info = dataclasses.replace(info, op_wait_s=column("wait_ns", np.int64).astype(np.float64) * to_s,
+                               op_cpu_s=column("cpu_ns", np.int64).astype(np.float64) * to_s)
     return Timeline(
         schedule=schedule,
-        source="measured",
+        source=Source.MEASURED,
         unit="s",
         op_device=device,
         op_stage=column("stage", np.int32),
@@ -114,7 +115,7 @@ def measured_timeline(schedule: Schedule, ranks: list[RankStep], *, meta: dict |
         op_start=(column("start_ns", np.int64) - origin).astype(np.float64) * to_s,
         op_end=(column("end_ns", np.int64) - origin).astype(np.float64) * to_s,
         transfers=_reduce_table(ordered, origin),
-        meta=info,
+        measured=info,
     )
 
 
@@ -162,7 +163,7 @@ def order_mismatch(schedule: Schedule, timeline: Timeline) -> str | None:
 def cpu_share(timeline: Timeline) -> float:
     """CPU time the ops' threads got over the ops' total duration (1.0: nothing else ran on
     the ranks' cores during the ops; only meaningful for CPU ranks)."""
-    cpu = timeline.meta.get("op_cpu_s")
+    cpu = timeline.measured.op_cpu_s if timeline.measured is not None else None
     busy = float(np.sum(timeline.op_end - timeline.op_start))
     if cpu is None or busy <= 0:
         return 1.0

@@ -253,7 +253,7 @@ def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: Mod
     result = run_schedules([generate("1f1b", 2, 8)], probe_model(model), options=options, runtime=runtime)[0]
     gaps = []
     for timeline in result.timelines:
-        waits = timeline.meta["op_wait_s"]
+        waits = timeline.measured.op_wait_s
         for device in range(timeline.num_devices):
             rows = np.flatnonzero(timeline.op_device == device)
             for before, after in itertools.pairwise(rows):

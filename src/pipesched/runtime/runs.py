@@ -9,6 +9,7 @@ and the timeline of the median step.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from pipesched.runtime.launch import Fault, LaunchSpec, launch
 from pipesched.runtime.measure import RankStep, measured_timeline, order_mismatch
 from pipesched.runtime.profile import StageTiming
 from pipesched.schedule import Schedule
-from pipesched.timeline import Timeline
+from pipesched.timeline import MeasuredInfo, Timeline
 from pipesched.validate import validate
 
 BACKENDS = ("gloo", "nccl")
@@ -172,9 +173,9 @@ def choose_runtime(schedule: Schedule, runtime: str) -> str:
             f"schedule={schedule.name}: neither runtime can run it: the table is invalid ({problems[0]}); "
             "run `pipesched validate` for the report"
         )
-    from pipesched.runtime.comm_plan import communication_plan
+    from pipesched.passes.communication import with_communication
 
-    communication_plan(schedule)
+    with_communication(schedule)
     if runtime == "ours":
         return "ours"
     from pipesched.runtime.pytorch_runtime import pytorch_limitation
@@ -224,10 +225,12 @@ def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: R
 
 def _assemble(job: RunJob, ranks: list[RankJobResult], options: RunOptions) -> RunResult:
     schedule = job.schedule
-    meta = {"runtime": job.runtime, "backend": options.backend, "partition": str(job.partition),
-            "dtype": options.dtype, "micro_batch_size": options.micro_batch_size, "seq_len": options.seq_len}
+    empty = np.zeros(0)
+    info = MeasuredInfo(runtime=job.runtime, backend=options.backend, partition=str(job.partition),
+                        dtype=options.dtype, micro_batch_size=options.micro_batch_size, seq_len=options.seq_len,
+                        step=0, op_wait_s=empty, op_cpu_s=empty)
     timelines = tuple(
-        measured_timeline(schedule, [rank.steps[i] for rank in ranks], meta=dict(meta, step=i))
+        measured_timeline(schedule, [rank.steps[i] for rank in ranks], info=dataclasses.replace(info, step=i))
         for i in range(options.steps)
     )
     for timeline in timelines:

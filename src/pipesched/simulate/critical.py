@@ -13,10 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.ops import KIND_INDEX, KIND_ORDER
 from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
-
-_KIND_F, _KIND_I, _KIND_W, _KIND_B = (KIND_INDEX[kind] for kind in KIND_ORDER)
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,51 +63,34 @@ def from_binder(chain: np.ndarray, num_ops: int) -> CriticalPath:
 def critical_path(timeline: Timeline, *, tolerance: float = 1e-9) -> CriticalPath:
     """The critical path of ``timeline``.
 
-    A simulated timeline carries it (``meta["critical_path"]``). For other timelines the path
-    is traced back from the last op to end: each step goes to the op that ended when this
-    one started (within ``tolerance`` x the makespan), a data predecessor first, else the
-    previous op of the device. Transfers are not traced there: a slot table has none and a
-    measured run's ops already include their waits.
+    A simulated timeline carries it (``timeline.simulation.critical_path``). For other
+    timelines the path is traced back from the last op to end: each step goes to the op
+    that ended when this one started (within ``tolerance`` x the makespan), a data
+    predecessor first (the rules' needs), else the previous op of the device. Transfers are
+    not traced there: a slot table has none and a measured run's ops already include their
+    waits.
     """
-    stored = timeline.meta.get("critical_path")
-    if isinstance(stored, CriticalPath):
-        return stored
+    if timeline.simulation is not None:
+        return timeline.simulation.critical_path
     n = len(timeline)
     if n == 0:
         return CriticalPath(np.zeros(0, bool), np.zeros(0, np.int64))
-    stages = timeline.schedule.num_stages
-    m = timeline.schedule.num_microbatches
-    key = (timeline.op_stage.astype(np.int64) * m + timeline.op_microbatch) * 4 + timeline.op_kind
-    row_of = dict(zip(key.tolist(), range(n), strict=True))
+    from pipesched.dependencies import need_rows
+
+    needs = need_rows(timeline.op_stage, timeline.op_kind, timeline.op_microbatch,
+                      num_stages=timeline.schedule.num_stages, num_microbatches=timeline.schedule.num_microbatches,
+                      rules=timeline.schedule.rules)
     # the previous op on the same device, by start time
     previous = np.full(n, -1, np.int64)
     for device in range(timeline.num_devices):
         rows = timeline.rows_of_device(device)
         previous[rows[1:]] = rows[:-1]
     slack = tolerance * max(timeline.makespan, 1.0)
-
-    def data_predecessors(row: int) -> list[int]:
-        s, kind, mb = int(timeline.op_stage[row]), int(timeline.op_kind[row]), int(timeline.op_microbatch[row])
-
-        def look(stage: int, kind_index: int) -> int | None:
-            return row_of.get((stage * m + mb) * 4 + kind_index)
-
-        if kind == _KIND_F:
-            found = [look(s - 1, _KIND_F)] if s > 0 else []
-        elif kind == _KIND_W:
-            found = [look(s, _KIND_I)]
-        else:
-            found = [look(s, _KIND_F)]
-            if s < stages - 1:
-                upper = look(s + 1, _KIND_I)
-                found.append(upper if upper is not None else look(s + 1, _KIND_B))
-        return [r for r in found if r is not None]
-
     chain = [int(np.argmax(timeline.op_end))]
     while True:
         row = chain[-1]
         start = timeline.op_start[row]
-        candidates = [*data_predecessors(row), int(previous[row])]
+        candidates = [*(int(r) for r in needs[row] if r >= 0), int(previous[row])]
         binding = next(
             (c for c in candidates if c >= 0 and abs(timeline.op_end[c] - start) <= slack), None
         )

@@ -1,15 +1,18 @@
-"""Memory over time on each device, in bytes.
+"""Memory over time on each device, from a compiled graph and the times of one run.
 
 static: parameters, gradients and optimizer state of every stage a device holds (each
     replica's copy counts: Chimera and DualPipe keep two), there the whole iteration.
-activations: ``activation_bytes[s]`` allocated when F(s, mb) starts (the forward builds
-    them up), freed when the backward of (s, mb) ends: all of them at B; a split backward
-    frees ``input_frees`` of them at I and the rest at W (W still needs the layer inputs).
+activations: each op changes them by its kind's rule (``pipesched.rules``): F allocates
+    its stage-microbatch's activations as it starts (the forward builds them up), B frees
+    them all when it ends; a split backward frees ``input_frees`` of them when I ends and
+    the rest when W ends (W still needs the layer inputs).
 
-Communication buffers and framework overhead are not counted. On one device the ops run
-one after another in table order, so the events (F's start, I/W/B's end) are already in
-time order: a free at the end of an op comes before an allocation at the start of the next.
-The device's trace starts at time 0 with its static bytes.
+Communication buffers and framework overhead are not counted. On one queue the ops run one
+after another in program order, so a device with one queue has its events (allocations at
+starts, frees at ends) already in time order: a free at the end of an op comes before an
+allocation at the start of the next. The device's trace starts at time 0 with its static
+bytes. Slot costs (one unit of activations per stage-microbatch, nothing freed at I) make
+the same trace count stage-microbatches in flight.
 """
 
 from __future__ import annotations
@@ -20,15 +23,13 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
-from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.schedule import Schedule
-from pipesched.simulate.lowering import KIND_B, KIND_F, KIND_I, KIND_W, OpArrays
+from pipesched.simulate.graph import TaskGraph
 from pipesched.timeline import MemoryTrace
 
 
 @njit(cache=True)
-def _steps(device_offsets, kind, stage, op_start, op_end, share, activation, static):
+def _steps(device_offsets, op_start, op_end, delta, at_start, static):
     """Both step arrays: device d's trace is the slice [offsets[d] + d, offsets[d+1] + d + 1),
     a starting point at time 0 holding its static bytes, then one step per op."""
     num_devices = device_offsets.shape[0] - 1
@@ -42,47 +43,24 @@ def _steps(device_offsets, kind, stage, op_start, op_end, share, activation, sta
         values[j] = held
         for x in range(device_offsets[d], device_offsets[d + 1]):
             j += 1
-            # F allocates as it starts; I, W and B free as they end
-            times[j] = op_start[x] if kind[x] == KIND_F else op_end[x]
-            held += share[kind[x]] * activation[stage[x]]
+            times[j] = op_start[x] if at_start[x] else op_end[x]
+            held += delta[x]
             values[j] = held
     return times, values
 
 
-def static_per_device(schedule: Schedule, costs: StageCosts) -> tuple[float, ...]:
-    """Bytes of parameters, gradients and optimizer state each device holds."""
-    held = [0.0] * schedule.num_devices
-    for replica in schedule.placement.replicas:
-        for stage, device in enumerate(replica):
-            held[device] += costs.static(stage)
-    return tuple(held)
-
-
-def memory_trace(
-    schedule: Schedule,
-    ops: OpArrays,
-    op_start: np.ndarray,
-    op_end: np.ndarray,
-    costs: StageCosts,
-    *,
-    capacity: Sequence[float] | None = None,
-) -> MemoryTrace:
-    """The step functions of memory in use per device, from the op times of a timeline."""
+def memory_trace(graph: TaskGraph, op_start: np.ndarray, op_end: np.ndarray, *,
+                 capacity: Sequence[float] | None = None, unit: str = "bytes") -> MemoryTrace:
+    """The step functions of memory in use per device, from the op times of one run."""
+    num_devices = graph.num_devices
     if capacity is not None:
         capacity = tuple(float(c) for c in capacity)
-        require(len(capacity) == schedule.num_devices, "memory_capacity", f"{len(capacity)} values",
-                f"give one capacity per device ({schedule.num_devices})")
-    activation = np.asarray(costs.activation_bytes, dtype=np.float64)
-    # fraction of a stage-microbatch's activations each kind allocates (+) or frees (-)
-    share = np.empty(4)
-    share[KIND_F] = 1.0
-    share[KIND_I] = -costs.input_frees
-    share[KIND_W] = costs.input_frees - 1.0
-    share[KIND_B] = -1.0
-    static = static_per_device(schedule, costs)
-    times, values = _steps(ops.device_offsets, ops.kind, ops.stage, op_start, op_end, share,
-                           activation, np.asarray(static, np.float64))
-    bounds = (ops.device_offsets + np.arange(schedule.num_devices + 1)).tolist()
+        require(len(capacity) == num_devices, "memory_capacity", f"{len(capacity)} values",
+                f"give one capacity per device ({num_devices})")
+    offsets = graph.ops.device_offsets
+    times, values = _steps(offsets, op_start, op_end, graph.memory_delta, graph.memory_at_start,
+                           np.asarray(graph.static_bytes, np.float64))
+    bounds = (offsets + np.arange(num_devices + 1)).tolist()
     per_device_times = tuple(times[lo:hi] for lo, hi in itertools.pairwise(bounds))
     per_device_values = tuple(values[lo:hi] for lo, hi in itertools.pairwise(bounds))
-    return MemoryTrace(per_device_times, per_device_values, static, capacity=capacity, unit="bytes")
+    return MemoryTrace(per_device_times, per_device_values, graph.static_bytes, capacity=capacity, unit=unit)

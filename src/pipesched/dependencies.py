@@ -1,0 +1,285 @@
+"""A schedule's ops as columns and their data dependencies as rows, from the rules.
+
+Everything that works on whole tables (the simulator's compiled graph, the communication
+pass, the slot table, critical paths, the report's "waited for") reads dependencies from
+here, and here they come from the rules table (``pipesched.rules``): op ``x`` needs, for
+each need of its kind, the row of the op of the needed kind on the needed stage of the same
+microbatch (-1 when the need lies outside the model).
+
+Both are computed once per schedule and kept with it (``Schedule.derived``): a schedule is
+immutable, and a grid of experiments evaluates one schedule under many costs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+from operator import itemgetter
+
+import numpy as np
+from numba import njit
+
+from pipesched.errors import PipeschedError
+from pipesched.rules import Rules
+from pipesched.schedule import Schedule
+from pipesched.timeline import TRANSFER_KIND_NAMES
+
+NO_MESSAGE = -1
+
+
+@dataclass(frozen=True, eq=False)
+class OpArrays:
+    """The ops of a schedule as columns, rows in table order."""
+
+    device: np.ndarray  # int32
+    stage: np.ndarray  # int32
+    kind: np.ndarray  # int8, index into the schedule's rules
+    microbatch: np.ndarray  # int32
+    device_offsets: np.ndarray  # int64 (D+1): device d owns rows offsets[d]:offsets[d+1]
+
+    def __len__(self) -> int:
+        return int(self.stage.shape[0])
+
+
+@dataclass(frozen=True, eq=False)
+class RuleArrays:
+    """The rules table as small arrays for compiled code (kinds indexed as in the table)."""
+
+    need_count: np.ndarray  # int64 (K,)
+    need_offset: np.ndarray  # int64 (K, N): stage offset of each need
+    need_alternatives: np.ndarray  # int64 (K, N, A): kind indices, first present wins; -1 pads
+    need_message: np.ndarray  # int64 (K, N): transfer kind code (timeline.ACTIVATION...) or -1
+    complete_masks: np.ndarray  # int64 (C,): bit k set = kind k in that complete set
+    memory_whole: np.ndarray  # float64 (K,)
+    memory_input_part: np.ndarray  # float64 (K,)
+    memory_at_start: np.ndarray  # bool (K,)
+    ends_weight_gradient: np.ndarray  # bool (K,)
+
+
+def rule_arrays(rules: Rules) -> RuleArrays:
+    """``rules`` as arrays (cached on the rules value)."""
+    cached = rules.__dict__.get("_arrays")
+    if cached is not None:
+        return cached
+    index = {rule.kind: k for k, rule in enumerate(rules)}
+    kinds, needs = len(rules), max(rules.max_needs, 1)
+    alternatives = max((len(need.kinds) for rule in rules for need in rule.needs), default=1)
+    count = np.zeros(kinds, np.int64)
+    offset = np.zeros((kinds, needs), np.int64)
+    alt = np.full((kinds, needs, alternatives), -1, np.int64)
+    message = np.full((kinds, needs), NO_MESSAGE, np.int64)
+    for k, rule in enumerate(rules):
+        count[k] = len(rule.needs)
+        for j, need in enumerate(rule.needs):
+            offset[k, j] = need.offset
+            for a, kind in enumerate(need.kinds):
+                alt[k, j, a] = index[kind]
+            if need.message is not None:
+                message[k, j] = TRANSFER_KIND_NAMES.index(need.message)
+    masks = np.array([sum(1 << index[kind] for kind in kinds_set) for kinds_set in rules.complete], np.int64)
+    arrays = RuleArrays(
+        need_count=count,
+        need_offset=offset,
+        need_alternatives=alt,
+        need_message=message,
+        complete_masks=masks,
+        memory_whole=np.array([rule.memory.whole for rule in rules], np.float64),
+        memory_input_part=np.array([rule.memory.input_part for rule in rules], np.float64),
+        memory_at_start=np.array([rule.memory.at == "start" for rule in rules], np.bool_),
+        ends_weight_gradient=np.array([rule.ends_weight_gradient for rule in rules], np.bool_),
+    )
+    rules.__dict__["_arrays"] = arrays  # a derived view of an immutable table
+    return arrays
+
+
+def _kind_lookup(rules: Rules) -> np.ndarray:
+    """Kind index of each ASCII letter of the rules' kinds."""
+    table = np.full(256, -1, np.int8)
+    for k, letter in enumerate(rules.letters):
+        table[ord(letter)] = k
+    return table
+
+
+def op_arrays(schedule: Schedule) -> OpArrays:
+    """The schedule's ops as columns (computed once per schedule; no per-op objects)."""
+    cache = schedule.derived
+    if "op_arrays" not in cache:
+        cache["op_arrays"] = _op_arrays(schedule)
+    return cache["op_arrays"]
+
+
+def _op_arrays(schedule: Schedule) -> OpArrays:
+    lengths = np.fromiter((len(ops) for ops in schedule.device_ops), np.int64, schedule.num_devices)
+    offsets = np.zeros(schedule.num_devices + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    n = int(offsets[-1])
+    flat = list(itertools.chain.from_iterable(schedule.device_ops))
+    stage = np.fromiter(map(itemgetter(0), flat), np.int64, n)
+    microbatch = np.fromiter(map(itemgetter(2), flat), np.int64, n)
+    # kinds are one-letter strings: join them and map the letters through a lookup table
+    letters = "".join(map(itemgetter(1), flat)).encode("ascii")
+    del flat
+    if len(letters) != n:
+        raise PipeschedError(f"schedule={schedule.name}: op kinds must be one letter each")
+    kind = _kind_lookup(schedule.rules)[np.frombuffer(letters, np.uint8)]
+    if n and kind.min() < 0:
+        bad = chr(letters[int(np.argmax(kind < 0))])
+        raise PipeschedError(f"op kind={bad}: not in the schedule's rules ({', '.join(schedule.rules.letters)})")
+    too_big = int(np.iinfo(np.int32).max)
+    if n and (stage.max() > too_big or microbatch.max() > too_big):
+        raise PipeschedError(f"schedule={schedule.name}: a stage or microbatch index over {too_big:,}")
+    device = np.repeat(np.arange(schedule.num_devices, dtype=np.int32), lengths)
+    return OpArrays(device, stage.astype(np.int32), kind, microbatch.astype(np.int32), offsets)
+
+
+# problems the index check reports: (code, op row or stage-microbatch index)
+OK, OUT_OF_RANGE, DUPLICATE, MISPLACED, INCOMPLETE = range(5)
+
+
+@njit(cache=True)
+def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replicas, route, complete_masks):
+    """row_of[(stage * m + mb) * K + kind] -> op row (-1 if absent), and the first problem:
+    an op out of range, off its placement's device, a duplicate, or a stage-microbatch whose
+    kinds are not exactly one of the complete sets."""
+    n = stage.shape[0]
+    row_of = np.full(num_stages * m * num_kinds, -1, np.int32)
+    for x in range(n):
+        s = stage[x]
+        mb = microbatch[x]
+        if s < 0 or s >= num_stages or mb < 0 or mb >= m:
+            return row_of, OUT_OF_RANGE, x
+        if replicas[route[mb], s] != device[x]:
+            return row_of, MISPLACED, x
+        key = (s * m + mb) * num_kinds + kind[x]
+        if row_of[key] >= 0:
+            return row_of, DUPLICATE, x
+        row_of[key] = x
+    for sm in range(num_stages * m):
+        mask = 0
+        for k in range(num_kinds):
+            if row_of[sm * num_kinds + k] >= 0:
+                mask |= 1 << k
+        matched = False
+        for c in range(complete_masks.shape[0]):
+            if complete_masks[c] == mask:
+                matched = True
+        if not matched:
+            return row_of, INCOMPLETE, sm
+    return row_of, OK, -1
+
+
+@njit(cache=True)
+def _need_rows(stage, kind, microbatch, row_of, num_stages, m, num_kinds,
+               need_count, need_offset, need_alternatives):
+    """(n, N) rows of each op's needs; -1 where a need lies outside the model or is absent."""
+    n = stage.shape[0]
+    width = need_offset.shape[1]
+    rows = np.full((n, width), -1, np.int32)
+    for x in range(n):
+        k = kind[x]
+        for j in range(need_count[k]):
+            s = stage[x] + need_offset[k, j]
+            if s < 0 or s >= num_stages:
+                continue
+            base = (s * m + microbatch[x]) * num_kinds
+            for a in range(need_alternatives.shape[2]):
+                alt = need_alternatives[k, j, a]
+                if alt < 0:
+                    break
+                found = row_of[base + alt]
+                if found >= 0:
+                    rows[x, j] = found
+                    break
+    return rows
+
+
+def need_rows(stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray, *, num_stages: int,
+              num_microbatches: int, rules: Rules) -> np.ndarray:
+    """For op rows given as columns in any order (a measured timeline's, say): the row of
+    each of their needs, (n, N), -1 for none. Rows naming ops outside the model are ignored."""
+    arrays = rule_arrays(rules)
+    k = len(rules)
+    m = max(num_microbatches, int(microbatch.max(initial=-1)) + 1)
+    row_of = np.full(num_stages * m * k, -1, np.int32)
+    inside = (stage >= 0) & (stage < num_stages) & (microbatch >= 0)
+    rows = np.flatnonzero(inside)
+    row_of[(stage[rows].astype(np.int64) * m + microbatch[rows]) * k + kind[rows]] = rows
+    return _need_rows(stage.astype(np.int64), kind.astype(np.int64), microbatch.astype(np.int64), row_of,
+                      num_stages, m, k, arrays.need_count, arrays.need_offset, arrays.need_alternatives)
+
+
+@dataclass(frozen=True, eq=False)
+class Dependencies:
+    """A valid schedule's ops and, for each op row, the rows it needs.
+
+    ``need_row[x, j]``: the op row of op x's j-th need (-1: none). ``need_message[x, j]``:
+    the transfer kind of that input (``timeline.ACTIVATION`` or ``GRADIENT``) when it comes
+    from another device, else -1.
+    """
+
+    schedule: Schedule
+    ops: OpArrays
+    need_row: np.ndarray  # int32 (n, N)
+    need_message: np.ndarray  # int8 (n, N)
+
+    @cached_property
+    def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(consumer rows, producer rows, message kinds) of every data dependency, consumer
+        rows ascending."""
+        consumer, slot = np.nonzero(self.need_row >= 0)
+        return (consumer.astype(np.int32), self.need_row[consumer, slot].astype(np.int32),
+                self.need_message[consumer, slot])
+
+
+def dependencies(schedule: Schedule) -> Dependencies:
+    """The ops and dependency rows of ``schedule`` (computed once per schedule).
+
+    Raises PipeschedError naming the first op that makes the table unusable (out of range,
+    a duplicate, off its device, or an incomplete stage-microbatch); ``pipesched.validate``
+    gives the full report.
+    """
+    cache = schedule.derived
+    if "dependencies" not in cache:
+        cache["dependencies"] = _dependencies(schedule)
+    return cache["dependencies"]
+
+
+def _dependencies(schedule: Schedule) -> Dependencies:
+    ops = op_arrays(schedule)
+    rules = schedule.rules
+    arrays = rule_arrays(rules)
+    m, num_stages, k = schedule.num_microbatches, schedule.num_stages, len(rules)
+    replicas = np.asarray(schedule.placement.replicas, dtype=np.int64)
+    route = np.asarray(schedule.route, dtype=np.int64)
+    row_of, code, index = _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, num_stages, m, k,
+                                     replicas, route, arrays.complete_masks)
+    if code != OK:
+        _raise_problem(schedule, ops, int(code), int(index))
+    rows = _need_rows(ops.stage, ops.kind, ops.microbatch, row_of, num_stages, m, k,
+                      arrays.need_count, arrays.need_offset, arrays.need_alternatives)
+    message = arrays.need_message.astype(np.int8)[ops.kind]
+    remote = (rows >= 0) & (ops.device[np.maximum(rows, 0)] != ops.device[:, None])
+    message[~remote] = NO_MESSAGE
+    return Dependencies(schedule, ops, rows, message)
+
+
+def _raise_problem(schedule: Schedule, ops: OpArrays, code: int, index: int) -> None:
+    hint = "run `pipesched validate` on the schedule for the full report"
+    if code == INCOMPLETE:
+        stage, mb = divmod(index, schedule.num_microbatches)
+        raise PipeschedError(
+            f"stage_microbatch={stage},{mb}: needs {schedule.rules.describe_complete()}; {hint}"
+        )
+    text = f"{int(ops.stage[index])}{schedule.rules.letters[int(ops.kind[index])]}{int(ops.microbatch[index])}"
+    if code == OUT_OF_RANGE:
+        raise PipeschedError(
+            f"op={text}: stage or microbatch out of range (stages 0..{schedule.num_stages - 1}, "
+            f"microbatches 0..{schedule.num_microbatches - 1}); {hint}"
+        )
+    if code == DUPLICATE:
+        raise PipeschedError(f"op={text}: appears more than once; {hint}")
+    expected = schedule.device_of(int(ops.stage[index]), int(ops.microbatch[index]))
+    raise PipeschedError(
+        f"op={text}: on device {int(ops.device[index])} but the placement puts it on device {expected}; {hint}"
+    )
