@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from pipesched.ops import B, F, I, Op, W
+from pipesched.ops import Op, OpKind
 from pipesched.ordering import walk
+from pipesched.rules import Rules
 from pipesched.schedule import Schedule
 from pipesched.slot_table import held_after_each_op
 
@@ -79,30 +80,37 @@ def _structure(schedule: Schedule) -> list[Violation]:
             found.append(Violation(DUPLICATE, f"{op} appears {count} times", (op,)))
     for stage in range(schedule.num_stages):
         for mb in range(schedule.num_microbatches):
-            found += _completeness(counts, stage, mb)
+            found += _completeness(counts, stage, mb, schedule.rules)
     return found
 
 
-def _completeness(counts: Counter, stage: int, mb: int) -> list[Violation]:
-    has = {kind: counts[Op(stage, kind, mb)] > 0 for kind in (F, I, W, B)}
-    found = []
-    if not has[F]:
-        found.append(Violation(MISSING, f"{Op(stage, F, mb)} is missing", (Op(stage, F, mb),)))
-    if has[B] and (has[I] or has[W]):
-        ops = tuple(Op(stage, k, mb) for k in (B, I, W) if has[k])
-        found.append(Violation(
+def _completeness(counts: Counter, stage: int, mb: int, rules: Rules) -> list[Violation]:
+    """A stage-microbatch must run exactly one of the rules' complete sets of kinds (F and B,
+    or F, I and W): report the missing ops of the closest set(s), or a mix of two sets."""
+    present = frozenset(rule.kind for rule in rules if counts[Op(stage, rule.kind, mb)] > 0)
+    if present in rules.complete:
+        return []
+
+    def ops(kinds: frozenset[OpKind]) -> tuple[Op, ...]:
+        return tuple(Op(stage, rule.kind, mb) for rule in rules if rule.kind in kinds)
+
+    candidates = [kinds for kinds in rules.complete if present <= kinds]
+    if not candidates:
+        return [Violation(
             MIXED_BACKWARD,
-            f"stage {stage} microbatch {mb} has both a full backward B and split I/W ops; use B, or I and W",
-            ops))
-    elif not has[B]:
-        if not has[I] and not has[W]:
-            found.append(Violation(MISSING, f"{Op(stage, B, mb)} (or {Op(stage, I, mb)} and {Op(stage, W, mb)}) is missing",
-                                   (Op(stage, B, mb),)))
-        elif not has[I]:
-            found.append(Violation(MISSING, f"{Op(stage, I, mb)} is missing (its W is present)", (Op(stage, I, mb),)))
-        elif not has[W]:
-            found.append(Violation(MISSING, f"{Op(stage, W, mb)} is missing (its I is present)", (Op(stage, W, mb),)))
-    return found
+            f"stage {stage} microbatch {mb} mixes ops of different complete sets "
+            f"({', '.join(map(str, ops(present)))}); run {rules.describe_complete()}",
+            ops(present))]
+    # the closest complete set first; the others as alternatives
+    options = [ops(kinds - present) for kinds in sorted(candidates, key=lambda kinds: len(kinds - present))]
+    text = " and ".join(map(str, options[0]))
+    text += "".join(f" (or {' and '.join(map(str, option))})" for option in options[1:])
+    text += " is missing"
+    # ops present beyond what every complete set has say which set this one was meant to be
+    specific = ops(present - frozenset.intersection(*rules.complete))
+    if specific:
+        text += f" (its {' and '.join(map(str, specific))} {'is' if len(specific) == 1 else 'are'} present)"
+    return [Violation(MISSING, text, options[0])]
 
 
 def _order(schedule: Schedule) -> list[Violation]:
