@@ -9,10 +9,10 @@ import pytest
 from cli_helpers import assert_one_line_error
 from pipesched.compare import LEVELS, compare
 from pipesched.costs import StageCosts
+from pipesched.experiments import Point
 from pipesched.generators import FAMILIES
-from pipesched.simulate.setup import SimulationSetup
 
-FAST = SimulationSetup.from_costs(StageCosts.uniform(4, output_bytes=1.0))
+FAST = Point(stage_costs=StageCosts.uniform(4, output_bytes=1.0))
 
 
 
@@ -45,8 +45,8 @@ def test_sim_level_and_a_ranking_that_changes_between_levels() -> None:
     costs = StageCosts.uniform(4, output_bytes=1.0)
     costs = StageCosts(costs.forward, costs.backward_input, costs.backward_weight, costs.activation_bytes,
                        costs.output_bytes, grad_bytes=(4.0,) * 4)
-    slow = SimulationSetup.from_costs(costs, bandwidth=0.5)
-    result = compare(["1f1b", "chimera"], p=4, m=4, levels=("table", "sim"), setup=slow)
+    slow = Point(stage_costs=costs, bandwidth=0.5)
+    result = compare(["1f1b", "chimera"], p=4, m=4, levels=("table", "sim"), workload=slow)
     table_order, sim_order = result.ranking("table"), result.ranking("sim")
     assert table_order == ["chimera", "1f1b"] and sim_order == ["1f1b", "chimera"]
     changed = result.rank_changes()
@@ -58,7 +58,7 @@ def test_sim_level_and_a_ranking_that_changes_between_levels() -> None:
 
 
 def test_records_are_flat_and_serializable() -> None:
-    result = compare(["gpipe", "1f1b", "zb-v"], p=4, m=8, setup=FAST)
+    result = compare(["gpipe", "1f1b", "zb-v"], p=4, m=8, workload=FAST)
     records = result.to_records()
     assert len(records) == 3 * len(LEVELS)
     for record in records:

@@ -10,10 +10,10 @@ import pytest
 from cli_helpers import assert_one_line_error
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
+from pipesched.experiments.setup import split_stage_costs
 from pipesched.io.stage_costs import dumps_stage_costs, load_stage_costs, parse_stage_costs
 from pipesched.model import load_cluster
 from pipesched.simulate import Network
-from pipesched.simulate.setup import split_stage_costs
 
 HEADER = "stage,forward,backward_input,backward_weight,activation_bytes,output_bytes"
 
@@ -174,17 +174,29 @@ def test_simulate_bad_inputs_exit_2(cli, tmp_path) -> None:
                           "forward=nan")
     # a pipeline of 16 x tensor parallel 4 needs 64 ranks; the cluster has 32
     assert_one_line_error(cli("simulate", "1f1b", "-p", "16", "-m", "16"), "4x8-h100", "32 devices")
-    assert_one_line_error(cli("simulate", "1f1b", "--latency", "1e-6"), "latency=", "--stage-costs")
+    assert_one_line_error(cli("simulate", "1f1b", "-p", "4", "-m", "4", "--latency", "-1"), "latency=-1")
     assert_one_line_error(cli("simulate", "1f1b", "--stage-costs", write_costs(tmp_path, 8), "--model", "llama3-8b"),
                           "model=llama3-8b")
     assert_one_line_error(cli("simulate", "no-such-family"), "unknown family")
 
 
 @pytest.mark.parametrize("name", ["pipesched.simulate.network", "pipesched.simulate.simulator",
-                                  "pipesched.simulate.setup", "pipesched.io.stage_costs", "pipesched.compare"])
+                                  "pipesched.experiments.setup", "pipesched.io.stage_costs", "pipesched.compare"])
 def test_docstring_examples_run(name) -> None:
     import doctest
     import importlib
 
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_link_overrides_replace_every_link_of_the_cluster(cli) -> None:
+    def time_of(*extra: str) -> float:
+        result = cli("simulate", "1f1b", "-p", "4", "-m", "8", "--json", *extra)
+        assert result.code == 0, result
+        return json.loads(result.out)["iteration_time_s"]
+
+    base = time_of()
+    assert time_of("--latency", "0.05") > base + 7 * 2 * 0.05  # the critical path crosses 3 links each way
+    assert time_of("--bandwidth", "inf") <= base
+    assert time_of("--bandwidth", "1e8") > base

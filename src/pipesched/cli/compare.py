@@ -13,25 +13,32 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from pipesched.cli.options import split_names
-from pipesched.cli.simulate import (
+from pipesched.cli.options import (
+    AsJson,
     Bandwidth,
+    Chunks,
     ClusterName,
+    Devices,
+    FamilySettings,
     Latency,
+    Microbatches,
     MicroBatchSize,
     Model,
     NoContention,
     NoOverlap,
+    PartitionOption,
     Recompute,
     SeqLen,
     StageCostsFile,
     TensorParallel,
-    build_setup,
+    family_options,
+    split_names,
+    workload,
 )
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.compare import LEVELS, Comparison, compare
 from pipesched.errors import PipeschedError
-from pipesched.simulate.setup import DEFAULT_SCENARIO
+from pipesched.experiments.defaults import DEFAULTS
 
 GiB = 2.0**30
 LEVEL_TITLES = {"formula": "formula (slots)", "table": "table (slots)", "sim": "simulated (s)"}
@@ -63,9 +70,10 @@ class _LateProgress:
 
 def compare_command(
     schedules: Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: all]")] = None,
-    p: Annotated[int, typer.Option("-p", help="pipeline devices")] = DEFAULT_SCENARIO.p,
-    m: Annotated[int, typer.Option("-m", help="microbatches")] = DEFAULT_SCENARIO.m,
-    v: Annotated[int | None, typer.Option("-v", help="chunks per device for the families that take it")] = None,
+    p: Devices = None,
+    m: Microbatches = None,
+    v: Chunks = None,
+    family_settings: FamilySettings = None,
     levels: Annotated[str, typer.Option("--levels", help="comma-separated: formula, table, sim")] = ",".join(LEVELS),
     model: Model = None,
     cluster: ClusterName = None,
@@ -73,12 +81,13 @@ def compare_command(
     seq_len: SeqLen = None,
     tensor_parallel: TensorParallel = None,
     recompute: Recompute = None,
+    partition: PartitionOption = None,
     stage_costs: StageCostsFile = None,
     latency: Latency = None,
     bandwidth: Bandwidth = None,
     no_contention: NoContention = False,
     no_overlap: NoOverlap = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+    as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
     trace: Trace = None,
@@ -95,16 +104,16 @@ def compare_command(
     if not chosen_levels:
         raise PipeschedError(f"levels={levels!r}: give at least one of {', '.join(LEVELS)}")
     names = split_names(schedules) if schedules else None
-    setup = None
-    if "sim" in chosen_levels:
-        setup = build_setup(num_stages=None, model=model, cluster=cluster, micro_batch_size=micro_batch_size,
-                            seq_len=seq_len, tensor_parallel=tensor_parallel, recompute=recompute,
-                            stage_costs=stage_costs, latency=latency, bandwidth=bandwidth)
+    point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
+                     stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
+                     no_overlap=no_overlap)
+    options, slot_costs = family_options(family_settings)
+    point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs)
     progress = _LateProgress(Console(file=sys.stderr))
     try:
-        result = compare(names, p=p, m=m, v=v, levels=chosen_levels, setup=setup,
-                         contention=not no_contention, overlap=not no_overlap, progress=progress,
-                         keep_timelines=views.any)
+        result = compare(names, p=p if p is not None else DEFAULTS.p, m=m if m is not None else DEFAULTS.m, v=v,
+                         levels=chosen_levels, workload=point, progress=progress, keep_timelines=views.any)
     finally:
         progress.close()
     if not result.results and result.skipped:  # nothing to compare: say why, write nothing

@@ -3,6 +3,8 @@ its closed-form model, exported as ``FAMILY``."""
 
 from __future__ import annotations
 
+import functools
+import gc
 from dataclasses import replace
 
 from pipesched.costs import StageCosts
@@ -62,16 +64,52 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, **options: obje
     64
     """
     family = get_family(name)
-    _check_size(p, m, family.resolve_v(v))
+    chunks = family.resolve_v(v)
+    ops = _check_size(p, m, chunks)
     unknown = sorted(set(options) - set(family.options))
     if unknown:
         raise PipeschedError(
             f"option={unknown[0]}: {name} does not take it; it takes {', '.join(family.options) or 'no options'}"
         )
-    chunks = family.resolve_v(v)
-    if family.chunks is None:
-        return family.build(p, m, v=chunks, **options)
-    return family.build(p, m, **options)
+    key = tuple(sorted(options.items()))
+    if ops <= CACHED_OPS and _hashable(key):
+        return _generate_cached(name, p, m, chunks, key)
+    return _build(name, p, m, chunks, key)
+
+
+def _hashable(value: object) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+# Generated schedules are pure functions of their arguments and immutable: a grid of
+# experiments reuses them. Tables up to this many ops are kept (about 10 MB each at most).
+CACHED_OPS = 100_000
+# Above this many ops the garbage collector pauses while the table is built: a table is
+# millions of small tuples that all survive, which the collector would scan again and again.
+QUIET_GC_OPS = 50_000
+
+
+@functools.lru_cache(maxsize=256)
+def _generate_cached(name: str, p: int, m: int, v: int, options: tuple[tuple[str, object], ...]) -> Schedule:
+    return _build(name, p, m, v, options)
+
+
+def _build(name: str, p: int, m: int, v: int, options: tuple[tuple[str, object], ...]) -> Schedule:
+    family = FAMILIES[name]
+    pause = 3 * p * v * m > QUIET_GC_OPS and gc.isenabled()
+    if pause:
+        gc.disable()
+    try:
+        if family.chunks is None:
+            return family.build(p, m, v=v, **dict(options))
+        return family.build(p, m, **dict(options))
+    finally:
+        if pause:
+            gc.enable()
 
 
 # Largest table generate() builds: 2^23 ops, ten times ZB-V at p=128, m=1024 (786k ops),
@@ -79,13 +117,15 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, **options: obje
 MAX_OPS = 2**23
 
 
-def _check_size(p: int, m: int, v: int) -> None:
-    ops = 3 * max(p, 1) * max(v, 1) * max(m, 1)  # upper bound: F, I, W per stage-microbatch
+def _check_size(p: int, m: int, v: int) -> int:
+    """The most ops the table can have (F, I, W per stage-microbatch), within MAX_OPS."""
+    ops = 3 * max(p, 1) * max(v, 1) * max(m, 1)
     if ops > MAX_OPS:
         raise PipeschedError(
             f"size=p{p} x m{m} x v{v}: about {ops:,} ops, over the {MAX_OPS:,} this tool builds; "
             "lower p, m or v"
         )
+    return ops
 
 
 def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCosts | None = None) -> FormulaEstimate:

@@ -18,6 +18,7 @@ Methods:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -224,8 +225,19 @@ def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, 
     >>> costs.num_stages
     4
     """
+    if schedule is None:
+        # a pure function of hashable inputs: a grid of experiments asks for the same costs
+        # many times (every family and microbatch count on the same placement)
+        return _cached_stage_costs(model, placement, cluster, settings, method, partition, memory_limit)
     return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
                        schedule=schedule, memory_limit=memory_limit).costs
+
+
+@functools.lru_cache(maxsize=1024)
+def _cached_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings,
+                        method: str, partition: Partition | None, memory_limit: float | None) -> StageCosts:
+    return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
+                       memory_limit=memory_limit).costs
 
 
 def link_summary(link: LinkSpec) -> str:

@@ -3,27 +3,24 @@
 Two sources:
 
 - a model on a cluster (``SimulationSetup.from_model``): the model package partitions the
-  model into the schedule's stages and costs them on the cluster's devices
-  (``pipesched.model.build_stage_costs``, method "balanced"); pipeline device d runs on
-  cluster rank d x t (t = tensor-parallel degree, ``pipesched.model.pipeline_ranks``), so
-  the rest of each tensor-parallel group sits beside it on the same node;
+  model into the schedule's stages (``partition``: uniform, balanced, memory-aware, or a
+  Megatron layout string) and costs them on the cluster's devices
+  (``pipesched.model.build_stage_costs``); pipeline device d runs on cluster rank d x t
+  (t = tensor-parallel degree, ``pipesched.model.pipeline_ranks``), so the rest of each
+  tensor-parallel group sits beside it on the same node. ``latency`` / ``bandwidth``, when
+  given, replace every link between pipeline devices (a what-if on the cluster's network);
 - measured stage costs and a network (``SimulationSetup.from_costs``). A schedule with k
   times more stages than the costs (v chunks per device) splits each cost row into k equal
   chunks: times, activation, parameter and gradient bytes divided by k, output bytes
   unchanged (a chunk boundary carries the same hidden state as a stage boundary).
-
-The default scenario, used by ``pipesched compare`` without arguments: Llama-3-70B on 4
-nodes of 8 H100 (NVLink inside a node, 400 Gb/s InfiniBand per GPU across nodes), pipeline
-of p = 8 with tensor parallelism 4 (sequence parallel, selective recompute), so each node
-holds 2 pipeline stages and every other stage boundary crosses nodes; m = 32 microbatches
-of one 4096-token sequence.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
@@ -32,26 +29,7 @@ from pipesched.model.spec import ModelSpec, TrainingSettings
 from pipesched.schedule import Schedule
 from pipesched.simulate.network import Network
 
-
-def _default_settings() -> TrainingSettings:
-    return TrainingSettings(micro_batch_size=1, seq_len=4096, tensor_parallel=4,
-                            sequence_parallel=True, recompute="selective")
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """A model on a cluster at a pipeline size: a complete simulation question."""
-
-    model: str = "llama3-70b"  # model preset or file
-    cluster: str = "4x8-h100"  # cluster preset or file
-    p: int = 8  # pipeline devices
-    m: int = 32  # microbatches per iteration
-    settings: TrainingSettings = field(default_factory=_default_settings)
-
-    def describe(self, *, measured: bool = False) -> str:
-        """One line (``measured``: the model's layer costs were measured)."""
-        return describe_model_setup(self.model, self.cluster, self.settings, measured=measured,
-                                    pipeline=f"p={self.p}, m={self.m}")
+PARTITION_METHODS = ("uniform", "balanced", "memory")
 
 
 def describe_model_setup(model: str, cluster: str, settings: TrainingSettings, *, measured: bool,
@@ -97,7 +75,15 @@ def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
         static_bytes=chunks(costs.static_bytes),
         grad_bytes=chunks(costs.grad_bytes),
         input_frees=costs.input_frees,
+        unit=costs.unit,
     )
+
+
+def check_links(latency: float | None, bandwidth: float | None) -> None:
+    if latency is not None:
+        require(math.isfinite(latency) and latency >= 0, "latency", latency, "must be a finite number >= 0 seconds")
+    if bandwidth is not None:
+        require(bandwidth > 0, "bandwidth", bandwidth, "must be > 0 bytes/s (use inf for free links)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,11 +93,12 @@ class SimulationSetup:
     description: str
     costs: StageCosts | None = None
     network: Network | None = None  # a fixed network; else uniform links of the two below
-    latency: float = 0.0  # seconds, uniform links for given costs
-    bandwidth: float = math.inf  # bytes/s, uniform links for given costs
+    latency: float | None = None  # seconds: uniform links for given costs, or every link of the cluster
+    bandwidth: float | None = None  # bytes/s, likewise
     model: ModelSpec | None = None
     cluster: Cluster | None = None
     settings: TrainingSettings | None = None
+    partition: str = "balanced"  # a PARTITION_METHODS entry or a Megatron layout string
     micro_batch_size: int = 1
     seq_len: int | None = None
 
@@ -121,8 +108,7 @@ class SimulationSetup:
                    description: str | None = None) -> SimulationSetup:
         """Measured costs on ``network``, or on uniform links of ``latency`` seconds and
         ``bandwidth`` bytes/s between every pair of devices (default: free links)."""
-        require(math.isfinite(latency) and latency >= 0, "latency", latency, "must be a finite number >= 0 seconds")
-        require(bandwidth > 0, "bandwidth", bandwidth, "must be > 0 bytes/s (use inf for free links)")
+        check_links(latency, bandwidth)
         if description is None:
             description = (f"given stage costs on {network.name}" if network is not None else
                            f"given stage costs, links {latency:g} s + bytes / {bandwidth:g} B/s")
@@ -130,41 +116,54 @@ class SimulationSetup:
                    micro_batch_size=micro_batch_size, seq_len=seq_len)
 
     @classmethod
-    def from_model(cls, model: ModelSpec, cluster: Cluster, settings: TrainingSettings) -> SimulationSetup:
+    def from_model(cls, model: ModelSpec, cluster: Cluster, settings: TrainingSettings, *,
+                   partition: str = "balanced", latency: float | None = None,
+                   bandwidth: float | None = None, description: str | None = None) -> SimulationSetup:
         """``model`` (a ModelSpec) on ``cluster`` with TrainingSettings ``settings``."""
+        check_links(latency, bandwidth)
+        if partition not in PARTITION_METHODS:
+            from pipesched.partition import parse_layout
+
+            parse_layout(partition, model.layer_kinds)  # a bad layout string fails here, naming the problem
         return cls(
-            description=f"{model.name} on {cluster.name}",
+            description=description or f"{model.name} on {cluster.name}",
             model=model,
             cluster=cluster,
             settings=settings,
+            partition=partition,
+            latency=latency,
+            bandwidth=bandwidth,
             micro_batch_size=settings.micro_batch_size,
             seq_len=settings.seq_len,
         )
-
-    @classmethod
-    def from_scenario(cls, scenario: Scenario) -> SimulationSetup:
-        from pipesched.model import load_cluster, load_model
-
-        model = load_model(scenario.model)
-        setup = cls.from_model(model, load_cluster(scenario.cluster), scenario.settings)
-        return dataclasses.replace(setup, description=scenario.describe(measured=bool(model.measured)))
 
     def costs_for(self, schedule: Schedule) -> StageCosts:
         if self.costs is not None:
             return split_stage_costs(self.costs, schedule.num_stages)
         from pipesched.model import build_stage_costs
 
-        return build_stage_costs(self.model, schedule.placement, self.cluster, self.settings)
+        if self.partition in PARTITION_METHODS:
+            return build_stage_costs(self.model, schedule.placement, self.cluster, self.settings,
+                                     method=self.partition,
+                                     schedule=schedule if self.partition == "memory" else None)
+        from pipesched.partition import parse_layout
+
+        layout = parse_layout(self.partition, self.model.layer_kinds, num_stages=schedule.num_stages)
+        return build_stage_costs(self.model, schedule.placement, self.cluster, self.settings, partition=layout)
 
     def network_for(self, schedule: Schedule) -> Network:
         if self.cluster is not None:
             from pipesched.model import pipeline_ranks
 
             ranks = pipeline_ranks(schedule.placement, self.cluster, self.settings.tensor_parallel)
-            return Network.from_cluster(self.cluster, ranks=ranks)
+            network = Network.from_cluster(self.cluster, ranks=ranks)
+            if self.latency is None and self.bandwidth is None:
+                return network
+            return _with_links(network, self.latency, self.bandwidth)
         if self.network is not None:
             return self.network
-        return Network.uniform(schedule.num_devices, latency=self.latency, bandwidth=self.bandwidth)
+        return Network.uniform(schedule.num_devices, latency=self.latency or 0.0,
+                               bandwidth=math.inf if self.bandwidth is None else self.bandwidth)
 
     def flops_per_iteration(self, num_microbatches: int) -> float | None:
         """Model FLOPs of one iteration (for MFU), when a model is known."""
@@ -182,4 +181,15 @@ class SimulationSetup:
         return tuple(peak * group for peak in network.peak_flops)
 
 
-DEFAULT_SCENARIO = Scenario()
+def _with_links(network: Network, latency: float | None, bandwidth: float | None) -> Network:
+    """``network`` with every link's latency and/or bandwidth replaced."""
+    shape = network.latency.shape
+    return Network(
+        latency=np.full(shape, latency) if latency is not None else network.latency,
+        bandwidth=np.full(shape, bandwidth) if bandwidth is not None else network.bandwidth,
+        node_of=network.node_of, shared_nic=network.shared_nic, capacity=network.capacity,
+        peak_flops=network.peak_flops, ranks=network.ranks,
+        name=f"{network.name} (links {'' if latency is None else f'{latency:g} s'}"
+             f"{', ' if latency is not None and bandwidth is not None else ''}"
+             f"{'' if bandwidth is None else f'{bandwidth:g} B/s'})",
+    )

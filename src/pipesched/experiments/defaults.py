@@ -1,0 +1,39 @@
+"""Every default of pipesched's commands, in one place (the README's "Defaults" lists them).
+
+The analytical commands (show, simulate, compare, costs, partition, search, synthesize)
+start from one scenario: Llama-3-70B on 4 nodes of 8 H100 (NVLink inside a node,
+400 Gb/s InfiniBand per GPU across nodes), a pipeline of p = 8 devices with tensor
+parallelism 4 (sequence parallel, selective recompute), m = 32 microbatches of one
+4096-token sequence, bf16. Real runs (run, check, profile) execute a model on this
+machine's CPU ranks or GPUs: they start from the ``tiny`` model with 64-token sequences in
+float32, sizes a laptop runs in seconds; their p and m are always given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Defaults:
+    # the schedule
+    p: int = 8  # pipeline devices
+    m: int = 32  # microbatches per iteration
+    # the analytical workload and machine
+    model: str = "llama3-70b"  # model preset or file
+    cluster: str = "4x8-h100"  # cluster preset or file
+    micro_batch_size: int = 1  # sequences per microbatch
+    seq_len: int = 4096  # tokens per sequence
+    tensor_parallel: int = 4  # pipeline device d runs on cluster rank d x t
+    sequence_parallel: bool = True  # norms and dropouts split across the tensor-parallel group too
+    recompute: str = "selective"  # none, selective or full
+    dtype: str = "bf16"  # training dtype of the analytical costs
+    partition: str = "balanced"  # layers to stages: uniform, balanced, memory, or a Megatron layout
+    # real runs on this machine
+    run_model: str = "tiny"
+    run_seq_len: int = 64
+    run_micro_batch_size: int = 2
+    run_dtype: str = "float32"  # the runtime's dtype (float32, float64 or bfloat16)
+
+
+DEFAULTS = Defaults()

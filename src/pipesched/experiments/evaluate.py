@@ -1,0 +1,175 @@
+"""``evaluate(point, levels) -> Record``: one experiment point at the requested levels.
+
+Levels:
+
+- ``formula`` (level 1): the family's closed form (``pipesched.generators.formula``).
+- ``table`` (level 2): the idealized slot table of the generated schedule (F = I = W = 1 by
+  default, or the point's slot costs).
+- ``sim`` (level 3): the communication-aware simulation with the workload's stage costs,
+  links, contention and memory (``pipesched.simulate``).
+
+Units. Formula and table times are in slots of a 1F1B stage op: a schedule with S stages on
+p devices runs ops of 1/S of the model, so its slot counts are scaled by p / S (an
+interleaved chunk op with v = 2 is half a slot). Their memory is the worst device's peak
+in-flight activations in 1F1B-stage units (``activation_units``); ``peak_inflight`` keeps
+the count in the schedule's own stages. Simulated times are seconds and memory is the
+worst device's peak bytes (parameters, gradients, optimizer state and activations).
+
+A point that cannot be built (Chimera needs an even p, ...) or simulated with its costs
+gives a Record with ``error`` set instead of results: grids report it as skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from pipesched.errors import PipeschedError, require
+from pipesched.experiments.point import Point
+from pipesched.timeline import Timeline
+
+LEVELS = ("formula", "table", "sim")
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """One schedule at one level."""
+
+    schedule: str
+    level: str
+    iteration_time: float
+    time_unit: str  # "slot" (1F1B stage ops) or "s"
+    bubble_ratio: float  # idle / (devices x iteration time)
+    peak_memory: float  # worst device
+    memory_unit: str  # "1F1B-stage activations" or "bytes"
+    rank: int = 0
+    previous_rank: int | None = None  # rank at the level before, None at the first level
+    peak_inflight: int | None = None  # formula/table: stage-microbatches in the schedule's stages
+    exact: bool | None = None  # formula: the closed form is exact at these sizes
+    throughput_samples_per_s: float | None = None  # sim
+    throughput_tokens_per_s: float | None = None  # sim, with a sequence length
+    mfu: float | None = None  # sim, with a model
+    exposed_comm_s: float | None = None  # sim: worst device's exposed communication
+    out_of_memory: bool | None = None  # sim: some device's peak exceeds its capacity
+
+    @property
+    def rank_changed(self) -> bool:
+        return self.previous_rank is not None and self.previous_rank != self.rank
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "rank_changed": self.rank_changed}
+
+
+@dataclass(frozen=True)
+class Record:
+    """What ``evaluate`` found for one point: a result per level, or why there is none."""
+
+    point: Point
+    results: tuple[LevelResult, ...] = ()
+    error: str | None = None  # the level and reason when the point could not be evaluated
+    setup: str = ""  # what the sim level ran on
+    # the timeline of the last timed level (simulated, else the slot table), when asked for
+    timeline: Timeline | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def result(self, level: str) -> LevelResult | None:
+        return next((r for r in self.results if r.level == level), None)
+
+
+def check_levels(levels: Sequence[str]) -> tuple[str, ...]:
+    levels = tuple(levels)
+    require(len(levels) >= 1, "levels", "''", f"give at least one of {', '.join(LEVELS)}")
+    for level in levels:
+        require(level in LEVELS, "levels", level, f"unknown level; choose from {', '.join(LEVELS)}")
+    return levels
+
+
+def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: bool = False) -> Record:
+    """``point`` at each of ``levels`` (see the module docstring).
+
+    >>> record = evaluate(Point("1f1b", p=4, m=8), levels=("formula", "table"))
+    >>> [(r.level, r.iteration_time, r.peak_inflight) for r in record.results]
+    [('formula', 33.0, 4), ('table', 33.0, 4)]
+    """
+    levels = check_levels(levels)
+    try:
+        schedule = point.build_schedule()
+    except PipeschedError as exc:
+        return Record(point, error=str(exc))
+    results: list[LevelResult] = []
+    timeline: Timeline | None = None
+    setup = ""
+    for level in levels:
+        try:
+            if level == "formula":
+                results.append(_formula(point, schedule))
+            elif level == "table":
+                row, timeline = _table(point, schedule)
+                results.append(row)
+            else:
+                row, timeline, setup = _simulated(point, schedule)
+                results.append(row)
+        except PipeschedError as exc:
+            return Record(point, error=f"{level}: {exc}")
+    if keep_timeline and timeline is None:
+        from pipesched.slot_table import slot_table
+
+        timeline = slot_table(schedule, point.slot_costs)
+    return Record(point, tuple(results), setup=setup, timeline=timeline if keep_timeline else None)
+
+
+def _scale(schedule) -> float:
+    """Slots of this schedule's ops -> slots of a 1F1B stage op."""
+    return schedule.num_devices / schedule.num_stages
+
+
+def _formula(point: Point, schedule) -> LevelResult:
+    from pipesched.generators import formula
+
+    if point.schedule is not None:
+        raise PipeschedError(f"schedule={point.family}: a schedule file has no closed form; compare it at the "
+                             "table and sim levels")
+    est = formula(point.family, point.p, point.m, v=point.v, costs=point.slot_costs)
+    return LevelResult(point.family, "formula", est.makespan * _scale(schedule), "slot", est.bubble_ratio,
+                       float(est.activation_units), "1F1B-stage activations",
+                       peak_inflight=int(est.peak_inflight), exact=est.exact)
+
+
+def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
+    from pipesched.slot_table import slot_table, table_metrics
+
+    timeline = slot_table(schedule, point.slot_costs)
+    table = table_metrics(schedule, timeline=timeline)
+    return LevelResult(point.family, "table", table.makespan * _scale(schedule), "slot", table.bubble_ratio,
+                       float(table.activation_units), "1F1B-stage activations",
+                       peak_inflight=max(table.peak_inflight)), timeline
+
+
+def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str]:
+    from pipesched.metrics import communication_per_device, mfu, throughput
+    from pipesched.simulate import simulate
+
+    if point.dp != 1:
+        raise PipeschedError(f"dp={point.dp}: data-parallel replicas are modelled by `pipesched search`; "
+                             "simulate one pipeline (dp 1)")
+    setup = point.setup()
+    costs = setup.costs_for(schedule)
+    network = setup.network_for(schedule)
+    timeline = simulate(schedule, costs, network, contention=point.contention, overlap=point.overlap)
+    samples, tokens = throughput(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len)
+    flops = setup.flops_per_iteration(schedule.num_microbatches)
+    peaks = setup.peak_flops_per_device(network)
+    utilization = None
+    if flops is not None and peaks is not None:
+        utilization = mfu(timeline, flops_per_iteration=flops, peak_flops=peaks[: schedule.num_devices])
+    exposed, _ = communication_per_device(timeline)
+    memory = timeline.memory
+    row = LevelResult(
+        point.family, "sim", timeline.makespan, "s", timeline.bubble_ratio(), max(memory.peak), "bytes",
+        throughput_samples_per_s=samples, throughput_tokens_per_s=tokens, mfu=utilization,
+        exposed_comm_s=float(exposed.max()), out_of_memory=any(memory.out_of_memory),
+    )
+    return row, timeline, setup.description
