@@ -37,6 +37,8 @@ class StageCosts:
     grad_bytes: gradient bytes the stage's replicas all-reduce (Chimera, DualPipe).
     input_frees: fraction of activation_bytes an I frees; W frees the rest (zero-bubble
     schedules keep the inputs W needs).
+    kept_for_w_bytes: gradients an I computes that its W still needs (the output gradient of
+    every weight matmul), allocated when I ends and freed when W ends; None = nothing.
     """
 
     forward: tuple[float, ...]
@@ -48,12 +50,13 @@ class StageCosts:
     static_bytes: tuple[float, ...] | None = None
     grad_bytes: tuple[float, ...] | None = None
     input_frees: float = 0.5
+    kept_for_w_bytes: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.forward)
         require(n >= 1, "stages", n, "stage costs need at least one stage")
         for name in ("forward", "backward_input", "backward_weight", "activation_bytes",
-                     "output_bytes", "backward", "static_bytes", "grad_bytes"):
+                     "output_bytes", "backward", "static_bytes", "grad_bytes", "kept_for_w_bytes"):
             values = getattr(self, name)
             if values is None:
                 continue

@@ -127,3 +127,15 @@ class Cluster:
 
     def link(self, src: int, dst: int) -> LinkSpec:
         return self.intra_node if self.same_node(src, dst) else self.inter_node
+
+    def latency(self, src: int, dst: int) -> float:
+        """Fixed seconds of one transfer src -> dst: the link's latency plus the set-up of the
+        slower end (both post their half of the transfer at once)."""
+        setup = max(self.devices[src].transfer_setup_s, self.devices[dst].transfer_setup_s)
+        return self.link(src, dst).latency + setup
+
+    def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` src -> dst with the link to itself (0 on one rank)."""
+        if src == dst or nbytes <= 0:
+            return 0.0
+        return self.latency(src, dst) + nbytes / self.link(src, dst).bandwidth

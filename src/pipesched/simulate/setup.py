@@ -97,6 +97,7 @@ def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
         static_bytes=chunks(costs.static_bytes),
         grad_bytes=chunks(costs.grad_bytes),
         input_frees=costs.input_frees,
+        kept_for_w_bytes=chunks(costs.kept_for_w_bytes),
     )
 
 
