@@ -20,6 +20,7 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipesched.costs import StageCosts
 from pipesched.errors import require
@@ -112,7 +113,7 @@ class CheckReport:
                  "step spread ms": round((max(row.run.step_times) - min(row.run.step_times)) * 1e3, 3)}
                 for row in self.rows]
 
-    def write_views(self, *, html: str | None = None, trace: str | None = None, title: str = "") -> list:
+    def write_views(self, *, html: str | None = None, trace: str | None = None, title: str = "") -> list[Path]:
         """The comparison page and the two-processes-per-device trace; the paths written."""
         from pipesched.render.views import write_comparison_views
 
