@@ -147,3 +147,25 @@ def simulated(schedule: Schedule, *, capacity: float | None = None) -> Timeline:
     network = Network.uniform(schedule.num_devices, latency=5e-6, bandwidth=50e9)
     caps = None if capacity is None else (capacity,) * schedule.num_devices
     return simulate(schedule, costs, network, memory_capacity=caps)
+
+
+def measured_like(predicted: Timeline, *, seed: int = 0, clock: float = 1234.5) -> Timeline:
+    """A fake measurement of ``predicted``: every op's duration scaled by a random factor in
+    [0.6, 1.6], each device's ops pushed back to run one after another, rows in the order
+    they ran (as a real run records them), on a clock that starts at ``clock`` seconds."""
+    rng = np.random.default_rng(seed)
+    factor = rng.uniform(0.6, 1.6, len(predicted))
+    start = np.empty(len(predicted))
+    end = np.empty(len(predicted))
+    for device in range(predicted.num_devices):
+        free = 0.0
+        for row in predicted.rows_of_device(device):
+            start[row] = max(free, 1.05 * (predicted.op_start[row] - predicted.origin))
+            end[row] = free = start[row] + factor[row] * (predicted.op_end[row] - predicted.op_start[row])
+    order = np.argsort(start, kind="stable")
+    return Timeline(
+        schedule=predicted.schedule, source="measured", unit=predicted.unit,
+        op_device=predicted.op_device[order], op_stage=predicted.op_stage[order],
+        op_kind=predicted.op_kind[order], op_microbatch=predicted.op_microbatch[order],
+        op_start=start[order] + clock, op_end=end[order] + clock,
+    )

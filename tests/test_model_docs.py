@@ -11,6 +11,7 @@ MODULES = [
     "pipesched.model",
     "pipesched.model.clusters",
     "pipesched.model.devices",
+    "pipesched.model.kernels",
     "pipesched.model.loading",
     "pipesched.model.presets",
     "pipesched.model.stages",

@@ -140,11 +140,15 @@ def test_roofline_large_matmuls_are_compute_bound():
 
 
 def test_small_layers_are_memory_bound():
+    # on the plain roofline (no tiles, no fixed cost per kernel, unfused attention) a tiny
+    # layer's forward is all memory time: half the bandwidth, twice the time
     model = load_model("tiny")
     settings = TrainingSettings(micro_batch_size=1, seq_len=128)
-    slow_memory = dataclasses.replace(H100, memory_bandwidth=H100.memory_bandwidth / 2)
+    plain = dataclasses.replace(H100, sm_count=1, matmul_tiles=((1, 1),), kernel_overhead_s=0.0,
+                                flash_forward_efficiency=0.0, flash_backward_efficiency=0.0)
+    slow_memory = dataclasses.replace(plain, memory_bandwidth=H100.memory_bandwidth / 2)
     assert math.isclose(layer_costs(model, slow_memory, settings)[1].forward_s,
-                        2 * block(model, settings).forward_s, rel_tol=1e-9)
+                        2 * layer_costs(model, plain, settings)[1].forward_s, rel_tol=1e-9)
 
 
 def test_tensor_parallel_all_reduces_use_the_link():

@@ -126,3 +126,98 @@ def test_report_in_chromium(report) -> None:
     assert problems == []
     assert set(requests) == {url}
     assert (ARTIFACTS / "report.png").stat().st_size > 20_000
+
+
+@pytest.fixture(scope="module")
+def comparison_page(tmp_path_factory):
+    from pipesched.render.pairing import Comparison
+    from pipesched.render.views import write_comparison_views
+    from render_timelines import measured_like
+
+    comparisons = []
+    for family in ("1f1b", "zb-h1"):
+        predicted = simulated(generate(family, 2, 4))
+        measured = measured_like(predicted, seed=len(comparisons))
+        steps = tuple(measured.makespan * f for f in (0.97, 1.0, 1.04, 1.1, 0.99))
+        comparisons.append(Comparison(predicted, measured, steps))
+    path = tmp_path_factory.mktemp("check") / "check.html"
+    write_comparison_views(comparisons, html=path, summary=[{"schedule": c.predicted.schedule.name} for c in comparisons])
+    return path, comparisons
+
+
+def test_comparison_page_in_chromium(comparison_page) -> None:
+    from pipesched.render.pairing import deviations
+
+    sync_playwright = browser_or_fail()
+    path, comparisons = comparison_page
+    url = path.as_uri()
+    executable = str(CHROMIUM) if CHROMIUM.exists() else shutil.which("chromium")
+    problems: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+            page.on("pageerror", lambda error: problems.append(str(error)))
+            page.on("request", lambda request: requests.append(request.url))
+            page.goto(url)
+            page.wait_for_selector("body[data-ready=true]", timeout=15_000)
+
+            # one element per op in each timeline: predicted = timeline 2k, measured = 2k + 1
+            for k, comparison in enumerate(comparisons):
+                assert page.locator(f'[data-op^="{2 * k}:"]').count() == len(comparison.predicted)
+                assert page.locator(f'[data-op^="{2 * k + 1}:"]').count() == len(comparison.measured)
+                assert page.locator(f"#steps-{k} [data-step]").count() == len(comparison.step_times)
+
+            # hovering an op outlines its counterpart, both ways
+            predicted, measured = comparisons[0].predicted, comparisons[0].measured
+            found = deviations(predicted, measured)
+            row = next(r for r in range(len(predicted)) if str(predicted.op(r)) == "1B2")
+            partner = int(found.partner[row])
+            page.hover(f'[data-op="0:{row}"]')
+            assert page.locator(f'[data-op="1:{partner}"].linked').count() == 1
+            assert "measured duration" in page.locator("#tooltip").inner_text()
+            page.hover(f'[data-op="1:{partner}"]')
+            assert page.locator(f'[data-op="0:{row}"].linked').count() == 1
+            assert page.locator(".linked").count() == 1
+            page.mouse.move(5, 5)
+
+            # the deviation list comes largest first, and sorts by any column
+            table = page.locator("#deviations-0-table")
+
+            def column(index: int) -> list[float]:
+                return [float(v) for v in table.locator(f"tbody tr td:nth-child({index})").evaluate_all(
+                    "cells => cells.map(c => c.getAttribute('data-value'))")]
+
+            sizes = column(8)
+            assert sizes == sorted(sizes, reverse=True) and sizes[0] == pytest.approx(abs(found.duration).max())
+            table.locator("th", has_text="predicted start").click()
+            starts = column(3)
+            assert starts == sorted(starts)
+            # a row outlines its op in both timelines
+            first = table.locator("tbody tr").first
+            _, pred_row, meas_row = (int(x) for x in first.get_attribute("data-link").split(":"))
+            first.hover()
+            assert page.locator(f'[data-op="0:{pred_row}"].linked, [data-op="1:{meas_row}"].linked').count() == 2
+            page.mouse.move(5, 5)
+
+            # zoom on the predicted panel: the measured panel follows
+            before = [page.locator(f'[data-op="{i}:0"]').bounding_box()["width"] for i in (0, 1)]
+            page.locator(".pair").first.locator(".panel").first.get_by_role("button", name="+").click()
+            page.wait_for_timeout(150)
+            after = [page.locator(f'[data-op="{i}:0"]').bounding_box()["width"] for i in (0, 1)]
+            assert after[0] > 1.3 * before[0] and after[1] > 1.3 * before[1]
+            # the other schedule has its own view
+            other = page.locator('[data-op="2:0"]').bounding_box()["width"]
+            page.locator(".pair").nth(1).locator(".panel").first.get_by_role("button", name="reset").click()
+            page.wait_for_timeout(150)
+            assert page.locator('[data-op="2:0"]').bounding_box()["width"] == pytest.approx(other, abs=0.5)
+
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.hover(f'[data-op="0:{row}"]')
+            page.screenshot(path=str(ARTIFACTS / "check.png"), full_page=True)
+        finally:
+            browser.close()
+    assert problems == []
+    assert set(requests) == {url}

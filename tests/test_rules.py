@@ -47,7 +47,7 @@ def test_default_table_matches_the_kind_order_and_the_documented_dependencies():
 def test_memory_effects_sum_to_zero_over_each_complete_set():
     for kinds in RULES.complete:
         for input_frees in (0.0, 0.3, 1.0):
-            assert sum(RULES[k].memory.bytes(7.0, input_frees) for k in kinds) == pytest.approx(0.0)
+            assert sum(RULES[k].memory.bytes(7.0, input_frees, 5.0) for k in kinds) == pytest.approx(0.0)
 
 
 def test_a_toy_kind_is_validated_by_its_rules():

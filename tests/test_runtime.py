@@ -242,10 +242,16 @@ def test_a_launcher_that_is_stopped_takes_its_ranks_with_it(signum):
 
 
 # --- the command ------------------------------------------------------------------------------
-def test_run_command_json(cli):
+def test_run_command_json(cli, tmp_path):
+    views = {kind: tmp_path / f"run.{kind}" for kind in ("png", "svg", "trace", "html")}
     result = cli("run", "zb-h1", "-p", "2", "-m", "3", "--model", "tiny", "-s", "16", "--steps", "2",
-                 "--warmup", "1", "--json")
+                 "--warmup", "1", "--json", *(arg for kind, path in views.items() for arg in (f"--{kind}", str(path))))
     assert result.code == 0, result.err
+    # the measured timeline drawn like a simulated one
+    assert views["png"].read_bytes().startswith(b"\x89PNG") and "<svg" in views["svg"].read_text()
+    trace_ops = [e for e in json.loads(views["trace"].read_text())["traceEvents"] if e["ph"] == "X"]
+    assert len(trace_ops) >= 2 * 3 * 3  # every op of both ranks (and any all-reduce)
+    assert '"source":"measured"' in views["html"].read_text()
     data = json.loads(result.out)
     assert data["schedule"] == "zb-h1" and data["runtime"] == "pytorch" and data["backend"] == "gloo"
     assert len(data["step_times_s"]) == 2 and data["step_time_s"] > 0

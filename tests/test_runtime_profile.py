@@ -160,11 +160,20 @@ def test_profile_command_refuses_an_unwritable_output_before_measuring(cli, tmp_
     assert "does not exist" in result.err
 
 
-def test_check_command_compares_prediction_and_run(cli):
+def test_check_command_compares_prediction_and_run(cli, tmp_path):
+    page, trace = tmp_path / "check.html", tmp_path / "check.trace.json"
     result = cli("check", "--schedules", "gpipe,zb-h1", "-p", "2", "-m", "3", "--model", "tiny", "-s", "16",
-                 "--steps", "2", "--warmup", "1", "--json")
+                 "--steps", "2", "--warmup", "1", "--json", "--html", str(page), "--trace", str(trace))
     assert result.code == 0, result.err
     data = json.loads(result.out)
+    # the views: both timelines of both schedules, two processes per device in the trace
+    assert f"wrote {trace}" in result.err and f"wrote {page}" in result.err
+    processes = [name for _, name in sorted((e["pid"], e["args"]["name"]) for e in json.loads(trace.read_text())
+                                            ["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name")]
+    assert processes == [f"{name} · device {d} · {side}" for name in ("gpipe", "zb-h1") for d in (0, 1)
+                         for side in ("predicted", "measured")]
+    text = page.read_text()
+    assert text.count('class="comparison"') == 2 and 'id="deviations-1-table"' in text
     assert [row["schedule"] for row in data["rows"]] == ["gpipe", "zb-h1"]
     for row in data["rows"]:
         assert row["predicted_s"] > 0 and row["measured_s"] > 0

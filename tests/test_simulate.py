@@ -259,6 +259,17 @@ def test_split_backward_frees_activations_in_two_steps() -> None:
     assert memory.values[0].tolist() == pytest.approx([0.0, 10.0, 7.0, 0.0])
 
 
+def test_gradients_kept_for_w_are_held_from_i_to_w() -> None:
+    # I frees 30% of the activations but leaves 4 bytes of output gradients that W consumes
+    schedule = Schedule("one", Placement.one_per_device(1), 1, ((Op(0, F, 0), Op(0, I, 0), Op(0, W, 0)),))
+    costs = StageCosts((1.0,), (1.0,), (1.0,), (10.0,), (0.0,), input_frees=0.3, kept_for_w_bytes=(4.0,))
+    memory = simulate(schedule, costs, free_network(1)).memory
+    assert memory.values[0].tolist() == pytest.approx([0.0, 10.0, 11.0, 0.0])
+    # a full backward B never holds them
+    fused = Schedule("one", Placement.one_per_device(1), 1, ((Op(0, F, 0), Op(0, B, 0)),))
+    assert simulate(fused, costs, free_network(1)).memory.values[0].tolist() == pytest.approx([0.0, 10.0, 0.0])
+
+
 def test_out_of_memory_flag_uses_the_capacity() -> None:
     schedule = generate("gpipe", 2, 4)
     costs = StageCosts.uniform(2, activation_bytes=10.0)

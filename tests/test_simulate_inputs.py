@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -83,8 +84,15 @@ def test_network_from_cluster_uses_intra_and_inter_node_links() -> None:
     cluster = load_cluster("4x8-h100")
     network = Network.from_cluster(cluster, ranks=[0, 4, 8, 12])
     assert network.node_of == (0, 0, 1, 1)
-    assert network.transfer_time(0, 1, 0.0) == cluster.intra_node.latency
-    assert network.transfer_time(1, 2, 1e9) == pytest.approx(cluster.inter_node.transfer_time(1e9))
+    # the link's latency plus the transfer set-up of the devices at its ends
+    setup = cluster.devices[0].transfer_setup_s
+    assert setup > 0
+    assert network.transfer_time(0, 1, 0.0) == pytest.approx(cluster.intra_node.latency + setup)
+    assert network.transfer_time(1, 2, 1e9) == pytest.approx(cluster.inter_node.transfer_time(1e9) + setup)
+    slow = dataclasses.replace(cluster.devices[0], transfer_setup_s=1e-3)
+    mixed = dataclasses.replace(cluster, devices=(slow, *cluster.devices[1:]))
+    # the slower end sets the set-up, both ways
+    assert Network.from_cluster(mixed, ranks=[0, 4]).latency[1, 0] == pytest.approx(cluster.intra_node.latency + 1e-3)
     assert network.capacity == (cluster.devices[0].memory_bytes,) * 4
     with pytest.raises(PipeschedError, match="rank=40"):
         Network.from_cluster(cluster, ranks=[0, 40])

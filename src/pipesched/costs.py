@@ -35,7 +35,7 @@ def _floats(values: Sequence[float], field_name: str) -> tuple[float, ...]:
 
 
 _PER_STAGE = ("forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes",
-              "backward", "static_bytes", "grad_bytes")
+              "backward", "static_bytes", "grad_bytes", "kept_for_w_bytes")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class StageCosts:
     grad_bytes: gradient bytes the stage's replicas all-reduce (Chimera, DualPipe).
     input_frees: fraction of activation_bytes an I frees; W frees the rest (zero-bubble
     schedules keep the inputs W needs): M_W = (1 - input_frees) x M_B.
+    kept_for_w_bytes: gradients an I computes that its W still needs (the output gradient of
+    every weight matmul), allocated when I ends and freed when W ends; None = nothing.
     """
 
     forward: tuple[float, ...]
@@ -62,6 +64,7 @@ class StageCosts:
     static_bytes: tuple[float, ...] | None = None
     grad_bytes: tuple[float, ...] | None = None
     input_frees: float = 0.5
+    kept_for_w_bytes: tuple[float, ...] | None = None
     unit: str = SECONDS
 
     def __post_init__(self) -> None:
@@ -136,7 +139,7 @@ class StageCosts:
     def broadcast(self, num_stages: int, *, family: str = "the schedule") -> StageCosts:
         """These costs for ``num_stages`` stages: one row is repeated for every stage; a
         table of ``num_stages`` rows is itself. (Splitting a model stage into chunks divides
-        its costs: that is ``pipesched.simulate.setup.split_stage_costs``.)"""
+        its costs: that is ``pipesched.experiments.setup.split_stage_costs``.)"""
         if self.num_stages == num_stages:
             return self
         require(
@@ -153,7 +156,7 @@ class StageCosts:
             each(self.forward), each(self.backward_input), each(self.backward_weight),
             each(self.activation_bytes), each(self.output_bytes), backward=each(self.backward),
             static_bytes=each(self.static_bytes), grad_bytes=each(self.grad_bytes),
-            input_frees=self.input_frees, unit=self.unit,
+            kept_for_w_bytes=each(self.kept_for_w_bytes), input_frees=self.input_frees, unit=self.unit,
         )
 
     # --- constructors ---------------------------------------------------------------------

@@ -53,6 +53,7 @@ class RuleArrays:
     complete_masks: np.ndarray  # int64 (C,): bit k set = kind k in that complete set
     memory_whole: np.ndarray  # float64 (K,)
     memory_input_part: np.ndarray  # float64 (K,)
+    memory_kept: np.ndarray  # float64 (K,): coefficient of the gradients kept from I to W
     memory_at_start: np.ndarray  # bool (K,)
     ends_weight_gradient: np.ndarray  # bool (K,)
 
@@ -86,6 +87,7 @@ def rule_arrays(rules: Rules) -> RuleArrays:
         complete_masks=masks,
         memory_whole=np.array([rule.memory.whole for rule in rules], np.float64),
         memory_input_part=np.array([rule.memory.input_part for rule in rules], np.float64),
+        memory_kept=np.array([rule.memory.kept for rule in rules], np.float64),
         memory_at_start=np.array([rule.memory.at == "start" for rule in rules], np.bool_),
         ends_weight_gradient=np.array([rule.ends_weight_gradient for rule in rules], np.bool_),
     )

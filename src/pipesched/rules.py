@@ -12,9 +12,10 @@ Memory. A stage-microbatch's activations are M_B bytes (``StageCosts.activation_
 from the start of its F. A full backward B frees all of them when it ends. A split backward
 frees them in two parts: I frees what only the input gradient needed (``input_frees`` x
 M_B) and W, which still needs the layer inputs, frees the rest, M_W = (1 - input_frees) x
-M_B. Each kind's effect is ``whole x M_B + input_part x input_frees x M_B`` bytes, at the
-start of the op (an allocation: the forward builds its activations up) or at its end (a
-free). Counted in stage-microbatches in flight (M_B = 1, input_frees = 0), F adds one and
+M_B; I also leaves the gradients W consumes (the output gradient of every weight matmul,
+K = ``StageCosts.kept_for_w_bytes``), held from I's end to W's. Each kind's effect is
+``whole x M_B + input_part x input_frees x M_B + kept x K`` bytes, at the start of the op
+(an allocation: the forward builds its activations up) or at its end (a free). Counted in stage-microbatches in flight (M_B = 1, input_frees = 0), F adds one and
 the op that ends the backward (B, or W when split) takes it back.
 
 Dependencies (the default table):
@@ -58,14 +59,15 @@ class Need(NamedTuple):
 
 
 class MemoryEffect(NamedTuple):
-    """Bytes = ``whole`` x M_B + ``input_part`` x input_frees x M_B, at ``at``."""
+    """Bytes = ``whole`` x M_B + ``input_part`` x input_frees x M_B + ``kept`` x K, at ``at``."""
 
     whole: float = 0.0
     input_part: float = 0.0
     at: str = AT_END
+    kept: float = 0.0
 
-    def bytes(self, activation: float, input_frees: float) -> float:
-        return (self.whole + self.input_part * input_frees) * activation
+    def bytes(self, activation: float, input_frees: float, kept_for_w: float = 0.0) -> float:
+        return (self.whole + self.input_part * input_frees) * activation + self.kept * kept_for_w
 
 
 @dataclass(frozen=True)
@@ -159,9 +161,9 @@ RULES = Rules(
         KindRule(F, "forward", needs=(Need(-1, (F,), ACTIVATION),), cost="forward",
                  memory=MemoryEffect(whole=+1.0, at=AT_START)),
         KindRule(I, "backward for inputs", needs=(Need(0, (F,)), _GRADIENT_SOURCE), cost="backward_input",
-                 memory=MemoryEffect(input_part=-1.0, at=AT_END)),
+                 memory=MemoryEffect(input_part=-1.0, kept=+1.0, at=AT_END)),
         KindRule(W, "backward for weights", needs=(Need(0, (I,)),), cost="backward_weight",
-                 memory=MemoryEffect(whole=-1.0, input_part=+1.0, at=AT_END), ends_weight_gradient=True),
+                 memory=MemoryEffect(whole=-1.0, input_part=+1.0, kept=-1.0, at=AT_END), ends_weight_gradient=True),
         KindRule(B, "full backward (I then W)", needs=(Need(0, (F,)), _GRADIENT_SOURCE), cost="backward",
                  memory=MemoryEffect(whole=-1.0, at=AT_END), ends_weight_gradient=True),
     ),

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from pipesched.cli.options import split_names
 from pipesched.cli.schedules import load_or_generate
+from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.errors import PipeschedError, require
 from pipesched.generators import FAMILIES
 from pipesched.io.files import check_output_path, write_atomic
@@ -84,19 +85,27 @@ def run_command(
     dtype: DtypeOption = "float32",
     timeout: Timeout = 300.0,
     as_json: AsJson = False,
+    png: Png = None,
+    svg: Svg = None,
+    trace: Trace = None,
+    html: Html = None,
     inject_fault: Fault = None,
 ) -> None:
     """Run a schedule for real on P local ranks (gloo on CPU, NCCL on GPUs): median step time
-    after warm-up and the measured timeline of every op on every rank."""
+    after warm-up and the measured timeline of every op on every rank (--png/--svg/--trace/--html
+    draw the median step)."""
     from pipesched.runtime.launch import Fault as FaultSpec
     from pipesched.runtime.runs import RunOptions, run_schedules
 
+    views = ViewPaths(png, svg, trace, html).check()
     schedule = _schedule(schedule_name, p, m, v, family_settings)
     spec = load_model(model)
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
                          steps=steps, warmup=warmup, timeout_s=timeout)
     fault = FaultSpec.parse(inject_fault) if inject_fault else None
     result = run_schedules([schedule], spec, options=options, runtime=runtime, fault=fault)[0]
+    views.write([result.timeline], title=f"{schedule.name}: measured on {result.runtime}, {result.backend} "
+                                         f"(median of {len(result.step_times)} steps)")
     if as_json:
         typer.echo(json.dumps({
             "schedule": schedule.name, "p": schedule.num_devices, "m": schedule.num_microbatches,
@@ -244,12 +253,17 @@ def check_command(
     dtype: DtypeOption = "float32",
     timeout: Timeout = 600.0,
     as_json: AsJson = False,
+    trace: Annotated[str | None, typer.Option("--trace", help="write both timelines of every schedule as one Perfetto trace: two processes per device")] = None,
+    html: Annotated[str | None, typer.Option("--html", help="write the comparison page: predicted over measured timelines, deviations, step times")] = None,
 ) -> None:
     """Profile in isolation, simulate, run for real, and compare: predicted vs measured step
     time per schedule, the error, and whether the ranking of the schedules agrees."""
     from pipesched.runtime.check import check_schedules
     from pipesched.runtime.runs import RunOptions
 
+    for field, path in (("trace", trace), ("html", html)):
+        if path is not None:
+            check_output_path(path, field)
     names = split_names(schedules)
     require(len(names) >= 1, "schedules", schedules, "give at least one schedule family")
     built = [_schedule(name, p, m, v if FAMILIES.get(name) is not None and FAMILIES[name].chunks is None else None, None)
@@ -257,6 +271,8 @@ def check_command(
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
                          steps=steps, warmup=warmup, timeout_s=timeout)
     report = check_schedules(built, load_model(model), options=options, runtime=runtime)
+    for path in report.write_views(html=html, trace=trace, title=f"prediction check: {model}, p={p}, m={m}"):
+        typer.echo(f"wrote {path}", err=True)
     if as_json:
         typer.echo(json.dumps({
             "model": model, "p": p, "m": m,

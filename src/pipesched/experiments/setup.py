@@ -76,6 +76,7 @@ def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
         grad_bytes=chunks(costs.grad_bytes),
         input_frees=costs.input_frees,
         unit=costs.unit,
+        kept_for_w_bytes=chunks(costs.kept_for_w_bytes),
     )
 
 

@@ -7,7 +7,8 @@ CSV, one row per stage, with the header::
 Times in seconds, sizes in bytes. A full backward B costs backward_input + backward_weight;
 an optional ``backward`` column gives B's time instead. Optional ``static_bytes``
 (parameters + gradients + optimizer state of the stage) and ``grad_bytes`` (what its
-replicas all-reduce) columns feed the memory trace and the all-reduce. Columns may come in
+replicas all-reduce) columns feed the memory trace and the all-reduce; ``kept_for_w_bytes``
+(gradients a split backward's I computes and its W still needs) adds to memory from I to W. Columns may come in
 any order; every stage 0..S-1 appears exactly once (rows in any order).
 
 >>> costs = parse_stage_costs(
@@ -30,10 +31,10 @@ from pipesched.errors import PipeschedError
 from pipesched.io.files import read_text, write_atomic
 
 REQUIRED_COLUMNS = ("stage", "forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes")
-OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes")
+OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes", "kept_for_w_bytes")
 _UNITS = {"forward": "seconds", "backward_input": "seconds", "backward_weight": "seconds",
           "backward": "seconds", "activation_bytes": "bytes", "output_bytes": "bytes",
-          "static_bytes": "bytes", "grad_bytes": "bytes"}
+          "static_bytes": "bytes", "grad_bytes": "bytes", "kept_for_w_bytes": "bytes"}
 
 
 def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | None = None) -> StageCosts:
@@ -101,6 +102,7 @@ def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | No
         backward=column("backward"),
         static_bytes=column("static_bytes"),
         grad_bytes=column("grad_bytes"),
+        kept_for_w_bytes=column("kept_for_w_bytes"),
     )
 
 

@@ -1,5 +1,6 @@
 """Layer-wise costs: model shapes and presets, devices and clusters, per-layer costs from
-Megatron FLOP formulas and a roofline, and per-stage costs of a partition.
+Megatron FLOP formulas and a shape-aware kernel time model, and per-stage costs of a
+partition.
 
 >>> from pipesched.model import TrainingSettings, layer_costs, load_device, load_model
 >>> costs = layer_costs(load_model("gpt3-1.3b"), load_device("a100-80gb"), TrainingSettings())

@@ -23,6 +23,15 @@ in bytes, bytes/s, seconds and FLOP/s. A device mapping either names a preset to
 
     device: {name: my-gpu, peak_flops: 500 TFLOP/s, memory: 96 GiB, memory_bandwidth: 4 TB/s}
 
+The time model's assumptions (``pipesched.model.devices`` gives their sources) can be
+set the same way: ``sm_count``, ``kernel_overhead`` (a time), ``flash_forward_efficiency``,
+``flash_backward_efficiency``, ``flash_tile_overhead``, ``flash_backward_tile_overhead``,
+``grad_accumulation_traffic``, ``memory_fragmentation``, and the fixed costs ``op_overhead``
+and ``transfer_setup`` (times, as ``pipesched profile`` measures them)::
+
+    device: {preset: h200, op_overhead: 35 us, transfer_setup: 12 us, flash_forward_efficiency: 0.355,
+             flash_backward_efficiency: 0.335}
+
 Ranks are numbered node by node. ``pipesched/data/clusters/`` holds the presets.
 """
 
@@ -47,8 +56,14 @@ INFINIBAND_400G = LinkSpec(bandwidth=50e9, latency=5e-6)
 
 _CLUSTER_KEYS = {"name", "nodes", "intra_node", "inter_node", "nic_per_device"}
 _NODE_KEYS = {"count", "devices_per_node", "device", "devices"}
-_DEVICE_KEYS = {"preset", "name", "peak_flops", "memory", "memory_bandwidth",
-                "matmul_efficiency", "bandwidth_efficiency"}
+# device fields given as plain numbers, and those given as times (YAML key -> DeviceSpec field)
+_NUMBER_KEYS = ("matmul_efficiency", "bandwidth_efficiency", "flash_forward_efficiency", "flash_backward_efficiency",
+                "flash_tile_overhead", "flash_backward_tile_overhead", "grad_accumulation_traffic",
+                "memory_fragmentation")
+_TIME_KEYS = {"kernel_overhead": "kernel_overhead_s", "op_overhead": "op_overhead_s",
+              "transfer_setup": "transfer_setup_s"}
+_DEVICE_KEYS = {"preset", "name", "peak_flops", "memory", "memory_bandwidth", "sm_count",
+                *_NUMBER_KEYS, *_TIME_KEYS}
 
 
 def _preset_dir():
@@ -172,12 +187,20 @@ def _device(entry: object, where: str) -> DeviceSpec:
         changes["memory_bytes"] = parse_quantity(entry["memory"], "bytes", f"{where}.memory")
     if "memory_bandwidth" in entry:
         changes["memory_bandwidth"] = parse_quantity(entry["memory_bandwidth"], "bandwidth", f"{where}.memory_bandwidth")
-    for key in ("matmul_efficiency", "bandwidth_efficiency"):
+    for key in _NUMBER_KEYS:
         if key in entry:
             value = entry[key]
             require(isinstance(value, int | float) and not isinstance(value, bool), f"{where}.{key}", value,
-                    "must be a number in (0, 1]")
+                    "must be a number")
             changes[key] = float(value)
+    for key, field_name in _TIME_KEYS.items():
+        if key in entry:
+            changes[field_name] = parse_quantity(entry[key], "time", f"{where}.{key}")
+    if "sm_count" in entry:
+        value = entry["sm_count"]
+        require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"{where}.sm_count", value,
+                "must be a positive integer")
+        changes["sm_count"] = value
     return dataclasses.replace(base, **changes)
 
 

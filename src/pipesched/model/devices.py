@@ -1,14 +1,59 @@
 """Accelerator presets: dense 16-bit peak FLOP/s, memory capacity and memory bandwidth from
-the vendors' data sheets (SXM/OAM parts).
+the vendors' data sheets (SXM/OAM parts), and every assumption the layer cost model
+(``pipesched.model.kernels``) makes about each device, with where it comes from.
 
-Achievable efficiencies default to DeviceSpec's (70% of peak for large matmuls, 80% of
-memory bandwidth); the H200 uses 80% because an 8192^3 bf16 matmul was measured there at
-about 790 TFLOP/s. Override them with ``dataclasses.replace`` or the CLI's
-``--matmul-efficiency`` and ``--bandwidth-efficiency``.
+Sources, by the names the comments below use:
+
+- MAMF: the "Maximum Achievable Matmul FLOPS" table of Stas Bekman's ML Engineering book
+  (stas00/ml-engineering, compute/accelerator): the best bf16 matmul TFLOP/s found over
+  many shapes. A100 SXM 267.9 (85.9% of peak), H100 SXM 792.1 (80.1%), H100/H200 SXM 794.5
+  (80.3%), B200 1745 (77.6%), MI300X 781.9 (60.1%).
+- GEMM-SWEEP: a public torch 2.7 / CUDA 12.8 bf16 square-matmul sweep on an H100 80GB HBM3
+  (zzc0721/torch-performance-test-data issue 79): 1024^3 177, 2048^3 677, 4096^3 789,
+  8192^3 798, 10240^3 720 TFLOP/s. The 2048 -> 4096 step fixes the per-kernel fixed cost
+  (about 2.5 us on top of the quantized compute time); 10240 runs clock-throttled (not
+  modelled).
+- FA3-PAPER: Shah et al., "FlashAttention-3" (2024), figures on an H100 SXM5, 16k tokens per
+  batch, 2048 hidden (16 heads of 128), causal forward: FlashAttention-2 191 / 260 / 298 /
+  319 / 333 / 335, cuDNN 315 / 410 / 484 / 518 / 529 / 539, FlashAttention-3 292 / 423 / 521
+  / 579 / 602 / 616 TFLOP/s at 512 / 1k / 2k / 4k / 8k / 16k tokens; backward (head dim
+  128): FlashAttention-2 214 ... 322, cuDNN 305 ... 516, FlashAttention-3 316 ... 561.
+- FA2-README: the FlashAttention-2 repository's A100 and H100 forward + backward figures
+  (Dao-AILab/flash-attention, assets/flash2_*_fwd_bwd_benchmark.png), causal, head dim 128:
+  A100 99 / 133 / 155 / 173 / 182 / 189, H100 163 / 221 / 265 / 294 / 308 / 328 TFLOP/s.
+- Attention fits: with 128-row tiles a causal head of s tokens costs n (n + 1) / 2 + c n
+  key-tile visits (n = s / 128) for n^2 / 2 useful ones; an efficiency E and overhead c
+  fit by least squares to each curve above reproduce it within 5% from 512 to 16k tokens
+  (the backward curves are non-causal: n (n + c) visits). Forward / backward (E, c):
+  FlashAttention-2 (0.355, 1.1) / (0.335, 2.2), cuDNN (0.565, 1.0) / (0.55, 3.0),
+  FlashAttention-3 (0.665, 1.9) / (0.60, 3.4). On the A100 (FA2-README, forward +
+  backward only) the forward is taken at 0.70 (the FlashAttention-2 paper's forward reaches
+  up to 73% of peak there) and the backward fit with the H100's overheads: 0.64.
+- FRAGMENTATION: PyTorch's caching allocator keeps freed blocks for reuse; reported
+  reserved-over-allocated ratios of training jobs range from 1.02 (a 75 GiB Llama-70B job,
+  vllm-project/compressed-tensors PR 587) to 1.5 (torchtune issue 1185, fixed by
+  expandable segments). The presets assume 1.1 on activations.
+
+The H100 and H200 presets take cuDNN's fused attention (what Transformer Engine and
+Megatron run on Hopper, and PyTorch's cuDNN SDPA backend). PyTorch's default flash backend
+is FlashAttention-2: set its figures with ``dataclasses.replace`` or, in a cluster file,
+``flash_forward_efficiency`` and the other flash fields.
+
+Weight gradients: PyTorch adds each W result into the parameter's existing gradient with a
+separate kernel (read both, write one: ``grad_accumulation_traffic`` 3, what a pipelined
+step does for every microbatch but the first); Megatron's gradient-accumulation fusion
+does it inside the GEMM (set 0).
+
+Fixed costs of a pipeline, per op and per transfer (``op_overhead_s``,
+``transfer_setup_s``): assumed for the GPUs from the usual orders of magnitude (a kernel
+launch and an event wait, about 5 us each; a NCCL send/receive posted through
+torch.distributed, about 10 us of host time on top of the link's wire latency), not
+measured. ``pipesched profile`` measures both on the machine at hand and writes them as
+device fields (the ``.link.yaml`` beside its output).
 
 ``cpu`` is a nominal multi-core server CPU (AVX-512 FMA, DDR5): rough numbers that only make
-CPU runs of the ``tiny`` and ``small`` models comparable in order of magnitude. Measure the
-real machine for anything more.
+CPU runs of the ``tiny`` and ``small`` models comparable in order of magnitude, with the
+plain roofline (no tiles, unfused attention). Measure the real machine for anything more.
 """
 
 from __future__ import annotations
@@ -21,16 +66,62 @@ from pipesched.model.hardware import DeviceSpec
 GiB = 2.0**30
 GB = 1e9
 
+# output tiles the NVIDIA GEMM libraries pick from for bf16 (CUTLASS / cuBLAS threadblock tiles)
+NVIDIA_TILES = ((128, 128), (128, 256), (256, 128))
+# hipBLASLt macro tiles on CDNA3
+AMD_TILES = ((128, 128), (128, 256), (256, 128), (256, 256))
+KERNEL_OVERHEAD_S = 2.5e-6  # GEMM-SWEEP: 2048^3 and 4096^3 against their quantized compute time
+FLASH_BLOCK = 128  # query and key rows of a FlashAttention tile (FA2 and FA3, head dim 128)
+# fused attention of the presets, (efficiency, tile overhead) forward and backward (see the fits above)
+CUDNN_ATTENTION = ((0.565, 1.0), (0.55, 3.0))
+FLASH_ATTENTION_2_A100 = ((0.70, 1.1), (0.64, 2.2))
+GPU_OP_OVERHEAD_S = 20e-6  # assumed: first launch + event wait + schedule bookkeeping per pipeline op
+GPU_TRANSFER_SETUP_S = 10e-6  # assumed: host-side cost of posting and matching one NCCL send/receive
+GPU_FRAGMENTATION = 1.1  # FRAGMENTATION: allocator bytes per activation byte
+
+
+def _gpu(name: str, *, peak_flops: float, memory_bytes: float, memory_bandwidth: float, matmul_efficiency: float,
+         sm_count: int, attention: tuple[tuple[float, float], tuple[float, float]],
+         tiles: tuple[tuple[int, int], ...] = NVIDIA_TILES) -> DeviceSpec:
+    (forward, forward_overhead), (backward, backward_overhead) = attention
+    return DeviceSpec(
+        name, peak_flops=peak_flops, memory_bytes=memory_bytes, memory_bandwidth=memory_bandwidth,
+        matmul_efficiency=matmul_efficiency, sm_count=sm_count, matmul_tiles=tiles,
+        kernel_overhead_s=KERNEL_OVERHEAD_S, flash_forward_efficiency=forward, flash_backward_efficiency=backward,
+        flash_block=FLASH_BLOCK, flash_tile_overhead=forward_overhead,
+        flash_backward_tile_overhead=backward_overhead, grad_accumulation_traffic=3.0,
+        op_overhead_s=GPU_OP_OVERHEAD_S, transfer_setup_s=GPU_TRANSFER_SETUP_S,
+        memory_fragmentation=GPU_FRAGMENTATION,
+    )
+
+
 DEVICES: MappingProxyType[str, DeviceSpec] = MappingProxyType({
     spec.name: spec
     for spec in (
-        DeviceSpec("a100-40gb", peak_flops=312e12, memory_bytes=40 * GiB, memory_bandwidth=1.555e12),
-        DeviceSpec("a100-80gb", peak_flops=312e12, memory_bytes=80 * GiB, memory_bandwidth=2.039e12),
-        DeviceSpec("h100-sxm", peak_flops=989e12, memory_bytes=80 * GiB, memory_bandwidth=3.35e12),
-        DeviceSpec("h200", peak_flops=989e12, memory_bytes=141 * GB, memory_bandwidth=4.8e12,
-                   matmul_efficiency=0.8),
-        DeviceSpec("b200", peak_flops=2.25e15, memory_bytes=180 * GB, memory_bandwidth=8e12),
-        DeviceSpec("mi300x", peak_flops=1307e12, memory_bytes=192 * GB, memory_bandwidth=5.3e12),
+        # 108 SMs; MAMF 85.9% at 6912x16384x2048 (exactly 32 waves of 128x256 tiles: no
+        # quantization loss); FlashAttention-2 (FA2-README)
+        _gpu("a100-40gb", peak_flops=312e12, memory_bytes=40 * GiB, memory_bandwidth=1.555e12,
+             matmul_efficiency=0.86, sm_count=108, attention=FLASH_ATTENTION_2_A100),
+        _gpu("a100-80gb", peak_flops=312e12, memory_bytes=80 * GiB, memory_bandwidth=2.039e12,
+             matmul_efficiency=0.86, sm_count=108, attention=FLASH_ATTENTION_2_A100),
+        # 132 SMs; MAMF 80.3% (GEMM-SWEEP: 8192^3 at 798 = 0.81 x peak x its 0.97 tile
+        # efficiency); cuDNN fused attention (FA3-PAPER)
+        _gpu("h100-sxm", peak_flops=989e12, memory_bytes=80 * GiB, memory_bandwidth=3.35e12,
+             matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION),
+        # the same chip as the H100 with more and faster memory (HBM3e); MAMF lists H100 and
+        # H200 together (794.5 TFLOP/s); FlashAttention-3 on an H200 runs within 4% of an H100
+        # (Dao-AILab/flash-attention issue 1438)
+        _gpu("h200", peak_flops=989e12, memory_bytes=141 * GB, memory_bandwidth=4.8e12,
+             matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION),
+        # 148 SMs; MAMF 77.6%; FlashAttention-4 on a B200, head dim 128, causal, 8k tokens:
+        # forward 1418, backward 1118 TFLOP/s (Dao-AILab/flash-attention PR 2280), over the
+        # causal tile efficiency at 64 tiles with FlashAttention-3's overheads: 0.68 / 0.56
+        _gpu("b200", peak_flops=2.25e15, memory_bytes=180 * GB, memory_bandwidth=8e12,
+             matmul_efficiency=0.78, sm_count=148, attention=((0.68, 1.9), (0.56, 3.4))),
+        # 304 compute units; MAMF 60.1%; fused attention assumed at the MAMF fraction forward
+        # and 0.8 of it backward, with cuDNN's overheads (no public causal curve in the sources)
+        _gpu("mi300x", peak_flops=1307e12, memory_bytes=192 * GB, memory_bandwidth=5.3e12,
+             matmul_efficiency=0.60, sm_count=304, attention=((0.60, 1.0), (0.48, 3.0)), tiles=AMD_TILES),
         DeviceSpec("cpu", peak_flops=1e12, memory_bytes=64 * GiB, memory_bandwidth=100e9,
                    matmul_efficiency=0.5, bandwidth_efficiency=0.6),
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pipesched.errors import require
@@ -9,16 +10,41 @@ from pipesched.errors import require
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One accelerator."""
+    """One accelerator, and every assumption the cost model makes about it.
+
+    The defaults after the first four fields give the plain roofline of a device nothing
+    more is known about: no tile quantization (one 1 x 1 tile per compute unit), unfused
+    attention, no fixed costs, no fragmentation. The presets (``pipesched.model.devices``)
+    set them with their sources.
+    """
 
     name: str
     peak_flops: float  # dense bf16 FLOP/s
     memory_bytes: float  # device memory capacity, bytes
     memory_bandwidth: float  # bytes/s
-    # achievable fraction of peak for large matmuls (documented default, overridable)
+    # achievable fraction of peak of a matmul whose output tiles fill every compute unit in
+    # every wave (a large square matmul reaches it less its last partial wave)
     matmul_efficiency: float = 0.7
     # achievable fraction of memory bandwidth for memory-bound kernels
     bandwidth_efficiency: float = 0.8
+    # --- matmul shape (pipesched.model.kernels): output tiles run on compute units in waves
+    sm_count: int = 1  # streaming multiprocessors (compute units) that run output tiles at once
+    matmul_tiles: tuple[tuple[int, int], ...] = ((1, 1),)  # (rows, columns) of the output tiles the GEMM library picks from
+    kernel_overhead_s: float = 0.0  # fixed device time per kernel: launch gap, prologue, epilogue tail, seconds
+    # --- fused (flash) attention, causal; 0 efficiency = unfused attention with the scores in memory
+    flash_forward_efficiency: float = 0.0  # fraction of peak of the forward kernel on long sequences
+    flash_backward_efficiency: float = 0.0  # same for the backward kernel (2.5 x the forward FLOPs)
+    flash_block: int = 128  # query rows and key rows of one attention tile
+    flash_tile_overhead: float = 0.0  # fixed work per query tile in the forward (load Q, rescale, write O), in key-tile visits
+    flash_backward_tile_overhead: float = 0.0  # same in the backward (accumulate and write dQ, dK, dV)
+    # --- weight gradients: elements moved per weight-gradient element when W adds its result
+    # into the existing gradient (3: read both, write one; 0: fused into the GEMM epilogue)
+    grad_accumulation_traffic: float = 0.0
+    # --- fixed costs of a pipeline (seconds)
+    op_overhead_s: float = 0.0  # every pipeline op F, I, W or B: its first launch, stream sync, runtime bookkeeping
+    transfer_setup_s: float = 0.0  # every point-to-point transfer, on top of the link latency: posting it, matching it
+    # --- memory: bytes the allocator holds per byte of activations (fragmentation, caching)
+    memory_fragmentation: float = 1.0
 
     def __post_init__(self) -> None:
         require(bool(self.name), "device name", repr(self.name), "give the device a name")
@@ -28,6 +54,28 @@ class DeviceSpec:
         for field_name in ("matmul_efficiency", "bandwidth_efficiency"):
             value = getattr(self, field_name)
             require(0 < value <= 1, f"{self.name}.{field_name}", value, "must be in (0, 1]")
+        for field_name in ("flash_forward_efficiency", "flash_backward_efficiency"):
+            value = getattr(self, field_name)
+            require(0 <= value <= 1, f"{self.name}.{field_name}", value, "must be in [0, 1] (0: unfused attention)")
+        require((self.flash_forward_efficiency > 0) == (self.flash_backward_efficiency > 0),
+                f"{self.name}.flash_backward_efficiency", self.flash_backward_efficiency,
+                "give both flash efficiencies or neither")
+        require(isinstance(self.sm_count, int) and self.sm_count >= 1, f"{self.name}.sm_count", self.sm_count,
+                "must be a positive integer")
+        require(isinstance(self.flash_block, int) and self.flash_block >= 1, f"{self.name}.flash_block",
+                self.flash_block, "must be a positive integer")
+        tiles = tuple(tuple(int(x) for x in tile) for tile in self.matmul_tiles)
+        require(len(tiles) >= 1 and all(len(t) == 2 and min(t) >= 1 for t in tiles), f"{self.name}.matmul_tiles",
+                self.matmul_tiles, "give one or more (rows, columns) pairs of positive integers")
+        object.__setattr__(self, "matmul_tiles", tiles)
+        for field_name in ("kernel_overhead_s", "flash_tile_overhead", "flash_backward_tile_overhead",
+                           "grad_accumulation_traffic",
+                           "op_overhead_s", "transfer_setup_s"):
+            value = getattr(self, field_name)
+            require(math.isfinite(value) and value >= 0, f"{self.name}.{field_name}", value,
+                    "must be a finite number >= 0")
+        require(math.isfinite(self.memory_fragmentation) and self.memory_fragmentation >= 1,
+                f"{self.name}.memory_fragmentation", self.memory_fragmentation, "must be a number >= 1")
 
 
 @dataclass(frozen=True)
@@ -79,3 +127,15 @@ class Cluster:
 
     def link(self, src: int, dst: int) -> LinkSpec:
         return self.intra_node if self.same_node(src, dst) else self.inter_node
+
+    def latency(self, src: int, dst: int) -> float:
+        """Fixed seconds of one transfer src -> dst: the link's latency plus the set-up of the
+        slower end (both post their half of the transfer at once)."""
+        setup = max(self.devices[src].transfer_setup_s, self.devices[dst].transfer_setup_s)
+        return self.link(src, dst).latency + setup
+
+    def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` src -> dst with the link to itself (0 on one rank)."""
+        if src == dst or nbytes <= 0:
+            return 0.0
+        return self.latency(src, dst) + nbytes / self.link(src, dst).bandwidth

@@ -50,11 +50,14 @@ class LayerCost:
     flops: float = 0.0  # matmul FLOPs of F + I + W (+ recompute) on this device
     weight_input_bytes: float = 0.0  # part of activation_bytes W still needs after I
     kind: str = TRANSFORMER  # layout letter: E, t, m or L
+    # gradients I computes and W still needs (the output gradient of each weight matmul):
+    # allocated by I, freed by W, bytes per microbatch
+    kept_for_w_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         require(bool(self.name), "layer name", repr(self.name), "give every layer a name")
         for field_name in ("forward_s", "backward_input_s", "backward_weight_s", "activation_bytes",
-                           "params", "output_bytes", "flops", "weight_input_bytes"):
+                           "params", "output_bytes", "flops", "weight_input_bytes", "kept_for_w_bytes"):
             object.__setattr__(self, field_name, _finite(getattr(self, field_name), f"{self.name}.{field_name}"))
         require(self.kind in LAYER_KINDS, f"{self.name}.kind", self.kind,
                 f"must be one of {', '.join(LAYER_KINDS)}")

@@ -84,12 +84,6 @@ def pipeline_ranks(placement: Placement, cluster: Cluster, tensor_parallel: int)
     return tuple(ranks)
 
 
-def _transfer(cluster: Cluster, src: int, dst: int, nbytes: float) -> float:
-    if src == dst or nbytes <= 0:
-        return 0.0
-    return cluster.link(src, dst).transfer_time(nbytes)
-
-
 def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,
                 method: str = "balanced", partition: Partition | None = None, schedule: Schedule | None = None,
                 memory_limit: float | None = None) -> StagePlan:
@@ -123,9 +117,9 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
     for s, layers in enumerate(per_stage):
         out = [layer.output_bytes for layer in layers]
         if s + 1 < num_stages:
-            send_forward[s] = [_transfer(cluster, stage_ranks[s], stage_ranks[s + 1], n) for n in out]
+            send_forward[s] = [cluster.transfer_time(stage_ranks[s], stage_ranks[s + 1], n) for n in out]
         if s > 0:
-            send_backward[s] = [_transfer(cluster, stage_ranks[s], stage_ranks[s - 1], n) for n in out]
+            send_backward[s] = [cluster.transfer_time(stage_ranks[s], stage_ranks[s - 1], n) for n in out]
 
     capacity = [memory_limit if memory_limit is not None else cluster.devices[r].memory_bytes for r in ranks_of_device]
     inflight = inflight_per_stage(schedule) if schedule is not None else None
@@ -143,35 +137,39 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
         if schedule is None:
             raise PipeschedError("method=memory: needs a schedule for its in-flight activations; give one "
                                  "(CLI: --schedule NAME -m MICROBATCHES)")
-        partition = _fit_memory(model, settings, placement, per_stage, inflight, capacity,
+        partition = _fit_memory(model, settings, placement, [cluster.devices[r] for r in stage_ranks],
+                                per_stage, inflight, capacity,
                                 compute, send_forward, send_backward, schedule.name)
 
     layers = tuple(tuple(per_stage[s][i] for i in partition.layers(s)) for s in range(num_stages))
-    costs = _stage_costs(layers, settings)
+    stage_devices = tuple(cluster.devices[r] for r in stage_ranks)
+    costs = _stage_costs(layers, settings, stage_devices)
     sends = stage_values(partition, np.zeros((num_stages, num_layers)),
                          send_forward=send_forward, send_backward=send_backward)
     stage_s = stage_values(partition, compute, send_forward=send_forward, send_backward=send_backward)
+    stage_s = stage_s + np.array([3 * device.op_overhead_s for device in stage_devices])  # F, I and W
     peaks = None
     if schedule is not None:
         static = costs.static_bytes or (0.0,) * num_stages
         peaks = tuple(device_peak_bytes(schedule, costs.activation_bytes, static))
     return StagePlan(
         model=model, settings=settings, placement=placement, partition=partition, method=chosen,
-        ranks=stage_ranks, devices=tuple(cluster.devices[r] for r in stage_ranks), layers=layers,
+        ranks=stage_ranks, devices=stage_devices, layers=layers,
         costs=costs, send_s=tuple(float(x) for x in sends), stage_s=tuple(float(x) for x in stage_s),
         inflight=tuple(inflight) if inflight is not None else None, device_peak_bytes=peaks,
         device_memory=tuple(capacity),
     )
 
 
-def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placement,
+def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placement, devices: Sequence[DeviceSpec],
                 per_stage: list[list[LayerCost]], inflight: Sequence[int], capacity: Sequence[float],
                 compute: np.ndarray, send_forward: np.ndarray, send_backward: np.ndarray,
                 schedule_name: str) -> Partition:
     """The balanced partition among those whose stages fit their share of device memory."""
     per_param = settings.static_bytes_per_param
-    memory = np.array([[layer.params * per_param + n * layer.activation_bytes for layer in layers]
-                       for layers, n in zip(per_stage, inflight, strict=True)])
+    fragmentation = [cluster_device.memory_fragmentation for cluster_device in devices]
+    memory = np.array([[layer.params * per_param + n * frag * layer.activation_bytes for layer in layers]
+                       for layers, n, frag in zip(per_stage, inflight, fragmentation, strict=True)])
     copies = stage_instances_per_device(placement)
     share = np.array([copies[d] for d in placement.replicas[0]], dtype=float)
     caps = np.array([capacity[d] for d in placement.replicas[0]]) / share
@@ -188,13 +186,19 @@ def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placeme
         f"per device{shared}; use more devices, recompute, or a schedule with fewer microbatches in flight")
 
 
-def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettings) -> StageCosts:
+def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettings,
+                 devices: Sequence[DeviceSpec]) -> StageCosts:
+    """Sum each stage's layers. Every op F, I, W and B also pays its device's fixed
+    ``op_overhead_s`` once (B is one op, so it pays it once, not as I + W); activations and
+    the gradients kept for W take ``memory_fragmentation`` times their bytes."""
     def total(field: str) -> tuple[float, ...]:
         return tuple(sum(getattr(layer, field) for layer in stage) for stage in layers)
 
     params = total("params")
-    activations = total("activation_bytes")
-    kept_for_w = sum(total("weight_input_bytes"))
+    fragmentation = [device.memory_fragmentation for device in devices]
+    overhead = [device.op_overhead_s for device in devices]
+    activations = tuple(a * f for a, f in zip(total("activation_bytes"), fragmentation, strict=True))
+    inputs_for_w = sum(i * f for i, f in zip(total("weight_input_bytes"), fragmentation, strict=True))
     all_activations = sum(activations)
     # the stage's output is its last layer's; an empty stage passes its input on unchanged
     outputs = []
@@ -202,15 +206,20 @@ def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettin
     for stage in layers:
         previous = stage[-1].output_bytes if stage else previous
         outputs.append(previous)
+    backward_input = total("backward_input_s")
+    backward_weight = total("backward_weight_s")
     return StageCosts(
-        forward=total("forward_s"),
-        backward_input=total("backward_input_s"),
-        backward_weight=total("backward_weight_s"),
+        forward=tuple(t + o for t, o in zip(total("forward_s"), overhead, strict=True)),
+        backward_input=tuple(t + o for t, o in zip(backward_input, overhead, strict=True)),
+        backward_weight=tuple(t + o for t, o in zip(backward_weight, overhead, strict=True)),
+        backward=tuple(i + w + o for i, w, o in zip(backward_input, backward_weight, overhead, strict=True)),
         activation_bytes=activations,
         output_bytes=tuple(outputs),
         static_bytes=tuple(p * settings.static_bytes_per_param for p in params),
         grad_bytes=tuple(p * settings.grad_bytes for p in params),
-        input_frees=1.0 - kept_for_w / all_activations if all_activations > 0 else 0.5,
+        # I frees what W does not need: everything but the inputs of the weight matmuls
+        input_frees=1.0 - inputs_for_w / all_activations if all_activations > 0 else 0.5,
+        kept_for_w_bytes=tuple(k * f for k, f in zip(total("kept_for_w_bytes"), fragmentation, strict=True)),
     )
 
 

@@ -1,10 +1,13 @@
-"""Per-layer costs of a transformer from its shape: Megatron FLOPs, roofline times,
+"""Per-layer costs of a transformer from its shape: Megatron FLOPs, kernel times,
 Korthikanti activation memory.
 
 Every layer is a list of kernels. A kernel is a matmul (2mnk FLOPs) or a memory-bound
-elementwise op (norm, softmax, dropout, activation function, residual add). A kernel takes
-``max(flops / (peak * matmul_efficiency), bytes / (bandwidth * bandwidth_efficiency))``
-seconds: the roofline.
+elementwise op (norm, softmax, dropout, activation function, residual add). The FLOP counts
+are the model's useful work and come from the kernels' shapes alone; the times come from
+the time model of ``pipesched.model.kernels`` (a roofline per kernel with tile and wave
+quantization of matmuls, a fixed cost per kernel, and the attention core as one fused
+causal FlashAttention kernel on devices that have it), so a faster or slower device never
+changes a FLOP count.
 
 Backward, per kernel:
 - matmul with a weight, ``Y = X W``: the input gradient ``dX = dY W^T`` (in I) and the weight
@@ -12,7 +15,11 @@ Backward, per kernel:
 - matmul of two activations (attention scores ``Q K^T`` and context ``P V``): two input
   gradients, both in I;
 - elementwise: I moves twice the forward bytes.
-So backward FLOPs are twice the forward FLOPs, as in Narayanan et al. (2021).
+So backward FLOPs are twice the forward FLOPs, as in Narayanan et al. (2021). With fused
+attention the score and context gradients are one flash backward kernel in I (its own
+efficiency; it recomputes the scores, so selective recompute adds no time). W also adds
+each weight gradient into the existing one (``grad_accumulation_traffic``). ``I`` computes
+the output gradient of every weight matmul; W still needs them (``kept_for_w_bytes``).
 
 Forward matmul FLOPs of a dense GPT block: ``24 b s h^2 + 4 b s^2 h`` (QKV 6bsh^2, scores
 2bs^2h, context 2bs^2h, projection 2bsh^2, MLP 16bsh^2). Grouped-query attention shrinks the
@@ -29,16 +36,20 @@ Tensor parallelism of degree t splits the matmuls and attention (``s b h (10 + 2
 Each block then all-reduces its attention and MLP outputs in the forward and the matching
 input gradients in I over the intra-node link (ring: ``2 (t-1)/t`` bytes per rank).
 
+Activation memory stays Korthikanti's inventory even with fused attention (which keeps no
+scores): choose selective recompute for the memory a FlashAttention layer keeps.
+
 Not modelled: expert parallelism (all experts of a layer sit on its stage, split by tensor
-parallelism, with perfectly balanced routing), fused attention kernels (use selective
-recompute for flash-attention memory), kernel launch overheads and compute/communication
-overlap inside a layer.
+parallelism, with perfectly balanced routing), clock throttling under sustained load and
+compute/communication overlap inside a layer.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+import pipesched.model.kernels as kernels
 from pipesched.errors import require
 from pipesched.model.devices import load_device
 from pipesched.model.hardware import DeviceSpec, LinkSpec
@@ -65,13 +76,18 @@ WEIGHT_ELEMENTWISE = "weight elementwise"
 
 @dataclass(frozen=True)
 class Kernel:
-    """One forward kernel of a layer."""
+    """One forward kernel of a layer: its FLOPs and bytes (the work), and for a matmul its
+    shape (what the time model needs: ``groups`` matmuls ``[m, k] x [k, n]``)."""
 
     name: str
     flops: float  # forward FLOPs
     traffic: float  # forward bytes read + written
     backward: str  # WEIGHT_MATMUL, ACTIVATION_MATMUL, ELEMENTWISE or WEIGHT_ELEMENTWISE
     attention_core: bool = False  # recomputed by selective recompute
+    groups: float = 0.0  # independent matmuls (heads x sequences, experts); 0 for elementwise kernels
+    m: float = 0.0
+    n: float = 0.0
+    k: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -123,12 +139,15 @@ def _shape(model: ModelSpec, settings: TrainingSettings) -> _Shape:
 
 def _matmul(name: str, m: float, n: float, k: float, elem: int, *, batch: float = 1.0, weights: float = 1.0,
             backward: str = WEIGHT_MATMUL, attention_core: bool = False) -> Kernel:
-    """``batch`` products of [m, k] x [k, n]; ``weights`` copies of the [k, n] operand (experts)."""
+    """``batch`` products of [m, k] x [k, n]; ``weights`` copies of the [k, n] operand (experts),
+    each multiplying its share of the m rows."""
     if backward == WEIGHT_MATMUL:
         traffic = elem * (m * k + weights * k * n + m * n)
+        groups, rows = weights, m / weights
     else:
         traffic = elem * batch * (m * k + k * n + m * n)
-    return Kernel(name, 2.0 * batch * m * n * k, traffic, backward, attention_core)
+        groups, rows = batch, m
+    return Kernel(name, 2.0 * batch * m * n * k, traffic, backward, attention_core, groups, rows, n, k)
 
 
 def _elementwise(name: str, traffic: float, *, attention_core: bool = False, backward: str = ELEMENTWISE) -> Kernel:
@@ -150,6 +169,10 @@ class _LayerPlan:
     weight_input_bytes: float  # matmul inputs W needs after I
     params: float
     output_bytes: float
+    # the causal attention core as a fused kernel sees it: (sequences x heads on this rank,
+    # sequence length, head size) and the bytes of Q, K, V and O; None without attention
+    attention: tuple[float, float, float] | None = None
+    attention_traffic: float = 0.0
 
 
 def _embedding(model: ModelSpec, x: _Shape) -> _LayerPlan:
@@ -251,6 +274,8 @@ def _block(model: ModelSpec, x: _Shape, index: int) -> _LayerPlan:
         weight_input_bytes=weight_inputs,
         params=attention_params + mlp_params,
         output_bytes=hidden_bytes,
+        attention=(b * x.heads, s, x.head_dim),
+        attention_traffic=e * tokens * (2 * x.q_width + 2 * x.kv_width),  # read Q, K, V; write O
     )
 
 
@@ -282,13 +307,6 @@ def layer_plans(model: ModelSpec, settings: TrainingSettings) -> list[_LayerPlan
     return [_embedding(model, x), *(_block(model, x, i) for i in range(model.num_layers)), _head(model, x)]
 
 
-def _kernel_time(flops: float, traffic: float, device: DeviceSpec, settings: TrainingSettings) -> float:
-    peak = device.peak_flops * device.matmul_efficiency
-    if settings.dtype == "fp32":
-        peak /= 2  # fp32 (TF32) matmuls at half the 16-bit rate
-    return max(flops / peak, traffic / (device.memory_bandwidth * device.bandwidth_efficiency))
-
-
 def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
     """Ring all-reduce of ``nbytes`` over ``ranks`` ranks: 2 (t-1)/t of the bytes per rank.
 
@@ -301,56 +319,114 @@ def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
     return steps / ranks * nbytes / link.bandwidth + steps * link.latency
 
 
-def _cost(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> LayerCost:
-    def time(flops: float, traffic: float) -> float:
-        return _kernel_time(flops, traffic, device, settings)
+@dataclass(frozen=True)
+class _Times:
+    """Seconds of a layer's F, I and W on one device, and of its attention core's forward
+    (what selective recompute redoes in I)."""
 
+    forward: float
+    backward_input: float
+    backward_weight: float
+    core: float
+
+
+def _times(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> _Times:
+    """The time model (``pipesched.model.kernels``) applied to every kernel of the layer.
+
+    Backward, per kernel: ``Y = X W`` gives ``dX = dY W^T`` (an [m, k] output) in I and
+    ``dW = X^T dY`` (a [k, n] output over the m rows) in W, where W then adds dW into the
+    existing gradient (``grad_accumulation_traffic``); an activation matmul gives both input
+    gradients in I. With fused attention the scores, softmax, dropout and context kernels are
+    one flash kernel in F and one in I.
+    """
+    fp32 = settings.dtype == "fp32"
+    elem = settings.element_bytes
+    flash = plan.attention is not None and kernels.uses_flash(device, elem)
     forward = backward_input = backward_weight = core = 0.0
-    flops = 0.0
-    core_flops = 0.0
     for kernel in plan.kernels:
-        step = time(kernel.flops, kernel.traffic)
+        if flash and kernel.attention_core:
+            continue
+        if kernel.groups > 0:
+            matmul = functools.partial(kernels.matmul_time, device, groups=kernel.groups, traffic=kernel.traffic,
+                                       fp32=fp32)
+            step = matmul(kernel.m, kernel.n, kernel.k)
+            if kernel.backward == WEIGHT_MATMUL:
+                backward_input += matmul(kernel.m, kernel.k, kernel.n)
+                accumulate = device.grad_accumulation_traffic * kernel.groups * kernel.k * kernel.n * elem
+                backward_weight += matmul(kernel.k, kernel.n, kernel.m)
+                if accumulate > 0:
+                    backward_weight += kernels.memory_time(device, accumulate)
+            else:
+                backward_input += matmul(kernel.m, kernel.k, kernel.n) + matmul(kernel.k, kernel.n, kernel.m)
+        else:
+            step = kernels.memory_time(device, kernel.traffic)
+            backward = kernels.memory_time(device, 2 * kernel.traffic)
+            if kernel.backward == WEIGHT_ELEMENTWISE:
+                backward_weight += backward
+            else:
+                backward_input += backward
         forward += step
         if kernel.attention_core:
             core += step
-            core_flops += kernel.flops
-        if kernel.backward == WEIGHT_MATMUL:
-            backward_input += step
-            backward_weight += step
-            flops += 3 * kernel.flops
-        elif kernel.backward == ACTIVATION_MATMUL:
-            backward_input += 2 * step
-            flops += 3 * kernel.flops
-        elif kernel.backward == WEIGHT_ELEMENTWISE:
-            backward_weight += time(0.0, 2 * kernel.traffic)
-        else:
-            backward_input += time(0.0, 2 * kernel.traffic)
+    if flash:
+        assert plan.attention is not None
+        heads, seq, head_dim = plan.attention
+        shape = {"heads": heads, "seq": seq, "head_dim": head_dim, "traffic": plan.attention_traffic}
+        forward += kernels.flash_attention_time(device, **shape)
+        # the backward kernel recomputes the scores itself: selective recompute adds nothing
+        backward_input += kernels.flash_attention_time(device, **shape, backward=True)
     tp = settings.tensor_parallel
     forward += sum(allreduce_time(n, tp, link) for n in plan.forward_collectives)
     backward_input += sum(allreduce_time(n, tp, link) for n in plan.backward_collectives)
+    return _Times(forward, backward_input, backward_weight, core)
 
+
+def _flops(plan: _LayerPlan, settings: TrainingSettings) -> float:
+    """Matmul FLOPs of F + I + W (+ recompute): the useful work, independent of any device.
+    Backward FLOPs are twice the forward's (two products per matmul), as in Narayanan et al."""
+    flops = sum(3 * kernel.flops for kernel in plan.kernels if kernel.groups > 0)
+    if plan.kind == TRANSFORMER and settings.recompute == "selective":
+        flops += sum(kernel.flops for kernel in plan.kernels if kernel.attention_core)
+    elif plan.kind == TRANSFORMER and settings.recompute == "full":
+        flops += sum(kernel.flops for kernel in plan.kernels)
+    return flops
+
+
+def _kept_for_w(plan: _LayerPlan, settings: TrainingSettings) -> float:
+    """Bytes I computes that W still needs: the output gradient of every weight matmul (``dW
+    = X^T dY`` needs dY), or the whole output gradient of a layer whose backward is all W
+    (the embedding)."""
+    grads = sum(kernel.groups * kernel.m * kernel.n for kernel in plan.kernels if kernel.backward == WEIGHT_MATMUL)
+    kept = grads * settings.element_bytes
+    if any(kernel.backward == WEIGHT_ELEMENTWISE for kernel in plan.kernels):
+        kept += plan.output_bytes
+    return kept
+
+
+def _cost(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> LayerCost:
+    times = _times(plan, device, settings, link)
+    forward, backward_input = times.forward, times.backward_input
     activation = plan.activation_bytes
     weight_inputs = plan.weight_input_bytes
     if settings.recompute == "selective" and plan.kind == TRANSFORMER:
         activation = plan.selective_activation_bytes
-        backward_input += core  # redo scores, softmax, dropout and context before their backward
-        flops += core_flops
+        backward_input += times.core  # redo scores, softmax, dropout and context before their backward
     elif settings.recompute == "full" and plan.kind == TRANSFORMER:
         activation = plan.checkpoint_bytes
         backward_input += forward  # redo the whole forward from the kept input
-        flops += sum(kernel.flops for kernel in plan.kernels)
         weight_inputs = activation  # the kept input stays until W is done
     return LayerCost(
         name=plan.name,
         forward_s=forward,
         backward_input_s=backward_input,
-        backward_weight_s=backward_weight,
+        backward_weight_s=times.backward_weight,
         activation_bytes=activation,
         params=plan.params,
         output_bytes=plan.output_bytes,
-        flops=flops,
+        flops=_flops(plan, settings),
         weight_input_bytes=min(weight_inputs, activation),
         kind=plan.kind,
+        kept_for_w_bytes=_kept_for_w(plan, settings),
     )
 
 
@@ -383,7 +459,7 @@ def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
         LayerCost(layer.name, layer.forward_s * scale, layer.backward_input_s * scale,
                   layer.backward_weight_s * scale, layer.activation_bytes, layer.params,
                   layer.output_bytes, flops=layer.flops, weight_input_bytes=layer.weight_input_bytes,
-                  kind=layer.kind)
+                  kind=layer.kind, kept_for_w_bytes=layer.kept_for_w_bytes)
         for layer in model.measured
     ]
 
@@ -393,6 +469,5 @@ def model_flops_per_iteration(model: ModelSpec, settings: TrainingSettings, num_
     ranks), recompute included: ``num_microbatches`` x the layers' ``flops``."""
     if model.measured:
         return sum(layer.flops for layer in model.measured) * num_microbatches
-    counter = DeviceSpec("flop-counter", 1.0, 1.0, 1.0)  # times unused
-    per_rank = sum(_cost(plan, counter, settings, DEFAULT_TP_LINK).flops for plan in layer_plans(model, settings))
+    per_rank = sum(_flops(plan, settings) for plan in layer_plans(model, settings))
     return per_rank * settings.tensor_parallel * num_microbatches

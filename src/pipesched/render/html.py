@@ -7,6 +7,13 @@ stage, microbatch, start, end, duration and what it waited for) with the memory 
 under it. Tables are built here with every label escaped; the charts are drawn in the page
 from one compact JSON blob (columns of numbers, not one object per op), so 8 schedules of
 p=16, m=64 stay near 2 MB.
+
+The comparison page (``render_comparison_html``, ``pipesched check --html``) puts, per
+schedule, the predicted and the measured timeline one above the other on one time axis
+(zoom and pan move both), colours every op by how far its measured duration is from the
+predicted one, links each op to its counterpart (hovering one outlines the other), lists
+the largest deviations in a sortable table, and plots the measured step times against the
+prediction.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from importlib import resources
 import numpy as np
 
 from pipesched.errors import require
+from pipesched.render.pairing import Comparison, deviations
 from pipesched.render.style import (
     IDLE_COLOR,
     KIND_COLORS,
@@ -28,6 +36,7 @@ from pipesched.render.style import (
     OOM_COLOR,
     TRANSFER_COLORS,
     TRANSFER_NAMES,
+    TimeScale,
     format_memory,
     memory_scale,
     time_scale,
@@ -51,14 +60,8 @@ def render_html(
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline for the report")
     summaries = [summarize(t) for t in timelines]
     heading = title or "pipeline schedule report: " + ", ".join(s.name for s in summaries)
-    data = {
-        "kinds": {"letters": KIND_LETTERS, "names": KIND_NAMES, "colors": KIND_COLORS},
-        "transferKinds": {"names": TRANSFER_NAMES, "colors": TRANSFER_COLORS},
-        "waitNames": WAIT_NAMES,
-        "idleColor": IDLE_COLOR,
-        "oomColor": OOM_COLOR,
-        "timelines": [timeline_data(t, s) for t, s in zip(timelines, summaries, strict=True)],
-    }
+    data = _base_data()
+    data["timelines"] = [timeline_data(t, s) for t, s in zip(timelines, summaries, strict=True)]
     sections = [
         f"<header><h1>{escape(heading)}</h1>{_legend(timelines)}</header>",
         "<section><h2>Metrics</h2>" + metrics_table_html(summaries) + _definitions() + "</section>",
@@ -70,6 +73,10 @@ def render_html(
         "double-click to reset; hover an op for its details.</p>"
         '<div id="timelines"></div></section>'
     )
+    return _page(heading, sections, data)
+
+
+def _page(heading: str, sections: Sequence[str], data: dict) -> str:
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -86,6 +93,108 @@ def render_html(
     ])
 
 
+def _base_data() -> dict:
+    return {
+        "kinds": {"letters": KIND_LETTERS, "names": KIND_NAMES, "colors": KIND_COLORS},
+        "transferKinds": {"names": TRANSFER_NAMES, "colors": TRANSFER_COLORS},
+        "waitNames": WAIT_NAMES,
+        "idleColor": IDLE_COLOR,
+        "oomColor": OOM_COLOR,
+    }
+
+
+# deviations shown per schedule in the comparison page's table
+DEVIATIONS_SHOWN = 50
+
+
+def render_comparison_html(
+    comparisons: Sequence[Comparison],
+    *,
+    summary: Sequence[Mapping[str, object]] | None = None,
+    title: str = "",
+    shown: int = DEVIATIONS_SHOWN,
+) -> str:
+    """The comparison page (module docstring) of predicted and measured timelines.
+
+    summary: flat rows (column -> value) for the table at the top, one per schedule.
+    """
+    require(len(comparisons) >= 1, "comparisons", 0, "give at least one predicted and measured pair")
+    heading = title or "prediction vs measurement: " + ", ".join(c.predicted.schedule.name for c in comparisons)
+    data = _base_data()
+    data["timelines"] = []
+    data["comparisons"] = []
+    sections = [f"<header><h1>{escape(heading)}</h1>{_legend([c.predicted for c in comparisons])}"
+                f"{_deviation_legend()}</header>"]
+    if summary:
+        sections.append("<section><h2>Predicted and measured</h2>" + comparison_table_html(summary) + "</section>")
+    for k, comparison in enumerate(comparisons):
+        predicted, measured = comparison.predicted, comparison.measured
+        scale = time_scale(predicted.unit, max(predicted.makespan, measured.makespan))
+        found = deviations(predicted, measured)
+        relative = np.round(found.relative, 4)
+        back = np.full(len(measured), -1, np.int64)  # predicted row of each measured row
+        back[found.partner[found.partner >= 0]] = np.flatnonzero(found.partner >= 0)
+        first = len(data["timelines"])
+        for side, (timeline, links, shades) in enumerate((
+                (predicted, found.partner, relative),
+                (measured, back, np.where(back >= 0, relative[np.maximum(back, 0)], np.nan)))):
+            entry = timeline_data(timeline, summarize(timeline), scale=scale)
+            entry.update(view=f"pair-{k}", pairWith=first + 1 - side, links=links.tolist(),
+                         deviation=[None if math.isnan(x) else float(x) for x in shades])
+            data["timelines"].append(entry)
+        data["comparisons"].append({
+            "name": predicted.schedule.name,
+            "predicted": first,
+            "measured": first + 1,
+            "timeUnit": scale.unit,
+            "predictedTime": predicted.makespan * scale.factor,
+            "steps": [t * scale.factor for t in comparison.step_times],
+        })
+        sections.append(
+            f'<section class="comparison" data-comparison="{k}"><h2>{escape(predicted.schedule.name)}</h2>'
+            '<p class="hint">Top: predicted; bottom: measured, on one time axis (wheel or + / − to zoom, '
+            "drag to pan, double-click to reset). Hover an op to outline its counterpart.</p>"
+            f'<div class="pair" id="pair-{k}"></div>'
+            f"<h3>Largest deviations</h3>{_deviation_table(k, predicted, found, scale, shown)}"
+            f'<h3>Step times</h3><div class="steps" id="steps-{k}"></div></section>'
+        )
+    return _page(heading, sections, data)
+
+
+def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown: int) -> str:
+    """The ``shown`` ops whose measured duration is farthest from the prediction, largest
+    first; the Δ duration column sorts by size, either sign."""
+    unit = scale.unit
+    header = ("op", "device", f"predicted start ({unit})", f"measured start ({unit})", f"Δ start ({unit})",
+              f"predicted duration ({unit})", f"measured duration ({unit})", f"Δ duration ({unit})", "Δ duration %")
+    rows, links = [], []
+    factor = scale.factor
+
+    def number(value: float) -> tuple[str, str]:
+        return repr(float(value)), f"{value * factor:.4g}"
+
+    for row in found.largest(shown).tolist():
+        partner = int(found.partner[row])
+        relative = found.relative[row]
+        delta = found.duration[row]
+        rows.append([
+            (str(timeline.op(row)), str(timeline.op(row))),
+            (int(timeline.op_device[row]), f"d{int(timeline.op_device[row])}"),
+            number(found.predicted_start[row]), number(found.measured_start[row]), number(found.start[row]),
+            number(found.predicted_duration[row]), number(found.measured_duration[row]),
+            (repr(abs(float(delta))), f"{delta * factor:+.4g}"),
+            ("" if math.isnan(relative) else repr(float(relative)), "-" if math.isnan(relative) else f"{relative:+.1%}"),
+        ])
+        links.append(f"{k}:{row}:{partner}")
+    table = _sortable_table(f"deviations-{k}", header, rows, row_data=links)
+    return table.replace('<th scope="col" tabindex="0">Δ duration', '<th scope="col" tabindex="0" aria-sort="descending">Δ duration', 1)
+
+
+def _deviation_legend() -> str:
+    return ('<p class="legend deviation-legend"><span>measured duration vs predicted:</span>'
+            '<span class="gradient" aria-hidden="true"></span><span>−50% (faster) … +50% (slower)</span></p>')
+
+
 def script_json(data: object) -> str:
     """Compact JSON that is safe inside a ``<script>`` element (no ``</script>``, no
     ``<!--``): ``<``, ``>`` and ``&`` become JSON escapes.
@@ -100,10 +209,10 @@ def script_json(data: object) -> str:
     return text
 
 
-def timeline_data(timeline: Timeline, summary: Summary) -> dict:
-    """One timeline as columns: times in its display unit from the iteration start,
-    rounded to a millionth of the iteration."""
-    scale = time_scale(timeline.unit, timeline.makespan)
+def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | None = None) -> dict:
+    """One timeline as columns: times in its display unit (``scale``, default the one that
+    suits its length) from the iteration start, rounded to a millionth of the iteration."""
+    scale = scale or time_scale(timeline.unit, timeline.makespan)
     span = timeline.makespan * scale.factor
     digits = max(0, 6 - math.floor(math.log10(span))) if span > 0 else 6
 
@@ -200,13 +309,17 @@ def comparison_table_html(rows: Sequence[Mapping[str, object]]) -> str:
     return _sortable_table("comparison", columns, body)
 
 
-def _sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tuple[object, object]]]) -> str:
-    """A table whose header cells sort it (report.js); each cell is (sort key, shown text)."""
+def _sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tuple[object, object]]], *,
+                    row_data: Sequence[str] | None = None) -> str:
+    """A table whose header cells sort it (report.js); each cell is (sort key, shown text);
+    ``row_data`` gives each row a ``data-link`` attribute."""
     head = "".join(f'<th scope="col" tabindex="0">{escape(str(h))}</th>' for h in header)
+    links = row_data if row_data is not None else [None] * len(rows)
     body = "".join(
-        "<tr>" + "".join(f'<td data-value="{escape(str(key), quote=True)}">{escape(str(text))}</td>'
-                         for key, text in row) + "</tr>"
-        for row in rows
+        ("<tr>" if link is None else f'<tr data-link="{escape(link, quote=True)}">')
+        + "".join(f'<td data-value="{escape(str(key), quote=True)}">{escape(str(text))}</td>'
+                  for key, text in row) + "</tr>"
+        for row, link in zip(rows, links, strict=True)
     )
     return (f'<div class="table-wrap"><table class="sortable" id="{name}-table">'
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")

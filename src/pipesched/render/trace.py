@@ -9,6 +9,10 @@ Layout in the viewer:
   gets them from each producing op to its consumer on another device instead;
 - a counter track (``ph: C``) ``memory`` per device when the timeline has a memory trace.
 
+A prediction and a measurement of the same schedule (``comparison_trace_document``) go in
+one file as two processes per device, side by side in the viewer: ``<schedule> · device
+<d> · predicted`` and ``... · measured``, each on its own iteration clock.
+
 Timestamps are microseconds from the start of the iteration. Slot tables have no real
 time: one slot is drawn as 1000 us, and ``otherData`` says so.
 """
@@ -39,8 +43,36 @@ def trace_document(timelines: Sequence[Timeline]) -> dict:
     flow_ids = iter(range(1, 1 << 62))
     for timeline in timelines:
         require(timeline.unit in MICROSECONDS, "unit", timeline.unit, "timeline unit must be 's' or 'slot'")
-        events.extend(_timeline_events(timeline, first_pid=next_pid, flow_ids=flow_ids))
+        pids = [next_pid + d for d in range(timeline.num_devices)]
+        events.extend(_timeline_events(timeline, pids=pids, flow_ids=flow_ids))
         next_pid += timeline.num_devices
+    return _document(events, timelines)
+
+
+def comparison_trace_document(pairs: Sequence[tuple[Timeline, Timeline]]) -> dict:
+    """Predicted and measured timelines of each schedule as one trace: process ``2d`` is
+    device d's prediction and ``2d + 1`` its measurement (module docstring)."""
+    require(len(pairs) >= 1, "timelines", 0, "give at least one predicted and measured pair to trace")
+    events: list[dict] = []
+    next_pid = 1
+    flow_ids = iter(range(1, 1 << 62))
+    for predicted, measured in pairs:
+        for timeline in (predicted, measured):
+            require(timeline.unit in MICROSECONDS, "unit", timeline.unit, "timeline unit must be 's' or 'slot'")
+        devices = max(predicted.num_devices, measured.num_devices)
+        for side, (timeline, suffix) in enumerate(((predicted, " · predicted"), (measured, " · measured"))):
+            pids = [next_pid + 2 * d + side for d in range(timeline.num_devices)]
+            events.extend(_timeline_events(timeline, pids=pids, flow_ids=flow_ids, suffix=suffix))
+        next_pid += 2 * devices
+    return _document(events, [t for pair in pairs for t in pair])
+
+
+def render_comparison_trace(pairs: Sequence[tuple[Timeline, Timeline]]) -> str:
+    """``comparison_trace_document`` as compact JSON text."""
+    return json.dumps(comparison_trace_document(pairs), separators=(",", ":"))
+
+
+def _document(events: list[dict], timelines: Sequence[Timeline]) -> dict:
     units = sorted({t.unit for t in timelines})
     return {
         "traceEvents": events,
@@ -61,7 +93,9 @@ def render_trace(timelines: Sequence[Timeline]) -> str:
     return json.dumps(trace_document(timelines), separators=(",", ":"))
 
 
-def _timeline_events(timeline: Timeline, *, first_pid: int, flow_ids) -> list[dict]:
+def _timeline_events(timeline: Timeline, *, pids: Sequence[int], flow_ids, suffix: str = "") -> list[dict]:
+    """The events of one timeline, device d in process ``pids[d]`` named ``<schedule> ·
+    device <d><suffix>``."""
     per_unit = MICROSECONDS[timeline.unit]
     origin = timeline.origin
 
@@ -69,7 +103,7 @@ def _timeline_events(timeline: Timeline, *, first_pid: int, flow_ids) -> list[di
         return round((time - origin) * per_unit, 3)
 
     name = timeline.schedule.name
-    pid_of = [first_pid + d for d in range(timeline.num_devices)]
+    pid_of = list(pids)
     table = timeline.transfers
     # Slices on one thread must not overlap, so overlapping ops (an overlapped F&B pair) or
     # transfers sharing a channel go to extra lanes: threads "compute 2", "send ... 2".
@@ -88,7 +122,7 @@ def _timeline_events(timeline: Timeline, *, first_pid: int, flow_ids) -> list[di
     events: list[dict] = []
     for device, pid in enumerate(pid_of):
         events += [
-            _meta("process_name", pid, 0, name=f"{name} · device {device}"),
+            _meta("process_name", pid, 0, name=f"{name} · device {device}{suffix}"),
             _meta("process_sort_index", pid, 0, sort_index=pid),
         ]
     for (device, channel, lane), tid in threads.items():

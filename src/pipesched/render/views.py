@@ -1,5 +1,6 @@
 """Write any set of views of some timelines at once (the ``--png/--svg/--trace/--html``
-options of ``show``, ``simulate`` and ``compare``).
+options of ``show``, ``simulate``, ``compare`` and ``run``), and the views of predicted
+and measured pairs (``check --html/--trace``).
 
 Every output path is checked before anything is drawn, and each file is written atomically,
 so a bad path costs nothing and a failure leaves no partial file.
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from pipesched.errors import require
 from pipesched.io.files import check_output_path, write_atomic
+from pipesched.render.pairing import Comparison, comparison_pairs
 from pipesched.timeline import Timeline
 
 PathLike = str | os.PathLike[str]
@@ -42,6 +44,33 @@ def write_views(
     written = []
     for field, target in targets:
         written.append(write_atomic(target, _render(field, timelines, comparison, title), field))
+    return written
+
+
+def write_comparison_views(
+    comparisons: Sequence[Comparison],
+    *,
+    trace: PathLike | None = None,
+    html: PathLike | None = None,
+    summary: Sequence[Mapping[str, object]] | None = None,
+    title: str = "",
+) -> list[Path]:
+    """The trace (two processes per device) and the comparison page of predicted and
+    measured timelines; returns the paths written, trace first."""
+    require(len(comparisons) >= 1, "comparisons", 0, "give at least one predicted and measured pair")
+    targets = [(field, check_output_path(path, field)) for field, path in (("trace", trace), ("html", html))
+               if path is not None]
+    written = []
+    for field, target in targets:
+        if field == "trace":
+            from pipesched.render.trace import render_comparison_trace
+
+            text = render_comparison_trace(comparison_pairs(comparisons))
+        else:
+            from pipesched.render.html import render_comparison_html
+
+            text = render_comparison_html(comparisons, summary=summary, title=title)
+        written.append(write_atomic(target, text, field))
     return written
 
 

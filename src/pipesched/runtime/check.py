@@ -20,10 +20,12 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.model.spec import ModelSpec
+from pipesched.render.pairing import Comparison
 from pipesched.runtime.profile import (
     LinkProfile,
     add_op_overhead,
@@ -98,6 +100,25 @@ class CheckReport:
     def timeline_pairs(self) -> list[tuple[Timeline, Timeline]]:
         """(predicted, measured) per schedule, for overlaid views."""
         return [(row.predicted, row.run.timeline) for row in self.rows]
+
+    def comparisons(self) -> list[Comparison]:
+        """Per schedule: the prediction, the median measured step and every step's time."""
+        return [Comparison(row.predicted, row.run.timeline, tuple(row.run.step_times)) for row in self.rows]
+
+    def summary_rows(self) -> list[dict[str, object]]:
+        """One flat row per schedule, for the comparison page's table (times in ms)."""
+        return [{"schedule": row.schedule.name, "runtime": row.run.runtime,
+                 "predicted ms": round(row.predicted_s * 1e3, 3), "measured ms": round(row.measured_s * 1e3, 3),
+                 "error": f"{row.error:+.1%}", "steps": len(row.run.step_times),
+                 "step spread ms": round((max(row.run.step_times) - min(row.run.step_times)) * 1e3, 3)}
+                for row in self.rows]
+
+    def write_views(self, *, html: str | None = None, trace: str | None = None, title: str = "") -> list[Path]:
+        """The comparison page and the two-processes-per-device trace; the paths written."""
+        from pipesched.render.views import write_comparison_views
+
+        return write_comparison_views(self.comparisons(), html=html, trace=trace, summary=self.summary_rows(),
+                                      title=title)
 
 
 def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:

@@ -414,14 +414,26 @@ def stage_costs_csv(costs: StageCosts) -> str:
 
 
 def link_yaml(link: LinkProfile, *, overhead_s: float | None = None) -> str:
-    """The measured link (and per-op overhead) as YAML, with the simulator flags to use them."""
-    data = {
+    """The measured link (and per-op overhead) as YAML, with the simulator flags to use them.
+
+    With the per-op overhead, ``device`` holds both fixed costs as the device fields of a
+    cluster file (``pipesched.model.clusters``): ``op_overhead`` is the runtime's per-op
+    cost, ``transfer_setup`` the whole fixed cost of one transfer between two ranks here
+    (the latency, which includes the wire: give the cluster's link latency 0 with it).
+
+    >>> text = link_yaml(LinkProfile("gloo", 5e-5, 1e9, (8,), (5e-5,)), overhead_s=2e-4)
+    >>> yaml.safe_load(text)["device"]
+    {'op_overhead': 0.0002, 'transfer_setup': 5e-05}
+    """
+    data: dict[str, object] = {
         "backend": link.backend,
         "latency_s": link.latency,
         "bandwidth_bytes_per_s": link.bandwidth,
         "exchange": {"sizes_bytes": list(link.sizes), "seconds": list(link.one_way_s)},
     }
+    header = f"# simulate with: --latency {link.latency:.6g} --bandwidth {link.bandwidth:.6g}\n"
     if overhead_s is not None:
         data["per_op_overhead_s"] = overhead_s
-    header = f"# simulate with: --latency {link.latency:.6g} --bandwidth {link.bandwidth:.6g}\n"
+        data["device"] = {"op_overhead": overhead_s, "transfer_setup": link.latency}
+        header += "# device: the fixed costs as cluster-file device fields, e.g. {preset: h200, op_overhead: ..., transfer_setup: ...}\n"
     return header + yaml.safe_dump(data, sort_keys=False)

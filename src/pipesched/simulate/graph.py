@@ -179,6 +179,8 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     arrays = rule_arrays(schedule.rules)
     activation = np.asarray(costs.activation_bytes, np.float64)[ops.stage]
     memory_delta = (arrays.memory_whole[kinds] + arrays.memory_input_part[kinds] * costs.input_frees) * activation
+    if costs.kept_for_w_bytes is not None:
+        memory_delta += arrays.memory_kept[kinds] * np.asarray(costs.kept_for_w_bytes, np.float64)[ops.stage]
     memory_at_start = arrays.memory_at_start[kinds]
     # one queue per device: its compute stream, in table order
     op_queue = ops.device.astype(np.int32)

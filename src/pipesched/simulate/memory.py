@@ -6,8 +6,12 @@ activations: each op changes them by its kind's rule (``pipesched.rules``): F al
     its stage-microbatch's activations as it starts (the forward builds them up), B frees
     them all when it ends; a split backward frees ``input_frees`` of them when I ends and
     the rest when W ends (W still needs the layer inputs).
+kept for W: a split backward's I also leaves ``kept_for_w_bytes[s]`` of gradients (the
+    output gradient of every weight matmul) that its W consumes: held from I's end to W's.
 
-Communication buffers and framework overhead are not counted. On one queue the ops run one
+Communication buffers (received tensors waiting for their consumer, sent ones waiting for
+their transfer) are not counted; allocator fragmentation is in the activation bytes of
+model-derived costs (``DeviceSpec.memory_fragmentation``). On one queue the ops run one
 after another in program order, so a device with one queue has its events (allocations at
 starts, frees at ends) already in time order: a free at the end of an op comes before an
 allocation at the start of the next. The device's trace starts at time 0 with its static

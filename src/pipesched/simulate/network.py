@@ -124,6 +124,8 @@ class Network:
 
         Ranks on one node use the cluster's intra-node link; ranks on different nodes its
         inter-node link, through one NIC per rank or one per node (``cluster.nic_per_device``).
+        A transfer's latency includes the set-up of its slower end
+        (``DeviceSpec.transfer_setup_s``, see ``Cluster.latency``).
         """
         chosen = tuple(range(cluster.num_devices)) if ranks is None else tuple(int(r) for r in ranks)
         require(len(chosen) >= 1, "ranks", "[]", "give at least one rank")
@@ -136,9 +138,8 @@ class Network:
         bandwidth = np.empty((n, n))
         for a, rank_a in enumerate(chosen):
             for b, rank_b in enumerate(chosen):
-                link = cluster.link(rank_a, rank_b)
-                latency[a, b] = link.latency
-                bandwidth[a, b] = link.bandwidth
+                latency[a, b] = cluster.latency(rank_a, rank_b)
+                bandwidth[a, b] = cluster.link(rank_a, rank_b).bandwidth
         # renumber the nodes that hold pipeline devices 0, 1, ...
         node_ids: dict[int, int] = {}
         for rank in chosen:

@@ -1,5 +1,7 @@
 // pipesched report: sortable tables and interactive timelines, drawn from the JSON blob in
-// #report-data. Plain DOM and SVG; all text from the data goes through textContent.
+// #report-data. Plain DOM and SVG; all text from the data goes through textContent. A
+// comparison page (data.comparisons) pairs a predicted and a measured timeline per schedule:
+// one view for both, ops coloured by their deviation and linked to their counterpart.
 (function () {
   "use strict";
 
@@ -16,6 +18,8 @@
   var AXIS = 34;          // time axis under the rows
   var MEMORY = 150;       // memory chart height
   var MAX_LABELS = 1500;  // box labels drawn per chart at once
+  var STEPS_HEIGHT = 64;  // step-time plot height
+  var charts = [];        // drawn timeline charts by timeline index (their op boxes)
 
   function el(name, attrs, parent) {
     var node = document.createElementNS(SVGNS, name);
@@ -55,6 +59,16 @@
     var ops = t.ops;
     return ops.stage[row] + data.kinds.letters[ops.kind[row]] + ops.microbatch[row];
   }
+  // measured over predicted duration: -50% (faster) blue, 0 grey, +50% (slower) red
+  function deviationColor(relative) {
+    if (relative === null || relative === undefined) return "#b8bec6";
+    var f = Math.max(-1, Math.min(1, relative / 0.5));
+    var neutral = [217, 221, 226], end = f < 0 ? [47, 109, 179] : [192, 57, 43], a = Math.abs(f);
+    return "rgb(" + neutral.map(function (c, i) { return Math.round(c + (end[i] - c) * a); }).join(",") + ")";
+  }
+  function percent(relative) {
+    return (relative >= 0 ? "+" : "") + (100 * relative).toFixed(1) + "%";
+  }
   function opLabel(t, row) {
     var ops = t.ops;
     if (t.chunks[ops.device[row]] > 1) return opText(t, row);
@@ -91,7 +105,7 @@
   // ---- shared views: charts in the same time unit zoom and pan together ---------------
   var views = {};
   function viewFor(t) {
-    var key = t.unit;
+    var key = t.view || t.unit;
     if (!views[key]) views[key] = { x0: 0, x1: 0, full: 0, charts: [] };
     var view = views[key];
     view.full = Math.max(view.full, t.makespan || 1);
@@ -158,19 +172,27 @@
   }
   function opTip(t, row) {
     var ops = t.ops, unit = " " + t.timeUnit;
-    return {
-      title: opText(t, row) + " · " + data.kinds.names[ops.kind[row]],
-      rows: [
-        ["schedule", t.name],
-        ["device", "d" + ops.device[row]],
-        ["stage", String(ops.stage[row])],
-        ["microbatch", String(ops.microbatch[row])],
-        ["start", fmt(ops.start[row]) + unit],
-        ["end", fmt(ops.end[row]) + unit],
-        ["duration", fmt(ops.end[row] - ops.start[row]) + unit]
-      ],
-      wait: waitText(t, row)
-    };
+    var rows = [
+      ["schedule", t.name + (t.links ? " (" + t.source + ")" : "")],
+      ["device", "d" + ops.device[row]],
+      ["stage", String(ops.stage[row])],
+      ["microbatch", String(ops.microbatch[row])],
+      ["start", fmt(ops.start[row]) + unit],
+      ["end", fmt(ops.end[row]) + unit],
+      ["duration", fmt(ops.end[row] - ops.start[row]) + unit]
+    ];
+    if (t.links) {
+      var other = data.timelines[t.pairWith], partner = t.links[row];
+      if (partner >= 0) {
+        var o = other.ops;
+        rows.push([other.source + " start", fmt(o.start[partner]) + unit]);
+        rows.push([other.source + " duration", fmt(o.end[partner] - o.start[partner]) + unit]);
+      } else {
+        rows.push([other.source, "no counterpart"]);
+      }
+      if (t.deviation[row] !== null) rows.push(["measured vs predicted duration", percent(t.deviation[row])]);
+    }
+    return { title: opText(t, row) + " · " + data.kinds.names[ops.kind[row]], rows: rows, wait: waitText(t, row) };
   }
   function transferTip(t, row) {
     var tr = t.transfers, unit = " " + t.timeUnit;
@@ -198,7 +220,8 @@
     panel.setAttribute("data-timeline", String(index));
     var head = html("div", "panel-head", undefined, panel);
     html("h3", "", t.name, head);
-    html("span", "headline", t.source + " · " + t.headline, head);
+    html("span", "headline", (t.links ? (t.source === "measured" ? "measured" : "predicted (" + t.source + ")") : t.source) +
+      " · " + t.headline, head);
     var tools = html("span", "tools", undefined, head);
     var view = viewFor(t);
     [["−", "zoom out", function () { zoom(view, 1.6); }],
@@ -241,7 +264,8 @@
     var ops = t.ops, opNodes = new Array(ops.start.length);
     for (var row = 0; row < ops.start.length; row++) {
       var device = ops.device[row];
-      var color = lighten(data.kinds.colors[ops.kind[row]], chunkShade(ops.chunk[row], t.chunks[device]));
+      var color = t.deviation ? deviationColor(t.deviation[row])
+        : lighten(data.kinds.colors[ops.kind[row]], chunkShade(ops.chunk[row], t.chunks[device]));
       opNodes[row] = el("rect", {
         x: ops.start[row], width: Math.max(ops.end[row] - ops.start[row], 0),
         y: device * ROW + ROW * (1 - BOX) / 2, height: ROW * BOX, fill: color,
@@ -264,7 +288,8 @@
     }
     var axis = el("g", {}, svg);
 
-    var chart = { svg: svg, update: null };
+    var chart = { svg: svg, update: null, opNodes: opNodes };
+    charts[index] = chart;
     chart.update = function () {
       var width = svg.clientWidth || 800;
       var plot = Math.max(width - GUTTER - SIDE, 50);
@@ -297,7 +322,7 @@
 
     // hover: the op's details, with the op or transfer it waited for outlined
     var marked = [];
-    function unmark() { marked.forEach(function (n) { n.classList.remove("hovered", "cause"); }); marked = []; }
+    function unmark() { marked.forEach(function (n) { n.classList.remove("hovered", "cause", "linked"); }); marked = []; }
     svg.addEventListener("mouseover", function (event) {
       var target = event.target;
       unmark();
@@ -308,6 +333,8 @@
         marked.push(target);
         var cause = ops.cause[row] === 2 ? transferNodes[ops.ref[row]] : ops.cause[row] ? opNodes[ops.ref[row]] : null;
         if (cause) { cause.classList.add("cause"); marked.push(cause); }
+        var counterpart = t.links && t.links[row] >= 0 && charts[t.pairWith] ? charts[t.pairWith].opNodes[t.links[row]] : null;
+        if (counterpart) { counterpart.classList.add("linked"); marked.push(counterpart); }
         showTip(event, tip.title, tip.rows, tip.wait);
       } else if (target.hasAttribute("data-transfer")) {
         var tip2 = transferTip(t, Number(target.getAttribute("data-transfer").split(":")[1]));
@@ -323,7 +350,7 @@
     attachZoom(svg, view);
     view.charts.push(chart);
 
-    if (t.memory) drawMemory(t, index, panel, view);
+    if (t.memory && !t.links) drawMemory(t, index, panel, view);  // a compared pair stays adjacent
     return chart;
   }
 
@@ -458,9 +485,67 @@
     svg.addEventListener("dblclick", function () { setView(view, 0, view.full); });
   }
 
+  // ---- measured step times against the prediction --------------------------------------
+  function drawSteps(c, container) {
+    var steps = c.steps, unit = " " + c.timeUnit;
+    var svg = el("svg", { "class": "chart steps-plot", height: STEPS_HEIGHT + AXIS, role: "img" }, container);
+    svg.setAttribute("aria-label", "measured step times of " + c.name);
+    var values = steps.concat([c.predictedTime]);
+    var lo = Math.min.apply(null, values), hi = Math.max.apply(null, values);
+    var pad = Math.max((hi - lo) * 0.15, hi * 0.02, 1e-9);
+    lo = Math.max(0, lo - pad);
+    hi += pad;
+    var grid = el("g", {}, svg), axis = el("g", {}, svg), marks = el("g", {}, svg);
+    var sorted = steps.slice().sort(function (a, b) { return a - b; });
+    var median = sorted.length ? (sorted[(sorted.length - 1) >> 1] + sorted[sorted.length >> 1]) / 2 : null;
+    function update() {
+      var width = svg.clientWidth || 800, plot = Math.max(width - GUTTER - SIDE, 50), k = plot / (hi - lo);
+      function x(v) { return GUTTER + (v - lo) * k; }
+      marks.textContent = "";
+      var mid = STEPS_HEIGHT / 2;
+      if (sorted.length) {
+        el("line", { "class": "steps-range", x1: x(sorted[0]), x2: x(sorted[sorted.length - 1]), y1: mid, y2: mid }, marks);
+        el("line", { "class": "steps-median", x1: x(median), x2: x(median), y1: mid - 14, y2: mid + 14 }, marks);
+      }
+      var line = el("line", { "class": "predicted-line", x1: x(c.predictedTime), x2: x(c.predictedTime), y1: 4, y2: STEPS_HEIGHT - 4 }, marks);
+      line.setAttribute("data-predicted", fmt(c.predictedTime));
+      var label = el("text", { x: x(c.predictedTime) + 4, y: 12, "class": "side-label" }, marks);
+      label.textContent = "predicted " + fmt(c.predictedTime) + unit;
+      steps.forEach(function (value, i) {
+        var dot = el("circle", { cx: x(value), cy: mid + ((i % 5) - 2) * 4, r: 4, "data-step": String(i) }, marks);
+        dot.addEventListener("mouseover", function (event) {
+          showTip(event, "step " + (i + 1) + " of " + steps.length, [["schedule", c.name], ["step time", fmt(value) + unit],
+            ["vs predicted", percent(c.predictedTime / value - 1) + " (predicted - measured) / measured"]], null);
+        });
+        dot.addEventListener("mouseout", hideTip);
+      });
+      drawAxis(axis, grid, { x0: lo, x1: hi }, k, plot, STEPS_HEIGHT, c.timeUnit);
+    }
+    update();
+    return update;
+  }
+
   // ---- build ----------------------------------------------------------------------------
   var container = document.getElementById("timelines");
-  data.timelines.forEach(function (t, index) { drawTimeline(t, index, container); });
+  var stepPlots = [];
+  if (data.comparisons) {
+    data.comparisons.forEach(function (c, k) {
+      var pair = document.getElementById("pair-" + k);
+      drawTimeline(data.timelines[c.predicted], c.predicted, pair);
+      drawTimeline(data.timelines[c.measured], c.measured, pair);
+      stepPlots.push(drawSteps(c, document.getElementById("steps-" + k)));
+    });
+    // a row of a deviation table outlines its op in both timelines
+    document.querySelectorAll("tr[data-link]").forEach(function (tr) {
+      var parts = tr.getAttribute("data-link").split(":").map(Number), c = data.comparisons[parts[0]];
+      var nodes = [charts[c.predicted].opNodes[parts[1]], parts[2] >= 0 ? charts[c.measured].opNodes[parts[2]] : null]
+        .filter(function (n) { return n; });
+      tr.addEventListener("mouseenter", function () { nodes.forEach(function (n) { n.classList.add("linked"); }); });
+      tr.addEventListener("mouseleave", function () { nodes.forEach(function (n) { n.classList.remove("linked"); }); });
+    });
+  } else {
+    data.timelines.forEach(function (t, index) { drawTimeline(t, index, container); });
+  }
   Object.keys(views).forEach(function (key) {
     var view = views[key];
     view.charts.forEach(function (chart) { chart.update(); });
@@ -470,6 +555,7 @@
     if (resizing) cancelAnimationFrame(resizing);
     resizing = requestAnimationFrame(function () {
       Object.keys(views).forEach(function (key) { views[key].charts.forEach(function (chart) { chart.update(); }); });
+      stepPlots.forEach(function (update) { update(); });
     });
   });
   document.body.setAttribute("data-ready", "true");

@@ -1,0 +1,125 @@
+"""How long one kernel takes on one device: the time half of the layer cost model (the
+FLOP counts live in ``pipesched.model.transformer`` and never depend on these times).
+
+Matmul ``[m, k] x [k, n]`` (``groups`` independent ones in one kernel: the heads of an
+unfused attention, the experts of an MoE layer). The GEMM library cuts the ``m x n`` output
+into tiles (``device.matmul_tiles``, it picks the best shape); each compute unit
+(``device.sm_count``) runs one tile at a time, so the tiles run in ``waves = ceil(tiles /
+sm_count)`` and a partial last wave or partial edge tiles idle part of the device::
+
+    tile efficiency = m n groups / (waves x sm_count x tile rows x tile columns)
+    compute time    = 2 m n k groups / (peak x matmul_efficiency x tile efficiency)
+    memory time     = bytes read and written / (memory_bandwidth x bandwidth_efficiency)
+    time            = max(compute, memory) + kernel_overhead_s
+
+The max is the roofline: below the ridge point (FLOPs per byte under peak / bandwidth) a
+kernel is memory-bound.
+
+Fused causal attention as FlashAttention runs it: per (sequence, head) the ``s`` queries are
+cut into ``n = ceil(s / flash_block)`` query tiles; query tile ``i`` visits the key tiles
+``0..i`` (causal masking skips the rest: about half of the ``s x s`` scores, and the
+diagonal tile is half wasted), plus ``c`` tile-visits of fixed work (loading Q, the final
+rescale, writing O; in the backward accumulating and writing dQ, dK, dV). Each visit is
+``4 flash_block^2 d`` FLOPs (two matmuls); the backward does 5 matmuls per visit instead of
+2 (recomputing the scores)::
+
+    forward time  = heads x (n (n + 1) / 2 + n x flash_tile_overhead) x 4 block^2 d
+                    / (peak x flash_forward_efficiency)
+    backward time = 2.5 x heads x (n (n + 1) / 2 + n x flash_backward_tile_overhead)
+                    x 4 block^2 d / (peak x flash_backward_efficiency)
+
+Nothing of size ``s x s`` touches memory. The efficiencies are what the kernel reaches on
+long sequences; the tile overhead is what makes short sequences slower (the FlashAttention
+papers' curves over 512 ... 16k tokens).
+
+Memory-bound kernels (norms, activation functions, residual adds, dropout): ``bytes /
+(memory_bandwidth x bandwidth_efficiency) + kernel_overhead_s``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pipesched.model.hardware import DeviceSpec
+
+# FLOPs of the FlashAttention backward per forward FLOP: 5 matmuls per tile visit
+# (recomputed scores, dV, dP, dQ, dK) against the forward's 2
+FLASH_BACKWARD_FLOPS = 2.5
+
+
+def tile_efficiency(device: DeviceSpec, m: float, n: float, groups: float = 1.0) -> float:
+    """Useful share of the tile-slots an ``m x n`` output (``groups`` of them) occupies, best
+    over the device's tile shapes.
+
+    >>> from pipesched.model.devices import load_device
+    >>> round(tile_efficiency(load_device("h100-sxm"), 8192, 8192), 3)
+    0.97
+    """
+    best = 0.0
+    units = device.sm_count
+    for rows, columns in device.matmul_tiles:
+        tiles = groups * math.ceil(m / rows) * math.ceil(n / columns)
+        waves = math.ceil(tiles / units)
+        if waves > 0:
+            best = max(best, groups * m * n / (waves * units * rows * columns))
+    return best
+
+
+def _matmul_peak(device: DeviceSpec, fp32: bool) -> float:
+    # fp32 matmuls run as TF32 at half the 16-bit tensor-core rate
+    return device.peak_flops * device.matmul_efficiency / (2.0 if fp32 else 1.0)
+
+
+def memory_time(device: DeviceSpec, traffic: float) -> float:
+    """Seconds of a memory-bound kernel moving ``traffic`` bytes."""
+    return traffic / (device.memory_bandwidth * device.bandwidth_efficiency) + device.kernel_overhead_s
+
+
+def matmul_time(device: DeviceSpec, m: float, n: float, k: float, *, groups: float = 1.0, traffic: float = 0.0,
+                fp32: bool = False) -> float:
+    """Seconds of ``groups`` matmuls ``[m, k] x [k, n]`` moving ``traffic`` bytes in all."""
+    if m <= 0 or n <= 0 or k <= 0:
+        return memory_time(device, traffic)
+    flops = 2.0 * groups * m * n * k
+    compute = flops / (_matmul_peak(device, fp32) * tile_efficiency(device, m, n, groups))
+    memory = traffic / (device.memory_bandwidth * device.bandwidth_efficiency)
+    return max(compute, memory) + device.kernel_overhead_s
+
+
+def uses_flash(device: DeviceSpec, element_bytes: int) -> bool:
+    """Attention runs fused when the device has flash efficiencies and the activations are
+    16-bit (the FlashAttention kernels take fp16 / bf16 inputs only)."""
+    return device.flash_forward_efficiency > 0 and element_bytes == 2
+
+
+def flash_tile_visits(device: DeviceSpec, seq: float, *, backward: bool = False) -> float:
+    """Key-tile visits of one (sequence, head) under the causal mask, fixed work included.
+
+    >>> from pipesched.model.devices import load_device
+    >>> h100 = load_device("h100-sxm")
+    >>> flash_tile_visits(h100, 256) == 2 * 3 / 2 + 2 * h100.flash_tile_overhead
+    True
+    """
+    tiles = math.ceil(seq / device.flash_block)
+    overhead = device.flash_backward_tile_overhead if backward else device.flash_tile_overhead
+    return tiles * (tiles + 1) / 2 + tiles * overhead
+
+
+def flash_attention_time(device: DeviceSpec, *, heads: float, seq: float, head_dim: float,
+                         traffic: float = 0.0, backward: bool = False) -> float:
+    """Seconds of a fused causal attention over ``heads`` (sequences x heads) of ``seq``
+    tokens; ``backward`` for its backward kernel."""
+    block = device.flash_block
+    flops = heads * flash_tile_visits(device, seq, backward=backward) * 4.0 * block * block * head_dim
+    if backward:
+        compute = FLASH_BACKWARD_FLOPS * flops / (device.peak_flops * device.flash_backward_efficiency)
+    else:
+        compute = flops / (device.peak_flops * device.flash_forward_efficiency)
+    memory = traffic / (device.memory_bandwidth * device.bandwidth_efficiency)
+    return max(compute, memory) + device.kernel_overhead_s
+
+
+def causal_attention_flops(heads: float, seq: float, head_dim: float) -> float:
+    """Useful FLOPs of a causal attention forward as the FlashAttention benchmarks count them
+    (half of the full ``4 s^2 d`` per head)."""
+    return heads * 2.0 * seq * seq * head_dim

@@ -1,0 +1,109 @@
+"""A prediction and a measurement of the same schedule, op by op: which measured row is each
+predicted op's counterpart, and how far it moved.
+
+Both timelines hold every op of the schedule once, but in different row orders (a
+simulated timeline follows the table, a measured one the order the ops really ran), so ops
+are matched by identity: (device, stage, kind, microbatch). Times are taken from each
+timeline's own start (its first op), so a run that began at some clock reading lines up
+with a simulation that begins at 0.
+
+Deviation of an op: ``duration`` = measured duration - predicted duration (the op's own
+error); ``start`` = measured start - predicted start (what the ops before it accumulated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipesched.errors import require
+from pipesched.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One schedule's predicted timeline, its measured one, and the measured step times."""
+
+    predicted: Timeline
+    measured: Timeline
+    step_times: tuple[float, ...] = ()  # seconds, every measured step
+
+    def __post_init__(self) -> None:
+        require(self.predicted.schedule.name == self.measured.schedule.name, "measured",
+                self.measured.schedule.name, f"must be a run of {self.predicted.schedule.name}")
+        require(self.predicted.unit == self.measured.unit, "measured", self.measured.unit,
+                f"must be in the predicted timeline's unit ({self.predicted.unit})")
+
+
+@dataclass(frozen=True)
+class Deviations:
+    """Per predicted op row: its measured counterpart and the differences (timeline unit)."""
+
+    partner: np.ndarray  # int64, measured row of each predicted row, -1 when it did not run
+    predicted_start: np.ndarray  # float64, from the predicted timeline's start
+    measured_start: np.ndarray  # float64, from the measured timeline's start (nan without partner)
+    predicted_duration: np.ndarray
+    measured_duration: np.ndarray
+    start: np.ndarray  # measured - predicted start
+    duration: np.ndarray  # measured - predicted duration
+
+    @property
+    def relative(self) -> np.ndarray:
+        """Duration deviation over the predicted duration (nan where that is 0)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(self.predicted_duration > 0, self.duration / self.predicted_duration, np.nan)
+
+    def largest(self, count: int) -> np.ndarray:
+        """Predicted rows with a counterpart, by decreasing absolute duration deviation (ties:
+        row order), at most ``count`` of them."""
+        rows = np.flatnonzero(self.partner >= 0)
+        order = np.lexsort((rows, -np.abs(self.duration[rows])))
+        return rows[order][:count]
+
+
+def _keys(timeline: Timeline, sizes: tuple[int, int, int]) -> np.ndarray:
+    """One int64 per op row: (device, stage, kind, microbatch) in mixed radix."""
+    stages, kinds, microbatches = sizes
+    return ((timeline.op_device.astype(np.int64) * stages + timeline.op_stage) * kinds
+            + timeline.op_kind) * microbatches + timeline.op_microbatch
+
+
+def partners(predicted: Timeline, measured: Timeline) -> np.ndarray:
+    """The measured row of each predicted row's op (same device, stage, kind, microbatch), or
+    -1 where the measurement lacks it."""
+    both = (predicted, measured)
+    sizes = tuple(1 + max(int(column(t).max(initial=0)) for t in both)
+                  for column in (lambda t: t.op_stage, lambda t: t.op_kind, lambda t: t.op_microbatch))
+    wanted, have = _keys(predicted, sizes), _keys(measured, sizes)
+    partner = np.full(len(wanted), -1, np.int64)
+    if not len(have):
+        return partner
+    order = np.argsort(have, kind="stable")
+    position = np.minimum(np.searchsorted(have[order], wanted), len(order) - 1)
+    found = have[order][position] == wanted
+    partner[found] = order[position[found]]
+    return partner
+
+
+def deviations(predicted: Timeline, measured: Timeline) -> Deviations:
+    """How far each op of ``measured`` lies from its prediction (see the module docstring)."""
+    partner = partners(predicted, measured)
+    has = partner >= 0
+    taken = np.where(has, partner, 0)
+
+    def measured_column(values: np.ndarray) -> np.ndarray:
+        return np.where(has, values[taken], np.nan) if len(measured) else np.full(len(partner), np.nan)
+
+    predicted_start = predicted.op_start - predicted.origin
+    predicted_duration = predicted.op_end - predicted.op_start
+    measured_start = measured_column(measured.op_start - measured.origin)
+    measured_duration = measured_column(measured.op_end - measured.op_start)
+    return Deviations(partner, predicted_start, measured_start, predicted_duration, measured_duration,
+                      measured_start - predicted_start, measured_duration - predicted_duration)
+
+
+def comparison_pairs(comparisons: Sequence[Comparison]) -> list[tuple[Timeline, Timeline]]:
+    """(predicted, measured) of each comparison."""
+    return [(c.predicted, c.measured) for c in comparisons]
