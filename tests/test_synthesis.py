@@ -4,6 +4,7 @@ solver, they are optimal where every op order can be tried, and they keep the me
 from __future__ import annotations
 
 import doctest
+import functools
 import importlib
 import itertools
 import math
@@ -27,9 +28,10 @@ from pipesched.validate import validate
 INF = math.inf
 
 
-def uneven(p: int, *, static: float = 0.0) -> StageCosts:
+def uneven(p: int, *, static: float = 0.0, input_frees: float = 0.5) -> StageCosts:
     """Stage costs that differ per stage and per kind, on a 0.25 s grid (exact for the solver)."""
     return StageCosts(
+        input_frees=input_frees,
         forward=tuple(1.0 + 0.25 * (s % 3) for s in range(p)),
         backward_input=tuple(1.5 - 0.25 * (s % 2) for s in range(p)),
         backward_weight=tuple(0.75 + 0.25 * (s % 2) for s in range(p)),
@@ -51,14 +53,31 @@ def interleavings(chains: list[list[Op]]):
             yield (chain[0], *tail)
 
 
+def in_order(ops: tuple[Op, ...]) -> bool:
+    """Each microbatch's own ops in F -> I -> W (F -> B) order."""
+    seen = set()
+    for op in ops:
+        if op.kind is not F and (op.microbatch, F) not in seen:
+            return False
+        if op.kind is W and (op.microbatch, I) not in seen:
+            return False
+        seen.add((op.microbatch, op.kind))
+    return True
+
+
 def brute_force(costs: StageCosts, network: Network, m: int, *, limit: float | None, split: bool,
-                recompute_options=(frozenset(),)) -> float:
+                recompute_options=(frozenset(),), fifo: bool = False) -> float:
     """The fastest schedule over every per-device op order (each stage-microbatch's own
-    F -> I -> W or F -> B kept, microbatches in any order) and every recompute choice,
-    each timed by the simulator without contention; inf when none fits."""
+    F -> I -> W or F -> B kept; microbatches in any order, or with ``fifo`` each kind in
+    microbatch order) and every recompute choice, each timed by the simulator without
+    contention; inf when none fits."""
     p = costs.num_stages
     kinds = (F, I, W) if split else (F, B)
-    per_device = [list(interleavings([[Op(s, k, mb) for k in kinds] for mb in range(m)])) for s in range(p)]
+    if fifo:
+        per_device = [[t for t in interleavings([[Op(s, k, mb) for mb in range(m)] for k in kinds]) if in_order(t)]
+                      for s in range(p)]
+    else:
+        per_device = [list(interleavings([[Op(s, k, mb) for k in kinds] for mb in range(m)])) for s in range(p)]
     best = INF
     for recompute in recompute_options:
         stage_costs = recomputed_costs(costs, sorted(recompute))
@@ -129,6 +148,28 @@ def test_solver_is_optimal_over_every_op_order(p, m, split, latency, limit) -> N
     assert result.status == "optimal"
     assert result.makespan_s == pytest.approx(optimum, rel=1e-12)
     assert result.lower_bound_s <= optimum * (1 + 1e-12)
+
+
+# I frees 3 of 4 B, W the last one; under a cap of 5 B a second F may start once the first
+# microbatch's I has ended, a third once enough I and W have (the memory rule's literals)
+PARTIAL = (uneven(2, input_frees=0.75), Network.uniform(2, latency=0.5, bandwidth=INF), 3)
+
+
+@functools.cache
+def partial_optimum(limit: float) -> float:
+    # every order with each kind in microbatch order (the relabelling test below shows that
+    # loses nothing); 42 orders per device
+    return brute_force(*PARTIAL, limit=limit, split=True, fifo=True)
+
+
+@pytest.mark.parametrize("rule", ["counting", "reservoir"])
+def test_partial_frees_at_i_are_counted_exactly(rule) -> None:
+    costs, network, m = PARTIAL
+    result = synthesize(costs, network, m, memory_limit=5.0, time_limit=10, memory_rule=rule)
+    check_result(result, costs, network, 5.0)
+    assert result.status == "optimal"
+    assert result.makespan_s == pytest.approx(partial_optimum(5.0), rel=1e-12)
+    assert partial_optimum(5.0) < partial_optimum(4.0)  # the extra byte counts
 
 
 def test_recompute_decisions_are_optimal_and_keep_the_cap() -> None:

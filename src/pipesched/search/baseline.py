@@ -63,7 +63,8 @@ def in_flight_allowed(problem: SynthesisProblem) -> int | None:
     return max(1, min(counts))
 
 
-def _candidates(problem: SynthesisProblem) -> list[tuple[str, dict[str, object], Schedule]]:
+def candidates(problem: SynthesisProblem) -> list[tuple[str, dict[str, object], Schedule]]:
+    """(family, options, schedule) of every candidate (see the module docstring)."""
     p, m = problem.num_stages, problem.num_microbatches
     limit = in_flight_allowed(problem)
     found = []
@@ -78,7 +79,7 @@ def _candidates(problem: SynthesisProblem) -> list[tuple[str, dict[str, object],
                 continue
             if (schedule.placement == Placement.one_per_device(p)
                     and schedule.splits_backward == problem.split_backward):
-                found.append((name, {k: v for k, v in options.items()}, schedule))
+                found.append((name, dict(options), schedule))
     return found
 
 
@@ -86,7 +87,7 @@ def best_family(problem: SynthesisProblem) -> Baseline | None:
     """The fastest fitting candidate (see the module docstring), or None when none fits."""
     every_stage = frozenset(range(problem.num_stages))
     best: Baseline | None = None
-    for name, options, schedule in _candidates(problem):
+    for name, options, schedule in candidates(problem):
         for recompute in (frozenset(), every_stage) if problem.allow_recompute else (frozenset(),):
             plan = Plan(in_microbatch_order(schedule.device_ops), recompute, source=name)
             evaluation = evaluate(problem, plan)

@@ -8,8 +8,9 @@ its device. In the order the code builds it:
                  lengthens its I (or B) by the forward and shrinks what F keeps
     constraints  no overlap per device; F -> I -> W on a stage; F(s) -> F(s+1) and
                  I/B(s+1) -> I/B(s) with the link's delay; each kind in microbatch order
-                 on every stage (``plans`` says why that loses nothing); a reservoir per
-                 device for activation memory under the cap
+                 on every stage (``plans`` says why that loses nothing); activation memory
+                 per device under the cap (``_memory``: precedences, plus counted frees or
+                 a reservoir where I frees part of a microbatch and W the rest)
     objective    the makespan, never below ``IntegerProblem.lower_bound``
     solve        from a hint (the best known plan, replayed on the grid)
     extract      each device's ops sorted by start time
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, require
 from pipesched.ops import B, F, I, Op, OpKind, W
 from pipesched.search.plans import Plan, to_schedule
 from pipesched.search.problem import IntegerProblem
@@ -71,11 +72,33 @@ def grid_starts(ip: IntegerProblem, plan: Plan) -> dict[Op, int]:
     return {timeline.op(row): starts[row] for row in range(len(timeline))}
 
 
+def fits_grid(ip: IntegerProblem, plan: Plan) -> bool:
+    """Whether ``plan`` keeps every device within its cap on the memory grid."""
+    for s, ops in enumerate(plan.device_ops):
+        grid = ip.memory[s]
+        if grid.cap is None:
+            continue
+        choice = 1 if s in plan.recompute else 0
+        alloc, at_i = grid.alloc[choice], grid.frees_at_i[choice]
+        change = {F: alloc, I: -at_i, W: at_i - alloc, B: -alloc}
+        level = 0
+        for op in ops:
+            level += change[op.kind]
+            if level > grid.cap:
+                return False
+    return True
+
+
+MEMORY_RULES = ("counting", "reservoir")
+
+
 def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 10.0,
-          workers: int | None = None) -> SolverOutcome:
-    """Minimise the makespan of ``ip`` within ``time_limit`` seconds, starting from ``hint``."""
+          workers: int | None = None, memory_rule: str = "counting") -> SolverOutcome:
+    """Minimise the makespan of ``ip`` within ``time_limit`` seconds, starting from ``hint``
+    (``memory_rule``: how the memory cap is written, see ``_memory``)."""
     cp_model = _cp_model()
     began = time.perf_counter()
+    require(memory_rule in MEMORY_RULES, "memory_rule", memory_rule, f"choose one of {', '.join(MEMORY_RULES)}")
     # --- data
     p, m, kinds = ip.num_stages, ip.num_microbatches, ip.kinds
     backward = I if ip.problem.split_backward else B
@@ -85,9 +108,10 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
     if hint is not None:
         hint_makespan = max(hint_starts[op] + _length(ip, op.kind, op.stage, op.stage in hint.recompute)
                             for op in hint_starts)
-    serial = sum(max(ip.duration[k][s], ip.recomputed[k][s]) for k in kinds for s in range(p)) * m
-    horizon = hint_makespan if hint_makespan is not None else serial + m * (
-        sum(ip.activation_delay) + sum(ip.gradient_delay))
+    # every op one after the other, each waiting for its transfers: no plan takes longer
+    serial = m * (sum(max(ip.duration[k][s], ip.recomputed[k][s]) for k in kinds for s in range(p))
+                  + sum(ip.activation_delay) + sum(ip.gradient_delay))
+    horizon = hint_makespan if hint is not None and fits_grid(ip, hint) else serial
     horizon = max(horizon, ip.lower_bound)
 
     model = cp_model.CpModel()
@@ -125,8 +149,10 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
             # the activation goes down, the gradient comes back, each over the link
             model.add(start[Op(s + 1, F, k)] >= end[Op(s, F, k)] + ip.activation_delay[s])
             model.add(start[Op(s, backward, k)] >= end[Op(s + 1, backward, k)] + ip.gradient_delay[s])
+    ended = {}
     for s in range(p):
-        _memory(model, ip, s, start, end, recompute[s])
+        for (k, kind, j), literal in _memory(model, ip, s, start, end, recompute[s], memory_rule).items():
+            ended[(Op(s, F, k), Op(s, kind, j))] = literal
 
     # --- objective
     makespan = model.new_int_var(ip.lower_bound, max(horizon, ip.lower_bound), "makespan")
@@ -143,10 +169,14 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
             if choice is not None:
                 model.add_hint(choice, s in hint.recompute)
         model.add_hint(makespan, hint_makespan)
+        for (forward, op), literal in ended.items():
+            finish = hint_starts[op] + _length(ip, op.kind, op.stage, op.stage in hint.recompute)
+            model.add_hint(literal, finish <= hint_starts[forward])
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, time_limit - (time.perf_counter() - began))
-    # the reservoirs run as propagators: expanding them into precedence literals costs
-    # O(events^2) booleans per device, and presolve alone then outlasts the time limit
+    # probing every literal of the memory rule in presolve can outlast the time limit; and
+    # a reservoir expanded into precedence literals costs O(events^2) booleans per device
+    solver.parameters.cp_model_probing_level = 0
     solver.parameters.expand_reservoir_constraints = False
     if workers is not None:
         solver.parameters.num_workers = workers
@@ -172,35 +202,71 @@ def _length(ip: IntegerProblem, kind: OpKind, stage: int, recomputed: bool) -> i
     return (ip.recomputed if recomputed else ip.duration)[kind][stage]
 
 
-def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute) -> None:
-    """Activation memory of device s: F allocates as it starts, I frees its share as it ends,
-    W the rest (B all); the level stays within the cap at every instant."""
+def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute, rule: str) -> dict:
+    """Activation memory of device s within its cap, on the memory grid.
+
+    F(k) allocates ``alloc`` as it starts; I frees ``at_i`` as it ends and W the rest (B
+    all). Only F raises the level, so the cap holds at every instant when it holds as each
+    F starts; with each kind in microbatch order, the level then is
+    alloc (k + 1) - at_i nI - (alloc - at_i) nW, where nI and nW count the I and W that
+    have ended. An op of a freeing kind that has not ended holds at least its own share
+    and all it frees later: at most cap // that of them are pending, so the older ones must
+    have ended (a precedence). Then, rule "counting": for each recent one a literal says it
+    ended before F(k) started, and the literals must count enough freed memory; rule
+    "reservoir": CP-SAT's reservoir constraint over every allocation and free (the textbook
+    form; slower, see the synthesis benchmark). Returns the literals, keyed (k, kind, j)
+    for "op (s, kind, j) ends before F(s, k) starts".
+    """
     grid = ip.memory[s]
     m = ip.num_microbatches
+    ended: dict[tuple[int, OpKind, int], object] = {}
     if grid.cap is None:
-        return
+        return ended
     split = ip.problem.split_backward
-    # the choices (0: keep, 1: recompute) whose activations can outgrow the cap
-    choices = [c for c in ((0, 1) if recompute is not None else (0,))
-               if grid.alloc[c] > 0 and m * grid.alloc[c] > grid.cap]
-    for choice in choices:
-        # with room for c microbatches, F(k) waits for the backward of k - c at least (its I
-        # when I frees part: the W that free the rest come later)
-        c = grid.cap // grid.alloc[choice]
-        waits_for = I if split and grid.frees_at_i[choice] > 0 else (W if split else B)
-        for k in range(c, m):
-            rule = model.add(start[Op(s, F, k)] >= end[Op(s, waits_for, k - c)])
-            if recompute is not None:
-                rule.only_enforce_if(recompute if choice else ~recompute)
-    # that is the whole rule unless I frees a part and W the rest: then a reservoir
-    if all(not split or grid.frees_at_i[c] in (0, grid.alloc[c]) for c in choices):
-        return
-    times, changes, actives = [], [], []
-    for choice in choices:
-        active = True if recompute is None else (recompute if choice else ~recompute)
+
+    def ended_before(k: int, kind: OpKind, j: int):
+        """A literal that forces op (s, kind, j) to end before F(s, k) starts."""
+        if (k, kind, j) not in ended:
+            literal = model.new_bool_var(f"{s}{kind}{j}_ends_before_{s}F{k}")
+            model.add(start[Op(s, F, k)] >= end[Op(s, kind, j)]).only_enforce_if(literal)
+            ended[(k, kind, j)] = literal
+        return ended[(k, kind, j)]
+
+    reservoir: tuple[list, list, list] = ([], [], [])  # event times, level changes, active literals
+    for choice in (0, 1) if recompute is not None else (0,):
         alloc, at_i = grid.alloc[choice], grid.frees_at_i[choice]
+        if alloc == 0 or m * alloc <= grid.cap:
+            continue
+        when = [] if recompute is None else [recompute if choice else ~recompute]
+        # kind -> (units it frees, units a microbatch still holds until it has run)
+        frees = {I: (at_i, alloc), W: (alloc - at_i, alloc - at_i)} if split else {B: (alloc, alloc)}
+        pending = {kind: grid.cap // held for kind, (share, held) in frees.items() if share > 0}
+        partial = False
         for k in range(m):
-            times += [start[Op(s, F, k)], end[Op(s, I, k)], end[Op(s, W, k)]]
-            changes += [alloc, -at_i, at_i - alloc]
-            actives += [active] * 3
-    model.add_reservoir_constraint_with_active(times, changes, actives, 0, grid.cap)
+            need = alloc * (k + 1) - grid.cap  # units the ended ops must have freed by F(k)
+            if need <= 0:
+                continue
+            counted = 0
+            for kind, most in pending.items():
+                if k - most >= 0:
+                    # the ops of this kind up to k - most have ended: in order, the last of them
+                    model.add(start[Op(s, F, k)] >= end[Op(s, kind, k - most)]).only_enforce_if(when)
+                    counted += frees[kind][0] * (k - most + 1)
+            if counted >= need:
+                continue
+            partial = True
+            if rule == "counting":
+                freed = [frees[kind][0] * ended_before(k, kind, j)
+                         for kind, most in pending.items() for j in range(max(0, k - most + 1), k)]
+                model.add(sum(freed) >= need - counted).only_enforce_if(when)
+        if rule == "reservoir" and partial:
+            active = True if recompute is None else when[0]
+            for k in range(m):
+                events = [(start[Op(s, F, k)], alloc)] + [(end[Op(s, kind, k)], -share) for kind, (share, _) in frees.items()]
+                for time_of, change in events:
+                    reservoir[0].append(time_of)
+                    reservoir[1].append(change)
+                    reservoir[2].append(active)
+    if reservoir[0]:
+        model.add_reservoir_constraint_with_active(*reservoir, 0, grid.cap)
+    return ended

@@ -46,9 +46,9 @@ from pipesched.simulate.network import Network
 # model takes about a kilobyte and the simulator a fraction of a millisecond per op
 MAX_OPS = 50_000
 # default time resolution: units the longest op spans when no coarser exact grid exists
-TIME_RESOLUTION = 1000
-# memory: largest activation amount in units of the bytes' common divisor; beyond it, units
-# of the largest amount / MEMORY_RESOLUTION, rounded the safe way
+TIME_RESOLUTION = 10_000
+# memory: most units one allocation may span (the solver's sums stay far inside int64), and
+# the units of the largest allocation when no common divisor gives fewer
 MAX_MEMORY_UNITS = 2**40
 MEMORY_RESOLUTION = 1_000_000
 # relative slack for comparing bytes computed two ways (a cap of exactly p activations)
@@ -213,10 +213,9 @@ class MemoryGrid:
     """One device's activation memory in whole units of ``unit`` bytes.
 
     alloc, frees_at_i: units F allocates and I frees (W frees ``alloc - frees_at_i``; B all
-    of it), without and with recompute. cap: units the device may hold, None for no cap.
-    exact: the units are the bytes' exact common divisor; otherwise allocations were
-    rounded up and frees at I down (the solver never sees less memory in use than the
-    simulator) and the solver's bound no longer holds for the true cap.
+    of it), without and with recompute. cap: units the device may hold, None when the cap
+    never binds. exact: every amount is a whole number of units; otherwise allocations
+    were rounded up and I's share down, by less than a unit each (see ``_memory_grid``).
     """
 
     unit: float  # bytes
@@ -227,26 +226,33 @@ class MemoryGrid:
 
 
 def _memory_grid(problem: SynthesisProblem, stage: int) -> MemoryGrid:
+    """The unit is the largest of which every amount (F's allocation, I's share, with and
+    without recompute) is a whole multiple; when that is too fine (I's share of an odd
+    fraction), a divisor of the allocations that the largest spans at least a million
+    times, with I's share rounded down; failing both, a millionth of the largest
+    allocation."""
     costs = problem.costs
     f = Fraction(costs.input_frees)
     full, kept = Fraction(costs.activation_bytes[stage]), Fraction(recompute_kept_bytes(costs, stage))
-    choices = (full, f * full, kept, f * kept) if problem.allow_recompute else (full, f * full)
-    amounts = [a for a in choices if a > 0]
-    budget = problem.activation_budget(stage)
-    if not amounts:
+    allocs = [a for a in ((full, kept) if problem.allow_recompute else (full,)) if a > 0]
+    if not allocs:
         return MemoryGrid(1.0, (0, 0), (0, 0), None)
-    unit = fraction_gcd(amounts)
-    if max(amounts) / unit <= MAX_MEMORY_UNITS:
-        alloc = (int(full / unit), int(kept / unit))
-        frees = (int(f * full / unit), int(f * kept / unit))
-        cap = None if budget is None else math.floor(Fraction(budget) * (1 + Fraction(BYTES_TOLERANCE)) / unit)
-        return MemoryGrid(float(unit), alloc, frees, cap)
-    # no common divisor of a workable size: round so that the solver is conservative
-    step = float(max(amounts)) / MEMORY_RESOLUTION
-    alloc = (math.ceil(float(full) / step), math.ceil(float(kept) / step))
-    frees = (min(math.floor(float(f * full) / step), alloc[0]), min(math.floor(float(f * kept) / step), alloc[1]))
-    cap = None if budget is None else math.floor(budget / step)
-    return MemoryGrid(step, alloc, frees, cap, exact=False)
+    shares = [f * a for a in allocs if f * a > 0]
+    unit = fraction_gcd(allocs + shares)
+    if max(allocs) / unit > MAX_MEMORY_UNITS:
+        common = fraction_gcd(allocs)
+        unit = common / math.ceil(MEMORY_RESOLUTION * common / max(allocs))
+    if max(allocs) / unit > MAX_MEMORY_UNITS:
+        unit = max(allocs) / MEMORY_RESOLUTION
+    # allocations round up and I's share down: the solver never sees less memory in use
+    alloc = (math.ceil(full / unit), math.ceil(kept / unit))
+    frees = (min(math.floor(f * full / unit), alloc[0]), min(math.floor(f * kept / unit), alloc[1]))
+    exact = all((a / unit).denominator == 1 for a in allocs + shares)
+    budget = problem.activation_budget(stage)
+    cap = None if budget is None else math.floor(Fraction(budget) * (1 + Fraction(BYTES_TOLERANCE)) / unit)
+    if cap is not None and problem.num_microbatches * max(alloc) <= cap:
+        cap = None  # every microbatch fits at once
+    return MemoryGrid(float(unit), alloc, frees, cap, exact)
 
 
 @dataclass(frozen=True, eq=False)

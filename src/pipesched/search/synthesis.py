@@ -56,8 +56,10 @@ class SynthesisResult:
     method: what made the schedule: "solver", "local search", "list scheduling", or the
         baseline family when nothing beat it.
     makespan_s: its iteration time, seconds (the simulator's).
-    lower_bound_s: no schedule is faster (the solver's bound on its grid, durations rounded
-        down; the memory-free bound when the memory grid is not exact).
+    lower_bound_s: no schedule is faster: the solver's bound on its grid, durations rounded
+        down. With ``memory_exact`` false (activation shares that are no whole number of
+        the memory grid's units) it holds for a cap lower by less than one unit (a byte
+        for whole-byte sizes) per microbatch in flight.
     solver_status, solver_makespan_s: what the solver returned (its own answer's makespan
         on its grid, None without one).
     seconds: wall time of the whole synthesis.
@@ -79,6 +81,7 @@ class SynthesisResult:
     baseline: Baseline | None
     recompute: tuple[int, ...]
     time_unit_s: float
+    memory_exact: bool
     memory_limit: tuple[float, ...] | None
 
     @property
@@ -105,6 +108,7 @@ class SynthesisResult:
             "solver_status": self.solver_status,
             "solver_makespan_s": self.solver_makespan_s,
             "time_unit_s": self.time_unit_s,
+            "memory_exact": self.memory_exact,
             "p": self.schedule.num_devices,
             "m": self.schedule.num_microbatches,
             "backward": "split" if self.schedule.splits_backward else "full",
@@ -126,6 +130,7 @@ def synthesize(
     time_limit: float = 10.0,
     resolution: int = TIME_RESOLUTION,
     workers: int | None = None,
+    memory_rule: str = "counting",
     seed: int = 0,
 ) -> SynthesisResult:
     """The fastest schedule found for ``costs`` (stage s on device s) on ``network`` with
@@ -137,6 +142,9 @@ def synthesize(
     allow_recompute: let the solver recompute stages (see ``search.problem``).
     resolution: time units the longest op spans on the solver's grid.
     workers: CP-SAT search workers (default: its own choice).
+    memory_rule: how the solver writes the memory cap, "counting" or "reservoir" (the same
+        rule; see ``search.cpsat``).
+    seed: of the local search's move order.
 
     >>> from pipesched.costs import StageCosts
     >>> from pipesched.simulate import Network
@@ -161,7 +169,7 @@ def synthesize(
     best = _best_start(problem, baseline, deadline=began + LIST_SCHEDULING_SHARE * time_limit)
     left = time_limit - (time.perf_counter() - began)
     outcome = solve(grid, hint=best.plan if best is not None else None, time_limit=SOLVER_SHARE * left,
-                    workers=workers)
+                    workers=workers, memory_rule=memory_rule)
     if outcome.plan is not None:
         found = evaluate(problem, outcome.plan)
         if fits(problem, found) and (best is None or found.makespan <= best.makespan):
@@ -199,10 +207,8 @@ def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, o
             baseline: Baseline | None, began: float) -> SynthesisResult:
     plan = best.plan
     method = plan.source
-    # the solver's bound holds for the true cap only on an exact memory grid; ops rounded
-    # up to one unit may each have lengthened it by one unit
-    bound_units = outcome.bound if grid.memory_exact else grid.lower_bound
-    lower_bound = min(max(0, bound_units - grid.raised_ops) * grid.time_unit, best.makespan)
+    # ops rounded up to one unit may each have lengthened the solver's makespan by a unit
+    lower_bound = min(max(0, outcome.bound - grid.raised_ops) * grid.time_unit, best.makespan)
     recompute = tuple(sorted(plan.recompute))
     params: dict[str, object] = {"p": problem.num_stages, "m": problem.num_microbatches,
                                  "solver": outcome.status, "method": method}
@@ -223,5 +229,6 @@ def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, o
         baseline=baseline,
         recompute=recompute,
         time_unit_s=grid.time_unit,
+        memory_exact=grid.memory_exact,
         memory_limit=problem.memory_limit,
     )
