@@ -56,12 +56,14 @@ def test_schedule_file_round_trips_and_simulates_to_the_reported_time(cli, costs
     assert timeline.makespan == pytest.approx(data["makespan_s"], rel=1e-12)
 
 
-def test_text_output_shows_the_bound_and_the_baseline(cli, costs_file) -> None:
+def test_text_output_shows_the_bound_and_the_baseline_and_draws(cli, costs_file, tmp_path) -> None:
+    picture = tmp_path / "synth.svg"
     result = cli("synthesize", "-p", "3", "-m", "4", "--stage-costs", str(costs_file), "--memory-limit", "22",
-                 "--no-timeline")
+                 "--no-timeline", "--svg", str(picture))
     assert result.code == 0, result
-    for fragment in ("status", "lower bound (solver)", "best built-in family", "makespan"):
+    for fragment in ("status", "lower bound (solver)", "best built-in family", "makespan with link contention"):
         assert fragment in result.out
+    assert picture.read_text(encoding="utf-8").lstrip().startswith(("<?xml", "<svg"))
 
 
 @pytest.mark.parametrize(
@@ -74,6 +76,8 @@ def test_text_output_shows_the_bound_and_the_baseline(cli, costs_file) -> None:
         (["--backward", "half"], ["backward=half", "split, full"]),
         (["--time-limit", "0"], ["time-limit=0"]),
         (["--model", "llama3-8b"], ["model=llama3-8b", "not with --stage-costs"]),
+        (["-m", "100000"], ["size=p3 x m100000", "lower p or m"]),
+        (["-m", "0"], ["m=0"]),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(cli, costs_file, tmp_path, extra, fragments) -> None:

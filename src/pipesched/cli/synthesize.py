@@ -69,11 +69,12 @@ def synthesize_command(
         check_output_path(output)
     views = ViewPaths(png, svg, trace, html).check()
     limit = _parse_bytes(memory_limit)
+    from pipesched.search.problem import check_size
+
+    check_size(p, m, split_backward=backward == "split")
     setup = build_setup(num_stages=p, model=model, cluster=cluster, micro_batch_size=micro_batch_size,
                         seq_len=seq_len, tensor_parallel=tensor_parallel, recompute=recompute,
                         stage_costs=stage_costs, latency=latency, bandwidth=bandwidth)
-    require(p >= 1, "p", p, "needs at least 1 pipeline device")
-    require(m >= 1, "m", m, "needs at least 1 microbatch")
     # costs and links depend only on the placement: one stage per device
     placement = Schedule("synthesized", Placement.one_per_device(p), m, ((),) * p)
     costs, network = setup.costs_for(placement), setup.network_for(placement)
@@ -90,7 +91,7 @@ def synthesize_command(
     if as_json:
         typer.echo(json.dumps({**result.to_dict(), "setup": setup.description}, indent=1))
         return
-    _print(result, setup.description, timeline_view=not no_timeline)
+    _print(result, network, setup.description, timeline_view=not no_timeline)
 
 
 def _parse_bytes(text: str | None) -> float | None:
@@ -112,28 +113,35 @@ def _seconds(x: float) -> str:
     return f"{x:.6g} s"
 
 
-def _print(result, description: str, *, timeline_view: bool) -> None:
+def _print(result, network, description: str, *, timeline_view: bool) -> None:
+    from pipesched.simulate import simulate
+
     console = Console() if Console().is_terminal else Console(width=140)
     if timeline_view:
         print_timeline(result.timeline, console)
     schedule = result.schedule
+    contended = simulate(schedule, result.costs, network).makespan
     table = Table(title=f"synthesized: p={schedule.num_devices}, m={schedule.num_microbatches}, "
-                        f"{'split' if schedule.splits_backward else 'full'} backward; {description}; no contention")
+                        f"{'split' if schedule.splits_backward else 'full'} backward; {description}")
     table.add_column("")
     table.add_column("value", justify="right")
-    table.add_row("status", f"{result.status} ({result.method}; solver {result.solver_status})")
-    table.add_row("makespan", _seconds(result.makespan_s))
-    table.add_row("lower bound (solver)", f"{_seconds(result.lower_bound_s)}, gap {result.gap:.2%}")
+    made = result.method if result.method == "solver" else f"{result.method} (solver: {result.solver_status})"
+    table.add_row("status", f"{result.status}, made by {made}")
+    table.add_row("makespan (no contention)", _seconds(result.makespan_s))
+    table.add_row("lower bound (solver)", f"{_seconds(result.lower_bound_s)}, gap {result.gap:.3%}")
     if result.baseline is not None:
         ratio = result.baseline.makespan / result.makespan_s if result.makespan_s > 0 else 1.0
         table.add_row("best built-in family", f"{result.baseline.label}: {_seconds(result.baseline.makespan)} "
-                                              f"({ratio:.4f}x the synthesized time)")
+                                              f"({ratio:.4f}x)")
     else:
         table.add_row("best built-in family", "none fits the memory limit")
+    table.add_row("makespan with link contention", _seconds(contended))
     table.add_row("recompute", ", ".join(map(str, result.recompute)) or "none")
+    peaks = result.timeline.memory.peak
+    worst = max(range(len(peaks)), key=peaks.__getitem__)
     limit = result.memory_limit
-    peaks = ", ".join(_memory(x) for x in result.timeline.memory.peak)
-    table.add_row("peak memory per device", peaks + (f" (limit {_memory(max(limit))})" if limit else ""))
+    table.add_row("peak memory", f"{_memory(peaks[worst])} (device {worst})"
+                                 + (f", limit {_memory(limit[worst])}" if limit else ""))
     table.add_row("solver time grid", _seconds(result.time_unit_s))
     table.add_row("time taken", _seconds(result.seconds))
     console.print(table)

@@ -21,6 +21,7 @@ OR-Tools is an optional extra, imported when a model is built.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
 
@@ -101,23 +102,13 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
     require(memory_rule in MEMORY_RULES, "memory_rule", memory_rule, f"choose one of {', '.join(MEMORY_RULES)}")
     # --- data
     p, m, kinds = ip.num_stages, ip.num_microbatches, ip.kinds
-    backward = I if ip.problem.split_backward else B
-    last = W if ip.problem.split_backward else B
-    hint_starts = grid_starts(ip, hint) if hint is not None else None
-    hint_makespan = None
-    if hint is not None:
-        hint_makespan = max(hint_starts[op] + _length(ip, op.kind, op.stage, op.stage in hint.recompute)
-                            for op in hint_starts)
-    # every op one after the other, each waiting for its transfers: no plan takes longer
-    serial = m * (sum(max(ip.duration[k][s], ip.recomputed[k][s]) for k in kinds for s in range(p))
-                  + sum(ip.activation_delay) + sum(ip.gradient_delay))
-    horizon = hint_makespan if hint is not None and fits_grid(ip, hint) else serial
-    horizon = max(horizon, ip.lower_bound)
+    backward, last = (I, W) if ip.problem.split_backward else (B, B)
+    hint_starts = grid_starts(ip, hint) if hint is not None else {}
+    horizon = _horizon(ip, hint, hint_starts)
 
     model = cp_model.CpModel()
     # --- variables: a recompute choice per stage, an interval per op
-    recompute = [model.new_bool_var(f"recompute_{s}") if ip.problem.allow_recompute else None
-                 for s in range(p)]
+    recompute = [model.new_bool_var(f"recompute_{s}") if ip.problem.allow_recompute else None for s in range(p)]
     start: dict[Op, object] = {}
     end: dict[Op, object] = {}
     interval: dict[Op, object] = {}
@@ -155,23 +146,23 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
             ended[(Op(s, F, k), Op(s, kind, j))] = literal
 
     # --- objective
-    makespan = model.new_int_var(ip.lower_bound, max(horizon, ip.lower_bound), "makespan")
+    makespan = model.new_int_var(ip.lower_bound, horizon, "makespan")
     for s in range(p):
         model.add(makespan >= end[Op(s, last, m - 1)])
     model.minimize(makespan)
 
-    # --- solve, from the hint
+    # --- solve, from the hint: every variable gets the value the hint's plan gives it
     if hint is not None:
+        ends = {op: t + _length(ip, op.kind, op.stage, op.stage in hint.recompute) for op, t in hint_starts.items()}
         for op, value in hint_starts.items():
             model.add_hint(start[op], value)
-            model.add_hint(end[op], value + _length(ip, op.kind, op.stage, op.stage in hint.recompute))
+            model.add_hint(end[op], ends[op])
         for s, choice in enumerate(recompute):
             if choice is not None:
                 model.add_hint(choice, s in hint.recompute)
-        model.add_hint(makespan, hint_makespan)
         for (forward, op), literal in ended.items():
-            finish = hint_starts[op] + _length(ip, op.kind, op.stage, op.stage in hint.recompute)
-            model.add_hint(literal, finish <= hint_starts[forward])
+            model.add_hint(literal, ends[op] <= hint_starts[forward])
+        model.add_hint(makespan, max(ends.values()))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, time_limit - (time.perf_counter() - began))
     # probing every literal of the memory rule in presolve can outlast the time limit; and
@@ -186,16 +177,29 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
     names = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}
     status = names.get(code, "unknown")
     seconds = time.perf_counter() - began
-    if status not in ("optimal", "feasible"):
+    if status == "infeasible":
+        # only within the horizon, which a hint that misses the grid's cap may have set too
+        # tight: the bound says nothing more than the problem's own
         return SolverOutcome(status, None, None, ip.lower_bound, seconds)
-    tables = []
-    for s in range(p):
-        ops = [Op(s, kind, k) for kind in kinds for k in range(m)]
-        tables.append(tuple(sorted(ops, key=lambda op: solver.value(start[op]))))
+    bound = max(ip.lower_bound, math.ceil(solver.best_objective_bound - 1e-6))
+    if status == "unknown":
+        return SolverOutcome(status, None, None, bound, seconds)
+    tables = tuple(tuple(sorted((Op(s, kind, k) for kind in kinds for k in range(m)),
+                                key=lambda op: solver.value(start[op]))) for s in range(p))
     chosen = frozenset(s for s, choice in enumerate(recompute) if choice is not None and solver.value(choice))
-    bound = max(ip.lower_bound, int(np.ceil(solver.best_objective_bound - 1e-6)))
-    return SolverOutcome(status, Plan(tuple(tables), chosen, source="solver"), int(solver.objective_value),
-                         bound, seconds)
+    return SolverOutcome(status, Plan(tables, chosen, source="solver"), int(solver.objective_value), bound, seconds)
+
+
+def _horizon(ip: IntegerProblem, hint: Plan | None, hint_starts: dict[Op, int]) -> int:
+    """A makespan the optimum does not exceed, in time units: the hint's, when it keeps the
+    memory grid's caps; else every op one after the other, each waiting for its transfers."""
+    if hint is not None and fits_grid(ip, hint):
+        makespan = max(t + _length(ip, op.kind, op.stage, op.stage in hint.recompute) for op, t in hint_starts.items())
+    else:
+        p, m = ip.num_stages, ip.num_microbatches
+        makespan = m * (sum(max(ip.duration[k][s], ip.recomputed[k][s]) for k in ip.kinds for s in range(p))
+                        + sum(ip.activation_delay) + sum(ip.gradient_delay))
+    return max(makespan, ip.lower_bound)
 
 
 def _length(ip: IntegerProblem, kind: OpKind, stage: int, recomputed: bool) -> int:

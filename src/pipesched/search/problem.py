@@ -43,8 +43,8 @@ from pipesched.ops import B, F, I, Op, OpKind, W
 from pipesched.simulate.network import Network
 
 # most ops a synthesis problem may have (p x m x ops per stage-microbatch): the solver's
-# model takes about a kilobyte and the simulator a fraction of a millisecond per op
-MAX_OPS = 50_000
+# model takes about 60 kB per op (12,000 ops: 0.7 GB)
+MAX_OPS = 20_000
 # default time resolution: units the longest op spans when no coarser exact grid exists
 TIME_RESOLUTION = 10_000
 # memory: most units one allocation may span (the solver's sums stay far inside int64), and
@@ -53,6 +53,14 @@ MAX_MEMORY_UNITS = 2**40
 MEMORY_RESOLUTION = 1_000_000
 # relative slack for comparing bytes computed two ways (a cap of exactly p activations)
 BYTES_TOLERANCE = 1e-9
+
+
+def check_size(p: int, m: int, *, split_backward: bool) -> None:
+    """Refuse sizes the synthesis cannot hold (before anything is built for them)."""
+    require(p >= 1, "p", p, "needs at least 1 pipeline device")
+    require(m >= 1, "m", m, "needs at least 1 microbatch")
+    ops = p * m * (3 if split_backward else 2)
+    require(ops <= MAX_OPS, "size", f"p{p} x m{m}", f"{ops:,} ops, over the {MAX_OPS:,} synthesis handles; lower p or m")
 
 
 def recompute_kept_bytes(costs: StageCosts, stage: int) -> float:
@@ -112,11 +120,7 @@ class SynthesisProblem:
 
     def __post_init__(self) -> None:
         p = self.costs.num_stages
-        require(p >= 1, "p", p, "needs at least one stage")
-        require(self.num_microbatches >= 1, "m", self.num_microbatches, "needs at least 1 microbatch")
-        ops = p * self.num_microbatches * len(self.kinds)
-        require(ops <= MAX_OPS, "size", f"p{p} x m{self.num_microbatches}",
-                f"{ops:,} ops, over the {MAX_OPS:,} synthesis handles; lower p or m")
+        check_size(p, self.num_microbatches, split_backward=self.split_backward)
         require(self.network.num_devices >= p, "devices", self.network.num_devices,
                 f"the network has fewer devices than the {p} stages; use a bigger cluster")
         if self.memory_limit is not None:
@@ -144,7 +148,12 @@ class SynthesisProblem:
     def smallest_activation(self, stage: int) -> float:
         """Activation bytes of one microbatch in flight on ``stage``, with recompute if allowed."""
         full = self.costs.activation_bytes[stage]
-        return min(full, recompute_kept_bytes(self.costs, stage)) if self.allow_recompute else full
+        return min(full, self.recomputed.activation_bytes[stage]) if self.allow_recompute else full
+
+    @cached_property
+    def recomputed(self) -> StageCosts:
+        """The costs with every stage recomputed."""
+        return recomputed_costs(self.costs, range(self.num_stages))
 
     @property
     def num_stages(self) -> int:
@@ -156,9 +165,8 @@ class SynthesisProblem:
         return (F, I, W) if self.split_backward else (F, B)
 
     def duration(self, kind: OpKind, stage: int, *, recompute: bool = False) -> float:
-        """Seconds of one op; a recomputed stage's I or B redoes the forward."""
-        base = self.costs.duration(Op(stage, kind, 0))
-        return base + (self.costs.forward[stage] if recompute and kind in (I, B) else 0.0)
+        """Seconds of one op, with or without recompute on its stage."""
+        return (self.recomputed if recompute else self.costs).duration(Op(stage, kind, 0))
 
     def activation_delay(self, stage: int) -> float:
         """Seconds from F(stage)'s end until its activation reaches stage + 1."""
@@ -233,7 +241,7 @@ def _memory_grid(problem: SynthesisProblem, stage: int) -> MemoryGrid:
     allocation."""
     costs = problem.costs
     f = Fraction(costs.input_frees)
-    full, kept = Fraction(costs.activation_bytes[stage]), Fraction(recompute_kept_bytes(costs, stage))
+    full, kept = Fraction(costs.activation_bytes[stage]), Fraction(problem.recomputed.activation_bytes[stage])
     allocs = [a for a in ((full, kept) if problem.allow_recompute else (full,)) if a > 0]
     if not allocs:
         return MemoryGrid(1.0, (0, 0), (0, 0), None)

@@ -65,7 +65,9 @@ class SynthesisResult:
     seconds: wall time of the whole synthesis.
     baseline: the best built-in family under the same cap (None when none fits).
     recompute: stages that recompute their activations.
-    time_unit_s: the solver's time grid step.
+    time_unit_s: the solver's time grid step; time_exact: every duration and delay lies on
+        it (then "optimal" holds for the true durations too, not only on the grid).
+    memory_exact, memory_limit: see lower_bound_s; bytes per device (None: no cap).
     """
 
     schedule: Schedule
@@ -81,6 +83,7 @@ class SynthesisResult:
     baseline: Baseline | None
     recompute: tuple[int, ...]
     time_unit_s: float
+    time_exact: bool
     memory_exact: bool
     memory_limit: tuple[float, ...] | None
 
@@ -108,6 +111,7 @@ class SynthesisResult:
             "solver_status": self.solver_status,
             "solver_makespan_s": self.solver_makespan_s,
             "time_unit_s": self.time_unit_s,
+            "time_exact": self.time_exact,
             "memory_exact": self.memory_exact,
             "p": self.schedule.num_devices,
             "m": self.schedule.num_microbatches,
@@ -229,6 +233,7 @@ def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, o
         baseline=baseline,
         recompute=recompute,
         time_unit_s=grid.time_unit,
+        time_exact=grid.exact_time,
         memory_exact=grid.memory_exact,
         memory_limit=problem.memory_limit,
     )
