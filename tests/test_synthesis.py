@@ -232,6 +232,22 @@ def test_sizes_are_bounded_before_anything_is_built() -> None:
         synthesize(StageCosts.uniform(64), Network.uniform(64, latency=0.0, bandwidth=INF), 1024)
 
 
+def test_without_a_solver_answer_the_heuristics_give_the_schedule_and_the_bound_stays(monkeypatch) -> None:
+    # what happens at sizes the solver cannot close: it returns a bound but no schedule
+    from pipesched.search import synthesis
+    from pipesched.search.cpsat import SolverOutcome
+
+    costs, network = uneven(4), Network.uniform(4, latency=0.3, bandwidth=INF)
+    grid = IntegerProblem.build(SynthesisProblem(costs, network, 6, (12.0,) * 4))
+    monkeypatch.setattr(synthesis, "solve", lambda ip, **_: SolverOutcome("unknown", None, None, ip.lower_bound, 0.0))
+    result = synthesize(costs, network, 6, memory_limit=12.0, time_limit=2.0)
+    check_result(result, costs, network, 12.0)
+    assert result.status == "feasible" and result.solver_status == "unknown"
+    assert result.method in ("local search", "list scheduling", result.baseline.family)
+    assert result.makespan_s <= result.baseline.makespan
+    assert result.lower_bound_s == pytest.approx(grid.lower_bound * grid.time_unit)
+
+
 # --- the pieces ----------------------------------------------------------------------------
 def _one_pattern(schedule: Schedule) -> bool:
     """One replica, and each stage runs the same op kinds for every microbatch (DualPipeV
