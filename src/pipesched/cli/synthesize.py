@@ -1,0 +1,159 @@
+"""`pipesched synthesize`: a schedule made by a solver for given stage costs and a memory cap."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pipesched import io
+from pipesched.cli.options import (
+    AsJson,
+    Bandwidth,
+    ClusterName,
+    Devices,
+    Latency,
+    Microbatches,
+    MicroBatchSize,
+    Model,
+    PartitionOption,
+    Recompute,
+    SeqLen,
+    StageCostsFile,
+    TensorParallel,
+    workload,
+)
+from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
+from pipesched.errors import require
+from pipesched.experiments.defaults import DEFAULTS
+from pipesched.io.files import check_output_path
+from pipesched.schedule import Placement, Schedule
+
+GiB = 2.0**30
+BACKWARDS = ("split", "full")
+
+
+def synthesize_command(
+    p: Devices = None,
+    m: Microbatches = None,
+    model: Model = None,
+    cluster: ClusterName = None,
+    micro_batch_size: MicroBatchSize = None,
+    seq_len: SeqLen = None,
+    tensor_parallel: TensorParallel = None,
+    recompute: Recompute = None,
+    partition: PartitionOption = None,
+    stage_costs: StageCostsFile = None,
+    latency: Latency = None,
+    bandwidth: Bandwidth = None,
+    memory_limit: Annotated[str | None, typer.Option(
+        "--memory-limit",
+        help="bytes per device (or with a unit: 80GiB), parameters and optimizer state included [default: the cluster's device memory "
+             "with --model; none with --stage-costs]")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="seconds for the whole synthesis")] = 10.0,
+    backward: Annotated[str, typer.Option("--backward", help="split (I and W ops) or full (one B op)")] = "split",
+    allow_recompute: Annotated[bool, typer.Option(
+        "--allow-recompute", help="let the solver choose stages that keep only their input and redo the forward in the backward")] = False,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="write the schedule: .txt grid, .csv PyTorch, .json")] = None,
+    as_json: AsJson = False,
+    png: Png = None,
+    svg: Svg = None,
+    trace: Trace = None,
+    html: Html = None,
+    no_timeline: NoTimeline = False,
+) -> None:
+    """Synthesize the fastest one-stage-per-device schedule under a memory cap with a CP-SAT
+    solver (warm-started from the best built-in family), with its proven lower bound.
+    Without --model/--cluster/--stage-costs it runs the default scenario's model and cluster."""
+    require(backward in BACKWARDS, "backward", backward, f"choose one of {', '.join(BACKWARDS)}")
+    require(math.isfinite(time_limit) and time_limit > 0, "time-limit", time_limit, "give a number of seconds > 0")
+    if output is not None:
+        check_output_path(output)
+    views = ViewPaths(png, svg, trace, html).check()
+    limit = _parse_bytes(memory_limit)
+    from pipesched.search.problem import check_size
+
+    p = p if p is not None else DEFAULTS.p
+    m = m if m is not None else DEFAULTS.m
+    check_size(p, m, split_backward=backward == "split")
+    setup = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
+                     stage_costs=stage_costs, latency=latency, bandwidth=bandwidth).setup()
+    # costs and links depend only on the placement: one stage per device
+    placement = Schedule("synthesized", Placement.one_per_device(p), m, ((),) * p)
+    costs, network = setup.costs_for(placement), setup.network_for(placement)
+    if limit is None and network.capacity is not None:
+        limit = network.capacity[:p]
+
+    from pipesched.search.synthesis import synthesize
+
+    result = synthesize(costs, network, m, memory_limit=limit, split_backward=backward == "split",
+                        allow_recompute=allow_recompute, time_limit=time_limit)
+    if output is not None:
+        io.save_schedule(result.schedule, output)
+    views.write([result.timeline], title=f"synthesized, p={p}, m={m}: {setup.description}")
+    if as_json:
+        typer.echo(json.dumps({**result.to_dict(), "setup": setup.description}, indent=1))
+        return
+    _print(result, network, setup.description, timeline_view=not no_timeline)
+
+
+def _parse_bytes(text: str | None) -> float | None:
+    """``--memory-limit`` text (bytes, or with a unit like 80GiB) -> bytes."""
+    if text is None:
+        return None
+    from pipesched.model.units import parse_quantity
+
+    value = parse_quantity(text, "bytes", "memory-limit")
+    require(value > 0, "memory-limit", text, "must be a number of bytes > 0, like 8e10 or 80GiB")
+    return value
+
+
+def _memory(nbytes: float) -> str:
+    return f"{nbytes / GiB:.4g} GiB" if nbytes >= GiB else f"{nbytes:.4g} B"
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.6g} s"
+
+
+def _print(result, network, description: str, *, timeline_view: bool) -> None:
+    from pipesched.simulate import simulate
+
+    console = Console() if Console().is_terminal else Console(width=140)
+    if timeline_view:
+        print_timeline(result.timeline, console)
+    schedule = result.schedule
+    contended = simulate(schedule, result.costs, network).makespan
+    table = Table(title=f"synthesized: p={schedule.num_devices}, m={schedule.num_microbatches}, "
+                        f"{'split' if schedule.splits_backward else 'full'} backward; {description}")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    made = result.method if result.method == "solver" else f"{result.method} (solver: {result.solver_status})"
+    table.add_row("status", f"{result.status}, made by {made}")
+    table.add_row("makespan (no contention)", _seconds(result.makespan_s))
+    table.add_row("lower bound (solver)", f"{_seconds(result.lower_bound_s)}, gap {result.gap:.3%}")
+    if result.baseline is not None:
+        ratio = result.baseline.makespan / result.makespan_s if result.makespan_s > 0 else 1.0
+        table.add_row("best built-in family", f"{result.baseline.label}: {_seconds(result.baseline.makespan)} "
+                                              f"({ratio:.4f}x)")
+    else:
+        table.add_row("best built-in family", "none fits the memory limit")
+    table.add_row("makespan with link contention", _seconds(contended))
+    table.add_row("recompute", ", ".join(map(str, result.recompute)) or "none")
+    peaks = result.timeline.memory.peak
+    worst = max(range(len(peaks)), key=peaks.__getitem__)
+    limit = result.memory_limit
+    table.add_row("peak memory", f"{_memory(peaks[worst])} (device {worst})"
+                                 + (f", limit {_memory(limit[worst])}" if limit else ""))
+    table.add_row("solver time grid", _seconds(result.time_unit_s))
+    table.add_row("time taken", _seconds(result.seconds))
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("synthesize")(synthesize_command)

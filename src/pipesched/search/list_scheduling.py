@@ -1,0 +1,121 @@
+"""Memory-aware list scheduling: per-device op orders built forward in time by priority rules.
+
+Each device keeps each op kind in microbatch order (``plans`` says why that loses nothing),
+so at any moment it has at most one candidate per kind: its next F, I and W (or F and B).
+A candidate is ready when its data has arrived (the neighbour's op ended, plus the link's
+delay) and, for an F, when the device's activations stay within the cap after it starts
+and the device holds fewer than ``in_flight`` stage-microbatches. The device that can
+start an op earliest runs, among its candidates that could start then, the first kind in
+its priority order (non-delay list scheduling); then the next device, until every op is
+placed. Several rules (every priority order, every in-flight limit the cap allows) are
+tried; the simulator (free channels) judges them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+
+from pipesched.ops import B, F, I, Op, OpKind, W
+from pipesched.search.plans import Plan
+from pipesched.search.problem import BYTES_TOLERANCE, SynthesisProblem, recomputed_costs
+
+
+def list_schedule(problem: SynthesisProblem, *, priority: tuple[OpKind, ...], in_flight: int,
+                  recompute: frozenset[int] = frozenset()) -> Plan | None:
+    """One rule's plan, or None when the rule gets stuck (the cap leaves no ready op)."""
+    p, m = problem.num_stages, problem.num_microbatches
+    costs = recomputed_costs(problem.costs, sorted(recompute))
+    kinds = problem.kinds
+    backward, last = (I, W) if problem.split_backward else (B, B)
+    rank = {kind: priority.index(kind) for kind in kinds}
+    length = {kind: [costs.duration(Op(s, kind, 0)) for s in range(p)] for kind in kinds}
+    down = [problem.activation_delay(s) for s in range(p - 1)]  # seconds, stage s -> s + 1
+    up = [problem.gradient_delay(s) for s in range(p - 1)]  # seconds, stage s + 1 -> s
+    f = costs.input_frees
+    # share of a stage-microbatch's activations each op frees as it ends (F allocates as it
+    # starts); the F is allowed while the activations stay within the device's budget
+    frees = {I: f, W: 1.0 - f, B: 1.0}
+    room = [None if (x := problem.activation_budget(s)) is None else x * (1 + BYTES_TOLERANCE) for s in range(p)]
+    placed = [dict.fromkeys(kinds, 0) for _ in range(p)]
+    free_at = [0.0] * p
+    held = [0.0] * p  # activation bytes in use after the device's placed ops
+    # end[kind][s][k]: when op (s, kind, k) ends, None until placed
+    end = {kind: [[None] * m for _ in range(p)] for kind in kinds}
+    tables: list[list[Op]] = [[] for _ in range(p)]
+
+    def ready(s: int, kind: OpKind) -> float | None:
+        """When device s's next op of ``kind`` has its data (None: not yet known, or the
+        rule forbids it now)."""
+        k = placed[s][kind]
+        if k >= m:
+            return None
+        if kind is F:
+            if k - placed[s][last] >= in_flight:
+                return None
+            if room[s] is not None and held[s] + costs.activation_bytes[s] > room[s]:
+                return None
+            if s == 0:
+                return 0.0
+            arrived = end[F][s - 1][k]
+            return None if arrived is None else arrived + down[s - 1]
+        own = end[F if kind is backward else I][s][k]
+        if own is None or kind is not backward or s == p - 1:
+            return own
+        gradient = end[backward][s + 1][k]
+        return None if gradient is None else max(own, gradient + up[s])
+
+    def choice(s: int) -> tuple[float, OpKind] | None:
+        """Device s's earliest start and, among the ops that could start then, the first
+        kind in priority order."""
+        best = None
+        for kind in kinds:
+            t = ready(s, kind)
+            if t is None:
+                continue
+            key = (max(t, free_at[s]), rank[kind])
+            if best is None or key < best[0]:
+                best = (key, kind)
+        return None if best is None else (best[0][0], best[1])
+
+    # a placement changes what its own device and its two neighbours can do next
+    pending = [choice(s) for s in range(p)]
+    for _ in range(p * m * len(kinds)):
+        s = min((d for d in range(p) if pending[d] is not None), key=lambda d: pending[d][0], default=None)
+        if s is None:
+            return None
+        begins, kind = pending[s]
+        k = placed[s][kind]
+        end[kind][s][k] = free_at[s] = begins + length[kind][s]
+        placed[s][kind] = k + 1
+        activation = costs.activation_bytes[s]
+        held[s] += activation if kind is F else -frees[kind] * activation
+        tables[s].append(Op(s, kind, k))
+        for d in (s - 1, s, s + 1):
+            if 0 <= d < p:
+                pending[d] = choice(d)
+    return Plan(tuple(tuple(t) for t in tables), recompute, source="list scheduling")
+
+
+def rules(problem: SynthesisProblem, *, limits: int = 8) -> Iterator[tuple[tuple[OpKind, ...], int, frozenset[int]]]:
+    """Every priority order of the kinds, with up to ``limits`` in-flight limits spread
+    from 1 to the most the cap could hold, without and (if allowed) with recompute on every
+    stage."""
+    p, m = problem.num_stages, problem.num_microbatches
+    recomputes = [frozenset()]
+    if problem.allow_recompute:
+        recomputes.append(frozenset(range(p)))
+    for recompute in recomputes:
+        costs = recomputed_costs(problem.costs, sorted(recompute))
+        # an I may free part of a microbatch's activations: W's part is what stays longest
+        last_share = 1.0 - costs.input_frees if problem.split_backward else 1.0
+        most = m
+        for s in range(p):
+            budget, kept = problem.activation_budget(s), costs.activation_bytes[s] * last_share
+            if budget is not None and kept > 0:
+                most = min(most, max(1, math.floor(budget / kept * (1 + BYTES_TOLERANCE))))
+        chosen = sorted({round(1 + i * (most - 1) / max(1, limits - 1)) for i in range(min(limits, most))})
+        for priority in itertools.permutations(problem.kinds):
+            for in_flight in chosen:
+                yield priority, in_flight, recompute

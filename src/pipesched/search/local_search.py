@@ -1,0 +1,93 @@
+"""Local search over per-device op orders, judged by the simulator (free channels).
+
+A move swaps two neighbouring ops of different kinds on one device (keeping each kind in
+microbatch order and each stage-microbatch's own F -> I -> W order), or, with recompute
+allowed, switches one stage's recompute on or off. A move is kept when the plan still runs
+(no deadlock), fits the cap, and shortens the makespan, or keeps it and brings the ops'
+end times forward in total. Moves that touch the critical path are tried first: only they
+can shorten the makespan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Iterator
+
+from pipesched.errors import PipeschedError
+from pipesched.ops import B, F, I, W
+from pipesched.search.plans import Evaluation, Plan, evaluate, fits
+from pipesched.search.problem import SynthesisProblem
+
+# pairs (earlier kind, later kind) that a stage-microbatch must keep in this order
+_OWN_ORDER = {(F, I), (I, W), (F, B)}
+
+Move = tuple[int, int] | int  # (device, position) swaps position and position + 1; int: a stage's recompute
+
+
+def _key(evaluation: Evaluation) -> tuple[float, float]:
+    return evaluation.makespan, float(evaluation.timeline.op_end.sum())
+
+
+def _better(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """a beats b beyond float noise."""
+    if a[0] < b[0] * (1 - 1e-12):
+        return True
+    return a[0] <= b[0] * (1 + 1e-12) and a[1] < b[1] * (1 - 1e-12)
+
+
+def _moves(problem: SynthesisProblem, current: Evaluation, rng: random.Random) -> Iterator[Move]:
+    timeline = current.timeline
+    tables = current.plan.device_ops
+    path = timeline.simulation.critical_path
+    critical = set(path.row[~path.is_transfer].tolist())
+    # timeline rows follow table order: device d's ops come after those of devices 0..d-1
+    first_row = [0, *itertools.accumulate(len(ops) for ops in tables)]
+    swaps = []
+    for d, ops in enumerate(tables):
+        for i in range(len(ops) - 1):
+            a, b = ops[i], ops[i + 1]
+            if a.kind is b.kind or (a.microbatch == b.microbatch and (a.kind, b.kind) in _OWN_ORDER):
+                continue
+            touches = first_row[d] + i in critical or first_row[d] + i + 1 in critical
+            swaps.append((not touches, rng.random(), (d, i)))
+    swaps.sort()
+    stages = list(range(problem.num_stages)) if problem.allow_recompute else []
+    rng.shuffle(stages)
+    yield from stages
+    for _, _, move in swaps:
+        yield move
+
+
+def _apply(plan: Plan, move: Move) -> Plan:
+    if isinstance(move, int):
+        return Plan(plan.device_ops, plan.recompute ^ {move}, source="local search")
+    d, i = move
+    ops = list(plan.device_ops[d])
+    ops[i], ops[i + 1] = ops[i + 1], ops[i]
+    tables = (*plan.device_ops[:d], tuple(ops), *plan.device_ops[d + 1:])
+    return Plan(tables, plan.recompute, source="local search")
+
+
+def improve(problem: SynthesisProblem, start: Evaluation, *, seconds: float, seed: int = 0) -> Evaluation:
+    """The best plan hill climbing from ``start`` reaches within ``seconds`` (first
+    improvement, moves in a seeded random order within their class)."""
+    deadline = time.perf_counter() + seconds
+    rng = random.Random(seed)
+    current, best_key = start, _key(start)
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for move in _moves(problem, current, rng):
+            if time.perf_counter() >= deadline:
+                break
+            try:
+                candidate = evaluate(problem, _apply(current.plan, move))
+            except PipeschedError:
+                continue  # the swap deadlocks the tables
+            key = _key(candidate)
+            if fits(problem, candidate) and _better(key, best_key):
+                current, best_key, improved = candidate, key, True
+                break
+    return current

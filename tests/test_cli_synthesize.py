@@ -1,0 +1,115 @@
+"""`pipesched synthesize`: the JSON object, the schedule file, and bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from cli_helpers import assert_one_line_error
+from pipesched.io import load_schedule
+from pipesched.io.stage_costs import load_stage_costs
+from pipesched.model import load_cluster
+from pipesched.simulate import Network, simulate
+from pipesched.validate import validate
+
+HEADER = "stage,forward,backward_input,backward_weight,activation_bytes,output_bytes,static_bytes"
+KEYS = {"status", "makespan_s", "lower_bound_s", "gap", "seconds", "baseline"}
+
+
+@pytest.fixture
+def costs_file(tmp_path):
+    path = tmp_path / "costs.csv"
+    rows = [f"{s},{1 + 0.25 * s},{1.5},{0.75},4,1,10" for s in range(3)]
+    path.write_text("\n".join([HEADER, *rows]) + "\n", encoding="utf-8")
+    return path
+
+
+def test_json_has_the_result_keys(cli, costs_file) -> None:
+    result = cli("synthesize", "-p", "3", "-m", "4", "--stage-costs", str(costs_file), "--latency", "0.5",
+                 "--memory-limit", "22", "--time-limit", "10", "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    assert set(data) >= KEYS
+    assert data["status"] in ("optimal", "feasible")
+    assert data["lower_bound_s"] <= data["makespan_s"]
+    assert data["gap"] == pytest.approx((data["makespan_s"] - data["lower_bound_s"]) / data["makespan_s"])
+    assert data["baseline"]["family"] in ("1f1b", "gpipe", "zb-h1", "zb-h2")
+    assert data["makespan_s"] <= data["baseline"]["makespan_s"]
+    assert max(data["peak_memory_bytes"]) <= 22
+    assert data["p"] == 3 and data["m"] == 4 and data["backward"] == "split"
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json", ".txt"])
+def test_schedule_file_round_trips_and_simulates_to_the_reported_time(cli, costs_file, tmp_path, suffix) -> None:
+    out = tmp_path / f"synth{suffix}"
+    result = cli("synthesize", "-p", "3", "-m", "4", "--stage-costs", str(costs_file), "--latency", "0.5",
+                 "--memory-limit", "22", "--backward", "full", "-o", str(out), "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    schedule = load_schedule(out)
+    assert validate(schedule) == []
+    assert not schedule.splits_backward
+    timeline = simulate(schedule, load_stage_costs(costs_file), Network.uniform(3, latency=0.5, bandwidth=float("inf")),
+                        contention=False)
+    assert timeline.makespan == pytest.approx(data["makespan_s"], rel=1e-12)
+
+
+def test_text_output_shows_the_bound_and_the_baseline_and_draws(cli, costs_file, tmp_path) -> None:
+    picture = tmp_path / "synth.svg"
+    result = cli("synthesize", "-p", "3", "-m", "4", "--stage-costs", str(costs_file), "--memory-limit", "22",
+                 "--no-timeline", "--svg", str(picture))
+    assert result.code == 0, result
+    for fragment in ("status", "lower bound (solver)", "best built-in family", "makespan with link contention"):
+        assert fragment in result.out
+    assert picture.read_text(encoding="utf-8").lstrip().startswith(("<?xml", "<svg"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        (["--memory-limit", "5"], ["memory_limit=5", "below the 10 bytes of parameters"]),
+        (["--memory-limit", "12"], ["memory_limit=12", "one microbatch", "allow recompute"]),
+        (["--memory-limit", "0"], ["memory-limit=0", "> 0"]),
+        (["--memory-limit", "lots"], ["memory-limit=lots"]),
+        (["--backward", "half"], ["backward=half", "split, full"]),
+        (["--time-limit", "0"], ["time-limit=0"]),
+        (["--model", "llama3-8b"], ["model=llama3-8b", "not with --stage-costs"]),
+        (["-m", "100000"], ["size=p3 x m100000", "lower p or m"]),
+        (["-m", "0"], ["m=0"]),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(cli, costs_file, tmp_path, extra, fragments) -> None:
+    out = tmp_path / "never.csv"
+    result = cli("synthesize", "-p", "3", "-m", "4", "--stage-costs", str(costs_file), "-o", str(out), *extra)
+    assert_one_line_error(result, *fragments)
+    assert not out.exists()
+
+
+def test_unknown_model_is_named(cli, tmp_path) -> None:
+    out = tmp_path / "never.txt"
+    result = cli("synthesize", "-p", "2", "-m", "2", "--model", "no-such-model", "--cluster", "1x8-h100", "-o", str(out))
+    assert_one_line_error(result, "no-such-model")
+    assert not out.exists()
+
+
+def test_missing_ortools_says_how_to_install_it(cli, costs_file, tmp_path, monkeypatch) -> None:
+    # a None entry in sys.modules makes the import fail as if the package were absent
+    monkeypatch.setitem(sys.modules, "ortools.sat.python.cp_model", None)
+    monkeypatch.setitem(sys.modules, "ortools.sat.python", None)
+    out = tmp_path / "never.csv"
+    result = cli("synthesize", "-p", "3", "-m", "4", "--stage-costs", str(costs_file), "-o", str(out))
+    assert_one_line_error(result, "pip install 'pipesched[solver]'")
+    assert not out.exists()
+
+
+def test_model_and_cluster_use_the_device_memory_as_the_cap(cli) -> None:
+    result = cli("synthesize", "-p", "4", "-m", "4", "--model", "llama3-8b", "--cluster", "1x8-h100",
+                 "-t", "1", "--time-limit", "10", "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    capacity = load_cluster("1x8-h100").devices[0].memory_bytes
+    assert data["memory_limit_bytes"] == [capacity] * 4
+    assert all(peak <= cap for peak, cap in zip(data["peak_memory_bytes"], data["memory_limit_bytes"], strict=True))
+    assert "llama3-8b" in data["setup"]
