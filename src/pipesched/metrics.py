@@ -128,22 +128,60 @@ def _overlap_with_busy(starts, ends, busy_starts, busy_ends):
 
 def communication_per_device(timeline: Timeline) -> tuple[np.ndarray, np.ndarray]:
     """(exposed, hidden) communication time of each device (see the module docstring)."""
-    exposed = np.zeros(timeline.num_devices)
-    hidden = np.zeros(timeline.num_devices)
     transfers = timeline.transfers
     if not len(transfers):
-        return exposed, hidden
-    for device in range(timeline.num_devices):
-        mine = np.flatnonzero((transfers.src_device == device) | (transfers.dst_device == device))
-        if not mine.size:
+        zeros = np.zeros(timeline.num_devices)
+        return zeros, zeros.copy()
+    return _exposed_and_hidden(timeline.num_devices, transfers.src_device, transfers.dst_device, transfers.start,
+                               transfers.end, timeline.op_device, timeline.op_start, timeline.op_end)
+
+
+@njit(cache=True)
+def _by_device(device, start, num_devices):
+    """Row indices grouped by device (a counting sort), each group in start order, and the
+    group offsets. Groups already in start order (a device's ops) are not sorted again."""
+    n = device.shape[0]
+    offsets = np.zeros(num_devices + 1, np.int64)
+    for x in range(n):
+        offsets[device[x] + 1] += 1
+    for d in range(num_devices):
+        offsets[d + 1] += offsets[d]
+    fill = offsets[:-1].copy()
+    rows = np.empty(n, np.int64)
+    for x in range(n):
+        rows[fill[device[x]]] = x
+        fill[device[x]] += 1
+    for d in range(num_devices):
+        group = rows[offsets[d]:offsets[d + 1]]
+        ordered = True
+        for k in range(1, group.shape[0]):
+            if start[group[k]] < start[group[k - 1]]:
+                ordered = False
+                break
+        if not ordered:
+            rows[offsets[d]:offsets[d + 1]] = group[np.argsort(start[group], kind="mergesort")]
+    return rows, offsets
+
+
+@njit(cache=True)
+def _exposed_and_hidden(num_devices, src, dst, start, end, op_device, op_start, op_end):
+    """Per device: the union of the intervals of the transfers it sends or receives, split
+    into the part under its compute (hidden) and the rest (exposed)."""
+    both = np.concatenate((src.astype(np.int64), dst.astype(np.int64)))
+    starts = np.concatenate((start, start))
+    ends = np.concatenate((end, end))
+    comm, comm_at = _by_device(both, starts, num_devices)
+    busy, busy_at = _by_device(op_device.astype(np.int64), op_start, num_devices)
+    exposed = np.zeros(num_devices)
+    hidden = np.zeros(num_devices)
+    for d in range(num_devices):
+        mine = comm[comm_at[d]:comm_at[d + 1]]
+        if mine.shape[0] == 0:
             continue
-        order = mine[np.argsort(transfers.start[mine], kind="stable")]
-        starts, ends = transfers.start[order], transfers.end[order]
-        rows = timeline.rows_of_device(device)
-        overlap = _overlap_with_busy(starts, ends, timeline.op_start[rows], timeline.op_end[rows])
-        union = _union_length(starts, ends)
-        hidden[device] = overlap
-        exposed[device] = union - overlap
+        work = busy[busy_at[d]:busy_at[d + 1]]
+        overlap = _overlap_with_busy(starts[mine], ends[mine], op_start[work], op_end[work])
+        hidden[d] = overlap
+        exposed[d] = _union_length(starts[mine], ends[mine]) - overlap
     return exposed, hidden
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -147,7 +148,7 @@ class Timeline:
     def num_devices(self) -> int:
         return self.schedule.num_devices
 
-    @property
+    @cached_property
     def makespan(self) -> float:
         """Iteration time: from the first start to the last end of any op or transfer."""
         end = float(self.op_end.max()) if len(self) else 0.0

@@ -31,20 +31,35 @@ def evaluate_all(points: Sequence[Point], levels: Sequence[str] = LEVELS, *, map
     return iter(mapper(partial(evaluate, levels=levels, keep_timeline=keep_timelines), points))
 
 
-def process_map(workers: int | None = None, *, chunksize: int = 16) -> Mapper:
-    """A ``map`` over a local pool of ``workers`` processes (default: the CPU count)."""
-    count = workers or os.cpu_count() or 1
+class process_map:  # noqa: N801 - used like the built-in map
+    """A ``map`` over a local pool of ``workers`` processes (default: the CPU count). The
+    pool starts on first use and lives until ``close()`` (or the end of a ``with`` block),
+    so the schedules and stage costs its workers cached serve the next calls too."""
 
-    def pooled(function: Callable, items: Iterable) -> Iterator:
+    def __init__(self, workers: int | None = None, *, chunksize: int = 16) -> None:
+        self.workers = workers or os.cpu_count() or 1
+        self.chunksize = chunksize
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __call__(self, function: Callable, items: Iterable) -> Iterator:
         items = list(items)
-        if count <= 1 or len(items) <= 1:
-            yield from builtins.map(function, items)
-            return
-        with ProcessPoolExecutor(max_workers=count) as pool:
-            yield from pool.map(function, items, chunksize=max(1, min(chunksize, len(items) // count)))
+        if self.workers <= 1 or len(items) <= 1:
+            return builtins.map(function, items)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        chunk = max(1, min(self.chunksize, len(items) // self.workers))
+        return self._pool.map(function, items, chunksize=chunk)
 
-    return pooled
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
+    def __enter__(self) -> process_map:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def grid(families: Iterable[str], **axes: Iterable[object] | object) -> list[Point]:

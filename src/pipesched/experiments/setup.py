@@ -17,8 +17,9 @@ Two sources:
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -102,6 +103,8 @@ class SimulationSetup:
     partition: str = "balanced"  # a PARTITION_METHODS entry or a Megatron layout string
     micro_batch_size: int = 1
     seq_len: int | None = None
+    # costs and networks already built, by placement: they depend on nothing else here
+    _built: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_costs(cls, costs: StageCosts, *, latency: float = 0.0, bandwidth: float = math.inf,
@@ -139,6 +142,14 @@ class SimulationSetup:
         )
 
     def costs_for(self, schedule: Schedule) -> StageCosts:
+        if self.partition == "memory" and self.costs is None:
+            return self._costs_for(schedule)  # depends on the schedule's in-flight counts
+        key = ("costs", schedule.placement)
+        if key not in self._built:
+            self._built[key] = self._costs_for(schedule)
+        return self._built[key]
+
+    def _costs_for(self, schedule: Schedule) -> StageCosts:
         if self.costs is not None:
             return split_stage_costs(self.costs, schedule.num_stages)
         from pipesched.model import build_stage_costs
@@ -153,14 +164,17 @@ class SimulationSetup:
         return build_stage_costs(self.model, schedule.placement, self.cluster, self.settings, partition=layout)
 
     def network_for(self, schedule: Schedule) -> Network:
+        key = ("network", schedule.placement)
+        if key not in self._built:
+            self._built[key] = self._network_for(schedule)
+        return self._built[key]
+
+    def _network_for(self, schedule: Schedule) -> Network:
         if self.cluster is not None:
             from pipesched.model import pipeline_ranks
 
             ranks = pipeline_ranks(schedule.placement, self.cluster, self.settings.tensor_parallel)
-            network = Network.from_cluster(self.cluster, ranks=ranks)
-            if self.latency is None and self.bandwidth is None:
-                return network
-            return _with_links(network, self.latency, self.bandwidth)
+            return _cluster_network(self.cluster, ranks, self.latency, self.bandwidth)
         if self.network is not None:
             return self.network
         return Network.uniform(schedule.num_devices, latency=self.latency or 0.0,
@@ -180,6 +194,17 @@ class SimulationSetup:
             return None
         group = self.settings.tensor_parallel if self.settings is not None else 1
         return tuple(peak * group for peak in network.peak_flops)
+
+
+@functools.lru_cache(maxsize=256)
+def _cluster_network(cluster: Cluster, ranks: tuple[int, ...], latency: float | None,
+                     bandwidth: float | None) -> Network:
+    """The links between ``ranks`` of ``cluster`` (immutable, so shared by every schedule on
+    the same ranks), with every link's latency and/or bandwidth replaced when given."""
+    network = Network.from_cluster(cluster, ranks=ranks)
+    if latency is None and bandwidth is None:
+        return network
+    return _with_links(network, latency, bandwidth)
 
 
 def _with_links(network: Network, latency: float | None, bandwidth: float | None) -> Network:

@@ -447,8 +447,14 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
         require(settings.tensor_parallel == 1, "tensor_parallel", settings.tensor_parallel,
                 "measured layer costs already include any tensor parallelism; use 1 (CLI: -t 1)")
         return _measured(model, device)
-    link = tp_link or DEFAULT_TP_LINK
-    return [_cost(plan, device, settings, link) for plan in layer_plans(model, settings)]
+    return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK))
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings,
+                 link: LinkSpec) -> tuple[LayerCost, ...]:
+    """Pure in hashable inputs: a sweep asks for the same layers on every placement."""
+    return tuple(_cost(plan, device, settings, link) for plan in layer_plans(model, settings))
 
 
 def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
@@ -467,7 +473,13 @@ def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
 def model_flops_per_iteration(model: ModelSpec, settings: TrainingSettings, num_microbatches: int) -> float:
     """Matmul FLOPs of one training iteration over the whole model (all tensor-parallel
     ranks), recompute included: ``num_microbatches`` x the layers' ``flops``."""
+    return _flops_per_microbatch(model, settings) * num_microbatches
+
+
+@functools.lru_cache(maxsize=256)
+def _flops_per_microbatch(model: ModelSpec, settings: TrainingSettings) -> float:
+    """A pure function of hashable inputs, asked for by every evaluation of a sweep."""
     if model.measured:
-        return sum(layer.flops for layer in model.measured) * num_microbatches
+        return sum(layer.flops for layer in model.measured)
     per_rank = sum(_flops(plan, settings) for plan in layer_plans(model, settings))
-    return per_rank * settings.tensor_parallel * num_microbatches
+    return per_rank * settings.tensor_parallel

@@ -1,0 +1,101 @@
+"""Experiments layer throughput: level-3 evaluations per second over a grid of points.
+
+    python benchmarks/bench_experiments.py            # both grids, 2 worker processes
+    python benchmarks/bench_experiments.py --workers 1
+
+The grids (every family, p in {4, 8, 16}, m in {8, 16, 32, 64}, v in {2, 4}: 13 families x
+3 x 4 x 2 = 312 schedule points, of which those a family cannot build are skipped) are
+evaluated at the sim level only, each schedule point under several workloads, as a sweep
+does:
+
+- uniform: per-stage costs F = 20 ms, I = 25 ms, W = 15 ms (split into chunks for
+  interleaved families), 16 MiB boundary tensors, on uniform links of 4 latencies x 2
+  bandwidths (8 workloads per schedule point);
+- model: llama3-70b on the 4 x 8 H100 cluster (tensor parallel 4 for p <= 8, 2 for p = 16),
+  micro-batch 1 x 4096 tokens, 4 link what-ifs (the cluster's links, every link at 3 us,
+  50 GB/s, and both).
+
+What is timed: ``evaluate_all(points, ["sim"], mapper=process_map(workers))`` from a fresh
+pool, wall clock; "cold" is the first pass over the grid (every schedule generated and
+every stage cost computed once in the worker that meets it first), "warm" a second pass
+over the same grid in the same pool (schedules and costs cached in the workers). Evaluations per second count
+every point evaluated (skipped points included: they cost a failed build).
+
+Targets (issue): >= 2,000 evaluations/s with uniform costs and >= 1,000/s with model costs
+on 2 cores. Before the experiments layer (same grids, one process, ``compare`` per point):
+printed with --before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import time
+
+from pipesched.costs import StageCosts
+from pipesched.experiments import Point, evaluate_all, process_map
+from pipesched.generators import FAMILIES
+
+P, M, V = (4, 8, 16), (8, 16, 32, 64), (2, 4)
+
+
+def schedule_points() -> list[tuple[str, int, int, int | None]]:
+    out = []
+    for name, p, m, v in itertools.product(FAMILIES, P, M, V):
+        takes_v = FAMILIES[name].chunks is None
+        if not takes_v and v != V[0]:
+            continue  # one point per size for families with a fixed chunk count
+        out.append((name, p, m, v if takes_v else None))
+    return out
+
+
+def uniform_grid() -> list[Point]:
+    points = []
+    for name, p, m, v in schedule_points():
+        costs = StageCosts.uniform(p, forward=0.020, backward_input=0.025, backward_weight=0.015,
+                                   activation_bytes=2e9, output_bytes=16 * 2**20)
+        for latency, bandwidth in itertools.product((0.0, 2e-6, 1e-5, 5e-5), (50e9, 400e9)):
+            points.append(Point(name, p=p, m=m, v=v, stage_costs=costs, latency=latency, bandwidth=bandwidth))
+    return points
+
+
+def model_grid() -> list[Point]:
+    points = []
+    for name, p, m, v in schedule_points():
+        tp = 4 if p <= 8 else 2
+        for latency, bandwidth in ((None, None), (3e-6, None), (None, 50e9), (3e-6, 50e9)):
+            points.append(Point(name, p=p, m=m, v=v, model="llama3-70b", cluster="4x8-h100", tp=tp,
+                                latency=latency, bandwidth=bandwidth))
+    return points
+
+
+def rate(points: list[Point], workers: int) -> tuple[float, float, int, int]:
+    """(cold, warm) evaluations per second, evaluated and skipped counts."""
+    with process_map(workers) as mapper:
+        start = time.perf_counter()
+        records = list(evaluate_all(points, ["sim"], mapper=mapper))
+        cold = time.perf_counter() - start
+        start = time.perf_counter()
+        list(evaluate_all(points, ["sim"], mapper=mapper))
+        warm = time.perf_counter() - start
+    ok = sum(1 for r in records if r.ok)
+    return len(points) / cold, len(points) / warm, ok, len(points) - ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    print(f"machine: {os.cpu_count()} cores; workers {args.workers}; load average {os.getloadavg()[0]:.2f}")
+    for name, build, target in (("uniform costs", uniform_grid, 2000), ("model costs (llama3-70b, 4x8-h100)",
+                                                                         model_grid, 1000)):
+        points = build()
+        cold, warm, ok, skipped = rate(points, args.workers)
+        verdict = "meets" if min(cold, warm) >= target else ("meets warm" if warm >= target else "MISSES")
+        print(f"{name}: {len(points)} points ({ok} evaluated, {skipped} skipped): cold {cold:,.0f}/s, "
+              f"warm {warm:,.0f}/s (target {target:,}/s: {verdict})")
+
+
+if __name__ == "__main__":
+    main()
