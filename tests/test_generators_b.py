@@ -14,7 +14,7 @@ import pytest
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, formula, generate
 from pipesched.generators.base import SlotCosts
-from pipesched.generators.chimera import chimera
+from pipesched.generators.chimera import chimera, chimera_idle
 from pipesched.generators.dualpipe import dualpipe
 from pipesched.generators.dualpipe import overlapped_pairs as dualpipe_pairs
 from pipesched.generators.dualpipev import dualpipev
@@ -242,11 +242,56 @@ def test_chimera_basic_unit_has_p_minus_2_bubble_cells():
         assert metrics.idle_per_device == tuple(float(p - 2) for _ in range(p))
 
 
-def test_chimera_holds_at_most_p_microbatches():
+def test_chimera_holds_p_microbatches_or_2p_when_doubling_forwards():
     for p, m in ((4, 16), (8, 32), (16, 64)):
-        peaks = table_metrics(chimera(p, m)).peak_inflight
-        assert max(peaks) == p
-        assert peaks[0] == p // 2 + 1  # the first device: p/2 down, 1 up
+        plain = table_metrics(chimera(p, m, forward_doubling=0)).peak_inflight
+        assert max(plain) == p
+        assert plain[0] == p // 2 + 1  # the first device: p/2 down, 1 up
+        doubled = table_metrics(chimera(p, m)).peak_inflight
+        assert max(doubled) == 2 * p
+    assert max(table_metrics(chimera(8, 8)).peak_inflight) == 8  # one unit: nothing to double
+
+
+@pytest.mark.parametrize("p", [4, 8, 16])
+@pytest.mark.parametrize("units", [1, 2, 4, 8])
+def test_chimera_bubble_at_or_below_1f1b_with_b_twice_f(p, units):
+    # the paper's units with forward doubling at F = I = W = 1 (B = 2F)
+    m = units * p
+    chimera_bubble = table_metrics(generate("chimera", p, m)).bubble_ratio
+    assert chimera_bubble <= table_metrics(generate("1f1b", p, m)).bubble_ratio
+    # with B = 2F a doubled unit's forward cell is as long as a backward: the idle stays at
+    # one basic unit's p/2-1 forward and p/2-1 backward bubbles, (p/2-1)(F+B)
+    if units > 1:
+        assert set(table_metrics(generate("chimera", p, m)).idle_per_device) == {(p / 2 - 1) * 3}
+
+
+def test_forward_doubling_order_of_the_paper():
+    # device 0 of 4 (down stage 0 primary, a = 2, b = 0): two doubled warm-up forwards, then
+    # per pair of up microbatches two forwards and one backward, then p/2 more backward pairs
+    ops = [str(op) for op in chimera(4, 8).device_ops[0]]
+    assert ops[:10] == ["0F0", "0F1", "0F2", "0F3", "3F4", "3F5", "3B4", "3F6", "3F7", "3B5"]
+    assert ops[10:] == ["0B0", "3B6", "0B1", "3B7", "0B2", "0B3"]
+
+
+@pytest.mark.parametrize("costs", [SlotCosts(), SlotCosts(f=1, i=0.5, w=0.5), SlotCosts(f=1, i=2, w=2),
+                                   SlotCosts(f=2, i=0.25, w=0.25), SlotCosts(f=1, i=1.25, w=1.25)])
+def test_chimera_closed_form_is_exact_at_any_costs(costs):
+    for p in (2, 4, 6, 10):
+        for units in range(1, 7):
+            m = units * p
+            for doubling in (0, 1):
+                idle = table_metrics(chimera(p, m, forward_doubling=doubling), costs).idle_per_device
+                expected = chimera_idle(p, m, costs, forward_doubling=bool(doubling))
+                assert idle == pytest.approx([expected] * p)
+            assert formula("chimera", p, m, costs=costs).idle == pytest.approx(chimera_idle(p, m, costs))
+
+
+def test_chimera_forward_doubling_is_a_switch():
+    with pytest.raises(PipeschedError, match=r"^forward_doubling=2: give 1 \(on\) or 0 \(off\)"):
+        generate("chimera", 4, 8, forward_doubling=2)
+    assert chimera(4, 8, forward_doubling=0).params["forward_doubling"] == 0
+    assert chimera(4, 4).params["forward_doubling"] == 0  # one unit: nothing to double
+    assert chimera(4, 8).params["forward_doubling"] == 1
 
 
 def test_hanayo_one_wave_idle_closed_form():
@@ -312,16 +357,19 @@ def test_chimera_beats_1f1b_with_few_microbatches(p):
     assert chimera_time < one_f_one_b_time
 
 
-def test_chimera_advantage_fades_with_many_microbatches():
-    # with B = 2F, directly concatenated units leave gaps: 1F1B catches up at m = 4p
+def test_plain_concatenation_loses_its_advantage_with_many_microbatches():
+    # with B = 2F, directly concatenated units leave gaps: 1F1B catches up at m = 4p; forward
+    # doubling keeps the gain
     p = 8
-    gains = [
-        table_metrics(generate("1f1b", p, m)).makespan
-        - table_metrics(generate("chimera", p, m)).makespan
-        for m in (p, 2 * p, 4 * p)
-    ]
-    assert gains[0] > gains[1] > gains[2]
-    assert gains[2] < 0
+
+    def gain(m, **options):
+        return (table_metrics(generate("1f1b", p, m)).makespan
+                - table_metrics(generate("chimera", p, m, **options)).makespan)
+
+    plain = [gain(m, forward_doubling=0) for m in (p, 2 * p, 4 * p)]
+    assert plain[0] > plain[1] > plain[2]
+    assert plain[2] < 0
+    assert all(gain(m) > 0 for m in (p, 2 * p, 4 * p, 8 * p))
 
 
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 32), (8, 16), (8, 64)])
@@ -336,6 +384,7 @@ def test_dualpipev_bubble_below_1f1b(p, m):
 GOLDEN = [
     ("chimera_p4_m4.txt", "chimera", 4, 4, None),
     ("chimera_p4_m8.txt", "chimera", 4, 8, None),
+    ("chimera_p4_m12.txt", "chimera", 4, 12, None),
     ("hanayo_p4_m8.txt", "hanayo", 4, 8, None),
     ("hanayo_p4_m8_v4.txt", "hanayo", 4, 8, 4),
     ("dualpipe_p4_m8.txt", "dualpipe", 4, 8, None),
