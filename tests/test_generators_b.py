@@ -7,6 +7,7 @@ and against DualPipeV, which is the same per-device program on half the devices.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
@@ -21,9 +22,9 @@ from pipesched.generators.dualpipev import dualpipev
 from pipesched.generators.dualpipev import overlapped_pairs as dualpipev_pairs
 from pipesched.generators.hanayo import hanayo
 from pipesched.io.grid import dumps, loads
-from pipesched.ops import B, F, I, Op
+from pipesched.ops import KIND_INDEX, B, F, I, Op
 from pipesched.schedule import Placement
-from pipesched.slot_table import table_metrics
+from pipesched.slot_table import slot_table, table_metrics
 from pipesched.validate import validate
 
 FAMILY_NAMES = ("chimera", "hanayo", "dualpipe", "dualpipev")
@@ -294,12 +295,50 @@ def test_chimera_forward_doubling_is_a_switch():
     assert chimera(4, 8).params["forward_doubling"] == 1
 
 
-def test_hanayo_one_wave_idle_closed_form():
-    # one wave, m >= 2p, B >= F: the folded table idles 2(p-1)B chunk slots
-    for costs in (SlotCosts(), SlotCosts(f=2, i=1, w=1), SlotCosts(f=1, i=3, w=0.5)):
-        for p, m in ((4, 8), (6, 13), (8, 32)):
-            idle = max(table_metrics(hanayo(p, m), costs).idle_per_device)
-            assert idle == 2 * (p - 1) * costs.b
+@pytest.mark.parametrize("costs", [SlotCosts(), SlotCosts(f=2, i=1, w=1), SlotCosts(f=1, i=3, w=0.5),
+                                   SlotCosts(f=1, i=0.25, w=0.25), SlotCosts(f=1, i=0.75, w=0.75)])
+def test_hanayo_one_wave_table_equals_its_closed_form(costs):
+    for p in (2, 3, 4, 5, 8):
+        for m in (1, 2, p - 1, p, p + 1, 2 * p - 2, 2 * p - 1, 2 * p, 3 * p, 4 * p + 1):
+            if m < 1:
+                continue
+            metrics = table_metrics(hanayo(p, m), costs)
+            estimate = formula("hanayo", p, m, costs=costs)
+            assert estimate.exact
+            assert max(metrics.idle_per_device) == pytest.approx(estimate.idle)
+            assert max(metrics.peak_inflight) == estimate.peak_inflight
+
+
+@pytest.mark.parametrize("m", [32, 64])
+def test_hanayo_one_wave_matches_interleaved_1f1b_at_the_same_chunk_count(m):
+    # p = 8, F = I = W = 1: the wave order idles (p-1)(F+B) chunk slots, like interleaved 1F1B
+    # with v = 2, where the fold of a deep 1F1B idled (p-1) slots more
+    wave = table_metrics(generate("hanayo", 8, m))
+    interleaved = table_metrics(generate("interleaved-1f1b", 8, m, v=2))
+    assert wave.makespan == interleaved.makespan == 6 * m + 21
+    assert set(wave.idle_per_device) == {21.0}
+
+
+def test_hanayo_wave_order_has_no_holes_in_its_steady_phase():
+    # a device waits once for the first backward wave, then only in the drain after its
+    # last forward: no holes while forwards and backwards alternate
+    timeline = slot_table(hanayo(8, 32))
+    for device in range(8):
+        rows = sorted((r for r in range(len(timeline.op_device)) if timeline.op_device[r] == device),
+                      key=lambda r: timeline.op_start[r])
+        last_forward = max(timeline.op_start[r] for r in rows if timeline.op_kind[r] == KIND_INDEX[F])
+        gap_starts = [timeline.op_end[a] for a, b in pairwise(rows)
+                      if timeline.op_start[b] > timeline.op_end[a]]
+        assert all(start > last_forward for start in gap_starts[1:])
+
+
+def test_hanayo_waves_option():
+    assert generate("hanayo", 4, 8, waves=2).device_ops == generate("hanayo", 4, 8, v=4).device_ops
+    assert generate("hanayo", 4, 8, v=4, waves=2).params["waves"] == 2
+    with pytest.raises(PipeschedError, match=r"^waves=3: -v 4 means 2 waves"):
+        generate("hanayo", 4, 8, v=4, waves=3)
+    with pytest.raises(PipeschedError, match=r"^waves=1.5: "):
+        generate("hanayo", 4, 8, waves=1.5)
 
 
 def test_more_waves_lower_hanayo_bubble_and_raise_activations():

@@ -95,15 +95,15 @@ def test_hanayo(p, m, waves, costs):
     estimate = formula("hanayo", p, m, v=v, costs=costs)
     assert max(table_metrics(schedule).peak_inflight) == estimate.peak_inflight
     measured = idle(schedule, costs)
-    assert measured >= estimate.idle
-    if m >= 2 * p and waves == 1:
-        assert measured == 2 * (p - 1) * costs.b
+    assert measured >= estimate.idle - 1e-9
+    if waves == 1:
+        assert estimate.exact
     elif m >= 2 * p:
         assert measured <= 1.7 * estimate.idle
     else:
         assert measured <= v * estimate.idle
     if estimate.exact:
-        assert measured == estimate.idle
+        assert measured == pytest.approx(estimate.idle)
 
 
 @SETTINGS
