@@ -42,6 +42,21 @@ def test_show_bad_input_is_one_line(cli, tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+def test_show_takes_the_published_variants_options(cli) -> None:
+    plain = cli("show", "chimera", "-p", "4", "-m", "8", "--set", "forward_doubling=0")
+    assert plain.code == 0 and "slot makespan 30" in plain.out
+    doubled = cli("show", "chimera", "-p", "4", "-m", "8")
+    assert doubled.code == 0 and "slot makespan 27" in doubled.out
+    waves = cli("show", "hanayo", "-p", "4", "-m", "8", "--set", "waves=2")
+    assert waves.code == 0 and "slot makespan 108" in waves.out
+    automatic = cli("show", "zb-2p", "-p", "4", "-m", "8", "--set", "latency=0.5", "--set", "m_w=0.25")
+    assert automatic.code == 0 and '"latency": 0.5, "m": 8, "m_w": 0.25' in automatic.out
+    assert_one_line_error(cli("show", "chimera", "--set", "forward_doubling=yes"), "forward_doubling=yes")
+    assert_one_line_error(cli("show", "zb-1p", "--set", "m_w=2"), "m_w=2")
+    assert_one_line_error(cli("show", "zb-1p", "--set", "memory_limit=0"), "memory_limit=0")
+    assert_one_line_error(cli("show", "hanayo", "-v", "4", "--set", "waves=3"), "waves=3")
+
+
 def test_validate_exit_codes(cli, tmp_path) -> None:
     good = tmp_path / "good.txt"
     io.save_schedule(generate("1f1b", 2, 3), good)

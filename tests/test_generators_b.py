@@ -7,6 +7,7 @@ and against DualPipeV, which is the same per-device program on half the devices.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from types import SimpleNamespace
 
 import pytest
@@ -14,16 +15,16 @@ import pytest
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, formula, generate
-from pipesched.generators.chimera import chimera
+from pipesched.generators.chimera import chimera, chimera_idle
 from pipesched.generators.dualpipe import dualpipe
 from pipesched.generators.dualpipe import overlapped_pairs as dualpipe_pairs
 from pipesched.generators.dualpipev import dualpipev
 from pipesched.generators.dualpipev import overlapped_pairs as dualpipev_pairs
 from pipesched.generators.hanayo import hanayo
 from pipesched.io.grid import dumps, loads
-from pipesched.ops import B, F, I, Op
+from pipesched.ops import KIND_INDEX, B, F, I, Op
 from pipesched.schedule import Placement
-from pipesched.slot_table import table_metrics
+from pipesched.slot_table import slot_table, table_metrics
 from pipesched.validate import validate
 
 FAMILY_NAMES = ("chimera", "hanayo", "dualpipe", "dualpipev")
@@ -242,19 +243,102 @@ def test_chimera_basic_unit_has_p_minus_2_bubble_cells():
         assert metrics.idle_per_device == tuple(float(p - 2) for _ in range(p))
 
 
-def test_chimera_holds_at_most_p_microbatches():
+def test_chimera_holds_p_microbatches_or_2p_when_doubling_forwards():
     for p, m in ((4, 16), (8, 32), (16, 64)):
-        peaks = table_metrics(chimera(p, m)).peak_inflight
-        assert max(peaks) == p
-        assert peaks[0] == p // 2 + 1  # the first device: p/2 down, 1 up
+        plain = table_metrics(chimera(p, m, forward_doubling=0)).peak_inflight
+        assert max(plain) == p
+        assert plain[0] == p // 2 + 1  # the first device: p/2 down, 1 up
+        doubled = table_metrics(chimera(p, m)).peak_inflight
+        assert max(doubled) == 2 * p
+    assert max(table_metrics(chimera(8, 8)).peak_inflight) == 8  # one unit: nothing to double
 
 
-def test_hanayo_one_wave_idle_closed_form():
-    # one wave, m >= 2p, B >= F: the folded table idles 2(p-1)B chunk slots
-    for costs in (StageCosts.slots(), StageCosts.slots(f=2, i=1, w=1), StageCosts.slots(f=1, i=3, w=0.5)):
-        for p, m in ((4, 8), (6, 13), (8, 32)):
-            idle = max(table_metrics(hanayo(p, m), costs).idle_per_device)
-            assert idle == 2 * (p - 1) * costs.b
+@pytest.mark.parametrize("p", [4, 8, 16])
+@pytest.mark.parametrize("units", [1, 2, 4, 8])
+def test_chimera_bubble_at_or_below_1f1b_with_b_twice_f(p, units):
+    # the paper's units with forward doubling at F = I = W = 1 (B = 2F)
+    m = units * p
+    chimera_bubble = table_metrics(generate("chimera", p, m)).bubble_ratio
+    assert chimera_bubble <= table_metrics(generate("1f1b", p, m)).bubble_ratio
+    # with B = 2F a doubled unit's forward cell is as long as a backward: the idle stays at
+    # one basic unit's p/2-1 forward and p/2-1 backward bubbles, (p/2-1)(F+B)
+    if units > 1:
+        assert set(table_metrics(generate("chimera", p, m)).idle_per_device) == {(p / 2 - 1) * 3}
+
+
+def test_forward_doubling_order_of_the_paper():
+    # device 0 of 4 (down stage 0 primary, a = 2, b = 0): two doubled warm-up forwards, then
+    # per pair of up microbatches two forwards and one backward, then p/2 more backward pairs
+    ops = [str(op) for op in chimera(4, 8).device_ops[0]]
+    assert ops[:10] == ["0F0", "0F1", "0F2", "0F3", "3F4", "3F5", "3B4", "3F6", "3F7", "3B5"]
+    assert ops[10:] == ["0B0", "3B6", "0B1", "3B7", "0B2", "0B3"]
+
+
+@pytest.mark.parametrize("costs", [StageCosts.slots(), StageCosts.slots(f=1, i=0.5, w=0.5), StageCosts.slots(f=1, i=2, w=2),
+                                   StageCosts.slots(f=2, i=0.25, w=0.25), StageCosts.slots(f=1, i=1.25, w=1.25)])
+def test_chimera_closed_form_is_exact_at_any_costs(costs):
+    for p in (2, 4, 6, 10):
+        for units in range(1, 7):
+            m = units * p
+            for doubling in (0, 1):
+                idle = table_metrics(chimera(p, m, forward_doubling=doubling), costs).idle_per_device
+                expected = chimera_idle(p, m, costs, forward_doubling=bool(doubling))
+                assert idle == pytest.approx([expected] * p)
+            assert formula("chimera", p, m, costs=costs).idle == pytest.approx(chimera_idle(p, m, costs))
+
+
+def test_chimera_forward_doubling_is_a_switch():
+    with pytest.raises(PipeschedError, match=r"^forward_doubling=2: give 1 \(on\) or 0 \(off\)"):
+        generate("chimera", 4, 8, forward_doubling=2)
+    assert chimera(4, 8, forward_doubling=0).params["forward_doubling"] == 0
+    assert chimera(4, 4).params["forward_doubling"] == 0  # one unit: nothing to double
+    assert chimera(4, 8).params["forward_doubling"] == 1
+
+
+@pytest.mark.parametrize("costs", [StageCosts.slots(), StageCosts.slots(f=2, i=1, w=1), StageCosts.slots(f=1, i=3, w=0.5),
+                                   StageCosts.slots(f=1, i=0.25, w=0.25), StageCosts.slots(f=1, i=0.75, w=0.75)])
+def test_hanayo_one_wave_table_equals_its_closed_form(costs):
+    for p in (2, 3, 4, 5, 8):
+        for m in (1, 2, p - 1, p, p + 1, 2 * p - 2, 2 * p - 1, 2 * p, 3 * p, 4 * p + 1):
+            if m < 1:
+                continue
+            metrics = table_metrics(hanayo(p, m), costs)
+            estimate = formula("hanayo", p, m, costs=costs)
+            assert estimate.exact
+            assert max(metrics.idle_per_device) == pytest.approx(estimate.idle)
+            assert max(metrics.peak_inflight) == estimate.peak_inflight
+
+
+@pytest.mark.parametrize("m", [32, 64])
+def test_hanayo_one_wave_matches_interleaved_1f1b_at_the_same_chunk_count(m):
+    # p = 8, F = I = W = 1: the wave order idles (p-1)(F+B) chunk slots, like interleaved 1F1B
+    # with v = 2, where the fold of a deep 1F1B idled (p-1) slots more
+    wave = table_metrics(generate("hanayo", 8, m))
+    interleaved = table_metrics(generate("interleaved-1f1b", 8, m, v=2))
+    assert wave.makespan == interleaved.makespan == 6 * m + 21
+    assert set(wave.idle_per_device) == {21.0}
+
+
+def test_hanayo_wave_order_has_no_holes_in_its_steady_phase():
+    # a device waits once for the first backward wave, then only in the drain after its
+    # last forward: no holes while forwards and backwards alternate
+    timeline = slot_table(hanayo(8, 32))
+    for device in range(8):
+        rows = sorted((r for r in range(len(timeline.op_device)) if timeline.op_device[r] == device),
+                      key=lambda r: timeline.op_start[r])
+        last_forward = max(timeline.op_start[r] for r in rows if timeline.op_kind[r] == KIND_INDEX[F])
+        gap_starts = [timeline.op_end[a] for a, b in pairwise(rows)
+                      if timeline.op_start[b] > timeline.op_end[a]]
+        assert all(start > last_forward for start in gap_starts[1:])
+
+
+def test_hanayo_waves_option():
+    assert generate("hanayo", 4, 8, waves=2).device_ops == generate("hanayo", 4, 8, v=4).device_ops
+    assert generate("hanayo", 4, 8, v=4, waves=2).params["waves"] == 2
+    with pytest.raises(PipeschedError, match=r"^waves=3: -v 4 means 2 waves"):
+        generate("hanayo", 4, 8, v=4, waves=3)
+    with pytest.raises(PipeschedError, match=r"^waves=1.5: "):
+        generate("hanayo", 4, 8, waves=1.5)
 
 
 def test_more_waves_lower_hanayo_bubble_and_raise_activations():
@@ -312,16 +396,19 @@ def test_chimera_beats_1f1b_with_few_microbatches(p):
     assert chimera_time < one_f_one_b_time
 
 
-def test_chimera_advantage_fades_with_many_microbatches():
-    # with B = 2F, directly concatenated units leave gaps: 1F1B catches up at m = 4p
+def test_plain_concatenation_loses_its_advantage_with_many_microbatches():
+    # with B = 2F, directly concatenated units leave gaps: 1F1B catches up at m = 4p; forward
+    # doubling keeps the gain
     p = 8
-    gains = [
-        table_metrics(generate("1f1b", p, m)).makespan
-        - table_metrics(generate("chimera", p, m)).makespan
-        for m in (p, 2 * p, 4 * p)
-    ]
-    assert gains[0] > gains[1] > gains[2]
-    assert gains[2] < 0
+
+    def gain(m, **options):
+        return (table_metrics(generate("1f1b", p, m)).makespan
+                - table_metrics(generate("chimera", p, m, **options)).makespan)
+
+    plain = [gain(m, forward_doubling=0) for m in (p, 2 * p, 4 * p)]
+    assert plain[0] > plain[1] > plain[2]
+    assert plain[2] < 0
+    assert all(gain(m) > 0 for m in (p, 2 * p, 4 * p, 8 * p))
 
 
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 32), (8, 16), (8, 64)])
@@ -336,6 +423,7 @@ def test_dualpipev_bubble_below_1f1b(p, m):
 GOLDEN = [
     ("chimera_p4_m4.txt", "chimera", 4, 4, None),
     ("chimera_p4_m8.txt", "chimera", 4, 8, None),
+    ("chimera_p4_m12.txt", "chimera", 4, 12, None),
     ("hanayo_p4_m8.txt", "hanayo", 4, 8, None),
     ("hanayo_p4_m8_v4.txt", "hanayo", 4, 8, 4),
     ("dualpipe_p4_m8.txt", "dualpipe", 4, 8, None),

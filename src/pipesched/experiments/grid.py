@@ -31,7 +31,7 @@ def evaluate_all(points: Sequence[Point], levels: Sequence[str] = LEVELS, *, map
     return iter(mapper(partial(evaluate, levels=levels, keep_timeline=keep_timelines), points))
 
 
-class process_map:  # noqa: N801 - used like the built-in map
+class process_map:
     """A ``map`` over a local pool of ``workers`` processes (default: the CPU count). The
     pool starts on first use and lives until ``close()`` (or the end of a ``with`` block),
     so the schedules and stage costs its workers cached serve the next calls too."""

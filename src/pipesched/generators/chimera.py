@@ -3,18 +3,27 @@ devices.
 
 The "down" replica puts stage s on device s, the "up" replica puts it on device p-1-s, so each
 device holds two stages (2x the parameters of one pipeline, and the replicas' gradients are
-all-reduced at the end). A basic unit schedules p microbatches, p/2 down and p/2 up; m > p
-concatenates m/p units directly: the next unit's forwards fill the bubbles at the end of the
-previous one. Microbatches 0..m/2-1 go down, m/2..m-1 go up. Backwards are full (B), as in
-the paper's base scheme (its forward-doubling and backward-halving variants are not modelled).
+all-reduced at the end). Microbatches 0..m/2-1 go down, m/2..m-1 go up. Backwards are full (B).
 
-The tables are the paper's picture with forward and backward drawn as equal cells: each
-pipeline runs 1F1B with at most ``min(p - s, p/2)`` microbatches in flight on its stage s,
-and the two pipelines are merged cell by cell: in each time unit a device starts a ready
-backward if it has one, else a ready forward; among those, the oldest microbatch of its
-direction first, then the one further along its pipeline, then down before up. With F = B
-this gives the paper's (p/2-1)(F+B) idle time per device for every m multiple of p, and at
-most p microbatches in flight per device.
+A basic unit schedules p microbatches, p/2 each way. Each device has a primary direction (the
+one whose stage on it is in the first half of its pipeline: down on devices 0..p/2-1, up on
+the others) and a secondary one. With a = p/2 - (the primary stage) and b = p/2 - a, a device
+runs, as the paper's runtime does:
+
+- warm-up: a forwards of its primary direction;
+- b pairs (secondary forward, primary forward);
+- a pairs (secondary forward, secondary backward);
+- b pairs (primary backward, secondary backward);
+- drain: a primary backwards.
+
+m > p concatenates units: the a primary backwards still owed by one unit alternate with the
+a warm-up forwards of the next. Plain concatenation leaves gaps when B != F, which grow with
+each unit. Forward doubling (the paper's remedy, on by default) runs units of 2p microbatches
+in which every forward above is two microbatches' forwards back to back (a forward cell as
+long as a backward when B = 2F), and the last phase has p/2 more backward pairs; an odd number
+of p-microbatch units starts with one basic unit. It doubles the activations in flight (2p
+instead of p). The paper's backward halving is the same order on microbatches of half the
+size: in pipesched, forward doubling at twice m with half the micro-batch size.
 """
 
 from __future__ import annotations
@@ -26,9 +35,6 @@ from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
 DOWN, UP = 0, 1
-
-# one device's two directions: (stage it holds, microbatches in order, in-flight cap)
-Lane = list[tuple[int, range, int]]
 
 
 def _check(p: int, m: int) -> None:
@@ -47,122 +53,128 @@ def _check(p: int, m: int) -> None:
     )
 
 
-def chimera(p: int, m: int) -> Schedule:
-    """Chimera's tables for p devices (even) and m microbatches (a multiple of p).
+def _switch(value: object, name: str) -> bool:
+    require(value in (0, 1), name, value, "give 1 (on) or 0 (off)")
+    return bool(value)
+
+
+def unit_sizes(p: int, m: int, *, forward_doubling: bool) -> list[int]:
+    """Forwards per forward cell in each unit: 1 for a basic unit (p microbatches), 2 for a
+    forward-doubled one (2p microbatches).
+
+    >>> unit_sizes(4, 20, forward_doubling=True), unit_sizes(4, 8, forward_doubling=False)
+    ([1, 2, 2], [1, 1])
+    """
+    units = m // p
+    if not forward_doubling or units == 1:
+        return [1] * units
+    return [1] * (units % 2) + [2] * (units // 2)
+
+
+def chimera(p: int, m: int, *, forward_doubling: object = 1) -> Schedule:
+    """Chimera's tables for p devices (even) and m microbatches (a multiple of p);
+    ``forward_doubling=0`` concatenates basic units instead.
 
     >>> s = chimera(2, 2)
     >>> [[str(op) for op in ops] for ops in s.device_ops]
     [['0F0', '1F1', '1B1', '0B0'], ['0F1', '1F0', '1B0', '0B1']]
     """
     _check(p, m)
+    doubling = _switch(forward_doubling, "forward_doubling")
     half = m // 2
     route = tuple(DOWN if mb < half else UP for mb in range(m))
+    units = unit_sizes(p, m, forward_doubling=doubling)
     return Schedule(
         "chimera",
         Placement.bidirectional(p),
         m,
-        _merged_tables(p, m),
+        tuple(_device_ops(p, m, d, units) for d in range(p)),
         route=route,
-        params={"p": p, "m": m},
+        params={"p": p, "m": m, "forward_doubling": int(doubling and max(units) == 2)},
     )
 
 
-def _merged_tables(p: int, m: int) -> tuple[tuple[Op, ...], ...]:
-    """Run both pipelines cell by cell (every op one time unit) and record each device's
-    order. Per device and direction the forwards, and the backwards, go in microbatch order."""
-    half = m // 2
-    lanes: list[Lane] = []
-    for d in range(p):
-        lane: Lane = []
-        for direction, stage in ((DOWN, d), (UP, p - 1 - d)):
-            mbs = range(0, half) if direction == DOWN else range(half, m)
-            lane.append((stage, mbs, min(p - stage, p // 2)))
-        lanes.append(lane)
-    next_forward = [[0, 0] for _ in range(p)]  # index into the lane's microbatches
-    next_backward = [[0, 0] for _ in range(p)]
-    finished: dict[Op, int] = {}  # op -> time unit at whose end it completed
-    tables: list[list[Op]] = [[] for _ in range(p)]
-    remaining = 2 * p * m
-    t = 0
-    while remaining:
-        started = []
-        for d in range(p):
-            choice = _pick(lanes[d], next_forward[d], next_backward[d], finished, t, p)
-            if choice is None:
-                continue
-            op, direction = choice
-            if op.kind is F:
-                next_forward[d][direction] += 1
-            else:
-                next_backward[d][direction] += 1
-            tables[d].append(op)
-            started.append(op)
-        if not started:
-            # every op lasts one unit, so all earlier ops have ended: nothing can ever start
-            raise RuntimeError(f"chimera p={p} m={m}: the merge stalled at time {t}")
-        for op in started:
-            finished[op] = t + 1
-        remaining -= len(started)
-        t += 1
-    return tuple(tuple(ops) for ops in tables)
+def _device_ops(p: int, m: int, device: int, units: list[int]) -> tuple[Op, ...]:
+    """One device's order over the given units (each direction's forwards, and backwards,
+    in microbatch order)."""
+    half_p, half_m = p // 2, m // 2
+    stage = {DOWN: device, UP: p - 1 - device}
+    primary, secondary = (DOWN, UP) if device < half_p else (UP, DOWN)
+    a = half_p - stage[primary]  # warm-up forwards of the primary direction
+    b = half_p - a
+    first = {DOWN: 0, UP: half_m}
+    forwards = {DOWN: 0, UP: 0}
+    backwards = {DOWN: 0, UP: 0}
+    ops: list[Op] = []
+
+    def forward(direction: int, count: int) -> None:
+        for _ in range(count):
+            ops.append(Op(stage[direction], F, first[direction] + forwards[direction]))
+            forwards[direction] += 1
+
+    def backward(direction: int) -> None:
+        ops.append(Op(stage[direction], B, first[direction] + backwards[direction]))
+        backwards[direction] += 1
+
+    for index, k in enumerate(units):
+        for _ in range(a):
+            if index:
+                backward(primary)  # owed by the previous unit
+            forward(primary, k)
+        for _ in range(b):
+            forward(secondary, k)
+            forward(primary, k)
+        for _ in range(a):
+            forward(secondary, k)
+            backward(secondary)
+        for _ in range(b + (k - 1) * half_p):
+            backward(primary)
+            backward(secondary)
+    for _ in range(a):
+        backward(primary)
+    return tuple(ops)
 
 
-def _pick(
-    lane: Lane,
-    next_forward: list[int],
-    next_backward: list[int],
-    finished: dict[Op, int],
-    t: int,
-    p: int,
-) -> tuple[Op, int] | None:
-    """The op a device starts at time t: a ready backward before a ready forward, the
-    oldest microbatch of its direction first, then the further stage, then down before up."""
+def chimera_idle(p: int, m: int, c: StageCosts, *, forward_doubling: bool = True) -> float:
+    """Idle time of every device in Chimera's table (all devices idle the same).
 
-    def done(op: Op) -> bool:
-        return finished.get(op, t + 1) <= t
-
-    best = None
-    for direction, (stage, mbs, cap) in enumerate(lane):
-        b_index, f_index = next_backward[direction], next_forward[direction]
-        if b_index < len(mbs):
-            op = Op(stage, B, mbs[b_index])
-            if done(Op(stage, F, op.microbatch)) and (
-                stage == p - 1 or done(Op(stage + 1, B, op.microbatch))
-            ):
-                key = (0, b_index, stage, direction)
-                if best is None or key < best[0]:
-                    best = (key, op, direction)
-        if f_index < len(mbs) and f_index - b_index < cap:
-            op = Op(stage, F, mbs[f_index])
-            if stage == 0 or done(Op(stage - 1, F, op.microbatch)):
-                key = (1, f_index, -stage, direction)
-                if best is None or key < best[0]:
-                    best = (key, op, direction)
-    return None if best is None else (best[1], best[2])
+    A basic unit idles (p-2) max(F, B): the paper's p/2-1 forward and p/2-1 backward bubbles
+    as cells of the longer op. Each further concatenated unit adds (p-2)|B-F|. With forward
+    doubling a doubled unit idles (p/2-1) max(2F, F+B, 2(B-F)) and each further one adds
+    (p-2)(max(0, F-B) + max(0, B-2F)): nothing when F <= B <= 2F.
+    """
+    units = m // p
+    bubbles = p / 2 - 1
+    longer = max(c.f, c.b)
+    if not forward_doubling or units == 1:
+        return bubbles * (2 * longer + (units - 1) * 2 * abs(c.b - c.f))
+    per_doubled_unit = 2 * (max(0.0, c.f - c.b) + max(0.0, c.b - 2 * c.f))
+    if units % 2:
+        return bubbles * (2 * longer + units // 2 * per_doubled_unit)
+    first = max(2 * c.f, c.f + c.b, 2 * (c.b - c.f))
+    return bubbles * (first + (units // 2 - 1) * per_doubled_unit)
 
 
 def chimera_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
-    # The paper: (p/2-1) forward and (p/2-1) backward bubbles per device, i.e. bubble ratio
-    # (p-2)/(2m+p-2) when F = B; at most p microbatches in flight (device p/2-1 holds p/2
-    # of each direction).
+    # the default table (forward doubling from m = 2p on); exact for every F, B
+    doubled = m >= 2 * p
+    peak = 2 * p if doubled else p  # device p/2-1 holds p/2 (x2 when doubled) each way
     return FormulaEstimate(
-        idle=(p / 2 - 1) * (c.f + c.b),
+        idle=chimera_idle(p, m, c),
         work=m * (c.f + c.b),  # two stages x m/2 microbatches per device
-        peak_inflight=p,
-        activation_units=p,
-        exact=c.f == c.b,
-        note=(
-            "2x parameters (two replicas, gradients all-reduced); exact when F = B; "
-            "with B > F the table idles more (2(p-2) slots at m = p with F=1, B=2) and "
-            "direct concatenation leaves gaps between units"
-        ),
+        peak_inflight=peak,
+        activation_units=peak,
+        exact=True,
+        note="2x parameters (two replicas, gradients all-reduced)"
+        + ("; forward doubling: 2x activations" if doubled else ""),
     )
 
 
 FAMILY = Family(
     name="chimera",
-    summary="two opposite pipelines (model replicas) merged: about half of 1F1B's bubble",
-    constraints="p even, m a multiple of p; 2x parameters",
-    build=lambda p, m, *, v=None: chimera(p, m),
+    summary="two opposite pipelines (model replicas) merged, forward doubling for m > p",
+    constraints="p even, m a multiple of p; 2x parameters; forward_doubling=0|1",
+    build=lambda p, m, *, v=None, **options: chimera(p, m, **options),
     formula=chimera_formula,
+    options=("forward_doubling",),
 )

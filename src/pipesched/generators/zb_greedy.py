@@ -1,21 +1,28 @@
-"""The zero-bubble heuristic for one stage per device (Qi et al., ICLR 2024, section 3; the
-``zb`` scheduler of sail-sg/zero-bubble-pipeline-parallelism), as a pure function.
+"""The zero-bubble paper's automatic scheduling heuristic for one stage per device (Qi et al.,
+ICLR 2024, section 3.1), as a pure function.
 
-It lays the table microbatch by microbatch while tracking when each op would end if the
-tables ran with no communication cost, with per-stage F, I, W costs and a memory limit
-(stage-microbatches in flight per device: F takes one, W gives it back):
+It lays the table microbatch by microbatch while tracking when each op would end, with
+per-stage F, I, W costs, a link latency between neighbouring stages, and the paper's memory
+accounting: a stage-microbatch holds M_B from its F until its I, and M_W (what W still needs)
+from its I until its W; a device may hold at most ``memory_limit`` (in units of M_B).
 
-- microbatch 0: every device runs F0; then, from the last device back, a device adds
-  warm-up forwards while they end before the first input gradient can arrive and memory
-  allows (fewer on each later device), then the I0 chain runs back up;
-- microbatch k > 0: each device decides whether to run its next forward now (possibly
-  postponing it when the next device is two forwards behind and the I would wait); before
-  an F or I whose input is not ready yet it runs owed W that fit in the wait, and owed W
+- microbatch 0: every device runs F0; then, from the last device back, a device adds warm-up
+  forwards while they end before the first input gradient can arrive and memory allows
+  (never as many as the device before it), then the I0 chain runs back up;
+- microbatch k > 0: each device decides whether to run its next forward now (when the next
+  device is two forwards behind and prioritising I, it may postpone it); before an F or I
+  whose input is not ready yet it runs owed W that fit in the wait, one more when the wait is
+  longer than its share of the worst bubble (or always, filling greedily), and owed W
   whenever memory is full;
 - the W still owed close the iteration.
 
-Three policy switches (bubble allowed before the first I, prioritise I over F, fill waits
-with W greedily) give eight variants; the one with the shortest iteration wins.
+Three policy switches (bubble allowed before the first I, prioritise I, fill waits with W
+greedily) give eight variants; the one whose longest device span (first F to last W) is
+shortest wins, the first in switch order on ties. Each device's table is its ops by end time.
+
+This is the reference's algorithm (sail-sg/zero-bubble-pipeline-parallelism, scheduler
+``zb.py``) step for step, tested op for op against its output, with one deviation: the
+warm-up of microbatch 0 never gives a device more forwards than the device before it.
 """
 
 from __future__ import annotations
@@ -24,24 +31,40 @@ from dataclasses import dataclass, field
 from itertools import product
 
 from pipesched.costs import StageCosts
+from pipesched.errors import PipeschedError
 from pipesched.ops import F, I, Op, OpKind, W
 from pipesched.rules import RULES
+
+_KIND_ORDER = {F: 0, I: 1, W: 2}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The paper's activation accounting, in units of M_B (what F allocates)."""
+
+    limit: float  # most a device may hold
+    m_w: float = 1.0  # M_W / M_B: what a stage-microbatch still holds between its I and W
+
+    def delta(self, kind: OpKind) -> float:
+        """The rules' memory effect of ``kind`` with M_B = 1 and M_W = ``m_w``: F adds M_B,
+        I frees M_B - M_W, W frees M_W."""
+        return RULES[kind].memory.bytes(1.0, 1.0 - self.m_w)
 
 
 @dataclass
 class _Device:
     ops: list[Op] = field(default_factory=list)
     free_at: float = 0.0  # when the last placed op ends
-    held: int = 0  # stage-microbatches in flight
-    bubble: float = 0.0  # idle time since the device's first op
+    held: float = 0.0  # activations held, in M_B
+    bubble: float = 0.0  # idle time since the device's first forward
     placed: dict[OpKind, int] = field(default_factory=lambda: {F: 0, I: 0, W: 0})
 
 
 class _Pass:
-    def __init__(self, m: int, costs: StageCosts, limit: int, *, bubble_before_first_i: bool,
-                 prioritise_i: bool, greedy_fill: bool) -> None:
-        self.p = len(costs.forward)
-        self.m, self.costs, self.limit = m, costs, limit
+    def __init__(self, m: int, costs: StageCosts, memory: Memory, latency: float, *,
+                 bubble_before_first_i: bool, prioritise_i: bool, greedy_fill: bool) -> None:
+        self.p = costs.num_stages
+        self.m, self.costs, self.memory, self.latency = m, costs, memory, latency
         self.bubble_before_first_i = bubble_before_first_i
         self.prioritise_i = prioritise_i
         self.greedy_fill = greedy_fill
@@ -49,25 +72,29 @@ class _Pass:
         self.end: dict[Op, float] = {}
 
     def cost(self, kind: OpKind, device: int) -> float:
-        return self.costs.of(kind, device)
+        return self.costs.duration(Op(device, kind, 0))
 
     def put(self, device: int, kind: OpKind) -> None:
         dev = self.devices[device]
-        mb = dev.placed[kind]
-        op = Op(device, kind, mb)
+        op = Op(device, kind, dev.placed[kind])
         duration = self.cost(kind, device)
         ends = no_wait = dev.free_at + duration
-        # inputs from the neighbours: activations from d-1, gradients from d+1
+        # inputs from the neighbours, one link latency away: activations from d-1,
+        # gradients from d+1
         if kind is F and device > 0:
-            ends = max(ends, self.end[Op(device - 1, F, mb)] + duration)
+            ends = max(ends, self.ready(Op(device - 1, F, op.microbatch)) + duration)
         if kind is I and device < self.p - 1:
-            ends = max(ends, self.end[Op(device + 1, I, mb)] + duration)
+            ends = max(ends, self.ready(Op(device + 1, I, op.microbatch)) + duration)
         if dev.placed[F] > 0:
             dev.bubble += ends - no_wait
         dev.free_at = self.end[op] = ends
-        dev.held += RULES.units_delta(kind)
+        dev.held += self.memory.delta(kind)
         dev.placed[kind] += 1
         dev.ops.append(op)
+
+    def ready(self, op: Op) -> float:
+        """When ``op``'s output reaches the neighbour."""
+        return self.end[op] + self.latency
 
     def owes_w(self, device: int) -> bool:
         placed = self.devices[device].placed
@@ -75,6 +102,17 @@ class _Pass:
 
     def max_bubble(self) -> float:
         return max(dev.bubble for dev in self.devices)
+
+    def make_room(self, device: int, kind: OpKind) -> None:
+        """Owed W free memory until ``kind`` fits."""
+        dev = self.devices[device]
+        while dev.held + self.memory.delta(kind) > self.memory.limit:
+            if not self.owes_w(device):
+                raise PipeschedError(
+                    f"memory_limit={self.memory.limit:g}: too small for the next {kind.value} on "
+                    f"device {device}; give at least 1 (one microbatch's M_B)"
+                )
+            self.put(device, W)
 
     def fill_before(self, device: int, ready: float) -> None:
         """Run owed W that end before ``ready``; one more when the wait is more than this
@@ -86,39 +124,32 @@ class _Pass:
         if self.owes_w(device) and waits > 0 and (waits > self.max_bubble() - dev.bubble or self.greedy_fill):
             self.put(device, W)
 
-    def make_room(self, device: int) -> None:
-        """Owed W free memory for the next forward (the limit guarantees one is owed)."""
-        while self.devices[device].held + 1 > self.limit:
-            # each round runs at most one F per I, so with limit >= 1 a W is owed here
-            assert self.owes_w(device), "memory limit below one microbatch in flight"
-            self.put(device, W)
-
     def first_microbatch(self) -> None:
-        p, m = self.p, self.m
+        p, m, latency = self.p, self.m, self.latency
         for device in range(p):
             self.put(device, F)
         # warm-up forwards per device, sized from the last device back: stop when they
         # would end after the first input gradient arrives or memory is full
         extra = [0] * p
-        arrives = 0.0
-        for device in reversed(range(p)):
+        arrives = self.end[Op(p - 1, F, 0)] + self.cost(I, p - 1)
+        for device in reversed(range(p - 1)):
             dev = self.devices[device]
-            if device == p - 1:
-                arrives = self.end[Op(device, F, 0)] + self.cost(I, device)
-                continue
             held, busy = dev.held, dev.free_at
-            while dev.placed[F] + extra[device] < m and held + 1 <= self.limit:
+            while (dev.placed[F] + extra[device] < m
+                   and held + self.memory.delta(F) <= self.memory.limit):
                 if self.bubble_before_first_i:
-                    if busy + self.cost(F, device) > arrives:
+                    if busy + self.cost(F, device) > arrives + latency:
                         break
-                elif busy >= arrives:
+                elif busy >= arrives + latency:
                     break
-                held += 1
+                held += self.memory.delta(F)
                 busy += self.cost(F, device)
                 extra[device] += 1
-            arrives = max(busy, arrives) + self.cost(I, device)
-        # each device runs fewer warm-up forwards than the one before it, and never more
-        # (it cannot run a forward the previous device has not)
+            arrives = max(busy, arrives + latency) + self.cost(I, device)
+        # each device runs fewer warm-up forwards than the one before it, and never more:
+        # the reference stops lowering a device that has all m forwards, which with few
+        # microbatches lets it run ahead of the device before it; it then never places that
+        # device's remaining forwards and lists them first in its table, at time 0
         for device in range(1, p):
             while (extra[device] > 0 and extra[device] >= extra[device - 1]
                    and self.devices[device].placed[F] + extra[device] < m):
@@ -135,22 +166,22 @@ class _Pass:
         dev = self.devices[device]
         if dev.placed[F] >= self.m:
             return False
-        if device + 1 < self.p and self.prioritise_i and dev.placed[F] >= self.devices[device + 1].placed[F] + 2:
-            # the next device is two forwards behind: its F and I come first
-            nxt = self.devices[device + 1]
-            next_done = nxt.free_at + self.cost(F, device + 1) + self.cost(I, device + 1)
-            if dev.free_at >= next_done:
-                return False
-            owed_cost, owed, held = 0.0, 0, dev.held + 1
-            while held > self.limit and dev.placed[W] + owed < dev.placed[I]:
-                owed_cost += self.cost(W, device)
-                held -= 1
-                owed += 1
-            if dev.free_at + self.cost(F, device) + owed_cost <= next_done:
-                return True
-            if next_done - dev.free_at <= self.max_bubble() - dev.bubble:
-                return False
-        return True
+        if not (device + 1 < self.p and self.prioritise_i
+                and dev.placed[F] >= self.devices[device + 1].placed[F] + 2):
+            return True
+        # the next device is two forwards behind: its F and I come first
+        nxt = self.devices[device + 1]
+        next_done = nxt.free_at + self.cost(F, device + 1) + self.cost(I, device + 1) + self.latency
+        if dev.free_at >= next_done:
+            return False
+        owed_cost, owed, held = 0.0, 0, dev.held + self.memory.delta(F)
+        while held > self.memory.limit and dev.placed[W] + owed < dev.placed[I]:
+            owed_cost += self.cost(W, device)
+            held += self.memory.delta(W)
+            owed += 1
+        if dev.free_at + self.cost(F, device) + owed_cost <= next_done:
+            return True
+        return next_done - dev.free_at > self.max_bubble() - dev.bubble
 
     def later_microbatch(self, k: int) -> None:
         p = self.p
@@ -161,41 +192,53 @@ class _Pass:
         for device in range(p):
             if not wanted[device]:
                 continue
-            self.make_room(device)
+            self.make_room(device, F)
             if device > 0:
-                self.fill_before(device, self.end[Op(device - 1, F, self.devices[device].placed[F])])
+                self.fill_before(device, self.ready(Op(device - 1, F, self.devices[device].placed[F])))
             self.put(device, F)
         for device in reversed(range(p)):
+            self.make_room(device, I)
             if device + 1 < p:
-                self.fill_before(device, self.end[Op(device + 1, I, k)])
+                self.fill_before(device, self.ready(Op(device + 1, I, k)))
             if device == 0 and self.devices[0].placed[F] == self.m:
                 while self.owes_w(0):
                     self.put(0, W)
             self.put(device, I)
 
-    def run(self) -> list[list[Op]]:
+    def run(self) -> None:
         self.first_microbatch()
         for k in range(1, self.m):
             self.later_microbatch(k)
         for device in range(self.p):
             while self.owes_w(device):
                 self.put(device, W)
-        return [dev.ops for dev in self.devices]
 
-    def makespan(self) -> float:
-        return max(dev.free_at for dev in self.devices)
+    def longest_span(self) -> float:
+        """The longest time from a device's first F starting to its last W ending."""
+        return max(self.end[Op(device, W, self.m - 1)] - (self.end[Op(device, F, 0)] - self.cost(F, device))
+                   for device in range(self.p))
+
+    def tables(self) -> list[list[Op]]:
+        """Each device's ops by end time (ties: F, I, W, then microbatch)."""
+        return [sorted(dev.ops, key=lambda op: (self.end[op], _KIND_ORDER[op.kind], op.microbatch))
+                for dev in self.devices]
 
 
-def zb_greedy(m: int, costs: StageCosts, memory_limit: int) -> list[list[Op]]:
-    """Per-device op orders (one stage per device, p = number of stages in ``costs``) of
-    the best of the heuristic's eight variants. ``memory_limit`` must be at least 1."""
-    best: tuple[float, float, list[list[Op]]] | None = None
+def zb_greedy(m: int, costs: StageCosts, memory: Memory, *, latency: float = 0.0) -> list[list[Op]]:
+    """Per-device op orders (one stage per device, p = the stages of ``costs``) of the best
+    of the heuristic's eight variants.
+
+    >>> tables = zb_greedy(3, StageCosts.uniform(2), Memory(limit=2))
+    >>> [str(op) for op in tables[1]]
+    ['1F0', '1I0', '1F1', '1I1', '1W0', '1F2', '1I2', '1W1', '1W2']
+    """
+    best: tuple[float, list[list[Op]]] | None = None
     for before_first_i, prioritise_i, greedy_fill in product((True, False), repeat=3):
-        attempt = _Pass(m, costs, memory_limit, bubble_before_first_i=before_first_i,
+        attempt = _Pass(m, costs, memory, latency, bubble_before_first_i=before_first_i,
                         prioritise_i=prioritise_i, greedy_fill=greedy_fill)
-        tables = attempt.run()
-        key = (attempt.makespan(), attempt.max_bubble())
-        if best is None or key < best[:2]:
-            best = (key[0], key[1], tables)
+        attempt.run()
+        span = attempt.longest_span()
+        if best is None or span < best[0]:
+            best = (span, attempt.tables())
     assert best is not None
-    return best[2]
+    return best[1]

@@ -1,15 +1,18 @@
 """What the zero-bubble families share (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
 2024): the split backward (I = input gradient, W = weight gradient), their options (per-stage
-F/I/W costs and a memory limit in in-flight stage-microbatches per device), and the
-handcrafted ZB-H1 / ZB-H2 tables.
+F/I/W costs, a link latency and a memory limit), the handcrafted ZB-H1 / ZB-H2 tables and
+the paper's automatic schedules ZB-1p / ZB-2p.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.generators.base import FormulaEstimate, check_sizes, per_stage_costs
-from pipesched.generators.zb_greedy import zb_greedy
+from pipesched.generators.zb_greedy import Memory, zb_greedy
 from pipesched.ops import F, I, Op, W
 from pipesched.schedule import Placement, Schedule
 
@@ -75,8 +78,54 @@ def one_stage_schedule(
         limit = default_limit if memory_limit is None else memory_limit
         # one in flight always works: F, I, W of a microbatch before the next F
         check_memory_limit(limit, 1, name)
-        tables = tuple(tuple(ops) for ops in zb_greedy(m, per_stage_costs(costs, p, name), limit))
+        # memory in stage-microbatches: F takes one, W gives it back (M_W = M_B)
+        memory = Memory(limit=limit, m_w=1.0)
+        tables = tuple(tuple(ops) for ops in zb_greedy(m, per_stage_costs(costs, p, name), memory))
         params = {"p": p, "m": m, "memory_limit": limit, "heuristic": True}
+    return Schedule(name, Placement.one_per_device(p), m, tables, params=params)
+
+
+def _number(value: object, name: str, low: float, high: float, fix: str) -> float:
+    require(
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        and low <= value <= high,
+        name,
+        value,
+        fix,
+    )
+    return float(value)
+
+
+DEFAULT_INPUT_FREES = 0.5
+
+
+def automatic_schedule(
+    name: str,
+    p: int,
+    m: int,
+    *,
+    default_limit: int,
+    costs: StageCosts | None,
+    latency: object,
+    memory_limit: object | None,
+    m_w: object | None,
+) -> Schedule:
+    """ZB-1p / ZB-2p: the paper's heuristic on the stage costs, the link latency and a memory
+    limit in units of M_B (default ``default_limit``: p for ZB-1p, 2p for ZB-2p). M_W / M_B
+    defaults to what the costs' I leaves for W, 1 - input_frees."""
+    check_sizes(p, m)
+    per_stage = per_stage_costs(costs, p, name)
+    delay = _number(latency, "latency", 0.0, math.inf, "give the link latency in seconds (or slots), >= 0")
+    limit = default_limit if memory_limit is None else _number(
+        memory_limit, "memory_limit", 1.0, math.inf,
+        "give the activation memory per device in units of M_B (one microbatch's F), at least 1")
+    # without costs: W keeps half a microbatch's activations (StageCosts' default input_frees)
+    frees = costs.input_frees if costs is not None else DEFAULT_INPUT_FREES
+    weight_share = 1.0 - frees if m_w is None else _number(
+        m_w, "m_w", 0.0, 1.0, "give M_W / M_B, the share of a microbatch's activations W still needs, in [0, 1]")
+    memory = Memory(limit=float(limit), m_w=weight_share)
+    tables = tuple(tuple(ops) for ops in zb_greedy(m, per_stage, memory, latency=delay))
+    params = {"p": p, "m": m, "memory_limit": limit, "m_w": weight_share, "latency": delay}
     return Schedule(name, Placement.one_per_device(p), m, tables, params=params)
 
 
@@ -121,3 +170,12 @@ def zb_h2_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
             "its first to its last op"
         ) if _equal(c) else _approximation_note(p, m, c),
     )
+
+
+def automatic_formula(handcrafted: FormulaEstimate, family: str, meets: str) -> FormulaEstimate:
+    """ZB-1p / ZB-2p: the heuristic's tables have no closed form of their own; the paper
+    compares them with the handcrafted schedule of the same memory."""
+    return replace(handcrafted, exact=False, note=(
+        f"{family}'s form: the heuristic's table has none of its own; at F = I = W without "
+        f"latency it {meets}; its activations stay within its memory limit in M_B, so with "
+        "M_W < M_B more microbatches than the peak shown can wait for their W"))
