@@ -23,7 +23,7 @@ def run(cli):
 
 def test_costs_json_has_the_layer_columns(run):
     code, out, _ = run("costs", "--model", "tiny", "--device", "cpu", "--micro-batch-size", "2",
-                       "--seq-len", "128", "--json")
+                       "--seq-len", "128", "-t", "1", "--recompute", "none", "--no-sequence-parallel", "--json")
     assert code == 0
     rows = json.loads(out)
     expected = layer_costs(load_model("tiny"), load_device("cpu"), TrainingSettings(micro_batch_size=2, seq_len=128))

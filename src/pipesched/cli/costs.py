@@ -10,7 +10,16 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pipesched.cli.options import (
+    Dtype,
+    MicroBatchSize,
+    Recompute,
+    SeqLen,
+    SequenceParallel,
+    TensorParallel,
+)
 from pipesched.errors import PipeschedError, require
+from pipesched.experiments.defaults import DEFAULTS
 from pipesched.generators import generate
 from pipesched.model import (
     LAYER_COLUMNS,
@@ -41,10 +50,15 @@ def _console() -> Console:
 MODEL_HELP = "model preset name, Hugging Face config.json, or YAML/CSV model file"
 
 
-def _settings(micro_batch_size: int, seq_len: int, dtype: str, recompute: str, tensor_parallel: int,
-              sequence_parallel: bool) -> TrainingSettings:
-    return TrainingSettings(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, recompute=recompute,
-                            tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel)
+def _settings(micro_batch_size: int | None, seq_len: int | None, dtype: str, recompute: str | None,
+              tensor_parallel: int | None, sequence_parallel: bool) -> TrainingSettings:
+    """The training settings the options ask for, each unset one from DEFAULTS."""
+    return TrainingSettings(
+        micro_batch_size=DEFAULTS.micro_batch_size if micro_batch_size is None else micro_batch_size,
+        seq_len=DEFAULTS.seq_len if seq_len is None else seq_len, dtype=dtype,
+        recompute=recompute or DEFAULTS.recompute,
+        tensor_parallel=DEFAULTS.tensor_parallel if tensor_parallel is None else tensor_parallel,
+        sequence_parallel=sequence_parallel)
 
 
 def _tuned(device: DeviceSpec, matmul_efficiency: float | None, bandwidth_efficiency: float | None) -> DeviceSpec:
@@ -59,12 +73,12 @@ def _tuned(device: DeviceSpec, matmul_efficiency: float | None, bandwidth_effici
 def costs(
     model: str = typer.Option(..., "--model", help=MODEL_HELP),
     device: str = typer.Option(..., "--device", help="device preset (a100-40gb, h100-sxm, cpu, ...)"),
-    micro_batch_size: int = typer.Option(1, "--micro-batch-size", "-b", help="sequences per microbatch"),
-    seq_len: int = typer.Option(2048, "--seq-len", "-s", help="tokens per sequence"),
-    recompute: str = typer.Option("none", "--recompute", help="activation recompute: none, selective, full"),
-    tensor_parallel: int = typer.Option(1, "--tensor-parallel", "-t", help="tensor-parallel degree"),
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="split norms and dropouts too"),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32"),
+    micro_batch_size: MicroBatchSize = None,
+    seq_len: SeqLen = None,
+    recompute: Recompute = None,
+    tensor_parallel: TensorParallel = None,
+    sequence_parallel: SequenceParallel = DEFAULTS.sequence_parallel,
+    dtype: Dtype = DEFAULTS.dtype,
     matmul_efficiency: float | None = typer.Option(None, "--matmul-efficiency", help="fraction of peak FLOP/s"),
     bandwidth_efficiency: float | None = typer.Option(None, "--bandwidth-efficiency",
                                                       help="fraction of memory bandwidth"),
@@ -201,12 +215,12 @@ def partition(
     from_layout: str | None = typer.Option(None, "--from-layout", help="use this Megatron layout string"),
     show_layout: bool = typer.Option(False, "--layout", help="print the Megatron layout string"),
     memory_limit: float | None = typer.Option(None, "--memory-limit", help="device memory in GiB (default: the device's)"),
-    micro_batch_size: int = typer.Option(1, "--micro-batch-size", "-b", help="sequences per microbatch"),
-    seq_len: int = typer.Option(2048, "--seq-len", "-s", help="tokens per sequence"),
-    recompute: str = typer.Option("none", "--recompute", help="activation recompute: none, selective, full"),
-    tensor_parallel: int = typer.Option(1, "--tensor-parallel", "-t", help="tensor-parallel degree"),
-    sequence_parallel: bool = typer.Option(False, "--sequence-parallel", help="split norms and dropouts too"),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32"),
+    micro_batch_size: MicroBatchSize = None,
+    seq_len: SeqLen = None,
+    recompute: Recompute = None,
+    tensor_parallel: TensorParallel = None,
+    sequence_parallel: SequenceParallel = DEFAULTS.sequence_parallel,
+    dtype: Dtype = DEFAULTS.dtype,
     matmul_efficiency: float | None = typer.Option(None, "--matmul-efficiency", help="fraction of peak FLOP/s"),
     bandwidth_efficiency: float | None = typer.Option(None, "--bandwidth-efficiency",
                                                       help="fraction of memory bandwidth"),
@@ -226,7 +240,7 @@ def partition(
     else:
         require(method != "memory", "method", method, "needs --schedule NAME and -m M for the in-flight counts")
         placement = Placement.looped(p, v or 1)
-    hardware = _cluster(device, cluster, placement.num_devices * tensor_parallel, matmul_efficiency,
+    hardware = _cluster(device, cluster, placement.num_devices * settings.tensor_parallel, matmul_efficiency,
                         bandwidth_efficiency)
     given = parse_layout(from_layout, spec.layer_kinds, num_stages=placement.num_stages) if from_layout else None
     plan = plan_stages(spec, placement, hardware, settings, method=method, partition=given, schedule=built,

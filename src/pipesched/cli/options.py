@@ -34,6 +34,10 @@ TensorParallel = Annotated[int | None, typer.Option(
     "--tensor-parallel", "-t",
     help=f"tensor-parallel degree; pipeline device d runs on cluster rank d x t [default: {DEFAULTS.tensor_parallel}]")]
 Recompute = Annotated[str | None, typer.Option("--recompute", help=f"none, selective or full [default: {DEFAULTS.recompute}]")]
+SequenceParallel = Annotated[bool, typer.Option(
+    "--sequence-parallel/--no-sequence-parallel",
+    help=f"split norms and dropouts across the tensor-parallel group too [default: {DEFAULTS.sequence_parallel}]")]
+Dtype = Annotated[str, typer.Option("--dtype", help="training dtype of the analytical costs: bf16, fp16 or fp32")]
 PartitionOption = Annotated[str | None, typer.Option(
     "--partition", help=f"layers to stages: uniform, balanced, memory, or a Megatron layout string like "
                         f"'Et*9|(t*10|)*6,t*10L' [default: {DEFAULTS.partition}]")]
