@@ -17,6 +17,17 @@ def test_quickstart_runs() -> None:
     assert all("simulated" in line and "GiB" in line for line in lines)
 
 
+def test_experiments_example_runs() -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "experiments.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 9 and all("tokens/s" in line for line in lines[:8])
+    # the what-if is slower, never faster
+    before, after = (float(x.split()[0]) for x in lines[-1].split(": ")[1].split(" -> "))
+    assert after > before
+
+
 def test_example_cluster_files_load() -> None:
     from pipesched.model import load_cluster
 
