@@ -13,9 +13,11 @@ immutable, and a grid of experiments evaluates one schedule under many costs.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from operator import itemgetter
+from typing import TypeVar
 
 import numpy as np
 from numba import njit
@@ -26,6 +28,7 @@ from pipesched.schedule import Schedule
 from pipesched.timeline import TRANSFER_KIND_NAMES
 
 NO_MESSAGE = -1
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,12 +106,17 @@ def _kind_lookup(rules: Rules) -> np.ndarray:
     return table
 
 
+def derived(schedule: Schedule, key: str, build: Callable[[Schedule], T]) -> T:
+    """``build(schedule)``, computed once per schedule and kept in ``schedule.derived``."""
+    cache = schedule.derived
+    if key not in cache:
+        cache[key] = build(schedule)
+    return cache[key]
+
+
 def op_arrays(schedule: Schedule) -> OpArrays:
     """The schedule's ops as columns (computed once per schedule; no per-op objects)."""
-    cache = schedule.derived
-    if "op_arrays" not in cache:
-        cache["op_arrays"] = _op_arrays(schedule)
-    return cache["op_arrays"]
+    return derived(schedule, "op_arrays", _op_arrays)
 
 
 def _op_arrays(schedule: Schedule) -> OpArrays:
@@ -241,10 +249,7 @@ def dependencies(schedule: Schedule) -> Dependencies:
     a duplicate, off its device, or an incomplete stage-microbatch); ``pipesched.validate``
     gives the full report.
     """
-    cache = schedule.derived
-    if "dependencies" not in cache:
-        cache["dependencies"] = _dependencies(schedule)
-    return cache["dependencies"]
+    return derived(schedule, "dependencies", _dependencies)
 
 
 def _dependencies(schedule: Schedule) -> Dependencies:

@@ -176,6 +176,11 @@ class Schedule:
     def op_set(self) -> frozenset[Op]:
         return frozenset(op for ops in self.device_ops for op in ops)
 
+    def __getstate__(self) -> dict[str, object]:
+        """Pickles (for worker processes) carry the fields, not the derived caches."""
+        return {name: value for name, value in self.__dict__.items()
+                if name not in ("derived", "op_set", "splits_backward")}
+
     @cached_property
     def derived(self) -> dict[str, object]:
         """Values computed once from this immutable schedule by the modules that need them

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from pipesched.dependencies import Dependencies, dependencies, rule_arrays
+from pipesched.dependencies import Dependencies, dependencies, derived, rule_arrays
 from pipesched.errors import PipeschedError
 from pipesched.ops import Op
 from pipesched.schedule import Schedule
@@ -125,10 +125,7 @@ class AllReduces:
 
 def messages(schedule: Schedule) -> Messages:
     """The messages of ``schedule`` (computed once per schedule)."""
-    cache = schedule.derived
-    if "messages" not in cache:
-        cache["messages"] = _messages(dependencies(schedule))
-    return cache["messages"]
+    return derived(schedule, "messages", lambda s: _messages(dependencies(s)))
 
 
 def _messages(deps: Dependencies) -> Messages:
@@ -205,10 +202,7 @@ def _message_rows(consumer, producer, kind, device, num_ops):
 
 def allreduces(schedule: Schedule) -> AllReduces:
     """The replica gradient all-reduces of ``schedule`` (computed once per schedule)."""
-    cache = schedule.derived
-    if "allreduces" not in cache:
-        cache["allreduces"] = _allreduces(dependencies(schedule))
-    return cache["allreduces"]
+    return derived(schedule, "allreduces", lambda s: _allreduces(dependencies(s)))
 
 
 def _allreduces(deps: Dependencies) -> AllReduces:
