@@ -139,9 +139,7 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
                     f"{sum(metrics.exposed_comm):.4g} s / {sum(metrics.hidden_comm):.4g} s")
     console.print(summary)
     devices = Table(title="per device (memory in GiB)")
-    training = training_columns(metrics.training, timeline)
-    for column in ("device", "rank", "busy s", "bubble", "exposed comm s", "hidden comm s", "peak", "capacity", "fits",
-                   *training):
+    for column in ("device", "rank", "busy s", "bubble", "exposed comm s", "hidden comm s", "peak", "capacity", "fits"):
         devices.add_column(column, justify="right")
     capacity = timeline.memory.capacity
     for d in range(schedule.num_devices):
@@ -149,9 +147,17 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
         devices.add_row(str(d), str(network.ranks[d]), f"{metrics.busy_per_device[d]:.4g}",
                         f"{metrics.bubble_per_device[d]:.3f}", f"{metrics.exposed_comm[d]:.4g}",
                         f"{metrics.hidden_comm[d]:.4g}", f"{metrics.peak_memory[d] / GiB:.2f}",
-                        "-" if capacity is None else f"{capacity[d] / GiB:.2f}", fits,
-                        *(cells[d] for cells in training.values()))
+                        "-" if capacity is None else f"{capacity[d] / GiB:.2f}", fits)
     console.print(devices)
+    training = training_columns(metrics.training, timeline)
+    if training:
+        work = Table(title="training work per device: frozen stages, recompute, offload (memory in GiB)")
+        work.add_column("device", justify="right")
+        for column in training:
+            work.add_column(column, justify="right")
+        for d in range(schedule.num_devices):
+            work.add_row(str(d), *(cells[d] for cells in training.values()))
+        console.print(work)
 
 
 def register(app: typer.Typer) -> None:

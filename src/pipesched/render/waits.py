@@ -154,7 +154,7 @@ def wait_texts(timeline: Timeline, waits: Waits) -> list[str]:
     ['nothing: starts the iteration', 'device: 0F0 on device 0 ended at 1 slots', 'dependency: 1B0 on device 1 ended at 4 slots']
     """
     scale = time_scale(timeline.unit, timeline.makespan)
-    letters = [kind.value for kind in (F, I, W, B)]
+    letters = timeline.schedule.rules.letters
     stage, kind, microbatch = (timeline.op_stage.tolist(), timeline.op_kind.tolist(),
                                timeline.op_microbatch.tolist())
     device = timeline.op_device.tolist()
