@@ -578,3 +578,50 @@ def test_the_report_draws_the_host_link_row_and_host_memory_in_a_browser(tmp_pat
         finally:
             browser.close()
     assert problems == []
+
+
+def test_batched_runs_of_an_offloading_graph_equal_single_runs():
+    from pipesched.simulate import run_batch
+
+    table = offload(generate("zb-h1", 4, 6), OffloadPolicy(fraction=0.5))
+    graph = compile_graph(table, StageCosts.uniform(4, activation_bytes=3.0, output_bytes=1.0),
+                          Network.uniform(4, latency=0.1, bandwidth=10.0, host_bandwidth=2.0))
+    scaled = np.stack([graph.op_duration, 1.5 * graph.op_duration])
+    batch = run_batch(graph, scaled, critical=True)
+    assert batch.makespan.tolist() == [run(graph).makespan, run(graph, op_durations=scaled[1]).makespan]
+
+
+def test_show_validate_and_stage_cost_files_carry_frozen_stages(cli, tmp_path):
+    result = cli("show", "1f1b", "-p", "4", "-m", "4", "--frozen-stages", "0-1", "-o", str(tmp_path / "t.txt"))
+    assert result.code == 0
+    assert cli("validate", str(tmp_path / "t.txt")).code == 0
+    assert "# frozen: 0 1" in (tmp_path / "t.txt").read_text()
+    assert_one_line_error(cli("show", "1f1b", "-p", "4", "-m", "4", "--frozen-stages", "0-9"),
+                          "frozen-stages=0-9", "outside the 4 stages")
+    from pipesched.io.stage_costs import dumps_stage_costs, parse_stage_costs
+
+    costs = parse_stage_costs(COSTS)
+    assert costs.frozen_stages == frozenset({0, 1})
+    assert parse_stage_costs(dumps_stage_costs(costs)) == costs
+    with pytest.raises(PipeschedError, match="frozen=2"):
+        parse_stage_costs(COSTS.replace("2e9,1e6,1\n1,", "2e9,1e6,2\n1,"))
+
+
+def test_partition_rebalances_for_frozen_layers(cli):
+    argv = ("partition", "--model", "llama3-8b", "--device", "h100-sxm", "-p", "4", "-t", "2", "-s", "4096", "--json")
+    plain = json.loads(cli(*argv).out)
+    frozen = json.loads(cli(*argv, "--frozen-layers", "0-16").out)
+    assert frozen["sizes"][0] > plain["sizes"][0]
+    assert frozen["stages"][0]["frozen"] and not plain["stages"][0]["frozen"]
+    assert frozen["bottleneck_s"] < plain["bottleneck_s"]
+    recomputed = json.loads(cli(*argv, "--recompute", "full:0,none").out)
+    assert [stage["recompute"] for stage in recomputed["stages"]] == ["full", "none", "none", "none"]
+
+
+def test_real_runs_refuse_frozen_and_offloading_tables():
+    from pipesched.runtime.runs import run_schedules
+
+    with pytest.raises(PipeschedError, match="frozen stages"):
+        run_schedules([generate("1f1b", 2, 2, frozen={0})], load_model("tiny"))
+    with pytest.raises(PipeschedError, match="offloads activations"):
+        run_schedules([offload(generate("1f1b", 2, 2), OffloadPolicy())], load_model("tiny"))

@@ -50,6 +50,9 @@ Bandwidth = Annotated[str | None, typer.Option(
                         "link of the cluster")]
 NoContention = Annotated[bool, typer.Option("--no-contention", help="transfers never wait for a busy channel")]
 # --- what training does to the table ------------------------------------------------------
+FrozenStages = Annotated[str | None, typer.Option(
+    "--frozen-stages", help="stages whose layers are all frozen, like 0-3: the table drops their W, or their whole "
+                            "backward when every stage before them is frozen too")]
 FrozenLayers = Annotated[str | None, typer.Option(
     "--frozen-layers", help="layers that do not train: positions in the model's layer list (embedding first, as "
                             "`pipesched costs` lists them) like 0-39, or a fraction from the front like 0.5; with "

@@ -191,29 +191,31 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     n, num_devices = len(ops), schedule.num_devices
     kinds = ops.kind.astype(np.int64)
     arrays = rule_arrays(schedule.rules)
-    op_role = role_index(schedule.roles)[ops.stage]
+    off_compute = _uses_side_streams(schedule)
     op_duration = op_durations(schedule, costs, network)
     # data dependencies, CSR by consumer row; host-link ops also wait for the compute op
     # before them in their device's table (where the runtime issues them)
     consumer, producer, _ = deps.edges
-    issued_after = _issue_edges(ops, arrays.stream)
-    # memory effects of each op (its stage role's effect x this stage's activation bytes)
+    issued_after = _issue_edges(ops, arrays.stream) if off_compute else None
+    # memory effects of each op (its stage role's effect x this stage's activation bytes);
+    # a table with no frozen stage has every op in the role of a stage that trains
     activation = np.asarray(costs.activation_bytes, np.float64)[ops.stage]
-    memory_delta = (arrays.role_whole[op_role, kinds]
-                    + arrays.role_input_part[op_role, kinds] * costs.input_frees) * activation
+    role = role_index(schedule.roles)[ops.stage] if schedule.frozen else 0
+    memory_delta = (arrays.role_whole[role, kinds] + arrays.role_input_part[role, kinds] * costs.input_frees) * activation
     if costs.kept_for_w_bytes is not None:
-        memory_delta += arrays.role_kept[op_role, kinds] * np.asarray(costs.kept_for_w_bytes, np.float64)[ops.stage]
-    memory_at_start = arrays.role_at_start[op_role, kinds]
-    host_delta = arrays.role_host[op_role, kinds] * activation
-    host_at_start = arrays.role_host_at_start[op_role, kinds]
+        memory_delta += arrays.role_kept[role, kinds] * np.asarray(costs.kept_for_w_bytes, np.float64)[ops.stage]
+    memory_at_start = arrays.role_at_start[role, kinds]
+    host = (None, None, 0)
+    if off_compute:
+        host = (arrays.role_host[role, kinds] * activation, arrays.role_host_at_start[role, kinds], 0)
     static = static_per_device(schedule, costs)
     if network is None:
-        op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream, num_devices, num_devices)
+        op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices, num_devices)
         pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, np.full(producer.shape[0], -1, np.int32),
                                                         issued_after, n)
         return _graph(schedule, costs, None, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
                       op_duration, pred_ptr, pred_op, pred_via, _no_transfers(), num_devices + side * num_devices,
-                      memory_delta, memory_at_start, static, (host_delta, host_at_start, side))
+                      memory_delta, memory_at_start, static, (*host[:2], side))
     sent = messages(schedule)
     reduces = allreduces(schedule)
     m_count, r_count = len(sent), len(reduces)
@@ -236,12 +238,12 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     rel_ptr = np.zeros(m_count + r_count + 1, np.int64)
     np.cumsum(np.concatenate([np.ones(m_count, np.int64), released.sum(axis=1)]), out=rel_ptr[1:])
     res_ptr, res, num_resources = _transfer_resources(network, src, dst, m_count, contention, overlap, num_devices)
-    op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream, num_devices, num_resources)
+    op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices, num_resources)
     pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, sent.via, issued_after, n)
     transfers = (src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res)
     return _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
                   op_duration, pred_ptr, pred_op, pred_via, transfers, num_resources + side * num_devices,
-                  memory_delta, memory_at_start, static, (host_delta, host_at_start, side))
+                  memory_delta, memory_at_start, static, (*host[:2], side))
 
 
 def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None) -> np.ndarray:
@@ -255,6 +257,10 @@ def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None)
     ops = dependencies(schedule).ops
     rules = schedule.rules
     kinds = ops.kind.astype(np.int64)
+    if not schedule.frozen and not _uses_side_streams(schedule):
+        # every stage trains and every op computes: its kind's cost on its stage
+        return np.array([costs.times(rule.cost) if rule.cost != HOST_TRANSFER else (0.0,) * schedule.num_stages
+                         for rule in rules], np.float64)[kinds, ops.stage]
     op_role = role_index(schedule.roles)[ops.stage]
     names = [[rules.cost_for(rule.kind, role) for rule in rules] for role in ROLES]
     per_role = np.zeros((len(ROLES), len(rules), schedule.num_stages))
@@ -284,7 +290,17 @@ def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None)
     return duration
 
 
-def op_queues(ops: OpArrays, kind_stream: np.ndarray, num_devices: int,
+def _uses_side_streams(schedule: Schedule) -> bool:
+    """Whether some op of ``schedule`` runs off the compute stream (kept with the schedule)."""
+    cache = schedule.derived
+    if "side_streams" not in cache:
+        ops = dependencies(schedule).ops
+        present = np.bincount(ops.kind.astype(np.int64), minlength=len(schedule.rules)) > 0
+        cache["side_streams"] = bool(np.any(present & (rule_arrays(schedule.rules).stream != 0)))
+    return cache["side_streams"]
+
+
+def op_queues(ops: OpArrays, kind_stream: np.ndarray | None, num_devices: int,
               first_side_resource: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """(op_queue, queue_rows, queue_offsets, side queues per device): each op's queue as a
     resource id, the op rows of each queue in program order, and how many streams beyond
@@ -292,10 +308,11 @@ def op_queues(ops: OpArrays, kind_stream: np.ndarray, num_devices: int,
 
     Queue q = stream x devices + device in walk order; its resource id is the device (the
     compute stream) or ``first_side_resource + (stream - 1) x devices + device``. A table
-    whose kinds all run on the compute stream keeps one queue per device, the table itself.
+    whose kinds all run on the compute stream (``kind_stream`` None: known to) keeps one
+    queue per device, the table itself.
     """
     n = len(ops)
-    op_stream = kind_stream[ops.kind].astype(np.int64) if n else np.zeros(0, np.int64)
+    op_stream = kind_stream[ops.kind].astype(np.int64) if n and kind_stream is not None else np.zeros(0, np.int64)
     side = int(op_stream.max(initial=0))
     if side == 0:
         return (ops.device.astype(np.int32), np.arange(n, dtype=np.int32), ops.device_offsets.astype(np.int64), 0)
@@ -328,10 +345,11 @@ def _issue_edges(ops: OpArrays, kind_stream: np.ndarray) -> tuple[np.ndarray, np
 
 
 def _with_issue_edges(consumer: np.ndarray, producer: np.ndarray, via: np.ndarray,
-                      issued_after: tuple[np.ndarray, np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """CSR (pred_ptr, pred_op, pred_via) of the data edges and the issue edges."""
-    extra_consumer, extra_producer = issued_after
-    if extra_consumer.size:
+                      issued_after: tuple[np.ndarray, np.ndarray] | None,
+                      n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR (pred_ptr, pred_op, pred_via) of the data edges and the issue edges (if any)."""
+    if issued_after is not None and issued_after[0].size:
+        extra_consumer, extra_producer = issued_after
         consumer = np.concatenate([consumer, extra_consumer])
         order = np.argsort(consumer, kind="stable")
         consumer = consumer[order]
