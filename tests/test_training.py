@@ -308,6 +308,12 @@ def test_a_slow_host_link_raises_the_iteration_time_by_exactly_the_exposed_trans
     assert work.offloaded == (4, 0) and work.offloaded_bytes == (8.0, 0.0) and work.host_link_busy_s == (16.0, 0.0)
     # compute time stays compute time: the host link is not busy compute
     assert moved.busy_per_device().tolist() == plain.busy_per_device().tolist()
+    # the report says a reload waited for the backward that issues it
+    from pipesched.render.waits import WAIT_DEVICE, waited_for
+
+    rows = {moved.op(row): row for row in range(len(moved))}
+    waits = waited_for(moved)
+    assert (waits.cause[rows[Op(0, R, 1)]], waits.ref[rows[Op(0, R, 1)]]) == (WAIT_DEVICE, rows[Op(0, B, 0)])
 
 
 def test_a_link_fast_enough_hides_the_reloads_behind_compute():

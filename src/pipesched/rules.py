@@ -56,6 +56,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import NamedTuple
 
 from pipesched.errors import PipeschedError
@@ -80,7 +81,7 @@ HOST_TRANSFER = "host transfer"
 TRAINS, INPUT_GRADIENT, FORWARD_ONLY = "trains", "input gradient", "forward only"
 ROLES = (TRAINS, INPUT_GRADIENT, FORWARD_ONLY)
 ALL_STAGES, BACKWARD_STAGES, TRAINED_STAGES = "all stages", "stages with a backward", "trained stages"
-_RUNS_IN = {ALL_STAGES: ROLES, BACKWARD_STAGES: (TRAINS, INPUT_GRADIENT), TRAINED_STAGES: (TRAINS,)}
+_RUNS_IN = MappingProxyType({ALL_STAGES: ROLES, BACKWARD_STAGES: (TRAINS, INPUT_GRADIENT), TRAINED_STAGES: (TRAINS,)})
 
 
 def stage_roles(num_stages: int, frozen: frozenset[int] | set[int] | tuple[int, ...] = frozenset()) -> tuple[str, ...]:

@@ -94,8 +94,11 @@ def simulate_command(
                              f"has {schedule.num_stages} stages; give {schedule.num_stages} rows (or a divisor of "
                              f"{schedule.num_stages})")
     if schedule_name in FAMILIES:
+        # a family point: frozen layers regenerate the family's own table for its frozen stages
+        options = {key: value for key, value in family_options(family_settings)[0].items()
+                   if key != "costs" or key in FAMILIES[schedule_name].options}
         point = point.replace(family=schedule_name, p=schedule.num_devices, m=schedule.num_microbatches, v=v,
-                              options=tuple(sorted(family_options(family_settings)[0].items())))
+                              options=tuple(sorted(options.items())))
     else:
         point = point.replace(schedule=schedule)
     if plan is not None:

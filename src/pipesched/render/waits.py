@@ -1,7 +1,8 @@
 """Why each op started when it did: the event whose end released it.
 
-An op starts once its device is free (the previous op on the device ended) and its inputs
-are there (each data predecessor ended, or, across devices, the transfer carrying its
+An op starts once its device is free (the previous op on the device ended; for an offload
+or reload on the device's host link, the previous op there or the compute op that issues
+it) and its inputs are there (each data predecessor ended, or, across devices, the transfer carrying its
 activation or gradient arrived). The cause is the latest of these; on a tie the transfer or
 data dependency is named, since it explains more than "the device was busy".
 
@@ -113,6 +114,16 @@ def waited_for(timeline: Timeline) -> Waits:
 
     end = timeline.op_end
     device = timeline.op_device
+    on_host = ~timeline.on_compute
+    if on_host.any():
+        # a host-link op is also held by the compute op before it in its device's table
+        # (rows are in table order), which issues it: the later of the two is its device cause
+        last_compute = np.where(on_host, -1, np.arange(n))
+        np.maximum.accumulate(last_compute, out=last_compute)
+        issuer = np.where(on_host & (last_compute >= 0) & (device[np.maximum(last_compute, 0)] == device),
+                          last_compute, -1)
+        later = (issuer >= 0) & ((previous < 0) | (end[np.maximum(issuer, 0)] > end[np.maximum(previous, 0)]))
+        previous = np.where(later, issuer, previous)
     # candidates per row: [previous op on the device, local input, carried input]
     time = np.full((n, 3), -np.inf)
     code = np.zeros((n, 3), np.int64)
