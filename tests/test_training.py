@@ -460,10 +460,12 @@ def test_simulate_shows_frozen_offloaded_and_recomputed_work(cli, tmp_path):
                     "-t", "2", "--recompute", "full:0-1", "--json")
     assert recompute.code == 0, recompute
     assert json.loads(recompute.out)["training_per_device"]["recompute_s"][0] > 0
-    # without anything frozen, offloaded or recomputed the table keeps its old columns
-    plain = cli("simulate", "1f1b", "-p", "4", "-m", "8", "--stage-costs", str(costs).replace("costs", "costs"),
-                "--no-timeline", "--frozen-layers", "")
-    assert plain.code == 0
+    # with nothing frozen, offloaded or recomputed there is no training table
+    bare = tmp_path / "bare.csv"
+    bare.write_text(COSTS.replace(",frozen", "").replace(",1\n", "\n").replace(",0\n", "\n"))
+    plain = cli("simulate", "1f1b", "-p", "4", "-m", "8", "--stage-costs", str(bare), "--no-timeline",
+                "--frozen-layers", "")
+    assert plain.code == 0 and "training work per device" not in plain.out
 
 
 def test_compare_shows_the_training_work_and_a_freeze_plan(cli, tmp_path):
