@@ -35,3 +35,14 @@ def test_example_cluster_files_load() -> None:
     assert clusters
     for path in clusters:
         assert load_cluster(str(path)).num_devices >= 2
+
+
+def test_training_runs_example_runs() -> None:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "training_runs.py")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line for line in proc.stdout.strip().splitlines()}
+    assert list(rows) == ["plain", "frozen", "recompute", "offload"]
+    seconds = {name: float(line.split()[1]) for name, line in rows.items()}
+    assert seconds["frozen"] < seconds["plain"] < seconds["recompute"]
+    assert "frozen stages [0]" in rows["frozen"] and "host peak 0.0 GiB" not in rows["offload"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
@@ -65,7 +65,7 @@ class Comparison:
 
     def to_records(self) -> list[dict]:
         """Flat rows, one per schedule and level (for tables, JSON and the HTML report)."""
-        return [{**asdict(r), "rank_changed": r.rank_changed} for r in self.results]
+        return [r.to_dict() for r in self.results]
 
     def to_wide_records(self) -> list[dict]:
         """One row per schedule with every level side by side (time, bubble, memory, rank),
@@ -103,6 +103,9 @@ class Comparison:
             "settings": self.settings,
             "records": self.to_records(),
             "skipped": [{"schedule": name, "reason": reason} for name, reason in self.skipped],
+            # frozen, recomputed and offloaded work per device, by schedule (sim level)
+            "training_per_device": {r.schedule: r.training.to_dict() for r in self.results
+                                    if r.level == "sim" and r.training is not None and r.training.any},
         }
 
 
@@ -140,14 +143,7 @@ def compare(
     elif costs is not None:
         workload = workload.replace(stage_costs=costs)
     # family options (``workload.options``) reach the families that take them
-    offered = dict(workload.options)
-    takers = {key for name in names for key in get_family(name).options}
-    unknown = sorted(set(offered) - takers)
-    if unknown:
-        raise PipeschedError(f"option={unknown[0]}: none of the compared families takes it")
-    points = [workload.replace(family=name, p=p, m=m, v=v if get_family(name).chunks is None else None,
-                               options=tuple((k, x) for k, x in workload.options if k in get_family(name).options))
-              for name in names]
+    points = family_points(names, p=p, m=m, v=v, workload=workload)
     total = len(points) * len(levels)
     if progress is not None:
         progress(0, total, names[0] if names else "done")
@@ -173,4 +169,21 @@ def compare(
     )
 
 
-__all__ = ["LEVELS", "Comparison", "LevelResult", "compare"]
+def family_points(names: Sequence[str] | None, *, p: int, m: int, v: int | None, workload: Point) -> list[Point]:
+    """One point per family of ``names`` (default all) on ``workload``: ``v`` for the
+    families that take a chunk count, and of the workload's family options the ones each
+    family takes (an option no family takes is an error)."""
+    names = list(names) if names else list(FAMILIES)
+    for name in names:
+        get_family(name)  # unknown names fail here, listing the known ones
+    offered = dict(workload.options)
+    takers = {key for name in names for key in get_family(name).options}
+    unknown = sorted(set(offered) - takers)
+    if unknown:
+        raise PipeschedError(f"option={unknown[0]}: none of the compared families takes it")
+    return [workload.replace(family=name, p=p, m=m, v=v if get_family(name).chunks is None else None,
+                             options=tuple((k, x) for k, x in workload.options if k in get_family(name).options))
+            for name in names]
+
+
+__all__ = ["LEVELS", "Comparison", "LevelResult", "compare", "family_points"]

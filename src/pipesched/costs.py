@@ -17,7 +17,7 @@ from functools import cached_property
 
 from pipesched.errors import PipeschedError, require
 from pipesched.ops import Op, OpKind
-from pipesched.rules import RULES
+from pipesched.rules import HOST_TRANSFER, RULES
 
 SECONDS, SLOTS = "s", "slot"
 
@@ -35,7 +35,9 @@ def _floats(values: Sequence[float], field_name: str) -> tuple[float, ...]:
 
 
 _PER_STAGE = ("forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes",
-              "backward", "static_bytes", "grad_bytes", "kept_for_w_bytes")
+              "backward", "static_bytes", "grad_bytes", "kept_for_w_bytes", "recompute_s")
+# the times an op kind's rule may name (``StageCosts.times``)
+TIMES = ("forward", "backward_input", "backward_weight", "backward")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class StageCosts:
     schedules keep the inputs W needs): M_W = (1 - input_frees) x M_B.
     kept_for_w_bytes: gradients an I computes that its W still needs (the output gradient of
     every weight matmul), allocated when I ends and freed when W ends; None = nothing.
+    frozen: per stage, True when all its layers are frozen (no weight gradient: see
+    ``pipesched.rules.stage_roles``); None = every stage trains.
+    recompute_s: the part of backward_input (and backward) that redoes the forward
+    (activation recompute), per stage; None = not known (reports only).
     """
 
     forward: tuple[float, ...]
@@ -66,6 +72,8 @@ class StageCosts:
     input_frees: float = 0.5
     kept_for_w_bytes: tuple[float, ...] | None = None
     unit: str = SECONDS
+    frozen: tuple[bool, ...] | None = None
+    recompute_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.forward)
@@ -76,6 +84,9 @@ class StageCosts:
                 continue
             require(len(values) == n, name, f"{len(values)} values", f"give one value per stage ({n})")
             object.__setattr__(self, name, _floats(values, name))
+        if self.frozen is not None:
+            require(len(self.frozen) == n, "frozen", f"{len(self.frozen)} values", f"give one value per stage ({n})")
+            object.__setattr__(self, "frozen", tuple(bool(flag) for flag in self.frozen))
         require(0.0 <= self.input_frees <= 1.0, "input_frees", self.input_frees, "must be in [0, 1]")
         require(self.unit in (SECONDS, SLOTS), "unit", self.unit, f"must be {SECONDS!r} or {SLOTS!r}")
 
@@ -93,18 +104,27 @@ class StageCosts:
         ``backward_input``, ``backward_weight``, or ``backward``: the full backward)."""
         if name == "backward":
             return tuple(self.full_backward(s) for s in range(self.num_stages))
-        if name not in ("forward", "backward_input", "backward_weight"):
+        if name not in TIMES:
             raise PipeschedError(f"cost={name!r}: not a time of StageCosts")
         return getattr(self, name)
 
     @cached_property
     def _times_by_kind(self) -> dict[OpKind, tuple[float, ...]]:
-        return {rule.kind: self.times(rule.cost) for rule in RULES}
+        return {rule.kind: self.times(rule.cost) for rule in RULES if rule.cost != HOST_TRANSFER}
 
     def of(self, kind: OpKind, stage: int) -> float:
         """Duration of an op of ``kind`` on ``stage`` (as the default rules map kinds to
-        costs)."""
-        return self._times_by_kind[kind][stage]
+        compute costs; an offload's time depends on the host link: see
+        ``pipesched.simulate.graph.op_durations``)."""
+        times = self._times_by_kind.get(kind)
+        if times is None:
+            raise PipeschedError(f"kind={kind}: its time is not a stage cost (it moves activations over the host link)")
+        return times[stage]
+
+    @property
+    def frozen_stages(self) -> frozenset[int]:
+        """The stages whose layers are all frozen."""
+        return frozenset(s for s, flag in enumerate(self.frozen or ()) if flag)
 
     def duration(self, op: Op) -> float:
         """Compute time of one op."""
@@ -157,6 +177,7 @@ class StageCosts:
             each(self.activation_bytes), each(self.output_bytes), backward=each(self.backward),
             static_bytes=each(self.static_bytes), grad_bytes=each(self.grad_bytes),
             kept_for_w_bytes=each(self.kept_for_w_bytes), input_frees=self.input_frees, unit=self.unit,
+            frozen=None if self.frozen is None else self.frozen * num_stages, recompute_s=each(self.recompute_s),
         )
 
     # --- constructors ---------------------------------------------------------------------

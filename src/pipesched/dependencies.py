@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from pipesched.errors import PipeschedError
-from pipesched.rules import Rules
+from pipesched.rules import AT_START, ROLES, STREAMS, Rules
 from pipesched.schedule import Schedule
 from pipesched.timeline import TRANSFER_KIND_NAMES
 
@@ -59,6 +59,20 @@ class RuleArrays:
     memory_kept: np.ndarray  # float64 (K,): coefficient of the gradients kept from I to W
     memory_at_start: np.ndarray  # bool (K,)
     ends_weight_gradient: np.ndarray  # bool (K,)
+    # per stage role (rows: rules.ROLES) and kind: the role's accepted sets and memory effects
+    accepted_masks: np.ndarray  # int64 (roles, C'): bit k set = kind k in that set; -1 pads
+    role_whole: np.ndarray  # float64 (roles, K)
+    role_input_part: np.ndarray  # float64 (roles, K)
+    role_kept: np.ndarray  # float64 (roles, K)
+    role_at_start: np.ndarray  # bool (roles, K)
+    role_host: np.ndarray  # float64 (roles, K): coefficient of M_B in host memory
+    role_host_at_start: np.ndarray  # bool (roles, K)
+    stream: np.ndarray  # int8 (K,): index into rules.STREAMS
+
+
+def role_index(roles: tuple[str, ...]) -> np.ndarray:
+    """Each stage's role as its row in the role arrays (int64)."""
+    return np.array([ROLES.index(role) for role in roles], np.int64)
 
 
 def rule_arrays(rules: Rules) -> RuleArrays:
@@ -82,6 +96,16 @@ def rule_arrays(rules: Rules) -> RuleArrays:
             if need.message is not None:
                 message[k, j] = TRANSFER_KIND_NAMES.index(need.message)
     masks = np.array([sum(1 << index[kind] for kind in kinds_set) for kinds_set in rules.complete], np.int64)
+    accepted = [[sum(1 << index[kind] for kind in kinds_set) for kinds_set in rules.accepted_for(role)]
+                for role in ROLES]
+    accepted_masks = np.full((len(ROLES), max(len(row) for row in accepted)), -1, np.int64)
+    for r, row in enumerate(accepted):
+        accepted_masks[r, : len(row)] = row
+    effects = [[rules.memory_for(rule.kind, role) for rule in rules] for role in ROLES]
+
+    def per_role(value) -> np.ndarray:
+        return np.array([[value(effect) for effect in row] for row in effects])
+
     arrays = RuleArrays(
         need_count=count,
         need_offset=offset,
@@ -93,6 +117,14 @@ def rule_arrays(rules: Rules) -> RuleArrays:
         memory_kept=np.array([rule.memory.kept for rule in rules], np.float64),
         memory_at_start=np.array([rule.memory.at == "start" for rule in rules], np.bool_),
         ends_weight_gradient=np.array([rule.ends_weight_gradient for rule in rules], np.bool_),
+        accepted_masks=accepted_masks,
+        role_whole=per_role(lambda e: e.whole).astype(np.float64),
+        role_input_part=per_role(lambda e: e.input_part).astype(np.float64),
+        role_kept=per_role(lambda e: e.kept).astype(np.float64),
+        role_at_start=per_role(lambda e: e.at == AT_START).astype(np.bool_),
+        role_host=per_role(lambda e: e.host).astype(np.float64),
+        role_host_at_start=per_role(lambda e: e.host_at == AT_START).astype(np.bool_),
+        stream=np.array([STREAMS.index(rule.stream) for rule in rules], np.int8),
     )
     rules.__dict__["_arrays"] = arrays  # a derived view of an immutable table
     return arrays
@@ -148,10 +180,11 @@ OK, OUT_OF_RANGE, DUPLICATE, MISPLACED, INCOMPLETE = range(5)
 
 
 @njit(cache=True)
-def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replicas, route, complete_masks):
+def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replicas, route, accepted_masks,
+               stage_role):
     """row_of[(stage * m + mb) * K + kind] -> op row (-1 if absent), and the first problem:
     an op out of range, off its placement's device, a duplicate, or a stage-microbatch whose
-    kinds are not exactly one of the complete sets."""
+    kinds are not exactly one of the sets its stage's role accepts."""
     n = stage.shape[0]
     row_of = np.full(num_stages * m * num_kinds, -1, np.int32)
     for x in range(n):
@@ -171,8 +204,9 @@ def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replic
             if row_of[sm * num_kinds + k] >= 0:
                 mask |= 1 << k
         matched = False
-        for c in range(complete_masks.shape[0]):
-            if complete_masks[c] == mask:
+        masks = accepted_masks[stage_role[sm // m]]
+        for c in range(masks.shape[0]):
+            if masks[c] == mask:
                 matched = True
         if not matched:
             return row_of, INCOMPLETE, sm
@@ -260,7 +294,7 @@ def _dependencies(schedule: Schedule) -> Dependencies:
     replicas = np.asarray(schedule.placement.replicas, dtype=np.int64)
     route = np.asarray(schedule.route, dtype=np.int64)
     row_of, code, index = _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, num_stages, m, k,
-                                     replicas, route, arrays.complete_masks)
+                                     replicas, route, arrays.accepted_masks, role_index(schedule.roles))
     if code != OK:
         _raise_problem(schedule, ops, int(code), int(index))
     rows = _need_rows(ops.stage, ops.kind, ops.microbatch, row_of, num_stages, m, k,
@@ -276,7 +310,7 @@ def _raise_problem(schedule: Schedule, ops: OpArrays, code: int, index: int) -> 
     if code == INCOMPLETE:
         stage, mb = divmod(index, schedule.num_microbatches)
         raise PipeschedError(
-            f"stage_microbatch={stage},{mb}: needs {schedule.rules.describe_complete()}; {hint}"
+            f"stage_microbatch={stage},{mb}: needs {schedule.rules.describe_complete(schedule.roles[stage])}; {hint}"
         )
     text = f"{int(ops.stage[index])}{schedule.rules.letters[int(ops.kind[index])]}{int(ops.microbatch[index])}"
     if code == OUT_OF_RANGE:

@@ -20,6 +20,11 @@ Definitions (times in the timeline's unit: slots or seconds):
   part of it during which d does not compute; hidden communication is the part that
   overlaps d's compute.
 - peak memory per device and out-of-memory flags: from the timeline's memory trace.
+- training work per device (``training_work``): its frozen stages and their roles, the
+  seconds of recompute inside its backward ops (``StageCosts.recompute_s``), the
+  stage-microbatches it offloads and the bytes they move, the time its host link is busy,
+  the time its compute stream waits for reloads beyond everything else it waited for
+  (exposed offload time), and the peak of its host memory.
 """
 
 from __future__ import annotations
@@ -186,6 +191,94 @@ def _exposed_and_hidden(num_devices, src, dst, start, end, op_device, op_start, 
 
 
 @dataclass(frozen=True)
+class TrainingWork:
+    """Frozen, recomputed and offloaded work per device (see the module docstring)."""
+
+    frozen_stages: tuple[tuple[int, ...], ...]  # per device, its frozen stages
+    frozen_roles: tuple[tuple[str, ...], ...]  # per device, the role of each of those stages
+    recompute_s: tuple[float, ...]  # per device, forward time redone inside its backward ops
+    offloaded: tuple[int, ...]  # per device, stage-microbatches offloaded
+    offloaded_bytes: tuple[float, ...]  # per device, bytes moved to host memory (and back)
+    host_link_busy_s: tuple[float, ...]  # per device, time its host link moves activations
+    offload_exposed_s: tuple[float, ...]  # per device, compute waiting for reloads
+    host_peak_bytes: tuple[float, ...]  # per device, most host memory its offloads hold
+
+    @property
+    def any(self) -> bool:
+        """Whether anything is frozen, recomputed or offloaded."""
+        return bool(any(self.frozen_stages) or any(self.recompute_s) or any(self.offloaded))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def offload_exposed(timeline: Timeline) -> np.ndarray:
+    """Per device, the time its compute ops waited for reloads: for each backward whose
+    activations came back from host memory, how much later than its other inputs and its
+    device's previous op the reload ended."""
+    from pipesched.render.waits import dependencies
+
+    exposed = np.zeros(timeline.num_devices)
+    host = ~timeline.on_compute
+    if not host.any():
+        return exposed
+    deps = dependencies(timeline)
+    reloaded = np.flatnonzero((deps.local >= 0) & timeline.on_compute)
+    reloaded = reloaded[host[deps.local[reloaded]]]
+    if not reloaded.size:
+        return exposed
+    previous = np.full(len(timeline), -1, np.int64)
+    for device in range(timeline.num_devices):
+        rows = timeline.rows_of_device(device)
+        previous[rows[1:]] = rows[:-1]
+    ready = np.full(reloaded.shape[0], -np.inf)
+    before = previous[reloaded]
+    ready[before >= 0] = timeline.op_end[before[before >= 0]]
+    carried = deps.carried[reloaded]
+    delivery = deps.delivery[reloaded]
+    arrives = np.where(delivery >= 0, timeline.transfers.end[np.maximum(delivery, 0)] if len(timeline.transfers) else 0.0,
+                       timeline.op_end[np.maximum(carried, 0)])
+    ready = np.where(carried >= 0, np.maximum(ready, arrives), ready)
+    ready = np.maximum(ready, timeline.origin)
+    wait = np.maximum(timeline.op_start[reloaded] - ready, 0.0)
+    np.add.at(exposed, timeline.op_device[reloaded], wait)
+    return exposed
+
+
+def training_work(timeline: Timeline) -> TrainingWork:
+    """Frozen, recomputed and offloaded work of each device of ``timeline``."""
+    from pipesched.ops import O
+
+    schedule, rules, count = timeline.schedule, timeline.schedule.rules, timeline.num_devices
+    frozen_on = [sorted({stage for replica in schedule.placement.replicas for stage, d in enumerate(replica)
+                         if d == device and stage in schedule.frozen}) for device in range(count)]
+    offloads = np.array([rule.kind == O for rule in rules])[timeline.op_kind]
+    # the ops whose time includes the forward redone by recompute: I, and B
+    redo = np.array([rule.cost in ("backward_input", "backward") for rule in rules])[timeline.op_kind]
+    host = ~timeline.on_compute
+    costs = timeline.simulation.costs if timeline.simulation is not None else None
+    recompute = np.zeros(count)
+    moved = np.zeros(count)
+    if costs is not None and costs.recompute_s is not None:
+        np.add.at(recompute, timeline.op_device[redo], np.asarray(costs.recompute_s)[timeline.op_stage[redo]])
+    if costs is not None:
+        np.add.at(moved, timeline.op_device[offloads], np.asarray(costs.activation_bytes)[timeline.op_stage[offloads]])
+    busy = np.bincount(timeline.op_device, weights=np.where(host, timeline.op_end - timeline.op_start, 0.0),
+                       minlength=count)
+    host_peaks = timeline.host_memory.peak if timeline.host_memory is not None else (0.0,) * count
+    return TrainingWork(
+        frozen_stages=tuple(tuple(stages) for stages in frozen_on),
+        frozen_roles=tuple(tuple(schedule.roles[stage] for stage in stages) for stages in frozen_on),
+        recompute_s=tuple(float(x) for x in recompute),
+        offloaded=tuple(int(x) for x in np.bincount(timeline.op_device[offloads], minlength=count)),
+        offloaded_bytes=tuple(float(x) for x in moved),
+        host_link_busy_s=tuple(float(x) for x in busy),
+        offload_exposed_s=tuple(float(x) for x in offload_exposed(timeline)),
+        host_peak_bytes=tuple(float(x) for x in host_peaks),
+    )
+
+
+@dataclass(frozen=True)
 class Metrics:
     """The figures of one timeline; times in ``unit``, memory in ``memory_unit``."""
 
@@ -207,6 +300,7 @@ class Metrics:
     peak_memory: tuple[float, ...] | None  # per device
     memory_unit: str | None
     out_of_memory: tuple[bool, ...] | None
+    training: TrainingWork | None = None  # frozen, recomputed and offloaded work per device
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -249,11 +343,13 @@ def summarize(
         peak_memory=memory.peak if memory is not None else None,
         memory_unit=memory.unit if memory is not None else None,
         out_of_memory=memory.out_of_memory if memory is not None else None,
+        training=training_work(timeline),
     )
 
 
 __all__ = [
     "Metrics",
+    "TrainingWork",
     "bubble_over_work",
     "bubble_per_device",
     "bubble_ratio",
@@ -261,6 +357,8 @@ __all__ = [
     "critical_path",
     "iteration_time",
     "mfu",
+    "offload_exposed",
     "summarize",
     "throughput",
+    "training_work",
 ]

@@ -22,6 +22,11 @@ class OpKind(StrEnum):
     BACKWARD_WEIGHT = "W"
     # full backward = I then W fused in one op
     BACKWARD = "B"
+    # activation offload: move the stage-microbatch's activations to host memory after its
+    # forward, on the device's host link (a stream beside the compute stream)
+    OFFLOAD = "O"
+    # bring them back before the backward that needs them, on the same host link
+    RELOAD = "R"
 
     def __str__(self) -> str:
         return self.value
@@ -31,13 +36,15 @@ F = OpKind.FORWARD
 I = OpKind.BACKWARD_INPUT  # noqa: E741 - the letter is the domain's name for it
 W = OpKind.BACKWARD_WEIGHT
 B = OpKind.BACKWARD
+O = OpKind.OFFLOAD  # noqa: E741 - the letter is the domain's name for it
+R = OpKind.RELOAD
 
 # Fixed order used wherever kinds are stored as small integers (arrays, timelines); the
 # order of the default rules table (``pipesched.rules.RULES``).
-KIND_ORDER: tuple[OpKind, ...] = (F, I, W, B)
+KIND_ORDER: tuple[OpKind, ...] = (F, I, W, B, O, R)
 KIND_INDEX: dict[OpKind, int] = {kind: index for index, kind in enumerate(KIND_ORDER)}
 
-_OP_TEXT = re.compile(r"^(\d+)([FIWB])(\d+)$")
+_OP_TEXT = re.compile(r"^(\d+)([FIWBOR])(\d+)$")
 
 
 class Op(NamedTuple):
@@ -62,7 +69,7 @@ class Op(NamedTuple):
         match = _OP_TEXT.match(text.strip())
         if match is None:
             raise PipeschedError(
-                f"op={text!r}: not an op; write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1 or 1B0"
+                f"op={text!r}: not an op; write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1, 1B0 (or 0O1, 0R1 for an offload and its reload)"
             )
         return cls(int(match.group(1)), OpKind(match.group(2)), int(match.group(3)))
 

@@ -27,7 +27,28 @@ Dependencies (the default table):
 
 A need outside the model (stage -1 or S) is no need: stage 0's F reads the batch, the last
 stage's backward starts from the loss. Every stage-microbatch runs exactly one of the
-``complete`` sets of kinds: {F, B} or {F, I, W}.
+``complete`` sets of kinds: {F, B} or {F, I, W}, plus, all or none, each of the
+``optional`` groups: {O, R}, an activation offload and its reload.
+
+Offload. O(s, mb) needs F(s, mb) and moves its activations to host memory (device bytes
+freed when it ends, host bytes taken when it starts); R(s, mb) needs O(s, mb) and brings
+them back (device bytes taken when it starts, host bytes freed when it ends). The backward
+then needs R instead of F (the first kind of its need the table has). Both run on the
+device's host-link stream (``stream``), beside the compute stream, and cost the transfer of
+the stage's activation bytes over the host link (``cost`` HOST_TRANSFER).
+
+Frozen stages. A schedule names the stages whose layers are all frozen
+(``Schedule.frozen``); each stage then has a role (``stage_roles``):
+
+    TRAINS          it trains its weights: every kind runs
+    INPUT_GRADIENT  frozen, but some stage before it trains: it computes the gradient of
+                    its input and no weight gradient (no W; a B costs what I costs)
+    FORWARD_ONLY    frozen with every stage before it frozen: no backward at all
+
+Each kind says on which stages it runs (``runs_on``); the complete sets of a role are the
+complete sets with the kinds it drops left out ({F, B} and {F, I} for INPUT_GRADIENT, {F}
+for FORWARD_ONLY), and the memory effect of a dropped kind moves to the kind it needed on
+its own stage (W's to I, a backward's to F: a forward with no backward keeps nothing).
 """
 
 from __future__ import annotations
@@ -35,10 +56,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 from typing import NamedTuple
 
 from pipesched.errors import PipeschedError
-from pipesched.ops import B, F, I, OpKind, W
+from pipesched.ops import B, F, I, O, OpKind, R, W
 
 # messages that cross a stage boundary
 ACTIVATION = "activation"  # F(s) -> F(s+1): the hidden state, output_bytes[s]
@@ -46,6 +68,37 @@ GRADIENT = "gradient"  # I/B(s+1) -> I/B(s): the gradient of that hidden state, 
 
 # when a memory effect happens
 AT_START, AT_END = "start", "end"
+
+# the stream of a device an op runs on: its compute stream, or its host link (offloads)
+COMPUTE, HOST_LINK = "compute", "host link"
+STREAMS = (COMPUTE, HOST_LINK)
+
+# the cost of an op that moves its stage-microbatch's activation bytes over its device's
+# host link (``pipesched.simulate.network.Network.host_bandwidth``; free without a network)
+HOST_TRANSFER = "host transfer"
+
+# what a stage does in the backward (see the module docstring); and on which stages a kind runs
+TRAINS, INPUT_GRADIENT, FORWARD_ONLY = "trains", "input gradient", "forward only"
+ROLES = (TRAINS, INPUT_GRADIENT, FORWARD_ONLY)
+ALL_STAGES, BACKWARD_STAGES, TRAINED_STAGES = "all stages", "stages with a backward", "trained stages"
+_RUNS_IN = MappingProxyType({ALL_STAGES: ROLES, BACKWARD_STAGES: (TRAINS, INPUT_GRADIENT), TRAINED_STAGES: (TRAINS,)})
+
+
+def stage_roles(num_stages: int, frozen: frozenset[int] | set[int] | tuple[int, ...] = frozenset()) -> tuple[str, ...]:
+    """The role of every stage when the stages ``frozen`` train nothing.
+
+    >>> stage_roles(4, {0, 1, 3})
+    ('forward only', 'forward only', 'trains', 'input gradient')
+    """
+    roles = []
+    upstream_trains = False  # some stage before this one trains: its input gradient is needed
+    for stage in range(num_stages):
+        if stage not in frozen:
+            roles.append(TRAINS)
+        else:
+            roles.append(INPUT_GRADIENT if upstream_trains else FORWARD_ONLY)
+        upstream_trains = upstream_trains or stage not in frozen
+    return tuple(roles)
 
 
 class Need(NamedTuple):
@@ -59,15 +112,23 @@ class Need(NamedTuple):
 
 
 class MemoryEffect(NamedTuple):
-    """Bytes = ``whole`` x M_B + ``input_part`` x input_frees x M_B + ``kept`` x K, at ``at``."""
+    """Device bytes = ``whole`` x M_B + ``input_part`` x input_frees x M_B + ``kept`` x K, at
+    ``at``; host bytes = ``host`` x M_B, at ``host_at`` (an offload's copy in host memory)."""
 
     whole: float = 0.0
     input_part: float = 0.0
     at: str = AT_END
     kept: float = 0.0
+    host: float = 0.0
+    host_at: str = AT_END
 
     def bytes(self, activation: float, input_frees: float, kept_for_w: float = 0.0) -> float:
         return (self.whole + self.input_part * input_frees) * activation + self.kept * kept_for_w
+
+    def plus(self, other: MemoryEffect) -> MemoryEffect:
+        """Both effects as one, at this effect's times."""
+        return MemoryEffect(self.whole + other.whole, self.input_part + other.input_part, self.at,
+                            self.kept + other.kept, self.host + other.host, self.host_at)
 
 
 @dataclass(frozen=True)
@@ -77,9 +138,18 @@ class KindRule:
     kind: OpKind  # its letter (an OpKind; a plain one-letter str works for experiments)
     summary: str
     needs: tuple[Need, ...]
-    cost: str  # what its duration is per stage: StageCosts.times(cost)
+    cost: str  # what its duration is per stage: StageCosts.times(cost), or HOST_TRANSFER
     memory: MemoryEffect = MemoryEffect()  # noqa: RUF009 - an immutable NamedTuple
     ends_weight_gradient: bool = False  # after it the stage-microbatch's weight gradient is complete
+    stream: str = COMPUTE  # the device stream it runs on: COMPUTE or HOST_LINK
+    runs_on: str = ALL_STAGES  # ALL_STAGES, BACKWARD_STAGES or TRAINED_STAGES (see stage_roles)
+    cost_without_weights: str | None = None  # its cost on a stage that computes no weight gradient
+
+    def __post_init__(self) -> None:
+        if self.stream not in STREAMS:
+            raise PipeschedError(f"stream={self.stream!r}: choose {' or '.join(STREAMS)}")
+        if self.runs_on not in _RUNS_IN:
+            raise PipeschedError(f"runs_on={self.runs_on!r}: choose one of {', '.join(_RUNS_IN)}")
 
 
 @dataclass(frozen=True)
@@ -88,12 +158,19 @@ class Rules:
 
     kinds: tuple[KindRule, ...]
     complete: tuple[frozenset[OpKind], ...]
+    # groups of kinds a stage-microbatch may add to its complete set, all or none (offload)
+    optional: tuple[frozenset[OpKind], ...] = ()
     by_kind: dict[OpKind, KindRule] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_kind", {rule.kind: rule for rule in self.kinds})
         if len(self.by_kind) != len(self.kinds):
             raise PipeschedError("rules: two entries for one op kind")
+        known = set(self.by_kind)
+        for group in (*self.complete, *self.optional):
+            unknown = sorted(str(kind) for kind in group if kind not in known)
+            if unknown:
+                raise PipeschedError(f"rules: kind={unknown[0]} of a complete or optional set has no entry")
 
     def __getitem__(self, kind: OpKind) -> KindRule:
         try:
@@ -122,7 +199,79 @@ class Rules:
 
     def with_kind(self, rule: KindRule, *, complete: tuple[frozenset[OpKind], ...] | None = None) -> Rules:
         """A new table with ``rule`` added (and other complete sets, when given)."""
-        return Rules((*self.kinds, rule), self.complete if complete is None else complete)
+        return Rules((*self.kinds, rule), self.complete if complete is None else complete, self.optional)
+
+    # --- what a stage of each role runs (see the module docstring) ----------------------
+    def kinds_for(self, role: str) -> frozenset[OpKind]:
+        """The kinds a stage of ``role`` runs."""
+        return frozenset(rule.kind for rule in self.kinds if role in _RUNS_IN[rule.runs_on])
+
+    def complete_for(self, role: str) -> tuple[frozenset[OpKind], ...]:
+        """The complete sets of a stage of ``role``: each complete set less the kinds it drops."""
+        kept = self.kinds_for(role)
+        return tuple(dict.fromkeys(kinds & kept for kinds in self.complete))
+
+    def accepted_for(self, role: str) -> tuple[frozenset[OpKind], ...]:
+        """Every set of kinds a stage-microbatch of ``role`` may run: a complete set, with or
+        without each optional group the role runs."""
+        kept = self.kinds_for(role)
+        accepted = list(self.complete_for(role))
+        for group in self.optional:
+            if group <= kept:
+                accepted += [kinds | group for kinds in accepted]
+        return tuple(dict.fromkeys(accepted))
+
+    def cost_for(self, kind: OpKind, role: str) -> str:
+        """The cost name of ``kind`` on a stage of ``role``."""
+        rule = self[kind]
+        if role != TRAINS and rule.cost_without_weights is not None:
+            return rule.cost_without_weights
+        return rule.cost
+
+    def memory_for(self, kind: OpKind, role: str) -> MemoryEffect:
+        """The memory effect of ``kind`` on a stage of ``role``: its own, plus those of the
+        kinds the role drops that needed it on their stage (W's folds into I; a dropped
+        backward's into F)."""
+        return self._memory_by_role[role].get(kind, self[kind].memory)
+
+    @cached_property
+    def _memory_by_role(self) -> dict[str, dict[OpKind, MemoryEffect]]:
+        found: dict[str, dict[OpKind, MemoryEffect]] = {}
+        for role in ROLES:
+            kept = self.kinds_for(role)
+            effects: dict[OpKind, MemoryEffect] = {}
+            sets = [*self.complete, *(kinds | group for kinds in self.complete for group in self.optional)]
+            for kinds in sets:
+                mine = {kind: self[kind].memory for kind in kinds & kept}
+                for dropped in self._ordered(kinds - kept):
+                    target = self._fold_target(dropped, kinds & kept)
+                    if target is not None:
+                        mine[target] = mine[target].plus(self[dropped].memory)
+                for kind, effect in mine.items():
+                    if effects.setdefault(kind, effect) != effect:
+                        raise PipeschedError(f"rules: kind={kind} would free different bytes in two complete sets "
+                                             f"of a {role} stage; give each dropped kind one same-stage need")
+            found[role] = effects
+        return found
+
+    def _fold_target(self, kind: OpKind, present: frozenset[OpKind]) -> OpKind | None:
+        """The kind among ``present`` that ``kind`` needed on its own stage, directly or
+        through kinds that are not present."""
+        for need in self[kind].needs:
+            if need.offset != 0:
+                continue
+            for alternative in need.kinds:
+                if alternative in present:
+                    return alternative
+            for alternative in need.kinds:
+                found = self._fold_target(alternative, present)
+                if found is not None:
+                    return found
+        return None
+
+    def streams(self) -> tuple[str, ...]:
+        """The streams the kinds of this table run on, compute first."""
+        return tuple(stream for stream in STREAMS if any(rule.stream == stream for rule in self.kinds))
 
     def sends(self, kind: OpKind) -> tuple[tuple[int, str], ...]:
         """(stage offset of the consumer, message) of each input ``kind`` produces for a
@@ -131,22 +280,28 @@ class Rules:
                  if need.message is not None and kind in need.kinds}
         return tuple(found)
 
-    def units_delta(self, kind: OpKind) -> float:
-        """Change of stage-microbatches in flight an op of ``kind`` makes (M_B = 1, and the
-        input part freed at I counted as still held until W)."""
-        return self[kind].memory.bytes(1.0, 0.0)
+    def units_delta(self, kind: OpKind, role: str = TRAINS) -> float:
+        """Change of stage-microbatches in flight an op of ``kind`` makes on a stage of
+        ``role`` (M_B = 1, and the input part freed at I counted as still held until W)."""
+        if role == TRAINS:
+            return self[kind].memory.bytes(1.0, 0.0)
+        return self.memory_for(kind, role).bytes(1.0, 0.0)
 
-    def describe_complete(self) -> str:
-        """What a complete stage-microbatch runs: 'one F and either one B or one I and one W'."""
-        common = frozenset.intersection(*self.complete)
+    def describe_complete(self, role: str = TRAINS) -> str:
+        """What a complete stage-microbatch of a stage of ``role`` runs: 'one F and either one
+        B or one I and one W' (a frozen stage's role names itself)."""
+        complete = self.complete_for(role)
+        common = frozenset.intersection(*complete)
 
         def ones(kinds: frozenset[OpKind]) -> str:
             return " and ".join(f"one {kind}" for kind in self._ordered(kinds))
 
-        options = [ones(kinds - common) for kinds in self.complete if kinds - common]
+        options = [ones(kinds - common) for kinds in complete if kinds - common]
         text = ones(common)
         if options:
             text += (" and " if text else "") + ("either " + " or ".join(options) if len(options) > 1 else options[0])
+        if role != TRAINS:
+            text += f" (a frozen stage: {role})"
         return text
 
     def _ordered(self, kinds: frozenset[OpKind]) -> list[OpKind]:
@@ -155,17 +310,29 @@ class Rules:
 
 # the backward that produces stage s's input gradient: I when the table splits it, else B
 _GRADIENT_SOURCE = Need(+1, (I, B), GRADIENT)
+# a backward's own activations: reloaded from host memory when they were offloaded, else F's
+_OWN_ACTIVATIONS = Need(0, (R, F))
 
 RULES = Rules(
     kinds=(
         KindRule(F, "forward", needs=(Need(-1, (F,), ACTIVATION),), cost="forward",
                  memory=MemoryEffect(whole=+1.0, at=AT_START)),
-        KindRule(I, "backward for inputs", needs=(Need(0, (F,)), _GRADIENT_SOURCE), cost="backward_input",
-                 memory=MemoryEffect(input_part=-1.0, kept=+1.0, at=AT_END)),
+        KindRule(I, "backward for inputs", needs=(_OWN_ACTIVATIONS, _GRADIENT_SOURCE), cost="backward_input",
+                 memory=MemoryEffect(input_part=-1.0, kept=+1.0, at=AT_END), runs_on=BACKWARD_STAGES),
         KindRule(W, "backward for weights", needs=(Need(0, (I,)),), cost="backward_weight",
-                 memory=MemoryEffect(whole=-1.0, input_part=+1.0, kept=-1.0, at=AT_END), ends_weight_gradient=True),
-        KindRule(B, "full backward (I then W)", needs=(Need(0, (F,)), _GRADIENT_SOURCE), cost="backward",
-                 memory=MemoryEffect(whole=-1.0, at=AT_END), ends_weight_gradient=True),
+                 memory=MemoryEffect(whole=-1.0, input_part=+1.0, kept=-1.0, at=AT_END), ends_weight_gradient=True,
+                 runs_on=TRAINED_STAGES),
+        KindRule(B, "full backward (I then W)", needs=(_OWN_ACTIVATIONS, _GRADIENT_SOURCE), cost="backward",
+                 memory=MemoryEffect(whole=-1.0, at=AT_END), ends_weight_gradient=True, runs_on=BACKWARD_STAGES,
+                 cost_without_weights="backward_input"),
+        # the device copy is freed once the copy ends; the host copy exists from its start
+        KindRule(O, "offload activations to host memory", needs=(Need(0, (F,)),), cost=HOST_TRANSFER,
+                 memory=MemoryEffect(whole=-1.0, at=AT_END, host=+1.0, host_at=AT_START), stream=HOST_LINK,
+                 runs_on=BACKWARD_STAGES),
+        KindRule(R, "reload activations from host memory", needs=(Need(0, (O,)),), cost=HOST_TRANSFER,
+                 memory=MemoryEffect(whole=+1.0, at=AT_START, host=-1.0, host_at=AT_END), stream=HOST_LINK,
+                 runs_on=BACKWARD_STAGES),
     ),
     complete=(frozenset({F, B}), frozenset({F, I, W})),
+    optional=(frozenset({O, R}),),
 )

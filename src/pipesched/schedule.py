@@ -8,7 +8,7 @@ from functools import cached_property
 
 from pipesched.errors import PipeschedError, require
 from pipesched.ops import I, Op, W
-from pipesched.rules import RULES, Rules
+from pipesched.rules import RULES, Rules, stage_roles
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,9 @@ class Schedule:
     ``route[mb]`` is the replica that microbatch ``mb`` goes through (all 0 with one replica).
     ``params`` records the generator's parameters (``p``, ``m``, ``v``, ...) for display.
     ``rules`` is the table of op kinds the ops are read with (``pipesched.rules.RULES``).
+    ``frozen`` names the stages whose layers are all frozen: they compute no weight
+    gradient, and the rules' stage roles say which ops each stage runs
+    (``pipesched.rules.stage_roles``; ``pipesched.passes.freeze`` makes such a table).
     """
 
     name: str
@@ -126,9 +129,14 @@ class Schedule:
     route: tuple[int, ...] = ()
     params: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
     rules: Rules = field(default=RULES, compare=False, hash=False, repr=False)
+    frozen: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         require(self.num_microbatches >= 1, "microbatches", self.num_microbatches, "must be at least 1")
+        object.__setattr__(self, "frozen", frozenset(int(stage) for stage in self.frozen))
+        outside = sorted(stage for stage in self.frozen if not 0 <= stage < self.placement.num_stages)
+        require(not outside, "frozen stage", outside[0] if outside else "",
+                f"the schedule has stages 0..{self.placement.num_stages - 1}")
         require(
             len(self.device_ops) == self.placement.num_devices,
             "devices",
@@ -188,6 +196,11 @@ class Schedule:
         return {}
 
     @cached_property
+    def roles(self) -> tuple[str, ...]:
+        """What each stage does in the backward, from the frozen stages (``stage_roles``)."""
+        return stage_roles(self.num_stages, self.frozen)
+
+    @cached_property
     def splits_backward(self) -> bool:
         """True when some backward is split into I and W (zero-bubble style)."""
         return any(op.kind is I or op.kind is W for _, op in self.ops())
@@ -213,15 +226,18 @@ class Schedule:
             found.append(Op(stage, kind, op.microbatch))
         return tuple(found)
 
-    def with_ops(self, device_ops: tuple[tuple[Op, ...], ...], *, name: str | None = None) -> Schedule:
-        """A copy with other op tables (for passes: Schedule -> Schedule)."""
+    def with_ops(self, device_ops: tuple[tuple[Op, ...], ...], *, name: str | None = None,
+                 frozen: frozenset[int] | None = None, params: Mapping[str, object] | None = None) -> Schedule:
+        """A copy with other op tables (for passes: Schedule -> Schedule), and other frozen
+        stages or parameters when given."""
         return Schedule(
             name=name or self.name,
             placement=self.placement,
             num_microbatches=self.num_microbatches,
             device_ops=tuple(tuple(ops) for ops in device_ops),
             route=self.route,
-            params=dict(self.params),
+            params=dict(self.params if params is None else params),
             rules=self.rules,
+            frozen=self.frozen if frozen is None else frozen,
         )
 

@@ -33,22 +33,25 @@ def slot_table(schedule: Schedule, costs: StageCosts | None = None) -> Timeline:
     return run(compile_graph(schedule, slots, None), memory=False)
 
 
-def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES) -> Iterator[tuple[Op, int]]:
+def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES,
+                       roles: Sequence[str] | None = None) -> Iterator[tuple[Op, int]]:
     """(op, stage-microbatches of activations held right after it) along one device's table.
 
     An F allocates its stage-microbatch's activations; the op that ends its backward frees
-    them (B, or W when the backward is split into I and W): the rules' count
-    (``Rules.units_delta``). Table order is time order on one device.
+    them (B, or W when the backward is split into I and W), an offload moves them to host
+    memory and its reload back: the rules' count (``Rules.units_delta``) for the role of
+    each op's stage (``roles``, by stage; None: every stage trains). Table order is taken
+    as time order on one device.
     """
     held = 0.0
     for op in ops:
-        held += rules.units_delta(op.kind)
+        held += rules.units_delta(op.kind) if roles is None else rules.units_delta(op.kind, roles[op.stage])
         yield op, round(held)
 
 
 def inflight_per_device(schedule: Schedule) -> list[int]:
     """Peak stage-microbatches whose activations each device holds at once."""
-    return [max((held for _, held in held_after_each_op(ops, schedule.rules)), default=0)
+    return [max((held for _, held in held_after_each_op(ops, schedule.rules, schedule.roles)), default=0)
             for ops in schedule.device_ops]
 
 

@@ -140,6 +140,7 @@ class Timeline:
     memory: MemoryTrace | None = None
     simulation: SimulationInfo | None = None  # table and simulated timelines
     measured: MeasuredInfo | None = None  # measured timelines
+    host_memory: MemoryTrace | None = None  # host bytes of each device's offloaded activations, when it offloads
 
     def __len__(self) -> int:
         return int(self.op_start.shape[0])
@@ -160,11 +161,20 @@ class Timeline:
     def origin(self) -> float:
         return float(self.op_start.min()) if len(self) else 0.0
 
+    @property
+    def on_compute(self) -> np.ndarray:
+        """bool per op row: the op runs on its device's compute stream (not on its host link)."""
+        from pipesched.dependencies import rule_arrays
+        from pipesched.rules import COMPUTE, STREAMS
+
+        return rule_arrays(self.schedule.rules).stream[self.op_kind] == STREAMS.index(COMPUTE)
+
     def busy_per_device(self) -> np.ndarray:
-        """Compute time per device (float64 array of length num_devices)."""
-        return np.bincount(
-            self.op_device, weights=self.op_end - self.op_start, minlength=self.num_devices
-        )
+        """Compute time per device (float64 array of length num_devices): the ops on its
+        compute stream."""
+        durations = self.op_end - self.op_start
+        return np.bincount(self.op_device, weights=np.where(self.on_compute, durations, 0.0),
+                           minlength=self.num_devices)
 
     def idle_per_device(self) -> np.ndarray:
         return self.makespan - self.busy_per_device()
@@ -178,7 +188,8 @@ class Timeline:
         return Op(int(self.op_stage[row]), self.schedule.rules.kinds[int(self.op_kind[row])].kind,
                   int(self.op_microbatch[row]))
 
-    def rows_of_device(self, device: int) -> np.ndarray:
-        """Row indices of device's ops, in start-time order."""
-        rows = np.flatnonzero(self.op_device == device)
+    def rows_of_device(self, device: int, *, compute: bool = True) -> np.ndarray:
+        """Row indices of device's ops on its compute stream (``compute=False``: on its
+        host link), in start-time order."""
+        rows = np.flatnonzero((self.op_device == device) & (self.on_compute == compute))
         return rows[np.argsort(self.op_start[rows], kind="stable")]

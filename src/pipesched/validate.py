@@ -1,7 +1,8 @@
 """Schedule validation: typed violations, never an exception for a bad table.
 
 Checks, in order: ops out of range; duplicates; each op on the device its placement (and the
-microbatch's replica) says; completeness (F, and B or I+W, for every stage-microbatch);
+microbatch's replica) says; completeness (F, and B or I+W, for every stage-microbatch, less
+what a frozen stage drops; an offload with its reload); ops a frozen stage does not run;
 mixed backward kinds; local order (a device waiting on an op it runs later); cross-device
 deadlock (the ops that wait on each other in a cycle); optional memory limit in in-flight
 stage-microbatches per device.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from pipesched.ops import Op, OpKind
 from pipesched.ordering import walk
-from pipesched.rules import Rules
+from pipesched.rules import TRAINS, Rules
 from pipesched.schedule import Schedule
 from pipesched.slot_table import held_after_each_op
 
@@ -27,6 +28,7 @@ MIXED_BACKWARD = "mixed-backward"
 LOCAL_ORDER = "local-order"
 DEADLOCK = "deadlock"
 MEMORY = "memory"
+FROZEN = "frozen"
 
 
 @dataclass(frozen=True)
@@ -80,26 +82,36 @@ def _structure(schedule: Schedule) -> list[Violation]:
             found.append(Violation(DUPLICATE, f"{op} appears {count} times", (op,)))
     for stage in range(schedule.num_stages):
         for mb in range(schedule.num_microbatches):
-            found += _completeness(counts, stage, mb, schedule.rules)
+            found += _completeness(counts, stage, mb, schedule.rules, schedule.roles[stage])
     return found
 
 
-def _completeness(counts: Counter, stage: int, mb: int, rules: Rules) -> list[Violation]:
-    """A stage-microbatch must run exactly one of the rules' complete sets of kinds (F and B,
-    or F, I and W): report the missing ops of the closest set(s), or a mix of two sets."""
+def _completeness(counts: Counter, stage: int, mb: int, rules: Rules, role: str = TRAINS) -> list[Violation]:
+    """A stage-microbatch must run exactly one of the sets of kinds its stage's role accepts
+    (F and B, or F, I and W, less what a frozen stage drops; an offload with its reload):
+    report the ops a frozen stage does not run, the missing ops of the closest set(s), or a
+    mix of two sets."""
     present = frozenset(rule.kind for rule in rules if counts[Op(stage, rule.kind, mb)] > 0)
-    if present in rules.complete:
+    accepted = rules.accepted_for(role)
+    if present in accepted:
         return []
 
     def ops(kinds: frozenset[OpKind]) -> tuple[Op, ...]:
         return tuple(Op(stage, rule.kind, mb) for rule in rules if rule.kind in kinds)
 
-    candidates = [kinds for kinds in rules.complete if present <= kinds]
+    dropped = present - rules.kinds_for(role)
+    if dropped:
+        return [Violation(
+            FROZEN,
+            f"stage {stage} is frozen ({role}): it does not run {' and '.join(map(str, ops(dropped)))}; "
+            f"its stage-microbatches run {rules.describe_complete(role)}",
+            ops(dropped))]
+    candidates = [kinds for kinds in accepted if present <= kinds]
     if not candidates:
         return [Violation(
             MIXED_BACKWARD,
             f"stage {stage} microbatch {mb} mixes ops of different complete sets "
-            f"({', '.join(map(str, ops(present)))}); run {rules.describe_complete()}",
+            f"({', '.join(map(str, ops(present)))}); run {rules.describe_complete(role)}",
             ops(present))]
     # the closest complete set first; the others as alternatives
     options = [ops(kinds - present) for kinds in sorted(candidates, key=lambda kinds: len(kinds - present))]
@@ -107,7 +119,7 @@ def _completeness(counts: Counter, stage: int, mb: int, rules: Rules) -> list[Vi
     text += "".join(f" (or {' and '.join(map(str, option))})" for option in options[1:])
     text += " is missing"
     # ops present beyond what every complete set has say which set this one was meant to be
-    specific = ops(present - frozenset.intersection(*rules.complete))
+    specific = ops(present - frozenset.intersection(*rules.complete_for(role)))
     if specific:
         text += f" (its {' and '.join(map(str, specific))} {'is' if len(specific) == 1 else 'are'} present)"
     return [Violation(MISSING, text, options[0])]
@@ -139,7 +151,7 @@ def _order(schedule: Schedule) -> list[Violation]:
 def _memory(schedule: Schedule, limit: int) -> list[Violation]:
     found = []
     for device, ops in enumerate(schedule.device_ops):
-        for op, held in held_after_each_op(ops, schedule.rules):
+        for op, held in held_after_each_op(ops, schedule.rules, schedule.roles):
             if held > limit:
                 found.append(Violation(
                     MEMORY,

@@ -20,12 +20,17 @@ from pipesched.cli.options import (
     ClusterName,
     Devices,
     FamilySettings,
+    FreezePlan,
+    FrozenLayers,
+    HostBandwidth,
+    HostMemory,
     Latency,
     Microbatches,
     MicroBatchSize,
     Model,
     NoContention,
     NoOverlap,
+    Offload,
     PartitionOption,
     Recompute,
     SeqLen,
@@ -35,10 +40,12 @@ from pipesched.cli.options import (
     split_names,
     workload,
 )
+from pipesched.cli.training import print_freeze_plan
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
-from pipesched.compare import LEVELS, Comparison, compare
+from pipesched.compare import LEVELS, Comparison, compare, family_points
 from pipesched.errors import PipeschedError
 from pipesched.experiments.defaults import DEFAULTS
+from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
 
 GiB = 2.0**30
 LEVEL_TITLES = {"formula": "formula (slots)", "table": "table (slots)", "sim": "simulated (s)"}
@@ -87,6 +94,11 @@ def compare_command(
     bandwidth: Bandwidth = None,
     no_contention: NoContention = False,
     no_overlap: NoOverlap = False,
+    frozen_layers: FrozenLayers = None,
+    offload: Offload = None,
+    host_bandwidth: HostBandwidth = None,
+    host_memory: HostMemory = None,
+    freeze_plan: FreezePlan = None,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -94,9 +106,14 @@ def compare_command(
     html: Html = None,
 ) -> None:
     """Compare schedule families: iteration time, bubble ratio and peak memory under the
-    closed forms, the slot table and the simulation, ranked per level. Without arguments:
-    every family on the default scenario (Llama-3-70B-like model on 4 x 8 H100, p=8, m=32)."""
+    closed forms, the slot table and the simulation, ranked per level; frozen, recomputed
+    and offloaded work per device. With --freeze-plan: the best schedule of each step range
+    and the total time. Without arguments: every family on the default scenario
+    (Llama-3-70B-like model on 4 x 8 H100, p=8, m=32)."""
     views = ViewPaths(png, svg, trace, html).check()
+    plan = load_freeze_plan(freeze_plan) if freeze_plan is not None else None
+    if plan is not None and frozen_layers is not None:
+        raise PipeschedError("frozen-layers: not with --freeze-plan, whose ranges say which layers are frozen")
     chosen_levels = split_names(levels)
     for level in chosen_levels:
         if level not in LEVELS:
@@ -107,9 +124,19 @@ def compare_command(
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
                      stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
-                     no_overlap=no_overlap)
+                     no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
+                     host_bandwidth=host_bandwidth, host_memory=host_memory)
     options, slot_costs = family_options(family_settings)
     point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs)
+    if plan is not None:
+        result_of_plan = evaluate_freeze_plan(plan, family_points(names, p=p if p is not None else DEFAULTS.p,
+                                                                  m=m if m is not None else DEFAULTS.m, v=v,
+                                                                  workload=point))
+        if as_json:
+            typer.echo(json.dumps(result_of_plan.to_dict(), indent=1))
+            return
+        print_freeze_plan(result_of_plan)
+        return
     progress = _LateProgress(Console(file=sys.stderr))
     try:
         result = compare(names, p=p if p is not None else DEFAULTS.p, m=m if m is not None else DEFAULTS.m, v=v,
@@ -177,8 +204,27 @@ def print_comparison(result: Comparison) -> None:
             console.print("the ranking is the same at every level")
     console.print("slots: time of a 1F1B stage op (F = I = W = 1); act. units: peak in-flight activations "
                   "of the worst device in 1F1B-stage units; bubble = idle / (devices x time)")
+    _print_training(result, order, console)
     for name, reason in result.skipped:
         console.print(f"skipped {name}: {reason}", highlight=False, markup=False)
+
+
+def _print_training(result: Comparison, order: list[str], console: Console) -> None:
+    """Per schedule, the frozen, recomputed and offloaded work of each device (sim level),
+    when there is any."""
+    rows = [(name, r.training) for name in order if (r := result.result(name, "sim")) is not None
+            and r.training is not None and r.training.any]
+    if not rows:
+        return
+    table = Table(title="training work per device (sim): device 0, 1, ...")
+    for column in ("schedule", "frozen stages", "recompute s", "offloaded", "offload exposed s", "host peak GiB"):
+        table.add_column(column, justify="right")
+    for name, work in rows:
+        frozen = " | ".join(",".join(map(str, stages)) or "-" for stages in work.frozen_stages)
+        table.add_row(name, frozen, " ".join(f"{x:.3g}" for x in work.recompute_s),
+                      " ".join(str(x) for x in work.offloaded), " ".join(f"{x:.3g}" for x in work.offload_exposed_s),
+                      " ".join(f"{x / GiB:.2f}" for x in work.host_peak_bytes))
+    console.print(table)
 
 
 def register(app: typer.Typer) -> None:

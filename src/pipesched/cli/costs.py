@@ -12,6 +12,7 @@ from rich.table import Table
 
 from pipesched.cli.options import (
     Dtype,
+    FrozenLayers,
     MicroBatchSize,
     Recompute,
     SeqLen,
@@ -34,7 +35,9 @@ from pipesched.model import (
     load_model,
     plan_stages,
 )
+from pipesched.model.freezing import parse_frozen_layers
 from pipesched.model.hardware import DeviceSpec
+from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.partition import format_layout, parse_layout
 from pipesched.schedule import Placement
 
@@ -154,6 +157,7 @@ def _plan_json(plan: StagePlan, layout: str) -> str:
             "stage_s": plan.stage_s[s], "activation_bytes": plan.costs.activation_bytes[s],
             "static_bytes": plan.costs.static(s), "output_bytes": plan.costs.output_bytes[s],
             "inflight": plan.inflight[s] if plan.inflight is not None else None,
+            "recompute": plan.recompute[s], "frozen": bool(plan.costs.frozen[s]) if plan.costs.frozen else False,
         })
     return json.dumps({
         "model": plan.model.name, "method": plan.method, "sizes": list(plan.partition.sizes),
@@ -166,10 +170,16 @@ def _plan_json(plan: StagePlan, layout: str) -> str:
 def _print_plan(plan: StagePlan, layout: str | None) -> None:
     console = _console()
     run = plan.settings
+    per_stage = len(set(plan.recompute)) > 1
+    recompute = "per stage" if per_stage else run.recompute
     table = Table(title=f"{plan.model.name}: {plan.costs.num_stages} stages ({plan.method}), "
-                        f"b={run.micro_batch_size} s={run.seq_len} t={run.tensor_parallel} recompute={run.recompute}; "
+                        f"b={run.micro_batch_size} s={run.seq_len} t={run.tensor_parallel} recompute={recompute}; "
                         "times in ms per microbatch, memory in GiB")
     columns = ["stage", "cluster rank", "device", "layers", "F", "I", "W", "send", "total", "static", "act/mb"]
+    if per_stage:
+        columns += ["recompute"]
+    if plan.costs.frozen is not None:
+        columns += ["frozen"]
     if plan.inflight is not None:
         columns += ["in flight"]
     for column in columns:
@@ -184,6 +194,11 @@ def _print_plan(plan: StagePlan, layout: str | None) -> None:
                f"{plan.stage_s[s] * 1e3:.2f}", f"{costs.static(s) / GiB:.2f}",
                f"{costs.activation_bytes[s] / GiB:.2f}"]
         blocks += kinds.count("t")
+        if per_stage:
+            row += [plan.recompute[s]]
+        if plan.costs.frozen is not None:
+            frozen = sum(layer.frozen for layer in plan.layers[s])
+            row += ["all" if plan.costs.frozen[s] else (f"{frozen} layers" if frozen else "-")]
         if plan.inflight is not None:
             row += [str(plan.inflight[s])]
         table.add_row(*row)
@@ -224,14 +239,21 @@ def partition(
     matmul_efficiency: float | None = typer.Option(None, "--matmul-efficiency", help="fraction of peak FLOP/s"),
     bandwidth_efficiency: float | None = typer.Option(None, "--bandwidth-efficiency",
                                                       help="fraction of memory bandwidth"),
+    frozen_layers: FrozenLayers = None,
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
 ) -> None:
-    """Split a model's layers into p x v pipeline stages and show each stage's time and memory."""
+    """Split a model's layers into p x v pipeline stages and show each stage's time and memory
+    (frozen layers cost less: the balanced split gives their stages more of them)."""
     require(p >= 1, "p", p, "must be at least 1")
     require(v is None or v >= 1, "v", v, "must be at least 1")
     require(memory_limit is None or memory_limit > 0, "memory-limit", memory_limit, "must be > 0 GiB")
     spec = load_model(model)
-    settings = _settings(micro_batch_size, seq_len, dtype, recompute, tensor_parallel, sequence_parallel)
+    recompute = recompute or DEFAULTS.recompute
+    settings = _settings(micro_batch_size, seq_len, dtype, uniform_mode(recompute) or "none", tensor_parallel,
+                         sequence_parallel)
+    if frozen_layers:
+        settings = dataclasses.replace(settings,
+                                       frozen_layers=parse_frozen_layers(frozen_layers, spec.num_cost_layers))
     built = None
     if schedule is not None:
         require(microbatches >= 1, "m", microbatches, "give the number of microbatches with --schedule (-m M)")
@@ -243,8 +265,9 @@ def partition(
     hardware = _cluster(device, cluster, placement.num_devices * settings.tensor_parallel, matmul_efficiency,
                         bandwidth_efficiency)
     given = parse_layout(from_layout, spec.layer_kinds, num_stages=placement.num_stages) if from_layout else None
+    modes = None if uniform_mode(recompute) is not None else recompute_modes(recompute, placement.num_stages)
     plan = plan_stages(spec, placement, hardware, settings, method=method, partition=given, schedule=built,
-                       memory_limit=memory_limit * GiB if memory_limit is not None else None)
+                       memory_limit=memory_limit * GiB if memory_limit is not None else None, recompute=modes)
     layout = format_layout(plan.partition, spec.layer_kinds)
     if as_json:
         typer.echo(_plan_json(plan, layout))

@@ -15,6 +15,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.experiments.defaults import DEFAULTS
 from pipesched.experiments.point import Point
+from pipesched.indices import MAX_INDEX_COUNT
 
 # --- the schedule ------------------------------------------------------------------------
 Devices = Annotated[int | None, typer.Option("-p", help=f"pipeline devices [default: {DEFAULTS.p}]")]
@@ -33,7 +34,9 @@ SeqLen = Annotated[int | None, typer.Option("--seq-len", "-s", help=f"tokens per
 TensorParallel = Annotated[int | None, typer.Option(
     "--tensor-parallel", "-t",
     help=f"tensor-parallel degree; pipeline device d runs on cluster rank d x t [default: {DEFAULTS.tensor_parallel}]")]
-Recompute = Annotated[str | None, typer.Option("--recompute", help=f"none, selective or full [default: {DEFAULTS.recompute}]")]
+Recompute = Annotated[str | None, typer.Option(
+    "--recompute", help=f"none, selective or full; per stage: full,none,none,selective, or MODE:STAGES items like "
+                        f"full:0-3 (one bare MODE for the rest, default none) [default: {DEFAULTS.recompute}]")]
 SequenceParallel = Annotated[bool, typer.Option(
     "--sequence-parallel/--no-sequence-parallel",
     help=f"split norms and dropouts across the tensor-parallel group too [default: {DEFAULTS.sequence_parallel}]")]
@@ -50,6 +53,26 @@ Bandwidth = Annotated[str | None, typer.Option(
     "--bandwidth", help="link bandwidth in bytes/s or inf: uniform links with --stage-costs [default: inf], or every "
                         "link of the cluster")]
 NoContention = Annotated[bool, typer.Option("--no-contention", help="transfers never wait for a busy channel")]
+# --- what training does to the table ------------------------------------------------------
+FrozenStages = Annotated[str | None, typer.Option(
+    "--frozen-stages", help="stages whose layers are all frozen, like 0-3: the table drops their W, or their whole "
+                            "backward when every stage before them is frozen too")]
+FrozenLayers = Annotated[str | None, typer.Option(
+    "--frozen-layers", help="layers that do not train: positions in the model's layer list (embedding first, as "
+                            "`pipesched costs` lists them) like 0-39, or a fraction from the front like 0.5; with "
+                            "--stage-costs, cost rows")]
+Offload = Annotated[str | None, typer.Option(
+    "--offload", help="activation offload to host memory over each device's host link: all, stages like 0-3, or a "
+                      "fraction of every stage's microbatches like 0.5")]
+HostBandwidth = Annotated[str | None, typer.Option(
+    "--host-bandwidth", help="bytes/s (or 64GB/s) of every device's host link: with --stage-costs, or replacing the "
+                             "cluster's")]
+HostMemory = Annotated[str | None, typer.Option(
+    "--host-memory", help="host memory each device's offloads may fill, bytes or 256GiB: with --stage-costs, or "
+                          "replacing the cluster's")]
+FreezePlan = Annotated[str | None, typer.Option(
+    "--freeze-plan", help="CSV of frozen layers over training steps (start,end,frozen_layers): each step range "
+                          "evaluated with its frozen set, and the total time")]
 NoOverlap = Annotated[bool, typer.Option("--no-overlap", help="blocking runtime: no compute while a device sends or receives")]
 AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 
@@ -113,6 +136,35 @@ def parse_bandwidth(text: str | None) -> float | None:
     return value
 
 
+def parse_amount(text: str | None, quantity: str, field: str) -> float | None:
+    """``--host-bandwidth`` / ``--host-memory`` text (a number, or with a unit) -> base
+    units, > 0; None when not given."""
+    if text is None:
+        return None
+    from pipesched.model.units import parse_quantity
+
+    value = parse_quantity(text, quantity, field)
+    if not value > 0:
+        raise PipeschedError(f"{field}={text[:40]}: must be > 0")
+    return value
+
+
+def check_training(frozen_layers: str | None, offload: str | None) -> None:
+    """The frozen layers and offload texts are well formed (their indices are checked
+    against the model and the table once those are known)."""
+    from pipesched.model.freezing import parse_frozen_layers
+    from pipesched.passes.offload import OffloadPolicy
+
+    if frozen_layers:
+        parse_frozen_layers(frozen_layers, _ANY_COUNT)
+    if offload:
+        OffloadPolicy.parse(offload, _ANY_COUNT)
+
+
+# an index bound large enough to check the form of index text before its real bound is known
+_ANY_COUNT = MAX_INDEX_COUNT
+
+
 def workload(
     *,
     model: str | None = None,
@@ -127,10 +179,19 @@ def workload(
     bandwidth: str | None = None,
     no_contention: bool = False,
     no_overlap: bool = False,
+    frozen_layers: str | None = None,
+    offload: str | None = None,
+    host_bandwidth: str | None = None,
+    host_memory: str | None = None,
 ) -> Point:
     """The template point the workload options ask for: a stage-cost file on uniform links,
-    or a model on a cluster (each unset option from DEFAULTS)."""
-    engine = {"contention": not no_contention, "overlap": not no_overlap, "latency": latency}
+    or a model on a cluster (each unset option from DEFAULTS), with the frozen layers, the
+    offload policy and host links asked for."""
+    check_training(frozen_layers, offload)
+    engine = {"contention": not no_contention, "overlap": not no_overlap, "latency": latency,
+              "frozen_layers": frozen_layers or "", "offload": offload or "",
+              "host_bandwidth": parse_amount(host_bandwidth, "bandwidth", "host-bandwidth"),
+              "host_memory": parse_amount(host_memory, "bytes", "host-memory")}
     if stage_costs is not None:
         model_options = {"--model": model, "--cluster": cluster, "--tensor-parallel": tensor_parallel,
                          "--recompute": recompute, "--partition": partition}

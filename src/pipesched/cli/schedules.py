@@ -10,12 +10,20 @@ from rich.console import Console
 from rich.table import Table
 
 from pipesched import io
-from pipesched.cli.options import Chunks, Devices, FamilySettings, Microbatches, family_options
+from pipesched.cli.options import (
+    Chunks,
+    Devices,
+    FamilySettings,
+    FrozenStages,
+    Microbatches,
+    family_options,
+)
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.experiments.defaults import DEFAULTS
 from pipesched.generators import FAMILIES, formula, generate, get_family
+from pipesched.indices import parse_indices
 from pipesched.io.files import check_output_path, write_atomic
 from pipesched.schedule import Schedule
 from pipesched.slot_table import slot_table, table_metrics
@@ -41,6 +49,7 @@ def show(
     fmt: Annotated[str, typer.Option("--format", help="grid | csv (PyTorch compute-only) | csv-comms (PyTorch compute+comms) | json")] = "grid",
     output: Annotated[str | None, typer.Option("-o", "--output", help="write to this file instead of stdout")] = None,
     settings: FamilySettings = None,
+    frozen_stages: FrozenStages = None,
     png: Png = None,
     svg: Svg = None,
     trace: Trace = None,
@@ -48,13 +57,13 @@ def show(
 ) -> None:
     """Generate a schedule and print it as a table (or write it as grid text, CSV or JSON).
     --png/--svg/--trace/--html draw its idealized slot table (F = I = W = 1 slot, or the
-    lengths --set costs=F,I,W gives)."""
+    lengths --set costs=F,I,W gives). --frozen-stages generates it for those frozen stages."""
     if fmt not in io.FORMATS:
         raise typer.BadParameter(f"format={fmt!r}: choose one of {', '.join(io.FORMATS)}")
     if output is not None:
         check_output_path(output)
     views = ViewPaths(png, svg, trace, html).check()
-    schedule = load_or_generate(name, p=p, m=m, v=v, settings=settings)
+    schedule = load_or_generate(name, p=p, m=m, v=v, settings=settings, frozen_stages=frozen_stages)
     _, costs = family_options(settings)
     slots = costs if costs is not None else StageCosts.slots()
     if views.any:
@@ -76,26 +85,38 @@ def show(
             est = formula(name, schedule.num_devices, schedule.num_microbatches, v=v, costs=slots)
             sys.stdout.write(
                 f"# formula: makespan {est.makespan:g}, bubble ratio {est.bubble_ratio:.3f}, "
-                f"peak in-flight {est.peak_inflight:g}{'' if est.exact else ' (approximate)'}\n"
+                f"peak in-flight {est.peak_inflight:g}{'' if est.exact else ' (approximate)'}"
+                f"{' (the family without frozen stages)' if schedule.frozen else ''}\n"
             )
 
 
 def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
-                     settings: list[str] | None = None) -> Schedule:
+                     settings: list[str] | None = None, frozen_stages: str | None = None) -> Schedule:
     """A family name generates (p and m default to DEFAULTS'); anything else is read as a
     schedule file, which fixes its own sizes. ``--set costs=...`` reaches the families that
-    plan with costs (the zero-bubble heuristics)."""
+    plan with costs (the zero-bubble heuristics). ``frozen_stages`` (text like ``0-3``)
+    freezes those stages (``generate(..., frozen=...)``, or ``freeze`` for a file)."""
     if name in FAMILIES:
         options, _ = family_options(settings)
         if "costs" in options and "costs" not in get_family(name).options:
             del options["costs"]  # only levels 1 and 2 use them for this family
-        return generate(name, p if p is not None else DEFAULTS.p, m if m is not None else DEFAULTS.m, v=v,
-                        **options)
+        p, m = p if p is not None else DEFAULTS.p, m if m is not None else DEFAULTS.m
+        schedule = generate(name, p, m, v=v, **options)
+        if frozen_stages:
+            frozen = parse_indices(frozen_stages, field="frozen-stages", count=schedule.num_stages, what="stages")
+            schedule = generate(name, p, m, v=v, frozen=frozen, **options)
+        return schedule
     if any(ch in name for ch in "./\\"):
         for flag, value in (("p", p), ("m", m), ("v", v)):
             if value is not None:
                 raise PipeschedError(f"{flag}={value}: a schedule file fixes its own sizes; drop -{flag}")
-        return io.load_schedule(name)
+        schedule = io.load_schedule(name)
+        if frozen_stages:
+            from pipesched.passes.freeze import freeze
+
+            schedule = freeze(schedule, parse_indices(frozen_stages, field="frozen-stages",
+                                                      count=schedule.num_stages, what="stages"))
+        return schedule
     get_family(name)  # raises the unknown-family error listing the known names
     raise AssertionError("unreachable")
 

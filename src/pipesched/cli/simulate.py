@@ -16,23 +16,32 @@ from pipesched.cli.options import (
     ClusterName,
     Devices,
     FamilySettings,
+    FreezePlan,
+    FrozenLayers,
+    HostBandwidth,
+    HostMemory,
     Latency,
     Microbatches,
     MicroBatchSize,
     Model,
     NoContention,
     NoOverlap,
+    Offload,
     PartitionOption,
     Recompute,
     SeqLen,
     StageCostsFile,
     TensorParallel,
+    family_options,
     workload,
 )
 from pipesched.cli.schedules import load_or_generate
+from pipesched.cli.training import print_freeze_plan, training_columns
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
 from pipesched.errors import PipeschedError
+from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
 from pipesched.experiments.simulation import Simulation, simulate_point
+from pipesched.generators import FAMILIES
 
 GiB = 2.0**30
 
@@ -55,6 +64,11 @@ def simulate_command(
     bandwidth: Bandwidth = None,
     no_contention: NoContention = False,
     no_overlap: NoOverlap = False,
+    frozen_layers: FrozenLayers = None,
+    offload: Offload = None,
+    host_bandwidth: HostBandwidth = None,
+    host_memory: HostMemory = None,
+    freeze_plan: FreezePlan = None,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -63,18 +77,37 @@ def simulate_command(
     no_timeline: NoTimeline = False,
 ) -> None:
     """Simulate one training iteration of a schedule: iteration time, bubbles, communication,
-    memory per device, throughput. Without --model/--cluster/--stage-costs it runs the
-    default scenario's model and cluster."""
+    memory per device, throughput; frozen, recomputed and offloaded work per device. Without
+    --model/--cluster/--stage-costs it runs the default scenario's model and cluster."""
     views = ViewPaths(png, svg, trace, html).check()
+    plan = load_freeze_plan(freeze_plan) if freeze_plan is not None else None
+    if plan is not None and frozen_layers is not None:
+        raise PipeschedError("frozen-layers: not with --freeze-plan, whose ranges say which layers are frozen")
     schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
                      stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
-                     no_overlap=no_overlap).replace(schedule=schedule)
+                     no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
+                     host_bandwidth=host_bandwidth, host_memory=host_memory)
     if point.stage_costs is not None and schedule.num_stages % point.stage_costs.num_stages:
         raise PipeschedError(f"stage_costs={stage_costs}: {point.stage_costs.num_stages} stage rows but the schedule "
                              f"has {schedule.num_stages} stages; give {schedule.num_stages} rows (or a divisor of "
                              f"{schedule.num_stages})")
+    if schedule_name in FAMILIES:
+        # a family point: frozen layers regenerate the family's own table for its frozen stages
+        options = {key: value for key, value in family_options(family_settings)[0].items()
+                   if key != "costs" or key in FAMILIES[schedule_name].options}
+        point = point.replace(family=schedule_name, p=schedule.num_devices, m=schedule.num_microbatches, v=v,
+                              options=tuple(sorted(options.items())))
+    else:
+        point = point.replace(schedule=schedule)
+    if plan is not None:
+        result_of_plan = evaluate_freeze_plan(plan, [point])
+        if as_json:
+            typer.echo(json.dumps(result_of_plan.to_dict(), indent=1))
+            return
+        print_freeze_plan(result_of_plan)
+        return
     result = simulate_point(point)
     views.write([result.timeline], title=f"{schedule.name}: {result.setup.description}")
     if as_json:
@@ -119,6 +152,15 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
                         f"{metrics.hidden_comm[d]:.4g}", f"{metrics.peak_memory[d] / GiB:.2f}",
                         "-" if capacity is None else f"{capacity[d] / GiB:.2f}", fits)
     console.print(devices)
+    training = training_columns(metrics.training, timeline)
+    if training:
+        work = Table(title="training work per device (GiB)")
+        work.add_column("device", justify="right")
+        for column in training:
+            work.add_column(column, justify="right")
+        for d in range(schedule.num_devices):
+            work.add_row(str(d), *(cells[d] for cells in training.values()))
+        console.print(work)
 
 
 def register(app: typer.Typer) -> None:

@@ -22,10 +22,11 @@ gives a Record with ``error`` set instead of results: grids report it as skipped
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
+from pipesched.metrics import TrainingWork
 from pipesched.timeline import Timeline
 
 LEVELS = ("formula", "table", "sim")
@@ -51,13 +52,17 @@ class LevelResult:
     mfu: float | None = None  # sim, with a model
     exposed_comm_s: float | None = None  # sim: worst device's exposed communication
     out_of_memory: bool | None = None  # sim: some device's peak exceeds its capacity
+    host_peak_memory: float | None = None  # sim: worst device's host bytes of offloaded activations
+    training: TrainingWork | None = None  # sim: frozen, recomputed and offloaded work per device
 
     @property
     def rank_changed(self) -> bool:
         return self.previous_rank is not None and self.previous_rank != self.rank
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "rank_changed": self.rank_changed}
+        """The flat fields (training work per device is ``training``'s own dict)."""
+        flat = {name: value for name, value in asdict(self).items() if name != "training"}
+        return {**flat, "rank_changed": self.rank_changed}
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,9 @@ def _formula(point: Point, schedule) -> LevelResult:
         raise PipeschedError(f"schedule={point.family}: a schedule file has no closed form; compare it at the "
                              "table and sim levels")
     est = formula(point.family, point.p, point.m, v=point.v, costs=point.slot_costs)
+    if point.trains_differently:
+        # the closed forms know neither frozen stages nor offloads: the plain family's, not exact
+        est = replace(est, exact=False, note="the closed form of the family without freezing or offload")
     return LevelResult(point.family, "formula", est.makespan * _scale(schedule), "slot", est.bubble_ratio,
                        float(est.activation_units), "1F1B-stage activations",
                        peak_inflight=int(est.peak_inflight), exact=est.exact)
@@ -149,7 +157,8 @@ def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
 
 
 def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str]:
-    from pipesched.metrics import communication_per_device, mfu, throughput
+    from pipesched.metrics import communication_per_device, mfu, throughput, training_work
+    from pipesched.passes.offload import check_host_memory
     from pipesched.simulate import simulate
 
     if point.dp != 1:
@@ -159,8 +168,9 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str]:
     costs = setup.costs_for(schedule)
     network = setup.network_for(schedule)
     timeline = simulate(schedule, costs, network, contention=point.contention, overlap=point.overlap)
+    check_host_memory(timeline.host_memory, str(point.offload))
     samples, tokens = throughput(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len)
-    flops = setup.flops_per_iteration(schedule.num_microbatches)
+    flops = setup.flops_per_iteration(schedule.num_microbatches, schedule)
     peaks = setup.peak_flops_per_device(network)
     utilization = None
     if flops is not None and peaks is not None:
@@ -171,5 +181,7 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str]:
         point.family, "sim", timeline.makespan, "s", timeline.bubble_ratio(), max(memory.peak), "bytes",
         throughput_samples_per_s=samples, throughput_tokens_per_s=tokens, mfu=utilization,
         exposed_comm_s=float(exposed.max()), out_of_memory=any(memory.out_of_memory),
+        host_peak_memory=max(timeline.host_memory.peak) if timeline.host_memory is not None else 0.0,
+        training=training_work(timeline),
     )
     return row, timeline, setup.description

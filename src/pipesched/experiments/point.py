@@ -7,6 +7,11 @@ need the family, sizes, options and slot costs; the simulation (level 3) also ne
 workload: a model on a cluster (with data, tensor parallel and micro-batch sizes,
 recompute, the partition of layers into stages, link overrides), or measured stage costs
 on uniform links.
+
+What real training runs do to the table is part of the point too: frozen layers (the
+stages whose layers are all frozen drop their W, or their whole backward: the table is
+generated for them, ``pipesched.passes.freeze``), per-stage recompute, and an activation
+offload policy (``pipesched.passes.offload``) with the host links it moves over.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.defaults import DEFAULTS
 from pipesched.model.hardware import Cluster
-from pipesched.model.spec import RECOMPUTE_MODES, ModelSpec, TrainingSettings
+from pipesched.model.recompute import check_recompute, uniform_mode
+from pipesched.model.spec import ModelSpec, TrainingSettings
+from pipesched.passes.offload import OffloadPolicy
 from pipesched.schedule import Schedule
 
 
@@ -53,6 +60,12 @@ class Point:
     # the engine
     contention: bool = True
     overlap: bool = True
+    # what training does to the table
+    frozen_layers: str | tuple[int, ...] = ""  # layers that do not train: with a model, positions in its
+    # layer list (embedding first); with stage costs, cost rows; ranges like 0-39 or a fraction from the front
+    offload: str | OffloadPolicy = ""  # activation offload: "" none, "all", stages like 0-3, or a fraction like 0.5
+    host_bandwidth: float | None = None  # bytes/s of every device's host link: uniform links, or a cluster override
+    host_memory: float | None = None  # bytes of host memory each device's offloads may fill, likewise
 
     def __post_init__(self) -> None:
         if self.schedule is not None:
@@ -63,8 +76,12 @@ class Point:
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value,
                     "must be a whole number >= 1")
-        require(self.recompute in RECOMPUTE_MODES, "recompute", self.recompute,
-                f"choose one of {', '.join(RECOMPUTE_MODES)}")
+        check_recompute(self.recompute)
+        if isinstance(self.frozen_layers, list):
+            object.__setattr__(self, "frozen_layers", tuple(self.frozen_layers))
+        for name in ("host_bandwidth", "host_memory"):
+            value = getattr(self, name)
+            require(value is None or value > 0, name, value, "must be > 0 (bytes/s, bytes)")
         if self.stage_costs is not None:
             object.__setattr__(self, "model", None)
             object.__setattr__(self, "cluster", None)
@@ -84,40 +101,104 @@ class Point:
 
     @property
     def settings(self) -> TrainingSettings:
-        """The model's training settings at this point."""
+        """The model's training settings at this point (per-stage recompute and frozen
+        layers are resolved by its setup, which knows the model)."""
         return TrainingSettings(micro_batch_size=self.micro_batch_size, seq_len=self.seq_len,
                                 tensor_parallel=self.tp, sequence_parallel=self.sequence_parallel,
-                                recompute=self.recompute, dtype=self.dtype)
+                                recompute=uniform_mode(self.recompute) or "none", dtype=self.dtype)
+
+    @property
+    def trains_differently(self) -> bool:
+        """Whether the point freezes layers or offloads activations (the closed forms know neither)."""
+        frozen = bool(self.frozen_layers) or bool(self.stage_costs is not None and self.stage_costs.frozen_stages)
+        return frozen or bool(self.offload)
 
     def build_schedule(self) -> Schedule:
-        """The schedule of this point (generated tables are cached: see ``generate``)."""
-        if self.schedule is not None:
-            return self.schedule
+        """The schedule of this point (generated tables are cached: see ``generate``): the
+        family's table (or the given one) for the point's frozen stages, with its offloads."""
         from pipesched.generators import generate
 
-        return generate(self.family, self.p, self.m, v=self.v, **dict(self.options))
+        if self.schedule is not None:
+            schedule = self.schedule
+        else:
+            schedule = generate(self.family, self.p, self.m, v=self.v, **dict(self.options))
+        frozen = self.frozen_stages(schedule)
+        if frozen and frozen != schedule.frozen:
+            if self.schedule is not None:
+                from pipesched.passes.freeze import freeze
+
+                schedule = freeze(schedule, frozen)
+            else:
+                schedule = generate(self.family, self.p, self.m, v=self.v, frozen=frozen, **dict(self.options))
+        policy = self.offload_policy(schedule.num_stages)
+        if policy is not None:
+            from pipesched.passes.offload import offload
+
+            schedule = offload(schedule, policy)
+        return schedule
+
+    def frozen_stages(self, schedule: Schedule) -> frozenset[int]:
+        """The stages of ``schedule`` whose layers are all frozen at this point."""
+        if not self.frozen_layers and (self.stage_costs is None or not self.stage_costs.frozen_stages):
+            return frozenset()
+        return self.setup().costs_for(schedule).frozen_stages
+
+    def offload_policy(self, num_stages: int) -> OffloadPolicy | None:
+        """The offload policy for a table of ``num_stages`` stages, or None."""
+        if isinstance(self.offload, OffloadPolicy):
+            return self.offload
+        if not self.offload:
+            return None
+        return OffloadPolicy.parse(self.offload, num_stages)
 
     def setup(self):
         """The SimulationSetup of the workload (cached: many points share one)."""
         return _setup(self.model, self.cluster, self.settings, self.partition, self.stage_costs,
-                      self.latency, self.bandwidth)
+                      self.latency, self.bandwidth, self.recompute, self.frozen_layers, self.host_bandwidth,
+                      self.host_memory)
 
 
 @functools.lru_cache(maxsize=256)
 def _setup(model: str | ModelSpec | None, cluster: str | Cluster | None, settings: TrainingSettings,
-           partition: str, stage_costs: StageCosts | None, latency: float | None, bandwidth: float | None):
+           partition: str, stage_costs: StageCosts | None, latency: float | None, bandwidth: float | None,
+           recompute: str = "none", frozen_layers: str | tuple[int, ...] = "", host_bandwidth: float | None = None,
+           host_memory: float | None = None):
     from pipesched.experiments.setup import SimulationSetup, describe_model_setup
+    from pipesched.indices import format_indices
+    from pipesched.model.freezing import parse_frozen_layers
+
+    def frozen(count: int) -> tuple[int, ...]:
+        if isinstance(frozen_layers, tuple):
+            return frozen_layers
+        return parse_frozen_layers(frozen_layers, count)
 
     if stage_costs is not None:
         links = 0.0 if latency is None else latency
         rate = math.inf if bandwidth is None else bandwidth
+        rows = frozen(stage_costs.num_stages)
+        if rows:
+            outside = [row for row in rows if row >= stage_costs.num_stages]
+            require(not outside, "frozen_layers", outside[0] if outside else "",
+                    f"the stage costs have rows 0..{stage_costs.num_stages - 1}")
+            flags = stage_costs.frozen or (False,) * stage_costs.num_stages
+            stage_costs = dataclasses.replace(
+                stage_costs, frozen=tuple(flag or row in rows for row, flag in enumerate(flags)))
+        description = f"given stage costs, links {links:g} s + bytes / {rate:g} B/s"
+        if host_bandwidth is not None:
+            description += f", host links {host_bandwidth:g} B/s"
+        if stage_costs.frozen_stages:
+            description += f", frozen stages {format_indices(stage_costs.frozen_stages)}"
         return SimulationSetup.from_costs(stage_costs, latency=links, bandwidth=rate,
                                           micro_batch_size=settings.micro_batch_size, seq_len=settings.seq_len,
-                                          description=f"given stage costs, links {links:g} s + bytes / {rate:g} B/s")
+                                          description=description, host_bandwidth=host_bandwidth,
+                                          host_memory=host_memory)
     from pipesched.model import load_cluster, load_model
 
     spec = load_model(model) if isinstance(model, str) else model
     machines = load_cluster(cluster) if isinstance(cluster, str) else cluster
-    description = describe_model_setup(spec.name, machines.name, settings, measured=bool(spec.measured))
+    settings = dataclasses.replace(settings, frozen_layers=frozen(spec.num_cost_layers))
+    description = describe_model_setup(spec.name, machines.name, settings, measured=bool(spec.measured),
+                                       recompute=recompute)
     return SimulationSetup.from_model(spec, machines, settings, partition=partition, latency=latency,
-                                      bandwidth=bandwidth, description=description)
+                                      bandwidth=bandwidth, description=description, recompute=recompute,
+                                      host_bandwidth=host_bandwidth, host_memory=host_memory)

@@ -17,6 +17,7 @@ Two sources:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -25,7 +26,9 @@ import numpy as np
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.indices import format_indices
 from pipesched.model.hardware import Cluster
+from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
 from pipesched.schedule import Schedule
 from pipesched.simulate.network import Network
@@ -34,15 +37,17 @@ PARTITION_METHODS = ("uniform", "balanced", "memory")
 
 
 def describe_model_setup(model: str, cluster: str, settings: TrainingSettings, *, measured: bool,
-                         pipeline: str = "") -> str:
+                         pipeline: str = "", recompute: str | None = None) -> str:
     """"MODEL on CLUSTER[, PIPELINE], micro-batch ...": the settings are left out for a model
     with measured layer costs, whose micro-batch, sequence length and recompute are the
-    measurement's."""
+    measurement's. ``recompute`` (per-stage text) replaces the settings' mode; frozen
+    layers are named."""
     line = f"{model}{' (measured layers)' if measured else ''} on {cluster}" + (f", {pipeline}" if pipeline else "")
+    frozen = f", frozen layers {format_indices(settings.frozen_layers)}" if settings.frozen_layers else ""
     if measured:
-        return line
+        return line + frozen
     return (f"{line}, micro-batch {settings.micro_batch_size} x {settings.seq_len} tokens, "
-            f"tensor parallel {settings.tensor_parallel}, recompute {settings.recompute}")
+            f"tensor parallel {settings.tensor_parallel}, recompute {recompute or settings.recompute}{frozen}")
 
 
 def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
@@ -78,6 +83,8 @@ def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
         input_frees=costs.input_frees,
         unit=costs.unit,
         kept_for_w_bytes=chunks(costs.kept_for_w_bytes),
+        frozen=None if costs.frozen is None else tuple(costs.frozen[s // k] for s in range(num_stages)),
+        recompute_s=chunks(costs.recompute_s),
     )
 
 
@@ -103,27 +110,37 @@ class SimulationSetup:
     partition: str = "balanced"  # a PARTITION_METHODS entry or a Megatron layout string
     micro_batch_size: int = 1
     seq_len: int | None = None
+    recompute: str = "none"  # per-stage recompute text (pipesched.model.recompute)
+    host_bandwidth: float | None = None  # bytes/s: every device's host link (uniform links, or a cluster override)
+    host_memory: float | None = None  # bytes of host memory per device for offloaded activations, likewise
     # costs and networks already built, by placement: they depend on nothing else here
     _built: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_costs(cls, costs: StageCosts, *, latency: float = 0.0, bandwidth: float = math.inf,
                    network: Network | None = None, micro_batch_size: int = 1, seq_len: int | None = None,
-                   description: str | None = None) -> SimulationSetup:
+                   description: str | None = None, host_bandwidth: float | None = None,
+                   host_memory: float | None = None) -> SimulationSetup:
         """Measured costs on ``network``, or on uniform links of ``latency`` seconds and
-        ``bandwidth`` bytes/s between every pair of devices (default: free links)."""
+        ``bandwidth`` bytes/s between every pair of devices (default: free links), each
+        device with a host link of ``host_bandwidth`` bytes/s to ``host_memory`` bytes when
+        given (what activation offloads use)."""
         check_links(latency, bandwidth)
         if description is None:
             description = (f"given stage costs on {network.name}" if network is not None else
                            f"given stage costs, links {latency:g} s + bytes / {bandwidth:g} B/s")
         return cls(description=description, costs=costs, network=network, latency=latency, bandwidth=bandwidth,
-                   micro_batch_size=micro_batch_size, seq_len=seq_len)
+                   micro_batch_size=micro_batch_size, seq_len=seq_len, host_bandwidth=host_bandwidth,
+                   host_memory=host_memory)
 
     @classmethod
     def from_model(cls, model: ModelSpec, cluster: Cluster, settings: TrainingSettings, *,
                    partition: str = "balanced", latency: float | None = None,
-                   bandwidth: float | None = None, description: str | None = None) -> SimulationSetup:
-        """``model`` (a ModelSpec) on ``cluster`` with TrainingSettings ``settings``."""
+                   bandwidth: float | None = None, description: str | None = None, recompute: str | None = None,
+                   host_bandwidth: float | None = None, host_memory: float | None = None) -> SimulationSetup:
+        """``model`` (a ModelSpec) on ``cluster`` with TrainingSettings ``settings``;
+        ``recompute`` may give each stage its own mode (``pipesched.model.recompute``);
+        ``host_bandwidth`` / ``host_memory`` replace every device's host link."""
         check_links(latency, bandwidth)
         if partition not in PARTITION_METHODS:
             from pipesched.partition import parse_layout
@@ -139,7 +156,16 @@ class SimulationSetup:
             bandwidth=bandwidth,
             micro_batch_size=settings.micro_batch_size,
             seq_len=settings.seq_len,
+            recompute=recompute or settings.recompute,
+            host_bandwidth=host_bandwidth,
+            host_memory=host_memory,
         )
+
+    def recompute_for(self, schedule: Schedule) -> tuple[str, ...] | None:
+        """Each stage's recompute mode when the stages differ, else None (the settings' mode)."""
+        if uniform_mode(self.recompute) is not None:
+            return None
+        return recompute_modes(self.recompute, schedule.num_stages)
 
     def costs_for(self, schedule: Schedule) -> StageCosts:
         if self.partition == "memory" and self.costs is None:
@@ -152,16 +178,26 @@ class SimulationSetup:
     def _costs_for(self, schedule: Schedule) -> StageCosts:
         if self.costs is not None:
             return split_stage_costs(self.costs, schedule.num_stages)
-        from pipesched.model import build_stage_costs
+        return self.plan_for(schedule).costs
 
+    def plan_for(self, schedule: Schedule):
+        """The model's stage plan for ``schedule`` (a ``pipesched.model.StagePlan``; plans of
+        the uniform and balanced methods and of layout strings are cached)."""
+        require(self.model is not None, "stage_costs", "given", "a plan needs a model; these are given stage costs")
+        from pipesched.model.stages import cached_plan, plan_stages
+
+        modes = self.recompute_for(schedule)
+        if self.partition == "memory":
+            return plan_stages(self.model, schedule.placement, self.cluster, self.settings, method="memory",
+                               schedule=schedule, recompute=modes)
         if self.partition in PARTITION_METHODS:
-            return build_stage_costs(self.model, schedule.placement, self.cluster, self.settings,
-                                     method=self.partition,
-                                     schedule=schedule if self.partition == "memory" else None)
+            return cached_plan(self.model, schedule.placement, self.cluster, self.settings, self.partition, None,
+                               None, modes)
         from pipesched.partition import parse_layout
 
         layout = parse_layout(self.partition, self.model.layer_kinds, num_stages=schedule.num_stages)
-        return build_stage_costs(self.model, schedule.placement, self.cluster, self.settings, partition=layout)
+        return cached_plan(self.model, schedule.placement, self.cluster, self.settings, "balanced", layout, None,
+                           modes)
 
     def network_for(self, schedule: Schedule) -> Network:
         key = ("network", schedule.placement)
@@ -174,16 +210,34 @@ class SimulationSetup:
             from pipesched.model import pipeline_ranks
 
             ranks = pipeline_ranks(schedule.placement, self.cluster, self.settings.tensor_parallel)
-            return _cluster_network(self.cluster, ranks, self.latency, self.bandwidth)
+            return self._with_host(_cluster_network(self.cluster, ranks, self.latency, self.bandwidth))
         if self.network is not None:
-            return self.network
+            return self._with_host(self.network)
         return Network.uniform(schedule.num_devices, latency=self.latency or 0.0,
-                               bandwidth=math.inf if self.bandwidth is None else self.bandwidth)
+                               bandwidth=math.inf if self.bandwidth is None else self.bandwidth,
+                               host_bandwidth=self.host_bandwidth, host_capacity=self.host_memory)
 
-    def flops_per_iteration(self, num_microbatches: int) -> float | None:
-        """Model FLOPs of one iteration (for MFU), when a model is known."""
+    def _with_host(self, network: Network) -> Network:
+        """``network`` with the host-link overrides of this setup."""
+        if self.host_bandwidth is None and self.host_memory is None:
+            return network
+        n = network.num_devices
+        return dataclasses.replace(
+            network,
+            host_bandwidth=(self.host_bandwidth,) * n if self.host_bandwidth is not None else network.host_bandwidth,
+            host_latency=network.host_latency or (0.0,) * n,
+            host_capacity=(self.host_memory,) * n if self.host_memory is not None else network.host_capacity)
+
+    def flops_per_iteration(self, num_microbatches: int, schedule: Schedule | None = None) -> float | None:
+        """Model FLOPs of one iteration (for MFU), when a model is known; with ``schedule``,
+        of the layers as its stages run them when they recompute differently or some layers
+        are frozen."""
         if self.model is None:
             return None
+        if schedule is not None and (self.recompute_for(schedule) is not None or self.settings.frozen_layers):
+            plan = self.plan_for(schedule)
+            per_rank = sum(layer.flops for stage in plan.layers for layer in stage)
+            return per_rank * self.settings.tensor_parallel * num_microbatches
         from pipesched.model import model_flops_per_iteration
 
         return model_flops_per_iteration(self.model, self.settings, num_microbatches)
@@ -214,7 +268,8 @@ def _with_links(network: Network, latency: float | None, bandwidth: float | None
         latency=np.full(shape, latency) if latency is not None else network.latency,
         bandwidth=np.full(shape, bandwidth) if bandwidth is not None else network.bandwidth,
         node_of=network.node_of, shared_nic=network.shared_nic, capacity=network.capacity,
-        peak_flops=network.peak_flops, ranks=network.ranks,
+        peak_flops=network.peak_flops, ranks=network.ranks, host_bandwidth=network.host_bandwidth,
+        host_latency=network.host_latency, host_capacity=network.host_capacity,
         name=f"{network.name} (links {'' if latency is None else f'{latency:g} s'}"
              f"{', ' if latency is not None and bandwidth is not None else ''}"
              f"{'' if bandwidth is None else f'{bandwidth:g} B/s'})",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pipesched.experiments.point import Point
 from pipesched.experiments.setup import SimulationSetup
 from pipesched.metrics import Metrics, summarize
+from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
 from pipesched.simulate import Network, simulate
 from pipesched.timeline import Timeline
@@ -27,6 +28,8 @@ class Simulation:
     def to_dict(self) -> dict:
         schedule, timeline, metrics = self.schedule, self.timeline, self.metrics
         path = timeline.simulation.critical_path
+        training = metrics.training
+        assert training is not None
         return {
             "schedule": schedule.name,
             "p": schedule.num_devices,
@@ -45,6 +48,10 @@ class Simulation:
             "mfu": metrics.mfu,
             "peak_memory_bytes": list(metrics.peak_memory),
             "memory_capacity_bytes": list(timeline.memory.capacity) if timeline.memory.capacity else None,
+            "host_peak_memory_bytes": list(training.host_peak_bytes),
+            "host_memory_capacity_bytes": (list(timeline.host_memory.capacity)
+                                           if timeline.host_memory is not None and timeline.host_memory.capacity
+                                           else None),
             "out_of_memory": list(metrics.out_of_memory),
             "exposed_comm_s": list(metrics.exposed_comm),
             "hidden_comm_s": list(metrics.hidden_comm),
@@ -58,6 +65,15 @@ class Simulation:
             "optimizer_step_s": list(timeline.simulation.optimizer_step),
             "num_ops": len(timeline),
             "num_transfers": len(timeline.transfers),
+            "frozen_stages": sorted(schedule.frozen),
+            "training_per_device": {
+                "frozen_stages": [list(stages) for stages in training.frozen_stages],
+                "recompute_s": list(training.recompute_s),
+                "offloaded": list(training.offloaded),
+                "offloaded_bytes": list(training.offloaded_bytes),
+                "host_link_busy_s": list(training.host_link_busy_s),
+                "offload_exposed_s": list(training.offload_exposed_s),
+            },
         }
 
 
@@ -68,8 +84,9 @@ def simulate_point(point: Point) -> Simulation:
     network = setup.network_for(schedule)
     timeline = simulate(schedule, setup.costs_for(schedule), network, contention=point.contention,
                         overlap=point.overlap)
+    check_host_memory(timeline.host_memory, str(point.offload))
     peaks = setup.peak_flops_per_device(network)
     metrics = summarize(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len,
-                        flops_per_iteration=setup.flops_per_iteration(schedule.num_microbatches),
+                        flops_per_iteration=setup.flops_per_iteration(schedule.num_microbatches, schedule),
                         peak_flops=peaks[: schedule.num_devices] if peaks is not None else None)
     return Simulation(point, schedule, setup, network, timeline, metrics)

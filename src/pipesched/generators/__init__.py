@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import gc
+from collections.abc import Iterable
 from dataclasses import replace
 
 from pipesched.costs import StageCosts
@@ -26,7 +27,8 @@ from pipesched.generators import (
     zb_h2,
     zb_v,
 )
-from pipesched.generators.base import Family, FormulaEstimate
+from pipesched.generators.base import Family, FormulaEstimate, per_stage_costs
+from pipesched.rules import FORWARD_ONLY
 from pipesched.schedule import Schedule
 
 # Listing order is the order of `pipesched list` and of comparisons.
@@ -61,11 +63,16 @@ def get_family(name: str) -> Family:
         raise PipeschedError(f"schedule={name!r}: unknown family; known families: {known}") from None
 
 
-def generate(name: str, p: int, m: int, *, v: int | None = None, **options: object) -> Schedule:
-    """Build family ``name``'s schedule for p devices, m microbatches (and v chunks).
+def generate(name: str, p: int, m: int, *, v: int | None = None, frozen: Iterable[int] = (),
+             **options: object) -> Schedule:
+    """Build family ``name``'s schedule for p devices, m microbatches (and v chunks), with
+    the stages ``frozen`` frozen (``pipesched.passes.freeze``: the ops they do not run left
+    out; see ``frozen_schedule`` for the zero-bubble families).
 
     >>> generate("1f1b", 4, 8).num_ops
     64
+    >>> generate("1f1b", 4, 8, frozen={0, 1}).num_ops
+    48
     """
     family = get_family(name)
     chunks = family.resolve_v(v)
@@ -76,9 +83,56 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, **options: obje
             f"option={unknown[0]}: {name} does not take it; it takes {', '.join(family.options) or 'no options'}"
         )
     key = tuple(sorted(options.items()))
+    stages = tuple(sorted({int(stage) for stage in frozen}))
     if ops <= CACHED_OPS and _hashable(key):
+        if stages:
+            return _frozen_cached(name, p, m, chunks, key, stages)
         return _generate_cached(name, p, m, chunks, key)
+    if stages:
+        return frozen_schedule(name, _build(name, p, m, chunks, key), stages, dict(key))
     return _build(name, p, m, chunks, key)
+
+
+@functools.lru_cache(maxsize=256)
+def _frozen_cached(name: str, p: int, m: int, v: int, options: tuple[tuple[str, object], ...],
+                   frozen: tuple[int, ...]) -> Schedule:
+    return frozen_schedule(name, _generate_cached(name, p, m, v, options), frozen, dict(options))
+
+
+def frozen_schedule(name: str, schedule: Schedule, frozen: Iterable[int], options: dict[str, object]) -> Schedule:
+    """Family ``name``'s ``schedule`` with the stages ``frozen`` frozen.
+
+    The family's order with the dropped ops left out (``pipesched.passes.freeze``). A
+    family whose heuristic plans with costs (the zero-bubble families) is also planned
+    again with the dropped ops at zero cost, so that it fills its bubbles with the W of
+    trainable stages only; the shorter of the two slot tables is kept (the plain one on a
+    tie).
+    """
+    from pipesched.passes.freeze import freeze
+    from pipesched.slot_table import slot_table
+
+    family = FAMILIES[name]
+    kept = freeze(schedule, frozen)
+    if "costs" not in family.options:
+        return kept
+    given = per_stage_costs(options.get("costs"), schedule.num_stages, name)  # type: ignore[arg-type]
+    costs = frozen_costs(given, kept.roles)
+    chunks = schedule.num_stages // schedule.num_devices
+    replanned = freeze(_build(name, schedule.num_devices, schedule.num_microbatches, chunks,
+                              tuple(sorted({**options, "costs": costs}.items()))), frozen)
+    if slot_table(replanned, costs).makespan < slot_table(kept, costs).makespan:
+        return replanned
+    return kept
+
+
+def frozen_costs(costs: StageCosts, roles: tuple[str, ...]) -> StageCosts:
+    """``costs`` with what each stage's role drops at zero: W on frozen stages, I and W on
+    stages with no backward (what a cost-aware generator plans a frozen table with)."""
+    from pipesched.rules import TRAINS
+
+    weight = tuple(w if role == TRAINS else 0.0 for w, role in zip(costs.backward_weight, roles, strict=True))
+    backward = tuple(i if role != FORWARD_ONLY else 0.0 for i, role in zip(costs.backward_input, roles, strict=True))
+    return replace(costs, backward_input=backward, backward_weight=weight, backward=None)
 
 
 def _hashable(value: object) -> bool:

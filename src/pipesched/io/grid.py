@@ -15,7 +15,8 @@ reading: only the order matters). ``dN:`` prefixes are optional; when present th
 count up from d0. Header lines ``# key: value`` are optional: without ``placement`` each stage
 goes to the device whose row holds it; ``stages`` and ``microbatches`` default to the largest
 index seen plus one. Bidirectional schedules give one ``placement:`` line per replica and a
-``route:`` line (replica of each microbatch). Other ``#`` lines are comments.
+``route:`` line (replica of each microbatch); a table with frozen stages names them in a
+``frozen:`` line. Other ``#`` lines are comments.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def dumps(schedule: Schedule) -> str:
     lines += [f"# placement: {' '.join(map(str, replica))}" for replica in schedule.placement.replicas]
     if schedule.placement.num_replicas > 1:
         lines.append(f"# route: {' '.join(map(str, schedule.route))}")
+    if schedule.frozen:
+        lines.append(f"# frozen: {' '.join(map(str, sorted(schedule.frozen)))}")
     if schedule.params:
         lines.append(f"# params: {json.dumps(dict(schedule.params), sort_keys=True, default=str)}")
     rows = step_rows(schedule)
@@ -115,6 +118,7 @@ def _build(rows: list[list[Op]], header: dict[str, list[tuple[int, str]]], sourc
     else:
         placement = infer_placement(rows, stages, source)
     route = tuple(_ints(header["route"][0], "route", source)) if "route" in header else ()
+    frozen = frozenset(_ints(header["frozen"][0], "frozen", source)) if "frozen" in header else frozenset()
     params: dict[str, object] = {}
     if "params" in header:
         number, value = header["params"][0]
@@ -122,7 +126,7 @@ def _build(rows: list[list[Op]], header: dict[str, list[tuple[int, str]]], sourc
             params = json.loads(value)
         except json.JSONDecodeError:
             raise PipeschedError(f"{source}:{number}:1: header params is not a JSON object; remove the line or fix it") from None
-    return Schedule(name, placement, microbatches, tuple(tuple(r) for r in rows), route, params)
+    return Schedule(name, placement, microbatches, tuple(tuple(r) for r in rows), route, params, frozen=frozen)
 
 
 def infer_placement(rows: list[list[Op]], num_stages: int, source: str) -> Placement:

@@ -23,6 +23,7 @@ def to_dict(schedule: Schedule) -> dict:
         "route": list(schedule.route),
         "params": dict(schedule.params),
         "devices": [[str(op) for op in ops] for ops in schedule.device_ops],
+        **({"frozen": sorted(schedule.frozen)} if schedule.frozen else {}),
     }
 
 
@@ -55,6 +56,7 @@ def loads(text: str, *, source: str = "<json>") -> Schedule:
     try:
         placement = Placement(len(rows), tuple(tuple(int(x) for x in r) for r in data["placement"]))
         return Schedule(str(data["name"]), placement, int(data["microbatches"]), tuple(rows),
-                        tuple(int(x) for x in data.get("route", ())), dict(data.get("params", {})))
+                        tuple(int(x) for x in data.get("route", ())), dict(data.get("params", {})),
+                        frozen=frozenset(int(x) for x in data.get("frozen", ())))
     except (TypeError, ValueError) as exc:
         raise PipeschedError(f"{source}: malformed schedule fields ({exc})") from None

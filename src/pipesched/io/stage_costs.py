@@ -8,7 +8,9 @@ Times in seconds, sizes in bytes. A full backward B costs backward_input + backw
 an optional ``backward`` column gives B's time instead. Optional ``static_bytes``
 (parameters + gradients + optimizer state of the stage) and ``grad_bytes`` (what its
 replicas all-reduce) columns feed the memory trace and the all-reduce; ``kept_for_w_bytes``
-(gradients a split backward's I computes and its W still needs) adds to memory from I to W. Columns may come in
+(gradients a split backward's I computes and its W still needs) adds to memory from I to W; ``frozen`` (0 or
+1) marks a stage whose layers are all frozen (no weight gradient: the schedule drops its W,
+or its whole backward when every stage before it is frozen too). Columns may come in
 any order; every stage 0..S-1 appears exactly once (rows in any order).
 
 >>> costs = parse_stage_costs(
@@ -31,10 +33,10 @@ from pipesched.errors import PipeschedError
 from pipesched.io.files import read_text, write_atomic
 
 REQUIRED_COLUMNS = ("stage", "forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes")
-OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes", "kept_for_w_bytes")
+OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes", "kept_for_w_bytes", "frozen")
 _UNITS = {"forward": "seconds", "backward_input": "seconds", "backward_weight": "seconds",
           "backward": "seconds", "activation_bytes": "bytes", "output_bytes": "bytes",
-          "static_bytes": "bytes", "grad_bytes": "bytes", "kept_for_w_bytes": "bytes"}
+          "static_bytes": "bytes", "grad_bytes": "bytes", "kept_for_w_bytes": "bytes", "frozen": "0 or 1"}
 
 
 def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | None = None) -> StageCosts:
@@ -93,7 +95,9 @@ def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | No
             return None
         return tuple(values[stage][name] for stage in range(count))
 
+    frozen = column("frozen")
     return StageCosts(
+        frozen=None if frozen is None else tuple(flag == 1.0 for flag in frozen),
         forward=column("forward"),
         backward_input=column("backward_input"),
         backward_weight=column("backward_weight"),
@@ -119,8 +123,12 @@ def dumps_stage_costs(costs: StageCosts) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
     for stage in range(costs.num_stages):
-        writer.writerow([stage, *(repr(getattr(costs, name)[stage]) for name in columns[1:])])
+        writer.writerow([stage, *(_cell(getattr(costs, name)[stage]) for name in columns[1:])])
     return out.getvalue()
+
+
+def _cell(value: float | bool) -> str:
+    return str(int(value)) if isinstance(value, bool) else repr(value)
 
 
 def save_stage_costs(costs: StageCosts, path: str | os.PathLike[str]) -> None:
@@ -144,4 +152,6 @@ def _amount(text: str, name: str, source: str, line: int) -> float:
         raise PipeschedError(f"{source}:{line}: {name}={text!r}: not a number; give {_UNITS[name]}") from None
     if not math.isfinite(value) or value < 0:
         raise PipeschedError(f"{source}:{line}: {name}={text}: must be a finite number >= 0 ({_UNITS[name]})")
+    if name == "frozen" and value not in (0.0, 1.0):
+        raise PipeschedError(f"{source}:{line}: frozen={text}: give 1 for a stage whose layers are all frozen, else 0")
     return value

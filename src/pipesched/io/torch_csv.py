@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from pipesched.errors import PipeschedError
 from pipesched.io.grid import infer_placement
 from pipesched.io.layout import step_rows
-from pipesched.ops import Op
+from pipesched.ops import O, Op, R
 from pipesched.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -38,6 +38,12 @@ def _check_expressible(schedule: Schedule) -> None:
             f"schedule={schedule.name}: its stages live on two devices as replicas, which PyTorch's "
             "CSV cannot express (one rank per stage); save it as grid text or JSON instead"
         )
+    if any(op.kind in (O, R) for _, op in schedule.ops()):
+        raise PipeschedError(f"schedule={schedule.name}: PyTorch's CSV has no offload or reload actions; "
+                             "save it as grid text or JSON instead")
+    if schedule.frozen:
+        raise PipeschedError(f"schedule={schedule.name}: PyTorch's CSV cannot mark frozen stages; "
+                             "save it as grid text or JSON instead")
 
 
 def _write(rows: list[list[str]]) -> str:

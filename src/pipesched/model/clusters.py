@@ -26,8 +26,9 @@ in bytes, bytes/s, seconds and FLOP/s. A device mapping either names a preset to
 The time model's assumptions (``pipesched.model.devices`` gives their sources) can be
 set the same way: ``sm_count``, ``kernel_overhead`` (a time), ``flash_forward_efficiency``,
 ``flash_backward_efficiency``, ``flash_tile_overhead``, ``flash_backward_tile_overhead``,
-``grad_accumulation_traffic``, ``memory_fragmentation``, and the fixed costs ``op_overhead``
-and ``transfer_setup`` (times, as ``pipesched profile`` measures them)::
+``grad_accumulation_traffic``, ``memory_fragmentation``, the host link activation offloads
+use (``host_bandwidth``, a rate; ``host_memory``, bytes; 0 for none), and the fixed costs
+``op_overhead`` and ``transfer_setup`` (times, as ``pipesched profile`` measures them)::
 
     device: {preset: h200, op_overhead: 35 us, transfer_setup: 12 us, flash_forward_efficiency: 0.355,
              flash_backward_efficiency: 0.335}
@@ -62,8 +63,8 @@ _NUMBER_KEYS = ("matmul_efficiency", "bandwidth_efficiency", "flash_forward_effi
                 "memory_fragmentation")
 _TIME_KEYS = {"kernel_overhead": "kernel_overhead_s", "op_overhead": "op_overhead_s",
               "transfer_setup": "transfer_setup_s"}
-_DEVICE_KEYS = {"preset", "name", "peak_flops", "memory", "memory_bandwidth", "sm_count",
-                *_NUMBER_KEYS, *_TIME_KEYS}
+_DEVICE_KEYS = {"preset", "name", "peak_flops", "memory", "memory_bandwidth", "sm_count", "host_bandwidth",
+                "host_memory", *_NUMBER_KEYS, *_TIME_KEYS}
 
 
 def _preset_dir():
@@ -187,6 +188,10 @@ def _device(entry: object, where: str) -> DeviceSpec:
         changes["memory_bytes"] = parse_quantity(entry["memory"], "bytes", f"{where}.memory")
     if "memory_bandwidth" in entry:
         changes["memory_bandwidth"] = parse_quantity(entry["memory_bandwidth"], "bandwidth", f"{where}.memory_bandwidth")
+    if "host_bandwidth" in entry:
+        changes["host_bandwidth"] = parse_quantity(entry["host_bandwidth"], "bandwidth", f"{where}.host_bandwidth")
+    if "host_memory" in entry:
+        changes["host_memory_bytes"] = parse_quantity(entry["host_memory"], "bytes", f"{where}.host_memory")
     for key in _NUMBER_KEYS:
         if key in entry:
             value = entry[key]

@@ -51,6 +51,23 @@ torch.distributed, about 10 us of host time on top of the link's wire latency), 
 measured. ``pipesched profile`` measures both on the machine at hand and writes them as
 device fields (the ``.link.yaml`` beside its output).
 
+Host link and host memory (what activation offload moves over and fills:
+``host_bandwidth``, ``host_memory_bytes``):
+
+- PCIE: the PCI Express base specification's signalling rates, per direction of a x16
+  link: Gen4 16 GT/s x 16 lanes x 128/130 encoding = 31.5 GB/s, Gen5 32 GT/s = 63.0 GB/s
+  (the A100 and the HGX H100, H200, B200 and MI300X boards are Gen4, Gen5, Gen5, Gen5, Gen5
+  x16 to the host). A copy moves data in transaction packets of 256 payload bytes behind
+  about 24 bytes of headers and framing, and DMA engines reach about 85% of the signalling
+  rate in published pinned-memory copy benchmarks: the presets take 0.85 x the rate
+  (``HOST_LINK_EFFICIENCY``, an assumption, not measured here).
+- NVLINK-C2C: NVIDIA's Grace Hopper data sheet, 900 GB/s total between the Grace CPU and
+  the Hopper GPU, 450 GB/s per direction, and 480 GB of LPDDR5X host memory; the same 0.85.
+- DGX: the DGX A100 holds 1 TB of system memory for 8 GPUs, the DGX H100, H200 and B200 2
+  TB (the presets give each GPU 1/8; MI300X platforms are taken like the DGX H100). Pinned
+  host buffers share it with the data loader and the operating system: set
+  ``host_memory`` in a cluster file for the share a job really has.
+
 ``cpu`` is a nominal multi-core server CPU (AVX-512 FMA, DDR5): rough numbers that only make
 CPU runs of the ``tiny`` and ``small`` models comparable in order of magnitude, with the
 plain roofline (no tiles, unfused attention). Measure the real machine for anything more.
@@ -78,10 +95,15 @@ FLASH_ATTENTION_2_A100 = ((0.70, 1.1), (0.64, 2.2))
 GPU_OP_OVERHEAD_S = 20e-6  # assumed: first launch + event wait + schedule bookkeeping per pipeline op
 GPU_TRANSFER_SETUP_S = 10e-6  # assumed: host-side cost of posting and matching one NCCL send/receive
 GPU_FRAGMENTATION = 1.1  # FRAGMENTATION: allocator bytes per activation byte
+HOST_LINK_EFFICIENCY = 0.85  # PCIE: achievable fraction of a host link's signalling rate (assumed)
+PCIE_GEN4_X16 = 31.5 * GB  # PCIE: bytes/s per direction
+PCIE_GEN5_X16 = 63.0 * GB
+NVLINK_C2C = 450 * GB  # NVLINK-C2C: bytes/s per direction
 
 
 def _gpu(name: str, *, peak_flops: float, memory_bytes: float, memory_bandwidth: float, matmul_efficiency: float,
          sm_count: int, attention: tuple[tuple[float, float], tuple[float, float]],
+         host_link: float, host_memory_bytes: float,
          tiles: tuple[tuple[int, int], ...] = NVIDIA_TILES) -> DeviceSpec:
     (forward, forward_overhead), (backward, backward_overhead) = attention
     return DeviceSpec(
@@ -91,7 +113,8 @@ def _gpu(name: str, *, peak_flops: float, memory_bytes: float, memory_bandwidth:
         flash_block=FLASH_BLOCK, flash_tile_overhead=forward_overhead,
         flash_backward_tile_overhead=backward_overhead, grad_accumulation_traffic=3.0,
         op_overhead_s=GPU_OP_OVERHEAD_S, transfer_setup_s=GPU_TRANSFER_SETUP_S,
-        memory_fragmentation=GPU_FRAGMENTATION,
+        memory_fragmentation=GPU_FRAGMENTATION, host_bandwidth=HOST_LINK_EFFICIENCY * host_link,
+        host_memory_bytes=host_memory_bytes,
     )
 
 
@@ -101,27 +124,39 @@ DEVICES: MappingProxyType[str, DeviceSpec] = MappingProxyType({
         # 108 SMs; MAMF 85.9% at 6912x16384x2048 (exactly 32 waves of 128x256 tiles: no
         # quantization loss); FlashAttention-2 (FA2-README)
         _gpu("a100-40gb", peak_flops=312e12, memory_bytes=40 * GiB, memory_bandwidth=1.555e12,
-             matmul_efficiency=0.86, sm_count=108, attention=FLASH_ATTENTION_2_A100),
+             matmul_efficiency=0.86, sm_count=108, attention=FLASH_ATTENTION_2_A100,
+             host_link=PCIE_GEN4_X16, host_memory_bytes=1e12 / 8),
         _gpu("a100-80gb", peak_flops=312e12, memory_bytes=80 * GiB, memory_bandwidth=2.039e12,
-             matmul_efficiency=0.86, sm_count=108, attention=FLASH_ATTENTION_2_A100),
+             matmul_efficiency=0.86, sm_count=108, attention=FLASH_ATTENTION_2_A100,
+             host_link=PCIE_GEN4_X16, host_memory_bytes=1e12 / 8),
         # 132 SMs; MAMF 80.3% (GEMM-SWEEP: 8192^3 at 798 = 0.81 x peak x its 0.97 tile
         # efficiency); cuDNN fused attention (FA3-PAPER)
         _gpu("h100-sxm", peak_flops=989e12, memory_bytes=80 * GiB, memory_bandwidth=3.35e12,
-             matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION),
+             matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
+             host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
         # the same chip as the H100 with more and faster memory (HBM3e); MAMF lists H100 and
         # H200 together (794.5 TFLOP/s); FlashAttention-3 on an H200 runs within 4% of an H100
         # (Dao-AILab/flash-attention issue 1438)
         _gpu("h200", peak_flops=989e12, memory_bytes=141 * GB, memory_bandwidth=4.8e12,
-             matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION),
+             matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
+             host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
+        # a Grace Hopper superchip: the H100 chip with 96 GB of HBM3 at 4 TB/s (the Grace
+        # Hopper data sheet), its host memory behind NVLink-C2C (NVLINK-C2C)
+        _gpu("gh200", peak_flops=989e12, memory_bytes=96 * GB, memory_bandwidth=4.0e12,
+             matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
+             host_link=NVLINK_C2C, host_memory_bytes=480 * GB),
         # 148 SMs; MAMF 77.6%; FlashAttention-4 on a B200, head dim 128, causal, 8k tokens:
         # forward 1418, backward 1118 TFLOP/s (Dao-AILab/flash-attention PR 2280), over the
         # causal tile efficiency at 64 tiles with FlashAttention-3's overheads: 0.68 / 0.56
         _gpu("b200", peak_flops=2.25e15, memory_bytes=180 * GB, memory_bandwidth=8e12,
-             matmul_efficiency=0.78, sm_count=148, attention=((0.68, 1.9), (0.56, 3.4))),
+             matmul_efficiency=0.78, sm_count=148, attention=((0.68, 1.9), (0.56, 3.4)),
+             host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
         # 304 compute units; MAMF 60.1%; fused attention assumed at the MAMF fraction forward
         # and 0.8 of it backward, with cuDNN's overheads (no public causal curve in the sources)
         _gpu("mi300x", peak_flops=1307e12, memory_bytes=192 * GB, memory_bandwidth=5.3e12,
-             matmul_efficiency=0.60, sm_count=304, attention=((0.60, 1.0), (0.48, 3.0)), tiles=AMD_TILES),
+             matmul_efficiency=0.60, sm_count=304, attention=((0.60, 1.0), (0.48, 3.0)), tiles=AMD_TILES,
+             host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
+        # the host itself: no host link to offload over
         DeviceSpec("cpu", peak_flops=1e12, memory_bytes=64 * GiB, memory_bandwidth=100e9,
                    matmul_efficiency=0.5, bandwidth_efficiency=0.6),
     )

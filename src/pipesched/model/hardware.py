@@ -45,6 +45,9 @@ class DeviceSpec:
     transfer_setup_s: float = 0.0  # every point-to-point transfer, on top of the link latency: posting it, matching it
     # --- memory: bytes the allocator holds per byte of activations (fragmentation, caching)
     memory_fragmentation: float = 1.0
+    # --- the host link activation offloads use (PCIe, or NVLink-C2C on Grace superchips)
+    host_bandwidth: float = 0.0  # bytes/s between device memory and pinned host memory, per direction; 0 = no host link
+    host_memory_bytes: float = 0.0  # host memory the device's offloaded activations may fill, bytes
 
     def __post_init__(self) -> None:
         require(bool(self.name), "device name", repr(self.name), "give the device a name")
@@ -74,6 +77,10 @@ class DeviceSpec:
             value = getattr(self, field_name)
             require(math.isfinite(value) and value >= 0, f"{self.name}.{field_name}", value,
                     "must be a finite number >= 0")
+        for field_name in ("host_bandwidth", "host_memory_bytes"):
+            value = getattr(self, field_name)
+            require(math.isfinite(value) and value >= 0, f"{self.name}.{field_name}", value,
+                    "must be a finite number >= 0 (0: none)")
         require(math.isfinite(self.memory_fragmentation) and self.memory_fragmentation >= 1,
                 f"{self.name}.memory_fragmentation", self.memory_fragmentation, "must be a number >= 1")
 

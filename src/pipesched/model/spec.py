@@ -53,11 +53,16 @@ class LayerCost:
     # gradients I computes and W still needs (the output gradient of each weight matmul):
     # allocated by I, freed by W, bytes per microbatch
     kept_for_w_bytes: float = 0.0
+    recompute_s: float = 0.0  # part of backward_input_s that redoes the forward (activation recompute)
+    forward_flops: float = 0.0  # part of flops in F (0: unknown, as for measured layers)
+    weight_flops: float = 0.0  # part of flops in W (0: unknown)
+    frozen: bool = False  # its parameters do not train (see pipesched.model.freezing)
 
     def __post_init__(self) -> None:
         require(bool(self.name), "layer name", repr(self.name), "give every layer a name")
         for field_name in ("forward_s", "backward_input_s", "backward_weight_s", "activation_bytes",
-                           "params", "output_bytes", "flops", "weight_input_bytes", "kept_for_w_bytes"):
+                           "params", "output_bytes", "flops", "weight_input_bytes", "kept_for_w_bytes",
+                           "recompute_s", "forward_flops", "weight_flops"):
             object.__setattr__(self, field_name, _finite(getattr(self, field_name), f"{self.name}.{field_name}"))
         require(self.kind in LAYER_KINDS, f"{self.name}.kind", self.kind,
                 f"must be one of {', '.join(LAYER_KINDS)}")
@@ -160,14 +165,20 @@ class TrainingSettings:
     micro_batch_size: int = 1  # b, sequences per microbatch
     seq_len: int = 2048  # s, tokens per sequence
     dtype: str = "bf16"  # activation and matmul dtype: bf16, fp16 or fp32 (fp32 matmuls at half the 16-bit peak)
-    recompute: str = "none"  # none | selective (attention core) | full (whole layer, keeps its input)
+    recompute: str = "none"  # none | selective (attention core) | full (whole layer, keeps its input); per stage: see pipesched.model.recompute
     tensor_parallel: int = 1  # t, ranks that split every layer (Megatron tensor parallelism)
     sequence_parallel: bool = False  # also split norms/dropouts along the sequence (Korthikanti)
     weight_bytes: float = 2.0  # bytes per parameter for the working weights
     grad_bytes: float = 4.0  # bytes per parameter for the gradient (what data parallel all-reduces)
     optimizer_bytes: float = 12.0  # bytes per parameter for optimizer state (fp32 master + Adam m, v)
+    # layers whose parameters do not train, as positions in the model's layer list (embedding
+    # first, as `pipesched costs` lists them; see pipesched.model.freezing)
+    frozen_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "frozen_layers", tuple(sorted({int(layer) for layer in self.frozen_layers})))
+        require(all(layer >= 0 for layer in self.frozen_layers), "frozen_layers",
+                self.frozen_layers[0] if self.frozen_layers else "", "layer positions are >= 0")
         for field_name in ("micro_batch_size", "seq_len", "tensor_parallel"):
             value = getattr(self, field_name)
             require(isinstance(value, int) and value > 0, field_name, value, "must be a positive integer")

@@ -10,7 +10,13 @@ Methods:
 - ``balanced``: exact minimum of the largest stage time F + I + W plus the boundary sends
   (each stage pays for sending its output on and its input gradient back);
 - ``memory``: ``balanced`` among the partitions that fit in device memory under a
-  schedule's in-flight activations. A stage held ``n`` microbatches at once needs its
+  schedule's in-flight activations.
+
+Each stage may recompute differently (``recompute``: a mode per stage, see
+``pipesched.model.recompute``): its layers are costed with its own mode. Frozen layers
+(``TrainingSettings.frozen_layers``, ``pipesched.model.freezing``) cost less (no W, and no
+backward at all before the first layer that trains), so ``balanced`` gives the stages that
+hold them more layers: the partition follows the frozen set. A stage held ``n`` microbatches at once needs its
   static bytes + n x its activation bytes; a device holding k stage copies gives each a
   1/k share of its memory (the sum of per-stage peaks bounds the device's peak, so what is
   found fits; with k = 1 the search is exact).
@@ -18,6 +24,7 @@ Methods:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,8 +33,9 @@ import numpy as np
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.model.freezing import freeze_layers, frozen_mask, static_bytes
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
-from pipesched.model.spec import LayerCost, ModelSpec, TrainingSettings
+from pipesched.model.spec import RECOMPUTE_MODES, LayerCost, ModelSpec, TrainingSettings
 from pipesched.model.transformer import layer_costs
 from pipesched.partition import (
     Partition,
@@ -62,6 +70,7 @@ class StagePlan:
     inflight: tuple[int, ...] | None = None  # per stage, from the schedule
     device_peak_bytes: tuple[float, ...] | None = None  # per pipeline rank, from the schedule
     device_memory: tuple[float, ...] = ()  # capacity per pipeline rank
+    recompute: tuple[str, ...] = ()  # recompute mode of every stage
 
     @property
     def bottleneck_s(self) -> float:
@@ -86,14 +95,21 @@ def pipeline_ranks(placement: Placement, cluster: Cluster, tensor_parallel: int)
 
 def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,
                 method: str = "balanced", partition: Partition | None = None, schedule: Schedule | None = None,
-                memory_limit: float | None = None) -> StagePlan:
+                memory_limit: float | None = None, recompute: Sequence[str] | None = None) -> StagePlan:
     """Partition ``model`` into ``placement.num_stages`` stages and cost them.
 
     ``partition`` fixes the partition (``method`` is then ignored). ``schedule`` gives the
     in-flight counts (needed by ``method="memory"``; with other methods it adds each device's
     peak memory to the plan). ``memory_limit`` replaces every device's capacity, in bytes.
+    ``recompute`` gives each stage its recompute mode (default: ``settings.recompute`` for
+    every stage).
     """
     require(method in METHODS, "method", method, f"must be one of {', '.join(METHODS)}")
+    modes = tuple(recompute) if recompute is not None else (settings.recompute,) * placement.num_stages
+    require(len(modes) == placement.num_stages, "recompute", f"{len(modes)} modes",
+            f"give one per stage ({placement.num_stages})")
+    for mode in modes:
+        require(mode in RECOMPUTE_MODES, "recompute", mode, f"choose one of {', '.join(RECOMPUTE_MODES)}")
     if schedule is not None:
         require(schedule.placement.replicas == placement.replicas, "schedule", schedule.name,
                 "places stages differently from the given placement; pass schedule.placement")
@@ -103,12 +119,19 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
     num_stages = placement.num_stages
     tp_link = cluster.intra_node
 
-    by_device: dict[DeviceSpec, list[LayerCost]] = {}
-    for rank in stage_ranks:
-        spec = cluster.devices[rank]
-        if spec not in by_device:
-            by_device[spec] = layer_costs(model, spec, settings, tp_link=tp_link)
-    per_stage = [by_device[cluster.devices[rank]] for rank in stage_ranks]
+    # every stage's device and recompute mode cost the whole model's layers; frozen layers
+    # then cost what they still run
+    by_device: dict[tuple[DeviceSpec, str], list[LayerCost]] = {}
+    mask: tuple[bool, ...] | None = None
+    for rank, mode in zip(stage_ranks, modes, strict=True):
+        key = (cluster.devices[rank], mode)
+        if key not in by_device:
+            layers = layer_costs(model, key[0], dataclasses.replace(settings, recompute=mode), tp_link=tp_link)
+            if settings.frozen_layers:
+                mask = frozen_mask(settings.frozen_layers, len(layers), model.name)
+                layers = freeze_layers(layers, mask)
+            by_device[key] = layers
+    per_stage = [by_device[(cluster.devices[rank], mode)] for rank, mode in zip(stage_ranks, modes, strict=True)]
     num_layers = len(per_stage[0])
 
     compute = np.array([[layer.total_s for layer in layers] for layers in per_stage])
@@ -143,7 +166,7 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
 
     layers = tuple(tuple(per_stage[s][i] for i in partition.layers(s)) for s in range(num_stages))
     stage_devices = tuple(cluster.devices[r] for r in stage_ranks)
-    costs = _stage_costs(layers, settings, stage_devices)
+    costs = _stage_costs(layers, settings, stage_devices, frozen=mask is not None)
     sends = stage_values(partition, np.zeros((num_stages, num_layers)),
                          send_forward=send_forward, send_backward=send_backward)
     stage_s = stage_values(partition, compute, send_forward=send_forward, send_backward=send_backward)
@@ -157,7 +180,7 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
         ranks=stage_ranks, devices=stage_devices, layers=layers,
         costs=costs, send_s=tuple(float(x) for x in sends), stage_s=tuple(float(x) for x in stage_s),
         inflight=tuple(inflight) if inflight is not None else None, device_peak_bytes=peaks,
-        device_memory=tuple(capacity),
+        device_memory=tuple(capacity), recompute=modes,
     )
 
 
@@ -166,9 +189,8 @@ def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placeme
                 compute: np.ndarray, send_forward: np.ndarray, send_backward: np.ndarray,
                 schedule_name: str) -> Partition:
     """The balanced partition among those whose stages fit their share of device memory."""
-    per_param = settings.static_bytes_per_param
     fragmentation = [cluster_device.memory_fragmentation for cluster_device in devices]
-    memory = np.array([[layer.params * per_param + n * frag * layer.activation_bytes for layer in layers]
+    memory = np.array([[static_bytes(layer, settings) + n * frag * layer.activation_bytes for layer in layers]
                        for layers, n, frag in zip(per_stage, inflight, fragmentation, strict=True)])
     copies = stage_instances_per_device(placement)
     share = np.array([copies[d] for d in placement.replicas[0]], dtype=float)
@@ -187,14 +209,14 @@ def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placeme
 
 
 def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettings,
-                 devices: Sequence[DeviceSpec]) -> StageCosts:
+                 devices: Sequence[DeviceSpec], *, frozen: bool = False) -> StageCosts:
     """Sum each stage's layers. Every op F, I, W and B also pays its device's fixed
     ``op_overhead_s`` once (B is one op, so it pays it once, not as I + W); activations and
-    the gradients kept for W take ``memory_fragmentation`` times their bytes."""
+    the gradients kept for W take ``memory_fragmentation`` times their bytes. With
+    ``frozen`` (some layer is frozen) a stage whose layers are all frozen is marked so."""
     def total(field: str) -> tuple[float, ...]:
         return tuple(sum(getattr(layer, field) for layer in stage) for stage in layers)
 
-    params = total("params")
     fragmentation = [device.memory_fragmentation for device in devices]
     overhead = [device.op_overhead_s for device in devices]
     activations = tuple(a * f for a, f in zip(total("activation_bytes"), fragmentation, strict=True))
@@ -215,17 +237,21 @@ def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettin
         backward=tuple(i + w + o for i, w, o in zip(backward_input, backward_weight, overhead, strict=True)),
         activation_bytes=activations,
         output_bytes=tuple(outputs),
-        static_bytes=tuple(p * settings.static_bytes_per_param for p in params),
-        grad_bytes=tuple(p * settings.grad_bytes for p in params),
+        static_bytes=tuple(sum(static_bytes(layer, settings) for layer in stage) for stage in layers),
+        grad_bytes=tuple(sum(layer.params for layer in stage if not layer.frozen) * settings.grad_bytes
+                         for stage in layers),
         # I frees what W does not need: everything but the inputs of the weight matmuls
         input_frees=1.0 - inputs_for_w / all_activations if all_activations > 0 else 0.5,
         kept_for_w_bytes=tuple(k * f for k, f in zip(total("kept_for_w_bytes"), fragmentation, strict=True)),
+        frozen=tuple(all(layer.frozen for layer in stage) for stage in layers) if frozen else None,
+        recompute_s=total("recompute_s"),
     )
 
 
 def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,
                       method: str = "balanced", partition: Partition | None = None,
-                      schedule: Schedule | None = None, memory_limit: float | None = None) -> StageCosts:
+                      schedule: Schedule | None = None, memory_limit: float | None = None,
+                      recompute: Sequence[str] | None = None) -> StageCosts:
     """Per-stage costs of ``model`` split over ``placement`` on ``cluster`` (see plan_stages).
 
     >>> from pipesched.model import load_cluster, load_model
@@ -234,19 +260,22 @@ def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, 
     >>> costs.num_stages
     4
     """
+    modes = None if recompute is None else tuple(recompute)
     if schedule is None:
         # a pure function of hashable inputs: a grid of experiments asks for the same costs
         # many times (every family and microbatch count on the same placement)
-        return _cached_stage_costs(model, placement, cluster, settings, method, partition, memory_limit)
+        return cached_plan(model, placement, cluster, settings, method, partition, memory_limit, modes).costs
     return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
-                       schedule=schedule, memory_limit=memory_limit).costs
+                       schedule=schedule, memory_limit=memory_limit, recompute=modes).costs
 
 
 @functools.lru_cache(maxsize=1024)
-def _cached_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings,
-                        method: str, partition: Partition | None, memory_limit: float | None) -> StageCosts:
+def cached_plan(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings,
+                method: str, partition: Partition | None, memory_limit: float | None,
+                recompute: tuple[str, ...] | None = None) -> StagePlan:
+    """``plan_stages`` without a schedule, kept for its hashable inputs."""
     return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
-                       memory_limit=memory_limit).costs
+                       memory_limit=memory_limit, recompute=recompute)
 
 
 def link_summary(link: LinkSpec) -> str:

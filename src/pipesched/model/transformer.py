@@ -46,6 +46,7 @@ compute/communication overlap inside a layer.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -408,13 +409,15 @@ def _cost(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, link
     forward, backward_input = times.forward, times.backward_input
     activation = plan.activation_bytes
     weight_inputs = plan.weight_input_bytes
+    recompute = 0.0
     if settings.recompute == "selective" and plan.kind == TRANSFORMER:
         activation = plan.selective_activation_bytes
-        backward_input += times.core  # redo scores, softmax, dropout and context before their backward
+        recompute = times.core  # redo scores, softmax, dropout and context before their backward
     elif settings.recompute == "full" and plan.kind == TRANSFORMER:
         activation = plan.checkpoint_bytes
-        backward_input += forward  # redo the whole forward from the kept input
+        recompute = forward  # redo the whole forward from the kept input
         weight_inputs = activation  # the kept input stays until W is done
+    backward_input += recompute
     return LayerCost(
         name=plan.name,
         forward_s=forward,
@@ -427,6 +430,9 @@ def _cost(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, link
         weight_input_bytes=min(weight_inputs, activation),
         kind=plan.kind,
         kept_for_w_bytes=_kept_for_w(plan, settings),
+        recompute_s=recompute,
+        forward_flops=sum(kernel.flops for kernel in plan.kernels if kernel.groups > 0),
+        weight_flops=sum(kernel.flops for kernel in plan.kernels if kernel.backward == WEIGHT_MATMUL),
     )
 
 
@@ -462,10 +468,8 @@ def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
         return list(model.measured)
     scale = load_device(model.measured_on).peak_flops / device.peak_flops
     return [
-        LayerCost(layer.name, layer.forward_s * scale, layer.backward_input_s * scale,
-                  layer.backward_weight_s * scale, layer.activation_bytes, layer.params,
-                  layer.output_bytes, flops=layer.flops, weight_input_bytes=layer.weight_input_bytes,
-                  kind=layer.kind, kept_for_w_bytes=layer.kept_for_w_bytes)
+        dataclasses.replace(layer, forward_s=layer.forward_s * scale, backward_input_s=layer.backward_input_s * scale,
+                            backward_weight_s=layer.backward_weight_s * scale, recompute_s=layer.recompute_s * scale)
         for layer in model.measured
     ]
 

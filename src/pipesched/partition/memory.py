@@ -25,7 +25,7 @@ def inflight_per_stage(schedule: Schedule) -> list[int]:
     for ops in schedule.device_ops:
         held = [0.0] * schedule.num_stages
         for op in ops:
-            held[op.stage] += schedule.rules.units_delta(op.kind)
+            held[op.stage] += schedule.rules.units_delta(op.kind, schedule.roles[op.stage])
             peaks[op.stage] = max(peaks[op.stage], round(held[op.stage]))
     return peaks
 
@@ -55,7 +55,7 @@ def device_peak_bytes(schedule: Schedule, activation_bytes: Sequence[float],
     for device, ops in enumerate(schedule.device_ops):
         held = peak = 0.0
         for op in ops:
-            held += schedule.rules.units_delta(op.kind) * activation_bytes[op.stage]
+            held += schedule.rules.units_delta(op.kind, schedule.roles[op.stage]) * activation_bytes[op.stage]
             peak = max(peak, held)
         peaks.append(static[device] + peak)
     return peaks

@@ -1,4 +1,5 @@
-"""Passes: ``Schedule -> Schedule``-shaped transformations of a table (its communication)."""
+"""Passes: ``Schedule -> Schedule``-shaped transformations of a table: its communication, its
+frozen stages, its activation offloads."""
 
 from __future__ import annotations
 
@@ -10,5 +11,8 @@ from pipesched.passes.communication import (
     Send,
     with_communication,
 )
+from pipesched.passes.freeze import freeze
+from pipesched.passes.offload import OffloadPolicy, offload
 
-__all__ = ["AllReduce", "CommSchedule", "Message", "Recv", "Send", "with_communication"]
+__all__ = ["AllReduce", "CommSchedule", "Message", "OffloadPolicy", "Recv", "Send", "freeze", "offload",
+           "with_communication"]

@@ -6,7 +6,7 @@ whose producer runs on another device is a message, an activation (F(s) -> F(s+1
 gradient (I/B(s+1) -> I/B(s)); a consumer on the producer's device reads the result in
 place. A stage that two replicas keep on different devices (Chimera, DualPipe) all-reduces
 its weight gradients between them once both have run its last weight-gradient op (W, or B
-when the backward is not split).
+when the backward is not split); a frozen stage has none.
 
 Two views of the same derivation:
 
@@ -218,6 +218,8 @@ def _allreduces(deps: Dependencies) -> AllReduces:
         last = {divmod(int(key), schedule.num_stages): int(weight_rows[len(weight_rows) - 1 - index])
                 for key, index in zip(unique_keys.tolist(), first_in_reversed.tolist(), strict=True)}
         for stage in range(schedule.num_stages):
+            if stage in schedule.frozen:
+                continue  # a frozen stage has no weight gradient to reduce
             devices = sorted({replica[stage] for replica in schedule.placement.replicas})
             for a, b in itertools.pairwise(devices):
                 releases = [last[(d, stage)] for d in (a, b) if (d, stage) in last]

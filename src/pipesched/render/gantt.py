@@ -1,8 +1,10 @@
 """Gantt charts (PNG, SVG) of one or several timelines, stacked on a shared time axis.
 
 Each timeline gets a panel: one row per device (op boxes coloured by kind over a light grey
-bar, so idle time shows as grey), then one thin row per communication channel with its
-transfers, then, when the timeline has a memory trace, one memory curve per device. Boxes
+bar, so idle time shows as grey), then one thin row per device host link with its offloads
+and reloads (devices that offload), then one thin row per communication channel with its
+transfers, then, when the timeline has a memory trace, one memory curve per device (and
+one host-memory curve per device that offloads, dashed, on the same scale). Boxes
 are labelled with the microbatch (``F3``), or the op text (``5F3``) on devices holding
 several stages, when wide enough. Timelines in the same unit share the time axis.
 
@@ -23,6 +25,7 @@ import numpy as np
 
 from pipesched.errors import require
 from pipesched.render.style import (
+    HOST_MEMORY_COLOR,
     IDLE_COLOR,
     KIND_COLORS,
     KIND_LETTERS,
@@ -88,7 +91,7 @@ def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float
     # blocks top to bottom: (timeline index, "ops" or "memory", inches above, height, inches below)
     blocks: list[tuple[int, str, float, float, float]] = []
     for index, timeline in enumerate(timelines):
-        rows = DEVICE_ROW * timeline.num_devices + LINK_ROW * len(_channels(timeline)) + 0.1
+        rows = DEVICE_ROW * timeline.num_devices + LINK_ROW * (len(_channels(timeline)) + len(_host_lanes(timeline))) + 0.1
         below = 0.3 if timeline.memory is not None else 0.55
         blocks.append((index, "ops", PANEL_HEADER, rows, below))
         if timeline.memory is not None:
@@ -158,22 +161,30 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
 
     devices = timeline.num_devices
     channels = _channels(timeline)
+    hosts = _host_lanes(timeline)
     origin, span = timeline.origin, timeline.makespan
     x0 = (timeline.op_start - origin) * scale.factor
     x1 = (timeline.op_end - origin) * scale.factor
     y = timeline.op_device.astype(np.float64)
+    # host-link ops in their device's thin host row, below the device rows
+    host_y = {device: devices + 0.5 * k + 0.25 for k, device in enumerate(hosts)}
+    on_host = ~timeline.on_compute
+    if on_host.any():
+        lanes = np.zeros(devices)
+        lanes[hosts] = [host_y[d] for d in hosts]
+        y = np.where(on_host, lanes[timeline.op_device], y)
 
     # device rows: idle bar under the boxes
     axes.barh(np.arange(devices), span * scale.factor, left=0, height=_BOX, color=IDLE_COLOR, linewidth=0, zorder=1)
 
     chunk, chunks = op_chunks(timeline)
     palette, color = _op_colors(timeline.op_kind, chunk, chunks[timeline.op_device])
-    _draw_boxes(axes, _rectangles(x0, x1, y, _BOX), palette, color, gid=f"ops-{index}", link=f"op-{index}",
-                edge=_edge_width(x1 - x0, inches_per_unit))
+    _draw_boxes(axes, _rectangles(x0, x1, y, np.where(on_host, 0.5 * _TRANSFER_BOX, _BOX)), palette, color,
+                gid=f"ops-{index}", link=f"op-{index}", edge=_edge_width(x1 - x0, inches_per_unit))
 
-    # link rows: one per channel, below the devices, half height
+    # link rows: one per channel, below the devices and host links, half height
     table = timeline.transfers
-    link_y = {channel: devices + 0.5 * k + 0.25 for k, channel in enumerate(channels)}
+    link_y = {channel: devices + 0.5 * (len(hosts) + k) + 0.25 for k, channel in enumerate(channels)}
     if len(table):
         t0 = (table.start - origin) * scale.factor
         t1 = (table.end - origin) * scale.factor
@@ -182,13 +193,15 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
         transfer_palette = np.array([to_rgba(c) for c in TRANSFER_COLORS])
         _draw_boxes(axes, _rectangles(t0, t1, lane[table.channel], 0.5 * _TRANSFER_BOX), transfer_palette,
                     table.kind.astype(np.int64), gid=f"transfers-{index}", link=f"transfer-{index}", edge=_edge_width(t1 - t0, inches_per_unit))
+    if len(table) or hosts:
         axes.axhline(devices - 0.5, color="#999999", linewidth=0.5)
 
     labels = _draw_labels(axes, timeline, x0, x1, y, chunks, label_budget=label_budget,
-                          inches_per_unit=inches_per_unit)
+                          inches_per_unit=inches_per_unit, skip=on_host)
 
-    ticks = list(range(devices)) + [link_y[c] for c in channels]
-    names = [f"d{d}" for d in range(devices)] + [_channel_name(table, c) for c in channels]
+    ticks = list(range(devices)) + [host_y[d] for d in hosts] + [link_y[c] for c in channels]
+    names = ([f"d{d}" for d in range(devices)] + [f"d{d} host link" for d in hosts]
+             + [_channel_name(table, c) for c in channels])
     axes.set_yticks(ticks, names)
     for tick in axes.get_yticklabels()[devices:]:
         tick.set_parse_math(False)
@@ -196,7 +209,8 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
         tick.set_color("#555555")
     for tick in axes.get_yticklabels()[:devices]:
         tick.set_fontsize(8)
-    axes.set_ylim(devices - 0.5 + 0.5 * len(channels) + (0.1 if channels else 0), -0.6)
+    thin = len(channels) + len(hosts)
+    axes.set_ylim(devices - 0.5 + 0.5 * thin + (0.1 if thin else 0), -0.6)
     axes.tick_params(axis="y", length=0)
     axes.tick_params(axis="x", labelsize=8)
     for side in ("top", "right", "left"):
@@ -216,9 +230,10 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
 
 
 def _draw_labels(axes: Axes, timeline: Timeline, x0: np.ndarray, x1: np.ndarray, y: np.ndarray,
-                 chunks: np.ndarray, *, label_budget: int, inches_per_unit: float) -> int:
-    """Microbatch labels in boxes wide enough to hold them (7 pt text: ~0.055 in per char)."""
-    widths = (x1 - x0) * inches_per_unit
+                 chunks: np.ndarray, *, label_budget: int, inches_per_unit: float, skip: np.ndarray) -> int:
+    """Microbatch labels in boxes wide enough to hold them (7 pt text: ~0.055 in per char);
+    none on the rows ``skip`` marks (the thin host-link boxes)."""
+    widths = np.where(skip, 0.0, (x1 - x0) * inches_per_unit)
     several = chunks[timeline.op_device] > 1
     lengths = np.where(several, 2 + np.floor(np.log10(np.maximum(timeline.op_stage, 1))), 1) + \
         1 + np.floor(np.log10(np.maximum(timeline.op_microbatch, 1)))
@@ -240,7 +255,7 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
     assert memory is not None
     devices = len(memory.values)
     peaks = memory.peak
-    top = max(max(peaks), 1e-30)
+    top = max(max(peaks), max(timeline.host_memory.peak) if timeline.host_memory is not None else 0.0, 1e-30)
     capacities = memory.capacity
     show_capacity = capacities is not None and min(capacities) < 1.25 * top
     if show_capacity and capacities is not None:
@@ -260,6 +275,12 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
             axes.step(xs, ys, where="post", color=color, linewidth=0.8)
         if show_capacity and capacities is not None:
             axes.axhline(base - 0.85 * capacities[device] / top, color=OOM_COLOR, linewidth=0.6, linestyle="--")
+        host = timeline.host_memory
+        if host is not None and host.values[device].size and host.peak[device] > 0:
+            times = (np.asarray(host.times[device], np.float64) - timeline.origin) * scale.factor
+            xs = np.append(times, max(end, float(times[-1])))
+            ys = base - 0.85 * np.append(host.values[device], host.values[device][-1]) / top
+            axes.step(xs, ys, where="post", color=HOST_MEMORY_COLOR, linewidth=0.8, linestyle="--")
         axes.annotate(f"peak {peaks[device] / divisor:.3g} {unit}", xy=(1.0, device), xycoords=("axes fraction", "data"),
                       xytext=(4, 0), textcoords="offset points", va="center", fontsize=6.5,
                       color=OOM_COLOR if memory.out_of_memory[device] else "#555555")
@@ -270,6 +291,8 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
     for side in ("top", "right", "left"):
         axes.spines[side].set_visible(False)
     note = f"memory in use per device (rows share one scale, full row = {top / divisor:.3g} {unit})"
+    if timeline.host_memory is not None:
+        note += "; dashed grey: host memory of offloaded activations"
     if show_capacity:
         note += "; dashed: capacity"
     axes.set_title(note, loc="left", fontsize=8, color="#333333")
@@ -315,7 +338,7 @@ def _draw_boxes(axes: Axes, boxes: np.ndarray, palette: np.ndarray, color: np.nd
         axes.add_artist(patch)
 
 
-def _rectangles(x0: np.ndarray, x1: np.ndarray, y: np.ndarray, height: float) -> np.ndarray:
+def _rectangles(x0: np.ndarray, x1: np.ndarray, y: np.ndarray, height: float | np.ndarray) -> np.ndarray:
     """Vertices (n, 4, 2) of boxes [x0, x1] x [y - height/2, y + height/2]."""
     low, high = y - height / 2, y + height / 2
     return np.stack([np.stack([x0, low], 1), np.stack([x0, high], 1),
@@ -328,6 +351,11 @@ def _edge_width(widths: np.ndarray, inches_per_unit: float) -> float:
     if widths.size == 0:
         return 0.0
     return 0.4 if float(np.median(widths)) * inches_per_unit >= 0.02 else 0.0
+
+
+def _host_lanes(timeline: Timeline) -> list[int]:
+    """The devices with ops on their host link."""
+    return sorted({int(d) for d in timeline.op_device[~timeline.on_compute].tolist()})
 
 
 def _channels(timeline: Timeline) -> list[int]:

@@ -3,7 +3,9 @@ fetched), for one or several timelines.
 
 The page holds a sortable metrics table, the comparison table when given, and per timeline
 an interactive chart (wheel or buttons to zoom, drag to pan; hovering an op shows its
-stage, microbatch, start, end, duration and what it waited for) with the memory curves
+stage, microbatch, start, end, duration and what it waited for; a thin row per device
+host link with its activation offloads and reloads) with the memory curves (and, dashed,
+the host memory each device's offloads hold)
 under it. Tables are built here with every label escaped; the charts are drawn in the page
 from one compact JSON blob (columns of numbers, not one object per op), so 8 schedules of
 p=16, m=64 stay near 2 MB.
@@ -259,10 +261,20 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
             for c in range(int(table.channel.max(initial=-1)) + 1)
         ],
         "memory": None,
+        # devices whose host link offloads and reloads activations, and which ops run there
+        "hostLanes": [],
+        "onHost": None,
+        "hostMemory": None,
     }
+    on_host = ~timeline.on_compute
+    if on_host.any():
+        data["hostLanes"] = sorted({int(d) for d in timeline.op_device[on_host].tolist()})
+        data["onHost"] = on_host.tolist()
     memory = timeline.memory
     if memory is not None:
-        divisor, unit = memory_scale(memory.unit, max(memory.peak, default=0.0))
+        host = timeline.host_memory
+        largest = max(max(memory.peak, default=0.0), max(host.peak, default=0.0) if host is not None else 0.0)
+        divisor, unit = memory_scale(memory.unit, largest)
         data["memory"] = {
             "unit": unit,
             "times": [times(t) for t in memory.times],
@@ -271,6 +283,14 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
             "capacity": None if memory.capacity is None else [round(c / divisor, 4) for c in memory.capacity],
             "oom": list(memory.out_of_memory),
         }
+        if host is not None:
+            # host memory of offloaded activations, in the device curves' unit
+            data["hostMemory"] = {
+                "times": [times(t) for t in host.times],
+                "values": [np.round(np.asarray(v, np.float64) / divisor, 4).tolist() for v in host.values],
+                "peak": [round(p / divisor, 4) for p in host.peak],
+                "capacity": None if host.capacity is None else [round(c / divisor, 4) for c in host.capacity],
+            }
     return data
 
 

@@ -2,7 +2,9 @@
 
 Forward is blue, the backward halves are warm (I orange, B the darker burnt orange of the
 fused I+W), the deferrable weight gradient W is green; later chunks of a device are lighter
-shades of the same colours. Transfers: activations teal, gradients gold, all-reduces purple.
+shades of the same colours. Activation offloads (O) and reloads (R), on a device's host
+link, are slate grey, the reload lighter. Transfers: activations teal, gradients gold,
+all-reduces purple.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from dataclasses import dataclass
 from pipesched.ops import KIND_ORDER
 from pipesched.timeline import TRANSFER_KIND_NAMES
 
-# index = ops.KIND_ORDER position (F, I, W, B)
-KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a")
+# index = ops.KIND_ORDER position (F, I, W, B, O, R)
+KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a", "#5d6d7e", "#8e9eae")
 KIND_LETTERS: tuple[str, ...] = tuple(kind.value for kind in KIND_ORDER)
-KIND_NAMES: tuple[str, ...] = ("forward", "backward (input)", "backward (weight)", "backward (full)")
+KIND_NAMES: tuple[str, ...] = ("forward", "backward (input)", "backward (weight)", "backward (full)",
+                               "offload to host", "reload from host")
+HOST_MEMORY_COLOR = "#5d6d7e"  # host memory curves: the offload colour
 
 # index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce): teal, gold
 # and purple, apart from every op colour and its lighter chunk shades
@@ -24,7 +28,7 @@ TRANSFER_NAMES: tuple[str, ...] = TRANSFER_KIND_NAMES
 
 IDLE_COLOR = "#ececec"
 OOM_COLOR = "#c0392b"
-# text drawn on a box of each kind (white reads on all four fills)
+# text drawn on a box of each kind (white reads on every fill)
 LABEL_ON_KIND = "#ffffff"
 
 

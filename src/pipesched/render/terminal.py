@@ -3,7 +3,8 @@
 Each character cell of the timeline covers ``makespan / columns`` of time and shows the op
 running at the cell's middle: its kind's colour as background, with the op's label
 (``F3``: kind and microbatch; the stage is added on devices with several stages) where the
-op is wide enough, else the kind letter. Idle cells are a dim ``·``.
+op is wide enough, else the kind letter. Idle cells are a dim ``·``. A device that offloads
+activations gets a second row, ``h<d>``, for its host link (offloads and reloads).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def timeline_view(timeline: Timeline, *, width: int) -> Group:
     columns = max(_MIN_BAR, width - label_width - _IDLE_WIDTH)
     span = timeline.makespan
     cell_rows = _cell_rows(timeline, columns)
+    host_rows = _cell_rows(timeline, columns, compute=False)
     chunk, chunks = op_chunks(timeline)
     idle_share = timeline.idle_per_device() / span if span > 0 else np.zeros(timeline.num_devices)
 
@@ -67,18 +69,23 @@ def timeline_view(timeline: Timeline, *, width: int) -> Group:
         line.append_text(_device_bar(timeline, cell_rows[device], chunk, int(chunks[device])))
         line.append(f"{idle_share[device]:>{_IDLE_WIDTH}.1%}", style="dim")
         lines.append(line)
+        if (host_rows[device] >= 0).any():
+            host = Text(f"h{device}".ljust(label_width), style="dim")
+            host.append_text(_device_bar(timeline, host_rows[device], chunk, int(chunks[device])))
+            lines.append(host)
     lines.append(_axis(timeline, label_width, columns))
     lines.append(_legend(timeline))
     return Group(*lines)
 
 
-def _cell_rows(timeline: Timeline, columns: int) -> list[np.ndarray]:
-    """For each device, the op row running at the middle of each cell (-1 when idle)."""
+def _cell_rows(timeline: Timeline, columns: int, *, compute: bool = True) -> list[np.ndarray]:
+    """For each device, the op row running at the middle of each cell (-1 when idle), on
+    its compute stream (or its host link)."""
     span = timeline.makespan
     middles = timeline.origin + (np.arange(columns) + 0.5) * (span / columns)
     out = []
     for device in range(timeline.num_devices):
-        rows = timeline.rows_of_device(device)
+        rows = timeline.rows_of_device(device, compute=compute)
         starts, ends = timeline.op_start[rows], timeline.op_end[rows]
         where = np.searchsorted(starts, middles, side="right") - 1
         inside = (where >= 0) & (ends[np.clip(where, 0, None)] > middles) if len(rows) else np.zeros(columns, bool)

@@ -106,15 +106,20 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], flow_ids, suffi
     pid_of = list(pids)
     table = timeline.transfers
     # Slices on one thread must not overlap, so overlapping ops (an overlapped F&B pair) or
-    # transfers sharing a channel go to extra lanes: threads "compute 2", "send ... 2".
-    op_lane = _lanes(timeline.op_device, timeline.op_start, timeline.op_end)
+    # transfers sharing a channel go to extra lanes: threads "compute 2", "send ... 2". A
+    # device's host-link ops (offloads, reloads) have their own thread, "host link".
+    on_host = ~timeline.on_compute
+    op_lane = _lanes(timeline.op_device.astype(np.int64) * 2 + on_host, timeline.op_start, timeline.op_end)
     transfer_group = table.src_device.astype(np.int64) * (1 + int(table.channel.max(initial=0))) + table.channel
     transfer_lane = _lanes(transfer_group, table.start, table.end)
     threads: dict[tuple[int, int, int], int] = {}  # (device, channel or -1, lane) -> tid
     for device in range(timeline.num_devices):
-        lanes = int(op_lane[timeline.op_device == device].max(initial=0)) + 1
+        lanes = int(op_lane[(timeline.op_device == device) & ~on_host].max(initial=0)) + 1
         for lane in range(lanes):
             threads[(device, -1, lane)] = COMPUTE_TID + lane
+        mine = (timeline.op_device == device) & on_host
+        for lane in range(int(op_lane[mine].max(initial=-1)) + 1):
+            threads[(device, HOST_CHANNEL, lane)] = COMPUTE_TID + lanes + lane
     for src, channel, lane in sorted(set(zip(table.src_device.tolist(), table.channel.tolist(),
                                               transfer_lane.tolist(), strict=True))):
         threads[(src, channel, lane)] = 1 + max(tid for (d, _, _), tid in threads.items() if d == src)
@@ -126,7 +131,9 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], flow_ids, suffi
             _meta("process_sort_index", pid, 0, sort_index=pid),
         ]
     for (device, channel, lane), tid in threads.items():
-        if channel < 0:
+        if channel == HOST_CHANNEL:
+            label = "host link"
+        elif channel < 0:
             label = "compute"
         else:
             label = "send " + (table.channel_names[channel] if channel < len(table.channel_names)
@@ -136,7 +143,8 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], flow_ids, suffi
             _meta("thread_name", pid_of[device], tid, name=label),
             _meta("thread_sort_index", pid_of[device], tid, sort_index=tid),
         ]
-    op_tid = [threads[(d, -1, lane)] for d, lane in zip(timeline.op_device.tolist(), op_lane.tolist(), strict=True)]
+    op_tid = [threads[(d, HOST_CHANNEL if host else -1, lane)] for d, lane, host in
+              zip(timeline.op_device.tolist(), op_lane.tolist(), on_host.tolist(), strict=True)]
     transfer_tid = [threads[(s, c, lane)] for s, c, lane in
                     zip(table.src_device.tolist(), table.channel.tolist(), transfer_lane.tolist(), strict=True)]
 
@@ -220,17 +228,22 @@ def _flows(timeline, names, pid_of, op_tid, transfer_tid, starts, ends, t_starts
 
 
 def _counters(timeline, pid_of, stamp) -> list[dict]:
-    """Memory in use per device, one counter sample per step of the memory trace."""
-    memory = timeline.memory
-    if memory is None:
-        return []
+    """Memory in use per device, one counter sample per step of the memory trace; host
+    memory of offloaded activations likewise, as the counter ``host memory``."""
     events = []
-    key = memory.unit
-    for device, (times, values) in enumerate(zip(memory.times, memory.values, strict=True)):
-        for time, value in zip(np.asarray(times).tolist(), np.asarray(values).tolist(), strict=True):
-            events.append({"name": "memory", "ph": "C", "ts": stamp(time), "pid": pid_of[device],
-                           "args": {key: value}})
+    for name, memory in (("memory", timeline.memory), ("host memory", timeline.host_memory)):
+        if memory is None:
+            continue
+        key = memory.unit
+        for device, (times, values) in enumerate(zip(memory.times, memory.values, strict=True)):
+            for time, value in zip(np.asarray(times).tolist(), np.asarray(values).tolist(), strict=True):
+                events.append({"name": name, "ph": "C", "ts": stamp(time), "pid": pid_of[device],
+                               "args": {key: value}})
     return events
+
+
+# the thread key of a device's host link (channels are >= 0, the compute stream -1)
+HOST_CHANNEL = -2
 
 
 def _lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Why each op started when it did: the event whose end released it.
 
-An op starts once its device is free (the previous op on the device ended) and its inputs
-are there (each data predecessor ended, or, across devices, the transfer carrying its
+An op starts once its device is free (the previous op on the device ended; for an offload
+or reload on the device's host link, the previous op there or the compute op that issues
+it) and its inputs are there (each data predecessor ended, or, across devices, the transfer carrying its
 activation or gradient arrived). The cause is the latest of these; on a tie the transfer or
 data dependency is named, since it explains more than "the device was busy".
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.ops import KIND_INDEX, B, F, I, W
+from pipesched.ops import KIND_INDEX, B, F, I, O, R, W
 from pipesched.render.style import time_scale
 from pipesched.timeline import ACTIVATION, GRADIENT, TRANSFER_KIND_NAMES, Timeline
 
@@ -24,7 +25,7 @@ WAIT_NONE, WAIT_DEPENDENCY, WAIT_TRANSFER, WAIT_DEVICE = 0, 1, 2, 3
 WAIT_NAMES = ("nothing", "dependency", "transfer", "device")
 # tie order: a transfer explains most, then the producing op, then the device order
 _PRIORITY = np.array([-1, 1, 2, 0])
-_F, _I, _W, _B = (KIND_INDEX[k] for k in (F, I, W, B))
+_F, _I, _W, _B, _O, _R = (KIND_INDEX[k] for k in (F, I, W, B, O, R))
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class Dependencies:
 
     ``carried[r]`` is the predecessor whose output reaches op row r from another stage (the
     activation of F(s-1) for F(s), the gradient of stage s+1's backward for I/B(s)); ``local``
-    is the other one (F(s) for I/B(s), I(s) for W(s)). ``consumer[t]`` is the op row that
+    is the other one (F(s) for I/B(s), or R(s) when its activations were offloaded; I(s) for
+    W(s); F(s) for an offload O(s), O(s) for its reload R(s)). ``consumer[t]`` is the op row that
     transfer row t feeds (-1 for all-reduces), ``delivery[r]`` the transfer that brought row
     r its carried input (-1 when none did: same device, or no transfers recorded).
     """
@@ -60,14 +62,15 @@ def dependencies(timeline: Timeline) -> Dependencies:
     microbatch = timeline.op_microbatch.astype(np.int64)
     stages = timeline.schedule.num_stages
     microbatches = max(timeline.schedule.num_microbatches, int(microbatch.max(initial=-1)) + 1)
-    row_of = np.full(stages * microbatches * 4 + 4, -1, np.int64)
+    kinds = len(timeline.schedule.rules)
+    row_of = np.full(stages * microbatches * kinds + kinds, -1, np.int64)
 
     def lookup(s: np.ndarray, k: np.ndarray | int, mb: np.ndarray) -> np.ndarray:
         inside = (s >= 0) & (s < stages) & (mb >= 0)
-        keys = np.where(inside, (s * microbatches + mb) * 4 + k, len(row_of) - 1)
+        keys = np.where(inside, (s * microbatches + mb) * kinds + k, len(row_of) - 1)
         return np.where(inside, row_of[keys], -1)
 
-    row_of[(stage * microbatches + microbatch) * 4 + kind] = np.arange(len(timeline))
+    row_of[(stage * microbatches + microbatch) * kinds + kind] = np.arange(len(timeline))
 
     def backward_of(s: np.ndarray, mb: np.ndarray) -> np.ndarray:
         """The op producing stage s's input gradient: I when split, else B."""
@@ -80,8 +83,11 @@ def dependencies(timeline: Timeline) -> Dependencies:
     local = np.full(len(timeline), -1, np.int64)
     carried[is_f] = lookup(stage - 1, _F, microbatch)[is_f]
     carried[is_back] = backward_of(stage + 1, microbatch)[is_back]
-    local[is_back] = lookup(stage, _F, microbatch)[is_back]
+    reloaded = lookup(stage, _R, microbatch)
+    local[is_back] = np.where(reloaded >= 0, reloaded, lookup(stage, _F, microbatch))[is_back]
     local[is_w] = lookup(stage, _I, microbatch)[is_w]
+    local[kind == _O] = lookup(stage, _F, microbatch)[kind == _O]
+    local[kind == _R] = lookup(stage, _O, microbatch)[kind == _R]
 
     table = timeline.transfers
     t_stage = table.stage.astype(np.int64)
@@ -102,11 +108,22 @@ def waited_for(timeline: Timeline) -> Waits:
     deps = dependencies(timeline)
     previous = np.full(n, -1, np.int64)
     for device in range(timeline.num_devices):
-        rows = timeline.rows_of_device(device)
-        previous[rows[1:]] = rows[:-1]
+        for compute in (True, False):
+            rows = timeline.rows_of_device(device, compute=compute)
+            previous[rows[1:]] = rows[:-1]
 
     end = timeline.op_end
     device = timeline.op_device
+    on_host = ~timeline.on_compute
+    if on_host.any():
+        # a host-link op is also held by the compute op before it in its device's table
+        # (rows are in table order), which issues it: the later of the two is its device cause
+        last_compute = np.where(on_host, -1, np.arange(n))
+        np.maximum.accumulate(last_compute, out=last_compute)
+        issuer = np.where(on_host & (last_compute >= 0) & (device[np.maximum(last_compute, 0)] == device),
+                          last_compute, -1)
+        later = (issuer >= 0) & ((previous < 0) | (end[np.maximum(issuer, 0)] > end[np.maximum(previous, 0)]))
+        previous = np.where(later, issuer, previous)
     # candidates per row: [previous op on the device, local input, carried input]
     time = np.full((n, 3), -np.inf)
     code = np.zeros((n, 3), np.int64)
@@ -148,7 +165,7 @@ def wait_texts(timeline: Timeline, waits: Waits) -> list[str]:
     ['nothing: starts the iteration', 'device: 0F0 on device 0 ended at 1 slots', 'dependency: 1B0 on device 1 ended at 4 slots']
     """
     scale = time_scale(timeline.unit, timeline.makespan)
-    letters = [kind.value for kind in (F, I, W, B)]
+    letters = timeline.schedule.rules.letters
     stage, kind, microbatch = (timeline.op_stage.tolist(), timeline.op_kind.tolist(),
                                timeline.op_microbatch.tolist())
     device = timeline.op_device.tolist()

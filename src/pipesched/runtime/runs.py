@@ -20,6 +20,7 @@ import numpy as np
 from pipesched.errors import PipeschedError, require
 from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition, uniform
+from pipesched.rules import COMPUTE
 from pipesched.runtime.launch import Fault, LaunchSpec, launch
 from pipesched.runtime.measure import RankStep, measured_timeline, order_mismatch
 from pipesched.runtime.profile import StageTiming
@@ -203,6 +204,11 @@ def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: R
     for schedule in schedules:
         require(schedule.num_devices == num_ranks, "schedule", schedule.name,
                 f"has {schedule.num_devices} devices; every schedule of one run needs {num_ranks}")
+        # real runs train every stage and keep activations on the device
+        require(not schedule.frozen, "schedule", schedule.name,
+                "has frozen stages, which real runs do not execute yet; run the table without freezing")
+        require(all(schedule.rules[op.kind].stream == COMPUTE for _, op in schedule.ops()), "schedule", schedule.name,
+                "offloads activations, which real runs do not execute yet; run the table without offload ops")
     from pipesched.runtime.torch_import import require_torch
 
     require_torch()

@@ -66,7 +66,7 @@ def critical_path(timeline: Timeline, *, tolerance: float = 1e-9) -> CriticalPat
     A simulated timeline carries it (``timeline.simulation.critical_path``). For other
     timelines the path is traced back from the last op to end: each step goes to the op
     that ended when this one started (within ``tolerance`` x the makespan), a data
-    predecessor first (the rules' needs), else the previous op of the device. Transfers are
+    predecessor first (the rules' needs), else the previous op of the device's stream. Transfers are
     not traced there: a slot table has none and a measured run's ops already include their
     waits.
     """
@@ -83,8 +83,9 @@ def critical_path(timeline: Timeline, *, tolerance: float = 1e-9) -> CriticalPat
     # the previous op on the same device, by start time
     previous = np.full(n, -1, np.int64)
     for device in range(timeline.num_devices):
-        rows = timeline.rows_of_device(device)
-        previous[rows[1:]] = rows[:-1]
+        for compute in (True, False):
+            rows = timeline.rows_of_device(device, compute=compute)
+            previous[rows[1:]] = rows[:-1]
     slack = tolerance * max(timeline.makespan, 1.0)
     chain = [int(np.argmax(timeline.op_end))]
     while True:

@@ -4,10 +4,22 @@ time if wanted (a Monte Carlo sample, a straggler, a what-if) and without loweri
 
 Tasks are of two sorts.
 
-Compute ops, one row per op in the schedule's table order (device 0's ops in order, then
-device 1's, ...). Each runs on a queue (its device's compute stream) for ``op_duration``
-and waits for the ops it needs (``pipesched.rules``; ``pred_op``, CSR by op row). An input
-produced on another device arrives by a transfer (``pred_via``), else in place.
+Ops, one row per op in the schedule's table order (device 0's ops in order, then device
+1's, ...). Each runs on a queue, one of its device's streams (the rules' ``stream`` of its
+kind: the compute stream, or the host link that offloads and reloads activations), for
+``op_duration`` and waits for the ops it needs (``pipesched.rules``; ``pred_op``, CSR by op
+row). An input produced on another device arrives by a transfer (``pred_via``), else in
+place. A frozen stage's ops take the cost and memory effect of its role
+(``Rules.cost_for``, ``Rules.memory_for``).
+
+Streams (``op_queues``). The compute queue of device d is resource d. A device whose table
+holds host-link ops gets a second queue (a resource after the channels and NICs) that runs
+them in table order, beside its compute stream: an op there is issued when the compute op
+before it in the device's table has ended (its runtime issues the copy at that point of
+its program), so where a reload sits in the table says how early it may start. An
+offload or reload lasts ``host latency + activation bytes / host bandwidth`` of its device
+(``Network.host_bandwidth``; free without a network, as in the slot table); a device with
+no host link cannot run one.
 
 Transfers, from the communication pass (``pipesched.passes.communication``):
 
@@ -31,7 +43,8 @@ compute streams of both devices (a blocking runtime: neither computes while it s
 receives). Contention off: no channel is held.
 
 Memory: each op changes the bytes its device holds by the rules' effect of its kind
-(``MemoryEffect``), at its start or its end.
+(``MemoryEffect``), at its start or its end, and the bytes of host memory that hold its
+device's offloaded activations (``host_delta``).
 
 Optimizer step. After its last op and its all-reduces a device steps its optimizer. The
 step is a zero-duration marker (``Timeline.optimizer_step``): its cost does not depend on
@@ -46,9 +59,10 @@ import numpy as np
 from numba import njit
 
 from pipesched.costs import StageCosts
-from pipesched.dependencies import OpArrays, dependencies, rule_arrays
-from pipesched.errors import require
+from pipesched.dependencies import OpArrays, dependencies, role_index, rule_arrays
+from pipesched.errors import PipeschedError, require
 from pipesched.passes.communication import allreduces, messages
+from pipesched.rules import COMPUTE, HOST_TRANSFER, ROLES, STREAMS
 from pipesched.schedule import Schedule
 from pipesched.simulate.network import Network
 from pipesched.timeline import ALLREDUCE
@@ -91,6 +105,14 @@ class TaskGraph:
     memory_delta: np.ndarray  # float64 bytes each op adds (+) or frees (-)
     memory_at_start: np.ndarray  # bool: the change happens when the op starts (else when it ends)
     static_bytes: tuple[float, ...]  # per device: parameters, gradients, optimizer state
+    host_delta: np.ndarray | None = None  # float64 host-memory bytes each op adds or frees (offloads)
+    host_at_start: np.ndarray | None = None  # bool, like memory_at_start
+    side_queues: int = 0  # queues beyond one compute queue per device (host links)
+
+    @property
+    def offloads(self) -> bool:
+        """Whether some op moves activations to or from host memory."""
+        return self.host_delta is not None and bool(np.any(self.host_delta != 0))
 
     @property
     def num_ops(self) -> int:
@@ -168,29 +190,32 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     ops = deps.ops
     n, num_devices = len(ops), schedule.num_devices
     kinds = ops.kind.astype(np.int64)
-    # op durations by kind (rows: the rules' kinds) and stage
-    per_kind = np.array([costs.times(rule.cost) for rule in schedule.rules], np.float64)
-    op_duration = per_kind[kinds, ops.stage]
-    # data dependencies, CSR by consumer row
-    consumer, producer, _ = deps.edges
-    pred_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(consumer, minlength=n), out=pred_ptr[1:])
-    # memory effects of each op (rules x this stage's activation bytes)
     arrays = rule_arrays(schedule.rules)
+    off_compute = _uses_side_streams(schedule)
+    op_duration = op_durations(schedule, costs, network)
+    # data dependencies, CSR by consumer row; host-link ops also wait for the compute op
+    # before them in their device's table (where the runtime issues them)
+    consumer, producer, _ = deps.edges
+    issued_after = _issue_edges(ops, arrays.stream) if off_compute else None
+    # memory effects of each op (its stage role's effect x this stage's activation bytes);
+    # a table with no frozen stage has every op in the role of a stage that trains
     activation = np.asarray(costs.activation_bytes, np.float64)[ops.stage]
-    memory_delta = (arrays.memory_whole[kinds] + arrays.memory_input_part[kinds] * costs.input_frees) * activation
+    role = role_index(schedule.roles)[ops.stage] if schedule.frozen else 0
+    memory_delta = (arrays.role_whole[role, kinds] + arrays.role_input_part[role, kinds] * costs.input_frees) * activation
     if costs.kept_for_w_bytes is not None:
-        memory_delta += arrays.memory_kept[kinds] * np.asarray(costs.kept_for_w_bytes, np.float64)[ops.stage]
-    memory_at_start = arrays.memory_at_start[kinds]
-    # one queue per device: its compute stream, in table order
-    op_queue = ops.device.astype(np.int32)
-    queue_rows = np.arange(n, dtype=np.int32)
-    queue_offsets = ops.device_offsets.astype(np.int64)
+        memory_delta += arrays.role_kept[role, kinds] * np.asarray(costs.kept_for_w_bytes, np.float64)[ops.stage]
+    memory_at_start = arrays.role_at_start[role, kinds]
+    host = (None, None, 0)
+    if off_compute:
+        host = (arrays.role_host[role, kinds] * activation, arrays.role_host_at_start[role, kinds], 0)
     static = static_per_device(schedule, costs)
     if network is None:
+        op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices, num_devices)
+        pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, np.full(producer.shape[0], -1, np.int32),
+                                                        issued_after, n)
         return _graph(schedule, costs, None, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
-                      op_duration, pred_ptr, producer, np.full(producer.shape[0], -1, np.int32),
-                      _no_transfers(), num_devices, memory_delta, memory_at_start, static)
+                      op_duration, pred_ptr, pred_op, pred_via, _no_transfers(), num_devices + side * num_devices,
+                      memory_delta, memory_at_start, static, (*host[:2], side))
     sent = messages(schedule)
     reduces = allreduces(schedule)
     m_count, r_count = len(sent), len(reduces)
@@ -213,15 +238,133 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     rel_ptr = np.zeros(m_count + r_count + 1, np.int64)
     np.cumsum(np.concatenate([np.ones(m_count, np.int64), released.sum(axis=1)]), out=rel_ptr[1:])
     res_ptr, res, num_resources = _transfer_resources(network, src, dst, m_count, contention, overlap, num_devices)
+    op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices, num_resources)
+    pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, sent.via, issued_after, n)
     transfers = (src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res)
     return _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
-                  op_duration, pred_ptr, producer, sent.via, transfers, num_resources, memory_delta,
-                  memory_at_start, static)
+                  op_duration, pred_ptr, pred_op, pred_via, transfers, num_resources + side * num_devices,
+                  memory_delta, memory_at_start, static, (*host[:2], side))
+
+
+def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None) -> np.ndarray:
+    """Duration of every op row: its kind's cost on its stage for its stage's role
+    (``Rules.cost_for``), in ``costs.unit``; an op that moves activations over the host
+    link (cost ``HOST_TRANSFER``) takes its device's host latency + the stage's activation
+    bytes / host bandwidth, and nothing without a network.
+
+    Raises PipeschedError when such an op runs on a device with no host link.
+    """
+    ops = dependencies(schedule).ops
+    rules = schedule.rules
+    kinds = ops.kind.astype(np.int64)
+    if not schedule.frozen and not _uses_side_streams(schedule):
+        # every stage trains and every op computes: its kind's cost on its stage
+        return np.array([costs.times(rule.cost) if rule.cost != HOST_TRANSFER else (0.0,) * schedule.num_stages
+                         for rule in rules], np.float64)[kinds, ops.stage]
+    op_role = role_index(schedule.roles)[ops.stage]
+    names = [[rules.cost_for(rule.kind, role) for rule in rules] for role in ROLES]
+    per_role = np.zeros((len(ROLES), len(rules), schedule.num_stages))
+    for r, row in enumerate(names):
+        for k, name in enumerate(row):
+            if name != HOST_TRANSFER:
+                per_role[r, k] = costs.times(name)
+    duration = per_role[op_role, kinds, ops.stage]
+    moves = np.array([[name == HOST_TRANSFER for name in row] for row in names], np.bool_)[op_role, kinds]
+    if network is None or not moves.any():
+        return duration
+    rows = np.flatnonzero(moves)
+    devices = ops.device[rows]
+    bandwidth = np.zeros(schedule.num_devices) if network.host_bandwidth is None else \
+        np.asarray(network.host_bandwidth[: schedule.num_devices], np.float64)
+    lacking = devices[bandwidth[devices] <= 0]
+    if lacking.size:
+        device = int(lacking[0])
+        raise PipeschedError(
+            f"offload=device {device}: {network.device_name(device)} of {network.name} has no host link; offload "
+            "on devices with one (a device preset or cluster entry with host_bandwidth, or --host-bandwidth "
+            "with --stage-costs), or do not offload")
+    latency = np.zeros(schedule.num_devices) if network.host_latency is None else \
+        np.asarray(network.host_latency[: schedule.num_devices], np.float64)
+    moved = np.asarray(costs.activation_bytes, np.float64)[ops.stage[rows]]
+    duration[rows] = latency[devices] + moved / bandwidth[devices]
+    return duration
+
+
+def _uses_side_streams(schedule: Schedule) -> bool:
+    """Whether some op of ``schedule`` runs off the compute stream (kept with the schedule)."""
+    cache = schedule.derived
+    if "side_streams" not in cache:
+        ops = dependencies(schedule).ops
+        present = np.bincount(ops.kind.astype(np.int64), minlength=len(schedule.rules)) > 0
+        cache["side_streams"] = bool(np.any(present & (rule_arrays(schedule.rules).stream != 0)))
+    return cache["side_streams"]
+
+
+def op_queues(ops: OpArrays, kind_stream: np.ndarray | None, num_devices: int,
+              first_side_resource: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(op_queue, queue_rows, queue_offsets, side queues per device): each op's queue as a
+    resource id, the op rows of each queue in program order, and how many streams beyond
+    the compute stream each device has.
+
+    Queue q = stream x devices + device in walk order; its resource id is the device (the
+    compute stream) or ``first_side_resource + (stream - 1) x devices + device``. A table
+    whose kinds all run on the compute stream (``kind_stream`` None: known to) keeps one
+    queue per device, the table itself.
+    """
+    n = len(ops)
+    op_stream = kind_stream[ops.kind].astype(np.int64) if n and kind_stream is not None else np.zeros(0, np.int64)
+    side = int(op_stream.max(initial=0))
+    if side == 0:
+        return (ops.device.astype(np.int32), np.arange(n, dtype=np.int32), ops.device_offsets.astype(np.int64), 0)
+    queue = op_stream * num_devices + ops.device
+    queue_rows = np.argsort(queue, kind="stable").astype(np.int32)
+    queue_offsets = np.zeros((side + 1) * num_devices + 1, np.int64)
+    np.cumsum(np.bincount(queue, minlength=(side + 1) * num_devices), out=queue_offsets[1:])
+    resource = np.where(op_stream == 0, ops.device, first_side_resource + (op_stream - 1) * num_devices + ops.device)
+    return resource.astype(np.int32), queue_rows, queue_offsets, side
+
+
+def _issue_edges(ops: OpArrays, kind_stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(consumer, producer) rows: each op off the compute stream and the compute op before
+    it in its device's table (none when it comes first)."""
+    n = len(ops)
+    if n == 0:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    side = kind_stream[ops.kind] != STREAMS.index(COMPUTE)
+    if not side.any():
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    rows = np.arange(n)
+    # the last compute row at or before each row, within its device
+    last_compute = np.where(~side, rows, -1)
+    np.maximum.accumulate(last_compute, out=last_compute)
+    first_row = ops.device_offsets[ops.device]
+    consumer = rows[side]
+    producer = last_compute[side]
+    keep = producer >= first_row[side]
+    return consumer[keep].astype(np.int32), producer[keep].astype(np.int32)
+
+
+def _with_issue_edges(consumer: np.ndarray, producer: np.ndarray, via: np.ndarray,
+                      issued_after: tuple[np.ndarray, np.ndarray] | None,
+                      n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR (pred_ptr, pred_op, pred_via) of the data edges and the issue edges (if any)."""
+    if issued_after is not None and issued_after[0].size:
+        extra_consumer, extra_producer = issued_after
+        consumer = np.concatenate([consumer, extra_consumer])
+        order = np.argsort(consumer, kind="stable")
+        consumer = consumer[order]
+        producer = np.concatenate([producer, extra_producer])[order]
+        via = np.concatenate([via, np.full(extra_consumer.shape[0], -1, np.int32)])[order]
+    pred_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(consumer, minlength=n), out=pred_ptr[1:])
+    return pred_ptr, producer, via
 
 
 def _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets, op_duration,
-           pred_ptr, pred_op, pred_via, transfers, num_resources, memory_delta, memory_at_start, static) -> TaskGraph:
+           pred_ptr, pred_op, pred_via, transfers, num_resources, memory_delta, memory_at_start, static,
+           host) -> TaskGraph:
     src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res = transfers
+    host_delta, host_at_start, side = host
     return TaskGraph(
         schedule=schedule, costs=costs, network=network, contention=contention, overlap=overlap, ops=ops,
         op_queue=op_queue, queue_rows=queue_rows, queue_offsets=queue_offsets, op_duration=op_duration,
@@ -229,7 +372,7 @@ def _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_r
         tr_src=src, tr_dst=dst, tr_kind=kind, tr_stage=stage, tr_microbatch=microbatch, tr_bytes=nbytes,
         tr_duration=duration, tr_rel_ptr=rel_ptr, tr_rel=rel, tr_res_ptr=res_ptr, tr_res=res,
         num_resources=int(num_resources), memory_delta=memory_delta, memory_at_start=memory_at_start,
-        static_bytes=static,
+        static_bytes=static, host_delta=host_delta, host_at_start=host_at_start, side_queues=side,
     )
 
 

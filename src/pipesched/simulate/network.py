@@ -37,6 +37,12 @@ class Network:
     peak_flops: dense FLOP/s of each device (for MFU), or None when unknown.
     ranks: cluster rank of each pipeline device (names in timelines and reports).
     name: where the network came from (a cluster name, "uniform").
+    host_bandwidth: bytes/s of each device's link to host memory, per direction (PCIe or
+        NVLink-C2C: what activation offloads and reloads move over; 0 = no host link), or
+        None when no device has one.
+    host_latency: seconds each offload or reload pays on top (None: 0).
+    host_capacity: host-memory bytes each device may fill with offloaded activations, or
+        None when unknown.
     """
 
     latency: np.ndarray  # float64 (D, D), seconds
@@ -47,6 +53,9 @@ class Network:
     peak_flops: tuple[float, ...] | None = None  # FLOP/s per device
     ranks: tuple[int, ...] = ()
     name: str = "network"
+    host_bandwidth: tuple[float, ...] | None = None  # bytes/s per device, 0 = none
+    host_latency: tuple[float, ...] | None = None  # seconds per device
+    host_capacity: tuple[float, ...] | None = None  # bytes per device
 
     def __post_init__(self) -> None:
         latency = np.array(self.latency, dtype=np.float64)
@@ -74,10 +83,17 @@ class Network:
         if not self.ranks:
             object.__setattr__(self, "ranks", tuple(range(n)))
         require(len(self.ranks) == n, "ranks", len(self.ranks), f"give one rank per device ({n})")
-        for field_name in ("capacity", "peak_flops"):
+        for field_name in ("capacity", "peak_flops", "host_bandwidth", "host_latency", "host_capacity"):
             values = getattr(self, field_name)
             if values is not None:
                 require(len(values) == n, field_name, f"{len(values)} values", f"give one value per device ({n})")
+        for field_name in ("host_bandwidth", "host_latency", "host_capacity"):
+            values = getattr(self, field_name)
+            if values is not None:
+                values = tuple(float(v) for v in values)
+                bad = [v for v in values if not (v >= 0 and (math.isfinite(v) or field_name == "host_bandwidth"))]
+                require(not bad, field_name, bad[0] if bad else "", "must be numbers >= 0")
+                object.__setattr__(self, field_name, values)
 
     @property
     def num_devices(self) -> int:
@@ -100,9 +116,15 @@ class Network:
         return f"rank {self.ranks[device]}"
 
     # --- constructors ---------------------------------------------------------------------
+    def has_host_link(self, device: int) -> bool:
+        return self.host_bandwidth is not None and self.host_bandwidth[device] > 0
+
     @classmethod
-    def uniform(cls, num_devices: int, *, latency: float, bandwidth: float) -> Network:
-        """Every pair of devices joined by an equal, private link (each device its own node).
+    def uniform(cls, num_devices: int, *, latency: float, bandwidth: float, host_bandwidth: float | None = None,
+                host_latency: float = 0.0, host_capacity: float | None = None) -> Network:
+        """Every pair of devices joined by an equal, private link (each device its own node);
+        with ``host_bandwidth`` (bytes/s, per direction) each device also has a link of that
+        rate and ``host_latency`` seconds to ``host_capacity`` bytes of host memory.
 
         >>> Network.uniform(2, latency=1e-5, bandwidth=1e9).transfer_time(0, 1, 1e6)
         0.00101
@@ -110,12 +132,23 @@ class Network:
         require(num_devices >= 1, "devices", num_devices, "must be at least 1")
         require(math.isfinite(latency) and latency >= 0, "latency", latency, "must be a finite number >= 0 seconds")
         require(bandwidth > 0, "bandwidth", bandwidth, "must be > 0 bytes/s (use inf for free links)")
+        if host_bandwidth is not None:
+            require(host_bandwidth > 0, "host_bandwidth", host_bandwidth, "must be > 0 bytes/s (use inf for a free link)")
+        require(math.isfinite(host_latency) and host_latency >= 0, "host_latency", host_latency,
+                "must be a finite number >= 0 seconds")
         shape = (num_devices, num_devices)
+
+        def each(value: float | None) -> tuple[float, ...] | None:
+            return None if value is None else (float(value),) * num_devices
+
         return cls(
             latency=np.full(shape, float(latency)),
             bandwidth=np.full(shape, float(bandwidth)),
             node_of=tuple(range(num_devices)),
             name="uniform",
+            host_bandwidth=each(host_bandwidth),
+            host_latency=each(host_latency) if host_bandwidth is not None else None,
+            host_capacity=each(host_capacity),
         )
 
     @classmethod
@@ -125,7 +158,9 @@ class Network:
         Ranks on one node use the cluster's intra-node link; ranks on different nodes its
         inter-node link, through one NIC per rank or one per node (``cluster.nic_per_device``).
         A transfer's latency includes the set-up of its slower end
-        (``DeviceSpec.transfer_setup_s``, see ``Cluster.latency``).
+        (``DeviceSpec.transfer_setup_s``, see ``Cluster.latency``). Each device's host link
+        is its preset's (``DeviceSpec.host_bandwidth``, ``host_memory_bytes``); an offload
+        pays its ``transfer_setup_s`` like any transfer.
         """
         chosen = tuple(range(cluster.num_devices)) if ranks is None else tuple(int(r) for r in ranks)
         require(len(chosen) >= 1, "ranks", "[]", "give at least one rank")
@@ -154,5 +189,8 @@ class Network:
             peak_flops=tuple(float(d.peak_flops) for d in devices),
             ranks=chosen,
             name=cluster.name,
+            host_bandwidth=tuple(float(d.host_bandwidth) for d in devices),
+            host_latency=tuple(float(d.transfer_setup_s) for d in devices),
+            host_capacity=tuple(float(d.host_memory_bytes) for d in devices),
         )
 

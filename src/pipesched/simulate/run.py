@@ -22,7 +22,7 @@ from pipesched.errors import PipeschedError, require
 from pipesched.simulate import engine
 from pipesched.simulate.critical import from_binder
 from pipesched.simulate.graph import TaskGraph
-from pipesched.simulate.memory import memory_trace
+from pipesched.simulate.memory import host_memory_trace, memory_trace
 from pipesched.timeline import ALLREDUCE, SimulationInfo, Source, Timeline, TransferTable
 
 # the most duration vectors one batch call takes (samples x tasks x 8 bytes stays in memory)
@@ -59,10 +59,14 @@ def run(graph: TaskGraph, *, op_durations: np.ndarray | None = None,
     if capacity is None and network is not None and network.capacity is not None:
         capacity = network.capacity[: graph.num_devices]
     slots = graph.costs.unit == "slot"
-    trace = None
+    trace = host = None
     if memory:
-        trace = memory_trace(graph, op_start, op_end, capacity=capacity,
-                             unit="stage-microbatches" if slots else "bytes")
+        unit = "stage-microbatches" if slots else "bytes"
+        trace = memory_trace(graph, op_start, op_end, capacity=capacity, unit=unit)
+        host_capacity = None
+        if network is not None and network.host_capacity is not None:
+            host_capacity = network.host_capacity[: graph.num_devices]
+        host = host_memory_trace(graph, op_start, op_end, capacity=host_capacity, unit=unit)
     ops = graph.ops
     return Timeline(
         schedule=graph.schedule,
@@ -76,6 +80,7 @@ def run(graph: TaskGraph, *, op_durations: np.ndarray | None = None,
         op_end=op_end,
         transfers=_transfer_table(graph, tr_start, tr_end),
         memory=trace,
+        host_memory=host,
         simulation=SimulationInfo(
             costs=graph.costs,
             network=network,
@@ -163,8 +168,11 @@ def _optimizer_steps(graph: TaskGraph, op_end: np.ndarray, tr_end: np.ndarray) -
     step = np.zeros(graph.num_devices)
     offsets = graph.ops.device_offsets
     busy = offsets[1:] > offsets[:-1]
-    # a device's ops end in table order: its last op ends last
-    step[busy] = op_end[offsets[1:][busy] - 1]
+    if graph.side_queues:
+        np.maximum.at(step, graph.ops.device, op_end)
+    else:
+        # a device's ops end in table order: its last op ends last
+        step[busy] = op_end[offsets[1:][busy] - 1]
     reduces = graph.tr_kind == ALLREDUCE
     np.maximum.at(step, graph.tr_src[reduces], tr_end[reduces])
     np.maximum.at(step, graph.tr_dst[reduces], tr_end[reduces])

@@ -237,7 +237,10 @@
     var channels = [];
     t.transfers.channel.forEach(function (c) { if (channels.indexOf(c) < 0) channels.push(c); });
     channels.sort(function (a, b) { return a - b; });
-    var linkTop = t.devices * ROW + (channels.length ? 6 : 0);
+    // host links (activation offloads and reloads), then transfer channels, in thin rows
+    var hosts = t.hostLanes || [];
+    var hostTop = t.devices * ROW + (hosts.length ? 6 : 0);
+    var linkTop = hostTop + hosts.length * LINK_ROW + (channels.length ? 6 : 0);
     var plotHeight = linkTop + channels.length * LINK_ROW;
     var height = plotHeight + AXIS;
     var svg = el("svg", { "class": "chart", height: height, role: "img" }, panel);
@@ -262,13 +265,19 @@
     }
     // op boxes, in time units horizontally (the group is scaled), pixels vertically
     var ops = t.ops, opNodes = new Array(ops.start.length);
+    hosts.forEach(function (device, k) {
+      var label = el("text", { x: GUTTER - 8, y: hostTop + k * LINK_ROW + LINK_ROW / 2 + 3, "text-anchor": "end", "class": "link-label" }, svg);
+      label.textContent = "d" + device + " host link";
+    });
     for (var row = 0; row < ops.start.length; row++) {
       var device = ops.device[row];
       var color = t.deviation ? deviationColor(t.deviation[row])
         : lighten(data.kinds.colors[ops.kind[row]], chunkShade(ops.chunk[row], t.chunks[device]));
+      var onHost = t.onHost && t.onHost[row];
       opNodes[row] = el("rect", {
         x: ops.start[row], width: Math.max(ops.end[row] - ops.start[row], 0),
-        y: device * ROW + ROW * (1 - BOX) / 2, height: ROW * BOX, fill: color,
+        y: onHost ? hostTop + hosts.indexOf(device) * LINK_ROW + 2 : device * ROW + ROW * (1 - BOX) / 2,
+        height: onHost ? LINK_ROW - 4 : ROW * BOX, fill: color,
         "data-op": index + ":" + row
       }, scaled);
     }
@@ -310,6 +319,7 @@
       var drawn = 0;
       for (var row = 0; row < ops.start.length && drawn < MAX_LABELS; row++) {
         if (ops.end[row] < view.x0 || ops.start[row] > view.x1) continue;
+        if (t.onHost && t.onHost[row]) continue;  // thin host-link boxes carry no label
         var text = opLabel(t, row);
         var pixels = (ops.end[row] - ops.start[row]) * k;
         if (pixels < text.length * 6.5 + 4) continue;
@@ -383,13 +393,14 @@
     return "rgb(" + stops[i].map(function (c, j) { return Math.round(c + (stops[i + 1][j] - c) * w); }).join(",") + ")";
   }
   function drawMemory(t, index, panel, view) {
-    var memory = t.memory;
-    var top = Math.max.apply(null, memory.peak.concat([1e-12]));
+    var memory = t.memory, host = t.hostMemory;
+    var top = Math.max.apply(null, memory.peak.concat(host ? host.peak : []).concat([1e-12]));
     var caps = memory.capacity;
     var showCaps = caps && Math.min.apply(null, caps) < 1.25 * top;
     if (showCaps) top = Math.max(top, Math.max.apply(null, caps));
     top *= 1.08;
-    var title = html("p", "memory-title", "memory in use per device (" + memory.unit + ")" + (showCaps ? "; dashed: capacity" : ""), panel);
+    var title = html("p", "memory-title", "memory in use per device (" + memory.unit + ")" + (showCaps ? "; dashed: capacity" : "") +
+      (host ? "; dotted: host memory of offloaded activations" : ""), panel);
     title.setAttribute("data-memory", String(index));
     var height = MEMORY + AXIS;
     var svg = el("svg", { "class": "chart", height: height, role: "img" }, panel);
@@ -426,6 +437,23 @@
       if (showCaps) {
         el("polyline", { "class": "capacity", points: "0," + y(caps[d]) + " " + t.makespan + "," + y(caps[d]), stroke: data.oomColor }, scaled);
       }
+    });
+    if (host) host.times.forEach(function (times, d) {
+      if (!host.peak[d]) return;
+      var values = host.values[d], points = [];
+      for (var i = 0; i < times.length; i++) {
+        if (i > 0) points.push(times[i] + "," + y(values[i - 1]));
+        points.push(times[i] + "," + y(values[i]));
+      }
+      if (times.length) points.push(t.makespan + "," + y(values[values.length - 1]));
+      var line = el("polyline", { "class": "host-memory", points: points.join(" "), stroke: deviceColor(d, t.devices),
+                                  "data-host-memory-device": d }, scaled);
+      line.addEventListener("mouseover", function (event) {
+        var rows = [["schedule", t.name], ["peak", fmt(host.peak[d]) + " " + memory.unit]];
+        if (host.capacity) rows.push(["host memory", fmt(host.capacity[d]) + " " + memory.unit]);
+        showTip(event, "host memory of d" + d + "'s offloaded activations", rows, null);
+      });
+      line.addEventListener("mouseout", hideTip);
     });
     // right of the plot: the peak, and which colour is which end of the device range
     var side = el("g", {}, svg);
