@@ -18,7 +18,13 @@ Definitions (times in the timeline's unit: slots or seconds):
 - communication of device d: the union of the intervals in which a transfer it sends or
   receives (or an all-reduce it takes part in) is in flight. Exposed communication is the
   part of it during which d does not compute; hidden communication is the part that
-  overlaps d's compute.
+  overlaps d's compute. A blocking runtime (simulated without overlap) holds a device in its
+  send and receive batches longer than its transfers fly: a sender waits for its receiver
+  to post. There exposed communication is what blocks: the time each step of compute
+  (``pipesched.simulate.blocking``) starts after both the op before it and every op whose
+  output the step reads have ended (its batch: transfers, rendezvous, busy channels), plus
+  the device's last batch after its last op. The wait for data not yet produced stays
+  bubble.
 - peak memory per device and out-of-memory flags: from the timeline's memory trace.
 """
 
@@ -133,6 +139,7 @@ def communication_per_device(timeline: Timeline) -> tuple[np.ndarray, np.ndarray
     transfers = timeline.transfers
     if not len(transfers):
         return exposed, hidden
+    blocking = timeline.simulation is not None and not timeline.simulation.overlap
     for device in range(timeline.num_devices):
         mine = np.flatnonzero((transfers.src_device == device) | (transfers.dst_device == device))
         if not mine.size:
@@ -144,7 +151,41 @@ def communication_per_device(timeline: Timeline) -> tuple[np.ndarray, np.ndarray
         union = _union_length(starts, ends)
         hidden[device] = overlap
         exposed[device] = union - overlap
+    if blocking:
+        exposed = blocked_in_batches(timeline)
     return exposed, hidden
+
+
+def blocked_in_batches(timeline: Timeline) -> np.ndarray:
+    """Per device, the time a blocking runtime holds it in its send and receive batches
+    beyond waiting for data to be produced (see the module docstring)."""
+    from pipesched.dependencies import dependencies
+    from pipesched.simulate.blocking import step_heads
+
+    n, origin = len(timeline), timeline.origin
+    before = np.full(n, -1, np.int64)
+    device_rows = [timeline.rows_of_device(device) for device in range(timeline.num_devices)]
+    for rows in device_rows:
+        before[rows[1:]] = rows[:-1]
+    head = step_heads(timeline.schedule.rules, timeline.op_kind.astype(np.int64), before,
+                      timeline.simulation.blocking_steps or "op")
+    step_first = np.where(head, np.arange(n), before)
+    # when the data of each step exist: its ops' producers outside the step have ended
+    consumer, producer, _ = dependencies(timeline.schedule).edges
+    outside = step_first[consumer] != producer
+    ready = np.full(n, origin)
+    np.maximum.at(ready, step_first[consumer[outside]], timeline.op_end[producer[outside]])
+    finished = timeline.simulation.optimizer_step
+    blocked = np.zeros(timeline.num_devices)
+    for device, rows in enumerate(device_rows):
+        if not rows.size:
+            continue
+        previous = np.concatenate([[origin], timeline.op_end[rows[:-1]]])
+        waits = timeline.op_start[rows] - np.maximum(previous, ready[rows])
+        # the last batch: the sends of the last step (and all-reduces) before the optimizer step
+        blocked[device] = (float(np.clip(waits[head[rows]], 0.0, None).sum())
+                           + max(0.0, finished[device] - timeline.op_end[rows[-1]]))
+    return blocked
 
 
 @dataclass(frozen=True)
@@ -216,6 +257,7 @@ def summarize(
 
 __all__ = [
     "Metrics",
+    "blocked_in_batches",
     "bubble_over_work",
     "bubble_per_device",
     "bubble_ratio",

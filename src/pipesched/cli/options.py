@@ -46,7 +46,9 @@ Bandwidth = Annotated[str | None, typer.Option(
     "--bandwidth", help="link bandwidth in bytes/s or inf: uniform links with --stage-costs [default: inf], or every "
                         "link of the cluster")]
 NoContention = Annotated[bool, typer.Option("--no-contention", help="transfers never wait for a busy channel")]
-NoOverlap = Annotated[bool, typer.Option("--no-overlap", help="blocking runtime: no compute while a device sends or receives")]
+NoOverlap = Annotated[bool, typer.Option(
+    "--no-overlap", help="blocking runtime: between steps of compute a device sends and receives in one batch and "
+                         "waits for all of it (Megatron's non-overlapped p2p)")]
 AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
 
 

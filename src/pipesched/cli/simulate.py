@@ -90,8 +90,9 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
     console = Console() if Console().is_terminal else Console(width=140)
     if timeline_view:
         print_timeline(timeline, console)
-    mode = ", ".join(x for x in ("contention" if contention else "no contention",
-                                   "overlap" if overlap else "blocking (no overlap)"))
+    batches = {"op": "a batch between ops", "pair": "a batch per forward-backward pair"}
+    blocking = f"blocking (no overlap, {batches.get(timeline.simulation.blocking_steps, 'batches')})"
+    mode = ", ".join(x for x in ("contention" if contention else "no contention", "overlap" if overlap else blocking))
     summary = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={schedule.num_microbatches}, "
                           f"{schedule.num_stages} stages; {setup.description}; {mode}")
     summary.add_column("metric")

@@ -36,6 +36,7 @@ class Simulation:
             "ranks": list(self.network.ranks[: schedule.num_devices]),
             "contention": self.point.contention,
             "overlap": self.point.overlap,
+            "blocking_steps": timeline.simulation.blocking_steps,
             "iteration_time_s": metrics.iteration_time,
             "bubble_ratio": metrics.bubble_ratio,
             "bubble_over_work": metrics.bubble_over_work,

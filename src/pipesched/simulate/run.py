@@ -83,6 +83,7 @@ def run(graph: TaskGraph, *, op_durations: np.ndarray | None = None,
             overlap=graph.overlap,
             critical_path=from_binder(chain, n),
             optimizer_step=_optimizer_steps(graph, op_end, tr_end),
+            blocking_steps=graph.blocking_steps,
         ),
     )
 
@@ -159,13 +160,14 @@ def _transfer_table(graph: TaskGraph, start: np.ndarray, end: np.ndarray) -> Tra
 
 
 def _optimizer_steps(graph: TaskGraph, op_end: np.ndarray, tr_end: np.ndarray) -> tuple[float, ...]:
-    """When each device may step its optimizer: after its last op and its all-reduces."""
+    """When each device may step its optimizer: after its last op and its all-reduces (a
+    blocking runtime: after every transfer it takes part in, its last batch included)."""
     step = np.zeros(graph.num_devices)
     offsets = graph.ops.device_offsets
     busy = offsets[1:] > offsets[:-1]
     # a device's ops end in table order: its last op ends last
     step[busy] = op_end[offsets[1:][busy] - 1]
-    reduces = graph.tr_kind == ALLREDUCE
+    reduces = graph.tr_kind == ALLREDUCE if graph.overlap else np.ones(graph.num_transfers, np.bool_)
     np.maximum.at(step, graph.tr_src[reduces], tr_end[reduces])
     np.maximum.at(step, graph.tr_dst[reduces], tr_end[reduces])
     return tuple(step.tolist())
