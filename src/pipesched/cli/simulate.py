@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -16,6 +17,8 @@ from pipesched.cli.options import (
     ClusterName,
     Devices,
     FamilySettings,
+    Jitter,
+    JitterFile,
     Latency,
     Microbatches,
     MicroBatchSize,
@@ -23,16 +26,23 @@ from pipesched.cli.options import (
     NoContention,
     NoOverlap,
     PartitionOption,
+    RandomStraggler,
     Recompute,
+    Samples,
+    Seed,
     SeqLen,
+    SlowLink,
     StageCostsFile,
+    Straggler,
     TensorParallel,
+    variability_options,
     workload,
 )
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
 from pipesched.errors import PipeschedError
 from pipesched.experiments.simulation import Simulation, simulate_point
+from pipesched.variability.distribution import Distribution, Spread
 
 GiB = 2.0**30
 
@@ -55,6 +65,13 @@ def simulate_command(
     bandwidth: Bandwidth = None,
     no_contention: NoContention = False,
     no_overlap: NoOverlap = False,
+    jitter: Jitter = None,
+    jitter_file: JitterFile = None,
+    straggler: Straggler = None,
+    random_straggler: RandomStraggler = None,
+    slow_link: SlowLink = None,
+    samples: Samples = None,
+    seed: Seed = None,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -64,13 +81,18 @@ def simulate_command(
 ) -> None:
     """Simulate one training iteration of a schedule: iteration time, bubbles, communication,
     memory per device, throughput. Without --model/--cluster/--stage-costs it runs the
-    default scenario's model and cluster."""
+    default scenario's model and cluster. --jitter, --jitter-file, --straggler,
+    --random-straggler and --slow-link add a Monte Carlo run: the distribution of the
+    iteration time, bubble and memory, and what sets the iteration time."""
     views = ViewPaths(png, svg, trace, html).check()
+    variability = variability_options(jitter=jitter, jitter_file=jitter_file, straggler=straggler,
+                                      random_straggler=random_straggler, slow_link=slow_link, samples=samples,
+                                      seed=seed)
     schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
                      stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
-                     no_overlap=no_overlap).replace(schedule=schedule)
+                     no_overlap=no_overlap).replace(schedule=schedule, variability=variability)
     if point.stage_costs is not None and schedule.num_stages % point.stage_costs.num_stages:
         raise PipeschedError(f"stage_costs={stage_costs}: {point.stage_costs.num_stages} stage rows but the schedule "
                              f"has {schedule.num_stages} stages; give {schedule.num_stages} rows (or a divisor of "
@@ -120,6 +142,38 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
                         f"{metrics.hidden_comm[d]:.4g}", f"{metrics.peak_memory[d] / GiB:.2f}",
                         "-" if capacity is None else f"{capacity[d] / GiB:.2f}", fits)
     console.print(devices)
+    if result.distribution is not None:
+        print_distribution(result.distribution, console)
+
+
+def print_distribution(distribution: Distribution, console: Console, *, shown: int = 5) -> None:
+    """The Monte Carlo run: the iteration time's spread, bubble and memory, and the stages,
+    devices and links whose times set the iteration time most."""
+    time = distribution.time
+    table = Table(title=f"variability: {distribution.samples:,} samples, seed {distribution.variability.seed}; "
+                        f"{distribution.variability.describe()}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("deterministic iteration time", f"{distribution.deterministic:.6g} s")
+    table.add_row("mean ± std (± std. error)", f"{time.mean:.6g} ± {time.std:.3g} s (± {time.stderr:.2g})")
+    table.add_row("p50 / p90 / p99", f"{time.p50:.6g} / {time.p90:.6g} / {time.p99:.6g} s")
+    table.add_row("min / max", f"{time.min:.6g} / {time.max:.6g} s")
+    bubble = Spread.of(distribution.bubble)
+    table.add_row("bubble mean (p50 / p99)", f"{bubble.mean:.4f} ({bubble.p50:.4f} / {bubble.p99:.4f})")
+    peak = distribution.peak_memory.max(axis=1)
+    memory = (f"{peak[0] / GiB:.2f} GiB, the same in every sample" if distribution.memory_constant
+              else f"{np.mean(peak) / GiB:.2f} GiB mean, {np.max(peak) / GiB:.2f} GiB max")
+    table.add_row("peak memory (worst device)", memory)
+    console.print(table)
+    influences = Table(title="what sets the iteration time: share of the mean iteration time spent on the critical "
+                             "path, and the group's tasks on it per sample")
+    for column in ("group", "critical share", "on path per sample"):
+        influences.add_column(column, justify="left" if column == "group" else "right")
+    for group in ("stage", "device", "link", "kind"):
+        for influence in [i for i in distribution.influences if i.group == group][:shown]:
+            influences.add_row(f"{group} {influence.name}", f"{influence.critical_share:.3f}",
+                               f"{influence.on_path:.2f}")
+    console.print(influences)
 
 
 def register(app: typer.Typer) -> None:

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
@@ -22,6 +23,9 @@ from pipesched.experiments.defaults import DEFAULTS
 from pipesched.model.hardware import Cluster
 from pipesched.model.spec import RECOMPUTE_MODES, ModelSpec, TrainingSettings
 from pipesched.schedule import Schedule
+
+if TYPE_CHECKING:
+    from pipesched.variability.model import Variability
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,8 @@ class Point:
     # the engine
     contention: bool = True
     overlap: bool = True
+    # Monte Carlo over durations at the sim level (None: the deterministic run only)
+    variability: Variability | None = None
 
     def __post_init__(self) -> None:
         if self.schedule is not None:
