@@ -273,9 +273,16 @@ def test_simulate_with_jitter_reports_the_distribution_and_what_sets_it(cli, cos
     assert spread["mean_s"] > json.loads(result.out)["iteration_time_s"]
     assert spread["sensitivity"]["devices"][0]["device"] == 1
     assert {"stages", "devices", "links", "kinds", "ops"} <= set(spread["sensitivity"])
+
+def test_simulate_with_jitter_prints_the_distribution_and_draws_it(cli, cost_file, tmp_path):
+    page = tmp_path / "one.html"
     text = cli("simulate", "zb-h1", "-p", "4", "-m", "8", "--stage-costs", cost_file, "--jitter", "0.1",
-               "--samples", "50", "--no-timeline")
-    assert text.code == 0 and "variability: 50 samples" in text.out and "what sets the iteration time" in text.out
+               "--samples", "50", "--no-timeline", "--html", str(page))
+    assert text.code == 0, text
+    assert "variability: 50 samples" in text.out and "what sets the iteration time" in text.out
+    data = json.loads(page.read_text().split('id="report-data">')[1].split("</script>")[0])
+    (row,) = data["distributions"]["rows"]
+    assert row["name"] == "zb-h1" and row["samples"] == 50 and sum(row["counts"]) == 50 and row["fastest"] is None
 
 
 def test_compare_ranks_by_mean_with_the_chance_of_being_fastest(cli, cost_file, tmp_path):

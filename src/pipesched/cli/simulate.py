@@ -98,7 +98,11 @@ def simulate_command(
                              f"has {schedule.num_stages} stages; give {schedule.num_stages} rows (or a divisor of "
                              f"{schedule.num_stages})")
     result = simulate_point(point)
-    views.write([result.timeline], title=f"{schedule.name}: {result.setup.description}")
+    plots = None
+    if result.distribution is not None:
+        plots = [{"name": schedule.name, "samples": result.distribution.makespan,
+                  "deterministic": result.distribution.deterministic}]
+    views.write([result.timeline], title=f"{schedule.name}: {result.setup.description}", distributions=plots)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
         return

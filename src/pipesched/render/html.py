@@ -60,8 +60,8 @@ def render_html(
     """The report page as text.
 
     distributions: per schedule ``{"name", "samples" (iteration times, seconds),
-    "deterministic" (seconds), "fastest" (share of samples)}``, drawn as histograms on one
-    time axis (``distribution_data``)."""
+    "deterministic" (seconds), optionally "fastest" (share of samples)}``, drawn as
+    histograms on one time axis (``distribution_data``)."""
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline for the report")
     summaries = [summarize(t) for t in timelines]
     heading = title or "pipeline schedule report: " + ", ".join(s.name for s in summaries)
@@ -140,7 +140,7 @@ def distribution_data(distributions: Sequence[Mapping[str, object]], *, bins: in
             "mean": float(values.mean()) * scale.factor,
             "p50": float(np.percentile(values, 50)) * scale.factor,
             "p99": float(np.percentile(values, 99)) * scale.factor,
-            "fastest": float(d.get("fastest", 0.0)),
+            "fastest": None if d.get("fastest") is None else float(d["fastest"]),
         })
     return {"unit": scale.unit, "edges": (edges * scale.factor).tolist(), "rows": rows}
 

@@ -35,6 +35,7 @@ from pipesched.model.spec import ModelSpec
 from pipesched.render.pairing import Comparison
 from pipesched.runtime.profile import (
     LinkProfile,
+    StageTiming,
     add_op_overhead,
     median_timing,
     profile_link,
@@ -50,6 +51,7 @@ from pipesched.runtime.runs import (
     stage_partition,
 )
 from pipesched.schedule import Schedule
+from pipesched.simulate.graph import TaskGraph
 from pipesched.timeline import Timeline
 from pipesched.variability.distribution import Distribution, Spread
 
@@ -194,7 +196,7 @@ def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options:
     return CheckReport(rows=tuple(rows), link=link, overhead_s=overheads)
 
 
-def predicted_spread(graph, timings: Sequence, *, overhead_s: float = 0.0,
+def predicted_spread(graph: TaskGraph, timings: Sequence[StageTiming], *, overhead_s: float = 0.0,
                      samples: int = CHECK_SAMPLES) -> Distribution | None:
     """The prediction's distribution when every op draws its time from its stage's profiled
     repeats (each plus the per-op overhead, as the costs count them); None without repeats."""

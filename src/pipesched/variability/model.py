@@ -72,13 +72,6 @@ class Variability:
                     "give a probability from 0 to 1")
             check_factor("random straggler slowdown", slowdown)
 
-    @property
-    def random(self) -> bool:
-        """Whether samples differ from one another (else every sample is the same)."""
-        return (any(cv > 0 for _, cv in self.jitter) or self.measured is not None
-                or (self.random_straggler is not None and 0 < self.random_straggler[0] < 1
-                    and self.random_straggler[1] != 1))
-
     def op_cv(self, letter: str) -> float:
         """CV of the lognormal jitter of ops of kind ``letter``."""
         table = dict(self.jitter)

@@ -535,7 +535,7 @@
       var box = html("div", "distribution", undefined, container);
       box.setAttribute("data-distribution", String(k));
       html("h3", "", r.name + ": mean " + fmt(r.mean) + unit + ", p99 " + fmt(r.p99) + unit +
-           ", fastest in " + (100 * r.fastest).toFixed(1) + "% of " + r.samples + " samples", box);
+           (r.fastest === null ? ", " : ", fastest in " + (100 * r.fastest).toFixed(1) + "% of ") + r.samples + " samples", box);
       var last = k === d.rows.length - 1;
       var svg = el("svg", { "class": "chart distribution-plot", height: DIST_HEIGHT + (last ? AXIS : 4), role: "img" }, box);
       svg.setAttribute("aria-label", "iteration time distribution of " + r.name);
