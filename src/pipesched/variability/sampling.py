@@ -12,7 +12,8 @@ seed see the same randomness where they share an op or a link:
     device d a random straggler                          stream (seed, 4)[sample, d]
 
 (the chunk c of an op is the rank of its stage among the stages its device holds: 1F1B's
-only stage and interleaved 1F1B's first chunk share c = 0). Each stream is drawn in sample
+only stage and interleaved 1F1B's first chunk share c = 0). A stream is numpy's SFC64
+generator seeded by that key through a SeedSequence. Each stream is drawn in sample
 order, so the values do not depend on how the samples are cut into batches. A standard
 normal z becomes a lognormal factor ``exp(sigma z - sigma^2 / 2)`` (mean 1), or for a
 measured kind the factor at quantile Phi(z) of the stage's sorted measured factors. Normals
@@ -37,7 +38,7 @@ OPS, MESSAGES, ALLREDUCES, STRAGGLERS = 1, 2, 3, 4
 
 
 def _stream(seed: int, *key: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *key])))
+    return np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, *key])))
 
 
 class Sampler:
