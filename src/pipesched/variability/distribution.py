@@ -41,8 +41,10 @@ from pipesched.timeline import ALLREDUCE
 from pipesched.variability.model import Variability
 from pipesched.variability.sampling import Sampler
 
-# samples drawn and run at once: a batch of a p=8, m=32 ZB-V table is about 20 MB
+# samples drawn and run at once: at most BATCH_SAMPLES, and at most BATCH_VALUES durations
+# (8 bytes each) in one batch, so a large table draws fewer samples at a time
 BATCH_SAMPLES = 1024
+BATCH_VALUES = 2**23
 PERCENTILES = (50, 90, 99)
 
 
@@ -143,8 +145,9 @@ def monte_carlo(graph: TaskGraph, variability: Variability, *, top_ops: int = 10
     seconds = np.zeros(graph.num_ops + graph.num_transfers)
     memory_constant = _memory_is_fixed(graph)
     peaks = [] if not memory_constant else None
-    for first in range(0, total, BATCH_SAMPLES):
-        count = min(BATCH_SAMPLES, total - first)
+    batch = max(1, min(BATCH_SAMPLES, BATCH_VALUES // max(graph.num_ops + graph.num_transfers, 1)))
+    for first in range(0, total, batch):
+        count = min(batch, total - first)
         ops, transfers = sampler.draw(count)
         result = run_batch(graph, ops, transfers, critical=True)
         makespan[first:first + count] = result.makespan
