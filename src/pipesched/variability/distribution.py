@@ -25,7 +25,10 @@ Why the mean is not below the deterministic iteration time: without channel cont
 service order is fixed, and the iteration time is a longest path, a maximum of sums of
 durations: a convex function of them. With mean-1 factors, Jensen's inequality gives
 E[T(d x f)] >= T(d x E[f]) = T(d). A sample mean estimates it with a standard error; on
-the samples themselves T(mean of the sampled durations) <= mean of T holds exactly.
+the samples themselves T(mean of the sampled durations) <= mean of T holds exactly. With
+contention a channel serves its transfers in completion order, which the durations change:
+the iteration time is not convex then, and jitter can find a better order than the
+deterministic run's ties did (the mean may fall below it).
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.defaults import DEFAULTS
 from pipesched.variability.measured import MeasuredFactors
@@ -77,10 +79,15 @@ class Variability:
         table = dict(self.jitter)
         return table.get(letter, table.get(OPS, 0.0))
 
-    def link_cv(self, a: int, b: int) -> float:
-        """CV of the lognormal jitter of transfers between devices a and b."""
+    def link_cv(self, num_devices: int) -> np.ndarray:
+        """CV of the lognormal jitter of transfers between each pair of devices (a matrix)."""
         table = dict(self.jitter)
-        return table.get(f"{LINK}:{min(a, b)}-{max(a, b)}", table.get(LINK, 0.0))
+        cv = np.full((num_devices, num_devices), table.get(LINK, 0.0))
+        for key, value in self.jitter:
+            if key.startswith(f"{LINK}:"):
+                a, b = (int(x) for x in key[len(LINK) + 1:].split("-"))
+                cv[a, b] = cv[b, a] = value
+        return cv
 
     def check_for(self, num_devices: int, kinds: tuple[str, ...]) -> None:
         """Refuse a device or op kind that a schedule of ``num_devices`` devices with op

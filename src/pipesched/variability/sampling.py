@@ -99,8 +99,7 @@ class Sampler:
             link_factor[a, b] *= factor
             link_factor[b, a] *= factor
         self.tr_base = graph.tr_duration * link_factor[src, dst]
-        link_cv = np.array([[variability.link_cv(a, b) for b in range(devices)] for a in range(devices)])
-        self.tr_sigma = np.sqrt(np.log1p(link_cv[src, dst] ** 2))
+        self.tr_sigma = np.sqrt(np.log1p(variability.link_cv(devices)[src, dst] ** 2))
         self.tr_groups: list[tuple[np.ndarray, np.ndarray, np.random.Generator, tuple[int, ...]]] = []
         jittered = self.tr_sigma > 0
         reduces = graph.tr_kind == ALLREDUCE
