@@ -155,7 +155,7 @@ def test_the_mean_never_lies_below_the_deterministic_iteration_time(family, p, m
     network = Network.uniform(schedule.num_devices, latency=0.05, bandwidth=3.0)
     graph = compile_graph(schedule, costs, network, contention=False)
     deterministic = run(graph).makespan
-    variability = Variability(jitter=((("ops", cv)), ("link", cv)), samples=200, seed=seed)
+    variability = Variability(jitter=(("ops", cv), ("link", cv)), samples=200, seed=seed)
     ops, transfers = Sampler(graph, variability).draw(200)
     # exact: each op's and link's factors rescaled to a sample mean of 1 (Jensen, convexity)
     ops = ops / ops.mean(axis=0) * graph.op_duration
