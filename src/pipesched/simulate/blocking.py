@@ -116,9 +116,9 @@ def step_heads(rules: Rules, kinds: np.ndarray, before: np.ndarray, steps: str) 
 
 def _program(mode, head, before, after, producer, first_consumer, pred_ptr, pred_op, pred_via, tr_rel_ptr, tr_rel,
              num_messages) -> BlockingProgram:
+    """The releasers and batch waits of the steps that ``head`` begins."""
     n = head.shape[0]
-    # the first and the last op of each op's step
-    # a step is a head and at most one op after it on its queue (a pair)
+    # the first and the last op of each op's step: a head and at most one op after it
     tail = ~head
     step_first = np.arange(n, dtype=np.int64)
     step_first[tail] = before[tail]
