@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipesched.costs import StageCosts
-from pipesched.ops import F, Op
+from pipesched.ops import B, F, I, Op
 from pipesched.schedule import Schedule
 from pipesched.simulate import Network
 
@@ -41,18 +41,24 @@ class BlockingRun:
     start: dict[tuple[int, Op], float] = field(default_factory=dict)  # (device, op) -> start
     end: dict[tuple[int, Op], float] = field(default_factory=dict)
     blocked: list[float] = field(default_factory=list)  # seconds per device in sends and receives
+    # seconds per device in batches beyond waiting for the producers of its receives to end
+    # (what blocking costs, apart from the pipeline's own waits for data)
+    exposed: list[float] = field(default_factory=list)
 
     @property
     def makespan(self) -> float:
         return max(self.end.values()) - min(self.start.values())
 
 
-def blocking_run(schedule: Schedule, costs: StageCosts, network: Network, *, lookahead: int = 1) -> BlockingRun:
+def blocking_run(schedule: Schedule, costs: StageCosts, network: Network, *, lookahead: int = 1,
+                 steps: str = "op") -> BlockingRun:
     """Run every device's program until all ops are done; raises RuntimeError on a deadlock.
 
-    ``lookahead``: a batch posts the receives of the next ``lookahead`` ops (those not posted
-    yet); Megatron's interleaved schedule receives for the next forward and the next backward
-    at once (2)."""
+    ``steps``: "op" puts a batch between every two ops; "pair" runs a forward and the
+    backward right after it as one step with no batch between them (Megatron's interleaved
+    schedule: one batch sends both results and receives for the next forward and backward).
+    ``lookahead``: a batch posts the receives of the next ``lookahead`` steps (those not
+    posted yet)."""
     where = {op: device for device, ops in enumerate(schedule.device_ops) for op in ops}
     transfers: dict[tuple[Op, Op], _Transfer] = {}
     receives: dict[Op, list[tuple[Op, Op]]] = {}
@@ -68,22 +74,23 @@ def blocking_run(schedule: Schedule, costs: StageCosts, network: Network, *, loo
                                                network.transfer_time(where[producer], device, nbytes))
                     receives.setdefault(op, []).append(key)
                     sends.setdefault(producer, []).append(key)
-    # program of a device: batch, op, batch, op, ..., batch
+    # program of a device: batch, step, batch, step, ..., batch
     programs: list[list[tuple[str, object]]] = []
     for ops in schedule.device_ops:
+        groups = _steps(ops, steps)
         program: list[tuple[str, object]] = []
         posted: set[tuple[Op, Op]] = set()
-        for k, op in enumerate(ops):
-            batch = list(sends.get(ops[k - 1], [])) if k > 0 else []
-            for ahead in ops[k:k + lookahead]:
-                batch += [key for key in receives.get(ahead, []) if key not in posted]
+        for k, group in enumerate(groups):
+            batch = [key for op in (groups[k - 1] if k > 0 else []) for key in sends.get(op, [])]
+            for ahead in groups[k:k + lookahead]:
+                batch += [key for op in ahead for key in receives.get(op, []) if key not in posted]
             posted.update(batch)
-            program += [("batch", batch), ("op", op)]
-        if ops:
-            program.append(("batch", sends.get(ops[-1], [])))
+            program += [("batch", batch)] + [("op", op) for op in group]
+        if groups:
+            program.append(("batch", [key for op in groups[-1] for key in sends.get(op, [])]))
         programs.append(program)
 
-    run = BlockingRun(blocked=[0.0] * schedule.num_devices)
+    run = BlockingRun(blocked=[0.0] * schedule.num_devices, exposed=[0.0] * schedule.num_devices)
     clock = [0.0] * schedule.num_devices
     position = [0] * schedule.num_devices
     remaining = sum(len(p) for p in programs)
@@ -111,6 +118,9 @@ def blocking_run(schedule: Schedule, costs: StageCosts, network: Network, *, loo
                             transfer.end = max(transfer.send_post, transfer.recv_post) + transfer.seconds
                         done = max(done, transfer.end)
                     run.blocked[device] += done - clock[device]
+                    produced = max([clock[device]] + [run.end[(where[key[0]], key[0])] for key in what
+                                                      if transfers[key].dst == device])
+                    run.exposed[device] += done - produced
                     clock[device] = done
                 position[device] += 1
                 remaining -= 1
@@ -120,3 +130,15 @@ def blocking_run(schedule: Schedule, costs: StageCosts, network: Network, *, loo
                      if position[d] < len(programs[d])]
             raise RuntimeError("blocking runtime deadlocks: " + "; ".join(stuck))
     return run
+
+
+def _steps(ops: tuple[Op, ...], steps: str) -> list[list[Op]]:
+    """A device's ops grouped into steps: one op each, or a forward with the backward (I or
+    B) right after it."""
+    groups: list[list[Op]] = []
+    for op in ops:
+        if steps == "pair" and groups and len(groups[-1]) == 1 and groups[-1][0].kind is F and op.kind in (I, B):
+            groups[-1].append(op)
+        else:
+            groups.append([op])
+    return groups

@@ -11,9 +11,13 @@ from __future__ import annotations
 import itertools
 import random
 
+from blocking_reference import blocking_run
 from pipesched.costs import StageCosts
+from pipesched.errors import PipeschedError
 from pipesched.ops import B, F, I, Op, W
 from pipesched.schedule import Schedule
+from pipesched.simulate import Network, simulate
+from pipesched.timeline import Timeline
 
 
 def random_valid_schedule(schedule: Schedule, seed: int) -> Schedule:
@@ -105,3 +109,22 @@ def longest_path_makespan(schedule: Schedule, costs: StageCosts, latency: float,
             grad = costs.grad_bytes[stage] if costs.grad_bytes else costs.static(stage) / 9
             end = max(end, max(last) + 2 * latency + grad / bandwidth)
     return end
+
+
+def simulate_unless_blocked(schedule: Schedule, costs: StageCosts, network: Network, *, contention: bool = True,
+                            overlap: bool = True) -> Timeline | None:
+    """``simulate``; None when a blocking runtime (no overlap) deadlocks on the table, after
+    checking that the independent reference deadlocks too, with one-op and with paired
+    batches."""
+    try:
+        return simulate(schedule, costs, network, contention=contention, overlap=overlap)
+    except PipeschedError as exc:
+        if overlap or "blocking runtime" not in str(exc):
+            raise
+    for steps in ("op", "pair"):
+        try:
+            blocking_run(schedule, costs, network, steps=steps)
+        except RuntimeError:
+            continue
+        raise AssertionError(f"the engine deadlocks where the reference runs {steps} steps")
+    return None

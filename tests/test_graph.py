@@ -15,6 +15,8 @@ from pipesched.simulate import Network, compile_graph, run, run_batch
 from simulate_helpers import random_costs
 
 FAMILIES = ["1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "chimera", "dualpipe", "hanayo"]
+# tables whose sends and receives cross: a blocking runtime deadlocks on them (test_simulate_blocking)
+BLOCKING_DEADLOCKS = {"zb-v", "hanayo", "chimera"}  # chimera: its forward-doubled order
 
 
 def network(p: int) -> Network:
@@ -36,6 +38,10 @@ def scaled(costs: StageCosts, factor: float) -> StageCosts:
 def test_running_with_scaled_durations_equals_compiling_scaled_costs(name: str, overlap: bool):
     schedule = generate(name, 4, 8)
     costs = random_costs(schedule.num_stages, seed=len(name))
+    if not overlap and name in BLOCKING_DEADLOCKS:
+        with pytest.raises(PipeschedError, match=r"blocking runtime .* deadlocks"):
+            compile_graph(schedule, costs, network(4), overlap=overlap)
+        return
     graph = compile_graph(schedule, costs, network(4), overlap=overlap)
     for factor in (2.0, 0.37):
         rerun = run(graph, op_durations=graph.op_duration * factor)

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipesched.generators import generate
@@ -54,13 +55,18 @@ def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("report") / "report.html"
     comparison = [{"schedule": "1f1b", "level": "formula", "bubble": 0.2727},
                   {"schedule": "gpipe", "level": "table", "bubble": 0.2727}]
-    write_views(timelines, html=path, comparison=comparison, title="browser test")
-    return path, timelines
+    rng = np.random.default_rng(0)
+    distributions = [{"name": EVIL, "samples": 0.030 * rng.lognormal(0, 0.05, 400), "deterministic": 0.029,
+                      "fastest": 0.75},
+                     {"name": "gpipe", "samples": 0.031 * rng.lognormal(0, 0.05, 400), "deterministic": 0.030,
+                      "fastest": 0.25}]
+    write_views(timelines, html=path, comparison=comparison, title="browser test", distributions=distributions)
+    return path, timelines, distributions
 
 
 def test_report_in_chromium(report) -> None:
     sync_playwright = browser_or_fail()
-    path, timelines = report
+    path, timelines, distributions = report
     url = path.as_uri()
     executable = str(CHROMIUM) if CHROMIUM.exists() else shutil.which("chromium")
     problems: list[str] = []
@@ -115,6 +121,18 @@ def test_report_in_chromium(report) -> None:
             worst = max(timelines, key=lambda t: t.bubble_ratio())
             first = page.locator("#metrics-table tbody tr").first.inner_text()
             assert first.startswith(worst.schedule.name) and worst.source in first
+
+            # one distribution plot per schedule on one time axis; a bar tells its range and count
+            assert page.locator("[data-distribution]").count() == len(distributions)
+            assert page.locator("[data-distribution] h3").first.inner_text().startswith(EVIL)
+            bars = page.locator('[data-distribution="0"] [data-bin]')
+            assert 1 <= bars.count() <= 40
+            bars.first.hover()
+            tooltip.wait_for(state="visible", timeout=5_000)
+            assert "iteration time" in tooltip.inner_text() and "of 400" in tooltip.inner_text()
+            for name in ("deterministic", "mean", "p99"):
+                assert page.locator(f".dist-{name}").count() == len(distributions)
+            page.mouse.move(10, 10)
 
             page.get_by_role("button", name="reset").first.click()
             page.wait_for_timeout(100)

@@ -3,6 +3,7 @@ check (simulate, run, compare) on the tiny model."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import doctest
 import importlib
@@ -128,6 +129,19 @@ def test_profile_command_writes_stage_costs(cli, tmp_path):
     assert "(3|2|2|3)" in result.out and "per-op overhead of the ours runtime" in result.out
     costs = parse_stage_costs(target.read_text(), num_stages=4)
     assert costs.backward is not None and all(f > 0 for f in costs.forward)
+    # every repeat is kept beside the costs, counted as they are (the per-op overhead included)
+    repeats = tmp_path / "stages.csv.repeats.csv"
+    rows = list(csv.DictReader(repeats.open()))
+    for stage in range(4):
+        for kind, column in (("F", "forward"), ("I", "backward_input"), ("W", "backward_weight"), ("B", "backward")):
+            times = [float(r["seconds"]) for r in rows if r["stage"] == str(stage) and r["kind"] == kind]
+            assert len(times) == 2
+            assert statistics.median(times) == pytest.approx(getattr(costs, column)[stage], rel=1e-6)
+    drawn = cli("simulate", "interleaved-1f1b", "-p", "2", "-m", "4", "-v", "2", "--stage-costs", str(target),
+                "--jitter-file", str(repeats), "--samples", "50", "--json")
+    assert drawn.code == 0, drawn
+    spread = json.loads(drawn.out)["variability"]
+    assert spread["samples"] == 50 and "measured repeats" in spread["model"]
 
 
 def test_fit_link_separates_latency_from_bandwidth():
@@ -182,6 +196,12 @@ def test_check_command_compares_prediction_and_run(cli, tmp_path):
     assert sorted(data["predicted_order"]) == sorted(data["measured_order"]) == ["gpipe", "zb-h1"]
     assert data["rank_correlation"] == (1.0 if data["ranking_agrees"] else -1.0)
     assert data["latency_s"] > 0 and set(data["per_op_overhead_s"]) == {"pytorch"}
+    # the measured spread of the step times beside the distribution the profiled repeats predict
+    for row in data["rows"]:
+        steps = row["measured_spread"]
+        assert steps["min_s"] == min(row["step_times_s"]) and steps["max_s"] == max(row["step_times_s"])
+        predicted = row["predicted_distribution"]
+        assert predicted["samples"] > 0 and predicted["min_s"] <= predicted["p50_s"] <= predicted["p99_s"]
 
 
 def test_check_returns_both_timelines_for_overlays():

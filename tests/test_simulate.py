@@ -19,7 +19,12 @@ from pipesched.schedule import Placement, Schedule
 from pipesched.simulate import Network, critical_path, simulate
 from pipesched.slot_table import inflight_per_device, slot_table
 from pipesched.timeline import ALLREDUCE
-from simulate_helpers import longest_path_makespan, random_costs, random_valid_schedule
+from simulate_helpers import (
+    longest_path_makespan,
+    random_costs,
+    random_valid_schedule,
+    simulate_unless_blocked,
+)
 
 FREE = float("inf")
 
@@ -127,9 +132,12 @@ def test_slower_links_never_shorten_the_iteration(family, p, m, seed, contention
     def run(latency: float, bandwidth: float) -> float:
         inter = np.full((d, d), bandwidth)
         network = Network(latency=np.full((d, d), latency), bandwidth=inter, node_of=nodes, shared_nic=shared_nic)
-        return simulate(schedule, costs, network, contention=contention, overlap=overlap).makespan
+        timeline = simulate_unless_blocked(schedule, costs, network, contention=contention, overlap=overlap)
+        return math.nan if timeline is None else timeline.makespan
 
     base = run(0.1, 4.0)
+    if math.isnan(base):  # a blocking runtime deadlocks on this table (and the reference agrees)
+        return
     assert run(0.3, 4.0) >= base - 1e-12
     assert run(0.1, 1.0) >= base - 1e-12
     assert run(0.0, FREE) <= base + 1e-12
@@ -141,7 +149,9 @@ def test_makespan_bounds_and_model_orderings(family, p, m, seed) -> None:
     schedule = random_valid_schedule(_build(family, p, m), seed)
     costs = random_costs(schedule.num_stages, seed)
     network = Network.uniform(schedule.num_devices, latency=0.2, bandwidth=2.0)
-    runs = {(c, o): simulate(schedule, costs, network, contention=c, overlap=o) for c in (True, False) for o in (True, False)}
+    runs = {(c, o): simulate_unless_blocked(schedule, costs, network, contention=c, overlap=o)
+            for c in (True, False) for o in (True, False)}
+    runs = {key: timeline for key, timeline in runs.items() if timeline is not None}
     busiest = max(sum(costs.duration(op) for op in ops) for ops in schedule.device_ops)
     for timeline in runs.values():
         assert timeline.makespan >= busiest - 1e-9
@@ -151,10 +161,11 @@ def test_makespan_bounds_and_model_orderings(family, p, m, seed) -> None:
         for device in range(schedule.num_devices):
             rows = np.flatnonzero(timeline.op_device == device)
             assert np.all(timeline.op_start[rows[1:]] >= timeline.op_end[rows[:-1]] - 1e-12)
-    # contention and blocking only add waits
+    # contention and blocking only add waits (when a blocking runtime can run the table)
     assert runs[(True, True)].makespan >= runs[(False, True)].makespan - 1e-9
-    assert runs[(False, False)].makespan >= runs[(False, True)].makespan - 1e-9
-    assert runs[(True, False)].makespan >= runs[(True, True)].makespan - 1e-9
+    if (False, False) in runs:
+        assert runs[(False, False)].makespan >= runs[(False, True)].makespan - 1e-9
+        assert runs[(True, False)].makespan >= runs[(True, True)].makespan - 1e-9
 
 
 def test_two_runs_are_identical() -> None:

@@ -24,6 +24,7 @@ from pipesched.experiments.grid import Mapper, evaluate_all, rank
 from pipesched.experiments.point import Point
 from pipesched.generators import FAMILIES, get_family
 from pipesched.timeline import Timeline
+from pipesched.variability.distribution import Distribution, PairedComparison, paired_comparison
 
 Progress = Callable[[int, int, str], None]  # (done, total, what runs next)
 
@@ -43,6 +44,9 @@ class Comparison:
     # with keep_timelines: each compared schedule's timeline at its last timed level
     # (simulated when "sim" is compared, else the slot table), for pictures and reports
     timelines: tuple[Timeline, ...] = field(default=(), compare=False, repr=False)
+    # with a variability: the schedules' Monte Carlo runs on common random numbers, ranked by mean
+    variability: PairedComparison | None = None
+    distributions: tuple[tuple[str, Distribution], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def schedules(self) -> tuple[str, ...]:
@@ -106,6 +110,9 @@ class Comparison:
             # frozen, recomputed and offloaded work per device, by schedule (sim level)
             "training_per_device": {r.schedule: r.training.to_dict() for r in self.results
                                     if r.level == "sim" and r.training is not None and r.training.any},
+            **({"variability": {"samples": self.distributions[0][1].samples,
+                                "model": self.distributions[0][1].variability.describe(),
+                                **self.variability.to_dict()}} if self.variability is not None else {}),
         }
 
 
@@ -128,13 +135,21 @@ def compare(
     level runs on ``workload`` (a template Point: its model, cluster, sizes, partition,
     links, slot costs and engine settings; its family is ignored), or on ``costs``
     (per-stage costs, split into chunks for families with more stages, on free links).
-    Without either, on the default scenario (``pipesched.experiments.DEFAULTS``).
+    Without either, on the default scenario (``pipesched.experiments.DEFAULTS``). With the
+    workload's ``variability``, the sim level also runs each schedule's Monte Carlo, every
+    schedule on the same random streams (``pipesched.variability.sampling``: sample i of
+    each sees the same factors for the same op kind, chunk, device and microbatch, the same
+    links and the same random stragglers), and ranks them by mean: the share of samples in
+    which each is fastest and how often the order flips.
 
     >>> result = compare(["gpipe", "1f1b"], p=4, m=8, levels=("formula", "table"))
     >>> [(r.schedule, r.level, r.iteration_time, r.rank) for r in result.results]
     [('gpipe', 'formula', 33.0, 1), ('gpipe', 'table', 33.0, 1), ('1f1b', 'formula', 33.0, 1), ('1f1b', 'table', 33.0, 1)]
     """
     levels = check_levels(levels)
+    if workload is not None and workload.variability is not None and "sim" not in levels:
+        raise PipeschedError(f"levels={','.join(levels)}: variability (--jitter, --straggler, ...) is drawn at the "
+                             "sim level; add sim to the levels")
     names = list(schedules) if schedules else list(FAMILIES)
     for name in names:
         get_family(name)  # unknown names fail here, listing the known ones
@@ -156,6 +171,8 @@ def compare(
     ranked = rank(records, levels)
     results = tuple(result for record in ranked for result in record.results)
     setup = next((record.setup for record in records if record.setup), "")
+    drawn = tuple((record.point.family, record.distribution) for record in ranked if record.distribution is not None)
+    paired = paired_comparison([name for name, _ in drawn], [d.makespan for _, d in drawn]) if drawn else None
     return Comparison(
         p=p,
         m=m,
@@ -166,6 +183,8 @@ def compare(
         setup=setup if "sim" in levels else "",
         settings={"contention": workload.contention, "overlap": workload.overlap},
         timelines=tuple(record.timeline for record in ranked if keep_timelines),
+        variability=paired,
+        distributions=drawn,
     )
 
 

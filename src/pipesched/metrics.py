@@ -18,7 +18,13 @@ Definitions (times in the timeline's unit: slots or seconds):
 - communication of device d: the union of the intervals in which a transfer it sends or
   receives (or an all-reduce it takes part in) is in flight. Exposed communication is the
   part of it during which d does not compute; hidden communication is the part that
-  overlaps d's compute.
+  overlaps d's compute. A blocking runtime (simulated without overlap) holds a device in its
+  send and receive batches longer than its transfers fly: a sender waits for its receiver
+  to post. There exposed communication is what blocks: the time each step of compute
+  (``pipesched.simulate.blocking``) starts after both the op before it and every op whose
+  output the step reads have ended (its batch: transfers, rendezvous, busy channels), plus
+  the device's last batch after its last op. The wait for data not yet produced stays
+  bubble.
 - peak memory per device and out-of-memory flags: from the timeline's memory trace.
 - training work per device (``training_work``): its frozen stages and their roles, the
   seconds of recompute inside its backward ops (``StageCosts.recompute_s``), the
@@ -137,8 +143,12 @@ def communication_per_device(timeline: Timeline) -> tuple[np.ndarray, np.ndarray
     if not len(transfers):
         zeros = np.zeros(timeline.num_devices)
         return zeros, zeros.copy()
-    return _exposed_and_hidden(timeline.num_devices, transfers.src_device, transfers.dst_device, transfers.start,
-                               transfers.end, timeline.op_device, timeline.op_start, timeline.op_end)
+    exposed, hidden = _exposed_and_hidden(timeline.num_devices, transfers.src_device, transfers.dst_device,
+                                          transfers.start, transfers.end, timeline.op_device, timeline.op_start,
+                                          timeline.op_end)
+    if timeline.simulation is not None and not timeline.simulation.overlap:
+        exposed = blocked_in_batches(timeline)
+    return exposed, hidden
 
 
 @njit(cache=True)
@@ -188,6 +198,38 @@ def _exposed_and_hidden(num_devices, src, dst, start, end, op_device, op_start, 
         hidden[d] = overlap
         exposed[d] = _union_length(starts[mine], ends[mine]) - overlap
     return exposed, hidden
+
+
+def blocked_in_batches(timeline: Timeline) -> np.ndarray:
+    """Per device, the time a blocking runtime holds it in its send and receive batches
+    beyond waiting for data to be produced (see the module docstring)."""
+    from pipesched.dependencies import dependencies
+    from pipesched.simulate.blocking import step_heads
+
+    n, origin = len(timeline), timeline.origin
+    before = np.full(n, -1, np.int64)
+    device_rows = [timeline.rows_of_device(device) for device in range(timeline.num_devices)]
+    for rows in device_rows:
+        before[rows[1:]] = rows[:-1]
+    head = step_heads(timeline.schedule.rules, timeline.op_kind.astype(np.int64), before,
+                      timeline.simulation.blocking_steps or "op")
+    step_first = np.where(head, np.arange(n), before)
+    # when the data of each step exist: its ops' producers outside the step have ended
+    consumer, producer, _ = dependencies(timeline.schedule).edges
+    outside = step_first[consumer] != producer
+    ready = np.full(n, origin)
+    np.maximum.at(ready, step_first[consumer[outside]], timeline.op_end[producer[outside]])
+    finished = timeline.simulation.optimizer_step
+    blocked = np.zeros(timeline.num_devices)
+    for device, rows in enumerate(device_rows):
+        if not rows.size:
+            continue
+        previous = np.concatenate([[origin], timeline.op_end[rows[:-1]]])
+        waits = timeline.op_start[rows] - np.maximum(previous, ready[rows])
+        # the last batch: the sends of the last step (and all-reduces) before the optimizer step
+        blocked[device] = (float(np.clip(waits[head[rows]], 0.0, None).sum())
+                           + max(0.0, finished[device] - timeline.op_end[rows[-1]]))
+    return blocked
 
 
 @dataclass(frozen=True)
@@ -350,6 +392,7 @@ def summarize(
 __all__ = [
     "Metrics",
     "TrainingWork",
+    "blocked_in_batches",
     "bubble_over_work",
     "bubble_per_device",
     "bubble_ratio",

@@ -101,6 +101,7 @@ class SimulationInfo:
     overlap: bool
     critical_path: CriticalPath
     optimizer_step: tuple[float, ...]  # per device: when it may step its optimizer
+    blocking_steps: str | None = None  # without overlap: the blocking runtime's batches ("op" or "pair")
 
 
 @dataclass(frozen=True, eq=False)

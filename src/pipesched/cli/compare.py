@@ -24,6 +24,8 @@ from pipesched.cli.options import (
     FrozenLayers,
     HostBandwidth,
     HostMemory,
+    Jitter,
+    JitterFile,
     Latency,
     Microbatches,
     MicroBatchSize,
@@ -32,12 +34,18 @@ from pipesched.cli.options import (
     NoOverlap,
     Offload,
     PartitionOption,
+    RandomStraggler,
     Recompute,
+    Samples,
+    Seed,
     SeqLen,
+    SlowLink,
     StageCostsFile,
+    Straggler,
     TensorParallel,
     family_options,
     split_names,
+    variability_options,
     workload,
 )
 from pipesched.cli.training import print_freeze_plan
@@ -99,6 +107,13 @@ def compare_command(
     host_bandwidth: HostBandwidth = None,
     host_memory: HostMemory = None,
     freeze_plan: FreezePlan = None,
+    jitter: Jitter = None,
+    jitter_file: JitterFile = None,
+    straggler: Straggler = None,
+    random_straggler: RandomStraggler = None,
+    slow_link: SlowLink = None,
+    samples: Samples = None,
+    seed: Seed = None,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -109,11 +124,17 @@ def compare_command(
     closed forms, the slot table and the simulation, ranked per level; frozen, recomputed
     and offloaded work per device. With --freeze-plan: the best schedule of each step range
     and the total time. Without arguments: every family on the default scenario
-    (Llama-3-70B-like model on 4 x 8 H100, p=8, m=32)."""
+    (Llama-3-70B-like model on 4 x 8 H100, p=8, m=32). With --jitter (or the other
+    variability options) the simulated schedules are also ranked by their mean over Monte
+    Carlo samples drawn on common random numbers, with p99, the chance that each is the
+    fastest and how often the ranking flips."""
     views = ViewPaths(png, svg, trace, html).check()
     plan = load_freeze_plan(freeze_plan) if freeze_plan is not None else None
     if plan is not None and frozen_layers is not None:
         raise PipeschedError("frozen-layers: not with --freeze-plan, whose ranges say which layers are frozen")
+    variability = variability_options(jitter=jitter, jitter_file=jitter_file, straggler=straggler,
+                                      random_straggler=random_straggler, slow_link=slow_link, samples=samples,
+                                      seed=seed)
     chosen_levels = split_names(levels)
     for level in chosen_levels:
         if level not in LEVELS:
@@ -127,7 +148,7 @@ def compare_command(
                      no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
                      host_bandwidth=host_bandwidth, host_memory=host_memory)
     options, slot_costs = family_options(family_settings)
-    point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs)
+    point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs, variability=variability)
     if plan is not None:
         result_of_plan = evaluate_freeze_plan(plan, family_points(names, p=p if p is not None else DEFAULTS.p,
                                                                   m=m if m is not None else DEFAULTS.m, v=v,
@@ -147,7 +168,8 @@ def compare_command(
         name, reason = result.skipped[0]
         others = f" (and {len(result.skipped) - 1} more schedules)" if len(result.skipped) > 1 else ""
         raise PipeschedError(f"no schedule could be compared: {name}{others}: {reason}")
-    views.write(result.timelines, comparison=result.to_wide_records(), title=_title(result))
+    views.write(result.timelines, comparison=result.to_wide_records(), title=_title(result),
+                distributions=distribution_plots(result))
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
         return
@@ -207,6 +229,33 @@ def print_comparison(result: Comparison) -> None:
     _print_training(result, order, console)
     for name, reason in result.skipped:
         console.print(f"skipped {name}: {reason}", highlight=False, markup=False)
+    if result.variability is not None:
+        print_paired(result, console)
+
+
+def print_paired(result: Comparison, console: Console) -> None:
+    """The schedules ranked by mean iteration time over the Monte Carlo samples."""
+    paired = result.variability
+    first = result.distributions[0][1]
+    table = Table(title=f"with variability: {first.samples:,} samples on common random numbers, seed "
+                        f"{first.variability.seed}; {first.variability.describe()}")
+    for column in ("rank", "schedule", "mean (s)", "p99 (s)", "fastest in", "faster than next"):
+        table.add_column(column, justify="left" if column == "schedule" else "right")
+    for k, name in enumerate(paired.names):
+        after = paired.beats_next[k]
+        table.add_row(str(k + 1), name, f"{paired.mean[k]:.4g}", f"{paired.p99[k]:.4g}", f"{paired.fastest[k]:.1%}",
+                      "-" if after is None else f"{after:.1%}")
+    console.print(table)
+    console.print(f"the order of the schedules differs from the order by mean in {paired.flip_share:.1%} of the samples")
+
+
+def distribution_plots(result: Comparison) -> list[dict] | None:
+    """Per schedule (by mean), its iteration-time samples for the HTML report's plots."""
+    if result.variability is None:
+        return None
+    drawn = dict(result.distributions)
+    return [{"name": name, "samples": drawn[name].makespan, "deterministic": drawn[name].deterministic,
+             "fastest": result.variability.fastest[k]} for k, name in enumerate(result.variability.names)]
 
 
 def _print_training(result: Comparison, order: list[str], console: Console) -> None:

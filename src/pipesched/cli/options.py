@@ -16,6 +16,7 @@ from pipesched.errors import PipeschedError
 from pipesched.experiments.defaults import DEFAULTS
 from pipesched.experiments.point import Point
 from pipesched.indices import MAX_INDEX_COUNT
+from pipesched.variability.model import MAX_SAMPLES, Variability
 
 # --- the schedule ------------------------------------------------------------------------
 Devices = Annotated[int | None, typer.Option("-p", help=f"pipeline devices [default: {DEFAULTS.p}]")]
@@ -73,8 +74,26 @@ HostMemory = Annotated[str | None, typer.Option(
 FreezePlan = Annotated[str | None, typer.Option(
     "--freeze-plan", help="CSV of frozen layers over training steps (start,end,frozen_layers): each step range "
                           "evaluated with its frozen set, and the total time")]
-NoOverlap = Annotated[bool, typer.Option("--no-overlap", help="blocking runtime: no compute while a device sends or receives")]
+NoOverlap = Annotated[bool, typer.Option(
+    "--no-overlap", help="blocking runtime: between steps of compute a device sends and receives in one batch and "
+                         "waits for all of it (Megatron's non-overlapped p2p)")]
 AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
+# --- variability: Monte Carlo over durations (pipesched.variability) ------------------------
+Jitter = Annotated[str | None, typer.Option(
+    "--jitter", help="lognormal factors with mean 1 on durations: a CV like 0.1 (every op kind and link), or "
+                     "KIND=CV pairs: F=0.05,I=0.1,W=0.2,ops=0.1 (other kinds),link=0.3,link:0-1=0.5")]
+JitterFile = Annotated[str | None, typer.Option(
+    "--jitter-file", help="measured repeats (the FILE.repeats.csv `pipesched profile` writes): the kinds it holds "
+                          "draw their factors from it")]
+Straggler = Annotated[list[str] | None, typer.Option(
+    "--straggler", help="DEVICE:FACTOR: that device's ops take FACTOR times as long (repeatable)")]
+RandomStraggler = Annotated[str | None, typer.Option(
+    "--random-straggler", help="P:SLOWDOWN: in each sampled iteration each device is slow with probability P")]
+SlowLink = Annotated[list[str] | None, typer.Option(
+    "--slow-link", help="A-B:FACTOR: transfers between devices A and B take FACTOR times as long (repeatable)")]
+Samples = Annotated[int | None, typer.Option(
+    "--samples", help=f"Monte Carlo iterations [default: {DEFAULTS.samples}; at most {MAX_SAMPLES:,}]")]
+Seed = Annotated[int | None, typer.Option("--seed", help=f"seed of the random streams [default: {DEFAULTS.seed}]")]
 
 
 def parse_settings(pairs: list[str] | None) -> dict[str, object]:
@@ -214,4 +233,35 @@ def workload(
         partition=partition or DEFAULTS.partition,
         bandwidth=parse_bandwidth(bandwidth),
         **engine,
+    )
+
+
+def variability_options(*, jitter: str | None = None, jitter_file: str | None = None,
+                        straggler: list[str] | None = None, random_straggler: str | None = None,
+                        slow_link: list[str] | None = None, samples: int | None = None,
+                        seed: int | None = None) -> Variability | None:
+    """The duration model the variability options ask for; None when none is given."""
+    from pipesched.variability import (
+        load_repeats,
+        parse_jitter,
+        parse_random_straggler,
+        parse_slow_link,
+        parse_straggler,
+    )
+
+    given = jitter is not None or jitter_file is not None or straggler or random_straggler is not None or slow_link
+    if not given:
+        for flag, value in (("samples", samples), ("seed", seed)):
+            if value is not None:
+                raise PipeschedError(f"{flag}={value}: draws samples only with --jitter, --jitter-file, --straggler, "
+                                     "--random-straggler or --slow-link")
+        return None
+    return Variability(
+        jitter=parse_jitter(jitter) if jitter is not None else (),
+        measured=load_repeats(jitter_file) if jitter_file is not None else None,
+        stragglers=tuple(parse_straggler(text) for text in straggler or ()),
+        random_straggler=parse_random_straggler(random_straggler) if random_straggler is not None else None,
+        slow_links=tuple(parse_slow_link(text) for text in slow_link or ()),
+        samples=DEFAULTS.samples if samples is None else samples,
+        seed=DEFAULTS.seed if seed is None else seed,
     )

@@ -143,12 +143,12 @@ def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
 # --- profile -------------------------------------------------------------------------------
 def profile_command(
     model: ModelOption = "small",
-    output: Annotated[str, typer.Option("-o", "--output", help="cost file to write: CSV per layer, or per stage with -p; .yaml: a per-layer model file headed by how it was measured")] = "costs.csv",
+    output: Annotated[str, typer.Option("-o", "--output", help="cost file to write: CSV per layer, or per stage with -p; .yaml: a per-layer model file headed by how it was measured; every repeat goes to FILE.repeats.csv")] = "costs.csv",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
     micro_batch_size: MicroBatchSize = 2,
     seq_len: SeqLen = 64,
     dtype: DtypeOption = "float32",
-    repeats: Annotated[int, typer.Option("--repeats", help="timed repeats per op (median kept)")] = 10,
+    repeats: Annotated[int, typer.Option("--repeats", help="timed repeats per op (the median is the cost; every repeat goes to FILE.repeats.csv)")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed repeats first")] = 3,
     ranks: Annotated[int, typer.Option("--ranks", help="ranks timing at once, each on its own core or GPU (load the machine as a run with that many ranks does)")] = 1,
     p: Annotated[int | None, typer.Option("-p", help="write per-stage costs for p ranks")] = None,
@@ -159,27 +159,32 @@ def profile_command(
     as_json: AsJson = False,
 ) -> None:
     """Measure layer (or stage) op times in isolation, the runtime's per-op overhead and the
-    link between ranks; write the cost CSV the simulator reads, and the link beside it
-    (FILE.link.yaml)."""
+    link between ranks; write the cost CSV the simulator reads, the link beside it
+    (FILE.link.yaml) and every timed repeat (FILE.repeats.csv, what `simulate --jitter-file`
+    draws from)."""
     from pipesched.runtime.profile import (
         ProfileOptions,
         add_op_overhead,
         device_preset_for,
+        layer_costs,
         layer_costs_csv,
         layer_costs_yaml,
         link_yaml,
         measurement_notes,
         measuring_device,
-        profile_layers,
+        profile_layer_timings,
         profile_link,
         profile_overhead,
-        profile_stages,
+        profile_stage_timings,
         stage_costs_csv,
+        stage_costs_from_timings,
     )
     from pipesched.runtime.runs import stage_partition
+    from pipesched.variability.measured import repeats_csv
 
     target = check_output_path(output)
     link_path = check_output_path(Path(str(target) + ".link.yaml"))
+    repeats_path = check_output_path(Path(str(target) + ".repeats.csv"))
     require(runtime in ("ours", "pytorch"), "runtime", runtime, "must be ours or pytorch")
     spec = load_model(model)
     options = ProfileOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, device=device,
@@ -195,7 +200,9 @@ def profile_command(
             "per-stage costs (-p) are a CSV; name the output .csv, or drop -p for a per-layer YAML")
     if p is None:
         require(partition is None, "partition", partition, "needs -p (per-stage costs)")
-        layers = profile_layers(spec, options)
+        timings = profile_layer_timings(spec, options)
+        layers = layer_costs(spec, timings)
+        repeats = repeats_csv([t.repeat_seconds() for t in timings], index="layer")
         if as_yaml:  # the measured-layer model file, headed by how it was measured
             name, memory = measuring_device(device)
             text = layer_costs_yaml(layers, name=f"{spec.name}-measured", measured_on=device_preset_for(name, memory)
@@ -207,21 +214,26 @@ def profile_command(
     else:
         require(p >= 1 and v >= 1, "p", p, "-p and -v must be at least 1")
         chosen = stage_partition(spec, p * v, _parse_partition(partition) if partition else None)
-        costs = profile_stages(spec, [chosen], options)[0]
+        timings = profile_stage_timings(spec, [chosen], options)[0]
         overhead = profile_overhead(runtime=runtime, backend=backend, model=spec, micro_batch_size=micro_batch_size,
                                     seq_len=seq_len, dtype=dtype)
-        costs = add_op_overhead(costs, overhead)
+        costs = add_op_overhead(stage_costs_from_timings(timings, dtype=dtype), overhead)
+        # each repeat counted as the cost file counts its median: with the per-op overhead
+        repeats = repeats_csv([t.repeat_seconds(offset_s=overhead) for t in timings])
         text = stage_costs_csv(costs)
         summary.update(partition=str(chosen), per_op_overhead_s=overhead)
     if link:
         measured = profile_link(backend=backend)
         write_atomic(link_path, link_yaml(measured, overhead_s=summary.get("per_op_overhead_s")))
         summary.update(latency_s=measured.latency, bandwidth_bytes_per_s=measured.bandwidth, link_file=str(link_path))
+    write_atomic(repeats_path, repeats)
+    summary["repeats_file"] = str(repeats_path)
     write_atomic(target, text)  # last: a failed measurement leaves no cost file behind
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
         return
     typer.echo(f"wrote {target}" + (f" ({summary['partition']})" if "partition" in summary else ""))
+    typer.echo(f"wrote {repeats_path} (every timed repeat: simulate --jitter-file {repeats_path})")
     if "per_op_overhead_s" in summary:
         typer.echo(f"per-op overhead of the {runtime} runtime: {summary['per_op_overhead_s'] * 1e6:.0f} us (included)")
     if link:
@@ -277,7 +289,10 @@ def check_command(
         typer.echo(json.dumps({
             "model": model, "p": p, "m": m,
             "rows": [{"schedule": row.schedule.name, "runtime": row.run.runtime, "predicted_s": row.predicted_s,
-                      "measured_s": row.measured_s, "error": row.error, "step_times_s": list(row.run.step_times)}
+                      "measured_s": row.measured_s, "error": row.error, "step_times_s": list(row.run.step_times),
+                      "measured_spread": row.measured_spread.to_dict("_s"),
+                      "predicted_distribution": None if row.spread is None else {
+                          "samples": row.spread.samples, **row.spread.time.to_dict("_s")}}
                      for row in report.rows],
             "median_abs_error": report.median_abs_error, "ranking_agrees": report.ranking_agrees,
             "rank_correlation": report.rank_correlation,
@@ -289,10 +304,15 @@ def check_command(
     console = _console()
     table = Table(title=f"prediction check: {model}, p={p}, m={m}, micro-batch {micro_batch_size} x {seq_len}, "
                         f"{dtype}, {backend}")
-    for column in ("schedule", "runtime", "predicted ms", "measured ms", "error"):
+    for column in ("schedule", "runtime", "predicted ms", "measured ms", "error",
+                   "predicted p50 / p99 (std) ms", "measured min / median / max (std) ms"):
         table.add_column(column, justify="left" if column in ("schedule", "runtime") else "right")
     for row in report.rows:
-        table.add_row(row.schedule.name, row.run.runtime, _ms(row.predicted_s), _ms(row.measured_s), f"{row.error:+.1%}")
+        steps = row.measured_spread
+        predicted = "-" if row.spread is None else (
+            f"{_ms(row.spread.time.p50)} / {_ms(row.spread.time.p99)} ({row.spread.time.std * 1e3:.2f})")
+        table.add_row(row.schedule.name, row.run.runtime, _ms(row.predicted_s), _ms(row.measured_s), f"{row.error:+.1%}",
+                      predicted, f"{_ms(steps.min)} / {_ms(steps.p50)} / {_ms(steps.max)} ({steps.std * 1e3:.2f})")
     console.print(table)
     agrees = "yes" if report.ranking_agrees else "no"
     console.print(f"median |error| {report.median_abs_error:.1%}; ranking agrees: {agrees}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
+import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +21,8 @@ from pipesched.cli.options import (
     FrozenLayers,
     HostBandwidth,
     HostMemory,
+    Jitter,
+    JitterFile,
     Latency,
     Microbatches,
     MicroBatchSize,
@@ -28,11 +31,17 @@ from pipesched.cli.options import (
     NoOverlap,
     Offload,
     PartitionOption,
+    RandomStraggler,
     Recompute,
+    Samples,
+    Seed,
     SeqLen,
+    SlowLink,
     StageCostsFile,
+    Straggler,
     TensorParallel,
     family_options,
+    variability_options,
     workload,
 )
 from pipesched.cli.schedules import load_or_generate
@@ -42,6 +51,7 @@ from pipesched.errors import PipeschedError
 from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
 from pipesched.experiments.simulation import Simulation, simulate_point
 from pipesched.generators import FAMILIES
+from pipesched.variability.distribution import Distribution, Spread
 
 GiB = 2.0**30
 
@@ -69,6 +79,13 @@ def simulate_command(
     host_bandwidth: HostBandwidth = None,
     host_memory: HostMemory = None,
     freeze_plan: FreezePlan = None,
+    jitter: Jitter = None,
+    jitter_file: JitterFile = None,
+    straggler: Straggler = None,
+    random_straggler: RandomStraggler = None,
+    slow_link: SlowLink = None,
+    samples: Samples = None,
+    seed: Seed = None,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -78,11 +95,17 @@ def simulate_command(
 ) -> None:
     """Simulate one training iteration of a schedule: iteration time, bubbles, communication,
     memory per device, throughput; frozen, recomputed and offloaded work per device. Without
-    --model/--cluster/--stage-costs it runs the default scenario's model and cluster."""
+    --model/--cluster/--stage-costs it runs the default scenario's model and cluster.
+    --jitter, --jitter-file, --straggler, --random-straggler and --slow-link add a Monte
+    Carlo run: the distribution of the iteration time, bubble and memory, and what sets the
+    iteration time."""
     views = ViewPaths(png, svg, trace, html).check()
     plan = load_freeze_plan(freeze_plan) if freeze_plan is not None else None
     if plan is not None and frozen_layers is not None:
         raise PipeschedError("frozen-layers: not with --freeze-plan, whose ranges say which layers are frozen")
+    variability = variability_options(jitter=jitter, jitter_file=jitter_file, straggler=straggler,
+                                      random_straggler=random_straggler, slow_link=slow_link, samples=samples,
+                                      seed=seed)
     schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
@@ -101,6 +124,7 @@ def simulate_command(
                               options=tuple(sorted(options.items())))
     else:
         point = point.replace(schedule=schedule)
+    point = point.replace(variability=variability)
     if plan is not None:
         result_of_plan = evaluate_freeze_plan(plan, [point])
         if as_json:
@@ -109,7 +133,11 @@ def simulate_command(
         print_freeze_plan(result_of_plan)
         return
     result = simulate_point(point)
-    views.write([result.timeline], title=f"{schedule.name}: {result.setup.description}")
+    plots = None
+    if result.distribution is not None:
+        plots = [{"name": schedule.name, "samples": result.distribution.makespan,
+                  "deterministic": result.distribution.deterministic}]
+    views.write([result.timeline], title=f"{schedule.name}: {result.setup.description}", distributions=plots)
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
         return
@@ -123,8 +151,9 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
     console = Console() if Console().is_terminal else Console(width=140)
     if timeline_view:
         print_timeline(timeline, console)
-    mode = ", ".join(x for x in ("contention" if contention else "no contention",
-                                   "overlap" if overlap else "blocking (no overlap)"))
+    batches = {"op": "a batch between ops", "pair": "a batch per forward-backward pair"}
+    blocking = f"blocking (no overlap, {batches.get(timeline.simulation.blocking_steps, 'batches')})"
+    mode = ", ".join(x for x in ("contention" if contention else "no contention", "overlap" if overlap else blocking))
     summary = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={schedule.num_microbatches}, "
                           f"{schedule.num_stages} stages; {setup.description}; {mode}")
     summary.add_column("metric")
@@ -161,6 +190,38 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
         for d in range(schedule.num_devices):
             work.add_row(str(d), *(cells[d] for cells in training.values()))
         console.print(work)
+    if result.distribution is not None:
+        print_distribution(result.distribution, console)
+
+
+def print_distribution(distribution: Distribution, console: Console, *, shown: int = 5) -> None:
+    """The Monte Carlo run: the iteration time's spread, bubble and memory, and the stages,
+    devices and links whose times set the iteration time most."""
+    time = distribution.time
+    table = Table(title=f"variability: {distribution.samples:,} samples, seed {distribution.variability.seed}; "
+                        f"{distribution.variability.describe()}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("deterministic iteration time", f"{distribution.deterministic:.6g} s")
+    table.add_row("mean ± std (± std. error)", f"{time.mean:.6g} ± {time.std:.3g} s (± {time.stderr:.2g})")
+    table.add_row("p50 / p90 / p99", f"{time.p50:.6g} / {time.p90:.6g} / {time.p99:.6g} s")
+    table.add_row("min / max", f"{time.min:.6g} / {time.max:.6g} s")
+    bubble = Spread.of(distribution.bubble)
+    table.add_row("bubble mean (p50 / p99)", f"{bubble.mean:.4f} ({bubble.p50:.4f} / {bubble.p99:.4f})")
+    peak = distribution.peak_memory.max(axis=1)
+    memory = (f"{peak[0] / GiB:.2f} GiB, the same in every sample" if distribution.memory_constant
+              else f"{np.mean(peak) / GiB:.2f} GiB mean, {np.max(peak) / GiB:.2f} GiB max")
+    table.add_row("peak memory (worst device)", memory)
+    console.print(table)
+    influences = Table(title="what sets the iteration time: share of the mean iteration time spent on the critical "
+                             "path, and the group's tasks on it per sample")
+    for column in ("group", "critical share", "on path per sample"):
+        influences.add_column(column, justify="left" if column == "group" else "right")
+    for group in ("stage", "device", "link", "kind"):
+        for influence in [i for i in distribution.influences if i.group == group][:shown]:
+            influences.add_row(f"{group} {influence.name}", f"{influence.critical_share:.3f}",
+                               f"{influence.on_path:.2f}")
+    console.print(influences)
 
 
 def register(app: typer.Typer) -> None:

@@ -40,13 +40,14 @@ class ViewPaths:
         return any(getattr(self, f) is not None for f in ("png", "svg", "trace", "html"))
 
     def write(self, timelines: Sequence[Timeline], *, comparison: Sequence[Mapping[str, object]] | None = None,
-              title: str = "", console: Console | None = None) -> None:
+              title: str = "", console: Console | None = None,
+              distributions: Sequence[Mapping[str, object]] | None = None) -> None:
         if not self.any:
             return
         from pipesched.render.views import write_views
 
         written = write_views(timelines, png=self.png, svg=self.svg, trace=self.trace, html=self.html,
-                              comparison=comparison, title=title)
+                              comparison=comparison, title=title, distributions=distributions)
         console = console or Console(stderr=True)
         for path in written:
             console.print(f"wrote {path}", highlight=False, markup=False)

@@ -29,6 +29,9 @@ class Defaults:
     recompute: str = "selective"  # none, selective or full
     dtype: str = "bf16"  # training dtype of the analytical costs
     partition: str = "balanced"  # layers to stages: uniform, balanced, memory, or a Megatron layout
+    # Monte Carlo over durations (--jitter, --straggler, ...)
+    samples: int = 1000  # iterations drawn
+    seed: int = 0  # of the random streams
     # real runs on this machine
     run_model: str = "tiny"
     run_seq_len: int = 64

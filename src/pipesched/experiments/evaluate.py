@@ -23,11 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
 from pipesched.metrics import TrainingWork
 from pipesched.timeline import Timeline
+
+if TYPE_CHECKING:
+    from pipesched.variability.distribution import Distribution
 
 LEVELS = ("formula", "table", "sim")
 
@@ -54,6 +58,10 @@ class LevelResult:
     out_of_memory: bool | None = None  # sim: some device's peak exceeds its capacity
     host_peak_memory: float | None = None  # sim: worst device's host bytes of offloaded activations
     training: TrainingWork | None = None  # sim: frozen, recomputed and offloaded work per device
+    # sim with variability: the Monte Carlo iteration time (seconds)
+    mean_s: float | None = None
+    std_s: float | None = None
+    p99_s: float | None = None
 
     @property
     def rank_changed(self) -> bool:
@@ -75,6 +83,8 @@ class Record:
     setup: str = ""  # what the sim level ran on
     # the timeline of the last timed level (simulated, else the slot table), when asked for
     timeline: Timeline | None = field(default=None, compare=False, repr=False)
+    # the sim level's Monte Carlo run, when the point has a variability
+    distribution: Distribution | None = field(default=None, compare=False, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -106,6 +116,7 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
         return Record(point, error=str(exc))
     results: list[LevelResult] = []
     timeline: Timeline | None = None
+    distribution: Distribution | None = None
     setup = ""
     for level in levels:
         try:
@@ -115,7 +126,7 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
                 row, timeline = _table(point, schedule)
                 results.append(row)
             else:
-                row, timeline, setup = _simulated(point, schedule)
+                row, timeline, setup, distribution = _simulated(point, schedule)
                 results.append(row)
         except PipeschedError as exc:
             return Record(point, error=f"{level}: {exc}")
@@ -123,7 +134,8 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
         from pipesched.slot_table import slot_table
 
         timeline = slot_table(schedule, point.slot_costs)
-    return Record(point, tuple(results), setup=setup, timeline=timeline if keep_timeline else None)
+    return Record(point, tuple(results), setup=setup, timeline=timeline if keep_timeline else None,
+                  distribution=distribution)
 
 
 def _scale(schedule) -> float:
@@ -156,10 +168,10 @@ def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
                        peak_inflight=max(table.peak_inflight)), timeline
 
 
-def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str]:
+def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Distribution | None]:
     from pipesched.metrics import communication_per_device, mfu, throughput, training_work
     from pipesched.passes.offload import check_host_memory
-    from pipesched.simulate import simulate
+    from pipesched.simulate import compile_graph, run
 
     if point.dp != 1:
         raise PipeschedError(f"dp={point.dp}: data-parallel replicas are modelled by `pipesched search`; "
@@ -167,8 +179,17 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str]:
     setup = point.setup()
     costs = setup.costs_for(schedule)
     network = setup.network_for(schedule)
-    timeline = simulate(schedule, costs, network, contention=point.contention, overlap=point.overlap)
+    graph = compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap)
+    timeline = run(graph)
     check_host_memory(timeline.host_memory, str(point.offload))
+    distribution = None
+    spread: dict[str, float] = {}
+    if point.variability is not None:
+        from pipesched.variability.distribution import monte_carlo
+
+        distribution = monte_carlo(graph, point.variability)
+        time = distribution.time
+        spread = {"mean_s": time.mean, "std_s": time.std, "p99_s": time.p99}
     samples, tokens = throughput(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len)
     flops = setup.flops_per_iteration(schedule.num_microbatches, schedule)
     peaks = setup.peak_flops_per_device(network)
@@ -182,6 +203,6 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str]:
         throughput_samples_per_s=samples, throughput_tokens_per_s=tokens, mfu=utilization,
         exposed_comm_s=float(exposed.max()), out_of_memory=any(memory.out_of_memory),
         host_peak_memory=max(timeline.host_memory.peak) if timeline.host_memory is not None else 0.0,
-        training=training_work(timeline),
+        training=training_work(timeline), **spread,
     )
-    return row, timeline, setup.description
+    return row, timeline, setup.description, distribution

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
@@ -29,6 +30,9 @@ from pipesched.model.recompute import check_recompute, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
 from pipesched.passes.offload import OffloadPolicy
 from pipesched.schedule import Schedule
+
+if TYPE_CHECKING:
+    from pipesched.variability.model import Variability
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ class Point:
     offload: str | OffloadPolicy = ""  # activation offload: "" none, "all", stages like 0-3, or a fraction like 0.5
     host_bandwidth: float | None = None  # bytes/s of every device's host link: uniform links, or a cluster override
     host_memory: float | None = None  # bytes of host memory each device's offloads may fill, likewise
+    # Monte Carlo over durations at the sim level (None: the deterministic run only)
+    variability: Variability | None = None
 
     def __post_init__(self) -> None:
         if self.schedule is not None:

@@ -10,8 +10,9 @@ from pipesched.experiments.setup import SimulationSetup
 from pipesched.metrics import Metrics, summarize
 from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
-from pipesched.simulate import Network, simulate
+from pipesched.simulate import Network, compile_graph, run
 from pipesched.timeline import Timeline
+from pipesched.variability.distribution import Distribution, monte_carlo
 
 
 @dataclass(frozen=True, eq=False)
@@ -24,12 +25,14 @@ class Simulation:
     network: Network
     timeline: Timeline
     metrics: Metrics
+    distribution: Distribution | None = None  # with the point's variability: the Monte Carlo run
 
     def to_dict(self) -> dict:
         schedule, timeline, metrics = self.schedule, self.timeline, self.metrics
         path = timeline.simulation.critical_path
         training = metrics.training
         assert training is not None
+        variability = {} if self.distribution is None else {"variability": self.distribution.to_dict()}
         return {
             "schedule": schedule.name,
             "p": schedule.num_devices,
@@ -39,6 +42,7 @@ class Simulation:
             "ranks": list(self.network.ranks[: schedule.num_devices]),
             "contention": self.point.contention,
             "overlap": self.point.overlap,
+            "blocking_steps": timeline.simulation.blocking_steps,
             "iteration_time_s": metrics.iteration_time,
             "bubble_ratio": metrics.bubble_ratio,
             "bubble_over_work": metrics.bubble_over_work,
@@ -74,19 +78,23 @@ class Simulation:
                 "host_link_busy_s": list(training.host_link_busy_s),
                 "offload_exposed_s": list(training.offload_exposed_s),
             },
+            **variability,
         }
 
 
 def simulate_point(point: Point) -> Simulation:
-    """Simulate ``point`` (level 3) and compute every metric of its timeline."""
+    """Simulate ``point`` (level 3) and compute every metric of its timeline; with its
+    variability, the Monte Carlo distribution too (on the same compiled graph)."""
     schedule = point.build_schedule()
     setup = point.setup()
     network = setup.network_for(schedule)
-    timeline = simulate(schedule, setup.costs_for(schedule), network, contention=point.contention,
-                        overlap=point.overlap)
+    graph = compile_graph(schedule, setup.costs_for(schedule), network, contention=point.contention,
+                          overlap=point.overlap)
+    timeline = run(graph)
     check_host_memory(timeline.host_memory, str(point.offload))
+    distribution = monte_carlo(graph, point.variability) if point.variability is not None else None
     peaks = setup.peak_flops_per_device(network)
     metrics = summarize(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len,
                         flops_per_iteration=setup.flops_per_iteration(schedule.num_microbatches, schedule),
                         peak_flops=peaks[: schedule.num_devices] if peaks is not None else None)
-    return Simulation(point, schedule, setup, network, timeline, metrics)
+    return Simulation(point, schedule, setup, network, timeline, metrics, distribution)

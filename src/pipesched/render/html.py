@@ -57,8 +57,13 @@ def render_html(
     *,
     comparison: Sequence[Mapping[str, object]] | None = None,
     title: str = "",
+    distributions: Sequence[Mapping[str, object]] | None = None,
 ) -> str:
-    """The report page as text."""
+    """The report page as text.
+
+    distributions: per schedule ``{"name", "samples" (iteration times, seconds),
+    "deterministic" (seconds), optionally "fastest" (share of samples)}``, drawn as
+    histograms on one time axis (``distribution_data``)."""
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline for the report")
     summaries = [summarize(t) for t in timelines]
     heading = title or "pipeline schedule report: " + ", ".join(s.name for s in summaries)
@@ -70,6 +75,12 @@ def render_html(
     ]
     if comparison:
         sections.append("<section><h2>Comparison</h2>" + comparison_table_html(comparison) + "</section>")
+    if distributions:
+        data["distributions"] = distribution_data(distributions)
+        sections.append(
+            '<section><h2>Iteration time distributions</h2><p class="hint">Monte Carlo samples per schedule on one '
+            "time axis: bars count the samples, the dashed line is the deterministic iteration time, the solid "
+            'line the mean, the red one p99; hover a bar for its range.</p><div id="distributions"></div></section>')
     sections.append(
         '<section><h2>Timelines</h2><p class="hint">Wheel or + / − to zoom, drag to pan, '
         "double-click to reset; hover an op for its details.</p>"
@@ -103,6 +114,37 @@ def _base_data() -> dict:
         "idleColor": IDLE_COLOR,
         "oomColor": OOM_COLOR,
     }
+
+
+# bars of each distribution plot (one set of bins for every schedule)
+DISTRIBUTION_BINS = 40
+
+
+def distribution_data(distributions: Sequence[Mapping[str, object]], *, bins: int = DISTRIBUTION_BINS) -> dict:
+    """Histograms of every schedule's samples on common bins, with their deterministic
+    time, mean, p50, p99 and the share of samples in which each is fastest."""
+    samples = [np.asarray(d["samples"], np.float64) for d in distributions]
+    lo = min(float(x.min()) for x in samples)
+    hi = max(max(float(x.max()) for x in samples), *(float(d["deterministic"]) for d in distributions))
+    lo = min(lo, *(float(d["deterministic"]) for d in distributions))
+    if hi <= lo:
+        hi = lo + max(abs(lo) * 1e-6, 1e-12)
+    scale = time_scale("s", hi)
+    edges = np.linspace(lo, hi, bins + 1)
+    rows = []
+    for d, values in zip(distributions, samples, strict=True):
+        counts, _ = np.histogram(values, bins=edges)
+        rows.append({
+            "name": str(d["name"]),
+            "samples": int(values.size),
+            "counts": counts.tolist(),
+            "deterministic": float(d["deterministic"]) * scale.factor,
+            "mean": float(values.mean()) * scale.factor,
+            "p50": float(np.percentile(values, 50)) * scale.factor,
+            "p99": float(np.percentile(values, 99)) * scale.factor,
+            "fastest": None if d.get("fastest") is None else float(d["fastest"]),
+        })
+    return {"unit": scale.unit, "edges": (edges * scale.factor).tolist(), "rows": rows}
 
 
 # deviations shown per schedule in the comparison page's table

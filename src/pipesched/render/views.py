@@ -29,12 +29,14 @@ def write_views(
     html: PathLike | None = None,
     comparison: Sequence[Mapping[str, object]] | None = None,
     title: str = "",
+    distributions: Sequence[Mapping[str, object]] | None = None,
 ) -> list[Path]:
     """Render the requested views of ``timelines`` and return the paths written, in the
     order png, svg, trace, html.
 
     comparison: rows of the three-level comparison table (column -> value) for the HTML
-    report; title: the figure and page title.
+    report; title: the figure and page title; distributions: per schedule its Monte Carlo
+    iteration times for the report's distribution plots (``render_html``).
     """
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline to draw")
     requested = [(field, path) for field, path in (("png", png), ("svg", svg), ("trace", trace), ("html", html))
@@ -43,7 +45,7 @@ def write_views(
 
     written = []
     for field, target in targets:
-        written.append(write_atomic(target, _render(field, timelines, comparison, title), field))
+        written.append(write_atomic(target, _render(field, timelines, comparison, title, distributions), field))
     return written
 
 
@@ -74,7 +76,7 @@ def write_comparison_views(
     return written
 
 
-def _render(field: str, timelines: Sequence[Timeline], comparison, title: str) -> str | bytes:
+def _render(field: str, timelines: Sequence[Timeline], comparison, title: str, distributions=None) -> str | bytes:
     if field in ("png", "svg"):
         from pipesched.render.gantt import render_gantt
 
@@ -85,4 +87,4 @@ def _render(field: str, timelines: Sequence[Timeline], comparison, title: str) -
         return render_trace(timelines)
     from pipesched.render.html import render_html
 
-    return render_html(timelines, comparison=comparison, title=title)
+    return render_html(timelines, comparison=comparison, title=title, distributions=distributions)

@@ -12,6 +12,11 @@ the measured steps (``RunOptions.profile_repeats``). So the profile sees the cor
 steps do (on a shared or virtual machine their speed drifts within seconds), yet nothing
 measured in the pipelined steps goes into the prediction. A stage kept twice (Chimera's and DualPipe's
 replicas) gets the median of its two copies' timings.
+
+Spread. Every profiled repeat is kept: their factors over the median (per op kind and
+stage, ``pipesched.variability.measured``) drive a Monte Carlo run of the prediction
+(``CHECK_SAMPLES`` iterations), whose distribution is reported beside the spread of the
+measured step times.
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.model.spec import ModelSpec
 from pipesched.render.pairing import Comparison
 from pipesched.runtime.profile import (
     LinkProfile,
+    StageTiming,
     add_op_overhead,
     median_timing,
     profile_link,
@@ -43,7 +51,12 @@ from pipesched.runtime.runs import (
     stage_partition,
 )
 from pipesched.schedule import Schedule
+from pipesched.simulate.graph import TaskGraph
 from pipesched.timeline import Timeline
+from pipesched.variability.distribution import Distribution, Spread
+
+# Monte Carlo iterations of each prediction, drawn from the profiled repeats
+CHECK_SAMPLES = 2000
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,12 @@ class CheckRow:
     costs: StageCosts  # what the prediction used
     predicted: Timeline  # simulated (source "simulated")
     run: RunResult  # measured
+    spread: Distribution | None = None  # the prediction with the profiled repeats' variability
+
+    @property
+    def measured_spread(self) -> Spread:
+        """The measured step times' spread (p50 is their median)."""
+        return Spread.of(np.asarray(self.run.step_times))
 
     @property
     def predicted_s(self) -> float:
@@ -110,7 +129,10 @@ class CheckReport:
         return [{"schedule": row.schedule.name, "runtime": row.run.runtime,
                  "predicted ms": round(row.predicted_s * 1e3, 3), "measured ms": round(row.measured_s * 1e3, 3),
                  "error": f"{row.error:+.1%}", "steps": len(row.run.step_times),
-                 "step spread ms": round((max(row.run.step_times) - min(row.run.step_times)) * 1e3, 3)}
+                 "step spread ms": round((max(row.run.step_times) - min(row.run.step_times)) * 1e3, 3),
+                 **({} if row.spread is None else {
+                     "predicted p50 / p99 ms": f"{row.spread.time.p50 * 1e3:.3f} / {row.spread.time.p99 * 1e3:.3f}",
+                     "predicted spread ms": round((row.spread.time.max - row.spread.time.min) * 1e3, 3)})}
                 for row in self.rows]
 
     def write_views(self, *, html: str | None = None, trace: str | None = None, title: str = "") -> list[Path]:
@@ -145,7 +167,7 @@ def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options:
     ``repeats``: profile rounds of every stage, spread over the measured steps. ``link`` and
     ``overhead_s`` (runtime -> seconds) reuse earlier measurements instead of taking them again.
     """
-    from pipesched.simulate import Network, simulate
+    from pipesched.simulate import Network, compile_graph, run
 
     options = options or RunOptions()
     require(len(schedules) >= 1, "schedules", 0, "give at least one schedule")
@@ -164,9 +186,26 @@ def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options:
                          runtime=runtime, partitions=partitions)
     network = Network.uniform(num_ranks, latency=link.latency, bandwidth=link.bandwidth)
     rows = []
-    for schedule, run, used in zip(schedules, runs, runtimes, strict=True):
-        assert run.stage_timings is not None
-        timings = [median_timing(run.stage_timings[stage]) for stage in range(schedule.num_stages)]
+    for schedule, result, used in zip(schedules, runs, runtimes, strict=True):
+        assert result.stage_timings is not None
+        timings = [median_timing(result.stage_timings[stage]) for stage in range(schedule.num_stages)]
         costs = add_op_overhead(stage_costs_from_timings(timings, dtype=options.dtype), overheads[used])
-        rows.append(CheckRow(schedule, costs, simulate(schedule, costs, network), run))
+        graph = compile_graph(schedule, costs, network)
+        rows.append(CheckRow(schedule, costs, run(graph), result,
+                             spread=predicted_spread(graph, timings, overhead_s=overheads[used])))
     return CheckReport(rows=tuple(rows), link=link, overhead_s=overheads)
+
+
+def predicted_spread(graph: TaskGraph, timings: Sequence[StageTiming], *, overhead_s: float = 0.0,
+                     samples: int = CHECK_SAMPLES) -> Distribution | None:
+    """The prediction's distribution when every op draws its time from its stage's profiled
+    repeats (each plus the per-op overhead, as the costs count them); None without repeats."""
+    from pipesched.variability.distribution import monte_carlo
+    from pipesched.variability.measured import MeasuredFactors
+    from pipesched.variability.model import Variability
+
+    seconds = [timing.repeat_seconds(offset_s=overhead_s) for timing in timings]
+    if not all(seconds):
+        return None
+    factors = MeasuredFactors.from_seconds(seconds, source="the check's profile")
+    return monte_carlo(graph, Variability(measured=factors, samples=samples))

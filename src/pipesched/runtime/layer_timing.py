@@ -127,6 +127,7 @@ class StageTimer:
             activation_bytes=self.activation_bytes,
             output_bytes=self.output_bytes,
             params=sum(p.numel() for p in self.module.parameters()),
+            repeats=tuple((kind, tuple(times)) for kind, times in self.samples.items()),
         )
 
 

@@ -107,6 +107,13 @@ class StageTiming:
     activation_bytes: float  # tensors autograd saves in F (parameters excluded)
     output_bytes: float  # the tensor sent to the next stage (0 on the last stage: nothing is sent)
     params: int
+    # every timed repeat, seconds: (op kind letter F, I, W or B, its times), the medians' samples
+    repeats: tuple[tuple[str, tuple[float, ...]], ...] = ()
+
+    def repeat_seconds(self, *, offset_s: float = 0.0) -> dict[str, tuple[float, ...]]:
+        """Kind letter -> every repeat's seconds, plus ``offset_s`` (the per-op overhead a
+        cost file adds to the medians)."""
+        return {kind: tuple(t + offset_s for t in times) for kind, times in self.repeats}
 
 
 @dataclass(frozen=True)
@@ -146,14 +153,19 @@ def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: P
 
 
 def median_timing(timings: Sequence[StageTiming]) -> StageTiming:
-    """Field by field median of several timings of the same stage."""
+    """Field by field median of several timings of the same stage; their repeats together."""
     def median(name: str) -> float:
         return float(statistics.median(getattr(t, name) for t in timings))
 
     first = timings[0]
+    repeats: dict[str, list[float]] = {}
+    for timing in timings:
+        for kind, times in timing.repeats:
+            repeats.setdefault(kind, []).extend(times)
     return StageTiming(forward=median("forward"), backward_input=median("backward_input"),
                        backward_weight=median("backward_weight"), backward=median("backward"),
-                       activation_bytes=first.activation_bytes, output_bytes=first.output_bytes, params=first.params)
+                       activation_bytes=first.activation_bytes, output_bytes=first.output_bytes, params=first.params,
+                       repeats=tuple((kind, tuple(times)) for kind, times in repeats.items()))
 
 
 def _kind_key(model: ModelSpec, layers: range) -> tuple[str, ...]:
@@ -164,6 +176,11 @@ def _kind_key(model: ModelSpec, layers: range) -> tuple[str, ...]:
 
 def profile_layers(model: ModelSpec, options: ProfileOptions | None = None) -> tuple[LayerCost, ...]:
     """Per-layer costs measured in isolation, one row per layer of the model."""
+    return layer_costs(model, profile_layer_timings(model, options))
+
+
+def profile_layer_timings(model: ModelSpec, options: ProfileOptions | None = None) -> list[StageTiming]:
+    """The timing of every layer of the model in isolation (layers of one kind are timed once)."""
     options = options or ProfileOptions()
     from pipesched.runtime.torch_model import check_buildable
 
@@ -173,18 +190,27 @@ def profile_layers(model: ModelSpec, options: ProfileOptions | None = None) -> t
     for index in range(count):
         distinct.setdefault(_kind_key(model, range(index, index + 1)), index)
     timings = dict(zip(distinct, _time_ranges(model, [(i, i + 1) for i in distinct.values()], options), strict=True))
-    layers = []
-    for index, (name, kind) in enumerate(zip(model.layer_names, model.layer_kinds, strict=True)):
-        t = timings[_kind_key(model, range(index, index + 1))]
-        layers.append(LayerCost(name=name, forward_s=t.forward, backward_input_s=t.backward_input,
-                                backward_weight_s=t.backward_weight, activation_bytes=t.activation_bytes,
-                                params=t.params, output_bytes=t.output_bytes, kind=kind))
-    return tuple(layers)
+    return [timings[_kind_key(model, range(index, index + 1))] for index in range(count)]
+
+
+def layer_costs(model: ModelSpec, timings: Sequence[StageTiming]) -> tuple[LayerCost, ...]:
+    """The measured-layer rows of the model from one timing per layer."""
+    return tuple(LayerCost(name=name, forward_s=t.forward, backward_input_s=t.backward_input,
+                           backward_weight_s=t.backward_weight, activation_bytes=t.activation_bytes,
+                           params=t.params, output_bytes=t.output_bytes, kind=kind)
+                 for name, kind, t in zip(model.layer_names, model.layer_kinds, timings, strict=True))
 
 
 def profile_stages(model: ModelSpec, partitions: Sequence[Partition],
                    options: ProfileOptions | None = None) -> list[StageCosts]:
     """Stage costs of each partition, every distinct stage timed once in isolation."""
+    return [stage_costs_from_timings(stages, dtype=(options or ProfileOptions()).dtype)
+            for stages in profile_stage_timings(model, partitions, options)]
+
+
+def profile_stage_timings(model: ModelSpec, partitions: Sequence[Partition],
+                          options: ProfileOptions | None = None) -> list[list[StageTiming]]:
+    """The timing of every stage of each partition, every distinct stage timed once in isolation."""
     options = options or ProfileOptions()
     from pipesched.runtime.torch_model import check_buildable
 
@@ -195,11 +221,8 @@ def profile_stages(model: ModelSpec, partitions: Sequence[Partition],
             layers = partition.layers(stage)
             wanted.setdefault(_stage_key(model, layers), (layers.start, layers.stop))
     timings = dict(zip(wanted, _time_ranges(model, list(wanted.values()), options), strict=True))
-    result = []
-    for partition in partitions:
-        stages = [timings[_stage_key(model, partition.layers(s))] for s in range(partition.num_stages)]
-        result.append(stage_costs_from_timings(stages, dtype=options.dtype))
-    return result
+    return [[timings[_stage_key(model, partition.layers(s))] for s in range(partition.num_stages)]
+            for partition in partitions]
 
 
 def _stage_key(model: ModelSpec, layers: range) -> tuple[object, ...]:

@@ -109,6 +109,65 @@ def _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
     return sequence, end, count
 
 
+@njit(cache=True)
+def merge_order(sequence, end, queue_rows, queue_offsets):
+    """The ops of a completed walk by (end, position in ``sequence``): a merge of the queues,
+    each already in that order (a queue's ops end in program order), through a heap of
+    queues, in O(ops x log queues)."""
+    n = sequence.shape[0]
+    position = np.empty(n, np.int64)
+    for k in range(n):
+        position[sequence[k]] = k
+    num_queues = queue_offsets.shape[0] - 1
+    # heap of queues keyed by (end, position) of their next op
+    heap_queue = np.empty(num_queues, np.int64)
+    heap_end = np.empty(num_queues, np.float64)
+    heap_position = np.empty(num_queues, np.int64)
+    pos = queue_offsets[:-1].copy()
+    size = 0
+    for q in range(num_queues):
+        if pos[q] < queue_offsets[q + 1]:
+            x = queue_rows[pos[q]]
+            e, s = end[x], position[x]
+            j = size
+            size += 1
+            while j > 0:
+                parent = (j - 1) >> 1
+                if heap_end[parent] < e or (heap_end[parent] == e and heap_position[parent] < s):
+                    break
+                heap_queue[j], heap_end[j], heap_position[j] = heap_queue[parent], heap_end[parent], heap_position[parent]
+                j = parent
+            heap_queue[j], heap_end[j], heap_position[j] = q, e, s
+    order = np.empty(n, np.int32)
+    for k in range(n):
+        q = heap_queue[0]
+        order[k] = queue_rows[pos[q]]
+        pos[q] += 1
+        if pos[q] < queue_offsets[q + 1]:
+            x = queue_rows[pos[q]]
+            e, s = end[x], position[x]
+        else:
+            size -= 1
+            if size == 0:
+                break
+            q, e, s = heap_queue[size], heap_end[size], heap_position[size]
+        j = 0
+        while True:
+            child = 2 * j + 1
+            if child >= size:
+                break
+            right = child + 1
+            if right < size and (heap_end[right] < heap_end[child]
+                                 or (heap_end[right] == heap_end[child] and heap_position[right] < heap_position[child])):
+                child = right
+            if e < heap_end[child] or (e == heap_end[child] and s < heap_position[child]):
+                break
+            heap_queue[j], heap_end[j], heap_position[j] = heap_queue[child], heap_end[child], heap_position[child]
+            j = child
+        heap_queue[j], heap_end[j], heap_position[j] = q, e, s
+    return order
+
+
 def completion_order(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
     """The global service order: ops by (completion time with free communication, sequence).
 
@@ -119,9 +178,7 @@ def completion_order(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
     sequence, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration)
     if count < duration.shape[0]:
         return sequence[:count], count
-    # stable: equal completion times keep the walk's order (timsort, quick here: the walk
-    # runs long stretches of one queue, which are already in time order)
-    return sequence[np.argsort(end[sequence], kind="stable")], count
+    return merge_order(sequence, end, queue_rows, queue_offsets), count
 
 
 @njit(cache=True)
@@ -258,12 +315,13 @@ def last_task(op_end, tr_end):
 
 @njit(cache=True)
 def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, tr_rel_ptr, tr_rel,
-              tr_res_ptr, tr_res, num_resources, op_durations, tr_durations, critical_counts):
+              tr_res_ptr, tr_res, num_resources, op_durations, tr_durations, critical_counts, critical_seconds):
     """Iteration time of each row of ``op_durations`` (samples x ops) with the transfer
     durations of the same row of ``tr_durations`` (samples x transfers). When
     ``critical_counts`` (ops + transfers) is not empty, each task's count of samples in
-    which it lies on the critical path is added to it. Returns -1 for a sample whose tables
-    deadlock (never, for a graph that compiled)."""
+    which it lies on the critical path is added to it, and its duration in those samples to
+    ``critical_seconds``. Returns -1 for a sample whose tables deadlock (never, for a graph
+    that compiled)."""
     samples = op_durations.shape[0]
     n = op_durations.shape[1]
     out = np.empty(samples, np.float64)
@@ -274,7 +332,7 @@ def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, 
         if count < n:
             out[i] = -1.0
             continue
-        order = sequence[np.argsort(end[sequence], kind="mergesort")]
+        order = merge_order(sequence, end, queue_rows, queue_offsets)
         tr_ord, tr_key = transfer_order(order, tr_rel_ptr, tr_rel)
         op_start, op_end, _tr_start, tr_end, binder = sweep(
             order, op_queue, pred_ptr, pred_op, pred_via, duration, tr_ord, tr_key, tr_rel_ptr, tr_rel,
@@ -287,5 +345,6 @@ def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, 
             task = last_task(op_end, tr_end)
             while task >= 0:
                 critical_counts[task] += 1
+                critical_seconds[task] += duration[task] if task < n else tr_durations[i, task - n]
                 task = binder[task]
     return out

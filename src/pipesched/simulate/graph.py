@@ -38,9 +38,13 @@ two steps: ``2 * latency + bytes / bandwidth``.
 
 Resources a transfer holds (see ``engine``): the sender's send channel and the receiver's
 receive channel (an all-reduce: both of each), the shared NIC egress and ingress of the two
-nodes when the devices of a node share one and the nodes differ, and without overlap the
-compute streams of both devices (a blocking runtime: neither computes while it sends or
-receives). Contention off: no channel is held.
+nodes when the devices of a node share one and the nodes differ, and without overlap an
+all-reduce holds the compute streams of both devices. Contention off: no channel is held.
+
+Without overlap (a blocking runtime) messages go in batches between a device's steps of
+compute, each batch waited out before the next step (``pipesched.simulate.blocking``: a
+second releaser per message, the receiver's post, and edges from each batch to the op
+after it).
 
 Memory: each op changes the bytes its device holds by the rules' effect of its kind
 (``MemoryEffect``), at its start or its end, and the bytes of host memory that hold its
@@ -64,6 +68,7 @@ from pipesched.errors import PipeschedError, require
 from pipesched.passes.communication import allreduces, messages
 from pipesched.rules import COMPUTE, HOST_TRANSFER, ROLES, STREAMS
 from pipesched.schedule import Schedule
+from pipesched.simulate.blocking import blocking_program
 from pipesched.simulate.network import Network
 from pipesched.timeline import ALLREDUCE
 
@@ -108,6 +113,7 @@ class TaskGraph:
     host_delta: np.ndarray | None = None  # float64 host-memory bytes each op adds or frees (offloads)
     host_at_start: np.ndarray | None = None  # bool, like memory_at_start
     side_queues: int = 0  # queues beyond one compute queue per device (host links)
+    blocking_steps: str | None = None  # without overlap: "op" or "pair" batches (simulate.blocking)
 
     @property
     def offloads(self) -> bool:
@@ -165,12 +171,15 @@ def static_per_device(schedule: Schedule, costs: StageCosts) -> tuple[float, ...
 
 
 def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None = None, *,
-                  contention: bool = True, overlap: bool = True) -> TaskGraph:
+                  contention: bool = True, overlap: bool = True, blocking_steps: str = "auto") -> TaskGraph:
     """Build the task graph of ``schedule`` with ``costs`` on ``network`` (None: free
-    communication, no transfers, as in the slot table).
+    communication, no transfers, as in the slot table). Without ``overlap``, a blocking
+    runtime's batches of ``blocking_steps`` ("op", "pair" or "auto": see
+    ``pipesched.simulate.blocking``).
 
-    Raises PipeschedError when the table is not a complete, well-placed schedule or the
-    costs and network do not fit it (``pipesched validate`` names every problem).
+    Raises PipeschedError when the table is not a complete, well-placed schedule, the
+    costs and network do not fit it (``pipesched validate`` names every problem), or a
+    blocking runtime deadlocks on it.
     """
     require(
         costs.num_stages == schedule.num_stages,
@@ -240,10 +249,21 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     res_ptr, res, num_resources = _transfer_resources(network, src, dst, m_count, contention, overlap, num_devices)
     op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices, num_resources)
     pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, sent.via, issued_after, n)
+    steps = None
+    if not overlap:
+        if side:
+            raise PipeschedError("overlap=False: a blocking runtime with offloads is not modelled; simulate "
+                                 "offloads with overlap, or drop the offload")
+        program = blocking_program(schedule, steps=blocking_steps, queue_rows=queue_rows, queue_offsets=queue_offsets,
+                                   kinds=kinds, pred_ptr=pred_ptr, pred_op=pred_op, pred_via=pred_via,
+                                   tr_rel_ptr=rel_ptr, tr_rel=rel, num_messages=m_count)
+        pred_ptr, pred_op, pred_via, rel_ptr, rel = (program.pred_ptr, program.pred_op, program.pred_via,
+                                                     program.tr_rel_ptr, program.tr_rel)
+        steps = program.steps
     transfers = (src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res)
     return _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
                   op_duration, pred_ptr, pred_op, pred_via, transfers, num_resources + side * num_devices,
-                  memory_delta, memory_at_start, static, (*host[:2], side))
+                  memory_delta, memory_at_start, static, (*host[:2], side), steps)
 
 
 def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None) -> np.ndarray:
@@ -362,7 +382,7 @@ def _with_issue_edges(consumer: np.ndarray, producer: np.ndarray, via: np.ndarra
 
 def _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets, op_duration,
            pred_ptr, pred_op, pred_via, transfers, num_resources, memory_delta, memory_at_start, static,
-           host) -> TaskGraph:
+           host, blocking_steps=None) -> TaskGraph:
     src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res = transfers
     host_delta, host_at_start, side = host
     return TaskGraph(
@@ -373,6 +393,7 @@ def _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_r
         tr_duration=duration, tr_rel_ptr=rel_ptr, tr_rel=rel, tr_res_ptr=res_ptr, tr_res=res,
         num_resources=int(num_resources), memory_delta=memory_delta, memory_at_start=memory_at_start,
         static_bytes=static, host_delta=host_delta, host_at_start=host_at_start, side_queues=side,
+        blocking_steps=blocking_steps,
     )
 
 
@@ -407,8 +428,9 @@ def _resources(src, dst, node_of, num_devices, num_nodes, num_messages, contenti
         a = src[t]
         b = dst[t]
         allreduce = t >= num_messages
-        if not overlap:
-            # a blocking runtime: neither compute stream runs while the transfer does
+        if not overlap and allreduce:
+            # a blocking all-reduce: neither compute stream runs while it does (messages
+            # block through their batches instead: simulate.blocking)
             res[k] = a
             res[k + 1] = b
             k += 2

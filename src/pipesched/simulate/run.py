@@ -88,6 +88,7 @@ def run(graph: TaskGraph, *, op_durations: np.ndarray | None = None,
             overlap=graph.overlap,
             critical_path=from_binder(chain, n),
             optimizer_step=_optimizer_steps(graph, op_end, tr_end),
+            blocking_steps=graph.blocking_steps,
         ),
     )
 
@@ -99,6 +100,8 @@ class BatchResult:
     makespan: np.ndarray  # float64 (samples,)
     critical_ops: np.ndarray | None  # int64 (ops,): samples in which the op is on the critical path
     critical_transfers: np.ndarray | None  # int64 (transfers,)
+    critical_op_seconds: np.ndarray | None = None  # float64 (ops,): its duration summed over those samples
+    critical_transfer_seconds: np.ndarray | None = None  # float64 (transfers,)
 
 
 def run_batch(graph: TaskGraph, op_durations: np.ndarray, transfer_durations: np.ndarray | None = None, *,
@@ -106,7 +109,8 @@ def run_batch(graph: TaskGraph, op_durations: np.ndarray, transfer_durations: np
     """Iteration times of ``graph`` for each row of ``op_durations`` (samples x ops; with
     ``transfer_durations``, samples x transfers, else the compiled transfer durations), in
     one compiled loop; ``critical`` also counts, per task, the samples in which it lies on
-    the critical path. Each sample equals ``run`` with the same durations."""
+    the critical path (and its duration summed over those samples). Each sample equals
+    ``run`` with the same durations."""
     ops = np.ascontiguousarray(op_durations, dtype=np.float64)
     require(ops.ndim == 2 and ops.shape[1] == graph.num_ops, "op_durations", f"shape {ops.shape}",
             f"give samples x {graph.num_ops} durations")
@@ -124,14 +128,16 @@ def run_batch(graph: TaskGraph, op_durations: np.ndarray, transfer_durations: np
         require(bool(np.all(np.isfinite(values)) and np.all(values >= 0)), name, "a negative or non-finite value",
                 "durations must be finite numbers >= 0")
     counts = np.zeros(graph.num_ops + graph.num_transfers if critical else 0, np.int64)
+    seconds = np.zeros(counts.shape[0], np.float64)
     makespan = engine.makespans(graph.queue_rows, graph.queue_offsets, graph.op_queue, graph.pred_ptr, graph.pred_op,
                                 graph.pred_via, graph.tr_rel_ptr, graph.tr_rel, graph.tr_res_ptr, graph.tr_res,
-                                graph.num_resources, ops, np.ascontiguousarray(transfers), counts)
+                                graph.num_resources, ops, np.ascontiguousarray(transfers), counts, seconds)
     if samples and makespan.min() < 0:
         raise PipeschedError(_deadlock_message(graph))
     if not critical:
         return BatchResult(makespan, None, None)
-    return BatchResult(makespan, counts[: graph.num_ops], counts[graph.num_ops:])
+    n = graph.num_ops
+    return BatchResult(makespan, counts[:n], counts[n:], seconds[:n], seconds[n:])
 
 
 def _transfer_table(graph: TaskGraph, start: np.ndarray, end: np.ndarray) -> TransferTable:
@@ -164,7 +170,8 @@ def _transfer_table(graph: TaskGraph, start: np.ndarray, end: np.ndarray) -> Tra
 
 
 def _optimizer_steps(graph: TaskGraph, op_end: np.ndarray, tr_end: np.ndarray) -> tuple[float, ...]:
-    """When each device may step its optimizer: after its last op and its all-reduces."""
+    """When each device may step its optimizer: after its last op and its all-reduces (a
+    blocking runtime: after every transfer it takes part in, its last batch included)."""
     step = np.zeros(graph.num_devices)
     offsets = graph.ops.device_offsets
     busy = offsets[1:] > offsets[:-1]
@@ -173,7 +180,7 @@ def _optimizer_steps(graph: TaskGraph, op_end: np.ndarray, tr_end: np.ndarray) -
     else:
         # a device's ops end in table order: its last op ends last
         step[busy] = op_end[offsets[1:][busy] - 1]
-    reduces = graph.tr_kind == ALLREDUCE
+    reduces = graph.tr_kind == ALLREDUCE if graph.overlap else np.ones(graph.num_transfers, np.bool_)
     np.maximum.at(step, graph.tr_src[reduces], tr_end[reduces])
     np.maximum.at(step, graph.tr_dst[reduces], tr_end[reduces])
     return tuple(step.tolist())

@@ -28,8 +28,10 @@ def simulate(
     network: links between the devices; pipeline device d is network device d.
     contention: transfers sharing a channel (a device's send or receive side, a shared NIC)
         queue one behind the other; False lets every transfer run at full speed at once.
-    overlap: devices compute while they communicate; False models a blocking runtime where
-        a device's compute stream waits out its own sends and receives.
+    overlap: devices compute while they communicate; False models a blocking runtime: a
+        device sends and receives in batches between its steps of compute and waits each
+        batch out (``pipesched.simulate.blocking``; raises PipeschedError, naming what each
+        device waits for, on a table such a runtime cannot run).
     memory_capacity: device memory in bytes for the out-of-memory flags (default: the
         network's device capacities, when known).
 

@@ -19,6 +19,7 @@
   var MEMORY = 150;       // memory chart height
   var MAX_LABELS = 1500;  // box labels drawn per chart at once
   var STEPS_HEIGHT = 64;  // step-time plot height
+  var DIST_HEIGHT = 56;   // one distribution plot's height
   var charts = [];        // drawn timeline charts by timeline index (their op boxes)
 
   function el(name, attrs, parent) {
@@ -553,6 +554,47 @@
     return update;
   }
 
+  // ---- Monte Carlo iteration times, one histogram per schedule on one axis ---------------
+  function drawDistributions(d, container) {
+    var edges = d.edges, lo = edges[0], hi = edges[edges.length - 1], unit = " " + d.unit;
+    var peak = Math.max.apply(null, d.rows.map(function (r) { return Math.max.apply(null, r.counts); })) || 1;
+    var updates = [];
+    d.rows.forEach(function (r, k) {
+      var box = html("div", "distribution", undefined, container);
+      box.setAttribute("data-distribution", String(k));
+      html("h3", "", r.name + ": mean " + fmt(r.mean) + unit + ", p99 " + fmt(r.p99) + unit +
+           (r.fastest === null ? ", " : ", fastest in " + (100 * r.fastest).toFixed(1) + "% of ") + r.samples + " samples", box);
+      var last = k === d.rows.length - 1;
+      var svg = el("svg", { "class": "chart distribution-plot", height: DIST_HEIGHT + (last ? AXIS : 4), role: "img" }, box);
+      svg.setAttribute("aria-label", "iteration time distribution of " + r.name);
+      var grid = el("g", {}, svg), axis = el("g", {}, svg), marks = el("g", {}, svg);
+      function update() {
+        var width = svg.clientWidth || 800, plot = Math.max(width - GUTTER - SIDE, 50), k2 = plot / (hi - lo);
+        function x(v) { return GUTTER + (v - lo) * k2; }
+        marks.textContent = "";
+        r.counts.forEach(function (count, b) {
+          if (!count) return;
+          var h = (DIST_HEIGHT - 6) * count / peak;
+          var bar = el("rect", { "class": "bin", x: x(edges[b]), y: DIST_HEIGHT - h, width: Math.max(x(edges[b + 1]) - x(edges[b]) - 1, 1),
+                                 height: h, "data-bin": String(b) }, marks);
+          bar.addEventListener("mouseover", function (event) {
+            showTip(event, r.name, [["iteration time", fmt(edges[b]) + " – " + fmt(edges[b + 1]) + unit],
+              ["samples", count + " of " + r.samples + " (" + (100 * count / r.samples).toFixed(1) + "%)"]], null);
+          });
+          bar.addEventListener("mouseout", hideTip);
+        });
+        [["deterministic", r.deterministic], ["mean", r.mean], ["p99", r.p99]].forEach(function (spec) {
+          var line = el("line", { "class": "dist-" + spec[0], x1: x(spec[1]), x2: x(spec[1]), y1: 2, y2: DIST_HEIGHT }, marks);
+          line.setAttribute("data-value", fmt(spec[1]));
+        });
+        if (last) drawAxis(axis, grid, { x0: lo, x1: hi }, k2, plot, DIST_HEIGHT, d.unit);
+      }
+      update();
+      updates.push(update);
+    });
+    return function () { updates.forEach(function (update) { update(); }); };
+  }
+
   // ---- build ----------------------------------------------------------------------------
   var container = document.getElementById("timelines");
   var stepPlots = [];
@@ -574,6 +616,7 @@
   } else {
     data.timelines.forEach(function (t, index) { drawTimeline(t, index, container); });
   }
+  if (data.distributions) stepPlots.push(drawDistributions(data.distributions, document.getElementById("distributions")));
   Object.keys(views).forEach(function (key) {
     var view = views[key];
     view.charts.forEach(function (chart) { chart.update(); });

@@ -1,0 +1,212 @@
+"""Duration vectors of a compiled task graph under a duration model, drawn in batches of
+samples with numpy and combined in one compiled pass (no Python loop over ops or samples).
+
+Common random numbers. Every random number comes from a stream named by what it varies,
+not by its position in one graph, so two schedules of the same p and m drawn with the same
+seed see the same randomness where they share an op or a link:
+
+    op of kind K, chunk c, on device d, microbatch mb    stream (seed, 1, K, c)[sample, d, mb]
+    message of kind A/G sent by device d for mb, from    stream (seed, 2, A/G, c)[sample, d, mb]
+        the sender's chunk c
+    all-reduce of stage s                                stream (seed, 3)[sample, s]
+    device d a random straggler                          stream (seed, 4)[sample, d]
+
+(the chunk c of an op is the rank of its stage among the stages its device holds: 1F1B's
+only stage and interleaved 1F1B's first chunk share c = 0). A stream is numpy's SFC64
+generator seeded by that key through a SeedSequence. Each stream is drawn in sample
+order, so the values do not depend on how the samples are cut into batches. A standard
+normal z becomes a lognormal factor ``exp(sigma z - sigma^2 / 2)`` (mean 1), or for a
+measured kind the factor at quantile Phi(z) of the stage's sorted measured factors. Normals
+are drawn in single precision (a relative error of 1e-7 in a factor) and the
+exponentials run as vector loops (``fastmath={"afn"}``): the same seed gives the same
+samples on one machine; another CPU may differ in the last bit of a factor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from pipesched.simulate.graph import TaskGraph
+from pipesched.timeline import ALLREDUCE
+from pipesched.variability.model import Variability
+
+# stream domains (see the module docstring)
+OPS, MESSAGES, ALLREDUCES, STRAGGLERS = 1, 2, 3, 4
+
+
+def _stream(seed: int, *key: int) -> np.random.Generator:
+    return np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, *key])))
+
+
+class Sampler:
+    """Op and transfer durations of ``graph`` under ``variability``, batch after batch."""
+
+    def __init__(self, graph: TaskGraph, variability: Variability) -> None:
+        schedule = graph.schedule
+        letters = schedule.rules.letters
+        variability.check_for(graph.num_devices, letters)
+        self.graph, self.variability = graph, variability
+        ops, seed = graph.ops, variability.seed
+        devices, microbatches = graph.num_devices, schedule.num_microbatches
+        self.shape = (devices, microbatches)
+        chunk_of = _chunks(schedule)
+        # --- ops: base durations with the fixed stragglers, then each kind's random part
+        device_factor = np.ones(devices)
+        for device, factor in variability.stragglers:
+            device_factor[device] *= factor
+        self.op_base = graph.op_duration * device_factor[ops.device]
+        self.op_device = ops.device.astype(np.int64)
+        n = graph.num_ops
+        self.op_sigma = np.zeros(n)
+        self.op_offset = np.zeros(n, np.int64)
+        self.op_length = np.zeros(n, np.int64)
+        tables = [np.zeros(0)]
+        size = 0
+        measured = variability.measured
+        kinds = ops.kind.astype(np.int64)
+        chunk = chunk_of[ops.device, ops.stage]
+        self.op_groups: list[tuple[np.ndarray, np.random.Generator]] = []
+        for k in np.unique(kinds).tolist():
+            letter = letters[k]
+            rows = np.flatnonzero(kinds == k)
+            if measured is not None and letter in measured.kinds:
+                per_stage = measured.for_stages(letter, schedule.num_stages)
+                starts = np.cumsum([0] + [a.size for a in per_stage])[:-1] + size
+                self.op_offset[rows] = starts[ops.stage[rows]]
+                self.op_length[rows] = np.array([a.size for a in per_stage])[ops.stage[rows]]
+                tables += per_stage
+                size += sum(a.size for a in per_stage)
+            else:
+                cv = variability.op_cv(letter)
+                if cv == 0:
+                    continue
+                self.op_sigma[rows] = math.sqrt(math.log1p(cv * cv))
+            for c in np.unique(chunk[rows]).tolist():
+                group = rows[chunk[rows] == c]
+                self.op_groups.append((group, _stream(seed, OPS, ord(letter[0]), c)))
+        self.op_table = np.concatenate(tables)
+        drawn = np.zeros(n, np.bool_)
+        for rows, _ in self.op_groups:
+            drawn[rows] = True
+        self.op_fixed = np.flatnonzero(~drawn)
+        # --- transfers: base durations with the slow links, then the links' jitter
+        src, dst = graph.tr_src.astype(np.int64), graph.tr_dst.astype(np.int64)
+        link_factor = np.ones((devices, devices))
+        for a, b, factor in variability.slow_links:
+            link_factor[a, b] *= factor
+            link_factor[b, a] *= factor
+        self.tr_base = graph.tr_duration * link_factor[src, dst]
+        self.tr_sigma = np.sqrt(np.log1p(variability.link_cv(devices)[src, dst] ** 2))
+        self.tr_groups: list[tuple[np.ndarray, np.ndarray, np.random.Generator, tuple[int, ...]]] = []
+        jittered = self.tr_sigma > 0
+        reduces = graph.tr_kind == ALLREDUCE
+        sender_chunk = chunk_of[src, graph.tr_stage] if graph.num_transfers else np.zeros(0, np.int64)
+        for kind in np.unique(graph.tr_kind[jittered & ~reduces]).tolist():
+            for c in np.unique(sender_chunk[jittered & (graph.tr_kind == kind)]).tolist():
+                group = np.flatnonzero(jittered & (graph.tr_kind == kind) & (sender_chunk == c))
+                index = src[group] * microbatches + graph.tr_microbatch[group]
+                self.tr_groups.append((group, index, _stream(seed, MESSAGES, int(kind), c), self.shape))
+        if np.any(jittered & reduces):
+            group = np.flatnonzero(jittered & reduces)
+            self.tr_groups.append((group, graph.tr_stage[group].astype(np.int64), _stream(seed, ALLREDUCES),
+                                   (schedule.num_stages,)))
+        drawn = np.zeros(graph.num_transfers, np.bool_)
+        for rows, *_ in self.tr_groups:
+            drawn[rows] = True
+        self.tr_fixed = np.flatnonzero(~drawn)
+        self.stragglers = _stream(seed, STRAGGLERS) if variability.random_straggler is not None else None
+        self.drawn = 0
+
+    @property
+    def transfers_vary(self) -> bool:
+        return bool(self.tr_groups) or bool(self.variability.slow_links)
+
+    def draw(self, count: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The next ``count`` samples: op durations (count x ops) and transfer durations
+        (count x transfers; None when they are the compiled ones)."""
+        graph = self.graph
+        devices, microbatches = self.shape
+        slow = np.ones((count, devices))
+        if self.stragglers is not None:
+            probability, slowdown = self.variability.random_straggler
+            slow[self.stragglers.random((count, devices)) < probability] = slowdown
+        ops = np.empty((count, graph.num_ops))
+        _fixed(ops, self.op_fixed, self.op_base, self.op_device, slow)
+        for rows, stream in self.op_groups:
+            normal = stream.standard_normal((count, devices * microbatches), dtype=np.float32)
+            index = self.op_device[rows] * microbatches + graph.ops.microbatch[rows]
+            if self.op_length[rows[0]] > 0:
+                _measured(ops, normal, rows, index, self.op_base, self.op_offset, self.op_length, self.op_table,
+                          self.op_device, slow)
+            else:
+                _lognormal(ops, normal, rows, index, self.op_base, self.op_sigma, self.op_device, slow)
+        self.drawn += count
+        if not self.transfers_vary:
+            return ops, None
+        transfers = np.empty((count, graph.num_transfers))
+        none = np.zeros(graph.num_transfers, np.int64)
+        unslowed = np.ones((count, 1))
+        _fixed(transfers, self.tr_fixed, self.tr_base, none, unslowed)
+        for rows, index, stream, shape in self.tr_groups:
+            normal = stream.standard_normal((count, int(np.prod(shape))), dtype=np.float32)
+            _lognormal(transfers, normal, rows, index, self.tr_base, self.tr_sigma, none, unslowed)
+        return ops, transfers
+
+
+def _chunks(schedule) -> np.ndarray:
+    """chunk[d, s]: the rank of stage s among the stages device d holds (0 elsewhere)."""
+    held: list[set[int]] = [set() for _ in range(schedule.num_devices)]
+    for replica in schedule.placement.replicas:
+        for stage, device in enumerate(replica):
+            held[device].add(stage)
+    chunk = np.zeros((schedule.num_devices, schedule.num_stages), np.int64)
+    for device, stages in enumerate(held):
+        for rank, stage in enumerate(sorted(stages)):
+            chunk[device, stage] = rank
+    return chunk
+
+
+@njit(cache=True, fastmath={"afn"})
+def _lognormal(out, normal, columns, index, base, sigma, device, slow):
+    """out[i, c] for each column c = columns[j]: base[c] x exp(sigma z - sigma^2 / 2) x
+    slow[i, device[c]], z = normal[i, index[j]] (a lognormal factor with mean 1). The
+    exponentials run as one vector loop per sample."""
+    width = columns.shape[0]
+    work = np.empty(width)
+    scale = np.empty(width)
+    shift = np.empty(width)
+    for j in range(width):
+        scale[j] = sigma[columns[j]]
+        shift[j] = -0.5 * scale[j] * scale[j]
+    for i in range(out.shape[0]):
+        row = normal[i]
+        for j in range(width):
+            work[j] = scale[j] * row[index[j]] + shift[j]
+        for j in range(width):
+            work[j] = math.exp(work[j])
+        for j in range(width):
+            c = columns[j]
+            out[i, c] = base[c] * work[j] * slow[i, device[c]]
+
+
+@njit(cache=True)
+def _measured(out, normal, columns, index, base, offset, length, table, device, slow):
+    """out[i, c] for each column c = columns[j]: base[c] x the measured factor at quantile
+    Phi(z) of its sorted table x slow[i, device[c]], z = normal[i, index[j]]."""
+    root2 = math.sqrt(2.0)
+    for i in range(out.shape[0]):
+        for j in range(columns.shape[0]):
+            c = columns[j]
+            k = int(0.5 * (1.0 + math.erf(normal[i, index[j]] / root2)) * length[c])
+            out[i, c] = base[c] * table[offset[c] + min(k, length[c] - 1)] * slow[i, device[c]]
+
+
+@njit(cache=True)
+def _fixed(out, columns, base, device, slow):
+    """out[i, c] = base[c] x slow[i, device[c]] for the columns without a random factor."""
+    for i in range(out.shape[0]):
+        for c in columns:
+            out[i, c] = base[c] * slow[i, device[c]]
