@@ -101,6 +101,11 @@ class SimulationInfo:
     critical_path: CriticalPath
     optimizer_step: tuple[float, ...]  # per device: when it may step its optimizer
 
+    @property
+    def replicas(self) -> int:
+        """Data-parallel pipeline replicas the simulation stands for (1: this pipeline alone)."""
+        return 1 if self.network is None else self.network.replicas
+
 
 @dataclass(frozen=True, eq=False)
 class MeasuredInfo:

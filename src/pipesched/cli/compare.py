@@ -18,6 +18,7 @@ from pipesched.cli.options import (
     Bandwidth,
     Chunks,
     ClusterName,
+    DataParallelSize,
     Devices,
     FamilySettings,
     Latency,
@@ -31,6 +32,7 @@ from pipesched.cli.options import (
     SeqLen,
     StageCostsFile,
     TensorParallel,
+    ZeroStage,
     family_options,
     split_names,
     workload,
@@ -82,6 +84,8 @@ def compare_command(
     tensor_parallel: TensorParallel = None,
     recompute: Recompute = None,
     partition: PartitionOption = None,
+    dp: DataParallelSize = None,
+    zero: ZeroStage = None,
     stage_costs: StageCostsFile = None,
     latency: Latency = None,
     bandwidth: Bandwidth = None,
@@ -106,7 +110,7 @@ def compare_command(
     names = split_names(schedules) if schedules else None
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
-                     stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
+                     dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
                      no_overlap=no_overlap)
     options, slot_costs = family_options(family_settings)
     point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs)

@@ -34,6 +34,12 @@ TensorParallel = Annotated[int | None, typer.Option(
     "--tensor-parallel", "-t",
     help=f"tensor-parallel degree; pipeline device d runs on cluster rank d x t [default: {DEFAULTS.tensor_parallel}]")]
 Recompute = Annotated[str | None, typer.Option("--recompute", help=f"none, selective or full [default: {DEFAULTS.recompute}]")]
+DataParallelSize = Annotated[int | None, typer.Option(
+    "--dp", help="data-parallel pipeline replicas: replica r runs on cluster ranks r x p x t onwards and every device "
+                 "all-reduces its gradients with its peers [default: 1]")]
+ZeroStage = Annotated[int | None, typer.Option(
+    "--zero", help="ZeRO stage of the optimizer state: 0 (each data-parallel rank keeps all of it) or 1 (split over "
+                   "the --dp replicas) [default: 0]")]
 PartitionOption = Annotated[str | None, typer.Option(
     "--partition", help=f"layers to stages: uniform, balanced, memory, or a Megatron layout string like "
                         f"'Et*9|(t*10|)*6,t*10L' [default: {DEFAULTS.partition}]")]
@@ -118,6 +124,8 @@ def workload(
     tensor_parallel: int | None = None,
     recompute: str | None = None,
     partition: str | None = None,
+    dp: int | None = None,
+    zero: int | None = None,
     stage_costs: str | None = None,
     latency: float | None = None,
     bandwidth: str | None = None,
@@ -126,7 +134,8 @@ def workload(
 ) -> Point:
     """The template point the workload options ask for: a stage-cost file on uniform links,
     or a model on a cluster (each unset option from DEFAULTS)."""
-    engine = {"contention": not no_contention, "overlap": not no_overlap, "latency": latency}
+    engine = {"contention": not no_contention, "overlap": not no_overlap, "latency": latency,
+              "dp": dp if dp is not None else 1, "zero": zero if zero is not None else 0}
     if stage_costs is not None:
         model_options = {"--model": model, "--cluster": cluster, "--tensor-parallel": tensor_parallel,
                          "--recompute": recompute, "--partition": partition}

@@ -14,6 +14,7 @@ from pipesched.cli.options import (
     Bandwidth,
     Chunks,
     ClusterName,
+    DataParallelSize,
     Devices,
     FamilySettings,
     Latency,
@@ -27,12 +28,14 @@ from pipesched.cli.options import (
     SeqLen,
     StageCostsFile,
     TensorParallel,
+    ZeroStage,
     workload,
 )
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
 from pipesched.errors import PipeschedError
 from pipesched.experiments.simulation import Simulation, simulate_point
+from pipesched.metrics import allreduce_per_device
 
 GiB = 2.0**30
 
@@ -50,6 +53,8 @@ def simulate_command(
     tensor_parallel: TensorParallel = None,
     recompute: Recompute = None,
     partition: PartitionOption = None,
+    dp: DataParallelSize = None,
+    zero: ZeroStage = None,
     stage_costs: StageCostsFile = None,
     latency: Latency = None,
     bandwidth: Bandwidth = None,
@@ -69,7 +74,7 @@ def simulate_command(
     schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
-                     stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
+                     dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
                      no_overlap=no_overlap).replace(schedule=schedule)
     if point.stage_costs is not None and schedule.num_stages % point.stage_costs.num_stages:
         raise PipeschedError(f"stage_costs={stage_costs}: {point.stage_costs.num_stages} stage rows but the schedule "
@@ -107,6 +112,10 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
                                      f"{metrics.critical_path_transfers} transfers ({metrics.critical_path_comm:.4g} s)")
     summary.add_row("communication exposed / hidden (sum)",
                     f"{sum(metrics.exposed_comm):.4g} s / {sum(metrics.hidden_comm):.4g} s")
+    if network.replicas > 1:
+        reducing = allreduce_per_device(timeline)
+        summary.add_row("data parallel", f"{network.replicas} pipelines; gradient all-reduce up to "
+                                         f"{reducing.max():.4g} s per device (device {int(reducing.argmax())})")
     console.print(summary)
     devices = Table(title="per device (memory in GiB)")
     for column in ("device", "rank", "busy s", "bubble", "exposed comm s", "hidden comm s", "peak", "capacity", "fits"):

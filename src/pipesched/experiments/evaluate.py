@@ -152,9 +152,6 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str]:
     from pipesched.metrics import communication_per_device, mfu, throughput
     from pipesched.simulate import simulate
 
-    if point.dp != 1:
-        raise PipeschedError(f"dp={point.dp}: data-parallel replicas are modelled by `pipesched search`; "
-                             "simulate one pipeline (dp 1)")
     setup = point.setup()
     costs = setup.costs_for(schedule)
     network = setup.network_for(schedule)

@@ -5,8 +5,10 @@ and its results stored and looked up by point.
 Levels read different parts of it: the closed form (level 1) and the slot table (level 2)
 need the family, sizes, options and slot costs; the simulation (level 3) also needs the
 workload: a model on a cluster (with data, tensor parallel and micro-batch sizes,
-recompute, the partition of layers into stages, link overrides), or measured stage costs
-on uniform links.
+recompute, the partition of layers into stages, the ZeRO stage of the optimizer state,
+link overrides), or measured stage costs on uniform links. With ``dp`` > 1 the simulated
+pipeline is one of dp identical replicas that reduce their gradients over the cluster
+(``pipesched.simulate.network.DataParallel``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from pipesched.experiments.defaults import DEFAULTS
 from pipesched.model.hardware import Cluster
 from pipesched.model.spec import RECOMPUTE_MODES, ModelSpec, TrainingSettings
 from pipesched.schedule import Schedule
+
+ZERO_STAGES = (0, 1)  # ZeRO stages of the optimizer state a point may take
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class Point:
     # the engine
     contention: bool = True
     overlap: bool = True
+    # level 3: the optimizer state's ZeRO stage: 0 (each data-parallel rank keeps all of it)
+    # or 1 (split over the dp replicas: reduce-scatter the gradients, all-gather the parameters)
+    zero: int = 0
 
     def __post_init__(self) -> None:
         if self.schedule is not None:
@@ -65,7 +72,12 @@ class Point:
                     "must be a whole number >= 1")
         require(self.recompute in RECOMPUTE_MODES, "recompute", self.recompute,
                 f"choose one of {', '.join(RECOMPUTE_MODES)}")
+        require(self.zero in ZERO_STAGES, "zero", self.zero,
+                "choose 0 (every data-parallel rank keeps the optimizer state) or 1 (sharded over them)")
         if self.stage_costs is not None:
+            require(self.zero == 0, "zero", self.zero,
+                    "a stage-cost file does not say which of its static bytes are optimizer state; give a model "
+                    "and a cluster to shard it, or zero 0")
             object.__setattr__(self, "model", None)
             object.__setattr__(self, "cluster", None)
         elif self.model is None or self.cluster is None:
@@ -87,7 +99,8 @@ class Point:
         """The model's training settings at this point."""
         return TrainingSettings(micro_batch_size=self.micro_batch_size, seq_len=self.seq_len,
                                 tensor_parallel=self.tp, sequence_parallel=self.sequence_parallel,
-                                recompute=self.recompute, dtype=self.dtype)
+                                recompute=self.recompute, dtype=self.dtype,
+                                optimizer_shards=self.dp if self.zero else 1)
 
     def build_schedule(self) -> Schedule:
         """The schedule of this point (generated tables are cached: see ``generate``)."""
@@ -100,24 +113,29 @@ class Point:
     def setup(self):
         """The SimulationSetup of the workload (cached: many points share one)."""
         return _setup(self.model, self.cluster, self.settings, self.partition, self.stage_costs,
-                      self.latency, self.bandwidth)
+                      self.latency, self.bandwidth, self.dp)
 
 
 @functools.lru_cache(maxsize=256)
 def _setup(model: str | ModelSpec | None, cluster: str | Cluster | None, settings: TrainingSettings,
-           partition: str, stage_costs: StageCosts | None, latency: float | None, bandwidth: float | None):
+           partition: str, stage_costs: StageCosts | None, latency: float | None, bandwidth: float | None,
+           dp: int):
     from pipesched.experiments.setup import SimulationSetup, describe_model_setup
 
     if stage_costs is not None:
         links = 0.0 if latency is None else latency
         rate = math.inf if bandwidth is None else bandwidth
+        replicas = f", data parallel {dp}" if dp > 1 else ""
         return SimulationSetup.from_costs(stage_costs, latency=links, bandwidth=rate,
                                           micro_batch_size=settings.micro_batch_size, seq_len=settings.seq_len,
-                                          description=f"given stage costs, links {links:g} s + bytes / {rate:g} B/s")
+                                          data_parallel=dp,
+                                          description=f"given stage costs, links {links:g} s + bytes / {rate:g} B/s"
+                                                      f"{replicas}")
     from pipesched.model import load_cluster, load_model
 
     spec = load_model(model) if isinstance(model, str) else model
     machines = load_cluster(cluster) if isinstance(cluster, str) else cluster
-    description = describe_model_setup(spec.name, machines.name, settings, measured=bool(spec.measured))
+    description = describe_model_setup(spec.name, machines.name, settings, measured=bool(spec.measured),
+                                       data_parallel=dp)
     return SimulationSetup.from_model(spec, machines, settings, partition=partition, latency=latency,
-                                      bandwidth=bandwidth, description=description)
+                                      bandwidth=bandwidth, data_parallel=dp, description=description)

@@ -7,16 +7,23 @@ Two sources:
   Megatron layout string) and costs them on the cluster's devices
   (``pipesched.model.build_stage_costs``); pipeline device d runs on cluster rank d x t
   (t = tensor-parallel degree, ``pipesched.model.pipeline_ranks``), so the rest of each
-  tensor-parallel group sits beside it on the same node. ``latency`` / ``bandwidth``, when
-  given, replace every link between pipeline devices (a what-if on the cluster's network);
+  tensor-parallel group sits beside it on the same node. With d data-parallel replicas
+  (``data_parallel``) replica r holds ranks r p t .. (r+1) p t - 1, so each pipeline device's
+  peers are ranks at stride p t (``pipesched.model.data_parallel_groups``), and the network
+  carries their gradient collectives (``DataParallel``). ``latency`` / ``bandwidth``, when
+  given, replace every link between pipeline devices and in their data-parallel groups (a
+  what-if on the cluster's network);
 - measured stage costs and a network (``SimulationSetup.from_costs``). A schedule with k
   times more stages than the costs (v chunks per device) splits each cost row into k equal
   chunks: times, activation, parameter and gradient bytes divided by k, output bytes
-  unchanged (a chunk boundary carries the same hidden state as a stage boundary).
+  unchanged (a chunk boundary carries the same hidden state as a stage boundary). Their
+  data-parallel replicas reduce over the same uniform links, one ring each.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -26,18 +33,21 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
 from pipesched.model.hardware import Cluster
 from pipesched.model.spec import ModelSpec, TrainingSettings
-from pipesched.schedule import Schedule
-from pipesched.simulate.network import Network
+from pipesched.schedule import Placement, Schedule
+from pipesched.simulate.network import DataParallel, Network
 
 PARTITION_METHODS = ("uniform", "balanced", "memory")
 
 
 def describe_model_setup(model: str, cluster: str, settings: TrainingSettings, *, measured: bool,
-                         pipeline: str = "") -> str:
-    """"MODEL on CLUSTER[, PIPELINE], micro-batch ...": the settings are left out for a model
-    with measured layer costs, whose micro-batch, sequence length and recompute are the
-    measurement's."""
+                         pipeline: str = "", data_parallel: int = 1) -> str:
+    """"MODEL on CLUSTER[, PIPELINE][, data parallel D], micro-batch ...": the settings are
+    left out for a model with measured layer costs, whose micro-batch, sequence length and
+    recompute are the measurement's."""
     line = f"{model}{' (measured layers)' if measured else ''} on {cluster}" + (f", {pipeline}" if pipeline else "")
+    if data_parallel > 1:
+        sharded = " (ZeRO-1 optimizer)" if settings.optimizer_shards > 1 else ""
+        line += f", data parallel {data_parallel}{sharded}"
     if measured:
         return line
     return (f"{line}, micro-batch {settings.micro_batch_size} x {settings.seq_len} tokens, "
@@ -102,24 +112,28 @@ class SimulationSetup:
     partition: str = "balanced"  # a PARTITION_METHODS entry or a Megatron layout string
     micro_batch_size: int = 1
     seq_len: int | None = None
+    data_parallel: int = 1  # pipeline replicas, each reducing its gradients with the others'
 
     @classmethod
     def from_costs(cls, costs: StageCosts, *, latency: float = 0.0, bandwidth: float = math.inf,
                    network: Network | None = None, micro_batch_size: int = 1, seq_len: int | None = None,
-                   description: str | None = None) -> SimulationSetup:
+                   data_parallel: int = 1, description: str | None = None) -> SimulationSetup:
         """Measured costs on ``network``, or on uniform links of ``latency`` seconds and
         ``bandwidth`` bytes/s between every pair of devices (default: free links)."""
         check_links(latency, bandwidth)
+        require(network is None or data_parallel == 1, "data_parallel", data_parallel,
+                "a given network carries its own data-parallel groups (Network.data_parallel); leave it 1")
         if description is None:
             description = (f"given stage costs on {network.name}" if network is not None else
                            f"given stage costs, links {latency:g} s + bytes / {bandwidth:g} B/s")
         return cls(description=description, costs=costs, network=network, latency=latency, bandwidth=bandwidth,
-                   micro_batch_size=micro_batch_size, seq_len=seq_len)
+                   micro_batch_size=micro_batch_size, seq_len=seq_len, data_parallel=data_parallel)
 
     @classmethod
     def from_model(cls, model: ModelSpec, cluster: Cluster, settings: TrainingSettings, *,
                    partition: str = "balanced", latency: float | None = None,
-                   bandwidth: float | None = None, description: str | None = None) -> SimulationSetup:
+                   bandwidth: float | None = None, data_parallel: int = 1,
+                   description: str | None = None) -> SimulationSetup:
         """``model`` (a ModelSpec) on ``cluster`` with TrainingSettings ``settings``."""
         check_links(latency, bandwidth)
         if partition not in PARTITION_METHODS:
@@ -136,6 +150,7 @@ class SimulationSetup:
             bandwidth=bandwidth,
             micro_batch_size=settings.micro_batch_size,
             seq_len=settings.seq_len,
+            data_parallel=data_parallel,
         )
 
     def costs_for(self, schedule: Schedule) -> StageCosts:
@@ -153,18 +168,8 @@ class SimulationSetup:
         return build_stage_costs(self.model, schedule.placement, self.cluster, self.settings, partition=layout)
 
     def network_for(self, schedule: Schedule) -> Network:
-        if self.cluster is not None:
-            from pipesched.model import pipeline_ranks
-
-            ranks = pipeline_ranks(schedule.placement, self.cluster, self.settings.tensor_parallel)
-            network = Network.from_cluster(self.cluster, ranks=ranks)
-            if self.latency is None and self.bandwidth is None:
-                return network
-            return _with_links(network, self.latency, self.bandwidth)
-        if self.network is not None:
-            return self.network
-        return Network.uniform(schedule.num_devices, latency=self.latency or 0.0,
-                               bandwidth=math.inf if self.bandwidth is None else self.bandwidth)
+        """The network of ``schedule``'s placement (built once per placement)."""
+        return _network(self, schedule.placement)
 
     def flops_per_iteration(self, num_microbatches: int) -> float | None:
         """Model FLOPs of one iteration (for MFU), when a model is known."""
@@ -182,6 +187,34 @@ class SimulationSetup:
         return tuple(peak * group for peak in network.peak_flops)
 
 
+@functools.lru_cache(maxsize=256)
+def _network(setup: SimulationSetup, placement: Placement) -> Network:
+    if setup.cluster is not None:
+        from pipesched.model import data_parallel_groups, pipeline_ranks
+
+        settings, replicas = setup.settings, setup.data_parallel
+        ranks = pipeline_ranks(placement, setup.cluster, settings.tensor_parallel, data_parallel=replicas)
+        groups = None
+        if replicas > 1:
+            groups = DataParallel.from_cluster(
+                setup.cluster, data_parallel_groups(placement, setup.cluster, settings.tensor_parallel, replicas),
+                concurrent=settings.tensor_parallel, sharded_optimizer=settings.optimizer_shards > 1,
+                gather_ratio=settings.weight_bytes / settings.grad_bytes if settings.grad_bytes else 0.0)
+        network = Network.from_cluster(setup.cluster, ranks=ranks, data_parallel=groups)
+        if setup.latency is None and setup.bandwidth is None:
+            return network
+        return _with_links(network, setup.latency, setup.bandwidth)
+    if setup.network is not None:
+        return setup.network
+    latency = setup.latency or 0.0
+    bandwidth = math.inf if setup.bandwidth is None else setup.bandwidth
+    groups = None
+    if setup.data_parallel > 1:
+        groups = DataParallel.uniform(placement.num_devices, setup.data_parallel, latency=latency, bandwidth=bandwidth)
+    network = Network.uniform(placement.num_devices, latency=latency, bandwidth=bandwidth)
+    return network if groups is None else dataclasses.replace(network, data_parallel=groups)
+
+
 def _with_links(network: Network, latency: float | None, bandwidth: float | None) -> Network:
     """``network`` with every link's latency and/or bandwidth replaced."""
     shape = network.latency.shape
@@ -190,6 +223,7 @@ def _with_links(network: Network, latency: float | None, bandwidth: float | None
         bandwidth=np.full(shape, bandwidth) if bandwidth is not None else network.bandwidth,
         node_of=network.node_of, shared_nic=network.shared_nic, capacity=network.capacity,
         peak_flops=network.peak_flops, ranks=network.ranks,
+        data_parallel=None if network.data_parallel is None else network.data_parallel.with_links(latency, bandwidth),
         name=f"{network.name} (links {'' if latency is None else f'{latency:g} s'}"
              f"{', ' if latency is not None and bandwidth is not None else ''}"
              f"{'' if bandwidth is None else f'{bandwidth:g} B/s'})",

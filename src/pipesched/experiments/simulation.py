@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pipesched.experiments.point import Point
 from pipesched.experiments.setup import SimulationSetup
-from pipesched.metrics import Metrics, summarize
+from pipesched.metrics import Metrics, allreduce_per_device, summarize
 from pipesched.schedule import Schedule
 from pipesched.simulate import Network, simulate
 from pipesched.timeline import Timeline
@@ -36,6 +36,8 @@ class Simulation:
             "ranks": list(self.network.ranks[: schedule.num_devices]),
             "contention": self.point.contention,
             "overlap": self.point.overlap,
+            "dp": self.network.replicas,
+            "zero": self.point.zero,
             "iteration_time_s": metrics.iteration_time,
             "bubble_ratio": metrics.bubble_ratio,
             "bubble_over_work": metrics.bubble_over_work,
@@ -55,6 +57,7 @@ class Simulation:
                 "comm_s": metrics.critical_path_comm,
                 "length": len(path),
             },
+            "allreduce_s": allreduce_per_device(timeline).tolist(),
             "optimizer_step_s": list(timeline.simulation.optimizer_step),
             "num_ops": len(timeline),
             "num_transfers": len(timeline.transfers),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import OutOfMemory, PipeschedError, require
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
 from pipesched.model.spec import LayerCost, ModelSpec, TrainingSettings
 from pipesched.model.transformer import layer_costs
@@ -68,20 +68,48 @@ class StagePlan:
         return max(self.stage_s)
 
 
-def pipeline_ranks(placement: Placement, cluster: Cluster, tensor_parallel: int) -> tuple[int, ...]:
-    """Cluster rank of every pipeline rank: the first rank of its tensor-parallel group."""
-    needed = placement.num_devices * tensor_parallel
-    require(cluster.num_devices >= needed, "cluster", cluster.name,
-            f"has {cluster.num_devices} devices; the pipeline needs {placement.num_devices} x "
-            f"tensor_parallel {tensor_parallel} = {needed}")
-    ranks = []
-    for device in range(placement.num_devices):
-        first = device * tensor_parallel
+def pipeline_ranks(placement: Placement, cluster: Cluster, tensor_parallel: int, *,
+                   data_parallel: int = 1) -> tuple[int, ...]:
+    """Cluster rank of every pipeline rank of the first pipeline replica: the first rank of
+    its tensor-parallel group.
+
+    Rank layout, replica-major: with d data-parallel replicas of a pipeline of p devices
+    and tensor parallelism t, replica r holds ranks r p t .. (r+1) p t - 1, and its pipeline
+    device k runs on ranks r p t + k t .. r p t + k t + t-1 (one tensor-parallel group, which
+    must sit inside a node). The data-parallel peers of a pipeline device are therefore
+    ranks at stride p t (``data_parallel_groups``).
+    """
+    needed = data_parallel * placement.num_devices * tensor_parallel
+    if data_parallel == 1:
+        require(cluster.num_devices >= needed, "cluster", cluster.name,
+                f"has {cluster.num_devices} devices; the pipeline needs {placement.num_devices} x "
+                f"tensor_parallel {tensor_parallel} = {needed}")
+    else:
+        require(cluster.num_devices >= needed, "cluster", cluster.name,
+                f"has {cluster.num_devices} devices; {data_parallel} data-parallel pipelines need {data_parallel} x "
+                f"{placement.num_devices} x tensor_parallel {tensor_parallel} = {needed}; use a bigger cluster or "
+                "lower dp, p or t")
+    for first in range(0, needed, tensor_parallel):
         group = range(first, first + tensor_parallel)
         require(all(cluster.node_of[r] == cluster.node_of[first] for r in group), "tensor_parallel",
-                tensor_parallel, f"group of pipeline rank {device} spans two nodes; use a degree that divides the node size")
-        ranks.append(first)
-    return tuple(ranks)
+                tensor_parallel, f"group of pipeline rank {first // tensor_parallel % placement.num_devices} spans "
+                "two nodes; use a degree that divides the node size")
+    return tuple(device * tensor_parallel for device in range(placement.num_devices))
+
+
+def data_parallel_groups(placement: Placement, cluster: Cluster, tensor_parallel: int,
+                         data_parallel: int) -> tuple[tuple[int, ...], ...]:
+    """For every pipeline device, the cluster ranks of its data-parallel group: the same
+    device of each of the d pipeline replicas, replica 0 first (``pipeline_ranks`` gives the
+    layout: stride p x t).
+
+    >>> from pipesched.model import load_cluster
+    >>> data_parallel_groups(Placement.one_per_device(2), load_cluster("4x8-h100"), 4, 4)
+    ((0, 8, 16, 24), (4, 12, 20, 28))
+    """
+    ranks = pipeline_ranks(placement, cluster, tensor_parallel, data_parallel=data_parallel)
+    stride = placement.num_devices * tensor_parallel
+    return tuple(tuple(rank + replica * stride for replica in range(data_parallel)) for rank in ranks)
 
 
 def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,
@@ -180,7 +208,7 @@ def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placeme
     smallest = min_bottleneck(memory * share[:, None])
     assert smallest is not None
     shared = " (a device holding k stage copies gives each 1/k of its memory)" if share.max() > 1 else ""
-    raise PipeschedError(
+    raise OutOfMemory(
         f"memory={min(capacity) / GiB:.1f} GiB: no partition of {model.name} into {placement.num_stages} stages "
         f"fits under schedule {schedule_name}; the smallest memory that fits is {smallest.value / GiB:.2f} GiB "
         f"per device{shared}; use more devices, recompute, or a schedule with fewer microbatches in flight")

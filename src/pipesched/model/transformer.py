@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import pipesched.model.kernels as kernels
 from pipesched.errors import require
+from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
 from pipesched.model.devices import load_device
 from pipesched.model.hardware import DeviceSpec, LinkSpec
 from pipesched.model.spec import (
@@ -308,15 +309,13 @@ def layer_plans(model: ModelSpec, settings: TrainingSettings) -> list[_LayerPlan
 
 
 def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
-    """Ring all-reduce of ``nbytes`` over ``ranks`` ranks: 2 (t-1)/t of the bytes per rank.
+    """Ring all-reduce of ``nbytes`` over ``ranks`` ranks on ``link``: 2 (t-1)/t of the bytes
+    per rank (``pipesched.model.collectives``).
 
     >>> allreduce_time(1e9, 1, DEFAULT_TP_LINK)
     0.0
     """
-    if ranks <= 1:
-        return 0.0
-    steps = 2 * (ranks - 1)
-    return steps / ranks * nbytes / link.bandwidth + steps * link.latency
+    return allreduce_seconds(nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
 
 
 @dataclass(frozen=True)
@@ -447,8 +446,14 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
         require(settings.tensor_parallel == 1, "tensor_parallel", settings.tensor_parallel,
                 "measured layer costs already include any tensor parallelism; use 1 (CLI: -t 1)")
         return _measured(model, device)
-    link = tp_link or DEFAULT_TP_LINK
-    return [_cost(plan, device, settings, link) for plan in layer_plans(model, settings)]
+    return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK))
+
+
+@functools.lru_cache(maxsize=512)
+def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings,
+                 link: LinkSpec) -> tuple[LayerCost, ...]:
+    # a pure function of hashable inputs: a search costs the same layers for many partitions
+    return tuple(_cost(plan, device, settings, link) for plan in layer_plans(model, settings))
 
 
 def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
@@ -467,7 +472,12 @@ def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
 def model_flops_per_iteration(model: ModelSpec, settings: TrainingSettings, num_microbatches: int) -> float:
     """Matmul FLOPs of one training iteration over the whole model (all tensor-parallel
     ranks), recompute included: ``num_microbatches`` x the layers' ``flops``."""
+    return _flops_per_microbatch(model, settings) * num_microbatches
+
+
+@functools.lru_cache(maxsize=512)
+def _flops_per_microbatch(model: ModelSpec, settings: TrainingSettings) -> float:
     if model.measured:
-        return sum(layer.flops for layer in model.measured) * num_microbatches
+        return sum(layer.flops for layer in model.measured)
     per_rank = sum(_flops(plan, settings) for plan in layer_plans(model, settings))
-    return per_rank * settings.tensor_parallel * num_microbatches
+    return per_rank * settings.tensor_parallel
