@@ -28,9 +28,9 @@ def _root() -> None:
 
 
 def _register_commands() -> None:
-    from pipesched.cli import compare, costs, run, schedules, simulate, synthesize
+    from pipesched.cli import compare, costs, run, schedules, search, simulate, synthesize
 
-    for module in (schedules, costs, simulate, compare, synthesize, run):
+    for module in (schedules, costs, simulate, compare, search, synthesize, run):
         module.register(app)
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pipesched.experiments.defaults import DEFAULTS, Defaults
 from pipesched.experiments.evaluate import LEVELS, LevelResult, Record, evaluate
-from pipesched.experiments.grid import evaluate_all, grid, process_map, rank
+from pipesched.experiments.grid import evaluate_all, grid, process_map, process_pool, rank
 from pipesched.experiments.point import Point
 from pipesched.experiments.setup import SimulationSetup
 
 __all__ = ["DEFAULTS", "LEVELS", "Defaults", "LevelResult", "Point", "Record", "SimulationSetup", "evaluate",
-           "evaluate_all", "grid", "process_map", "rank"]
+           "evaluate_all", "grid", "process_map", "process_pool", "rank"]

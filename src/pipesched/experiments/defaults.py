@@ -29,6 +29,10 @@ class Defaults:
     recompute: str = "selective"  # none, selective or full
     dtype: str = "bf16"  # training dtype of the analytical costs
     partition: str = "balanced"  # layers to stages: uniform, balanced, memory, or a Megatron layout
+    # the design-space search
+    global_batch: int = 32  # sequences per iteration: the default scenario's m x micro-batch size
+    search_db: str = "pipesched-search.sqlite"  # results store, in the working folder
+    top: int = 10  # configurations printed
     # real runs on this machine
     run_model: str = "tiny"
     run_seq_len: int = 64

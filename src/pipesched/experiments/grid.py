@@ -2,8 +2,9 @@
 
 ``evaluate_all(points, levels, mapper=...)`` is ``(evaluate(p, levels) for p in points)``
 with the loop handed to ``mapper``: the built-in ``map`` (one process), ``process_map(workers)``
-(a local process pool), or any function with the shape of ``map`` (Ray's, for a sweep
-that outgrows one machine). Points travel to the workers, records come back; the
+(a local process pool per call), ``process_pool(workers)`` (one pool for a ``with`` block),
+``ray_pool`` (``pipesched.experiments.ray_pool``: Ray tasks, on this machine or a cluster),
+or any function with the shape of ``map``. Points travel to the workers, records come back; the
 schedules and per-layer costs a worker builds stay cached in it for the next points.
 """
 
@@ -14,6 +15,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 
@@ -32,7 +34,8 @@ def evaluate_all(points: Sequence[Point], levels: Sequence[str] = LEVELS, *, map
 
 
 def process_map(workers: int | None = None, *, chunksize: int = 16) -> Mapper:
-    """A ``map`` over a local pool of ``workers`` processes (default: the CPU count)."""
+    """A ``map`` over a local pool of ``workers`` processes (default: the CPU count), started
+    for each call."""
     count = workers or os.cpu_count() or 1
 
     def pooled(function: Callable, items: Iterable) -> Iterator:
@@ -41,9 +44,31 @@ def process_map(workers: int | None = None, *, chunksize: int = 16) -> Mapper:
             yield from builtins.map(function, items)
             return
         with ProcessPoolExecutor(max_workers=count) as pool:
-            yield from pool.map(function, items, chunksize=max(1, min(chunksize, len(items) // count)))
+            yield from pool.map(function, items, chunksize=_chunk(len(items), count, chunksize))
 
     return pooled
+
+
+@contextmanager
+def process_pool(workers: int | None = None, *, chunksize: int = 16) -> Iterator[Mapper]:
+    """A ``map`` over one local pool of ``workers`` processes (default: the CPU count) kept
+    for the whole ``with`` block, so the schedules and costs its workers cached serve every
+    call; one worker maps in this process."""
+    count = workers or os.cpu_count() or 1
+    if count <= 1:
+        yield builtins.map
+        return
+    with ProcessPoolExecutor(max_workers=count) as pool:
+        def pooled(function: Callable, items: Iterable) -> Iterator:
+            items = list(items)
+            return pool.map(function, items, chunksize=_chunk(len(items), count, chunksize))
+
+        yield pooled
+
+
+def _chunk(items: int, workers: int, most: int) -> int:
+    """Items per task: at most ``most``, fewer when that would leave workers idle."""
+    return max(1, min(most, items // workers))
 
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 from pipesched.costs import StageCosts
@@ -131,11 +132,26 @@ def _setup(model: str | ModelSpec | None, cluster: str | Cluster | None, setting
                                           data_parallel=dp,
                                           description=f"given stage costs, links {links:g} s + bytes / {rate:g} B/s"
                                                       f"{replicas}")
-    from pipesched.model import load_cluster, load_model
-
-    spec = load_model(model) if isinstance(model, str) else model
-    machines = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    spec = _loaded("model", model, _stamp(model)) if isinstance(model, str) else model
+    machines = _loaded("cluster", cluster, _stamp(cluster)) if isinstance(cluster, str) else cluster
     description = describe_model_setup(spec.name, machines.name, settings, measured=bool(spec.measured),
                                        data_parallel=dp)
     return SimulationSetup.from_model(spec, machines, settings, partition=partition, latency=latency,
                                       bandwidth=bandwidth, data_parallel=dp, description=description)
+
+
+@functools.lru_cache(maxsize=64)
+def _loaded(kind: str, name: str, stamp: tuple[int, int] | None) -> ModelSpec | Cluster:
+    """A model or cluster by preset name or file, read once per version of the file."""
+    from pipesched.model import load_cluster, load_model
+
+    return load_model(name) if kind == "model" else load_cluster(name)
+
+
+def _stamp(name: str) -> tuple[int, int] | None:
+    """(modification time, size) of the file ``name`` names; None for a preset name."""
+    try:
+        found = os.stat(name)
+    except (OSError, ValueError):
+        return None
+    return found.st_mtime_ns, found.st_size

@@ -139,15 +139,16 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
     per_stage = [by_device[cluster.devices[rank]] for rank in stage_ranks]
     num_layers = len(per_stage[0])
 
-    compute = np.array([[layer.total_s for layer in layers] for layers in per_stage])
+    # per device spec: each layer's F + I + W and output bytes (rows of identical devices are equal)
+    rows = {spec: (np.array([layer.total_s for layer in layers]), np.array([layer.output_bytes for layer in layers]))
+            for spec, layers in by_device.items()}
+    compute = np.array([rows[cluster.devices[rank]][0] for rank in stage_ranks])
+    out = np.array([rows[cluster.devices[rank]][1] for rank in stage_ranks])
     send_forward = np.zeros((num_stages, num_layers))
     send_backward = np.zeros((num_stages, num_layers))
-    for s, layers in enumerate(per_stage):
-        out = [layer.output_bytes for layer in layers]
-        if s + 1 < num_stages:
-            send_forward[s] = [cluster.transfer_time(stage_ranks[s], stage_ranks[s + 1], n) for n in out]
-        if s > 0:
-            send_backward[s] = [cluster.transfer_time(stage_ranks[s], stage_ranks[s - 1], n) for n in out]
+    if num_stages > 1:
+        send_forward[:-1] = _transfer_times(cluster, stage_ranks[:-1], stage_ranks[1:], out[:-1])
+        send_backward[1:] = _transfer_times(cluster, stage_ranks[1:], stage_ranks[:-1], out[1:])
 
     capacity = [memory_limit if memory_limit is not None else cluster.devices[r].memory_bytes for r in ranks_of_device]
     inflight = inflight_per_stage(schedule) if schedule is not None else None
@@ -187,6 +188,15 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
         inflight=tuple(inflight) if inflight is not None else None, device_peak_bytes=peaks,
         device_memory=tuple(capacity),
     )
+
+
+def _transfer_times(cluster: Cluster, sources: Sequence[int], targets: Sequence[int], nbytes: np.ndarray) -> np.ndarray:
+    """``cluster.transfer_time(sources[k], targets[k], n)`` for every n of row k of ``nbytes``."""
+    pairs = list(zip(sources, targets, strict=True))
+    latency = np.array([[cluster.latency(a, b)] for a, b in pairs])
+    bandwidth = np.array([[cluster.link(a, b).bandwidth] for a, b in pairs])
+    moving = (nbytes > 0) & np.array([[a != b] for a, b in pairs])
+    return np.where(moving, latency + nbytes / bandwidth, 0.0)
 
 
 def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placement, devices: Sequence[DeviceSpec],
@@ -262,19 +272,37 @@ def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, 
     >>> costs.num_stages
     4
     """
+    # a pure function of hashable inputs: a grid of experiments asks for the same costs many
+    # times (every family and microbatch count on the same placement; a search's bound, then
+    # its simulation, of the same schedule)
     if schedule is None:
-        # a pure function of hashable inputs: a grid of experiments asks for the same costs
-        # many times (every family and microbatch count on the same placement)
-        return _cached_stage_costs(model, placement, cluster, settings, method, partition, memory_limit)
-    return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
-                       schedule=schedule, memory_limit=memory_limit).costs
+        return _cached_stage_costs(model, placement, cluster, settings, method, partition, memory_limit, None)
+    return _cached_stage_costs(model, placement, cluster, settings, method, partition, memory_limit,
+                               _SameSchedule(schedule))
+
+
+class _SameSchedule:
+    """A schedule as a cache key, by identity (generated schedules are cached, so the same
+    sizes give the same object); the key keeps its schedule alive, so no other takes its id."""
+
+    __slots__ = ("schedule",)
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+
+    def __hash__(self) -> int:
+        return id(self.schedule)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameSchedule) and other.schedule is self.schedule
 
 
 @functools.lru_cache(maxsize=1024)
 def _cached_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings,
-                        method: str, partition: Partition | None, memory_limit: float | None) -> StageCosts:
+                        method: str, partition: Partition | None, memory_limit: float | None,
+                        schedule: _SameSchedule | None) -> StageCosts:
     return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
-                       memory_limit=memory_limit).costs
+                       schedule=schedule.schedule if schedule is not None else None, memory_limit=memory_limit).costs
 
 
 def link_summary(link: LinkSpec) -> str:

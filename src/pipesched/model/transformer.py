@@ -46,6 +46,7 @@ compute/communication overlap inside a layer.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -446,6 +447,8 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
         require(settings.tensor_parallel == 1, "tensor_parallel", settings.tensor_parallel,
                 "measured layer costs already include any tensor parallelism; use 1 (CLI: -t 1)")
         return _measured(model, device)
+    if settings.optimizer_shards != 1:  # the optimizer's share of memory is no layer cost
+        settings = dataclasses.replace(settings, optimizer_shards=1)
     return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK))
 
 
