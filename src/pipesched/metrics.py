@@ -132,20 +132,30 @@ def _overlap_with_busy(starts, ends, busy_starts, busy_ends):
 
 def communication_per_device(timeline: Timeline) -> tuple[np.ndarray, np.ndarray]:
     """(exposed, hidden) communication time of each device (see the module docstring)."""
-    exposed = np.zeros(timeline.num_devices)
-    hidden = np.zeros(timeline.num_devices)
+    num_devices = timeline.num_devices
+    exposed = np.zeros(num_devices)
+    hidden = np.zeros(num_devices)
     transfers = timeline.transfers
     if not len(transfers):
         return exposed, hidden
-    for device in range(timeline.num_devices):
-        mine = np.flatnonzero((transfers.src_device == device) | (transfers.dst_device == device))
-        if not mine.size:
+    # every device's transfers (as sender, receiver or all-reduce member) by start, then index
+    both = transfers.dst_device != transfers.src_device
+    index = np.concatenate([np.arange(len(transfers)), np.flatnonzero(both)])
+    device_of = np.concatenate([transfers.src_device, transfers.dst_device[both]])
+    order = index[np.lexsort((index, transfers.start[index], device_of))]
+    bounds = np.searchsorted(np.sort(device_of), np.arange(num_devices + 1))
+    starts, ends = transfers.start[order], transfers.end[order]
+    # every device's ops by start time (a stable sort: ties keep row order)
+    rows = np.lexsort((timeline.op_start, timeline.op_device))
+    row_bounds = np.searchsorted(timeline.op_device[rows], np.arange(num_devices + 1))
+    busy_starts, busy_ends = timeline.op_start[rows], timeline.op_end[rows]
+    for device in range(num_devices):
+        lo, hi = bounds[device], bounds[device + 1]
+        if lo == hi:
             continue
-        order = mine[np.argsort(transfers.start[mine], kind="stable")]
-        starts, ends = transfers.start[order], transfers.end[order]
-        rows = timeline.rows_of_device(device)
-        overlap = _overlap_with_busy(starts, ends, timeline.op_start[rows], timeline.op_end[rows])
-        union = _union_length(starts, ends)
+        first, last = row_bounds[device], row_bounds[device + 1]
+        overlap = _overlap_with_busy(starts[lo:hi], ends[lo:hi], busy_starts[first:last], busy_ends[first:last])
+        union = _union_length(starts[lo:hi], ends[lo:hi])
         hidden[device] = overlap
         exposed[device] = union - overlap
     return exposed, hidden

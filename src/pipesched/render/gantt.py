@@ -173,7 +173,7 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
 
     # link rows: one per channel, below the devices, half height
     table = timeline.transfers
-    link_y = {channel: devices + 0.5 * k + 0.25 for k, channel in enumerate(channels)}
+    link_y = {channel: devices - 0.25 + 0.5 * k for k, channel in enumerate(channels)}
     if len(table):
         t0 = (table.start - origin) * scale.factor
         t1 = (table.end - origin) * scale.factor
