@@ -192,7 +192,7 @@ def test_a_killed_search_resumes_without_recomputing_or_losing_points(tmp_path) 
             (search_id, _), = store.searches()
             rows = {row.key: row for row in store.rows(search_id)}
         unsettled = total - len(rows) + sum(1 for row in rows.values() if row.status == BOUNDED)
-        assert 0 < len(rows) and unsettled > 0
+        assert len(rows) > 0 and unsettled > 0
         for row in rows.values():
             assert row.status in (BOUNDED, EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID)
             if row.status in (BOUNDED, EVALUATED):
@@ -358,3 +358,25 @@ def _row_of(point):
     from pipesched.search.sweep import bound_row
 
     return bound_row(point)
+
+
+def test_progress_bar_with_time_left_on_a_terminal_only() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pipesched.cli.search import _ProgressBar
+
+    screen = io.StringIO()
+    bar = _ProgressBar(Console(file=screen, force_terminal=True, width=100))
+    for done in range(0, 101, 25):
+        bar("bound", done, 100)
+    bar("simulate", 3, 10)
+    bar.close()
+    shown = screen.getvalue()
+    assert "bound" in shown and "simulate" in shown and "ETA" in shown and "3/10" in shown
+    piped = io.StringIO()
+    quiet = _ProgressBar(Console(file=piped, force_terminal=False))
+    quiet("bound", 5, 10)
+    quiet.close()
+    assert piped.getvalue() == ""
