@@ -28,6 +28,8 @@ def _root() -> None:
 
 
 def _register_commands() -> None:
+    if app.registered_commands:  # once per process: each registration adds the commands again
+        return
     from pipesched.cli import compare, costs, run, schedules, search, simulate, synthesize
 
     for module in (schedules, costs, simulate, compare, search, synthesize, run):

@@ -26,10 +26,16 @@ from pipesched.errors import PipeschedError, require
 from pipesched.experiments.defaults import DEFAULTS
 from pipesched.io.files import check_output_path, write_atomic
 from pipesched.search.results import SearchResult, simulate_command
+from pipesched.search.space import SearchSpace
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
 
 GiB = 2.0**30
 MAX_WORKERS = 1024
+
+
+def _listed(axis: str) -> str:
+    """The default values of a SearchSpace axis (its defaults live there, once)."""
+    return ",".join(str(value) for value in SearchSpace.__dataclass_fields__[axis].default)
 
 
 def _numbers(field: str, text: str | None) -> tuple[int, ...]:
@@ -61,10 +67,15 @@ def search_command(
     dp: Annotated[str | None, typer.Option("--dp", help="data-parallel sizes to try [default: all]")] = None,
     micro_batch_sizes: Annotated[str | None, typer.Option(
         "--micro-batch-sizes", help="micro-batch sizes to try [default: every divisor of the batch per pipeline]")] = None,
-    chunks: Annotated[str, typer.Option("--chunks", help="chunks v per device for the families that take it")] = "2,4",
-    partitions: Annotated[str, typer.Option("--partitions", help="partition methods to try")] = "uniform,balanced,memory",
-    recompute: Annotated[str, typer.Option("--recompute", help="recompute modes to try")] = "none,selective,full",
-    zero: Annotated[str, typer.Option("--zero", help="ZeRO stages of the optimizer state to try (1 only with dp > 1)")] = "0,1",
+    chunks: Annotated[str | None, typer.Option(
+        "--chunks", help=f"chunks v per device for the families that take it [default: {_listed('chunks')}]")] = None,
+    partitions: Annotated[str | None, typer.Option(
+        "--partitions", help=f"partition methods to try [default: {_listed('partitions')}]")] = None,
+    recompute: Annotated[str | None, typer.Option(
+        "--recompute", help=f"recompute modes to try [default: {_listed('recompute')}]")] = None,
+    zero: Annotated[str | None, typer.Option(
+        "--zero", help=f"ZeRO stages of the optimizer state to try, 1 only with dp > 1 "
+                       f"[default: {_listed('zero')}]")] = None,
     db: Annotated[str, typer.Option("--db", help="SQLite store of the results: a search started again with the same "
                                                  "store and options resumes")] = DEFAULTS.search_db,
     workers: Annotated[int | None, typer.Option("--workers", help="local worker processes [default: the CPU count]")] = None,
@@ -105,18 +116,17 @@ def search_command(
         from pipesched.experiments.ray_pool import import_ray
 
         import_ray("--ray" if ray else "--ray-address")  # before anything is written
-    from pipesched.search.space import SearchSpace
-
-    space = SearchSpace(
-        model=model or DEFAULTS.model, cluster=cluster or DEFAULTS.cluster,
-        global_batch=global_batch if global_batch is not None else DEFAULTS.global_batch,
-        seq_len=seq_len if seq_len is not None else DEFAULTS.seq_len, gpus=gpus,
-        schedules=tuple(split_names(schedules)) if schedules else (),
-        chunks=_numbers("chunks", chunks), partitions=tuple(split_names(partitions)),
-        recompute=tuple(split_names(recompute)), zero=_numbers("zero", zero),
-        tensor_parallel=_numbers("tensor-parallel", tensor_parallel), pipeline=_numbers("pipeline", pipeline),
-        data_parallel=_numbers("dp", dp), micro_batch_sizes=_numbers("micro-batch-sizes", micro_batch_sizes),
-    )
+    given = {
+        "model": model, "cluster": cluster, "global_batch": global_batch, "seq_len": seq_len, "gpus": gpus,
+        "schedules": tuple(split_names(schedules)) if schedules is not None else None,
+        "chunks": _numbers("chunks", chunks) or None,
+        "partitions": tuple(split_names(partitions)) if partitions is not None else None,
+        "recompute": tuple(split_names(recompute)) if recompute is not None else None,
+        "zero": _numbers("zero", zero) or None, "tensor_parallel": _numbers("tensor-parallel", tensor_parallel),
+        "pipeline": _numbers("pipeline", pipeline), "data_parallel": _numbers("dp", dp),
+        "micro_batch_sizes": _numbers("micro-batch-sizes", micro_batch_sizes),
+    }
+    space = SearchSpace(**{name: value for name, value in given.items() if value is not None})
     space.check_capacity()  # a model the cluster cannot hold fails before the store is touched
     from pipesched.search.store import SearchStore
     from pipesched.search.sweep import search
