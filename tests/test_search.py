@@ -340,6 +340,8 @@ def test_bad_input_one_line_and_no_store(tmp_path, cli, monkeypatch) -> None:
 def test_space_rejects_impossible_splits() -> None:
     with pytest.raises(PipeschedError, match="gpus=8: no tensor-parallel x pipeline x data-parallel split"):
         SearchSpace(model="llama3-8b", cluster="1x8-h100", pipeline=(3,)).layouts()
+    with pytest.raises(PipeschedError, match=r"space=[\d,]+ points: at most 500,000 in one search"):
+        SearchSpace(global_batch=1 << 20, chunks=tuple(range(2, 60))).points()
     assert pareto_front([]) == []
 
 

@@ -30,8 +30,8 @@ from pipesched.model.spec import RECOMPUTE_MODES, TrainingSettings
 GiB = 2.0**30
 # the largest global batch a search takes (sequences per iteration)
 MAX_GLOBAL_BATCH = 1 << 20
-# the most points one search enumerates (each is a level-3 simulation)
-MAX_POINTS = 2_000_000
+# the most points one search enumerates (each a Point in memory, then a row in the store)
+MAX_POINTS = 500_000
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,15 @@ class SearchSpace:
         builds each once."""
         from pipesched.generators import get_family
 
+        variants = sum(len(self.chunks) if get_family(family).chunks is None else 1 for family in self.schedules)
+        options = len(self.partitions) * len(self.recompute) * variants
+        size = sum(options * sum(1 for zero in self.zero if not zero or layout.dp > 1)
+                   * sum(1 for b in self.micro_batch_sizes or _divisors(self.global_batch // layout.dp)
+                         if (self.global_batch // layout.dp) % b == 0)
+                   for layout in self.layouts())
+        require(size <= MAX_POINTS, "space", f"{size:,} points",
+                f"at most {MAX_POINTS:,} in one search; narrow it with --schedules, --tensor-parallel, --pipeline, "
+                "--dp, --micro-batch-sizes, --partitions or --recompute")
         points = []
         for layout in self.layouts():
             per_replica = self.global_batch // layout.dp
@@ -167,9 +176,6 @@ class SearchSpace:
                                         family, p=layout.pp, m=per_replica // b, v=v, model=self.model,
                                         cluster=self.cluster, dp=layout.dp, tp=layout.tp, micro_batch_size=b,
                                         seq_len=self.seq_len, recompute=recompute, partition=partition, zero=zero))
-                                    require(len(points) <= MAX_POINTS, "space", f"over {MAX_POINTS:,} points",
-                                            "narrow it: --schedules, --tensor-parallel, --micro-batch-sizes, "
-                                            "--partitions, --recompute")
         # runs of one pipeline size and microbatch count: a worker builds each schedule once
         return sorted(points, key=lambda point: (point.p, point.m))
 
