@@ -13,6 +13,11 @@ class PipeschedError(Exception):
         super().__init__(" ".join(message.split()))
 
 
+class OutOfMemory(PipeschedError):
+    """A configuration that cannot fit in its devices' memory whatever is tried (no
+    partition of the model fits, ...): a valid input with no feasible answer."""
+
+
 def invalid(field: str, value: object, fix: str) -> PipeschedError:
     """Build the standard message ``field=value: fix``.
 

@@ -10,11 +10,13 @@ Definitions (times in the timeline's unit: slots or seconds):
   sum of idle over sum of busy (the form the zero-bubble and Megatron papers use).
 - critical path: the chain of ops and transfers that determined the end
   (``pipesched.simulate.critical``).
-- throughput: samples per second = microbatches x micro-batch size / iteration time (one
-  pipeline; data-parallel replicas multiply it); tokens per second = samples x sequence
-  length.
+- throughput: samples per second = d x microbatches x micro-batch size / iteration time,
+  with d the data-parallel pipeline replicas the simulation modelled (1 for one pipeline);
+  tokens per second = samples x sequence length.
 - MFU (model FLOPs utilization): the model FLOPs of one iteration (forward and backward of
-  every sample) over iteration time x devices x peak FLOP/s per device.
+  every sample) over iteration time x devices x peak FLOP/s per device. With d replicas
+  of p devices of t tensor-parallel ranks this is d x one pipeline's FLOPs over d x p x t
+  devices' peak, the same as one pipeline's: callers give one pipeline's figures.
 - communication of device d: the union of the intervals in which a transfer it sends or
   receives (or an all-reduce it takes part in) is in flight. Exposed communication is the
   part of it during which d does not compute; hidden communication is the part that
@@ -68,12 +70,14 @@ def bubble_over_work(timeline: Timeline) -> float:
 
 
 def throughput(timeline: Timeline, *, micro_batch_size: int = 1, seq_len: int | None = None) -> tuple[float, float | None]:
-    """(samples per second, tokens per second or None without ``seq_len``) of one pipeline."""
+    """(samples per second, tokens per second or None without ``seq_len``) of the pipeline
+    and its data-parallel replicas (``SimulationInfo.replicas``)."""
     require(micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "must be at least 1")
     total = timeline.makespan
     if total <= 0:
         return 0.0, (0.0 if seq_len else None)
-    samples = timeline.schedule.num_microbatches * micro_batch_size / total
+    replicas = timeline.simulation.replicas if timeline.simulation is not None else 1
+    samples = replicas * timeline.schedule.num_microbatches * micro_batch_size / total
     return samples, (samples * seq_len if seq_len else None)
 
 
@@ -320,6 +324,21 @@ def training_work(timeline: Timeline) -> TrainingWork:
     )
 
 
+def allreduce_per_device(timeline: Timeline) -> np.ndarray:
+    """Seconds (or slots) each device spends in gradient all-reduces: between stage replicas
+    (Chimera, DualPipe) and with its data-parallel peers."""
+    from pipesched.timeline import ALLREDUCE
+
+    transfers = timeline.transfers
+    total = np.zeros(timeline.num_devices)
+    reduces = np.flatnonzero(transfers.kind == ALLREDUCE)
+    length = transfers.end[reduces] - transfers.start[reduces]
+    np.add.at(total, transfers.src_device[reduces], length)
+    pair = transfers.dst_device[reduces] != transfers.src_device[reduces]
+    np.add.at(total, transfers.dst_device[reduces][pair], length[pair])
+    return total
+
+
 @dataclass(frozen=True)
 class Metrics:
     """The figures of one timeline; times in ``unit``, memory in ``memory_unit``."""
@@ -392,6 +411,7 @@ def summarize(
 __all__ = [
     "Metrics",
     "TrainingWork",
+    "allreduce_per_device",
     "blocked_in_batches",
     "bubble_over_work",
     "bubble_per_device",

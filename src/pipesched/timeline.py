@@ -103,6 +103,11 @@ class SimulationInfo:
     optimizer_step: tuple[float, ...]  # per device: when it may step its optimizer
     blocking_steps: str | None = None  # without overlap: the blocking runtime's batches ("op" or "pair")
 
+    @property
+    def replicas(self) -> int:
+        """Data-parallel pipeline replicas the simulation stands for (1: this pipeline alone)."""
+        return 1 if self.network is None else self.network.replicas
+
 
 @dataclass(frozen=True, eq=False)
 class MeasuredInfo:

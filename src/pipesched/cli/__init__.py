@@ -28,9 +28,11 @@ def _root() -> None:
 
 
 def _register_commands() -> None:
-    from pipesched.cli import compare, costs, run, schedules, simulate, synthesize
+    if app.registered_commands:  # once per process: each registration adds the commands again
+        return
+    from pipesched.cli import compare, costs, run, schedules, search, simulate, synthesize
 
-    for module in (schedules, costs, simulate, compare, synthesize, run):
+    for module in (schedules, costs, simulate, compare, search, synthesize, run):
         module.register(app)
 
 

@@ -18,6 +18,7 @@ from pipesched.cli.options import (
     Bandwidth,
     Chunks,
     ClusterName,
+    DataParallelSize,
     Devices,
     FamilySettings,
     FreezePlan,
@@ -43,6 +44,7 @@ from pipesched.cli.options import (
     StageCostsFile,
     Straggler,
     TensorParallel,
+    ZeroStage,
     family_options,
     split_names,
     variability_options,
@@ -97,6 +99,8 @@ def compare_command(
     tensor_parallel: TensorParallel = None,
     recompute: Recompute = None,
     partition: PartitionOption = None,
+    dp: DataParallelSize = None,
+    zero: ZeroStage = None,
     stage_costs: StageCostsFile = None,
     latency: Latency = None,
     bandwidth: Bandwidth = None,
@@ -144,7 +148,7 @@ def compare_command(
     names = split_names(schedules) if schedules else None
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
-                     stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
+                     dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
                      no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
                      host_bandwidth=host_bandwidth, host_memory=host_memory)
     options, slot_costs = family_options(family_settings)

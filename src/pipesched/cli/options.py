@@ -42,6 +42,12 @@ SequenceParallel = Annotated[bool, typer.Option(
     "--sequence-parallel/--no-sequence-parallel",
     help=f"split norms and dropouts across the tensor-parallel group too [default: {DEFAULTS.sequence_parallel}]")]
 Dtype = Annotated[str, typer.Option("--dtype", help="training dtype of the analytical costs: bf16, fp16 or fp32")]
+DataParallelSize = Annotated[int | None, typer.Option(
+    "--dp", help="data-parallel pipeline replicas: replica r runs on cluster ranks r x p x t onwards and every device "
+                 "all-reduces its gradients with its peers [default: 1]")]
+ZeroStage = Annotated[int | None, typer.Option(
+    "--zero", help="ZeRO stage of the optimizer state: 0 (each data-parallel rank keeps all of it) or 1 (split over "
+                   "the --dp replicas) [default: 0]")]
 PartitionOption = Annotated[str | None, typer.Option(
     "--partition", help=f"layers to stages: uniform, balanced, memory, or a Megatron layout string like "
                         f"'Et*9|(t*10|)*6,t*10L' [default: {DEFAULTS.partition}]")]
@@ -193,6 +199,8 @@ def workload(
     tensor_parallel: int | None = None,
     recompute: str | None = None,
     partition: str | None = None,
+    dp: int | None = None,
+    zero: int | None = None,
     stage_costs: str | None = None,
     latency: float | None = None,
     bandwidth: str | None = None,
@@ -210,7 +218,8 @@ def workload(
     engine = {"contention": not no_contention, "overlap": not no_overlap, "latency": latency,
               "frozen_layers": frozen_layers or "", "offload": offload or "",
               "host_bandwidth": parse_amount(host_bandwidth, "bandwidth", "host-bandwidth"),
-              "host_memory": parse_amount(host_memory, "bytes", "host-memory")}
+              "host_memory": parse_amount(host_memory, "bytes", "host-memory"),
+              "dp": dp if dp is not None else 1, "zero": zero if zero is not None else 0}
     if stage_costs is not None:
         model_options = {"--model": model, "--cluster": cluster, "--tensor-parallel": tensor_parallel,
                          "--recompute": recompute, "--partition": partition}

@@ -15,6 +15,7 @@ from pipesched.cli.options import (
     Bandwidth,
     Chunks,
     ClusterName,
+    DataParallelSize,
     Devices,
     FamilySettings,
     FreezePlan,
@@ -40,6 +41,7 @@ from pipesched.cli.options import (
     StageCostsFile,
     Straggler,
     TensorParallel,
+    ZeroStage,
     family_options,
     variability_options,
     workload,
@@ -51,6 +53,7 @@ from pipesched.errors import PipeschedError
 from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
 from pipesched.experiments.simulation import Simulation, simulate_point
 from pipesched.generators import FAMILIES
+from pipesched.metrics import allreduce_per_device
 from pipesched.variability.distribution import Distribution, Spread
 
 GiB = 2.0**30
@@ -69,6 +72,8 @@ def simulate_command(
     tensor_parallel: TensorParallel = None,
     recompute: Recompute = None,
     partition: PartitionOption = None,
+    dp: DataParallelSize = None,
+    zero: ZeroStage = None,
     stage_costs: StageCostsFile = None,
     latency: Latency = None,
     bandwidth: Bandwidth = None,
@@ -109,7 +114,7 @@ def simulate_command(
     schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
-                     stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
+                     dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
                      no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
                      host_bandwidth=host_bandwidth, host_memory=host_memory)
     if point.stage_costs is not None and schedule.num_stages % point.stage_costs.num_stages:
@@ -169,6 +174,10 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
                                      f"{metrics.critical_path_transfers} transfers ({metrics.critical_path_comm:.4g} s)")
     summary.add_row("communication exposed / hidden (sum)",
                     f"{sum(metrics.exposed_comm):.4g} s / {sum(metrics.hidden_comm):.4g} s")
+    if network.replicas > 1:
+        reducing = allreduce_per_device(timeline)
+        summary.add_row("data parallel", f"{network.replicas} pipelines; gradient all-reduce up to "
+                                         f"{reducing.max():.4g} s per device (device {int(reducing.argmax())})")
     console.print(summary)
     devices = Table(title="per device (memory in GiB)")
     for column in ("device", "rank", "busy s", "bubble", "exposed comm s", "hidden comm s", "peak", "capacity", "fits"):

@@ -32,6 +32,10 @@ class Defaults:
     # Monte Carlo over durations (--jitter, --straggler, ...)
     samples: int = 1000  # iterations drawn
     seed: int = 0  # of the random streams
+    # the design-space search
+    global_batch: int = 32  # sequences per iteration: the default scenario's m x micro-batch size
+    search_db: str = "pipesched-search.sqlite"  # results store, in the working folder
+    top: int = 10  # configurations printed
     # real runs on this machine
     run_model: str = "tiny"
     run_seq_len: int = 64

@@ -6,7 +6,8 @@ Levels:
 - ``table`` (level 2): the idealized slot table of the generated schedule (F = I = W = 1 by
   default, or the point's slot costs).
 - ``sim`` (level 3): the communication-aware simulation with the workload's stage costs,
-  links, contention and memory (``pipesched.simulate``).
+  links, contention and memory (``pipesched.simulate``), and with ``dp`` > 1 the gradient
+  all-reduce of the data-parallel pipelines; throughput counts all ``dp`` pipelines.
 
 Units. Formula and table times are in slots of a 1F1B stage op: a schedule with S stages on
 p devices runs ops of 1/S of the model, so its slot counts are scaled by p / S (an
@@ -173,9 +174,6 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Dist
     from pipesched.passes.offload import check_host_memory
     from pipesched.simulate import compile_graph, run
 
-    if point.dp != 1:
-        raise PipeschedError(f"dp={point.dp}: data-parallel replicas are modelled by `pipesched search`; "
-                             "simulate one pipeline (dp 1)")
     setup = point.setup()
     costs = setup.costs_for(schedule)
     network = setup.network_for(schedule)

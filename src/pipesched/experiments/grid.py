@@ -2,8 +2,8 @@
 
 ``evaluate_all(points, levels, mapper=...)`` is ``(evaluate(p, levels) for p in points)``
 with the loop handed to ``mapper``: the built-in ``map`` (one process), ``process_map(workers)``
-(a local process pool), or any function with the shape of ``map`` (Ray's, for a sweep
-that outgrows one machine). Points travel to the workers, records come back; the
+(a local process pool, kept for a ``with`` block), ``ray_pool`` (``pipesched.experiments.ray_pool``: Ray tasks, on this machine or a cluster),
+or any function with the shape of ``map``. Points travel to the workers, records come back; the
 schedules and per-layer costs a worker builds stay cached in it for the next points.
 """
 

@@ -6,7 +6,9 @@ Levels read different parts of it: the closed form (level 1) and the slot table 
 need the family, sizes, options and slot costs; the simulation (level 3) also needs the
 workload: a model on a cluster (with data, tensor parallel and micro-batch sizes,
 recompute, the partition of layers into stages, link overrides), or measured stage costs
-on uniform links.
+on uniform links. With ``dp`` > 1 the simulated pipeline is one of dp identical replicas
+that reduce their gradients over the cluster (``pipesched.simulate.network.DataParallel``),
+with the optimizer state sharded over them at ZeRO stage 1.
 
 What real training runs do to the table is part of the point too: frozen layers (the
 stages whose layers are all frozen drop their W, or their whole backward: the table is
@@ -19,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +36,7 @@ from pipesched.schedule import Schedule
 
 if TYPE_CHECKING:
     from pipesched.variability.model import Variability
+ZERO_STAGES = (0, 1)  # ZeRO stages of the optimizer state a point may take
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,9 @@ class Point:
     host_memory: float | None = None  # bytes of host memory each device's offloads may fill, likewise
     # Monte Carlo over durations at the sim level (None: the deterministic run only)
     variability: Variability | None = None
+    # level 3: the optimizer state's ZeRO stage: 0 (each data-parallel rank keeps all of it)
+    # or 1 (split over the dp replicas: reduce-scatter the gradients, all-gather the parameters)
+    zero: int = 0
 
     def __post_init__(self) -> None:
         if self.schedule is not None:
@@ -88,7 +95,12 @@ class Point:
         for name in ("host_bandwidth", "host_memory"):
             value = getattr(self, name)
             require(value is None or value > 0, name, value, "must be > 0 (bytes/s, bytes)")
+        require(self.zero in ZERO_STAGES, "zero", self.zero,
+                "choose 0 (every data-parallel rank keeps the optimizer state) or 1 (sharded over them)")
         if self.stage_costs is not None:
+            require(self.zero == 0, "zero", self.zero,
+                    "a stage-cost file does not say which of its static bytes are optimizer state; give a model "
+                    "and a cluster to shard it, or zero 0")
             object.__setattr__(self, "model", None)
             object.__setattr__(self, "cluster", None)
         elif self.model is None or self.cluster is None:
@@ -111,7 +123,8 @@ class Point:
         layers are resolved by its setup, which knows the model)."""
         return TrainingSettings(micro_batch_size=self.micro_batch_size, seq_len=self.seq_len,
                                 tensor_parallel=self.tp, sequence_parallel=self.sequence_parallel,
-                                recompute=uniform_mode(self.recompute) or "none", dtype=self.dtype)
+                                recompute=uniform_mode(self.recompute) or "none", dtype=self.dtype,
+                                optimizer_shards=self.dp if self.zero else 1)
 
     @property
     def trains_differently(self) -> bool:
@@ -161,14 +174,14 @@ class Point:
         """The SimulationSetup of the workload (cached: many points share one)."""
         return _setup(self.model, self.cluster, self.settings, self.partition, self.stage_costs,
                       self.latency, self.bandwidth, self.recompute, self.frozen_layers, self.host_bandwidth,
-                      self.host_memory)
+                      self.host_memory, self.dp)
 
 
 @functools.lru_cache(maxsize=256)
 def _setup(model: str | ModelSpec | None, cluster: str | Cluster | None, settings: TrainingSettings,
            partition: str, stage_costs: StageCosts | None, latency: float | None, bandwidth: float | None,
            recompute: str = "none", frozen_layers: str | tuple[int, ...] = "", host_bandwidth: float | None = None,
-           host_memory: float | None = None):
+           host_memory: float | None = None, dp: int = 1):
     from pipesched.experiments.setup import SimulationSetup, describe_model_setup
     from pipesched.indices import format_indices
     from pipesched.model.freezing import parse_frozen_layers
@@ -194,17 +207,34 @@ def _setup(model: str | ModelSpec | None, cluster: str | Cluster | None, setting
             description += f", host links {host_bandwidth:g} B/s"
         if stage_costs.frozen_stages:
             description += f", frozen stages {format_indices(stage_costs.frozen_stages)}"
+        if dp > 1:
+            description += f", data parallel {dp}"
         return SimulationSetup.from_costs(stage_costs, latency=links, bandwidth=rate,
                                           micro_batch_size=settings.micro_batch_size, seq_len=settings.seq_len,
                                           description=description, host_bandwidth=host_bandwidth,
-                                          host_memory=host_memory)
-    from pipesched.model import load_cluster, load_model
-
-    spec = load_model(model) if isinstance(model, str) else model
-    machines = load_cluster(cluster) if isinstance(cluster, str) else cluster
+                                          host_memory=host_memory, data_parallel=dp)
+    spec = _loaded("model", model, _stamp(model)) if isinstance(model, str) else model
+    machines = _loaded("cluster", cluster, _stamp(cluster)) if isinstance(cluster, str) else cluster
     settings = dataclasses.replace(settings, frozen_layers=frozen(spec.num_cost_layers))
     description = describe_model_setup(spec.name, machines.name, settings, measured=bool(spec.measured),
-                                       recompute=recompute)
+                                       recompute=recompute, data_parallel=dp)
     return SimulationSetup.from_model(spec, machines, settings, partition=partition, latency=latency,
                                       bandwidth=bandwidth, description=description, recompute=recompute,
-                                      host_bandwidth=host_bandwidth, host_memory=host_memory)
+                                      host_bandwidth=host_bandwidth, host_memory=host_memory, data_parallel=dp)
+
+
+@functools.lru_cache(maxsize=64)
+def _loaded(kind: str, name: str, stamp: tuple[int, int] | None) -> ModelSpec | Cluster:
+    """A model or cluster by preset name or file, read once per version of the file."""
+    from pipesched.model import load_cluster, load_model
+
+    return load_model(name) if kind == "model" else load_cluster(name)
+
+
+def _stamp(name: str) -> tuple[int, int] | None:
+    """(modification time, size) of the file ``name`` names; None for a preset name."""
+    try:
+        found = os.stat(name)
+    except (OSError, ValueError):
+        return None
+    return found.st_mtime_ns, found.st_size

@@ -7,18 +7,22 @@ Two sources:
   Megatron layout string) and costs them on the cluster's devices
   (``pipesched.model.build_stage_costs``); pipeline device d runs on cluster rank d x t
   (t = tensor-parallel degree, ``pipesched.model.pipeline_ranks``), so the rest of each
-  tensor-parallel group sits beside it on the same node. ``latency`` / ``bandwidth``, when
-  given, replace every link between pipeline devices (a what-if on the cluster's network);
+  tensor-parallel group sits beside it on the same node. With d data-parallel replicas
+  (``data_parallel``) replica r holds ranks r p t .. (r+1) p t - 1, so each pipeline device's
+  peers are ranks at stride p t (``pipesched.model.data_parallel_groups``), and the network
+  carries their gradient collectives (``DataParallel``). ``latency`` / ``bandwidth``, when
+  given, replace every link between pipeline devices and in their data-parallel groups (a
+  what-if on the cluster's network);
 - measured stage costs and a network (``SimulationSetup.from_costs``). A schedule with k
   times more stages than the costs (v chunks per device) splits each cost row into k equal
   chunks: times, activation, parameter and gradient bytes divided by k, output bytes
-  unchanged (a chunk boundary carries the same hidden state as a stage boundary).
+  unchanged (a chunk boundary carries the same hidden state as a stage boundary). Their
+  data-parallel replicas reduce over the same uniform links, one ring each.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass, field
 
@@ -30,19 +34,22 @@ from pipesched.indices import format_indices
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
-from pipesched.schedule import Schedule
-from pipesched.simulate.network import Network
+from pipesched.schedule import Placement, Schedule
+from pipesched.simulate.network import DataParallel, Network
 
 PARTITION_METHODS = ("uniform", "balanced", "memory")
 
 
 def describe_model_setup(model: str, cluster: str, settings: TrainingSettings, *, measured: bool,
-                         pipeline: str = "", recompute: str | None = None) -> str:
-    """"MODEL on CLUSTER[, PIPELINE], micro-batch ...": the settings are left out for a model
-    with measured layer costs, whose micro-batch, sequence length and recompute are the
-    measurement's. ``recompute`` (per-stage text) replaces the settings' mode; frozen
-    layers are named."""
+                         pipeline: str = "", recompute: str | None = None, data_parallel: int = 1) -> str:
+    """"MODEL on CLUSTER[, PIPELINE][, data parallel D], micro-batch ...": the settings are
+    left out for a model with measured layer costs, whose micro-batch, sequence length and
+    recompute are the measurement's. ``recompute`` (per-stage text) replaces the settings'
+    mode; frozen layers are named."""
     line = f"{model}{' (measured layers)' if measured else ''} on {cluster}" + (f", {pipeline}" if pipeline else "")
+    if data_parallel > 1:
+        sharded = " (ZeRO-1 optimizer)" if settings.optimizer_shards > 1 else ""
+        line += f", data parallel {data_parallel}{sharded}"
     frozen = f", frozen layers {format_indices(settings.frozen_layers)}" if settings.frozen_layers else ""
     if measured:
         return line + frozen
@@ -110,6 +117,7 @@ class SimulationSetup:
     partition: str = "balanced"  # a PARTITION_METHODS entry or a Megatron layout string
     micro_batch_size: int = 1
     seq_len: int | None = None
+    data_parallel: int = 1  # pipeline replicas, each reducing its gradients with the others'
     recompute: str = "none"  # per-stage recompute text (pipesched.model.recompute)
     host_bandwidth: float | None = None  # bytes/s: every device's host link (uniform links, or a cluster override)
     host_memory: float | None = None  # bytes of host memory per device for offloaded activations, likewise
@@ -120,27 +128,31 @@ class SimulationSetup:
     def from_costs(cls, costs: StageCosts, *, latency: float = 0.0, bandwidth: float = math.inf,
                    network: Network | None = None, micro_batch_size: int = 1, seq_len: int | None = None,
                    description: str | None = None, host_bandwidth: float | None = None,
-                   host_memory: float | None = None) -> SimulationSetup:
+                   host_memory: float | None = None, data_parallel: int = 1) -> SimulationSetup:
         """Measured costs on ``network``, or on uniform links of ``latency`` seconds and
         ``bandwidth`` bytes/s between every pair of devices (default: free links), each
         device with a host link of ``host_bandwidth`` bytes/s to ``host_memory`` bytes when
         given (what activation offloads use)."""
         check_links(latency, bandwidth)
+        require(network is None or data_parallel == 1, "data_parallel", data_parallel,
+                "a given network carries its own data-parallel groups (Network.data_parallel); leave it 1")
         if description is None:
             description = (f"given stage costs on {network.name}" if network is not None else
                            f"given stage costs, links {latency:g} s + bytes / {bandwidth:g} B/s")
         return cls(description=description, costs=costs, network=network, latency=latency, bandwidth=bandwidth,
                    micro_batch_size=micro_batch_size, seq_len=seq_len, host_bandwidth=host_bandwidth,
-                   host_memory=host_memory)
+                   host_memory=host_memory, data_parallel=data_parallel)
 
     @classmethod
     def from_model(cls, model: ModelSpec, cluster: Cluster, settings: TrainingSettings, *,
                    partition: str = "balanced", latency: float | None = None,
                    bandwidth: float | None = None, description: str | None = None, recompute: str | None = None,
-                   host_bandwidth: float | None = None, host_memory: float | None = None) -> SimulationSetup:
+                   host_bandwidth: float | None = None, host_memory: float | None = None,
+                   data_parallel: int = 1) -> SimulationSetup:
         """``model`` (a ModelSpec) on ``cluster`` with TrainingSettings ``settings``;
         ``recompute`` may give each stage its own mode (``pipesched.model.recompute``);
-        ``host_bandwidth`` / ``host_memory`` replace every device's host link."""
+        ``host_bandwidth`` / ``host_memory`` replace every device's host link; with
+        ``data_parallel`` > 1 the pipeline is one of that many replicas."""
         check_links(latency, bandwidth)
         if partition not in PARTITION_METHODS:
             from pipesched.partition import parse_layout
@@ -159,6 +171,7 @@ class SimulationSetup:
             recompute=recompute or settings.recompute,
             host_bandwidth=host_bandwidth,
             host_memory=host_memory,
+            data_parallel=data_parallel,
         )
 
     def recompute_for(self, schedule: Schedule) -> tuple[str, ...] | None:
@@ -200,22 +213,11 @@ class SimulationSetup:
                            modes)
 
     def network_for(self, schedule: Schedule) -> Network:
+        """The network of ``schedule``'s placement (built once per placement)."""
         key = ("network", schedule.placement)
         if key not in self._built:
-            self._built[key] = self._network_for(schedule)
+            self._built[key] = self._with_host(_network(self, schedule.placement))
         return self._built[key]
-
-    def _network_for(self, schedule: Schedule) -> Network:
-        if self.cluster is not None:
-            from pipesched.model import pipeline_ranks
-
-            ranks = pipeline_ranks(schedule.placement, self.cluster, self.settings.tensor_parallel)
-            return self._with_host(_cluster_network(self.cluster, ranks, self.latency, self.bandwidth))
-        if self.network is not None:
-            return self._with_host(self.network)
-        return Network.uniform(schedule.num_devices, latency=self.latency or 0.0,
-                               bandwidth=math.inf if self.bandwidth is None else self.bandwidth,
-                               host_bandwidth=self.host_bandwidth, host_capacity=self.host_memory)
 
     def _with_host(self, network: Network) -> Network:
         """``network`` with the host-link overrides of this setup."""
@@ -250,15 +252,31 @@ class SimulationSetup:
         return tuple(peak * group for peak in network.peak_flops)
 
 
-@functools.lru_cache(maxsize=256)
-def _cluster_network(cluster: Cluster, ranks: tuple[int, ...], latency: float | None,
-                     bandwidth: float | None) -> Network:
-    """The links between ``ranks`` of ``cluster`` (immutable, so shared by every schedule on
-    the same ranks), with every link's latency and/or bandwidth replaced when given."""
-    network = Network.from_cluster(cluster, ranks=ranks)
-    if latency is None and bandwidth is None:
-        return network
-    return _with_links(network, latency, bandwidth)
+def _network(setup: SimulationSetup, placement: Placement) -> Network:
+    if setup.cluster is not None:
+        from pipesched.model import data_parallel_groups, pipeline_ranks
+
+        settings, replicas = setup.settings, setup.data_parallel
+        ranks = pipeline_ranks(placement, setup.cluster, settings.tensor_parallel, data_parallel=replicas)
+        groups = None
+        if replicas > 1:
+            groups = DataParallel.from_cluster(
+                setup.cluster, data_parallel_groups(placement, setup.cluster, settings.tensor_parallel, replicas),
+                concurrent=settings.tensor_parallel, sharded_optimizer=settings.optimizer_shards > 1,
+                gather_ratio=settings.weight_bytes / settings.grad_bytes if settings.grad_bytes else 0.0)
+        network = Network.from_cluster(setup.cluster, ranks=ranks, data_parallel=groups)
+        if setup.latency is None and setup.bandwidth is None:
+            return network
+        return _with_links(network, setup.latency, setup.bandwidth)
+    if setup.network is not None:
+        return setup.network
+    latency = setup.latency or 0.0
+    bandwidth = math.inf if setup.bandwidth is None else setup.bandwidth
+    groups = None
+    if setup.data_parallel > 1:
+        groups = DataParallel.uniform(placement.num_devices, setup.data_parallel, latency=latency, bandwidth=bandwidth)
+    network = Network.uniform(placement.num_devices, latency=latency, bandwidth=bandwidth)
+    return network if groups is None else dataclasses.replace(network, data_parallel=groups)
 
 
 def _with_links(network: Network, latency: float | None, bandwidth: float | None) -> Network:
@@ -270,6 +288,7 @@ def _with_links(network: Network, latency: float | None, bandwidth: float | None
         node_of=network.node_of, shared_nic=network.shared_nic, capacity=network.capacity,
         peak_flops=network.peak_flops, ranks=network.ranks, host_bandwidth=network.host_bandwidth,
         host_latency=network.host_latency, host_capacity=network.host_capacity,
+        data_parallel=None if network.data_parallel is None else network.data_parallel.with_links(latency, bandwidth),
         name=f"{network.name} (links {'' if latency is None else f'{latency:g} s'}"
              f"{', ' if latency is not None and bandwidth is not None else ''}"
              f"{'' if bandwidth is None else f'{bandwidth:g} B/s'})",

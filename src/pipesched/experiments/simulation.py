@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pipesched.experiments.point import Point
 from pipesched.experiments.setup import SimulationSetup
-from pipesched.metrics import Metrics, summarize
+from pipesched.metrics import Metrics, allreduce_per_device, summarize
 from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
 from pipesched.simulate import Network, compile_graph, run
@@ -43,6 +43,8 @@ class Simulation:
             "contention": self.point.contention,
             "overlap": self.point.overlap,
             "blocking_steps": timeline.simulation.blocking_steps,
+            "dp": self.network.replicas,
+            "zero": self.point.zero,
             "iteration_time_s": metrics.iteration_time,
             "bubble_ratio": metrics.bubble_ratio,
             "bubble_over_work": metrics.bubble_over_work,
@@ -66,6 +68,7 @@ class Simulation:
                 "comm_s": metrics.critical_path_comm,
                 "length": len(path),
             },
+            "allreduce_s": allreduce_per_device(timeline).tolist(),
             "optimizer_step_s": list(timeline.simulation.optimizer_step),
             "num_ops": len(timeline),
             "num_transfers": len(timeline.transfers),

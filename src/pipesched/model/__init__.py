@@ -16,6 +16,12 @@ from pipesched.model.clusters import (
     load_cluster,
     parse_cluster,
 )
+from pipesched.model.collectives import (
+    CollectiveLevel,
+    allreduce_seconds,
+    group_levels,
+    reduce_scatter_seconds,
+)
 from pipesched.model.devices import DEVICES, load_device
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
 from pipesched.model.loading import (
@@ -31,6 +37,7 @@ from pipesched.model.stages import (
     METHODS,
     StagePlan,
     build_stage_costs,
+    data_parallel_groups,
     pipeline_ranks,
     plan_stages,
 )
@@ -42,15 +49,19 @@ __all__ = [
     "METHODS",
     "MODELS",
     "Cluster",
+    "CollectiveLevel",
     "DeviceSpec",
     "LayerCost",
     "LinkSpec",
     "ModelSpec",
     "StagePlan",
     "TrainingSettings",
+    "allreduce_seconds",
     "allreduce_time",
     "build_stage_costs",
     "cluster_presets",
+    "data_parallel_groups",
+    "group_levels",
     "homogeneous_cluster",
     "layer_costs",
     "load_cluster",
@@ -63,4 +74,5 @@ __all__ = [
     "parse_model_yaml",
     "pipeline_ranks",
     "plan_stages",
+    "reduce_scatter_seconds",
 ]

@@ -160,7 +160,8 @@ class ModelSpec:
 class TrainingSettings:
     """How one microbatch is run. Parameter memory uses mixed-precision Adam by default:
     2 bytes bf16 weight + 4 bytes fp32 gradient + 12 bytes fp32 master weight, Adam m and v
-    = 18 bytes per parameter (Megatron without a distributed optimizer)."""
+    = 18 bytes per parameter (Megatron without a distributed optimizer; with it,
+    ``optimizer_shards`` = d splits the 12 bytes over the data-parallel ranks)."""
 
     micro_batch_size: int = 1  # b, sequences per microbatch
     seq_len: int = 2048  # s, tokens per sequence
@@ -174,12 +175,16 @@ class TrainingSettings:
     # layers whose parameters do not train, as positions in the model's layer list (embedding
     # first, as `pipesched costs` lists them; see pipesched.model.freezing)
     frozen_layers: tuple[int, ...] = ()
+    # data-parallel ranks the optimizer state is split over (ZeRO-1, Megatron's distributed
+    # optimizer: each of d ranks keeps 1/d of it); 1: every rank keeps all of it
+    optimizer_shards: int = 1
+
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frozen_layers", tuple(sorted({int(layer) for layer in self.frozen_layers})))
         require(all(layer >= 0 for layer in self.frozen_layers), "frozen_layers",
                 self.frozen_layers[0] if self.frozen_layers else "", "layer positions are >= 0")
-        for field_name in ("micro_batch_size", "seq_len", "tensor_parallel"):
+        for field_name in ("micro_batch_size", "seq_len", "tensor_parallel", "optimizer_shards"):
             value = getattr(self, field_name)
             require(isinstance(value, int) and value > 0, field_name, value, "must be a positive integer")
         require(self.dtype in DTYPE_BYTES, "dtype", self.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
@@ -194,5 +199,8 @@ class TrainingSettings:
 
     @property
     def static_bytes_per_param(self) -> float:
-        """Parameters + gradients + optimizer state, bytes per parameter."""
-        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+        """Parameters + gradients + this rank's share of the optimizer state, bytes per
+        parameter."""
+        if self.optimizer_shards == 1:
+            return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes / self.optimizer_shards

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import OutOfMemory, PipeschedError, require
 from pipesched.model.freezing import freeze_layers, frozen_mask, static_bytes
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
 from pipesched.model.spec import RECOMPUTE_MODES, LayerCost, ModelSpec, TrainingSettings
@@ -77,20 +77,48 @@ class StagePlan:
         return max(self.stage_s)
 
 
-def pipeline_ranks(placement: Placement, cluster: Cluster, tensor_parallel: int) -> tuple[int, ...]:
-    """Cluster rank of every pipeline rank: the first rank of its tensor-parallel group."""
-    needed = placement.num_devices * tensor_parallel
-    require(cluster.num_devices >= needed, "cluster", cluster.name,
-            f"has {cluster.num_devices} devices; the pipeline needs {placement.num_devices} x "
-            f"tensor_parallel {tensor_parallel} = {needed}")
-    ranks = []
-    for device in range(placement.num_devices):
-        first = device * tensor_parallel
+def pipeline_ranks(placement: Placement, cluster: Cluster, tensor_parallel: int, *,
+                   data_parallel: int = 1) -> tuple[int, ...]:
+    """Cluster rank of every pipeline rank of the first pipeline replica: the first rank of
+    its tensor-parallel group.
+
+    Rank layout, replica-major: with d data-parallel replicas of a pipeline of p devices
+    and tensor parallelism t, replica r holds ranks r p t .. (r+1) p t - 1, and its pipeline
+    device k runs on ranks r p t + k t .. r p t + k t + t-1 (one tensor-parallel group, which
+    must sit inside a node). The data-parallel peers of a pipeline device are therefore
+    ranks at stride p t (``data_parallel_groups``).
+    """
+    needed = data_parallel * placement.num_devices * tensor_parallel
+    if data_parallel == 1:
+        require(cluster.num_devices >= needed, "cluster", cluster.name,
+                f"has {cluster.num_devices} devices; the pipeline needs {placement.num_devices} x "
+                f"tensor_parallel {tensor_parallel} = {needed}")
+    else:
+        require(cluster.num_devices >= needed, "cluster", cluster.name,
+                f"has {cluster.num_devices} devices; {data_parallel} data-parallel pipelines need {data_parallel} x "
+                f"{placement.num_devices} x tensor_parallel {tensor_parallel} = {needed}; use a bigger cluster or "
+                "lower dp, p or t")
+    for first in range(0, needed, tensor_parallel):
         group = range(first, first + tensor_parallel)
         require(all(cluster.node_of[r] == cluster.node_of[first] for r in group), "tensor_parallel",
-                tensor_parallel, f"group of pipeline rank {device} spans two nodes; use a degree that divides the node size")
-        ranks.append(first)
-    return tuple(ranks)
+                tensor_parallel, f"group of pipeline rank {first // tensor_parallel % placement.num_devices} spans "
+                "two nodes; use a degree that divides the node size")
+    return tuple(device * tensor_parallel for device in range(placement.num_devices))
+
+
+def data_parallel_groups(placement: Placement, cluster: Cluster, tensor_parallel: int,
+                         data_parallel: int) -> tuple[tuple[int, ...], ...]:
+    """For every pipeline device, the cluster ranks of its data-parallel group: the same
+    device of each of the d pipeline replicas, replica 0 first (``pipeline_ranks`` gives the
+    layout: stride p x t).
+
+    >>> from pipesched.model import load_cluster
+    >>> data_parallel_groups(Placement.one_per_device(2), load_cluster("4x8-h100"), 4, 4)
+    ((0, 8, 16, 24), (4, 12, 20, 28))
+    """
+    ranks = pipeline_ranks(placement, cluster, tensor_parallel, data_parallel=data_parallel)
+    stride = placement.num_devices * tensor_parallel
+    return tuple(tuple(rank + replica * stride for replica in range(data_parallel)) for rank in ranks)
 
 
 def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,
@@ -134,15 +162,17 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
     per_stage = [by_device[(cluster.devices[rank], mode)] for rank, mode in zip(stage_ranks, modes, strict=True)]
     num_layers = len(per_stage[0])
 
-    compute = np.array([[layer.total_s for layer in layers] for layers in per_stage])
+    # per (device spec, recompute mode): each layer's F + I + W and output bytes
+    rows = {key: (np.array([layer.total_s for layer in layers]), np.array([layer.output_bytes for layer in layers]))
+            for key, layers in by_device.items()}
+    stage_keys = [(cluster.devices[rank], mode) for rank, mode in zip(stage_ranks, modes, strict=True)]
+    compute = np.array([rows[key][0] for key in stage_keys])
+    out = np.array([rows[key][1] for key in stage_keys])
     send_forward = np.zeros((num_stages, num_layers))
     send_backward = np.zeros((num_stages, num_layers))
-    for s, layers in enumerate(per_stage):
-        out = [layer.output_bytes for layer in layers]
-        if s + 1 < num_stages:
-            send_forward[s] = [cluster.transfer_time(stage_ranks[s], stage_ranks[s + 1], n) for n in out]
-        if s > 0:
-            send_backward[s] = [cluster.transfer_time(stage_ranks[s], stage_ranks[s - 1], n) for n in out]
+    if num_stages > 1:
+        send_forward[:-1] = _transfer_times(cluster, stage_ranks[:-1], stage_ranks[1:], out[:-1])
+        send_backward[1:] = _transfer_times(cluster, stage_ranks[1:], stage_ranks[:-1], out[1:])
 
     capacity = [memory_limit if memory_limit is not None else cluster.devices[r].memory_bytes for r in ranks_of_device]
     inflight = inflight_per_stage(schedule) if schedule is not None else None
@@ -184,6 +214,15 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
     )
 
 
+def _transfer_times(cluster: Cluster, sources: Sequence[int], targets: Sequence[int], nbytes: np.ndarray) -> np.ndarray:
+    """``cluster.transfer_time(sources[k], targets[k], n)`` for every n of row k of ``nbytes``."""
+    pairs = list(zip(sources, targets, strict=True))
+    latency = np.array([[cluster.latency(a, b)] for a, b in pairs])
+    bandwidth = np.array([[cluster.link(a, b).bandwidth] for a, b in pairs])
+    moving = (nbytes > 0) & np.array([[a != b] for a, b in pairs])
+    return np.where(moving, latency + nbytes / bandwidth, 0.0)
+
+
 def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placement, devices: Sequence[DeviceSpec],
                 per_stage: list[list[LayerCost]], inflight: Sequence[int], capacity: Sequence[float],
                 compute: np.ndarray, send_forward: np.ndarray, send_backward: np.ndarray,
@@ -202,7 +241,7 @@ def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placeme
     smallest = min_bottleneck(memory * share[:, None])
     assert smallest is not None
     shared = " (a device holding k stage copies gives each 1/k of its memory)" if share.max() > 1 else ""
-    raise PipeschedError(
+    raise OutOfMemory(
         f"memory={min(capacity) / GiB:.1f} GiB: no partition of {model.name} into {placement.num_stages} stages "
         f"fits under schedule {schedule_name}; the smallest memory that fits is {smallest.value / GiB:.2f} GiB "
         f"per device{shared}; use more devices, recompute, or a schedule with fewer microbatches in flight")
@@ -261,21 +300,37 @@ def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, 
     4
     """
     modes = None if recompute is None else tuple(recompute)
-    if schedule is None:
-        # a pure function of hashable inputs: a grid of experiments asks for the same costs
-        # many times (every family and microbatch count on the same placement)
-        return cached_plan(model, placement, cluster, settings, method, partition, memory_limit, modes).costs
-    return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
-                       schedule=schedule, memory_limit=memory_limit, recompute=modes).costs
+    # a pure function of hashable inputs: a grid of experiments asks for the same costs many
+    # times (every family and microbatch count on the same placement; a search's bound, then
+    # its simulation, of the same schedule)
+    key = None if schedule is None else _SameSchedule(schedule)
+    return cached_plan(model, placement, cluster, settings, method, partition, memory_limit, modes, key).costs
+
+
+class _SameSchedule:
+    """A schedule as a cache key, by identity (generated schedules are cached, so the same
+    sizes give the same object); the key keeps its schedule alive, so no other takes its id."""
+
+    __slots__ = ("schedule",)
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.schedule = schedule
+
+    def __hash__(self) -> int:
+        return id(self.schedule)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _SameSchedule) and other.schedule is self.schedule
 
 
 @functools.lru_cache(maxsize=1024)
 def cached_plan(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings,
                 method: str, partition: Partition | None, memory_limit: float | None,
-                recompute: tuple[str, ...] | None = None) -> StagePlan:
-    """``plan_stages`` without a schedule, kept for its hashable inputs."""
+                recompute: tuple[str, ...] | None = None, schedule: _SameSchedule | None = None) -> StagePlan:
+    """``plan_stages`` kept for its hashable inputs (a schedule by identity)."""
     return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
-                       memory_limit=memory_limit, recompute=recompute)
+                       memory_limit=memory_limit, recompute=recompute,
+                       schedule=schedule.schedule if schedule is not None else None)
 
 
 def link_summary(link: LinkSpec) -> str:

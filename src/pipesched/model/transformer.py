@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import pipesched.model.kernels as kernels
 from pipesched.errors import require
+from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
 from pipesched.model.devices import load_device
 from pipesched.model.hardware import DeviceSpec, LinkSpec
 from pipesched.model.spec import (
@@ -309,15 +310,13 @@ def layer_plans(model: ModelSpec, settings: TrainingSettings) -> list[_LayerPlan
 
 
 def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
-    """Ring all-reduce of ``nbytes`` over ``ranks`` ranks: 2 (t-1)/t of the bytes per rank.
+    """Ring all-reduce of ``nbytes`` over ``ranks`` ranks on ``link``: 2 (t-1)/t of the bytes
+    per rank (``pipesched.model.collectives``).
 
     >>> allreduce_time(1e9, 1, DEFAULT_TP_LINK)
     0.0
     """
-    if ranks <= 1:
-        return 0.0
-    steps = 2 * (ranks - 1)
-    return steps / ranks * nbytes / link.bandwidth + steps * link.latency
+    return allreduce_seconds(nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
 
 
 @dataclass(frozen=True)
@@ -453,10 +452,12 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
         require(settings.tensor_parallel == 1, "tensor_parallel", settings.tensor_parallel,
                 "measured layer costs already include any tensor parallelism; use 1 (CLI: -t 1)")
         return _measured(model, device)
+    if settings.optimizer_shards != 1:  # the optimizer's share of memory is no layer cost
+        settings = dataclasses.replace(settings, optimizer_shards=1)
     return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=512)
 def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings,
                  link: LinkSpec) -> tuple[LayerCost, ...]:
     """Pure in hashable inputs: a sweep asks for the same layers on every placement."""
@@ -480,7 +481,7 @@ def model_flops_per_iteration(model: ModelSpec, settings: TrainingSettings, num_
     return _flops_per_microbatch(model, settings) * num_microbatches
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=512)
 def _flops_per_microbatch(model: ModelSpec, settings: TrainingSettings) -> float:
     """A pure function of hashable inputs, asked for by every evaluation of a sweep."""
     if model.measured:

@@ -12,7 +12,7 @@ stage (``send_backward``, not for the first stage); both depend on the layer at 
 Optionally every stage must fit in memory: ``memory[s, i:j].sum() <= memory_cap[s]``.
 
 The recurrence ``best[s][j] = min_i max(best[s-1][i], time(s, i, j))`` visits every (stage,
-last layer, first layer) triple once: O(S L^2) work, done with one vector per (s, j).
+last layer, first layer) triple once: O(S L^2) work, in one compiled loop.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from pipesched.errors import require
 from pipesched.partition.core import Partition, check_fits
@@ -61,6 +62,35 @@ def stage_values(partition: Partition, compute: object, *, send_forward: object 
     return out
 
 
+@njit(cache=True)
+def _recurrence(prefix, entering, leaving, mem_prefix, caps, capped):
+    """best[s, j]: the smallest largest stage time of stages 0..s covering layers 0..j-1,
+    and choice[s, j] the first layer of stage s there (the first such layer on ties)."""
+    stages = prefix.shape[0]
+    layers = prefix.shape[1] - 1
+    best = np.full((stages, layers + 1), np.inf)
+    choice = np.zeros((stages, layers + 1), dtype=np.int64)
+    for s in range(stages):
+        # stage s ends at j: j >= s + 1, and leaves one layer per later stage
+        for j in range(s + 1, layers - (stages - 1 - s) + 1):
+            # stage s starts at layer i >= s (one layer per earlier stage); the first at 0
+            last = s + 1 if s == 0 else j
+            lowest = np.inf
+            chosen = s
+            for i in range(s, last):
+                time = prefix[s, j] - prefix[s, i] + entering[s, i] + leaving[s, j]
+                if capped and not (mem_prefix[s, j] - mem_prefix[s, i]) <= caps[s] * (1 + 1e-12):
+                    time = np.inf
+                if s > 0 and best[s - 1, i] > time:
+                    time = best[s - 1, i]
+                if time < lowest:
+                    lowest = time
+                    chosen = i
+            best[s, j] = lowest
+            choice[s, j] = chosen
+    return best, choice
+
+
 def min_bottleneck(compute: object, *, send_forward: object = None, send_backward: object = None,
                    memory: object = None, memory_cap: object = None) -> Bottleneck | None:
     """The partition of L layers into S non-empty stages with the smallest largest stage time.
@@ -94,23 +124,10 @@ def min_bottleneck(compute: object, *, send_forward: object = None, send_backwar
     leaving = np.zeros((stages, layers + 1))
     leaving[:-1, 1:] = forward[:-1, :]
 
-    inf = np.inf
-    best = np.full((stages, layers + 1), inf)  # best[s, j]: stages 0..s cover layers 0..j-1
-    choice = np.zeros((stages, layers + 1), dtype=np.int64)
-    for s in range(stages):
-        # stage s ends at j: j >= s + 1, and leaves one layer per later stage
-        for j in range(s + 1, layers - (stages - 1 - s) + 1):
-            first = np.arange(s, j)  # stage s starts at i = first (i >= s for earlier stages)
-            times = prefix[s, j] - prefix[s, first] + entering[s, first] + leaving[s, j]
-            if memory is not None:
-                fits = (mem_prefix[s, j] - mem_prefix[s, first]) <= caps[s] * (1 + 1e-12)
-                times = np.where(fits, times, inf)
-            total = times if s == 0 else np.maximum(best[s - 1, first], times)
-            if s == 0:
-                total = total[:1]  # the first stage starts at layer 0
-            k = int(np.argmin(total))
-            best[s, j] = total[k]
-            choice[s, j] = first[k]
+    if memory is None:
+        mem_prefix, caps = np.zeros((stages, 1)), np.zeros(stages)
+    best, choice = _recurrence(prefix, entering, leaving, np.ascontiguousarray(mem_prefix, dtype=float),
+                               np.ascontiguousarray(caps, dtype=float), memory is not None)
     value = float(best[stages - 1, layers])
     if not np.isfinite(value):
         return None

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from pipesched.dependencies import op_arrays
 from pipesched.schedule import Placement, Schedule
 
 
@@ -21,13 +24,20 @@ def inflight_per_stage(schedule: Schedule) -> list[int]:
     >>> inflight_per_stage(generate("1f1b", 4, 8))
     [4, 3, 2, 1]
     """
-    peaks = [0] * schedule.num_stages
-    for ops in schedule.device_ops:
-        held = [0.0] * schedule.num_stages
-        for op in ops:
-            held[op.stage] += schedule.rules.units_delta(op.kind, schedule.roles[op.stage])
-            peaks[op.stage] = max(peaks[op.stage], round(held[op.stage]))
-    return peaks
+    cache = schedule.derived
+    if "inflight_per_stage" not in cache:
+        ops = op_arrays(schedule)
+        delta = _units(schedule, ops)
+        peaks = np.zeros(schedule.num_stages, np.int64)
+        for device in range(schedule.num_devices):
+            rows = slice(int(ops.device_offsets[device]), int(ops.device_offsets[device + 1]))
+            stages = ops.stage[rows]
+            for stage in np.unique(stages).tolist():
+                # held counts in table order: a running sum, as a device walks its ops
+                held = np.cumsum(delta[rows][stages == stage])
+                peaks[stage] = max(peaks[stage], round(float(held.max())))
+        cache["inflight_per_stage"] = tuple(peaks.tolist())
+    return list(cache["inflight_per_stage"])
 
 
 def stage_instances_per_device(placement: Placement) -> list[int]:
@@ -51,11 +61,20 @@ def device_peak_bytes(schedule: Schedule, activation_bytes: Sequence[float],
     for replica in schedule.placement.replicas:
         for stage, device in enumerate(replica):
             static[device] += static_bytes[stage]
+    ops = op_arrays(schedule)
+    delta = _units(schedule, ops) * np.asarray(activation_bytes, np.float64)[ops.stage]
     peaks = []
-    for device, ops in enumerate(schedule.device_ops):
-        held = peak = 0.0
-        for op in ops:
-            held += schedule.rules.units_delta(op.kind, schedule.roles[op.stage]) * activation_bytes[op.stage]
-            peak = max(peak, held)
-        peaks.append(static[device] + peak)
+    for device in range(schedule.num_devices):
+        held = np.cumsum(delta[int(ops.device_offsets[device]):int(ops.device_offsets[device + 1])])
+        peaks.append(static[device] + max(0.0, float(held.max(initial=0.0))))
     return peaks
+
+
+def _units(schedule: Schedule, ops) -> np.ndarray:
+    """Change of stage-microbatches in flight of each op row, on its stage's role
+    (``Rules.units_delta``: a frozen stage's ops keep what its role says)."""
+    roles = list(dict.fromkeys(schedule.roles))
+    per_role = np.array([[schedule.rules.units_delta(rule.kind, role) for rule in schedule.rules] for role in roles],
+                        np.float64)
+    stage_role = np.array([roles.index(role) for role in schedule.roles], np.int64)
+    return per_role[stage_role[ops.stage], ops.kind]

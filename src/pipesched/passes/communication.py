@@ -6,7 +6,10 @@ whose producer runs on another device is a message, an activation (F(s) -> F(s+1
 gradient (I/B(s+1) -> I/B(s)); a consumer on the producer's device reads the result in
 place. A stage that two replicas keep on different devices (Chimera, DualPipe) all-reduces
 its weight gradients between them once both have run its last weight-gradient op (W, or B
-when the backward is not split); a frozen stage has none.
+when the backward is not split); a frozen stage has none. With data parallelism (d > 1 pipeline replicas) every
+stage's gradients are summed with the other pipelines' copies in the same way, after the
+same op: one gradient collective per stage, whatever number of copies the pipeline itself
+holds (``allreduces(schedule, data_parallel=True)``).
 
 Two views of the same derivation:
 
@@ -112,11 +115,12 @@ class Messages:
 
 @dataclass(frozen=True, eq=False)
 class AllReduces:
-    """One gradient all-reduce per stage whose two replicas sit on different devices."""
+    """One gradient all-reduce per stage whose two replicas sit on different devices; with
+    data parallelism, one per stage (src = dst for a stage one device of the pipeline holds)."""
 
     stage: np.ndarray  # int32
     src: np.ndarray  # int32 the lower device
-    dst: np.ndarray  # int32 the higher device
+    dst: np.ndarray  # int32 the higher device (src when the pipeline holds one copy)
     after: np.ndarray  # int32 (k, 2): each device's last weight-gradient op of the stage (-1: none)
 
     def __len__(self) -> int:
@@ -200,15 +204,17 @@ def _message_rows(consumer, producer, kind, device, num_ops):
     return sender[:count].copy(), receiver[:count].copy(), message_kind[:count].copy(), via
 
 
-def allreduces(schedule: Schedule) -> AllReduces:
-    """The replica gradient all-reduces of ``schedule`` (computed once per schedule)."""
-    return derived(schedule, "allreduces", lambda s: _allreduces(dependencies(s)))
+def allreduces(schedule: Schedule, *, data_parallel: bool = False) -> AllReduces:
+    """The gradient all-reduces of ``schedule``: between replicas of a stage, and with
+    ``data_parallel`` (d > 1 pipelines) of every stage (computed once per schedule)."""
+    key = "allreduces+dp" if data_parallel else "allreduces"
+    return derived(schedule, key, lambda s: _allreduces(dependencies(s), data_parallel))
 
 
-def _allreduces(deps: Dependencies) -> AllReduces:
+def _allreduces(deps: Dependencies, data_parallel: bool) -> AllReduces:
     schedule, ops = deps.schedule, deps.ops
     stages, sources, targets, after = [], [], [], []
-    if schedule.placement.num_replicas > 1:
+    if schedule.placement.num_replicas > 1 or data_parallel:
         ends = rule_arrays(schedule.rules).ends_weight_gradient
         weight_rows = np.flatnonzero(ends[ops.kind])
         # the last weight-gradient op of each (device, stage), by table position: rows
@@ -221,6 +227,11 @@ def _allreduces(deps: Dependencies) -> AllReduces:
             if stage in schedule.frozen:
                 continue  # a frozen stage has no weight gradient to reduce
             devices = sorted({replica[stage] for replica in schedule.placement.replicas})
+            if data_parallel and len(devices) == 1 and (devices[0], stage) in last:
+                stages.append(stage)
+                sources.append(devices[0])
+                targets.append(devices[0])
+                after.append((last[(devices[0], stage)], -1))
             for a, b in itertools.pairwise(devices):
                 releases = [last[(d, stage)] for d in (a, b) if (d, stage) in last]
                 if not releases:

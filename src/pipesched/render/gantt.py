@@ -167,7 +167,7 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
     x1 = (timeline.op_end - origin) * scale.factor
     y = timeline.op_device.astype(np.float64)
     # host-link ops in their device's thin host row, below the device rows
-    host_y = {device: devices + 0.5 * k + 0.25 for k, device in enumerate(hosts)}
+    host_y = {device: devices - 0.25 + 0.5 * k for k, device in enumerate(hosts)}
     on_host = ~timeline.on_compute
     if on_host.any():
         lanes = np.zeros(devices)
@@ -184,7 +184,7 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
 
     # link rows: one per channel, below the devices and host links, half height
     table = timeline.transfers
-    link_y = {channel: devices + 0.5 * (len(hosts) + k) + 0.25 for k, channel in enumerate(channels)}
+    link_y = {channel: devices - 0.25 + 0.5 * (len(hosts) + k) for k, channel in enumerate(channels)}
     if len(table):
         t0 = (table.start - origin) * scale.factor
         t1 = (table.end - origin) * scale.factor

@@ -181,6 +181,14 @@ def completion_order(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
     return merge_order(sequence, end, queue_rows, queue_offsets), count
 
 
+def free_ends(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
+    """End time of every op with free communication (the first pass alone, the slot
+    table's run), and how many ops could run (fewer than all: deadlock). With the same
+    durations no run with links ends any op earlier (the engine is monotone)."""
+    _, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration)
+    return end, count
+
+
 @njit(cache=True)
 def transfer_order(order, tr_rel_ptr, tr_rel):
     """Transfers in service order: each right after the last (in ``order``) of the ops that

@@ -26,20 +26,30 @@ Transfers, from the communication pass (``pipesched.passes.communication``):
     message     after its producing op ends, to the device of the op that needs it:
                 ``output_bytes`` of the lower of the two stages (a gradient is the size
                 of the activation the stage below sent up)
-    all-reduce  between the two devices that hold replicas of a stage (Chimera, DualPipe),
-                once both replicas have run its last weight-gradient op
+    all-reduce  of a stage's weight gradients, once every copy of the stage in the pipeline
+                has run its last weight-gradient op: between the two devices that hold
+                replicas of the stage (Chimera, DualPipe), and with data parallelism
+                (``Network.data_parallel``, d > 1 pipelines) of every stage with the
+                other pipelines' copies (src = dst when the pipeline holds one copy)
 
 A transfer a -> b lasts ``latency[a, b] + bytes / bandwidth[a, b]``. The all-reduce's size
 is ``StageCosts.grad_bytes[s]``; when unset it is ``static_bytes[s] / 9``: with
 mixed-precision Adam a parameter keeps 18 bytes of static state (bf16 weight 2, fp32
 gradient 4, fp32 master weight 4, two fp32 moments 8) and sends its 2-byte bf16 gradient.
-A ring all-reduce between two ranks sends half the buffer and receives half in each of its
-two steps: ``2 * latency + bytes / bandwidth``.
+Its time is a collective's (``pipesched.model.collectives``): a ring of the stage's two
+replicas (``2 * latency + bytes / bandwidth``), then the device's data-parallel levels
+(``DataParallel.seconds``: ring inside a node, ring across nodes; with a sharded optimizer
+a reduce-scatter of the gradients and an all-gather of the parameters). Buckets are per
+stage, so a device holding several stages reduces the first ones while it still computes
+the last, as Megatron overlaps the gradient reduction with the last backward ops.
 
 Resources a transfer holds (see ``engine``): the sender's send channel and the receiver's
-receive channel (an all-reduce: both of each), the shared NIC egress and ingress of the two
-nodes when the devices of a node share one and the nodes differ, and without overlap an
-all-reduce holds the compute streams of both devices. Contention off: no channel is held.
+receive channel, the shared NIC egress and ingress of the two nodes when the devices of a
+node share one and the nodes differ. An all-reduce holds the send and receive channels of
+both replicas' devices, and with data parallelism each device's data-parallel channel (the
+collective's own communicator, beside the point-to-point traffic) and, when its group
+leaves the node and the node's devices share a NIC, that NIC's egress and ingress; without
+overlap also the compute streams of its devices. Contention off: no channel is held.
 
 Without overlap (a blocking runtime) messages go in batches between a device's steps of
 compute, each batch waited out before the next step (``pipesched.simulate.blocking``: a
@@ -65,7 +75,8 @@ from numba import njit
 from pipesched.costs import StageCosts
 from pipesched.dependencies import OpArrays, dependencies, role_index, rule_arrays
 from pipesched.errors import PipeschedError, require
-from pipesched.passes.communication import allreduces, messages
+from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
+from pipesched.passes.communication import AllReduces, allreduces, messages
 from pipesched.rules import COMPUTE, HOST_TRANSFER, ROLES, STREAMS
 from pipesched.schedule import Schedule
 from pipesched.simulate.blocking import blocking_program
@@ -226,7 +237,7 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
                       op_duration, pred_ptr, pred_op, pred_via, _no_transfers(), num_devices + side * num_devices,
                       memory_delta, memory_at_start, static, (*host[:2], side))
     sent = messages(schedule)
-    reduces = allreduces(schedule)
+    reduces = allreduces(schedule, data_parallel=network.replicas > 1)
     m_count, r_count = len(sent), len(reduces)
     src = np.concatenate([sent.src, reduces.src]).astype(np.int32)
     dst = np.concatenate([sent.dst, reduces.dst]).astype(np.int32)
@@ -236,17 +247,18 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     output = np.asarray(costs.output_bytes, np.float64)
     nbytes = np.concatenate([output[sent.boundary],
                              [gradient_bytes(costs, int(s)) for s in reduces.stage]]).astype(np.float64)
-    # latency + bytes / bandwidth; an all-reduce of two ranks pays the latency twice
-    latency = network.latency[src, dst]
-    duration = latency + nbytes / network.bandwidth[src, dst]
-    duration[m_count:] += latency[m_count:]
+    # a message: latency + bytes / bandwidth; an all-reduce: a collective's time
+    duration = network.latency[src, dst] + nbytes / network.bandwidth[src, dst]
+    duration[m_count:] = collective_seconds(network, reduces, nbytes[m_count:])
     # the ops that release each transfer: its producer; an all-reduce: each replica's last
     # weight-gradient op of the stage (row-major: the first device's, then the second's)
     released = reduces.after >= 0
     rel = np.concatenate([sent.producer, reduces.after[released]]).astype(np.int32)
     rel_ptr = np.zeros(m_count + r_count + 1, np.int64)
     np.cumsum(np.concatenate([np.ones(m_count, np.int64), released.sum(axis=1)]), out=rel_ptr[1:])
-    res_ptr, res, num_resources = _transfer_resources(network, src, dst, m_count, contention, overlap, num_devices)
+    res_ptr, res, num_resources = _message_resources(network, sent.src, sent.dst, contention, num_devices)
+    if r_count:
+        res_ptr, res, num_resources = _with_collective_resources(res_ptr, res, network, reduces, contention, overlap)
     op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices, num_resources)
     pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, sent.via, issued_after, n)
     steps = None
@@ -402,53 +414,87 @@ def _no_transfers() -> tuple[np.ndarray, ...]:
     return (i32, i32, np.zeros(0, np.int8), i32, i32, f64, f64, ptr, i32, ptr, i32)
 
 
-def _transfer_resources(network: Network, src: np.ndarray, dst: np.ndarray, num_messages: int,
-                        contention: bool, overlap: bool, num_devices: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """CSR of the resources each transfer holds, in the order it claims them. Resource ids:
-    compute stream (queue) d, send channel d, receive channel d, then each node's NIC egress
-    and ingress."""
+def collective_seconds(network: Network, reduces: AllReduces, nbytes: np.ndarray) -> np.ndarray:
+    """Seconds of each gradient all-reduce on ``network`` (see the module docstring)."""
+    data_parallel = network.data_parallel if network.replicas > 1 else None
+    seconds = np.empty(len(reduces), np.float64)
+    for j, (a, b, size) in enumerate(zip(reduces.src.tolist(), reduces.dst.tolist(), nbytes.tolist(), strict=True)):
+        pair = CollectiveLevel(2, float(network.latency[a, b]), float(network.bandwidth[a, b])) if a != b else None
+        if data_parallel is None:
+            seconds[j] = allreduce_seconds(size, (pair,))
+        else:
+            seconds[j] = max(data_parallel.seconds(a, size, inner=pair), data_parallel.seconds(b, size, inner=pair))
+    return seconds
+
+
+def _with_collective_resources(res_ptr: np.ndarray, res: np.ndarray, network: Network, reduces: AllReduces,
+                               contention: bool, overlap: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    """The messages' resource CSR with each all-reduce's resources appended, in the order
+    it claims them (see the module docstring); data-parallel channels are resources
+    3 x devices + 2 x nodes + device."""
+    node_of = network.node_of
+    num_devices = len(node_of)
+    num_nodes = max(node_of) + 1
+    send0, recv0, egress0 = num_devices, 2 * num_devices, 3 * num_devices
+    ingress0, channel0 = egress0 + num_nodes, egress0 + 2 * num_nodes
+    data_parallel = network.data_parallel if network.replicas > 1 else None
+    lists = []
+    for a, b in zip(reduces.src.tolist(), reduces.dst.tolist(), strict=True):
+        held: list[int] = []
+        if not overlap:
+            held += [a] if a == b else [a, b]  # a blocking runtime: no compute while it runs
+        if contention:
+            if a != b:
+                held += [send0 + a, recv0 + b, send0 + b, recv0 + a]
+                if network.shared_nic and node_of[a] != node_of[b]:
+                    held += [egress0 + node_of[a], ingress0 + node_of[b], egress0 + node_of[b], ingress0 + node_of[a]]
+            if data_parallel is not None:
+                for device in dict.fromkeys((a, b)):
+                    held.append(channel0 + device)
+                    nic = (egress0 + node_of[device], ingress0 + node_of[device])
+                    if network.shared_nic and data_parallel.leaves_node[device] and nic[0] not in held:
+                        held += nic
+        lists.append(held)
+    counts = np.array([len(held) for held in lists], np.int64)
+    ptr = np.concatenate([res_ptr, res_ptr[-1] + np.cumsum(counts)]).astype(np.int64)
+    flat = np.array([r for held in lists for r in held], np.int32)
+    total = channel0 + (num_devices if data_parallel is not None else 0)
+    return ptr, np.concatenate([res, flat]).astype(np.int32), total
+
+
+def _message_resources(network: Network, src: np.ndarray, dst: np.ndarray, contention: bool,
+                       num_devices: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """CSR of the channels each message holds, in the order it claims them (a blocking
+    runtime's messages hold no compute stream: they block through their batches,
+    ``pipesched.simulate.blocking``). Resource ids: compute stream (queue) d, send channel d,
+    receive channel d, then each node's NIC egress and ingress."""
     node_of = np.asarray(network.node_of[:num_devices], np.int64)
     num_nodes = int(node_of.max()) + 1 if num_devices else 1
     res_ptr, res = _resources(src.astype(np.int64), dst.astype(np.int64), node_of, num_devices, num_nodes,
-                              num_messages, contention, overlap, bool(network.shared_nic))
+                              contention, bool(network.shared_nic))
     return res_ptr, res, 3 * num_devices + 2 * num_nodes
 
 
 @njit(cache=True)
-def _resources(src, dst, node_of, num_devices, num_nodes, num_messages, contention, overlap, shared_nic):
+def _resources(src, dst, node_of, num_devices, num_nodes, contention, shared_nic):
     send0 = num_devices
     recv0 = 2 * num_devices
     egress0 = 3 * num_devices
     ingress0 = egress0 + num_nodes
     total = src.shape[0]
     res_ptr = np.zeros(total + 1, np.int64)
-    res = np.empty(total * 10, np.int32)
+    res = np.empty(total * 4, np.int32)
     k = 0
     for t in range(total):
         a = src[t]
         b = dst[t]
-        allreduce = t >= num_messages
-        if not overlap and allreduce:
-            # a blocking all-reduce: neither compute stream runs while it does (messages
-            # block through their batches instead: simulate.blocking)
-            res[k] = a
-            res[k + 1] = b
-            k += 2
         if contention:
             res[k] = send0 + a
             res[k + 1] = recv0 + b
             k += 2
-            if allreduce:
-                res[k] = send0 + b
-                res[k + 1] = recv0 + a
-                k += 2
             if shared_nic and node_of[a] != node_of[b]:
                 res[k] = egress0 + node_of[a]
                 res[k + 1] = ingress0 + node_of[b]
                 k += 2
-                if allreduce:
-                    res[k] = egress0 + node_of[b]
-                    res[k + 1] = ingress0 + node_of[a]
-                    k += 2
         res_ptr[t + 1] = k
     return res_ptr, res[:k].copy()

@@ -102,3 +102,15 @@ def _trace(graph: TaskGraph, op_start: np.ndarray, op_end: np.ndarray, delta: np
     per_device_times = tuple(times[lo:hi] for lo, hi in itertools.pairwise(bounds))
     per_device_values = tuple(values[lo:hi] for lo, hi in itertools.pairwise(bounds))
     return MemoryTrace(per_device_times, per_device_values, graph.static_bytes, capacity=capacity, unit=unit)
+
+
+def peak_memory(graph: TaskGraph) -> np.ndarray:
+    """Each device's peak, as the trace of any run of ``graph`` shows it, without running it:
+    a device's ops run one after another on its queue in program order, so the trace's
+    values do not depend on the times (see the module docstring)."""
+    offsets = graph.ops.device_offsets
+    zeros = np.zeros(graph.num_ops)
+    _, values = _steps(offsets, zeros, zeros, graph.memory_delta, graph.memory_at_start,
+                       np.asarray(graph.static_bytes, np.float64))
+    starts = offsets[:-1] + np.arange(graph.num_devices)
+    return np.maximum.reduceat(values, starts)

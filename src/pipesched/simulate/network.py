@@ -10,10 +10,16 @@ Pipeline device ``d`` runs on cluster rank ``ranks[d]``: with tensor parallelism
 t, ``pipesched.model.pipeline_ranks`` gives ranks ``0, t, 2t, ...`` (each pipeline device is
 the first rank of its tensor-parallel group, whose other ranks split its layers), so a
 pipeline of 8 on 4 nodes of 8 ranks with t = 4 puts 2 stages on each node.
+
+Data parallelism (``DataParallel``): the simulated pipeline is one of d identical replicas;
+each of its devices sums its gradients with its d-1 peers (the same device of the other
+replicas) by a collective whose levels (``pipesched.model.collectives``) come from where
+the peers sit on the cluster.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +27,70 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.errors import PipeschedError, require
+from pipesched.model.collectives import (
+    CollectiveLevel,
+    allreduce_seconds,
+    group_levels,
+    reduce_scatter_seconds,
+)
 from pipesched.model.hardware import Cluster
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """The d data-parallel replicas of the pipeline, as each pipeline device's gradients see
+    them: after its last weight-gradient op of a stage, device k sums that stage's gradients
+    with its d-1 peers by a collective over ``levels[k]`` (innermost first). With a sharded
+    optimizer (ZeRO-1) it reduce-scatters the gradients and all-gathers the updated
+    parameters instead of all-reducing the gradients.
+    """
+
+    size: int  # d, pipeline replicas
+    levels: tuple[tuple[CollectiveLevel, ...], ...]  # per pipeline device: its group's rings, innermost first
+    leaves_node: tuple[bool, ...]  # per pipeline device: its group spans nodes (its traffic goes through the NIC)
+    sharded_optimizer: bool = False  # ZeRO-1: reduce-scatter gradients, all-gather parameters
+    gather_ratio: float = 0.5  # parameter bytes all-gathered per gradient byte reduced (bf16 weights, fp32 gradients)
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.size, int) and self.size >= 1, "dp", self.size, "must be a whole number >= 1")
+        require(len(self.levels) == len(self.leaves_node), "levels", len(self.levels),
+                f"give one entry per device ({len(self.leaves_node)})")
+
+    def seconds(self, device: int, nbytes: float, *, inner: CollectiveLevel | None = None) -> float:
+        """Seconds of device ``device``'s collective on ``nbytes`` of gradients; ``inner``: a
+        ring inside the pipeline first (the two replicas of a Chimera or DualPipe stage)."""
+        levels = ((inner,) if inner is not None else ()) + self.levels[device]
+        if not self.sharded_optimizer:
+            return allreduce_seconds(nbytes, levels)
+        return reduce_scatter_seconds(nbytes, levels) + reduce_scatter_seconds(nbytes * self.gather_ratio, levels)
+
+    @classmethod
+    def from_cluster(cls, cluster: Cluster, groups: Sequence[Sequence[int]], *, concurrent: int = 1,
+                     sharded_optimizer: bool = False, gather_ratio: float = 0.5) -> DataParallel:
+        """Each pipeline device's group of cluster ranks (``pipesched.model.data_parallel_groups``);
+        ``concurrent``: the tensor-parallel ranks that reduce their own shards beside it."""
+        return cls(
+            size=len(groups[0]) if groups else 1,
+            levels=tuple(group_levels(cluster, group, concurrent=concurrent) for group in groups),
+            leaves_node=tuple(len({cluster.node_of[r] for r in group}) > 1 for group in groups),
+            sharded_optimizer=sharded_optimizer,
+            gather_ratio=gather_ratio,
+        )
+
+    @classmethod
+    def uniform(cls, num_devices: int, size: int, *, latency: float, bandwidth: float,
+                sharded_optimizer: bool = False, gather_ratio: float = 0.5) -> DataParallel:
+        """Every group one ring of ``size`` ranks on links of ``latency`` and ``bandwidth``."""
+        level = (CollectiveLevel(size, latency, bandwidth),)
+        return cls(size, (level,) * num_devices, (size > 1,) * num_devices, sharded_optimizer, gather_ratio)
+
+    def with_links(self, latency: float | None, bandwidth: float | None) -> DataParallel:
+        """These groups with every level's latency and/or bandwidth replaced."""
+        def replaced(level: CollectiveLevel) -> CollectiveLevel:
+            return CollectiveLevel(level.ranks, level.latency if latency is None else latency,
+                                   level.bandwidth if bandwidth is None else bandwidth)
+
+        return dataclasses.replace(self, levels=tuple(tuple(replaced(x) for x in device) for device in self.levels))
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +112,7 @@ class Network:
     host_latency: seconds each offload or reload pays on top (None: 0).
     host_capacity: host-memory bytes each device may fill with offloaded activations, or
         None when unknown.
+    data_parallel: the data-parallel replicas' gradient collectives, or None (one pipeline).
     """
 
     latency: np.ndarray  # float64 (D, D), seconds
@@ -56,6 +126,7 @@ class Network:
     host_bandwidth: tuple[float, ...] | None = None  # bytes/s per device, 0 = none
     host_latency: tuple[float, ...] | None = None  # seconds per device
     host_capacity: tuple[float, ...] | None = None  # bytes per device
+    data_parallel: DataParallel | None = None
 
     def __post_init__(self) -> None:
         latency = np.array(self.latency, dtype=np.float64)
@@ -94,6 +165,14 @@ class Network:
                 bad = [v for v in values if not (v >= 0 and (math.isfinite(v) or field_name == "host_bandwidth"))]
                 require(not bad, field_name, bad[0] if bad else "", "must be numbers >= 0")
                 object.__setattr__(self, field_name, values)
+        if self.data_parallel is not None:
+            require(len(self.data_parallel.levels) == n, "data_parallel", f"{len(self.data_parallel.levels)} groups",
+                    f"give one group per device ({n})")
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel pipeline replicas (1: this pipeline alone)."""
+        return 1 if self.data_parallel is None else self.data_parallel.size
 
     @property
     def num_devices(self) -> int:
@@ -152,7 +231,8 @@ class Network:
         )
 
     @classmethod
-    def from_cluster(cls, cluster: Cluster, *, ranks: Sequence[int] | None = None) -> Network:
+    def from_cluster(cls, cluster: Cluster, *, ranks: Sequence[int] | None = None,
+                     data_parallel: DataParallel | None = None) -> Network:
         """The links between ``ranks`` of ``cluster`` (default: every rank, in order).
 
         Ranks on one node use the cluster's intra-node link; ranks on different nodes its
@@ -192,5 +272,6 @@ class Network:
             host_bandwidth=tuple(float(d.host_bandwidth) for d in devices),
             host_latency=tuple(float(d.transfer_setup_s) for d in devices),
             host_capacity=tuple(float(d.host_memory_bytes) for d in devices),
+            data_parallel=data_parallel,
         )
 

@@ -142,7 +142,8 @@ def run_batch(graph: TaskGraph, op_durations: np.ndarray, transfer_durations: np
 
 def _transfer_table(graph: TaskGraph, start: np.ndarray, end: np.ndarray) -> TransferTable:
     """Transfers with the link each used: ``"a->b"`` for a message from device a to device b,
-    ``"a<->b"`` for an all-reduce between them."""
+    ``"a<->b"`` for an all-reduce between them, ``"dp a"`` for device a's data-parallel
+    all-reduce of a stage it alone holds in the pipeline."""
     d = graph.num_devices
     # link id: directed pairs a*d+b, then all-reduce pairs d*d + a*d+b
     link = graph.tr_src.astype(np.int64) * d + graph.tr_dst
@@ -153,7 +154,7 @@ def _transfer_table(graph: TaskGraph, start: np.ndarray, end: np.ndarray) -> Tra
     for pair in np.flatnonzero(used).tolist():
         allreduce, directed = divmod(pair, d * d)
         a, b = divmod(directed, d)
-        names.append(f"{a}<->{b}" if allreduce else f"{a}->{b}")
+        names.append((f"{a}<->{b}" if a != b else f"dp {a}") if allreduce else f"{a}->{b}")
     channel_of_link = (np.cumsum(used) - 1).astype(np.int32)
     return TransferTable(
         src_device=graph.tr_src,

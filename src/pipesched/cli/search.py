@@ -1,0 +1,271 @@
+"""`pipesched search`: the fastest way to train a model on a cluster with a global batch, over
+tensor, pipeline and data parallelism, micro-batch sizes, schedule families, partitions,
+recompute and ZeRO stages; results in an SQLite store that a killed search resumes from."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from pipesched.cli.options import AsJson, ClusterName, Model, SeqLen, split_names
+from pipesched.errors import PipeschedError, require
+from pipesched.experiments.defaults import DEFAULTS
+from pipesched.io.files import check_output_path, write_atomic
+from pipesched.search.results import SearchResult, simulate_command
+from pipesched.search.space import SearchSpace
+from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
+
+GiB = 2.0**30
+MAX_WORKERS = 1024
+
+
+def _listed(axis: str) -> str:
+    """The default values of a SearchSpace axis (its defaults live there, once)."""
+    return ",".join(str(value) for value in SearchSpace.__dataclass_fields__[axis].default)
+
+
+def _numbers(field: str, text: str | None) -> tuple[int, ...]:
+    """``"1,2,4"`` -> (1, 2, 4); None -> () (every value)."""
+    if text is None:
+        return ()
+    values = []
+    for part in split_names(text):
+        try:
+            values.append(int(part))
+        except ValueError:
+            raise PipeschedError(f"{field}={text[:40]!r}: give whole numbers separated by commas, e.g. 1,2,4") from None
+    require(bool(values), field, repr(text), "give at least one value")
+    return tuple(values)
+
+
+def search_command(
+    model: Model = None,
+    cluster: ClusterName = None,
+    global_batch: Annotated[int | None, typer.Option(
+        "--global-batch", "-g", help=f"sequences per iteration, all data-parallel pipelines together "
+                                     f"[default: {DEFAULTS.global_batch}]")] = None,
+    seq_len: SeqLen = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None,
+    schedules: Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: all]")] = None,
+    tensor_parallel: Annotated[str | None, typer.Option(
+        "--tensor-parallel", help="tensor-parallel degrees to try [default: every divisor of the node size]")] = None,
+    pipeline: Annotated[str | None, typer.Option("--pipeline", help="pipeline sizes p to try [default: all]")] = None,
+    dp: Annotated[str | None, typer.Option("--dp", help="data-parallel sizes to try [default: all]")] = None,
+    micro_batch_sizes: Annotated[str | None, typer.Option(
+        "--micro-batch-sizes", help="micro-batch sizes to try [default: every divisor of the batch per pipeline]")] = None,
+    chunks: Annotated[str | None, typer.Option(
+        "--chunks", help=f"chunks v per device for the families that take it [default: {_listed('chunks')}]")] = None,
+    partitions: Annotated[str | None, typer.Option(
+        "--partitions", help=f"partition methods to try [default: {_listed('partitions')}]")] = None,
+    recompute: Annotated[str | None, typer.Option(
+        "--recompute", help=f"recompute modes to try [default: {_listed('recompute')}]")] = None,
+    zero: Annotated[str | None, typer.Option(
+        "--zero", help=f"ZeRO stages of the optimizer state to try, 1 only with dp > 1 "
+                       f"[default: {_listed('zero')}]")] = None,
+    db: Annotated[str, typer.Option("--db", help="SQLite store of the results: a search started again with the same "
+                                                 "store and options resumes")] = DEFAULTS.search_db,
+    workers: Annotated[int | None, typer.Option("--workers", help="local worker processes [default: the CPU count]")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="run on a local Ray (loopback only) instead of a process pool")] = False,
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="run on the Ray cluster at this address")] = None,
+    no_prune: Annotated[bool, typer.Option("--no-prune", help="simulate every point that fits, even those the "
+                                                              "bound rules out")] = False,
+    top: Annotated[int, typer.Option("--top", help="configurations to print (0: all)")] = DEFAULTS.top,
+    show: Annotated[bool, typer.Option("--show", help="print the results stored in --db and stop")] = False,
+    csv: Annotated[str | None, typer.Option("--csv", help="write every point's row to this CSV file")] = None,
+    as_json: AsJson = False,
+    html: Annotated[str | None, typer.Option("--html", help="write a report: the Pareto front drawn, the best "
+                                                            "configurations and their timelines")] = None,
+) -> None:
+    """Search every way to train a model on a cluster with a global batch: tensor, pipeline and
+    data parallelism, micro-batch size, schedule family and chunks, partition, recompute and
+    ZeRO stage. Every point is simulated (level 3) with its memory against the devices' (the
+    bound prunes the ones that cannot win); results are ranked by throughput among those that
+    fit, with the Pareto front of time against peak memory."""
+    require(0 <= top <= 1_000_000, "top", top, "give a number of rows >= 0 (0: all)")
+    for field, path in (("csv", csv), ("html", html)):
+        if path is not None:
+            check_output_path(path, field)
+    if show:
+        results = _stored(db)
+        _write_files(results, csv=csv, html=html)
+        if as_json:
+            typer.echo(json.dumps([r.to_dict(top=top or None) for r in results], indent=1))
+            return
+        for result in results:
+            print_result(result, top=top)
+        return
+    if workers is not None:
+        require(1 <= workers <= MAX_WORKERS, "workers", workers, f"give 1..{MAX_WORKERS} processes")
+    if ray or ray_address is not None:
+        require(workers is None, "workers", workers, "not with --ray or --ray-address: Ray decides where tasks run")
+        require(not (ray and ray_address is not None), "ray-address", ray_address, "give --ray or --ray-address, not both")
+        from pipesched.experiments.ray_pool import import_ray
+
+        import_ray("--ray" if ray else "--ray-address")  # before anything is written
+    given = {
+        "model": model, "cluster": cluster, "global_batch": global_batch, "seq_len": seq_len, "gpus": gpus,
+        "schedules": tuple(split_names(schedules)) if schedules is not None else None,
+        "chunks": _numbers("chunks", chunks) or None,
+        "partitions": tuple(split_names(partitions)) if partitions is not None else None,
+        "recompute": tuple(split_names(recompute)) if recompute is not None else None,
+        "zero": _numbers("zero", zero) or None, "tensor_parallel": _numbers("tensor-parallel", tensor_parallel),
+        "pipeline": _numbers("pipeline", pipeline), "data_parallel": _numbers("dp", dp),
+        "micro_batch_sizes": _numbers("micro-batch-sizes", micro_batch_sizes),
+    }
+    space = SearchSpace(**{name: value for name, value in given.items() if value is not None})
+    space.check_capacity()  # a model the cluster cannot hold fails before the store is touched
+    from pipesched.search.store import SearchStore
+    from pipesched.search.sweep import search
+
+    bar = _ProgressBar(Console(stderr=True))
+    with SearchStore.open(db) as store, _mapper(workers, ray, ray_address) as mapper:
+        try:
+            result = search(space, store=store, mapper=mapper, prune=not no_prune, progress=bar)
+        finally:
+            bar.close()
+    _write_files([result], csv=csv, html=html)
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(top=top or None), indent=1))
+        return
+    print_result(result, top=top)
+
+
+def _mapper(workers: int | None, ray: bool, ray_address: str | None):
+    if ray or ray_address is not None:
+        from pipesched.experiments.ray_pool import ray_pool
+
+        return ray_pool(ray_address)
+    from pipesched.experiments.grid import process_map
+
+    return process_map(workers or os.cpu_count() or 1)
+
+
+def _stored(db: str) -> list[SearchResult]:
+    from pipesched.search.store import read_rows
+
+    require(Path(db).is_file(), "db", db, "no such file; give the store of a previous search (--db FILE)")
+    results = [SearchResult(space, tuple(rows), db=db) for space, rows in read_rows(db)]
+    require(bool(results), "db", db, "holds no search yet; run one with --db FILE")
+    return results
+
+
+def _write_files(results: list[SearchResult], *, csv: str | None, html: str | None) -> None:
+    console = Console(stderr=True)
+    if csv is not None:
+        console.print(f"wrote {write_atomic(csv, ''.join(r.to_csv() for r in results), 'csv')}", highlight=False)
+    if html is not None:
+        from pipesched.render.search_page import render_search_html
+
+        page = render_search_html(results[-1])
+        console.print(f"wrote {write_atomic(html, page, 'html')}", highlight=False)
+
+
+class _ProgressBar:
+    """A progress bar with the time left on stderr, when stderr is a terminal."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.bar: Progress | None = None
+        self.tasks: dict[str, object] = {}
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.console.is_terminal or total == 0:
+            return
+        if self.bar is None:
+            self.bar = Progress(TextColumn("{task.description:<9}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                console=self.console, transient=True)
+            self.bar.start()
+        if phase not in self.tasks:
+            self.tasks[phase] = self.bar.add_task(phase, total=total)
+        self.bar.update(self.tasks[phase], completed=done, total=total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / GiB:.1f} GiB"
+
+
+def _row_cells(rank: int, row: StoredRow) -> list[str]:
+    evaluated = row.status == EVALUATED
+    return [str(rank) if evaluated else "OOM", row.schedule, "-" if row.v is None else str(row.v), str(row.dp),
+            str(row.tp), str(row.pp), str(row.micro_batch_size), str(row.m), row.recompute, row.partition,
+            str(row.zero), f"{row.iteration_time_s:.4f}" if evaluated else "-",
+            f"{row.throughput_tokens_per_s:,.0f}" if evaluated else "-",
+            f"{row.mfu:.1%}" if evaluated and row.mfu is not None else "-", _gib(row.peak_memory_bytes)]
+
+
+_HEADER = ("rank", "schedule", "v", "dp", "tp", "pp", "b", "m", "recompute", "partition", "zero", "time (s)",
+           "tokens/s", "MFU", "peak memory")
+
+
+def _table(title: str, rows: list[tuple[int, StoredRow]]) -> Table:
+    table = Table(title=title)
+    for heading in _HEADER:
+        table.add_column(heading, justify="left" if heading in ("schedule", "recompute", "partition") else "right")
+    for rank, row in rows:
+        table.add_row(*_row_cells(rank, row))
+    return table
+
+
+def print_result(result: SearchResult, *, top: int) -> None:
+    """The ranking, the Pareto front, the counts and why points were left out."""
+    console = Console() if Console().is_terminal else Console(width=170)
+    space = result.space
+    shown = list(result.ranked) if top == 0 else list(result.ranked[:top])
+    total = len(result.rows)
+    console.print(f"search: {space['model']} on {space['cluster']}, global batch {space['global_batch']} x "
+                  f"{space['seq_len']} tokens; {total:,} points", highlight=False)
+    if shown:
+        console.print(_table(f"the {len(shown)} fastest configurations that fit (then the least memory-hungry that "
+                             "do not)", list(enumerate(shown, start=1))))
+    front = result.front
+    ranks = {row.key: k for k, row in enumerate(result.ranked, start=1)}
+    if front:
+        console.print(_table("Pareto front: iteration time against peak memory (none is both faster and smaller)",
+                             [(ranks[row.key], row) for row in front]))
+    counts = (f"{result.count(EVALUATED):,} evaluated (simulated, fit in memory), {result.count(OUT_OF_MEMORY):,} out "
+              f"of memory, {result.count(PRUNED):,} pruned by the bound, {result.count(INVALID):,} invalid")
+    unfinished = total - sum(result.count(s) for s in (EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID))
+    if unfinished:
+        counts += f", {unfinished:,} not finished"
+    console.print(counts, highlight=False)
+    for status, heading in ((OUT_OF_MEMORY, "out of memory"), (PRUNED, "pruned"), (INVALID, "invalid")):
+        kinds, example = result.why(status)
+        if example is None:
+            continue
+        split = ", ".join(f"{kind} {count:,}" for kind, count in kinds.most_common(6))
+        more = f", {len(kinds) - 6} more" if len(kinds) > 6 else ""
+        console.print(f"  {heading}: {split}{more}; e.g. {example.key}: {example.reason}",
+                      highlight=False, markup=False, soft_wrap=True)
+    best = result.best
+    if best is not None:
+        console.print(f"best: {best.schedule}, dp {best.dp} x pp {best.pp} x tp {best.tp}, {best.m} microbatches of "
+                      f"{best.micro_batch_size}: {best.iteration_time_s:.4f} s, {best.throughput_tokens_per_s:,.0f} "
+                      f"tokens/s; reproduce with\n  {simulate_command(space, best)}", highlight=False, markup=False,
+                      soft_wrap=True)
+    else:
+        console.print("no configuration fits in memory", highlight=False)
+    took = f" in {result.seconds:.1f} s" if result.seconds else ""
+    console.print(f"results in {result.db}{took} (run {result.runs})", highlight=False, markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("search")(search_command)

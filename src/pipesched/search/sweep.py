@@ -1,0 +1,202 @@
+"""Run a design-space search: bound every point, then simulate the promising ones, pruning the
+points that cannot beat what was found, and write every result to the store as it comes.
+
+1. Bound: every point not yet in the store, over the map. A point that cannot be built or
+   costed is ``invalid`` (with the reason); its exact peak memory per device over a device's
+   capacity makes it ``out of memory``; the others are ``bounded`` (``bounds.lower_bound``).
+2. Evaluate: the bounded points by increasing bound, in waves (``FIRST_WAVE`` points, then
+   twice as many each time, up to ``WAVE``). Before a wave, a point is ``pruned`` when an evaluated point needs no more memory and takes no
+   longer than the point's lower bound: it can be neither faster nor on the Pareto front of
+   time against memory. The rest of the wave is simulated at level 3 over the map
+   (``pipesched.experiments.evaluate_all``) and becomes ``evaluated``.
+
+Waves have fixed sizes, so a search gives the same rows with any map (one process, a pool
+of any size, Ray). A search started again on the same store resumes: the points already
+settled are read back, not computed again, and bounded ones go straight to phase 2.
+"""
+
+from __future__ import annotations
+
+import bisect
+import builtins
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from pipesched.errors import OutOfMemory, PipeschedError
+from pipesched.experiments.evaluate import Record
+from pipesched.experiments.grid import Mapper, evaluate_all
+from pipesched.experiments.point import Point
+from pipesched.search.bounds import lower_bound
+from pipesched.search.results import SearchResult
+from pipesched.search.space import SearchSpace, point_key
+from pipesched.search.store import (
+    BOUNDED,
+    EVALUATED,
+    INVALID,
+    OUT_OF_MEMORY,
+    PRUNED,
+    SearchStore,
+    StoredRow,
+)
+
+GiB = 2.0**30
+FIRST_WAVE = 8  # points simulated before the first look at what was found ...
+WAVE = 256  # ... and at most between two looks
+FLUSH_ROWS = 64  # rows per store transaction, at most ...
+FLUSH_SECONDS = 0.5  # ... or this long after the first unwritten one
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.map, prune: bool = True,
+           progress: Progress | None = None) -> SearchResult:
+    """Search ``space`` (see the module docstring), resuming what ``store`` holds of it.
+
+    ``mapper``: a ``map`` (the built-in one, ``experiments.process_map``, ``ray_pool``);
+    ``prune``: skip the points the bound rules out; ``progress(phase, done, total)`` is
+    called as results come, phases "bound" and "simulate".
+    """
+    began = time.monotonic()
+    space.check_capacity()
+    points = {point_key(point): point for point in space.points()}
+    search_id, run = store.begin(space.spec())
+    rows = {row.key: row for row in store.rows(search_id) if row.key in points}
+    writer = _Writer(store, search_id)
+
+    pending = [point for key, point in points.items() if key not in rows]
+    _report(progress, "bound", len(points) - len(pending), len(points))
+    for row in mapper(partial(bound_row, run=run), pending):
+        rows[row.key] = row
+        writer.add(row)
+        _report(progress, "bound", len(rows), len(points))
+    writer.flush()
+
+    found = _Staircase()
+    for row in rows.values():
+        if row.status == EVALUATED:
+            found.add(row)
+    queue = sorted((row for row in rows.values() if row.status == BOUNDED), key=lambda r: (r.bound_s, r.key))
+    done = 0
+    for start, stop in _waves(len(queue)):
+        wave = []
+        for row in queue[start:stop]:
+            better = found.dominating(row) if prune else None
+            if better is None:
+                wave.append(row)
+                continue
+            rows[row.key] = row.settled(PRUNED, run=run, reason=(
+                f"bound {row.bound_s:.6g} s >= {better.iteration_time_s:.6g} s of {better.key}, which needs no "
+                f"more memory ({better.peak_memory_bytes / GiB:.2f} <= {row.peak_memory_bytes / GiB:.2f} GiB)"))
+            writer.add(rows[row.key])
+        done += stop - start - len(wave)
+        for row, record in zip(wave, evaluate_all([points[r.key] for r in wave], ("sim",), mapper=mapper),
+                               strict=True):
+            rows[row.key] = settled = _settle(row, record, run)
+            if settled.status == EVALUATED:
+                found.add(settled)
+            writer.add(settled)
+            done += 1
+            _report(progress, "simulate", done, len(queue))
+        writer.flush()
+    _report(progress, "simulate", done, len(queue))
+    return SearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
+                        seconds=time.monotonic() - began, db=str(store.path), runs=run)
+
+
+def _waves(count: int) -> list[tuple[int, int]]:
+    """(start, stop) of each wave: FIRST_WAVE points, then twice as many each time up to WAVE,
+    so pruning starts after a few simulations."""
+    bounds, start, size = [], 0, FIRST_WAVE
+    while start < count:
+        bounds.append((start, min(count, start + size)))
+        start, size = start + size, min(WAVE, 2 * size)
+    return bounds
+
+
+def bound_row(point: Point, *, run: int = 0) -> StoredRow:
+    """Phase 1 for one point: its row, ``bounded``, ``out of memory`` or ``invalid``."""
+    row = StoredRow(point_key(point), point.family, point.v, point.dp, point.tp, point.p, point.micro_batch_size,
+                    point.m, point.recompute, point.partition, point.zero, BOUNDED, run=run)
+    try:
+        bound = lower_bound(point)
+    except OutOfMemory as exc:
+        return row.settled(OUT_OF_MEMORY, reason=str(exc))
+    except PipeschedError as exc:
+        return row.settled(INVALID, reason=str(exc))
+    largest = max(range(len(bound.peak_memory)), key=bound.peak_memory.__getitem__)
+    capacity = bound.capacity[largest] if bound.capacity is not None else None
+    row = row.settled(BOUNDED, bound_s=bound.seconds, peak_memory_bytes=bound.peak_memory[largest],
+                      capacity_bytes=capacity)
+    if bound.fits:
+        return row
+    worst = bound.worst_device
+    return row.settled(OUT_OF_MEMORY, reason=(
+        f"device {worst} needs {bound.peak_memory[worst] / GiB:.2f} GiB (of {bound.capacity[worst] / GiB:.0f} GiB)"))
+
+
+def _settle(row: StoredRow, record: Record, run: int) -> StoredRow:
+    """Phase 2 for one point: what its level-3 record says."""
+    if not record.ok:
+        return row.settled(INVALID, run=run, reason=record.error or "")
+    result = record.results[0]
+    return row.settled(OUT_OF_MEMORY if result.out_of_memory else EVALUATED, run=run,
+                       iteration_time_s=result.iteration_time, throughput_tokens_per_s=result.throughput_tokens_per_s,
+                       mfu=result.mfu, peak_memory_bytes=result.peak_memory,
+                       reason="over a device's memory in the simulation" if result.out_of_memory else "")
+
+
+def _report(progress: Progress | None, phase: str, done: int, total: int) -> None:
+    if progress is not None:
+        progress(phase, done, total)
+
+
+@dataclass
+class _Staircase:
+    """The evaluated rows no other beats in both time and memory, by increasing memory (and
+    decreasing time): the points a candidate must beat."""
+
+    memory: list[float] = field(default_factory=list)
+    rows: list[StoredRow] = field(default_factory=list)
+
+    def dominating(self, row: StoredRow) -> StoredRow | None:
+        """An evaluated row with no more memory than ``row`` and a time within its bound."""
+        return self._within(row.peak_memory_bytes, row.bound_s)
+
+    def _within(self, memory: float, seconds: float) -> StoredRow | None:
+        index = bisect.bisect_right(self.memory, memory) - 1
+        if index >= 0 and self.rows[index].iteration_time_s <= seconds:
+            return self.rows[index]
+        return None
+
+    def add(self, row: StoredRow) -> None:
+        if self._within(row.peak_memory_bytes, row.iteration_time_s) is not None:
+            return  # no better than a row with no more memory
+        start = bisect.bisect_left(self.memory, row.peak_memory_bytes)
+        stop = start
+        while stop < len(self.rows) and self.rows[stop].iteration_time_s >= row.iteration_time_s:
+            stop += 1  # rows with as much memory or more that are no faster fall off
+        self.memory[start:stop] = [row.peak_memory_bytes]
+        self.rows[start:stop] = [row]
+
+
+class _Writer:
+    """Rows to the store in transactions of up to FLUSH_ROWS rows or FLUSH_SECONDS."""
+
+    def __init__(self, store: SearchStore, search_id: int) -> None:
+        self.store, self.search_id = store, search_id
+        self.rows: list[StoredRow] = []
+        self.since = 0.0
+
+    def add(self, row: StoredRow) -> None:
+        if not self.rows:
+            self.since = time.monotonic()
+        self.rows.append(row)
+        if len(self.rows) >= FLUSH_ROWS or time.monotonic() - self.since >= FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        self.store.write(self.search_id, self.rows)
+        self.rows = []
+

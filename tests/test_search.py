@@ -1,0 +1,384 @@
+"""`pipesched search`: a small space checked exhaustively against every point evaluated one by
+one, pruning that loses nothing, the same rows with 1 and 2 workers and with a local Ray, a
+search killed with SIGKILL and resumed, the store's refusals, bad input, and the outputs
+(--json, --csv, --show, --html)."""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import assert_one_line_error
+from pipesched.errors import PipeschedError
+from pipesched.experiments import evaluate, process_map
+from pipesched.search.bounds import lower_bound
+from pipesched.search.results import pareto_front, row_point
+from pipesched.search.space import SearchSpace, point_key
+from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, SearchStore
+from pipesched.search.sweep import search
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+# llama3-8b on one node of 8 H100: 6 layouts, 280 points, every status occurs
+SMALL = SearchSpace(model="llama3-8b", cluster="1x8-h100", global_batch=8,
+                    schedules=("1f1b", "zb-h1", "zb-v", "interleaved-1f1b", "chimera"), chunks=(2,),
+                    partitions=("balanced", "memory"), recompute=("selective",))
+
+
+def _rows(result) -> dict[str, tuple]:
+    """Each row's content without the run that wrote it."""
+    return {row.key: dataclasses.astuple(dataclasses.replace(row, run=0)) for row in result.rows}
+
+
+@pytest.fixture(scope="module")
+def one_by_one() -> dict[str, object]:
+    """Every point of SMALL evaluated alone, at level 3."""
+    return {point_key(point): evaluate(point, ("sim",)) for point in SMALL.points()}
+
+
+@pytest.fixture(scope="module")
+def pruned_run(tmp_path_factory) -> object:
+    with SearchStore.open(tmp_path_factory.mktemp("pruned") / "s.sqlite") as store:
+        return search(SMALL, store=store)
+
+
+def test_space_enumerates_every_layout_batch_split_and_option() -> None:
+    points = SMALL.points()
+    assert len(points) == 280 and len({point_key(p) for p in points}) == 280
+    assert {(p.tp, p.p, p.dp) for p in points} == {(1, 2, 4), (1, 4, 2), (1, 8, 1), (2, 2, 2), (2, 4, 1), (4, 2, 1)}
+    for point in points:
+        assert point.dp * point.p * point.tp == 8 and point.dp * point.micro_batch_size * point.m == 8
+        assert point.zero == 0 or point.dp > 1
+        assert (point.v == 2) == (point.family == "interleaved-1f1b")
+
+
+def test_small_space_matches_every_point_evaluated_one_by_one(pruned_run, one_by_one, tmp_path) -> None:
+    with SearchStore.open(tmp_path / "all.sqlite") as store:
+        exhaustive = search(SMALL, store=store, prune=False)
+    statuses = {row.status for row in pruned_run.rows}
+    assert statuses == {EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID}
+    assert exhaustive.count(PRUNED) == 0 and exhaustive.count(BOUNDED) == 0
+    fitting = {}
+    for row in exhaustive.rows:
+        record = one_by_one[row.key]
+        if row.status == INVALID:
+            assert not record.ok and row.reason in record.error
+            continue
+        if row.status == OUT_OF_MEMORY and not record.ok:
+            assert "no partition" in record.error  # the memory partition finds none that fits
+            continue
+        result = record.results[0]
+        assert row.bound_s <= result.iteration_time * (1 + 1e-12)  # the bound is a lower bound
+        assert row.peak_memory_bytes == result.peak_memory  # exact before simulating
+        assert (row.status == OUT_OF_MEMORY) == result.out_of_memory
+        if row.status == EVALUATED:
+            assert row.iteration_time_s == result.iteration_time
+            assert row.throughput_tokens_per_s == result.throughput_tokens_per_s
+            assert row.mfu == result.mfu
+            fitting[row.key] = (result.iteration_time, result.peak_memory)
+    assert fitting and len(fitting) == exhaustive.count(EVALUATED)
+    # pruning evaluates fewer points, and loses neither the best nor the front
+    assert pruned_run.count(EVALUATED) < exhaustive.count(EVALUATED)
+    best_key = min(fitting, key=lambda k: (fitting[k], k))
+    assert pruned_run.best.key == exhaustive.best.key == best_key
+    assert [r.key for r in pruned_run.front] == [r.key for r in exhaustive.front]
+    front = sorted(fitting, key=lambda k: (fitting[k][1], fitting[k][0], k))
+    expected, fastest = [], float("inf")
+    for key in front:
+        if fitting[key][0] < fastest:
+            expected.append(key)
+            fastest = fitting[key][0]
+    assert [r.key for r in exhaustive.front] == expected
+    for row in pruned_run.rows:
+        if row.status == PRUNED:
+            better = row.reason.split(" of ", 1)[1].split(", which")[0]
+            assert fitting[better][0] <= fitting[row.key][0] and fitting[better][1] <= fitting[row.key][1]
+        elif row.status == EVALUATED:
+            assert _rows(pruned_run)[row.key] == _rows(exhaustive)[row.key]
+
+
+def test_same_rows_with_one_and_two_workers(pruned_run, tmp_path) -> None:
+    with SearchStore.open(tmp_path / "two.sqlite") as store, process_map(2) as mapper:
+        two = search(SMALL, store=store, mapper=mapper)
+    assert _rows(two) == _rows(pruned_run)
+
+
+@pytest.mark.slow
+def test_same_rows_on_a_local_ray(tmp_path) -> None:
+    if importlib.util.find_spec("ray") is None:  # not imported here: the pool starts Ray on the loopback address
+        pytest.skip("Ray is not installed")
+    from pipesched.experiments.ray_pool import ray_pool
+
+    space = dataclasses.replace(SMALL, partitions=("balanced",))
+    with SearchStore.open(tmp_path / "one.sqlite") as store:
+        alone = search(space, store=store)
+    with SearchStore.open(tmp_path / "ray.sqlite") as store, ray_pool(workers=2) as mapper:
+        import ray
+
+        assert ray.util.get_node_ip_address() == "127.0.0.1"  # loopback only
+        on_ray = search(space, store=store, mapper=mapper)
+    assert _rows(on_ray) == _rows(alone)
+    assert on_ray.count(EVALUATED) > 0
+
+
+def test_bounds_are_lower_bounds_with_every_family() -> None:
+    from pipesched.experiments import Point
+    from pipesched.generators import FAMILIES
+
+    for family in FAMILIES:
+        for dp, p, m in ((1, 4, 8), (2, 4, 8), (2, 2, 4)):
+            point = Point(family, p=p, m=m, dp=dp, tp=1, model="llama3-8b", cluster="1x8-h100",
+                          zero=1 if dp > 1 else 0)
+            record = evaluate(point, ("sim",))
+            if not record.ok:
+                continue
+            bound = lower_bound(point)
+            assert bound.seconds <= record.results[0].iteration_time * (1 + 1e-12), family
+            assert max(bound.peak_memory) == record.results[0].peak_memory
+            assert bound.closed_form_s <= bound.seconds and bound.work_s <= bound.seconds
+
+
+def _settled(db: Path, status: str | None = None) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+            query = "SELECT count(*) FROM points" + ("" if status is None else " WHERE status = ?")
+            return connection.execute(query, () if status is None else (status,)).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def _killed_when(args: list[str], db: Path, ready) -> None:
+    """Start a search, SIGKILL it as soon as ``ready(db)`` holds, and wait for it."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    process = subprocess.Popen([sys.executable, "-c", "from pipesched.cli import main; main()", *args],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not ready(db):
+        assert process.poll() is None, "the search ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+@pytest.mark.slow
+def test_a_killed_search_resumes_without_recomputing_or_losing_points(tmp_path) -> None:
+    space = dataclasses.replace(SMALL, schedules=("1f1b", "zb-h1", "zb-v", "interleaved-1f1b", "chimera", "gpipe",
+                                                  "v-half"), partitions=("uniform", "balanced", "memory"),
+                                recompute=("selective", "full"))
+    args = ["search", "--model", space.model, "--cluster", space.cluster, "--global-batch", "8",
+            "--schedules", ",".join(space.schedules), "--chunks", "2", "--partitions", ",".join(space.partitions),
+            "--recompute", ",".join(space.recompute), "--workers", "1", "--no-prune", "--db"]
+    db = tmp_path / "killed.sqlite"
+    total = len(space.points())
+    snapshots = []
+    # killed while bounding, then again while simulating
+    for ready in (lambda path: _settled(path) >= 150,
+                  lambda path: _settled(path, EVALUATED) >= 10 and _settled(path, BOUNDED) >= 10):
+        _killed_when([*args, str(db)], db, ready)
+        with SearchStore.open(db) as store:  # the store opens: nothing is damaged
+            (search_id, _), = store.searches()
+            rows = {row.key: row for row in store.rows(search_id)}
+        unsettled = total - len(rows) + sum(1 for row in rows.values() if row.status == BOUNDED)
+        assert len(rows) > 0 and unsettled > 0
+        for row in rows.values():
+            assert row.status in (BOUNDED, EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID)
+            if row.status in (BOUNDED, EVALUATED):
+                assert row.bound_s is not None and row.peak_memory_bytes is not None
+            if row.status == EVALUATED:
+                assert row.iteration_time_s is not None and row.throughput_tokens_per_s is not None
+        snapshots.append(rows)
+    assert len(snapshots[1]) >= len(snapshots[0])
+    with SearchStore.open(db) as store:
+        resumed = search(space, store=store, prune=False)
+    with SearchStore.open(tmp_path / "whole.sqlite") as store:
+        whole = search(space, store=store, prune=False)
+    assert resumed.runs == 3 and len(resumed.rows) == total and resumed.complete
+    assert _rows(resumed) == _rows(whole)
+    after = {row.key: row for row in resumed.rows}
+    for rows in snapshots:
+        for key, row in rows.items():
+            if row.status != BOUNDED:  # a settled point is never computed again
+                assert after[key] == row
+    assert any(row.run == 3 for row in resumed.rows) and any(row.run == 1 for row in resumed.rows)
+
+
+# --- the store ------------------------------------------------------------------------------
+def test_store_refuses_foreign_and_damaged_files_and_leaves_them(tmp_path, cli) -> None:
+    args = ["search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8", "--schedules", "1f1b",
+            "--partitions", "balanced", "--recompute", "selective", "--tensor-parallel", "4", "--db"]
+    text = tmp_path / "notes.sqlite"
+    text.write_bytes(b"my notes, not a database\n" * 40)
+    foreign = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(foreign) as connection:
+        connection.execute("CREATE TABLE users (name TEXT)")
+        connection.execute("INSERT INTO users VALUES ('ada')")
+    damaged = tmp_path / "damaged.sqlite"
+    assert cli(*args, str(damaged)).code == 0
+    for leftover in tmp_path.glob("damaged.sqlite-*"):
+        leftover.unlink()
+    data = bytearray(damaged.read_bytes())
+    assert len(data) > 3 * 4096
+    data[4096:3 * 4096] = b"\xa5" * (2 * 4096)  # pages of the tables overwritten
+    damaged.write_bytes(bytes(data))
+    for path, fragments in ((text, ("not a SQLite database",)), (foreign, ("another program's SQLite database",)),
+                            (damaged, ("damaged", "left as it is"))):
+        before = path.read_bytes()
+        result = cli(*args, str(path))
+        assert_one_line_error(result, f"db={path}")
+        for fragment in fragments:
+            assert fragment in result.err
+        assert path.read_bytes() == before
+        assert_one_line_error(cli("search", "--db", str(path), "--show"), f"db={path}")
+        assert path.read_bytes() == before
+
+
+def test_store_keeps_several_searches_and_shows_them(tmp_path, cli) -> None:
+    db = tmp_path / "two.sqlite"
+    base = ["search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--schedules", "1f1b,zb-v",
+            "--partitions", "balanced", "--recompute", "selective", "--db", str(db)]
+    first = cli(*base, "--global-batch", "8", "--json")
+    assert first.code == 0, first
+    again = cli(*base, "--global-batch", "8", "--json")
+    second = cli(*base, "--global-batch", "16", "--json")
+    assert json.loads(again.out)["rows"] == json.loads(first.out)["rows"]
+    assert json.loads(second.out)["space"]["global_batch"] == 16
+    shown = cli("search", "--db", str(db), "--show", "--json")
+    assert shown.code == 0, shown
+    stored = json.loads(shown.out)
+    assert [s["space"]["global_batch"] for s in stored] == [8, 16]
+    assert stored[0]["best"] == json.loads(first.out)["best"]
+    text = cli("search", "--db", str(db), "--show", "--top", "3")
+    assert text.code == 0 and text.out.count("global batch") == 2 and "best: " in text.out
+    csv_path = tmp_path / "rows.csv"
+    assert cli("search", "--db", str(db), "--show", "--csv", str(csv_path)).code == 0
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("key,schedule,v,dp,tp,pp,micro_batch_size,m,recompute,partition,zero,status")
+    assert len(lines) == 1 + sum(s["points"] for s in stored) + 1  # two searches, two headers
+    assert_one_line_error(cli("search", "--db", str(tmp_path / "none.sqlite"), "--show"), "db=", "no such file")
+
+
+# --- command line ---------------------------------------------------------------------------
+def test_search_json_and_html(tmp_path, cli) -> None:
+    page = tmp_path / "search.html"
+    result = cli("search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8",
+                 "--schedules", "1f1b,zb-v,interleaved-1f1b", "--chunks", "2", "--partitions", "balanced",
+                 "--recompute", "selective,full", "--db", str(tmp_path / "s.sqlite"), "--json", "--top", "5",
+                 "--html", str(page))
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    assert set(data) >= {"best", "rows", "evaluated", "pruned", "out_of_memory", "invalid", "seconds",
+                         "pareto_front"}
+    assert len(data["rows"]) == 5
+    for row in data["rows"]:
+        assert set(row) >= {"schedule", "dp", "tp", "pp", "v", "micro_batch_size", "m", "recompute",
+                            "iteration_time_s", "throughput_tokens_per_s", "mfu", "peak_memory_bytes", "fits"}
+    assert data["rows"][0] == data["best"] and data["best"]["fits"]
+    times = [row["iteration_time_s"] for row in data["rows"] if row["fits"]]
+    assert times == sorted(times)
+    assert data["rows"][0]["throughput_tokens_per_s"] == pytest.approx(8 * 4096 / times[0])
+    assert data["evaluated"] + data["pruned"] + data["out_of_memory"] + data["invalid"] == data["points"]
+    html = page.read_text()
+    assert html.count('class="front"') == len(data["pareto_front"]) and 'class="best"' in html
+    assert html.count("<circle") >= data["evaluated"] and '"timelines":[{' in html
+
+
+def test_best_of_the_default_scenario_beats_compare_and_simulate_reproduces_it(tmp_path, cli) -> None:
+    # the default scenario's model, cluster and global batch (32 sequences of 4096 tokens),
+    # over the layouts and options the default compare shares with its neighbours
+    result = cli("search", "--tensor-parallel", "4,8", "--recompute", "selective", "--partitions", "balanced",
+                 "--micro-batch-sizes", "1", "--db", str(tmp_path / "default.sqlite"), "--json")
+    assert result.code == 0, result
+    best = json.loads(result.out)["best"]
+    compared = cli("compare", "--levels", "sim", "--json")
+    assert compared.code == 0
+    fitting = [r["iteration_time"] for r in json.loads(compared.out)["records"] if not r["out_of_memory"]]
+    assert best["iteration_time_s"] <= min(fitting)
+    args = ["simulate", best["schedule"], "-p", str(best["pp"]), "-m", str(best["m"]), "-t", str(best["tp"]),
+            "--dp", str(best["dp"]), "--zero", str(best["zero"]), "-b", str(best["micro_batch_size"]),
+            "--recompute", best["recompute"], "--partition", best["partition"], "--json"]
+    if best["v"] is not None:
+        args += ["-v", str(best["v"])]
+    simulated = json.loads(cli(*args).out)
+    assert simulated["iteration_time_s"] == best["iteration_time_s"]
+    assert max(simulated["peak_memory_bytes"]) == best["peak_memory_bytes"]
+    assert simulated["throughput_tokens_per_s"] == pytest.approx(best["throughput_tokens_per_s"])
+
+
+def test_bad_input_one_line_and_no_store(tmp_path, cli, monkeypatch) -> None:
+    db = tmp_path / "new.sqlite"
+    small = ["--model", "llama3-8b", "--cluster", "1x8-h100", "--db", str(db)]
+    assert_one_line_error(cli("search", *small, "--global-batch", "3", "--dp", "2,4"),
+                          "global_batch=3", "not divisible by any data-parallel size", "2, 4")
+    assert_one_line_error(cli("search", "--model", "llama3-405b", "--cluster", "1x8-h100", "--db", str(db)),
+                          "cluster=1x8-h100", "cannot hold llama3-405b")
+    assert_one_line_error(cli("search", *small, "--global-batch", "0"), "global_batch=0")
+    assert_one_line_error(cli("search", *small, "--gpus", "9"), "gpus=9")
+    assert_one_line_error(cli("search", *small, "--tensor-parallel", "two"), "tensor-parallel='two'")
+    assert_one_line_error(cli("search", *small, "--schedules", "nope"), "schedule='nope'")
+    assert_one_line_error(cli("search", *small, "--recompute", "some"), "recompute=some")
+    assert_one_line_error(cli("search", *small, "--workers", "0"), "workers=0")
+    assert_one_line_error(cli("search", *small, "--ray", "--workers", "2"), "workers=2", "not with --ray")
+    monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
+    assert_one_line_error(cli("search", *small, "--ray"), "ray=not installed", "pip install 'pipesched[ray]'")
+    assert_one_line_error(cli("search", *small, "--ray-address", "10.0.0.1:6379"), "ray-address=not installed")
+    assert not db.exists()
+
+
+def test_space_rejects_impossible_splits() -> None:
+    with pytest.raises(PipeschedError, match="gpus=8: no tensor-parallel x pipeline x data-parallel split"):
+        SearchSpace(model="llama3-8b", cluster="1x8-h100", pipeline=(3,)).layouts()
+    with pytest.raises(PipeschedError, match=r"space=[\d,]+ points: at most 500,000 in one search"):
+        SearchSpace(global_batch=1 << 20, chunks=tuple(range(2, 60))).points()
+    assert pareto_front([]) == []
+
+
+@pytest.mark.parametrize("name", ["pipesched.search.space", "pipesched.search.results"])
+def test_docstring_examples_run(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_rows_name_their_points() -> None:
+    point = SMALL.points()[17]
+    assert point_key(row_point(SMALL.spec(), _row_of(point))) == point_key(point)
+
+
+def _row_of(point):
+    from pipesched.search.sweep import bound_row
+
+    return bound_row(point)
+
+
+def test_progress_bar_with_time_left_on_a_terminal_only() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pipesched.cli.search import _ProgressBar
+
+    screen = io.StringIO()
+    bar = _ProgressBar(Console(file=screen, force_terminal=True, width=100))
+    for done in range(0, 101, 25):
+        bar("bound", done, 100)
+    bar("simulate", 3, 10)
+    bar.close()
+    shown = screen.getvalue()
+    assert "bound" in shown and "simulate" in shown and "ETA" in shown and "3/10" in shown
+    piped = io.StringIO()
+    quiet = _ProgressBar(Console(file=piped, force_terminal=False))
+    quiet("bound", 5, 10)
+    quiet.close()
+    assert piped.getvalue() == ""
