@@ -3,7 +3,7 @@ its closed-form model, exported as ``FAMILY``."""
 
 from __future__ import annotations
 
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.generators import (
     chimera,
     dualpipe,
@@ -20,6 +20,7 @@ from pipesched.generators import (
     zb_v,
 )
 from pipesched.generators.base import Family, FormulaEstimate, SlotCosts
+from pipesched.limits import MAX_DEVICES, MAX_STAGES, check_count, check_table_size
 from pipesched.schedule import Schedule
 
 # Listing order is the order of `pipesched list` and of comparisons.
@@ -49,7 +50,8 @@ def get_family(name: str) -> Family:
         return FAMILIES[name]
     except KeyError:
         known = ", ".join(FAMILIES)
-        raise PipeschedError(f"schedule={name!r}: unknown family; known families: {known}") from None
+        raise PipeschedError(f"schedule={shorten(name)!r}: unknown family{suggest(name, FAMILIES)}; "
+                             f"known families: {known}") from None
 
 
 def generate(name: str, p: int, m: int, *, v: int | None = None, **options: object) -> Schedule:
@@ -71,18 +73,11 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, **options: obje
     return family.build(p, m, **options)
 
 
-# Largest table generate() builds: 2^23 ops, ten times ZB-V at p=128, m=1024 (786k ops),
-# about 1 GiB of op tuples; larger sizes are almost surely a typo.
-MAX_OPS = 2**23
-
-
 def _check_size(p: int, m: int, v: int) -> None:
-    ops = 3 * max(p, 1) * max(v, 1) * max(m, 1)  # upper bound: F, I, W per stage-microbatch
-    if ops > MAX_OPS:
-        raise PipeschedError(
-            f"size=p{p} x m{m} x v{v}: about {ops:,} ops, over the {MAX_OPS:,} this tool builds; "
-            "lower p, m or v"
-        )
+    """Refuse sizes over the limits before any op is built (the families check the rest)."""
+    check_count("p", p, MAX_DEVICES, minimum=None, what="pipeline devices")
+    check_count("v", v, MAX_STAGES, minimum=None, what="stages")
+    check_table_size(max(p, 1) * max(v, 1), m, label=f"p{p} x m{m} x v{v}")
 
 
 def formula(name: str, p: int, m: int, *, v: int | None = None, costs: SlotCosts | None = None) -> FormulaEstimate:
