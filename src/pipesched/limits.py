@@ -54,6 +54,7 @@ MAX_AMOUNT = 1e21  # any byte count, bandwidth, FLOP count, FLOP/s or parameter 
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
 MAX_TIMEOUT_S = 7 * 86400.0  # seconds a launch may be given
+MAX_THREADS = 1024  # torch threads per rank
 
 # What the README's table shows: (limit name, value, what it bounds).
 LIMITS = (
@@ -80,6 +81,7 @@ LIMITS = (
     ("MAX_AMOUNT", MAX_AMOUNT, "bytes, bytes/s, FLOPs, FLOP/s or parameters"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),
     ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout"),
+    ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),
 )
 
 

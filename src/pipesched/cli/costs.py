@@ -12,6 +12,7 @@ from rich.table import Table
 
 from pipesched.errors import PipeschedError, require
 from pipesched.generators import generate
+from pipesched.limits import MAX_AMOUNT, MAX_DEVICES, MAX_STAGES, check_amount, check_count
 from pipesched.model import (
     LAYER_COLUMNS,
     METHODS,
@@ -213,9 +214,12 @@ def partition(
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
 ) -> None:
     """Split a model's layers into p x v pipeline stages and show each stage's time and memory."""
-    require(p >= 1, "p", p, "must be at least 1")
-    require(v is None or v >= 1, "v", v, "must be at least 1")
-    require(memory_limit is None or memory_limit > 0, "memory-limit", memory_limit, "must be > 0 GiB")
+    check_count("p", p, MAX_DEVICES, what="pipeline devices")
+    if v is not None:
+        check_count("v", v, MAX_STAGES, what="stages")
+    check_count("stages", p * (v or 1), MAX_STAGES, what="stages (p x v)")
+    if memory_limit is not None:
+        check_amount("memory-limit", memory_limit, limit=MAX_AMOUNT / GiB, above_minimum=True, unit="GiB")
     spec = load_model(model)
     settings = _settings(micro_batch_size, seq_len, dtype, recompute, tensor_parallel, sequence_parallel)
     built = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipesched.errors import PipeschedError
+from pipesched.limits import MAX_NUMBER_CHARS
 
 
 def parse_settings(pairs: list[str] | None) -> dict[str, object]:
@@ -18,6 +19,8 @@ def parse_settings(pairs: list[str] | None) -> dict[str, object]:
 
 
 def _number(text: str) -> object:
+    if len(text) > MAX_NUMBER_CHARS:  # no number is this long: the option says what it wants
+        return text
     for convert in (int, float):
         try:
             return convert(text)

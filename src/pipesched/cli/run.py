@@ -13,9 +13,10 @@ from rich.table import Table
 
 from pipesched.cli.options import split_names
 from pipesched.cli.schedules import load_or_generate
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import PipeschedError, require, shorten
 from pipesched.generators import FAMILIES
 from pipesched.io.files import check_output_path, write_atomic
+from pipesched.limits import MAX_DEVICES, MAX_LAYERS, MAX_STAGES, check_count, parse_int
 from pipesched.model import load_model
 from pipesched.partition import Partition
 from pipesched.schedule import Schedule
@@ -196,7 +197,9 @@ def profile_command(
         summary["layers"] = [{"name": layer.name, "forward_s": layer.forward_s, "backward_input_s": layer.backward_input_s,
                               "backward_weight_s": layer.backward_weight_s} for layer in layers]
     else:
-        require(p >= 1 and v >= 1, "p", p, "-p and -v must be at least 1")
+        check_count("p", p, MAX_DEVICES, what="pipeline devices")
+        check_count("v", v, MAX_STAGES, what="stages")
+        check_count("stages", p * v, MAX_STAGES, what="stages (p x v)")
         chosen = stage_partition(spec, p * v, _parse_partition(partition) if partition else None)
         costs = profile_stages(spec, [chosen], options)[0]
         overhead = profile_overhead(runtime=runtime, backend=backend, model=spec, micro_batch_size=micro_batch_size,
@@ -221,11 +224,11 @@ def profile_command(
 
 
 def _parse_partition(text: str) -> Partition:
-    try:
-        sizes = [int(part) for part in text.split("|")]
-    except ValueError:
-        raise PipeschedError(f"partition={text!r}: write layers per stage like 3|4|3") from None
-    return Partition.from_sizes(sizes)
+    parts = text.split("|", maxsplit=MAX_STAGES)
+    require(len(parts) <= MAX_STAGES, "partition", text, f"more than {MAX_STAGES:,} stages, over the limit")
+    if not all(part.strip().isdigit() for part in parts):
+        raise PipeschedError(f"partition={shorten(text)!r}: write layers per stage like 3|4|3")
+    return Partition.from_sizes([parse_int("partition", part, MAX_LAYERS, minimum=0, what="layers") for part in parts])
 
 
 # --- check ---------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.generators import FAMILIES, formula, generate, get_family
 from pipesched.generators.base import SlotCosts
 from pipesched.io.files import check_output_path, write_atomic
+from pipesched.limits import MAX_OPS, check_count
 from pipesched.slot_table import slot_table, table_metrics
 from pipesched.validate import format_report, validate
 
@@ -87,6 +88,8 @@ def validate_file(
     memory_limit: Annotated[int | None, typer.Option("--memory-limit", help="max in-flight stage-microbatches per device")] = None,
 ) -> None:
     """Check a schedule file: exit 0 valid, 1 violations (with the report), 2 unreadable."""
+    if memory_limit is not None:
+        check_count("memory-limit", memory_limit, MAX_OPS, what="in-flight stage-microbatches")
     schedule = io.load_schedule(path)
     violations = validate(schedule, memory_limit=memory_limit)
     if violations:

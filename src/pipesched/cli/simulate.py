@@ -16,6 +16,15 @@ from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, pr
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES
 from pipesched.io.stage_costs import load_stage_costs
+from pipesched.limits import (
+    MAX_AMOUNT,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_SECONDS,
+    MAX_SEQ_LEN,
+    check_amount,
+    check_count,
+    check_number_text,
+)
 from pipesched.metrics import summarize
 from pipesched.schedule import Schedule
 from pipesched.simulate import simulate
@@ -43,14 +52,16 @@ NoOverlap = Annotated[bool, typer.Option("--no-overlap", help="blocking runtime:
 
 def parse_bandwidth(text: str | None) -> float:
     """``--bandwidth`` text -> bytes/s (``inf`` allowed)."""
-    if text is None:
+    if text is None or text.strip().lower() in ("inf", "infinity"):
         return math.inf
     try:
-        value = float(text)
+        value = float(check_number_text("bandwidth", text))
     except ValueError:
         raise PipeschedError(f"bandwidth={text!r}: not a number; give bytes/s like 2.5e10, or inf") from None
     if not value > 0:
         raise PipeschedError(f"bandwidth={text}: must be > 0 bytes/s (use inf for free links)")
+    if not value <= MAX_AMOUNT:
+        raise PipeschedError(f"bandwidth={text}: over the limit of {MAX_AMOUNT:g} bytes/s; write inf for free links")
     return value
 
 
@@ -80,10 +91,13 @@ def build_setup(
         if num_stages is not None and num_stages % costs.num_stages:
             raise PipeschedError(f"stage_costs={stage_costs}: {costs.num_stages} stage rows but the schedule has "
                                  f"{num_stages} stages; give {num_stages} rows (or a divisor of {num_stages})")
-        links = latency if latency is not None else 0.0
+        links = check_amount("latency", latency, limit=MAX_SECONDS, unit="seconds") if latency is not None else 0.0
         rate = parse_bandwidth(bandwidth)
+        batch = check_count("micro-batch-size", micro_batch_size, MAX_MICRO_BATCH_SIZE) if micro_batch_size is not None else 1
+        if seq_len is not None:
+            check_count("seq-len", seq_len, MAX_SEQ_LEN)
         return SimulationSetup.from_costs(costs, latency=links, bandwidth=rate,
-                                          micro_batch_size=micro_batch_size or 1, seq_len=seq_len,
+                                          micro_batch_size=batch, seq_len=seq_len,
                                           description=f"stage costs {stage_costs}, links {links:g} s + bytes / {rate:g} B/s")
     if latency is not None or bandwidth is not None:
         name = "latency" if latency is not None else "bandwidth"

@@ -198,12 +198,13 @@ class TrainingSettings:
     optimizer_bytes: float = 12.0  # bytes per parameter for optimizer state (fp32 master + Adam m, v)
 
     def __post_init__(self) -> None:
-        for field_name, limit in (("micro_batch_size", MAX_MICRO_BATCH_SIZE), ("seq_len", MAX_SEQ_LEN),
-                                  ("tensor_parallel", MAX_TENSOR_PARALLEL)):
+        for field_name, limit, what in (("micro_batch_size", MAX_MICRO_BATCH_SIZE, "sequences per microbatch"),
+                                        ("seq_len", MAX_SEQ_LEN, "tokens per sequence"),
+                                        ("tensor_parallel", MAX_TENSOR_PARALLEL, "tensor-parallel ranks")):
             value = getattr(self, field_name)
             require(isinstance(value, int) and not isinstance(value, bool) and value > 0, field_name, value,
                     "must be a positive integer")
-            check_count(field_name, value, limit)
+            check_count(field_name, value, limit, what=what)
         require(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel,
                 "must be true or false")
         require(self.dtype in DTYPE_BYTES, "dtype", self.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")

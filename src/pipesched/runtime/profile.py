@@ -41,6 +41,16 @@ import yaml
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import (
+    MAX_DEVICES,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_REPEATS,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_TIMEOUT_S,
+    check_amount,
+    check_count,
+)
 from pipesched.model.loading import LAYER_COLUMNS
 from pipesched.model.spec import LayerCost, ModelSpec
 from pipesched.partition import Partition
@@ -87,9 +97,11 @@ class ProfileOptions:
 
     def __post_init__(self) -> None:
         require(self.device in PROFILE_DEVICES, "device", self.device, "must be cpu or cuda")
-        for name in ("micro_batch_size", "seq_len", "repeats", "threads", "ranks"):
-            require(getattr(self, name) >= 1, name, getattr(self, name), "must be at least 1")
-        require(self.warmup >= 0, "warmup", self.warmup, "must be >= 0")
+        for name, limit in (("micro_batch_size", MAX_MICRO_BATCH_SIZE), ("seq_len", MAX_SEQ_LEN),
+                            ("repeats", MAX_REPEATS), ("threads", MAX_THREADS), ("ranks", MAX_DEVICES)):
+            check_count(name, getattr(self, name), limit)
+        check_count("warmup", self.warmup, MAX_REPEATS, minimum=0)
+        check_amount("timeout", self.timeout_s, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
 
     @property
     def backend(self) -> str:

@@ -17,6 +17,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import (
+    MAX_MICRO_BATCH_SIZE,
+    MAX_REPEATS,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_TIMEOUT_S,
+    check_amount,
+    check_count,
+)
 from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition, uniform
 from pipesched.runtime.launch import Fault, LaunchSpec, launch
@@ -54,14 +63,15 @@ class RunOptions:
     profile_repeats: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_size", "seq_len", "steps", "threads"):
-            require(getattr(self, name) >= 1, name, getattr(self, name), "must be at least 1")
-        require(self.warmup >= 0, "warmup", self.warmup, "must be >= 0")
-        require(self.profile_repeats >= 0, "profile_repeats", self.profile_repeats, "must be >= 0")
+        for name, limit in (("micro_batch_size", MAX_MICRO_BATCH_SIZE), ("seq_len", MAX_SEQ_LEN),
+                            ("steps", MAX_REPEATS), ("threads", MAX_THREADS)):
+            check_count(name, getattr(self, name), limit)
+        check_count("warmup", self.warmup, MAX_REPEATS, minimum=0)
+        check_count("profile_repeats", self.profile_repeats, MAX_REPEATS, minimum=0)
         require(self.dtype in RUNTIME_DTYPES, "dtype", self.dtype, f"must be one of {', '.join(RUNTIME_DTYPES)}")
         require(self.backend in BACKENDS, "backend", self.backend,
                 "must be gloo (CPU) or nccl (one GPU per rank)")
-        require(self.timeout_s > 0, "timeout", self.timeout_s, "must be > 0 seconds")
+        check_amount("timeout", self.timeout_s, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
 
     @property
     def device_kind(self) -> str:
