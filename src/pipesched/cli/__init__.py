@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, one_line
 
 app = typer.Typer(
     name="pipesched",
@@ -34,9 +34,13 @@ def _register_commands() -> None:
         module.register(app)
 
 
+# what typer returns when Ctrl-C (KeyboardInterrupt) stops a command; no command returns it
+_CTRL_C_EXIT = 130
+
+
 def fail(message: str) -> None:
-    """Print one error line and exit 2."""
-    print(f"pipesched: error: {' '.join(message.split())}", file=sys.stderr)
+    """Print one error line (over-long values shortened) and exit 2."""
+    print(f"pipesched: error: {one_line(message)}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -54,5 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except (typer.Abort, KeyboardInterrupt):
+        fail("interrupted")
+    if result == _CTRL_C_EXIT:
         fail("interrupted")
     raise SystemExit(result if isinstance(result, int) else 0)

@@ -33,7 +33,7 @@ Runtime = Annotated[str, typer.Option("--runtime", help="auto (PyTorch's runtime
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds before every rank is killed")]
 Settings = Annotated[list[str] | None, typer.Option("--set", help="family option KEY=VALUE")]
 AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
-Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK or hang:RANK (tests)")]
+Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK, hang:RANK or kill:RANK (tests)")]
 
 _RUNTIME_NAMES = {"pytorch": "PyTorch _PipelineScheduleRuntime", "ours": "pipesched executor"}
 

@@ -36,6 +36,7 @@ from pipesched.runtime.runs import (
     RunOptions,
     RunResult,
     check_capacity,
+    check_memory,
     choose_runtime,
     run_schedules,
     stage_partition,
@@ -130,8 +131,9 @@ def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options:
     require(len(schedules) >= 1, "schedules", 0, "give at least one schedule")
     num_ranks = schedules[0].num_devices
     check_capacity(num_ranks, options.backend)
-    runtimes = [choose_runtime(schedule, runtime) for schedule in schedules]
     partitions = [stage_partition(model, schedule.num_stages) for schedule in schedules]
+    check_memory(model, list(zip(schedules, partitions, strict=True)), options)
+    runtimes = [choose_runtime(schedule, runtime) for schedule in schedules]
     overheads = dict(overhead_s or {})
     for used in sorted(set(runtimes) - set(overheads)):
         overheads[used] = profile_overhead(runtime=used, backend=options.backend, model=model,

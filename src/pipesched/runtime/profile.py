@@ -144,12 +144,19 @@ class LinkProfile:
 def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: ProfileOptions) -> list[StageTiming]:
     """Every range timed by ``options.ranks`` ranks at once; each field is the median over
     the ranks of their medians."""
-    from pipesched.runtime.runs import capacity_problem
+    from pipesched.runtime.runs import capacity_problem, layer_params, memory_problem
 
     problem = capacity_problem(options.ranks, options.backend)
     if problem is not None:
         fix = "profile with --device cpu" if options.device == "cuda" else "use fewer --ranks"
         raise PipeschedError(f"device={options.device}, ranks={options.ranks}: {problem}; {fix}")
+    # each rank holds one range of layers at a time, its weights and gradients: the largest
+    # range must fit on every rank
+    params = layer_params(model)
+    largest = max(2 * ELEMENT_BYTES[options.dtype] * sum(params[start:end]) for start, end in ranges)
+    problem = memory_problem([largest] * options.ranks, options.backend)
+    if problem is not None:
+        raise PipeschedError(f"model={model.name}: {problem}; profile a smaller model or fewer --ranks")
     spec = LaunchSpec(handler="profile", task=ProfileTask(model, tuple(ranges), options), world_size=options.ranks,
                       backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
                       pin_cpus=options.device == "cpu")

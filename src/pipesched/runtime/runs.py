@@ -13,6 +13,7 @@ import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition, uniform
 from pipesched.runtime.launch import Fault, LaunchSpec, launch
 from pipesched.runtime.measure import RankStep, measured_timeline, order_mismatch
-from pipesched.runtime.profile import StageTiming
+from pipesched.runtime.profile import ELEMENT_BYTES, StageTiming
 from pipesched.schedule import Schedule
 from pipesched.timeline import Timeline
 from pipesched.validate import validate
@@ -39,6 +40,7 @@ BACKENDS = ("gloo", "nccl")
 RUNTIMES = ("auto", "pytorch", "ours")
 RUNTIME_DTYPES = ("float32", "float64", "bfloat16")
 GLOO_RANKS_PER_CORE = 4  # most gloo ranks one CPU core may host
+GiB = 2.0**30
 PROFILE_WARMUP = 3  # untimed repeats before the profile phase's timed ones
 
 
@@ -170,6 +172,76 @@ def check_capacity(num_ranks: int, backend: str) -> None:
         raise PipeschedError(f"p={num_ranks}: {problem}; {fix}")
 
 
+def layer_params(model: ModelSpec) -> list[float]:
+    """Parameters of every layer of ``model`` (embedding, blocks, head), in order."""
+    from pipesched.model import layer_costs, load_device
+    from pipesched.model.spec import TrainingSettings
+
+    return [layer.params for layer in layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=1))]
+
+
+def weight_bytes_per_rank(model: ModelSpec, schedule: Schedule, partition: Partition, dtype: str) -> list[float]:
+    """The least memory each rank of a real run needs, bytes: the weights and gradients of
+    the stages it holds (every replica's), in the runtime dtype. Activations, buffers and
+    the interpreter come on top."""
+    params = layer_params(model)
+    per_stage = [sum(params[i] for i in partition.layers(stage)) for stage in range(partition.num_stages)]
+    need = [0.0] * schedule.num_devices
+    for replica in schedule.placement.replicas:
+        for stage, device in enumerate(replica):
+            need[device] += 2 * ELEMENT_BYTES[dtype] * per_stage[stage]
+    return need
+
+
+def host_memory_available() -> float | None:
+    """Bytes this machine can still give (Linux: MemAvailable, within a cgroup's limit)."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    available = next((float(line.split()[1]) * 1024 for line in meminfo.splitlines()
+                      if line.startswith("MemAvailable:")), None)
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit, used = ((cgroup / name).read_text(encoding="utf-8").strip() for name in ("memory.max", "memory.current"))
+        if limit.isdigit() and used.isdigit():
+            room = float(limit) - float(used)
+            available = room if available is None else min(available, room)
+    except OSError:
+        pass
+    return available
+
+
+def memory_problem(need: Sequence[float], backend: str) -> str | None:
+    """Why the ranks cannot hold ``need`` bytes each on this machine (what it has), or None."""
+    if backend == "gloo":
+        available = host_memory_available()
+        total = sum(need)
+        if available is not None and total > available:
+            return (f"its {len(need)} ranks need at least {total / GiB:,.1f} GiB for weights and gradients "
+                    f"and this machine has {available / GiB:,.1f} GiB available")
+        return None
+    from pipesched.runtime.torch_import import require_torch
+
+    torch = require_torch()
+    for rank, nbytes in enumerate(need):
+        if rank < torch.cuda.device_count():
+            capacity = torch.cuda.get_device_properties(rank).total_memory
+            if nbytes > capacity:
+                return (f"rank {rank} needs at least {nbytes / GiB:,.1f} GiB for weights and gradients "
+                        f"and GPU {rank} has {capacity / GiB:,.1f} GiB")
+    return None
+
+
+def check_memory(model: ModelSpec, jobs: Sequence[tuple[Schedule, Partition]], options: RunOptions) -> None:
+    """Refuse before launching when the ranks' weights and gradients cannot fit."""
+    for schedule, partition in jobs:
+        problem = memory_problem(weight_bytes_per_rank(model, schedule, partition, options.dtype), options.backend)
+        if problem is not None:
+            raise PipeschedError(f"model={model.name}: {problem}; use a smaller model (tiny, small), more ranks "
+                                 f"or a smaller dtype")
+
+
 def choose_runtime(schedule: Schedule, runtime: str) -> str:
     """``pytorch`` or ``ours`` for this schedule; raises when the requested one cannot run it.
 
@@ -221,10 +293,11 @@ def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: R
     check_capacity(num_ranks, options.backend)
     given = list(partitions) if partitions is not None else [None] * len(schedules)
     require(len(given) == len(schedules), "partitions", len(given), f"give one per schedule ({len(schedules)})")
-    jobs = tuple(
-        RunJob(schedule, stage_partition(model, schedule.num_stages, partition), choose_runtime(schedule, runtime))
-        for schedule, partition in zip(schedules, given, strict=True)
-    )
+    chosen = [stage_partition(model, schedule.num_stages, partition)
+              for schedule, partition in zip(schedules, given, strict=True)]
+    check_memory(model, list(zip(schedules, chosen, strict=True)), options)  # before any rank starts
+    jobs = tuple(RunJob(schedule, partition, choose_runtime(schedule, runtime))
+                 for schedule, partition in zip(schedules, chosen, strict=True))
     spec = LaunchSpec(handler="pipeline", task=PipelineTask(model, jobs, options), world_size=num_ranks,
                       backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
                       pin_cpus=options.pin_cpus and options.backend == "gloo", fault=fault)
