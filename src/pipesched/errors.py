@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Iterable
 
@@ -68,6 +67,8 @@ def suggest(name: object, known: Iterable[str]) -> str:
     """
     if not isinstance(name, str) or len(name) > SHORT_VALUE_CHARS:
         return ""
+    import difflib  # only when a name is unknown
+
     known = list(known)
     lowered = name.lower()
     starts = [choice for choice in known if choice.lower().startswith(lowered) and lowered]

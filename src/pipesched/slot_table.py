@@ -41,8 +41,8 @@ def slot_table(schedule: Schedule, costs: SlotCosts | None = None) -> Timeline:
         op_stage=np.fromiter((op.stage for _, op in rows), np.int32, len(rows)),
         op_kind=np.fromiter((KIND_INDEX[op.kind] for _, op in rows), np.int8, len(rows)),
         op_microbatch=np.fromiter((op.microbatch for _, op in rows), np.int32, len(rows)),
-        op_start=result.start,
-        op_end=result.end,
+        op_start=np.asarray(result.start, dtype=np.float64),
+        op_end=np.asarray(result.end, dtype=np.float64),
         meta={"slot_costs": costs},
     )
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pipesched.ops import B, F, I, Op, W
 from pipesched.ordering import walk
 from pipesched.schedule import Schedule
-from pipesched.slot_table import held_after_each_op
 
 # Violation kinds
 OUT_OF_RANGE = "out-of-range"
@@ -129,6 +128,8 @@ def _order(schedule: Schedule) -> list[Violation]:
 
 
 def _memory(schedule: Schedule, limit: int) -> list[Violation]:
+    from pipesched.slot_table import held_after_each_op  # numpy: imported only for this check
+
     found = []
     for device, ops in enumerate(schedule.device_ops):
         for op, held in held_after_each_op(ops):

@@ -4,7 +4,6 @@ until the new content is complete."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from pipesched.errors import PipeschedError
@@ -26,6 +25,8 @@ def check_output_path(path: str | os.PathLike[str], field: str = "output") -> Pa
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes, field: str = "output") -> Path:
     """Write ``data`` to a temporary file beside ``path`` and rename it into place."""
+    import tempfile  # only commands that write files need it
+
     target = check_output_path(path, field)
     mode = "wb" if isinstance(data, bytes) else "w"
     tmp: str | None = None
