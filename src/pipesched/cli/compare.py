@@ -4,16 +4,14 @@ levels, ranked, with the places where the ranking changes marked."""
 from __future__ import annotations
 
 import json
-import sys
-import time
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pipesched.cli.options import split_names
+from pipesched.cli.output import console as output_console
+from pipesched.cli.progress import LateProgress
 from pipesched.cli.simulate import (
     Bandwidth,
     ClusterName,
@@ -35,30 +33,6 @@ from pipesched.simulate.setup import DEFAULT_SCENARIO
 
 GiB = 2.0**30
 LEVEL_TITLES = {"formula": "formula (slots)", "table": "table (slots)", "sim": "simulated (s)"}
-
-
-class _LateProgress:
-    """A progress bar on stderr that appears only once the work has taken over a second."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.began = time.monotonic()
-        self.bar: Progress | None = None
-        self.task = None
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        if self.bar is None:
-            if time.monotonic() - self.began < 1.0 or done >= total:
-                return
-            self.bar = Progress(TextColumn("comparing {task.description:<28}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                TimeElapsedColumn(), console=self.console, transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task(label, total=total)
-        self.bar.update(self.task, completed=done, description=label)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def compare_command(
@@ -100,7 +74,7 @@ def compare_command(
         setup = build_setup(num_stages=None, model=model, cluster=cluster, micro_batch_size=micro_batch_size,
                             seq_len=seq_len, tensor_parallel=tensor_parallel, recompute=recompute,
                             stage_costs=stage_costs, latency=latency, bandwidth=bandwidth)
-    progress = _LateProgress(Console(file=sys.stderr))
+    progress = LateProgress()
     try:
         result = compare(names, p=p, m=m, v=v, levels=chosen_levels, setup=setup,
                          contention=not no_contention, overlap=not no_overlap, progress=progress,
@@ -135,7 +109,7 @@ def print_comparison(result: Comparison) -> None:
     """One wide table: a row per schedule (ordered by the last level's rank), for each level
     its time, bubble ratio, memory and rank; ``*`` marks a rank that changed from the level
     before."""
-    console = Console() if Console().is_terminal else Console(width=200)
+    console = output_console()
     last = result.levels[-1]
     order = result.ranking(last)
     title = f"p={result.p}, m={result.m}" + (f", v={result.v}" if result.v else "")

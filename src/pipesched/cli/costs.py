@@ -7,9 +7,9 @@ import dataclasses
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from pipesched.cli.output import console as output_console
 from pipesched.errors import PipeschedError, require
 from pipesched.generators import generate
 from pipesched.limits import MAX_AMOUNT, MAX_DEVICES, MAX_STAGES, check_amount, check_count
@@ -32,12 +32,6 @@ from pipesched.schedule import Placement
 
 GiB = 2.0**30
 MiB = 2.0**20
-
-def _console() -> Console:
-    """A terminal console, or a wide one when the output goes to a file or pipe."""
-    console = Console()
-    return console if console.is_terminal else Console(width=140)
-
 
 MODEL_HELP = "model preset name, Hugging Face config.json, or YAML/CSV model file"
 
@@ -95,7 +89,7 @@ def costs(
                              for f in ("forward_s", "backward_input_s", "backward_weight_s")),
                   f"{sum(x.activation_bytes for x in layers) / MiB:.1f}",
                   f"{sum(x.params for x in layers) / 1e6:.2f}", "", f"{sum(x.flops for x in layers) / 1e9:.2f}")
-    _console().print(table)
+    output_console().print(table)
 
 
 def _cluster(device: str | None, cluster: str | None, ranks: int, matmul_efficiency: float | None,
@@ -151,7 +145,7 @@ def _plan_json(plan: StagePlan, layout: str) -> str:
 
 
 def _print_plan(plan: StagePlan, layout: str | None) -> None:
-    console = _console()
+    console = output_console()
     run = plan.settings
     table = Table(title=f"{plan.model.name}: {plan.costs.num_stages} stages ({plan.method}), "
                         f"b={run.micro_batch_size} s={run.seq_len} t={run.tensor_parallel} recompute={run.recompute}; "

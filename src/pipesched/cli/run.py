@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from pipesched.cli.options import split_names
+from pipesched.cli.output import console as output_console
+from pipesched.cli.progress import StatusLine
 from pipesched.cli.schedules import load_or_generate
 from pipesched.errors import PipeschedError, require, shorten
 from pipesched.generators import FAMILIES
@@ -36,11 +37,6 @@ AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK, hang:RANK or kill:RANK (tests)")]
 
 _RUNTIME_NAMES = {"pytorch": "PyTorch _PipelineScheduleRuntime", "ours": "pipesched executor"}
-
-
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=140)
 
 
 def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: list[str] | None) -> Schedule:
@@ -97,7 +93,8 @@ def run_command(
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
                          steps=steps, warmup=warmup, timeout_s=timeout)
     fault = FaultSpec.parse(inject_fault) if inject_fault else None
-    result = run_schedules([schedule], spec, options=options, runtime=runtime, fault=fault)[0]
+    with StatusLine(f"run {schedule.name} ({warmup} warm-up + {steps} steps)") as status:
+        result = run_schedules([schedule], spec, options=options, runtime=runtime, fault=fault, on_status=status)[0]
     if as_json:
         typer.echo(json.dumps({
             "schedule": schedule.name, "p": schedule.num_devices, "m": schedule.num_microbatches,
@@ -114,7 +111,7 @@ def run_command(
 def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
     from pipesched.render.terminal import timeline_view
 
-    console = _console()
+    console = output_console()
     table = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={schedule.num_microbatches}, "
                         f"{schedule.num_stages} stages; {model_name} ({result.timeline.meta['partition']}), "
                         f"micro-batch {options.micro_batch_size} x {options.seq_len}, {options.dtype}")
@@ -187,7 +184,8 @@ def profile_command(
             "per-stage costs (-p) are a CSV; name the output .csv, or drop -p for a per-layer YAML")
     if p is None:
         require(partition is None, "partition", partition, "needs -p (per-stage costs)")
-        layers = profile_layers(spec, options)
+        with StatusLine(f"profile {spec.name}") as status:
+            layers = profile_layers(spec, options, on_status=status)
         if as_yaml:  # the measured-layer model file, headed by how it was measured
             name, memory = measuring_device(device)
             text = layer_costs_yaml(layers, name=f"{spec.name}-measured", measured_on=device_preset_for(name, memory)
@@ -201,14 +199,16 @@ def profile_command(
         check_count("v", v, MAX_STAGES, what="stages")
         check_count("stages", p * v, MAX_STAGES, what="stages (p x v)")
         chosen = stage_partition(spec, p * v, _parse_partition(partition) if partition else None)
-        costs = profile_stages(spec, [chosen], options)[0]
-        overhead = profile_overhead(runtime=runtime, backend=backend, model=spec, micro_batch_size=micro_batch_size,
-                                    seq_len=seq_len, dtype=dtype)
+        with StatusLine(f"profile {spec.name} ({chosen})") as status:
+            costs = profile_stages(spec, [chosen], options, on_status=status)[0]
+            overhead = profile_overhead(runtime=runtime, backend=backend, model=spec, micro_batch_size=micro_batch_size,
+                                        seq_len=seq_len, dtype=dtype, on_status=status)
         costs = add_op_overhead(costs, overhead)
         text = stage_costs_csv(costs)
         summary.update(partition=str(chosen), per_op_overhead_s=overhead)
     if link:
-        measured = profile_link(backend=backend)
+        with StatusLine("profile the link") as status:
+            measured = profile_link(backend=backend, on_status=status)
         write_atomic(link_path, link_yaml(measured, overhead_s=summary.get("per_op_overhead_s")))
         summary.update(latency_s=measured.latency, bandwidth_bytes_per_s=measured.bandwidth, link_file=str(link_path))
     write_atomic(target, text)  # last: a failed measurement leaves no cost file behind
@@ -259,7 +259,8 @@ def check_command(
              for name in names]
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
                          steps=steps, warmup=warmup, timeout_s=timeout)
-    report = check_schedules(built, load_model(model), options=options, runtime=runtime)
+    with StatusLine(f"check {', '.join(names)}") as status:
+        report = check_schedules(built, load_model(model), options=options, runtime=runtime, on_status=status)
     if as_json:
         typer.echo(json.dumps({
             "model": model, "p": p, "m": m,
@@ -273,7 +274,7 @@ def check_command(
             "per_op_overhead_s": report.overhead_s,
         }, indent=1))
         return
-    console = _console()
+    console = output_console()
     table = Table(title=f"prediction check: {model}, p={p}, m={m}, micro-batch {micro_batch_size} x {seq_len}, "
                         f"{dtype}, {backend}")
     for column in ("schedule", "runtime", "predicted ms", "measured ms", "error"):

@@ -8,9 +8,9 @@ import math
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from pipesched.cli.output import console as output_console
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
 from pipesched.errors import PipeschedError
@@ -211,7 +211,7 @@ def _json(schedule, setup, network, timeline, metrics, contention, overlap) -> d
 
 
 def _print(schedule, setup, network, timeline, metrics, contention, overlap, *, timeline_view: bool = True) -> None:
-    console = Console() if Console().is_terminal else Console(width=140)
+    console = output_console()
     if timeline_view:
         print_timeline(timeline, console)
     mode = ", ".join(x for x in ("contention" if contention else "no contention",

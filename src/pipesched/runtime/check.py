@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.model.spec import ModelSpec
+from pipesched.runtime.launch import StatusCallback
 from pipesched.runtime.profile import (
     LinkProfile,
     add_op_overhead,
@@ -119,11 +120,13 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
 
 def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: RunOptions | None = None,
                     runtime: str = "auto", link: LinkProfile | None = None,
-                    overhead_s: dict[str, float] | None = None, repeats: int = 10) -> CheckReport:
+                    overhead_s: dict[str, float] | None = None, repeats: int = 10,
+                    on_status: StatusCallback | None = None) -> CheckReport:
     """Predict, run and compare every schedule (all with the same number of devices).
 
     ``repeats``: profile rounds of every stage, spread over the measured steps. ``link`` and
     ``overhead_s`` (runtime -> seconds) reuse earlier measurements instead of taking them again.
+    ``on_status`` receives status lines while ranks run (see ``launch``).
     """
     from pipesched.simulate import Network, simulate
 
@@ -138,11 +141,11 @@ def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options:
     for used in sorted(set(runtimes) - set(overheads)):
         overheads[used] = profile_overhead(runtime=used, backend=options.backend, model=model,
                                            micro_batch_size=options.micro_batch_size, seq_len=options.seq_len,
-                                           dtype=options.dtype, timeout_s=options.timeout_s)
+                                           dtype=options.dtype, timeout_s=options.timeout_s, on_status=on_status)
     if link is None:
-        link = profile_link(backend=options.backend, timeout_s=options.timeout_s)
+        link = profile_link(backend=options.backend, timeout_s=options.timeout_s, on_status=on_status)
     runs = run_schedules(schedules, model, options=dataclasses.replace(options, profile_repeats=repeats),
-                         runtime=runtime, partitions=partitions)
+                         runtime=runtime, partitions=partitions, on_status=on_status)
     network = Network.uniform(num_ranks, latency=link.latency, bandwidth=link.bandwidth)
     rows = []
     for schedule, run, used in zip(schedules, runs, runtimes, strict=True):

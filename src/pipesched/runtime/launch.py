@@ -38,13 +38,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipesched.errors import PipeschedError, require
 
 POLL_S = 0.02  # seconds between checks of the rank processes
+STATUS_EVERY_S = 0.5  # seconds between status reports to ``on_status``
 GRACE_S = 1.0  # seconds the other ranks get to report after the first failure
 KILL_WAIT_S = 5.0  # seconds to wait for a killed process to be reaped
 PROGRESS_FIELDS = 4  # per rank: job, step, op position, 1 while running
@@ -55,6 +56,7 @@ FOLDER_PREFIX = "pipesched-run-"
 OWNER_FILE = "launcher"  # in the run folder: "PID START" of the launcher that made it
 LAUNCHER_PID_VARIABLE = "PIPESCHED_LAUNCHER_PID"
 HANG_S = 3600.0  # how long an injected hang sleeps (the launcher's timeout ends it first)
+StatusCallback = Callable[[str], None]  # takes one status line of a running launch
 
 
 @dataclass(frozen=True)
@@ -155,10 +157,12 @@ def _environment(spec: LaunchSpec) -> dict[str, str]:
     return env
 
 
-def launch(spec: LaunchSpec, *, describe: Sequence[str] = ()) -> list[object]:
+def launch(spec: LaunchSpec, *, describe: Sequence[str] = (), on_status: StatusCallback | None = None) -> list[object]:
     """Run ``spec`` on ``spec.world_size`` ranks; the results of ranks 0..P-1 in order.
 
-    ``describe[j]`` names job j in hang reports (e.g. the schedule's name).
+    ``describe[j]`` names job j in hang reports and status lines (e.g. the schedule's name).
+    ``on_status`` is given a short status line (where the slowest rank is) every
+    STATUS_EVERY_S while the ranks run.
     """
     remove_abandoned_folders()
     with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as folder:
@@ -170,7 +174,7 @@ def launch(spec: LaunchSpec, *, describe: Sequence[str] = ()) -> list[object]:
         processes = []
         with _terminate_as_exit():
             try:
-                _start_and_watch(processes, spec, work, folder, describe)
+                _start_and_watch(processes, spec, work, folder, describe, on_status)
             finally:
                 kill_all(processes)
         return [pickle.loads((work / f"rank{rank}.result").read_bytes()) for rank in range(spec.world_size)]
@@ -224,7 +228,7 @@ def _terminate_as_exit():
 
 
 def _start_and_watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, folder: str,
-                     describe: Sequence[str]) -> None:
+                     describe: Sequence[str], on_status: StatusCallback | None) -> None:
     """Start the ranks (appending each to ``processes`` at once, for the caller's cleanup)
     and watch them to the end."""
     for rank in range(spec.world_size):
@@ -235,13 +239,18 @@ def _start_and_watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: 
             env=_environment(spec), start_new_session=True, close_fds=True,
         ))
         log.close()
-    _watch(processes, spec, work, describe)
+    _watch(processes, spec, work, describe, on_status)
 
 
-def _watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, describe: Sequence[str]) -> None:
+def _watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, describe: Sequence[str],
+           on_status: StatusCallback | None) -> None:
     deadline = time.monotonic() + spec.timeout_s
     exits: dict[int, float] = {}  # rank -> when the launcher saw it exit (monotonic seconds)
+    next_status = time.monotonic() + STATUS_EVERY_S
     while True:
+        if on_status is not None and time.monotonic() >= next_status:
+            on_status(status_line(read_progress(work / "progress.bin", spec.world_size), describe))
+            next_status = time.monotonic() + STATUS_EVERY_S
         codes = [proc.poll() for proc in processes]
         _note_exits(codes, exits)
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
@@ -309,6 +318,17 @@ def _signal_reason(signum: int) -> str:
 def _exit_reason(code: int, log: Path) -> str:
     lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     return f"exited with status {code}" + (f" ({lines[-1].strip()})" if lines else "")
+
+
+def status_line(progress: Sequence[tuple[int, int, int, int]], describe: Sequence[str]) -> str:
+    """Where a launch is: how many ranks have started, then the slowest rank's job, step
+    and op (from the progress file's ``(job, step, op position, started)`` per rank)."""
+    started = [(job, step, position) for job, step, position, running in progress if running]
+    if len(started) < len(progress):
+        return f"{len(started)} of {len(progress)} ranks started"
+    job, step, position = min(started)
+    name = describe[job] if job < len(describe) else f"job {job}"
+    return f"{name}, step {step + 1}, op {position + 1} (slowest rank)"
 
 
 def _hang_message(pending: list[int], spec: LaunchSpec, work: Path, describe: Sequence[str]) -> str:

@@ -54,7 +54,7 @@ from pipesched.limits import (
 from pipesched.model.loading import LAYER_COLUMNS
 from pipesched.model.spec import LayerCost, ModelSpec
 from pipesched.partition import Partition
-from pipesched.runtime.launch import LaunchSpec, launch
+from pipesched.runtime.launch import LaunchSpec, StatusCallback, launch
 
 PROFILE_DEVICES = ("cpu", "cuda")
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}  # bytes per element of each runtime dtype
@@ -141,10 +141,12 @@ class LinkProfile:
     one_way_s: tuple[float, ...]  # fastest exchange of each size (both directions at once), seconds
 
 
-def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: ProfileOptions) -> list[StageTiming]:
+def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: ProfileOptions,
+                 on_status: StatusCallback | None = None) -> list[StageTiming]:
     """Every range timed by ``options.ranks`` ranks at once; each field is the median over
     the ranks of their medians."""
-    from pipesched.runtime.runs import capacity_problem, layer_params, memory_problem
+    from pipesched.model import layer_params
+    from pipesched.runtime.runs import capacity_problem, memory_problem
 
     problem = capacity_problem(options.ranks, options.backend)
     if problem is not None:
@@ -160,7 +162,8 @@ def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: P
     spec = LaunchSpec(handler="profile", task=ProfileTask(model, tuple(ranges), options), world_size=options.ranks,
                       backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
                       pin_cpus=options.device == "cpu")
-    per_rank: list[list[StageTiming]] = launch(spec, describe=["profile"])
+    per_rank: list[list[StageTiming]] = launch(spec, describe=[f"timing {len(ranges)} layer runs"],
+                                               on_status=on_status)
     return [median_timing(timings) for timings in zip(*per_rank, strict=True)]
 
 
@@ -181,8 +184,10 @@ def _kind_key(model: ModelSpec, layers: range) -> tuple[str, ...]:
     return tuple(kinds[i] for i in layers)
 
 
-def profile_layers(model: ModelSpec, options: ProfileOptions | None = None) -> tuple[LayerCost, ...]:
-    """Per-layer costs measured in isolation, one row per layer of the model."""
+def profile_layers(model: ModelSpec, options: ProfileOptions | None = None, *,
+                   on_status: StatusCallback | None = None) -> tuple[LayerCost, ...]:
+    """Per-layer costs measured in isolation, one row per layer of the model (``on_status``:
+    status lines while the ranks time them, see ``launch``)."""
     options = options or ProfileOptions()
     from pipesched.runtime.torch_model import check_buildable
 
@@ -191,7 +196,8 @@ def profile_layers(model: ModelSpec, options: ProfileOptions | None = None) -> t
     distinct: dict[tuple[str, ...], int] = {}
     for index in range(count):
         distinct.setdefault(_kind_key(model, range(index, index + 1)), index)
-    timings = dict(zip(distinct, _time_ranges(model, [(i, i + 1) for i in distinct.values()], options), strict=True))
+    timings = dict(zip(distinct, _time_ranges(model, [(i, i + 1) for i in distinct.values()], options, on_status),
+                       strict=True))
     layers = []
     for index, (name, kind) in enumerate(zip(model.layer_names, model.layer_kinds, strict=True)):
         t = timings[_kind_key(model, range(index, index + 1))]
@@ -202,7 +208,7 @@ def profile_layers(model: ModelSpec, options: ProfileOptions | None = None) -> t
 
 
 def profile_stages(model: ModelSpec, partitions: Sequence[Partition],
-                   options: ProfileOptions | None = None) -> list[StageCosts]:
+                   options: ProfileOptions | None = None, *, on_status: StatusCallback | None = None) -> list[StageCosts]:
     """Stage costs of each partition, every distinct stage timed once in isolation."""
     options = options or ProfileOptions()
     from pipesched.runtime.torch_model import check_buildable
@@ -213,7 +219,7 @@ def profile_stages(model: ModelSpec, partitions: Sequence[Partition],
         for stage in range(partition.num_stages):
             layers = partition.layers(stage)
             wanted.setdefault(_stage_key(model, layers), (layers.start, layers.stop))
-    timings = dict(zip(wanted, _time_ranges(model, list(wanted.values()), options), strict=True))
+    timings = dict(zip(wanted, _time_ranges(model, list(wanted.values()), options, on_status), strict=True))
     result = []
     for partition in partitions:
         stages = [timings[_stage_key(model, partition.layers(s))] for s in range(partition.num_stages)]
@@ -258,7 +264,7 @@ def add_op_overhead(costs: StageCosts, overhead_s: float) -> StageCosts:
 
 def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: ModelSpec | None = None,
                      micro_batch_size: int = 1, seq_len: int = 4, dtype: str = "float32", steps: int = 5,
-                     timeout_s: float = 300.0) -> float:
+                     timeout_s: float = 300.0, on_status: StatusCallback | None = None) -> float:
     """The runtime's fixed cost per op outside its compute, seconds (see the module docstring).
 
     With ``model`` (and the run's micro-batch size, sequence length and dtype) the probe's
@@ -269,7 +275,8 @@ def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: Mod
 
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, steps=steps, warmup=2,
                          backend=backend, timeout_s=timeout_s)
-    result = run_schedules([generate("1f1b", 2, 8)], probe_model(model), options=options, runtime=runtime)[0]
+    result = run_schedules([generate("1f1b", 2, 8)], probe_model(model), options=options, runtime=runtime,
+                           on_status=on_status)[0]
     gaps = []
     for timeline in result.timelines:
         waits = timeline.meta["op_wait_s"]
@@ -290,12 +297,13 @@ def check_link_capacity(backend: str) -> None:
         raise PipeschedError(f"link: measuring it needs two ranks and {problem}; skip it (CLI: --no-link)")
 
 
-def profile_link(*, backend: str = "gloo", repeats: int = 20, timeout_s: float = 300.0) -> LinkProfile:
+def profile_link(*, backend: str = "gloo", repeats: int = 20, timeout_s: float = 300.0,
+                 on_status: StatusCallback | None = None) -> LinkProfile:
     """Latency and bandwidth between two ranks of this machine (two-way exchanges)."""
     check_link_capacity(backend)
     spec = LaunchSpec(handler="p2p", task={"sizes": LINK_SIZES, "repeats": repeats}, world_size=2,
                       backend=backend, timeout_s=timeout_s, pin_cpus=backend == "gloo")
-    measured = launch(spec, describe=["exchange"])[0]
+    measured = launch(spec, describe=["link exchange"], on_status=on_status)[0]
     return fit_link(backend, measured["sizes"], measured["one_way_s"])
 
 

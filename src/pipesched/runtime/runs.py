@@ -29,7 +29,7 @@ from pipesched.limits import (
 )
 from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition, uniform
-from pipesched.runtime.launch import Fault, LaunchSpec, launch
+from pipesched.runtime.launch import Fault, LaunchSpec, StatusCallback, launch
 from pipesched.runtime.measure import RankStep, measured_timeline, order_mismatch
 from pipesched.runtime.profile import ELEMENT_BYTES, StageTiming
 from pipesched.schedule import Schedule
@@ -172,18 +172,12 @@ def check_capacity(num_ranks: int, backend: str) -> None:
         raise PipeschedError(f"p={num_ranks}: {problem}; {fix}")
 
 
-def layer_params(model: ModelSpec) -> list[float]:
-    """Parameters of every layer of ``model`` (embedding, blocks, head), in order."""
-    from pipesched.model import layer_costs, load_device
-    from pipesched.model.spec import TrainingSettings
-
-    return [layer.params for layer in layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=1))]
-
-
 def weight_bytes_per_rank(model: ModelSpec, schedule: Schedule, partition: Partition, dtype: str) -> list[float]:
     """The least memory each rank of a real run needs, bytes: the weights and gradients of
     the stages it holds (every replica's), in the runtime dtype. Activations, buffers and
     the interpreter come on top."""
+    from pipesched.model import layer_params
+
     params = layer_params(model)
     per_stage = [sum(params[i] for i in partition.layers(stage)) for stage in range(partition.num_stages)]
     need = [0.0] * schedule.num_devices
@@ -272,11 +266,12 @@ def choose_runtime(schedule: Schedule, runtime: str) -> str:
 
 def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: RunOptions | None = None,
                   runtime: str = "auto", partitions: Sequence[Partition | None] | None = None,
-                  fault: Fault | None = None) -> list[RunResult]:
+                  fault: Fault | None = None, on_status: StatusCallback | None = None) -> list[RunResult]:
     """Run each schedule for real, one after the other in a single launch of P ranks.
 
     All schedules must have the same number of devices P. ``partitions[i]`` fixes schedule
-    i's layer partition (default: uniform). ``fault`` injects a crash or hang (tests).
+    i's layer partition (default: uniform). ``fault`` injects a crash, hang or kill (tests).
+    ``on_status`` receives status lines while the ranks run (see ``launch``).
     """
     options = options or RunOptions()
     require(len(schedules) >= 1, "schedules", 0, "give at least one schedule")
@@ -301,7 +296,8 @@ def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: R
     spec = LaunchSpec(handler="pipeline", task=PipelineTask(model, jobs, options), world_size=num_ranks,
                       backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
                       pin_cpus=options.pin_cpus and options.backend == "gloo", fault=fault)
-    per_rank: list[list[RankJobResult]] = launch(spec, describe=[job.schedule.name for job in jobs])
+    per_rank: list[list[RankJobResult]] = launch(spec, describe=[job.schedule.name for job in jobs],
+                                                 on_status=on_status)
     return [_assemble(job, [ranks[j] for ranks in per_rank], options) for j, job in enumerate(jobs)]
 
 
