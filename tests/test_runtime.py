@@ -327,7 +327,7 @@ def test_ctrl_c_stops_a_run_with_one_line_and_no_process_left():
         assert _wait_until(lambda: len(_ranks_marked(marker.encode())) == 2, 60), "the ranks never started"
         time.sleep(3)  # the ranks are past their start-up
         launcher.send_signal(signal.SIGINT)
-        out, err = launcher.communicate(timeout=30)
+        _, err = launcher.communicate(timeout=30)
         assert (launcher.returncode, err) == (2, "pipesched: error: interrupted\n")
         assert _wait_until(lambda: not _ranks_marked(marker.encode()), 10), "a rank outlived the interrupt"
     finally:

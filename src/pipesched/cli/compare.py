@@ -60,7 +60,13 @@ def compare_command(
 ) -> None:
     """Compare schedule families: iteration time, bubble ratio and peak memory under the
     closed forms, the slot table and the simulation, ranked per level. Without arguments:
-    every family on the default scenario (Llama-3-70B-like model on 4 x 8 H100, p=8, m=32)."""
+    every family on the default scenario (Llama-3-70B-like model on 4 x 8 H100, p=8, m=32).
+
+    \b
+    Examples:
+      pipesched compare --schedules 1f1b,zb-h1,zb-v -p 4 -m 16
+      pipesched compare --levels formula,table --json
+    """
     views = ViewPaths(png, svg, trace, html).check()
     chosen_levels = split_names(levels)
     for level in chosen_levels:

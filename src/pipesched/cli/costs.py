@@ -66,7 +66,12 @@ def costs(
     as_json: bool = typer.Option(False, "--json", help="print a JSON list of per-layer objects"),
 ) -> None:
     """Per-layer costs of one microbatch: forward, backward-input, backward-weight seconds,
-    activation bytes, parameters and the bytes sent to the next layer."""
+    activation bytes, parameters and the bytes sent to the next layer.
+
+    \b
+    Examples:
+      pipesched costs --model llama3-8b --device h100-sxm -b 1 -s 4096
+    """
     spec = load_model(model)
     chip = _tuned(load_device(device), matmul_efficiency, bandwidth_efficiency)
     settings = _settings(micro_batch_size, seq_len, dtype, recompute, tensor_parallel, sequence_parallel)
@@ -207,7 +212,13 @@ def partition(
                                                       help="fraction of memory bandwidth"),
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
 ) -> None:
-    """Split a model's layers into p x v pipeline stages and show each stage's time and memory."""
+    """Split a model's layers into p x v pipeline stages and show each stage's time and memory.
+
+    \b
+    Examples:
+      pipesched partition --model llama3-70b --cluster 4x8-h100 -p 8 -t 4 --layout
+      pipesched partition --model llama3-8b --device h100-sxm -p 4 --method memory --schedule 1f1b -m 8
+    """
     check_count("p", p, MAX_DEVICES, what="pipeline devices")
     if v is not None:
         check_count("v", v, MAX_STAGES, what="stages")

@@ -84,7 +84,12 @@ def run_command(
     inject_fault: Fault = None,
 ) -> None:
     """Run a schedule for real on P local ranks (gloo on CPU, NCCL on GPUs): median step time
-    after warm-up and the measured timeline of every op on every rank."""
+    after warm-up and the measured timeline of every op on every rank.
+
+    \b
+    Examples:
+      pipesched run zb-h1 -p 2 -m 4 --model tiny -s 16 --steps 2 --warmup 1
+    """
     from pipesched.runtime.launch import Fault as FaultSpec
     from pipesched.runtime.runs import RunOptions, run_schedules
 
@@ -149,7 +154,12 @@ def profile_command(
 ) -> None:
     """Measure layer (or stage) op times in isolation, the runtime's per-op overhead and the
     link between ranks; write the cost CSV the simulator reads, and the link beside it
-    (FILE.link.yaml)."""
+    (FILE.link.yaml).
+
+    \b
+    Examples:
+      pipesched profile --model tiny -s 16 --repeats 3 --no-link -o tiny.csv
+    """
     from pipesched.runtime.profile import (
         ProfileOptions,
         add_op_overhead,
@@ -249,7 +259,12 @@ def check_command(
     as_json: AsJson = False,
 ) -> None:
     """Profile in isolation, simulate, run for real, and compare: predicted vs measured step
-    time per schedule, the error, and whether the ranking of the schedules agrees."""
+    time per schedule, the error, and whether the ranking of the schedules agrees.
+
+    \b
+    Examples:
+      pipesched check --schedules gpipe,1f1b -p 2 -m 4 --model tiny -s 16 --steps 2 --warmup 1
+    """
     from pipesched.runtime.check import check_schedules
     from pipesched.runtime.runs import RunOptions
 

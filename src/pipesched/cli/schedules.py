@@ -30,7 +30,14 @@ def list_command(
     as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of objects")] = False,
 ) -> None:
     """List the schedule families (with their options and constraints), or the built-in
-    models, devices or clusters that --model, --device and --cluster take by name."""
+    models, devices or clusters that --model, --device and --cluster take by name.
+
+    \b
+    Examples:
+      pipesched list
+      pipesched list devices
+      pipesched list models --json
+    """
     if what not in LISTS:
         raise PipeschedError(f"list={shorten(what)!r}: unknown list{suggest(what, LISTS)}; "
                              f"choose one of {', '.join(LISTS)}")
@@ -140,8 +147,12 @@ def show(
     """Generate a schedule and print it as a table (or write it as grid text, CSV or JSON).
     --png/--svg/--trace/--html draw its idealized slot table (F = I = W = 1 slot).
 
-    Examples: pipesched show zb-h1 -p 4 -m 6; pipesched show interleaved-1f1b -p 4 -m 8 -v 2
-    --format csv -o sched.csv; pipesched show zb-v -p 4 -m 8 --set memory_limit=6"""
+    \b
+    Examples:
+      pipesched show zb-h1 -p 4 -m 6
+      pipesched show interleaved-1f1b -p 4 -m 8 -v 2 --format csv -o sched.csv
+      pipesched show zb-v -p 4 -m 8 --set memory_limit=6 --svg zb-v.svg
+    """
     from pipesched.generators import FAMILIES, formula
     from pipesched.generators.base import SlotCosts
     from pipesched.slot_table import slot_table, table_metrics
@@ -190,7 +201,13 @@ def validate_file(
     memory_limit: Annotated[int | None, typer.Option("--memory-limit", help="max in-flight stage-microbatches per device")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
 ) -> None:
-    """Check a schedule file: exit 0 valid, 1 violations (with the report), 2 unreadable."""
+    """Check a schedule file: exit 0 valid, 1 violations (with the report), 2 unreadable.
+
+    \b
+    Examples:
+      pipesched validate sched.csv
+      pipesched validate sched.csv --memory-limit 11 --json
+    """
     if memory_limit is not None:
         check_count("memory-limit", memory_limit, MAX_OPS, what="in-flight stage-microbatches")
     schedule = io.load_schedule(path)

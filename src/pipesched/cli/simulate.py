@@ -146,7 +146,13 @@ def simulate_command(
 ) -> None:
     """Simulate one training iteration of a schedule: iteration time, bubbles, communication,
     memory per device, throughput. Without --model/--cluster/--stage-costs it runs the
-    default scenario's model and cluster."""
+    default scenario's model and cluster.
+
+    \b
+    Examples:
+      pipesched simulate zb-v -p 8 -m 32
+      pipesched simulate 1f1b -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --json
+    """
     views = ViewPaths(png, svg, trace, html).check()
     schedule = _schedule(schedule_name, p, m, v, family_settings)
     setup = build_setup(num_stages=schedule.num_stages, model=model, cluster=cluster,
