@@ -32,9 +32,10 @@ MAX_STAGES = 8192  # stages of one schedule (p x v)
 MAX_MICROBATCHES = 16384  # microbatches m of one iteration
 MAX_REPLICAS = 8  # placement replicas (2 for Chimera and DualPipe)
 # ops of one schedule table, counted as F, I and W for every stage-microbatch (an upper
-# bound before the table exists): 2.7 x ZB-V at p=128, m=1024; about 1 KiB per op is what
-# generating, validating, simulating and printing one costs at the peak
-MAX_OPS = 2**21
+# bound before the table exists): 1.3 x ZB-V at p=128, m=1024, the size the simulator is
+# benchmarked at; drawing a table this large as a PNG, the heaviest command, peaks under
+# 1 GiB (benchmarks/results/fuzz_inputs.txt)
+MAX_OPS = 2**20
 # devices x time steps when a table is laid out one op per step (grid text and PyTorch's
 # CSV); a larger layout is written compactly, without the idle steps
 MAX_GRID_CELLS = 2**23
