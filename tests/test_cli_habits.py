@@ -154,3 +154,18 @@ def test_status_line_shows_on_a_terminal_after_a_delay_and_is_erased(monkeypatch
 def test_launch_status_names_the_slowest_rank():
     assert status_line([(0, 2, 5, 1), (0, 1, 7, 1)], ["gpipe"]) == "gpipe, step 2, op 8 (slowest rank)"
     assert status_line([(0, 0, 0, 1), (0, 0, 0, 0)], ["gpipe"]) == "1 of 2 ranks started"
+
+
+def test_readme_lists_every_limit():
+    from pathlib import Path
+
+    from pipesched.limits import LIMITS
+
+    def shown(value):
+        if isinstance(value, int):
+            return f"{value:,}"
+        return f"{int(value):,}" if float(value).is_integer() and value < 1e6 else f"{value:g}"
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    table = readme.split("## Limits", 1)[1].split("\n\n")[2]
+    assert table.splitlines()[2:] == [f"| {what} | {shown(value)} |" for _, value, what in LIMITS]

@@ -57,7 +57,7 @@ MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
 MAX_TIMEOUT_S = 7 * 86400.0  # seconds a launch may be given
 MAX_THREADS = 1024  # torch threads per rank
 
-# What the README's table shows: (limit name, value, what it bounds).
+# The README's table of limits: (name, value, what it bounds).
 LIMITS = (
     ("MAX_INPUT_BYTES", MAX_INPUT_BYTES, "bytes of one input file"),
     ("MAX_NESTING", MAX_NESTING, "nesting depth of JSON and YAML"),
@@ -69,7 +69,7 @@ LIMITS = (
     ("MAX_MICROBATCHES", MAX_MICROBATCHES, "microbatches m"),
     ("MAX_REPLICAS", MAX_REPLICAS, "placement replicas"),
     ("MAX_OPS", MAX_OPS, "ops of one schedule (3 per stage-microbatch counted)"),
-    ("MAX_GRID_CELLS", MAX_GRID_CELLS, "devices x steps of a grid or CSV layout"),
+    ("MAX_GRID_CELLS", MAX_GRID_CELLS, "devices x steps of a grid or CSV layout (larger: written without idle steps)"),
     ("MAX_LAYERS", MAX_LAYERS, "layers of a model"),
     ("MAX_WIDTH", MAX_WIDTH, "hidden, MLP and head size"),
     ("MAX_VOCAB", MAX_VOCAB, "vocabulary size, learned positions"),
