@@ -437,13 +437,14 @@ def run_cases(batch: list[Case], *, timeout_s: float = TIMEOUT_S) -> list[dict]:
             cases_path, results_path = Path(work) / "cases.json", Path(work) / "results.jsonl"
             cases_path.write_text(json.dumps([case.to_json() for case in batch[start:]]), encoding="utf-8")
             results_path.touch()
-            driver = subprocess.Popen([sys.executable, str(DRIVER), str(cases_path), str(results_path), str(timeout_s)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=_environment(),
-                                      preexec_fn=_limit_memory)
-            current, heard = None, time.monotonic()
-            seen = 0
+            with open(Path(work) / "driver.err", "wb") as driver_err:
+                driver = subprocess.Popen([sys.executable, str(DRIVER), str(cases_path), str(results_path),
+                                           str(timeout_s)], stdout=subprocess.DEVNULL, stderr=driver_err,
+                                          env=_environment(), preexec_fn=_limit_memory)
+            current, heard, seen = None, time.monotonic(), 0
             while True:
-                lines = results_path.read_text(encoding="utf-8").splitlines()
+                exited = driver.poll() is not None  # before reading: then every line it wrote is there
+                lines = results_path.read_text(encoding="utf-8").split("\n")[:-1]  # whole lines only
                 for line in lines[seen:]:
                     record = json.loads(line)
                     heard = time.monotonic()
@@ -453,7 +454,7 @@ def run_cases(batch: list[Case], *, timeout_s: float = TIMEOUT_S) -> list[dict]:
                         outcomes[start + record.pop("index")] = record
                         current = None
                 seen = len(lines)
-                if driver.poll() is not None:
+                if exited:
                     break
                 if time.monotonic() - heard > timeout_s + 30:  # the alarm could not stop it
                     driver.kill()
@@ -463,10 +464,8 @@ def run_cases(batch: list[Case], *, timeout_s: float = TIMEOUT_S) -> list[dict]:
                     break
                 time.sleep(0.05)
             if current is not None and outcomes[current] is None:
-                detail = driver.stderr.read().decode("utf-8", "replace")[-300:] if driver.stderr else ""
+                detail = (Path(work) / "driver.err").read_text(encoding="utf-8", errors="replace")[-300:]
                 outcomes[current] = {"crashed": f"status {driver.returncode}: {detail}", "code": driver.returncode}
-            if driver.stderr:
-                driver.stderr.close()
             done = [i for i in range(start, len(batch)) if outcomes[i] is not None]
             start = (max(done) + 1) if done else len(batch)
     return [outcome or {"crashed": "never ran"} for outcome in outcomes]
