@@ -38,18 +38,19 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
-# the whole-number fields of a ModelSpec: (limit, what 0 means, or "" when 0 is not allowed)
+# the whole-number fields of a ModelSpec: (limit, what it counts, what 0 means or "" when 0
+# is not allowed)
 _SHAPE_LIMITS = {
-    "num_layers": (MAX_LAYERS, ""),
-    "hidden_size": (MAX_WIDTH, ""),
-    "num_heads": (MAX_HEADS, ""),
-    "num_kv_heads": (MAX_HEADS, ""),
-    "ffn_hidden_size": (MAX_WIDTH, ""),
-    "vocab_size": (MAX_VOCAB, ""),
-    "num_experts": (MAX_HEADS, ""),
-    "experts_per_token": (MAX_HEADS, ""),
-    "head_dim": (MAX_WIDTH, "hidden_size / num_heads"),
-    "position_embeddings": (MAX_VOCAB, "rotary positions"),
+    "num_layers": (MAX_LAYERS, "layers", ""),
+    "hidden_size": (MAX_WIDTH, "", ""),
+    "num_heads": (MAX_HEADS, "heads", ""),
+    "num_kv_heads": (MAX_HEADS, "heads", ""),
+    "ffn_hidden_size": (MAX_WIDTH, "", ""),
+    "vocab_size": (MAX_VOCAB, "tokens", ""),
+    "num_experts": (MAX_HEADS, "experts", ""),
+    "experts_per_token": (MAX_HEADS, "experts", ""),
+    "head_dim": (MAX_WIDTH, "", "hidden_size / num_heads"),
+    "position_embeddings": (MAX_VOCAB, "positions", "rotary positions"),
 }
 _SWITCHES = ("gated_mlp", "tied_embeddings", "bias", "dropout")
 
@@ -127,7 +128,8 @@ class ModelSpec:
     def __post_init__(self) -> None:
         require(bool(self.name), "model name", repr(self.name), "give the model a name")
         check_name("model name", self.name)
-        check_name("measured_on", self.measured_on or "-")
+        if self.measured_on:
+            check_name("measured_on", self.measured_on)
         if self.measured:
             object.__setattr__(self, "measured", tuple(self.measured))
             check_count("layers", len(self.measured), MAX_LAYERS, what="layers")
@@ -136,12 +138,12 @@ class ModelSpec:
             require(not duplicates, "layer name", duplicates[0] if duplicates else "",
                     "appears twice in the measured layers; give each layer its own name")
             return
-        for field_name, (limit, zero) in _SHAPE_LIMITS.items():
+        for field_name, (limit, counted, zero) in _SHAPE_LIMITS.items():
             value = getattr(self, field_name)
             fix = f"must be a whole number >= 0 (0 = {zero})" if zero else "must be a positive integer"
             require(isinstance(value, int) and not isinstance(value, bool) and value >= (0 if zero else 1),
                     field_name, value, fix)
-            check_count(field_name, value, limit, minimum=None)
+            check_count(field_name, value, limit, minimum=None, what=counted)
         for field_name in _SWITCHES:
             value = getattr(self, field_name)
             require(isinstance(value, bool), field_name, value, "must be true or false")
