@@ -3,7 +3,7 @@ error contract: a hang (no answer within the time limit), a process over 1 GiB o
 space, an exit status other than 0, 1 or 2, a traceback, more than one error line, a
 changed input file, a file left behind by a failed command.
 
-    python benchmarks/fuzz_inputs.py [--cases 10000] [--batch 50] [--alone 200] [--seed 13]
+    python benchmarks/fuzz_inputs.py [--cases 10000] [--batch 50] [--alone 200] [--seed 13] [--timeout 20]
 
 The cases come from the hypothesis strategies of tests/fuzz_inputs.py (the suite's fuzz test
 runs a few hundred of them): schedule files in grid text, PyTorch CSV and JSON, stage-cost
@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50, help="cases per driver process")
     parser.add_argument("--alone", type=int, default=200, help="further cases run one process each")
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds a case may take")
     args = parser.parse_args()
 
     records: list[tuple[object, dict]] = []  # (case, outcome)
@@ -46,7 +47,7 @@ def main() -> None:
               suppress_health_check=list(HealthCheck))
     @given(st.lists(cases(), min_size=args.batch, max_size=args.batch))
     def batches(batch):
-        records.extend(zip(batch, run_cases(batch), strict=True))
+        records.extend(zip(batch, run_cases(batch, timeout_s=args.timeout), strict=True))
         print(f"\r{len(records):,} cases, {time.monotonic() - began:.0f} s", end="", file=sys.stderr, flush=True)
 
     batches()
@@ -57,7 +58,7 @@ def main() -> None:
               suppress_health_check=list(HealthCheck))
     @given(cases())
     def alone(case):
-        records.append((case, run_alone(case)))
+        records.append((case, run_alone(case, timeout_s=args.timeout)))
 
     if args.alone:
         alone()
@@ -77,10 +78,10 @@ def _report(records, batched: int, elapsed: float, args) -> None:
     seconds = [outcome["seconds"] for _, outcome in records if "seconds" in outcome]
     peak = max((outcome.get("peak_rss_bytes", 0) for _, outcome in records), default=0)
     print(f"command: python benchmarks/fuzz_inputs.py --cases {args.cases} --batch {args.batch} "
-          f"--alone {args.alone} --seed {args.seed}")
+          f"--alone {args.alone} --seed {args.seed} --timeout {args.timeout:g}")
     print(f"{len(records):,} cases ({batched:,} in batches of {args.batch} per driver process, "
           f"{len(records) - batched:,} one process each) in {elapsed:.0f} s; limits per process: "
-          f"{TIMEOUT_S:g} s per case, {MEMORY_LIMIT_BYTES / 2**30:g} GiB of address space (RLIMIT_AS)")
+          f"{args.timeout:g} s per case, {MEMORY_LIMIT_BYTES / 2**30:g} GiB of address space (RLIMIT_AS)")
     print(f"cases breaking the contract: {len(findings)}")
     print()
     print(f"{'surface':28} {'cases':>7} {'exit 0':>7} {'exit 1':>7} {'exit 2':>7} {'other':>6}")

@@ -388,7 +388,7 @@ def problems(case: Case, outcome: dict) -> list[str]:
     """How ``outcome`` (of ``case``) breaks the error contract; empty when it holds."""
     found = []
     if outcome.get("timeout"):
-        found.append(f"no answer within {TIMEOUT_S:g} s")
+        found.append("no answer within the time limit")
     if outcome.get("memory"):
         found.append("ran out of its 1 GiB of memory")
     if outcome.get("crashed"):
