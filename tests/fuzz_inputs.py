@@ -365,16 +365,17 @@ def flag_cases(draw) -> Case:
         argv = ["list", draw(st.sampled_from(("families", "models", "devices", "clusters", "model", "x" * 300))),
                 *(["--json"] if draw(st.booleans()) else [])]
     else:
-        refused = draw(st.sampled_from(_REFUSED_BEFORE_LAUNCH))
+        flag = draw(st.sampled_from({"run": ("-b", "-s", "--steps", "--warmup", "--timeout"),
+                                     "profile": ("-b", "-s", "--repeats", "--ranks"),
+                                     "check": ("-b", "-s", "--steps", "--timeout")}[command]))
+        # 0 warm-up steps is a fine value: every other one is refused
+        refused = draw(st.sampled_from([value for value in _REFUSED_BEFORE_LAUNCH if value != "0" or flag != "--warmup"]))
         if command == "run":
-            argv = ["run", "1f1b", "-p", "2", "-m", "2", "--model", "tiny", "--steps", _flag(draw, ("1",)),
-                    draw(st.sampled_from(("-b", "-s", "--steps", "--warmup", "--timeout"))), refused]
+            argv = ["run", "1f1b", "-p", "2", "-m", "2", "--model", "tiny", flag, refused]
         elif command == "profile":
-            argv = ["profile", "--model", "tiny", "-o", "prof.csv", "--no-link",
-                    draw(st.sampled_from(("-b", "-s", "--repeats", "--ranks"))), refused]
+            argv = ["profile", "--model", "tiny", "-o", "prof.csv", "--no-link", flag, refused]
         else:
-            argv = ["check", "--schedules", "1f1b", "-p", "2", "-m", "2", "--model", "tiny",
-                    draw(st.sampled_from(("-b", "-s", "--steps", "--timeout"))), refused]
+            argv = ["check", "--schedules", "1f1b", "-p", "2", "-m", "2", "--model", "tiny", flag, refused]
     return Case(tuple(argv), {}, f"flags ({command.split('-')[0]})")
 
 
