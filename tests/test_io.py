@@ -107,7 +107,7 @@ def test_json_errors_name_the_field() -> None:
         io.loads("{", "json")
     with pytest.raises(PipeschedError, match="format"):
         io.loads('{"a": 1}', "json")
-    with pytest.raises(PipeschedError, match=r"devices\[0\]\[1\]='zz'"):
+    with pytest.raises(PipeschedError, match=r"devices\[0\]\[1\]: bad op token 'zz'"):
         io.loads('{"format": "pipesched-schedule", "name": "x", "placement": [[0]], "microbatches": 1, '
                  '"devices": [["0F0", "zz"]]}', "json")
 

@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from cli_helpers import assert_one_line_error
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.model import load_model
@@ -123,6 +124,12 @@ def test_more_ranks_than_the_machine_hosts_are_refused_before_launch():
         run_schedules([generate("gpipe", too_many, 1)], MODEL, options=OPTIONS)
 
 
+def test_a_model_the_machine_cannot_hold_is_refused_before_launch(cli, started):
+    result = cli("run", "1f1b", "-p", "2", "-m", "2", "--model", "llama3-70b")
+    assert_one_line_error(result, "model=llama3-70b: its 2 ranks need at least", "GiB for weights and gradients")
+    assert started == []  # no rank was started
+
+
 def test_more_ranks_than_gpus_are_refused_before_launch_with_nccl():
     import torch
 
@@ -169,6 +176,29 @@ def test_a_crashing_rank_ends_the_run_with_its_error(started):
     assert str(caught.value) == "rank 1 failed: InjectedFault: injected crash on rank 1 before its first op"
     assert time.monotonic() - begun < OPTIONS.timeout_s
     _assert_nothing_left(started)
+
+
+def test_a_rank_killed_by_a_signal_is_named_not_the_peer_that_lost_it(started):
+    with pytest.raises(PipeschedError) as caught:
+        run_schedules([generate("1f1b", 2, M)], MODEL, options=OPTIONS, runtime="ours", fault=Fault("kill", 0))
+    assert str(caught.value).startswith("rank 0 failed first: killed by SIGKILL")
+    _assert_nothing_left(started)
+
+
+def test_a_killed_launchers_folder_is_removed_by_the_next_launch(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch_module.tempfile, "gettempdir", lambda: str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    abandoned = tmp_path / f"{launch_module.FOLDER_PREFIX}dead"
+    running = tmp_path / f"{launch_module.FOLDER_PREFIX}alive"
+    unmarked = tmp_path / f"{launch_module.FOLDER_PREFIX}unmarked"
+    for folder in (abandoned, running, unmarked):
+        folder.mkdir()
+        (folder / "store").write_text("x")
+    (abandoned / launch_module.OWNER_FILE).write_text(f"{gone.pid} 1")
+    (running / launch_module.OWNER_FILE).write_text(launch_module._owner(os.getpid()))
+    assert launch_module.remove_abandoned_folders() == [abandoned]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, unmarked.name])
 
 
 def test_a_hanging_rank_ends_the_run_at_the_timeout(started):
@@ -259,6 +289,24 @@ def test_run_command_json(cli, tmp_path):
     schedule = generate("zb-h1", 2, 3)
     assert ran == {(device, str(op)) for device, op in schedule.ops()}
     assert all(row["end_s"] >= row["start_s"] >= 0 for row in data["timeline"])
+
+
+def test_ctrl_c_stops_a_run_with_one_line_and_no_process_left():
+    marker = f"PIPESCHED_TEST_MARKER=interrupt-{os.getpid()}"
+    env = dict(os.environ, PIPESCHED_TEST_MARKER=marker.split("=", 1)[1])
+    command = [sys.executable, "-m", "pipesched", "run", "gpipe", "-p", "2", "-m", "2", "--model", "tiny", "-s", "8",
+               "--runtime", "ours", "--inject-fault", "hang:0", "--timeout", "300"]
+    launcher = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_until(lambda: len(_ranks_marked(marker.encode())) == 2, 60), "the ranks never started"
+        time.sleep(3)  # the ranks are past their start-up
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=30)
+        assert (launcher.returncode, err) == (2, "pipesched: error: interrupted\n")
+        assert _wait_until(lambda: not _ranks_marked(marker.encode()), 10), "a rank outlived the interrupt"
+    finally:
+        launcher.kill()
+        launcher.wait()
 
 
 def test_run_command_reports_a_crash_on_one_line(cli):

@@ -10,24 +10,36 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError
-from pipesched.generators import FAMILIES, formula, generate
-from pipesched.generators.base import FormulaEstimate
-from pipesched.io import load_schedule, save_schedule
-from pipesched.ops import Op, OpKind
-from pipesched.schedule import Placement, Schedule
-from pipesched.slot_table import slot_table, table_metrics
-from pipesched.timeline import MemoryTrace, Timeline, TransferTable
-from pipesched.validate import Violation, validate
-
-# Imported on first use: they pull in numba (the simulator) or the model package. The
-# simulator and the comparison live in the subpackages of the same name:
-# ``from pipesched.simulate import simulate, Network``; ``from pipesched.compare import compare``.
+# Every public name is imported on first use, so that `import pipesched` (and the command
+# line's start) costs next to nothing; numpy, numba and the model package load when a
+# name that needs them is first touched. The simulator and the comparison live in the
+# subpackages of the same name: ``from pipesched.simulate import simulate, Network``;
+# ``from pipesched.compare import compare``.
 _LAZY = {
+    "StageCosts": "pipesched.costs",
+    "PipeschedError": "pipesched.errors",
+    "FAMILIES": "pipesched.generators",
+    "formula": "pipesched.generators",
+    "generate": "pipesched.generators",
+    "FormulaEstimate": "pipesched.generators.base",
+    "load_schedule": "pipesched.io",
+    "save_schedule": "pipesched.io",
+    "Op": "pipesched.ops",
+    "OpKind": "pipesched.ops",
+    "Placement": "pipesched.schedule",
+    "Schedule": "pipesched.schedule",
+    "slot_table": "pipesched.slot_table",
+    "table_metrics": "pipesched.slot_table",
+    "MemoryTrace": "pipesched.timeline",
+    "Timeline": "pipesched.timeline",
+    "TransferTable": "pipesched.timeline",
+    "Violation": "pipesched.validate",
+    "validate": "pipesched.validate",
     "summarize": "pipesched.metrics",
     "Cluster": "pipesched.model.hardware",
     "DeviceSpec": "pipesched.model.hardware",
@@ -36,12 +48,29 @@ _LAZY = {
     "load_cluster": "pipesched.model",
     "build_stage_costs": "pipesched.model",
     "TrainingSettings": "pipesched.model",
+    "RULES": "pipesched.rules",
+    "Point": "pipesched.experiments",
+    "evaluate": "pipesched.experiments",
+    "compile_graph": "pipesched.simulate",
 }
 
 if TYPE_CHECKING:
+    from pipesched.costs import StageCosts
+    from pipesched.errors import PipeschedError
+    from pipesched.experiments import Point, evaluate
+    from pipesched.generators import FAMILIES, formula, generate
+    from pipesched.generators.base import FormulaEstimate
+    from pipesched.io import load_schedule, save_schedule
     from pipesched.metrics import summarize
     from pipesched.model import TrainingSettings, build_stage_costs, load_cluster, load_model
     from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
+    from pipesched.ops import Op, OpKind
+    from pipesched.rules import RULES
+    from pipesched.schedule import Placement, Schedule
+    from pipesched.simulate import compile_graph
+    from pipesched.slot_table import slot_table, table_metrics
+    from pipesched.timeline import MemoryTrace, Timeline, TransferTable
+    from pipesched.validate import Violation, validate
 
 
 def __getattr__(name: str) -> object:
@@ -50,8 +79,27 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'pipesched' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """The package object: ``pipesched.validate`` and ``pipesched.slot_table`` stay the
+    functions of those names when the submodules that define them are imported (the import
+    system would otherwise bind the submodules over them)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
 __all__ = [
     "FAMILIES",
+    "RULES",
     "Cluster",
     "DeviceSpec",
     "FormulaEstimate",
@@ -61,6 +109,7 @@ __all__ = [
     "OpKind",
     "PipeschedError",
     "Placement",
+    "Point",
     "Schedule",
     "StageCosts",
     "Timeline",
@@ -68,6 +117,8 @@ __all__ = [
     "TransferTable",
     "Violation",
     "build_stage_costs",
+    "compile_graph",
+    "evaluate",
     "formula",
     "generate",
     "load_cluster",

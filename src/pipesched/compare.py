@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from pipesched.costs import StageCosts
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError
-from pipesched.experiments.defaults import DEFAULTS
 from pipesched.experiments.evaluate import LEVELS, LevelResult, check_levels
 from pipesched.experiments.grid import Mapper, evaluate_all, rank
 from pipesched.experiments.point import Point

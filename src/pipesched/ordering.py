@@ -7,10 +7,9 @@ data predecessors have ended. When no device can move, the waits form a cycle: a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import numpy as np
 
 from pipesched.ops import Op
 from pipesched.schedule import Schedule
@@ -26,8 +25,9 @@ class Stuck:
 
 @dataclass(frozen=True)
 class Walk:
-    start: np.ndarray  # float64, one per op in table order (nan for ops never run)
-    end: np.ndarray
+    # plain lists, so that reading and checking a schedule needs no numpy (start-up time)
+    start: list[float]  # one per op in table order (nan for ops never run)
+    end: list[float]
     stuck: Stuck | None
 
 
@@ -41,8 +41,8 @@ def walk(schedule: Schedule, duration: Callable[[Op], float]) -> Walk:
     for ops in schedule.device_ops:
         offsets.append(offsets[-1] + len(ops))
     n = offsets[-1]
-    start = np.full(n, np.nan)
-    end = np.full(n, np.nan)
+    start = [math.nan] * n
+    end = [math.nan] * n
     finished: dict[Op, float] = {}
     position = [0] * schedule.num_devices
     free_at = [0.0] * schedule.num_devices

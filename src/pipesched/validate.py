@@ -17,7 +17,6 @@ from pipesched.ops import Op, OpKind
 from pipesched.ordering import walk
 from pipesched.rules import TRAINS, Rules
 from pipesched.schedule import Schedule
-from pipesched.slot_table import held_after_each_op
 
 # Violation kinds
 OUT_OF_RANGE = "out-of-range"
@@ -149,6 +148,8 @@ def _order(schedule: Schedule) -> list[Violation]:
 
 
 def _memory(schedule: Schedule, limit: int) -> list[Violation]:
+    from pipesched.slot_table import held_after_each_op  # numpy: imported only for this check
+
     found = []
     for device, ops in enumerate(schedule.device_ops):
         for op, held in held_after_each_op(ops, schedule.rules, schedule.roles):
@@ -161,11 +162,21 @@ def _memory(schedule: Schedule, limit: int) -> list[Violation]:
     return found
 
 
+# violations a report lists one by one (and marks in the table); the rest are counted by kind
+REPORTED_VIOLATIONS = 50
+
+
 def format_report(schedule: Schedule, violations: list[Violation]) -> str:
-    """The violations, then the table with the ops involved marked ``>op<``."""
+    """The violations (the first REPORTED_VIOLATIONS, then a count of the rest by kind),
+    then the table with the ops involved marked ``>op<``."""
+    shown = violations[:REPORTED_VIOLATIONS]
     lines = [f"{schedule.name}: {len(violations)} violation(s)"]
-    lines += [f"  {v}" for v in violations]
-    marked = {op for v in violations for op in v.ops}
+    lines += [f"  {v}" for v in shown]
+    if len(violations) > len(shown):
+        rest = Counter(v.kind for v in violations[len(shown):])
+        lines.append(f"  ... and {len(violations) - len(shown)} more: "
+                     + ", ".join(f"{count} {kind}" for kind, count in sorted(rest.items())))
+    marked = {op for v in shown for op in v.ops}
     lines.append("")
     for device, ops in enumerate(schedule.device_ops):
         cells = [f">{op}<" if op in marked else str(op) for op in ops]

@@ -4,13 +4,10 @@ levels, ranked, with the places where the ranking changes marked."""
 from __future__ import annotations
 
 import json
-import sys
-import time
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from pipesched.cli.options import (
@@ -50,39 +47,17 @@ from pipesched.cli.options import (
     variability_options,
     workload,
 )
+from pipesched.cli.output import console as output_console
+from pipesched.cli.progress import LateProgress
 from pipesched.cli.training import print_freeze_plan
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.compare import LEVELS, Comparison, compare, family_points
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError
-from pipesched.experiments.defaults import DEFAULTS
 from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
 
 GiB = 2.0**30
 LEVEL_TITLES = {"formula": "formula (slots)", "table": "table (slots)", "sim": "simulated (s)"}
-
-
-class _LateProgress:
-    """A progress bar on stderr that appears only once the work has taken over a second."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.began = time.monotonic()
-        self.bar: Progress | None = None
-        self.task = None
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        if self.bar is None:
-            if time.monotonic() - self.began < 1.0 or done >= total:
-                return
-            self.bar = Progress(TextColumn("comparing {task.description:<28}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                TimeElapsedColumn(), console=self.console, transient=True)
-            self.bar.start()
-            self.task = self.bar.add_task(label, total=total)
-        self.bar.update(self.task, completed=done, description=label)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
 
 def compare_command(
@@ -131,7 +106,14 @@ def compare_command(
     (Llama-3-70B-like model on 4 x 8 H100, p=8, m=32). With --jitter (or the other
     variability options) the simulated schedules are also ranked by their mean over Monte
     Carlo samples drawn on common random numbers, with p99, the chance that each is the
-    fastest and how often the ranking flips."""
+    fastest and how often the ranking flips.
+
+    \b
+    Examples:
+      pipesched compare --schedules 1f1b,zb-h1,zb-v -p 4 -m 16
+      pipesched compare --levels formula,table --json
+      pipesched compare --schedules 1f1b,zb-v -p 4 -m 8 --jitter 0.1 --samples 200
+    """
     views = ViewPaths(png, svg, trace, html).check()
     plan = load_freeze_plan(freeze_plan) if freeze_plan is not None else None
     if plan is not None and frozen_layers is not None:
@@ -162,7 +144,7 @@ def compare_command(
             return
         print_freeze_plan(result_of_plan)
         return
-    progress = _LateProgress(Console(file=sys.stderr))
+    progress = LateProgress()
     try:
         result = compare(names, p=p if p is not None else DEFAULTS.p, m=m if m is not None else DEFAULTS.m, v=v,
                          levels=chosen_levels, workload=point, progress=progress, keep_timelines=views.any)
@@ -197,7 +179,7 @@ def print_comparison(result: Comparison) -> None:
     """One wide table: a row per schedule (ordered by the last level's rank), for each level
     its time, bubble ratio, memory and rank; ``*`` marks a rank that changed from the level
     before."""
-    console = Console() if Console().is_terminal else Console(width=200)
+    console = output_console()
     last = result.levels[-1]
     order = result.ranking(last)
     title = f"p={result.p}, m={result.m}" + (f", v={result.v}" if result.v else "")

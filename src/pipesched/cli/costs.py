@@ -7,7 +7,6 @@ import dataclasses
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from pipesched.cli.options import (
@@ -19,9 +18,11 @@ from pipesched.cli.options import (
     SequenceParallel,
     TensorParallel,
 )
+from pipesched.cli.output import console as output_console
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.defaults import DEFAULTS
 from pipesched.generators import generate
+from pipesched.limits import MAX_AMOUNT, MAX_DEVICES, MAX_STAGES, check_amount, check_count
 from pipesched.model import (
     LAYER_COLUMNS,
     METHODS,
@@ -43,12 +44,6 @@ from pipesched.schedule import Placement
 
 GiB = 2.0**30
 MiB = 2.0**20
-
-def _console() -> Console:
-    """A terminal console, or a wide one when the output goes to a file or pipe."""
-    console = Console()
-    return console if console.is_terminal else Console(width=140)
-
 
 MODEL_HELP = "model preset name, Hugging Face config.json, or YAML/CSV model file"
 
@@ -88,7 +83,12 @@ def costs(
     as_json: bool = typer.Option(False, "--json", help="print a JSON list of per-layer objects"),
 ) -> None:
     """Per-layer costs of one microbatch: forward, backward-input, backward-weight seconds,
-    activation bytes, parameters and the bytes sent to the next layer."""
+    activation bytes, parameters and the bytes sent to the next layer.
+
+    \b
+    Examples:
+      pipesched costs --model llama3-8b --device h100-sxm -b 1 -s 4096
+    """
     spec = load_model(model)
     chip = _tuned(load_device(device), matmul_efficiency, bandwidth_efficiency)
     settings = _settings(micro_batch_size, seq_len, dtype, recompute, tensor_parallel, sequence_parallel)
@@ -111,7 +111,7 @@ def costs(
                              for f in ("forward_s", "backward_input_s", "backward_weight_s")),
                   f"{sum(x.activation_bytes for x in layers) / MiB:.1f}",
                   f"{sum(x.params for x in layers) / 1e6:.2f}", "", f"{sum(x.flops for x in layers) / 1e9:.2f}")
-    _console().print(table)
+    output_console().print(table)
 
 
 def _cluster(device: str | None, cluster: str | None, ranks: int, matmul_efficiency: float | None,
@@ -168,7 +168,7 @@ def _plan_json(plan: StagePlan, layout: str) -> str:
 
 
 def _print_plan(plan: StagePlan, layout: str | None) -> None:
-    console = _console()
+    console = output_console()
     run = plan.settings
     per_stage = len(set(plan.recompute)) > 1
     recompute = "per stage" if per_stage else run.recompute
@@ -243,10 +243,19 @@ def partition(
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
 ) -> None:
     """Split a model's layers into p x v pipeline stages and show each stage's time and memory
-    (frozen layers cost less: the balanced split gives their stages more of them)."""
-    require(p >= 1, "p", p, "must be at least 1")
-    require(v is None or v >= 1, "v", v, "must be at least 1")
-    require(memory_limit is None or memory_limit > 0, "memory-limit", memory_limit, "must be > 0 GiB")
+    (frozen layers cost less: the balanced split gives their stages more of them).
+
+    \b
+    Examples:
+      pipesched partition --model llama3-70b --cluster 4x8-h100 -p 8 -t 4 --layout
+      pipesched partition --model llama3-8b --device h100-sxm -p 4 -t 1 --method memory --schedule 1f1b -m 8
+    """
+    check_count("p", p, MAX_DEVICES, what="pipeline devices")
+    if v is not None:
+        check_count("v", v, MAX_STAGES, what="stages")
+    check_count("stages", p * (v or 1), MAX_STAGES, what="stages (p x v)")
+    if memory_limit is not None:
+        check_amount("memory-limit", memory_limit, limit=MAX_AMOUNT / GiB, above_minimum=True, unit="GiB")
     spec = load_model(model)
     recompute = recompute or DEFAULTS.recompute
     settings = _settings(micro_batch_size, seq_len, dtype, uniform_mode(recompute) or "none", tensor_parallel,

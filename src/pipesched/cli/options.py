@@ -7,16 +7,29 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError
-from pipesched.experiments.defaults import DEFAULTS
-from pipesched.experiments.point import Point
+from pipesched.defaults import DEFAULTS
+from pipesched.errors import PipeschedError, shorten
 from pipesched.indices import MAX_INDEX_COUNT
-from pipesched.variability.model import MAX_SAMPLES, Variability
+from pipesched.limits import (
+    MAX_AMOUNT,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_NUMBER_CHARS,
+    MAX_SAMPLES,
+    MAX_SECONDS,
+    MAX_SEQ_LEN,
+    check_amount,
+    check_count,
+    check_number_text,
+)
+
+if TYPE_CHECKING:  # the heavier modules load when options are parsed, not declared
+    from pipesched.costs import StageCosts
+    from pipesched.experiments.point import Point
+    from pipesched.variability.model import Variability
 
 # --- the schedule ------------------------------------------------------------------------
 Devices = Annotated[int | None, typer.Option("-p", help=f"pipeline devices [default: {DEFAULTS.p}]")]
@@ -109,12 +122,14 @@ def parse_settings(pairs: list[str] | None) -> dict[str, object]:
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise PipeschedError(f"--set={pair!r}: write KEY=VALUE, e.g. --set memory_limit=6")
+            raise PipeschedError(f"--set={shorten(pair)!r}: write KEY=VALUE, e.g. --set memory_limit=6")
         options[key.strip().replace("-", "_")] = _number(value.strip())
     return options
 
 
 def _number(text: str) -> object:
+    if len(text) > MAX_NUMBER_CHARS:  # no number is this long: the option says what it wants
+        return text
     for convert in (int, float):
         try:
             return convert(text)
@@ -134,6 +149,8 @@ def slot_costs_option(value: object) -> StageCosts:
         from pipesched.io.stage_costs import load_stage_costs
 
         return load_stage_costs(text)
+    from pipesched.costs import StageCosts
+
     return StageCosts.parse_slots(text)
 
 
@@ -152,12 +169,17 @@ def parse_bandwidth(text: str | None) -> float | None:
     """``--bandwidth`` text -> bytes/s (``inf`` allowed); None when not given."""
     if text is None:
         return None
+    if text.strip().lower() in ("inf", "infinity"):
+        return math.inf
     try:
-        value = float(text)
+        value = float(check_number_text("bandwidth", text))
     except ValueError:
-        raise PipeschedError(f"bandwidth={text[:40]!r}: not a number; give bytes/s like 2.5e10, or inf") from None
+        raise PipeschedError(f"bandwidth={shorten(text)!r}: not a number; give bytes/s like 2.5e10, or inf") from None
     if not value > 0 or math.isnan(value):
-        raise PipeschedError(f"bandwidth={text[:40]}: must be > 0 bytes/s (use inf for free links)")
+        raise PipeschedError(f"bandwidth={shorten(text)}: must be > 0 bytes/s (use inf for free links)")
+    if not value <= MAX_AMOUNT:
+        raise PipeschedError(f"bandwidth={shorten(text)}: over the limit of {MAX_AMOUNT:g} bytes/s; write inf for "
+                             "free links")
     return value
 
 
@@ -214,7 +236,15 @@ def workload(
     """The template point the workload options ask for: a stage-cost file on uniform links,
     or a model on a cluster (each unset option from DEFAULTS), with the frozen layers, the
     offload policy and host links asked for."""
+    from pipesched.experiments.point import Point
+
     check_training(frozen_layers, offload)
+    if latency is not None:
+        check_amount("latency", latency, limit=MAX_SECONDS, unit="seconds")
+    if micro_batch_size is not None:
+        check_count("micro-batch-size", micro_batch_size, MAX_MICRO_BATCH_SIZE)
+    if seq_len is not None:
+        check_count("seq-len", seq_len, MAX_SEQ_LEN)
     engine = {"contention": not no_contention, "overlap": not no_overlap, "latency": latency,
               "frozen_layers": frozen_layers or "", "offload": offload or "",
               "host_bandwidth": parse_amount(host_bandwidth, "bandwidth", "host-bandwidth"),
@@ -265,6 +295,8 @@ def variability_options(*, jitter: str | None = None, jitter_file: str | None = 
                 raise PipeschedError(f"{flag}={value}: draws samples only with --jitter, --jitter-file, --straggler, "
                                      "--random-straggler or --slow-link")
         return None
+    from pipesched.variability.model import Variability
+
     return Variability(
         jitter=parse_jitter(jitter) if jitter is not None else (),
         measured=load_repeats(jitter_file) if jitter_file is not None else None,

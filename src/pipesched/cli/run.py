@@ -8,15 +8,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from pipesched.cli.options import split_names
+from pipesched.cli.output import console as output_console
+from pipesched.cli.progress import StatusLine
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import PipeschedError, require, shorten
 from pipesched.generators import FAMILIES
 from pipesched.io.files import check_output_path, write_atomic
+from pipesched.limits import MAX_DEVICES, MAX_LAYERS, MAX_STAGES, check_count, parse_int
 from pipesched.model import load_model
 from pipesched.partition import Partition
 from pipesched.schedule import Schedule
@@ -33,14 +35,9 @@ Runtime = Annotated[str, typer.Option("--runtime", help="auto (PyTorch's runtime
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds before every rank is killed")]
 Settings = Annotated[list[str] | None, typer.Option("--set", help="family option KEY=VALUE")]
 AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
-Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK or hang:RANK (tests)")]
+Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK, hang:RANK or kill:RANK (tests)")]
 
 _RUNTIME_NAMES = {"pytorch": "PyTorch _PipelineScheduleRuntime", "ours": "pipesched executor"}
-
-
-def _console() -> Console:
-    console = Console()
-    return console if console.is_terminal else Console(width=140)
 
 
 def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: list[str] | None) -> Schedule:
@@ -93,7 +90,12 @@ def run_command(
 ) -> None:
     """Run a schedule for real on P local ranks (gloo on CPU, NCCL on GPUs): median step time
     after warm-up and the measured timeline of every op on every rank (--png/--svg/--trace/--html
-    draw the median step)."""
+    draw the median step).
+
+    \b
+    Examples:
+      pipesched run zb-h1 -p 2 -m 4 --model tiny -s 16 --steps 2 --warmup 1
+    """
     from pipesched.runtime.launch import Fault as FaultSpec
     from pipesched.runtime.runs import RunOptions, run_schedules
 
@@ -103,7 +105,8 @@ def run_command(
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
                          steps=steps, warmup=warmup, timeout_s=timeout)
     fault = FaultSpec.parse(inject_fault) if inject_fault else None
-    result = run_schedules([schedule], spec, options=options, runtime=runtime, fault=fault)[0]
+    with StatusLine(f"run {schedule.name} ({warmup} warm-up + {steps} steps)") as status:
+        result = run_schedules([schedule], spec, options=options, runtime=runtime, fault=fault, on_status=status)[0]
     views.write([result.timeline], title=f"{schedule.name}: measured on {result.runtime}, {result.backend} "
                                          f"(median of {len(result.step_times)} steps)")
     if as_json:
@@ -122,7 +125,7 @@ def run_command(
 def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
     from pipesched.render.terminal import timeline_view
 
-    console = _console()
+    console = output_console()
     table = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={schedule.num_microbatches}, "
                         f"{schedule.num_stages} stages; {model_name} ({result.timeline.measured.partition}), "
                         f"micro-batch {options.micro_batch_size} x {options.seq_len}, {options.dtype}")
@@ -161,7 +164,12 @@ def profile_command(
     """Measure layer (or stage) op times in isolation, the runtime's per-op overhead and the
     link between ranks; write the cost CSV the simulator reads, the link beside it
     (FILE.link.yaml) and every timed repeat (FILE.repeats.csv, what `simulate --jitter-file`
-    draws from)."""
+    draws from).
+
+    \b
+    Examples:
+      pipesched profile --model tiny -s 16 --repeats 3 --no-link -o tiny.csv
+    """
     from pipesched.runtime.profile import (
         ProfileOptions,
         add_op_overhead,
@@ -200,7 +208,8 @@ def profile_command(
             "per-stage costs (-p) are a CSV; name the output .csv, or drop -p for a per-layer YAML")
     if p is None:
         require(partition is None, "partition", partition, "needs -p (per-stage costs)")
-        timings = profile_layer_timings(spec, options)
+        with StatusLine(f"profile {spec.name}") as status:
+            timings = profile_layer_timings(spec, options, on_status=status)
         layers = layer_costs(spec, timings)
         repeats = repeats_csv([t.repeat_seconds() for t in timings], index="layer")
         if as_yaml:  # the measured-layer model file, headed by how it was measured
@@ -212,18 +221,22 @@ def profile_command(
         summary["layers"] = [{"name": layer.name, "forward_s": layer.forward_s, "backward_input_s": layer.backward_input_s,
                               "backward_weight_s": layer.backward_weight_s} for layer in layers]
     else:
-        require(p >= 1 and v >= 1, "p", p, "-p and -v must be at least 1")
+        check_count("p", p, MAX_DEVICES, what="pipeline devices")
+        check_count("v", v, MAX_STAGES, what="stages")
+        check_count("stages", p * v, MAX_STAGES, what="stages (p x v)")
         chosen = stage_partition(spec, p * v, _parse_partition(partition) if partition else None)
-        timings = profile_stage_timings(spec, [chosen], options)[0]
-        overhead = profile_overhead(runtime=runtime, backend=backend, model=spec, micro_batch_size=micro_batch_size,
-                                    seq_len=seq_len, dtype=dtype)
+        with StatusLine(f"profile {spec.name} ({chosen})") as status:
+            timings = profile_stage_timings(spec, [chosen], options, on_status=status)[0]
+            overhead = profile_overhead(runtime=runtime, backend=backend, model=spec, micro_batch_size=micro_batch_size,
+                                        seq_len=seq_len, dtype=dtype, on_status=status)
         costs = add_op_overhead(stage_costs_from_timings(timings, dtype=dtype), overhead)
         # each repeat counted as the cost file counts its median: with the per-op overhead
         repeats = repeats_csv([t.repeat_seconds(offset_s=overhead) for t in timings])
         text = stage_costs_csv(costs)
         summary.update(partition=str(chosen), per_op_overhead_s=overhead)
     if link:
-        measured = profile_link(backend=backend)
+        with StatusLine("profile the link") as status:
+            measured = profile_link(backend=backend, on_status=status)
         write_atomic(link_path, link_yaml(measured, overhead_s=summary.get("per_op_overhead_s")))
         summary.update(latency_s=measured.latency, bandwidth_bytes_per_s=measured.bandwidth, link_file=str(link_path))
     write_atomic(repeats_path, repeats)
@@ -242,11 +255,11 @@ def profile_command(
 
 
 def _parse_partition(text: str) -> Partition:
-    try:
-        sizes = [int(part) for part in text.split("|")]
-    except ValueError:
-        raise PipeschedError(f"partition={text!r}: write layers per stage like 3|4|3") from None
-    return Partition.from_sizes(sizes)
+    parts = text.split("|", maxsplit=MAX_STAGES)
+    require(len(parts) <= MAX_STAGES, "partition", text, f"more than {MAX_STAGES:,} stages, over the limit")
+    if not all(part.strip().isdigit() for part in parts):
+        raise PipeschedError(f"partition={shorten(text)!r}: write layers per stage like 3|4|3")
+    return Partition.from_sizes([parse_int("partition", part, MAX_LAYERS, minimum=0, what="layers") for part in parts])
 
 
 # --- check ---------------------------------------------------------------------------------
@@ -269,7 +282,12 @@ def check_command(
     html: Annotated[str | None, typer.Option("--html", help="write the comparison page: predicted over measured timelines, deviations, step times")] = None,
 ) -> None:
     """Profile in isolation, simulate, run for real, and compare: predicted vs measured step
-    time per schedule, the error, and whether the ranking of the schedules agrees."""
+    time per schedule, the error, and whether the ranking of the schedules agrees.
+
+    \b
+    Examples:
+      pipesched check --schedules gpipe,1f1b -p 2 -m 4 --model tiny -s 16 --steps 2 --warmup 1
+    """
     from pipesched.runtime.check import check_schedules
     from pipesched.runtime.runs import RunOptions
 
@@ -282,7 +300,8 @@ def check_command(
              for name in names]
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
                          steps=steps, warmup=warmup, timeout_s=timeout)
-    report = check_schedules(built, load_model(model), options=options, runtime=runtime)
+    with StatusLine(f"check {', '.join(names)}") as status:
+        report = check_schedules(built, load_model(model), options=options, runtime=runtime, on_status=status)
     for path in report.write_views(html=html, trace=trace, title=f"prediction check: {model}, p={p}, m={m}"):
         typer.echo(f"wrote {path}", err=True)
     if as_json:
@@ -301,7 +320,7 @@ def check_command(
             "per_op_overhead_s": report.overhead_s,
         }, indent=1))
         return
-    console = _console()
+    console = output_console()
     table = Table(title=f"prediction check: {model}, p={p}, m={m}, micro-batch {micro_batch_size} x {seq_len}, "
                         f"{dtype}, {backend}")
     for column in ("schedule", "runtime", "predicted ms", "measured ms", "error",

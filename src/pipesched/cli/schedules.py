@@ -1,13 +1,15 @@
-"""`pipesched list`, `show`, `validate`: the schedule table commands."""
+"""`pipesched list`, `show`, `validate`: the schedule table commands (and the preset lists).
+
+Only light modules load at the top: `validate` reads and checks a file without numpy,
+rich or the generators' drawing code."""
 
 from __future__ import annotations
 
+import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from pipesched import io
 from pipesched.cli.options import (
@@ -18,31 +20,130 @@ from pipesched.cli.options import (
     Microbatches,
     family_options,
 )
+from pipesched.cli.output import console
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
-from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError
-from pipesched.experiments.defaults import DEFAULTS
-from pipesched.generators import FAMILIES, formula, generate, get_family
-from pipesched.indices import parse_indices
+from pipesched.defaults import DEFAULTS
+from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.io.files import check_output_path, write_atomic
-from pipesched.schedule import Schedule
-from pipesched.slot_table import slot_table, table_metrics
-from pipesched.validate import format_report, validate
+from pipesched.limits import MAX_OPS, check_count
+from pipesched.validate import REPORTED_VIOLATIONS, format_report, validate
+
+if TYPE_CHECKING:
+    from pipesched.schedule import Schedule
+
+LISTS = ("families", "models", "devices", "clusters")
+GiB = 2.0**30
 
 
-def list_families() -> None:
-    """List the schedule families with their constraints."""
-    table = Table(title="schedule families")
-    for column in ("name", "chunks per device", "options", "constraints", "summary"):
-        table.add_column(column)
-    for family in FAMILIES.values():
-        chunks = f"v (default {family.default_v})" if family.chunks is None else str(family.chunks)
-        table.add_row(family.name, chunks, ", ".join(family.options) or "-", family.constraints, family.summary)
-    Console().print(table)
+def list_command(
+    what: Annotated[str, typer.Argument(metavar="[families|models|devices|clusters]",
+                                        help="what to list")] = "families",
+    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of objects")] = False,
+) -> None:
+    """List the schedule families (with their options and constraints), or the built-in
+    models, devices or clusters that --model, --device and --cluster take by name.
+
+    \b
+    Examples:
+      pipesched list
+      pipesched list devices
+      pipesched list models --json
+    """
+    if what not in LISTS:
+        raise PipeschedError(f"list={shorten(what)!r}: unknown list{suggest(what, LISTS)}; "
+                             f"choose one of {', '.join(LISTS)}")
+    rows = {"families": _families, "models": _models, "devices": _devices, "clusters": _clusters}[what]()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{what} (pipesched list {what} --json for all fields)" if what != "families" else "schedule families")
+    columns = [column for column in rows[0] if column in _SHOWN[what]]
+    for column in columns:
+        table.add_column(column.replace("_", " "), justify="left" if column in _LEFT else "right")
+    for row in rows:
+        table.add_row(*(_cell(row[column]) for column in columns))
+    console().print(table)
+
+
+_LEFT = {"name", "chunks", "options", "constraints", "summary", "devices", "links", "device"}
+_SHOWN = {
+    "families": ("name", "chunks", "options", "constraints", "summary"),
+    "models": ("name", "parameters_billion", "num_layers", "hidden_size", "num_heads", "num_kv_heads",
+               "ffn_hidden_size", "vocab_size", "num_experts"),
+    "devices": ("name", "peak_tflops", "memory_gib", "memory_bandwidth_tb_s", "matmul_efficiency",
+                "bandwidth_efficiency"),
+    "clusters": ("name", "num_devices", "num_nodes", "devices", "links"),
+}
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "-"
+    return str(value)
+
+
+def _families() -> list[dict]:
+    from pipesched.generators import FAMILIES
+
+    return [{"name": family.name,
+             "chunks": f"v (default {family.default_v})" if family.chunks is None else str(family.chunks),
+             "default_v": family.default_v if family.chunks is None else family.chunks,
+             "takes_v": family.chunks is None, "options": list(family.options),
+             "constraints": family.constraints, "summary": family.summary} for family in FAMILIES.values()]
+
+
+def _models() -> list[dict]:
+    import dataclasses
+
+    from pipesched.model import MODELS, layer_params
+
+    rows = []
+    for spec in MODELS.values():
+        fields = {field.name: getattr(spec, field.name) for field in dataclasses.fields(spec)
+                  if field.name not in ("measured", "measured_on")}
+        rows.append({"name": spec.name, "parameters_billion": sum(layer_params(spec)) / 1e9,
+                     **{key: value for key, value in fields.items() if key != "name"}})
+    return rows
+
+
+def _devices() -> list[dict]:
+    from pipesched.model import DEVICES
+
+    return [{"name": d.name, "peak_tflops": d.peak_flops / 1e12, "memory_gib": d.memory_bytes / GiB,
+             "memory_bandwidth_tb_s": d.memory_bandwidth / 1e12, "matmul_efficiency": d.matmul_efficiency,
+             "bandwidth_efficiency": d.bandwidth_efficiency, "peak_flops": d.peak_flops,
+             "memory_bytes": d.memory_bytes, "memory_bandwidth": d.memory_bandwidth} for d in DEVICES.values()]
+
+
+def _clusters() -> list[dict]:
+    from pipesched.model import cluster_presets, load_cluster
+
+    rows = []
+    for name in cluster_presets():
+        cluster = load_cluster(name)
+        kinds: dict[str, int] = {}
+        for device in cluster.devices:
+            kinds[device.name] = kinds.get(device.name, 0) + 1
+        intra, inter = cluster.intra_node, cluster.inter_node
+        rows.append({
+            "name": cluster.name, "num_devices": cluster.num_devices, "num_nodes": max(cluster.node_of) + 1,
+            "devices": [f"{count} x {kind}" for kind, count in kinds.items()],
+            "links": f"intra {intra.bandwidth / 1e9:g} GB/s {intra.latency * 1e6:g} us, "
+                     f"inter {inter.bandwidth / 1e9:g} GB/s {inter.latency * 1e6:g} us"
+                     + ("" if cluster.nic_per_device else " (one NIC per node)"),
+            "intra_node": {"bandwidth": intra.bandwidth, "latency": intra.latency},
+            "inter_node": {"bandwidth": inter.bandwidth, "latency": inter.latency},
+            "nic_per_device": cluster.nic_per_device,
+        })
+    return rows
 
 
 def show(
-    name: Annotated[str, typer.Argument(help="schedule family (see `pipesched list`) or a schedule file")],
+    name: Annotated[str, typer.Argument(metavar="NAME|FILE", help="schedule family (see `pipesched list`) or a schedule file")],
     p: Devices = None,
     m: Microbatches = None,
     v: Chunks = None,
@@ -57,7 +158,19 @@ def show(
 ) -> None:
     """Generate a schedule and print it as a table (or write it as grid text, CSV or JSON).
     --png/--svg/--trace/--html draw its idealized slot table (F = I = W = 1 slot, or the
-    lengths --set costs=F,I,W gives). --frozen-stages generates it for those frozen stages."""
+    lengths --set costs=F,I,W gives). --frozen-stages generates it for those frozen stages.
+
+    \b
+    Examples:
+      pipesched show zb-h1 -p 4 -m 6
+      pipesched show interleaved-1f1b -p 4 -m 8 -v 2 --format csv -o sched.csv
+      pipesched show zb-v -p 4 -m 8 --set memory_limit=6 --svg zb-v.svg
+      pipesched show zb-h1 -p 4 -m 8 --set costs=1,2,1
+    """
+    from pipesched.costs import StageCosts
+    from pipesched.generators import FAMILIES, formula
+    from pipesched.slot_table import slot_table, table_metrics
+
     if fmt not in io.FORMATS:
         raise typer.BadParameter(f"format={fmt!r}: choose one of {', '.join(io.FORMATS)}")
     if output is not None:
@@ -96,6 +209,9 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
     schedule file, which fixes its own sizes. ``--set costs=...`` reaches the families that
     plan with costs (the zero-bubble heuristics). ``frozen_stages`` (text like ``0-3``)
     freezes those stages (``generate(..., frozen=...)``, or ``freeze`` for a file)."""
+    from pipesched.generators import FAMILIES, generate, get_family
+    from pipesched.indices import parse_indices
+
     if name in FAMILIES:
         options, _ = family_options(settings)
         if "costs" in options and "costs" not in get_family(name).options:
@@ -122,12 +238,35 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
 
 
 def validate_file(
-    path: Annotated[str, typer.Argument(help="schedule file: grid text, PyTorch CSV (.csv) or JSON (.json)")],
+    path: Annotated[str, typer.Argument(metavar="FILE", help="schedule file: grid text, PyTorch CSV (.csv) or JSON (.json)")],
     memory_limit: Annotated[int | None, typer.Option("--memory-limit", help="max in-flight stage-microbatches per device")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
 ) -> None:
-    """Check a schedule file: exit 0 valid, 1 violations (with the report), 2 unreadable."""
+    """Check a schedule file: exit 0 valid, 1 violations (with the report), 2 unreadable.
+
+    \b
+    Examples:
+      pipesched validate sched.csv
+      pipesched validate sched.csv --memory-limit 11 --json
+    """
+    if memory_limit is not None:
+        check_count("memory-limit", memory_limit, MAX_OPS, what="in-flight stage-microbatches")
     schedule = io.load_schedule(path)
     violations = validate(schedule, memory_limit=memory_limit)
+    if as_json:
+        kinds: dict[str, int] = {}
+        for violation in violations:
+            kinds[violation.kind] = kinds.get(violation.kind, 0) + 1
+        typer.echo(json.dumps({
+            "file": path, "valid": not violations, "name": schedule.name, "devices": schedule.num_devices,
+            "stages": schedule.num_stages, "microbatches": schedule.num_microbatches, "ops": schedule.num_ops,
+            "violation_count": len(violations), "violations_by_kind": kinds,
+            "violations": [{"kind": v.kind, "message": v.message, "ops": [str(op) for op in v.ops],
+                            "device": v.device} for v in violations[:REPORTED_VIOLATIONS]],
+        }, indent=1))
+        if violations:
+            raise typer.Exit(1)
+        return
     if violations:
         sys.stdout.write(format_report(schedule, violations) + "\n")
         raise typer.Exit(1)
@@ -138,6 +277,6 @@ def validate_file(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("list")(list_families)
+    app.command("list")(list_command)
     app.command("show")(show)
     app.command("validate")(validate_file)

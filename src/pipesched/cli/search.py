@@ -22,8 +22,8 @@ from rich.progress import (
 from rich.table import Table
 
 from pipesched.cli.options import AsJson, ClusterName, Model, SeqLen, split_names
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.defaults import DEFAULTS
 from pipesched.io.files import check_output_path, write_atomic
 from pipesched.search.results import SearchResult, simulate_command
 from pipesched.search.space import SearchSpace
@@ -94,7 +94,13 @@ def search_command(
     data parallelism, micro-batch size, schedule family and chunks, partition, recompute and
     ZeRO stage. Every point is simulated (level 3) with its memory against the devices' (the
     bound prunes the ones that cannot win); results are ranked by throughput among those that
-    fit, with the Pareto front of time against peak memory."""
+    fit, with the Pareto front of time against peak memory.
+
+    \b
+    Examples:
+      pipesched search --model llama3-8b --cluster 1x8-h100 --global-batch 16 --schedules 1f1b,zb-h1 --db s.sqlite --top 5
+      pipesched search --db s.sqlite --show
+    """
     require(0 <= top <= 1_000_000, "top", top, "give a number of rows >= 0 (0: all)")
     for field, path in (("csv", csv), ("html", html)):
         if path is not None:

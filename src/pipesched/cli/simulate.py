@@ -46,6 +46,7 @@ from pipesched.cli.options import (
     variability_options,
     workload,
 )
+from pipesched.cli.output import console as output_console
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.training import print_freeze_plan, training_columns
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
@@ -103,7 +104,14 @@ def simulate_command(
     --model/--cluster/--stage-costs it runs the default scenario's model and cluster.
     --jitter, --jitter-file, --straggler, --random-straggler and --slow-link add a Monte
     Carlo run: the distribution of the iteration time, bubble and memory, and what sets the
-    iteration time."""
+    iteration time.
+
+    \b
+    Examples:
+      pipesched simulate zb-v -p 8 -m 32
+      pipesched simulate 1f1b -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --json
+      pipesched simulate zb-h1 -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --jitter 0.1 --samples 500
+    """
     views = ViewPaths(png, svg, trace, html).check()
     plan = load_freeze_plan(freeze_plan) if freeze_plan is not None else None
     if plan is not None and frozen_layers is not None:
@@ -153,7 +161,7 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
     schedule, setup, network, timeline, metrics = (result.schedule, result.setup, result.network, result.timeline,
                                                    result.metrics)
     contention, overlap = result.point.contention, result.point.overlap
-    console = Console() if Console().is_terminal else Console(width=140)
+    console = output_console()
     if timeline_view:
         print_timeline(timeline, console)
     batches = {"op": "a batch between ops", "pair": "a batch per forward-backward pair"}

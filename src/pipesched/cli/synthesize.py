@@ -28,8 +28,8 @@ from pipesched.cli.options import (
     workload,
 )
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
-from pipesched.experiments.defaults import DEFAULTS
 from pipesched.io.files import check_output_path
 from pipesched.schedule import Placement, Schedule
 
@@ -68,7 +68,12 @@ def synthesize_command(
 ) -> None:
     """Synthesize the fastest one-stage-per-device schedule under a memory cap with a CP-SAT
     solver (warm-started from the best built-in family), with its proven lower bound.
-    Without --model/--cluster/--stage-costs it runs the default scenario's model and cluster."""
+    Without --model/--cluster/--stage-costs it runs the default scenario's model and cluster.
+
+    \b
+    Examples:
+      pipesched synthesize -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --time-limit 5 --json
+    """
     require(backward in BACKWARDS, "backward", backward, f"choose one of {', '.join(BACKWARDS)}")
     require(math.isfinite(time_limit) and time_limit > 0, "time-limit", time_limit, "give a number of seconds > 0")
     if output is not None:

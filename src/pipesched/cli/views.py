@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from pipesched.io.files import check_output_path
-from pipesched.timeline import Timeline
+
+if TYPE_CHECKING:  # rich and numpy load with the commands that draw
+    from rich.console import Console
+
+    from pipesched.timeline import Timeline
 
 Png = Annotated[str | None, typer.Option("--png", help="write a Gantt chart (PNG) to this file")]
 Svg = Annotated[str | None, typer.Option("--svg", help="write a Gantt chart (SVG) to this file")]
@@ -48,7 +51,10 @@ class ViewPaths:
 
         written = write_views(timelines, png=self.png, svg=self.svg, trace=self.trace, html=self.html,
                               comparison=comparison, title=title, distributions=distributions)
-        console = console or Console(stderr=True)
+        if console is None:
+            from rich.console import Console
+
+            console = Console(stderr=True)
         for path in written:
             console.print(f"wrote {path}", highlight=False, markup=False)
 

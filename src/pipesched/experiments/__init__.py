@@ -5,7 +5,7 @@ prints records."""
 
 from __future__ import annotations
 
-from pipesched.experiments.defaults import DEFAULTS, Defaults
+from pipesched.defaults import DEFAULTS, Defaults
 from pipesched.experiments.evaluate import LEVELS, LevelResult, Record, evaluate
 from pipesched.experiments.grid import evaluate_all, grid, process_map, rank
 from pipesched.experiments.point import Point

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.generators import (
     chimera,
     dualpipe,
@@ -28,6 +28,7 @@ from pipesched.generators import (
     zb_v,
 )
 from pipesched.generators.base import Family, FormulaEstimate, per_stage_costs
+from pipesched.limits import MAX_DEVICES, MAX_STAGES, check_count, check_table_size
 from pipesched.rules import FORWARD_ONLY
 from pipesched.schedule import Schedule
 
@@ -60,7 +61,8 @@ def get_family(name: str) -> Family:
         return FAMILIES[name]
     except KeyError:
         known = ", ".join(FAMILIES)
-        raise PipeschedError(f"schedule={name!r}: unknown family; known families: {known}") from None
+        raise PipeschedError(f"schedule={shorten(name)!r}: unknown family{suggest(name, FAMILIES)}; "
+                             f"known families: {known}") from None
 
 
 def generate(name: str, p: int, m: int, *, v: int | None = None, frozen: Iterable[int] = (),
@@ -170,20 +172,13 @@ def _build(name: str, p: int, m: int, v: int, options: tuple[tuple[str, object],
             gc.enable()
 
 
-# Largest table generate() builds: 2^23 ops, ten times ZB-V at p=128, m=1024 (786k ops),
-# about 1 GiB of op tuples; larger sizes are almost surely a typo.
-MAX_OPS = 2**23
-
-
 def _check_size(p: int, m: int, v: int) -> int:
-    """The most ops the table can have (F, I, W per stage-microbatch), within MAX_OPS."""
-    ops = 3 * max(p, 1) * max(v, 1) * max(m, 1)
-    if ops > MAX_OPS:
-        raise PipeschedError(
-            f"size=p{p} x m{m} x v{v}: about {ops:,} ops, over the {MAX_OPS:,} this tool builds; "
-            "lower p, m or v"
-        )
-    return ops
+    """Refuse sizes over the limits before any op is built (the families check the rest);
+    the most ops the table can have (F, I, W per stage-microbatch)."""
+    check_count("p", p, MAX_DEVICES, minimum=None, what="pipeline devices")
+    check_count("v", v, MAX_STAGES, minimum=None, what="stages")
+    check_table_size(max(p, 1) * max(v, 1), m, label=f"p{p} x m{m} x v{v}")
+    return 3 * max(p, 1) * max(v, 1) * max(m, 1)
 
 
 def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCosts | None = None) -> FormulaEstimate:

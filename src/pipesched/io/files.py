@@ -4,10 +4,10 @@ until the new content is complete."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from pipesched.errors import PipeschedError
+from pipesched.limits import MAX_INPUT_BYTES
 
 
 def check_output_path(path: str | os.PathLike[str], field: str = "output") -> Path:
@@ -25,6 +25,8 @@ def check_output_path(path: str | os.PathLike[str], field: str = "output") -> Pa
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes, field: str = "output") -> Path:
     """Write ``data`` to a temporary file beside ``path`` and rename it into place."""
+    import tempfile  # only commands that write files need it
+
     target = check_output_path(path, field)
     mode = "wb" if isinstance(data, bytes) else "w"
     tmp: str | None = None
@@ -53,15 +55,23 @@ def _umask() -> int:
 
 
 def read_text(path: str | os.PathLike[str], field: str = "file") -> str:
-    """Read a UTF-8 text input file, with a one-line error when that is impossible."""
+    """Read a UTF-8 text input file of at most MAX_INPUT_BYTES, with a one-line error when
+    that is impossible (a device or pipe is read only up to the limit too)."""
     source = Path(path)
     try:
-        return source.read_text(encoding="utf-8")
+        with source.open("rb") as handle:
+            data = handle.read(MAX_INPUT_BYTES + 1)
     except FileNotFoundError:
         raise PipeschedError(f"{field}={source}: no such file; check the path") from None
     except IsADirectoryError:
         raise PipeschedError(f"{field}={source}: is a directory; give a file") from None
-    except UnicodeDecodeError:
-        raise PipeschedError(f"{field}={source}: not UTF-8 text; give a text file") from None
     except OSError as exc:
         raise PipeschedError(f"{field}={source}: cannot read ({exc.strerror})") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise PipeschedError(f"{field}={source}: over the limit of {MAX_INPUT_BYTES:,} bytes of an input file; "
+                             "give a smaller file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PipeschedError(f"{field}={source}: not UTF-8 text; give a text file") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # universal newlines, as open() reads text

@@ -24,12 +24,26 @@ from __future__ import annotations
 import json
 import re
 
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, shorten
+from pipesched.io.json_text import load_json
 from pipesched.io.layout import step_rows
+from pipesched.io.op_tokens import check_op_count, read_op
+from pipesched.limits import (
+    MAX_DEVICES,
+    MAX_MICROBATCHES,
+    MAX_REPLICAS,
+    MAX_STAGES,
+    check_name,
+    check_table_size,
+    parse_int,
+)
 from pipesched.ops import Op
 from pipesched.schedule import Placement, Schedule
 
 IDLE = "."
+# what the numbers of each header count, for errors
+_WHAT = {"stages": "stages", "microbatches": "microbatches", "placement": "device index",
+         "route": "replica index", "frozen": "stage index"}
 _HEADER = re.compile(r"^#\s*([a-z]+)\s*:\s*(.*)$")
 _DEVICE_PREFIX = re.compile(r"^d(\d+)\s*:")
 
@@ -57,7 +71,7 @@ def loads(text: str, *, source: str = "<text>") -> Schedule:
     """Parse grid text; errors name ``source:line:column`` and the offending token."""
     header: dict[str, list[tuple[int, str]]] = {}
     rows: list[list[Op]] = []
-    row_lines: list[int] = []
+    ops_read = 0
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line:
@@ -65,19 +79,28 @@ def loads(text: str, *, source: str = "<text>") -> Schedule:
         if line.startswith("#"):
             match = _HEADER.match(line)
             if match:
-                header.setdefault(match.group(1), []).append((number, match.group(2).strip()))
+                entries = header.setdefault(match.group(1), [])
+                if len(entries) >= MAX_REPLICAS:
+                    raise PipeschedError(f"{source}:{number}:1: header {match.group(1)} given more than "
+                                         f"{MAX_REPLICAS} times; give one line per replica at most")
+                entries.append((number, match.group(2).strip()))
             continue
+        if len(rows) >= MAX_DEVICES:
+            raise PipeschedError(f"{source}:{number}:1: more than {MAX_DEVICES:,} device rows, over the limit of "
+                                 "pipeline devices; give one row per device")
         body, offset = raw, 0
         prefix = _DEVICE_PREFIX.match(line)
         if prefix:
-            if int(prefix.group(1)) != len(rows):
+            label = prefix.group(1)
+            if len(label) > len(str(MAX_DEVICES)) or int(label) != len(rows):
                 raise PipeschedError(
-                    f"{source}:{number}:1: device label d{prefix.group(1)} out of order; expected d{len(rows)}"
+                    f"{source}:{number}:1: device label d{shorten(label)} out of order; expected d{len(rows)}"
                 )
             offset = raw.index(":") + 1
             body = raw[offset:]
         rows.append(_parse_row(body, offset, number, source))
-        row_lines.append(number)
+        ops_read += len(rows[-1])
+        check_op_count(ops_read, source)
     if not rows:
         raise PipeschedError(f"{source}: no device rows; write one line of ops per device, e.g. d0: 0F0 0B0")
     return _build(rows, header, source)
@@ -89,43 +112,57 @@ def _parse_row(body: str, offset: int, number: int, source: str) -> list[Op]:
         token = match.group(0)
         if token == IDLE:
             continue
-        try:
-            ops.append(Op.parse(token))
-        except PipeschedError:
-            column = offset + match.start() + 1
-            raise PipeschedError(
-                f"{source}:{number}:{column}: bad op token {token!r}; write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1, 1B0, or . for idle"
-            ) from None
+        ops.append(read_op(token, where=f"{source}:{number}:{offset + match.start() + 1}",
+                           hint="write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1, 1B0, or . for idle"))
     return ops
 
 
-def _ints(entry: tuple[int, str], key: str, source: str) -> list[int]:
+def _ints(entry: tuple[int, str], key: str, source: str, *, limit: int, count: int) -> list[int]:
+    """The whole numbers of header line ``entry``: at most ``count`` of them, each below ``limit``."""
     number, value = entry
-    try:
-        return [int(x) for x in value.split()]
-    except ValueError:
-        raise PipeschedError(f"{source}:{number}:1: header {key}={value!r}: expected whole numbers separated by spaces") from None
+    words = value.split(maxsplit=count)
+    if len(words) > count:
+        raise PipeschedError(f"{source}:{number}:1: header {key}: more than {count:,} numbers, over the limit; "
+                             "give one number per stage or microbatch")
+    return [parse_int(f"{source}:{number}:1: header {key}", word, limit, what=_WHAT[key]) for word in words]
+
+
+def _one_int(header: dict[str, list[tuple[int, str]]], key: str, source: str, limit: int) -> int | None:
+    if key not in header:
+        return None
+    values = _ints(header[key][0], key, source, limit=limit, count=1)
+    if not values:
+        number = header[key][0][0]
+        raise PipeschedError(f"{source}:{number}:1: header {key} is empty; write a whole number or remove the line")
+    return values[0]
 
 
 def _build(rows: list[list[Op]], header: dict[str, list[tuple[int, str]]], source: str) -> Schedule:
     seen = [op for row in rows for op in row]
-    stages = _ints(header["stages"][0], "stages", source)[0] if "stages" in header else max((op.stage for op in seen), default=0) + 1
-    microbatches = (_ints(header["microbatches"][0], "microbatches", source)[0] if "microbatches" in header
-                    else max((op.microbatch for op in seen), default=0) + 1)
-    name = header["name"][0][1] if "name" in header else "custom"
+    stages = _one_int(header, "stages", source, MAX_STAGES)
+    if stages is None:
+        stages = max((op.stage for op in seen), default=0) + 1
+    microbatches = _one_int(header, "microbatches", source, MAX_MICROBATCHES)
+    if microbatches is None:
+        microbatches = max((op.microbatch for op in seen), default=0) + 1
+    check_table_size(stages, microbatches)
+    name = check_name(f"{source}: header name", header["name"][0][1]) if "name" in header else "custom"
     if "placement" in header:
-        placement = Placement(len(rows), tuple(tuple(_ints(e, "placement", source)) for e in header["placement"]))
+        placement = Placement(len(rows), tuple(tuple(_ints(e, "placement", source, limit=MAX_DEVICES - 1,
+                                                                     count=MAX_STAGES))
+                                               for e in header["placement"]))
     else:
         placement = infer_placement(rows, stages, source)
-    route = tuple(_ints(header["route"][0], "route", source)) if "route" in header else ()
-    frozen = frozenset(_ints(header["frozen"][0], "frozen", source)) if "frozen" in header else frozenset()
+    route = (tuple(_ints(header["route"][0], "route", source, limit=MAX_REPLICAS - 1, count=MAX_MICROBATCHES))
+             if "route" in header else ())
+    frozen = (frozenset(_ints(header["frozen"][0], "frozen", source, limit=MAX_STAGES - 1, count=MAX_STAGES))
+              if "frozen" in header else frozenset())
     params: dict[str, object] = {}
     if "params" in header:
         number, value = header["params"][0]
-        try:
-            params = json.loads(value)
-        except json.JSONDecodeError:
-            raise PipeschedError(f"{source}:{number}:1: header params is not a JSON object; remove the line or fix it") from None
+        params = load_json(value, field="params", source=f"{source}:{number}")
+        if not isinstance(params, dict):
+            raise PipeschedError(f"{source}:{number}:1: header params is not a JSON object; remove the line or fix it")
     return Schedule(name, placement, microbatches, tuple(tuple(r) for r in rows), route, params, frozen=frozen)
 
 

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import json
 
-from pipesched.errors import PipeschedError
-from pipesched.ops import Op
+from pipesched.errors import PipeschedError, shorten
+from pipesched.io.json_text import load_json
+from pipesched.io.op_tokens import check_op_count, read_op
+from pipesched.limits import (
+    MAX_DEVICES,
+    MAX_MICROBATCHES,
+    MAX_OPS,
+    MAX_REPLICAS,
+    MAX_STAGES,
+    check_count,
+    check_name,
+    check_table_size,
+)
 from pipesched.schedule import Placement, Schedule
 
 FORMAT = "pipesched-schedule"
@@ -32,31 +43,51 @@ def dumps(schedule: Schedule) -> str:
 
 
 def loads(text: str, *, source: str = "<json>") -> Schedule:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PipeschedError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
+    data = load_json(text, field="schedule_file", source=source)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise PipeschedError(f"{source}: field format={data.get('format') if isinstance(data, dict) else None!r}: expected {FORMAT!r}")
+        found = data.get("format") if isinstance(data, dict) else None
+        raise PipeschedError(f"{source}: field format={shorten(found)!r}: expected {FORMAT!r}")
     for key in ("name", "placement", "microbatches", "devices"):
         if key not in data:
             raise PipeschedError(f"{source}: field {key} is missing; see `pipesched show 1f1b -p 2 -m 2 --format json`")
-    devices = data["devices"]
-    if not isinstance(devices, list) or not all(isinstance(row, list) for row in devices):
-        raise PipeschedError(f"{source}: field devices must be a list of lists of op strings")
+    name = check_name(f"{source}: field name", data["name"])
+    microbatches = check_count(f"{source}: field microbatches", data["microbatches"], MAX_MICROBATCHES,
+                               what="microbatches")
+    devices = _list(data["devices"], f"{source}: field devices", MAX_DEVICES, "a list of device rows")
     rows = []
+    ops_read = 0
     for device, row in enumerate(devices):
+        row = _list(row, f"{source}: field devices[{device}]", MAX_OPS, "a list of op strings")
         ops = []
         for index, token in enumerate(row):
-            try:
-                ops.append(Op.parse(str(token)))
-            except PipeschedError:
-                raise PipeschedError(f"{source}: devices[{device}][{index}]={token!r}: not an op; write like 2F0") from None
+            if not isinstance(token, str):
+                raise PipeschedError(f"{source}: devices[{device}][{index}]={shorten(token)!r}: not an op; write like 2F0")
+            ops.append(read_op(token, where=f"{source}: devices[{device}][{index}]", hint="write like 2F0"))
+        ops_read += len(ops)
+        check_op_count(ops_read, source)
         rows.append(tuple(ops))
-    try:
-        placement = Placement(len(rows), tuple(tuple(int(x) for x in r) for r in data["placement"]))
-        return Schedule(str(data["name"]), placement, int(data["microbatches"]), tuple(rows),
-                        tuple(int(x) for x in data.get("route", ())), dict(data.get("params", {})),
-                        frozen=frozenset(int(x) for x in data.get("frozen", ())))
-    except (TypeError, ValueError) as exc:
-        raise PipeschedError(f"{source}: malformed schedule fields ({exc})") from None
+    replicas = _list(data["placement"], f"{source}: field placement", MAX_REPLICAS, "a list of replicas")
+    placement = Placement(len(rows), tuple(
+        tuple(check_count(f"{source}: placement[{r}][{s}]", device, MAX_DEVICES - 1, minimum=0, what="device index")
+              for s, device in enumerate(_list(replica, f"{source}: field placement[{r}]", MAX_STAGES, "a list of devices")))
+        for r, replica in enumerate(replicas)))
+    check_table_size(placement.num_stages, microbatches)
+    route = tuple(check_count(f"{source}: route[{mb}]", replica, MAX_REPLICAS - 1, minimum=0, what="replica index")
+                  for mb, replica in enumerate(_list(data.get("route", []), f"{source}: field route", MAX_MICROBATCHES,
+                                                     "a list of replica indices")))
+    params = data.get("params", {})
+    if not isinstance(params, dict):
+        raise PipeschedError(f"{source}: field params={shorten(params)}: must be a JSON object")
+    frozen = frozenset(
+        check_count(f"{source}: frozen[{k}]", stage, MAX_STAGES - 1, minimum=0, what="stage index")
+        for k, stage in enumerate(_list(data.get("frozen", []), f"{source}: field frozen", MAX_STAGES,
+                                        "a list of stage indices")))
+    return Schedule(name, placement, microbatches, tuple(rows), route, params, frozen=frozen)
+
+
+def _list(value: object, field: str, limit: int, what: str) -> list:
+    if not isinstance(value, list):
+        raise PipeschedError(f"{field}={shorten(value)}: must be {what}")
+    if len(value) > limit:
+        raise PipeschedError(f"{field}: {len(value):,} entries, over the limit of {limit:,}")
+    return value

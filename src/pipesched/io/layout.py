@@ -4,16 +4,18 @@ idle), so our CSV rows line up the way its own dumps do."""
 
 from __future__ import annotations
 
+from pipesched.limits import MAX_GRID_CELLS
 from pipesched.ops import Op
 from pipesched.ordering import walk
 from pipesched.schedule import Schedule
 
 
 def step_rows(schedule: Schedule) -> list[list[Op | None]]:
-    """One row per device; ``None`` marks an idle step. A table that deadlocks is laid out
-    compactly (no idle steps) so it can still be written and inspected."""
+    """One row per device; ``None`` marks an idle step. A table that deadlocks, or whose
+    layout would hold more than MAX_GRID_CELLS steps in all, is laid out compactly (no idle
+    steps) so it can still be written and inspected."""
     result = walk(schedule, lambda op: 1.0)
-    if result.stuck is not None:
+    if result.stuck is not None or _cells(schedule, result.start) > MAX_GRID_CELLS:
         return [list(ops) for ops in schedule.device_ops]
     rows: list[list[Op | None]] = []
     row_index = 0
@@ -26,3 +28,13 @@ def step_rows(schedule: Schedule) -> list[list[Op | None]]:
             row_index += 1
         rows.append(row)
     return rows
+
+
+def _cells(schedule: Schedule, start) -> int:
+    """Steps of the layout over all devices: each row runs to its last op."""
+    cells, row_index = 0, 0
+    for ops in schedule.device_ops:
+        row_index += len(ops)
+        if ops:
+            cells += int(start[row_index - 1]) + 1
+    return cells

@@ -29,8 +29,17 @@ import math
 import os
 
 from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, shorten
 from pipesched.io.files import read_text, write_atomic
+from pipesched.limits import (
+    MAX_AMOUNT,
+    MAX_SECONDS,
+    MAX_STAGES,
+    check_amount,
+    check_count,
+    check_number_text,
+    parse_int,
+)
 
 REQUIRED_COLUMNS = ("stage", "forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes")
 OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes", "kept_for_w_bytes", "frozen")
@@ -42,9 +51,9 @@ _UNITS = {"forward": "seconds", "backward_input": "seconds", "backward_weight": 
 def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | None = None) -> StageCosts:
     """Read stage costs from CSV text; ``num_stages`` (when known) is the stage count the
     file must cover. Every problem raises PipeschedError naming the line, field and value."""
-    rows = list(csv.reader(io.StringIO(text)))
-    # the header is the first non-blank line
-    lines = [(number, row) for number, row in enumerate(rows, start=1) if any(cell.strip() for cell in row)]
+    if num_stages is not None:
+        check_count("stages", num_stages, MAX_STAGES, what="stages")
+    lines = _lines(text, source)
     if not lines:
         raise PipeschedError(f"stage_costs={source}: empty file; write the header {','.join(REQUIRED_COLUMNS)} and one row per stage")
     header_line, header = lines[0]
@@ -135,23 +144,38 @@ def save_stage_costs(costs: StageCosts, path: str | os.PathLike[str]) -> None:
     write_atomic(path, dumps_stage_costs(costs))
 
 
-def _stage(text: str, source: str, line: int) -> int:
+def _lines(text: str, source: str) -> list[tuple[int, list[str]]]:
+    """The non-blank rows with their line numbers: a header and at most MAX_STAGES rows."""
+    lines = []
+    reader = csv.reader(io.StringIO(text))
     try:
-        stage = int(text)
-    except ValueError:
-        raise PipeschedError(f"{source}:{line}: stage={text!r}: not a whole number; number the stages 0, 1, 2, ...") from None
-    if stage < 0:
-        raise PipeschedError(f"{source}:{line}: stage={stage}: must be >= 0")
-    return stage
+        for number, row in enumerate(reader, start=1):
+            if any(cell.strip() for cell in row):
+                if len(lines) > MAX_STAGES:
+                    raise PipeschedError(f"{source}:{number}: more than {MAX_STAGES:,} stage rows, over the limit "
+                                         "of stages; give one row per stage")
+                lines.append((number, row))
+    except csv.Error as exc:
+        raise PipeschedError(f"{source}:{reader.line_num}: not a CSV row ({shorten(str(exc))}); "
+                             "write one comma-separated row per stage") from None
+    return lines
+
+
+def _stage(text: str, source: str, line: int) -> int:
+    if not text.strip().lstrip("+-").isdigit():
+        raise PipeschedError(f"{source}:{line}: stage={shorten(text)!r}: not a whole number; number the stages 0, 1, 2, ...")
+    return parse_int(f"{source}:{line}: stage", text, MAX_STAGES - 1, minimum=0, what="stage index")
 
 
 def _amount(text: str, name: str, source: str, line: int) -> float:
     try:
-        value = float(text)
+        value = float(check_number_text(f"{source}:{line}: {name}", text))
     except ValueError:
         raise PipeschedError(f"{source}:{line}: {name}={text!r}: not a number; give {_UNITS[name]}") from None
     if not math.isfinite(value) or value < 0:
-        raise PipeschedError(f"{source}:{line}: {name}={text}: must be a finite number >= 0 ({_UNITS[name]})")
+        raise PipeschedError(f"{source}:{line}: {name}={shorten(text)}: must be a finite number >= 0 ({_UNITS[name]})")
     if name == "frozen" and value not in (0.0, 1.0):
-        raise PipeschedError(f"{source}:{line}: frozen={text}: give 1 for a stage whose layers are all frozen, else 0")
-    return value
+        raise PipeschedError(f"{source}:{line}: frozen={shorten(text)}: give 1 for a stage whose layers are all frozen, "
+                             "else 0")
+    limit = MAX_SECONDS if _UNITS[name] == "seconds" else MAX_AMOUNT
+    return check_amount(f"{source}:{line}: {name}", value, limit=limit, unit=_UNITS[name])

@@ -18,9 +18,11 @@ import io as _io
 import re
 from typing import TYPE_CHECKING
 
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, shorten
 from pipesched.io.grid import infer_placement
 from pipesched.io.layout import step_rows
+from pipesched.io.op_tokens import check_op_count, read_op
+from pipesched.limits import MAX_DEVICES, check_table_size
 from pipesched.ops import O, Op, R
 from pipesched.schedule import Schedule
 
@@ -101,11 +103,23 @@ def loads_comms(text: str, *, source: str = "<csv>", name: str = "custom") -> Co
 
 def loads(text: str, *, source: str = "<csv>", name: str = "custom") -> Schedule:
     rows: list[list[Op]] = []
-    for number, cells in enumerate(csv.reader(_io.StringIO(text)), start=1):
-        ops: list[Op] = []
-        for column, cell in enumerate(cells, start=1):
-            ops.extend(_parse_cell(cell.strip(), source, number, column))
-        rows.append(ops)
+    ops_read = 0
+    reader = csv.reader(_io.StringIO(text))
+    try:
+        for number, cells in enumerate(reader, start=1):
+            if number > MAX_DEVICES:  # trailing empty rows are fine; more ranks are not
+                if any(cell.strip() for cell in cells):
+                    raise PipeschedError(f"{source}:{number}: more than {MAX_DEVICES:,} rows, over the limit of "
+                                         "pipeline devices; PyTorch's CSV has one row of actions per rank")
+                continue
+            ops: list[Op] = []
+            for column, cell in enumerate(cells, start=1):
+                ops.extend(_parse_cell(cell.strip(), source, number, column))
+            rows.append(ops)
+            ops_read += len(ops)
+            check_op_count(ops_read, source)
+    except csv.Error as exc:
+        raise PipeschedError(f"{source}:{reader.line_num}: not a CSV row PyTorch writes ({shorten(str(exc))})") from None
     while rows and not rows[-1]:
         rows.pop()
     if not rows:
@@ -113,6 +127,7 @@ def loads(text: str, *, source: str = "<csv>", name: str = "custom") -> Schedule
     seen = [op for row in rows for op in row]
     num_stages = max(op.stage for op in seen) + 1
     num_microbatches = max(op.microbatch for op in seen) + 1
+    check_table_size(num_stages, num_microbatches)
     placement = infer_placement(rows, num_stages, source)
     return Schedule(name, placement, num_microbatches, tuple(tuple(r) for r in rows))
 
@@ -121,10 +136,9 @@ def _parse_cell(cell: str, source: str, line: int, column: int) -> list[Op]:
     if not cell or _COMM_ACTION.match(cell):
         return []
     overlap = _OVERLAP.match(cell)
-    parts = overlap.group(1).split(";") if overlap else [cell]
-    try:
-        return [Op.parse(part) for part in parts]
-    except PipeschedError:
-        raise PipeschedError(
-            f"{source}:{line}:{column}: bad action {cell!r}; cells are like 0F0, 3I1, 3W1, 1B0 (or PyTorch comm actions)"
-        ) from None
+    parts = overlap.group(1).split(";", maxsplit=2) if overlap else [cell]
+    where = f"{source}:{line}:{column}"
+    if len(parts) > 2:
+        raise PipeschedError(f"{where}: bad action {shorten(cell)!r}; an overlapped pair holds two ops, like (0F1;1B0)OVERLAP_F_B")
+    return [read_op(part, where=where, hint="cells are like 0F0, 3I1, 3W1, 1B0 (or PyTorch comm actions)",
+                    label="action") for part in parts]

@@ -41,7 +41,12 @@ from pipesched.model.stages import (
     pipeline_ranks,
     plan_stages,
 )
-from pipesched.model.transformer import allreduce_time, layer_costs, model_flops_per_iteration
+from pipesched.model.transformer import (
+    allreduce_time,
+    layer_costs,
+    layer_params,
+    model_flops_per_iteration,
+)
 
 __all__ = [
     "DEVICES",
@@ -64,6 +69,7 @@ __all__ = [
     "group_levels",
     "homogeneous_cluster",
     "layer_costs",
+    "layer_params",
     "load_cluster",
     "load_device",
     "load_model",

@@ -43,9 +43,10 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-from pipesched.errors import PipeschedError, invalid, require
+from pipesched.errors import PipeschedError, invalid, require, shorten, suggest
 from pipesched.io.files import read_text
 from pipesched.io.yaml_text import load_yaml
+from pipesched.limits import MAX_CLUSTER_RANKS, check_count, check_name
 from pipesched.model.devices import load_device
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
 from pipesched.model.units import parse_quantity
@@ -89,8 +90,8 @@ def load_cluster(name_or_path: str) -> Cluster:
     if name_or_path in cluster_presets():
         text = (_preset_dir() / f"{name_or_path}.yaml").read_text(encoding="utf-8")
         return parse_cluster(text, source=name_or_path)
-    raise PipeschedError(f"cluster={name_or_path!r}: unknown cluster preset and no such file; "
-                         f"known presets: {', '.join(cluster_presets())}")
+    raise PipeschedError(f"cluster={shorten(name_or_path)!r}: unknown cluster preset and no such file"
+                         f"{suggest(name_or_path, cluster_presets())}; known presets: {', '.join(cluster_presets())}")
 
 
 def parse_cluster(text: str, *, source: str = "cluster") -> Cluster:
@@ -106,14 +107,14 @@ def parse_cluster(text: str, *, source: str = "cluster") -> Cluster:
     node_of: list[int] = []
     node = 0
     for index, group in enumerate(nodes):
-        for node_devices in _node_group(group, f"nodes[{index}]"):
+        for node_devices in _node_group(group, f"nodes[{index}]", room=MAX_CLUSTER_RANKS - len(devices)):
             devices.extend(node_devices)
             node_of.extend([node] * len(node_devices))
             node += 1
     nic_per_device = data.get("nic_per_device", True)
     require(isinstance(nic_per_device, bool), "nic_per_device", nic_per_device, "must be true or false")
     return Cluster(
-        name=str(data.get("name", Path(source).stem)),
+        name=check_name("cluster.name", data.get("name", Path(source).stem or "cluster")),
         devices=tuple(devices),
         node_of=tuple(node_of),
         intra_node=_link(data["intra_node"], "intra_node"),
@@ -129,8 +130,8 @@ def homogeneous_cluster(device: DeviceSpec, num_devices: int, *, devices_per_nod
     >>> homogeneous_cluster(load_device("h100-sxm"), 16).node_of[8]
     1
     """
-    require(num_devices >= 1, "devices", num_devices, "must be at least 1")
-    require(devices_per_node >= 1, "devices_per_node", devices_per_node, "must be at least 1")
+    check_count("devices", num_devices, MAX_CLUSTER_RANKS, what="devices of a cluster")
+    check_count("devices_per_node", devices_per_node, MAX_CLUSTER_RANKS, what="devices of a cluster")
     return Cluster(
         name=f"{num_devices}x{device.name}",
         devices=(device,) * num_devices,
@@ -146,7 +147,8 @@ def _check_keys(data: Mapping, known: set[str], where: str) -> None:
         raise invalid(f"{where}.{unknown[0]}", data[unknown[0]], f"unknown key; known keys: {', '.join(sorted(known))}")
 
 
-def _node_group(group: object, where: str) -> list[list[DeviceSpec]]:
+def _node_group(group: object, where: str, *, room: int) -> list[list[DeviceSpec]]:
+    """The nodes of one group; ``room``: devices the cluster may still take (its limit)."""
     require(isinstance(group, dict), where, group, "must be a mapping with device/devices_per_node or devices")
     _check_keys(group, _NODE_KEYS, where)
     count = group.get("count", 1)
@@ -158,12 +160,18 @@ def _node_group(group: object, where: str) -> list[list[DeviceSpec]]:
         listed = group["devices"]
         require(isinstance(listed, list) and len(listed) > 0, f"{where}.devices", listed,
                 "must be a non-empty list of devices")
-        node = [_device(entry, f"{where}.devices[{i}]") for i, entry in enumerate(listed)]
+        per_node = len(listed)
     else:
         require("device" in group, where, group, "needs 'device' (with devices_per_node) or 'devices'")
         per_node = group.get("devices_per_node", 1)
         require(isinstance(per_node, int) and not isinstance(per_node, bool) and per_node >= 1,
                 f"{where}.devices_per_node", per_node, "must be a positive integer")
+    if count * per_node > room:  # checked before any device is built
+        raise PipeschedError(f"{where}: {shorten(count)} nodes x {shorten(per_node)} devices: over the limit of "
+                             f"{MAX_CLUSTER_RANKS:,} devices of a cluster; give fewer nodes or devices")
+    if "devices" in group:
+        node = [_device(entry, f"{where}.devices[{i}]") for i, entry in enumerate(group["devices"])]
+    else:
         node = [_device(group["device"], f"{where}.device")] * per_node
     return [list(node) for _ in range(count)]
 
@@ -174,14 +182,14 @@ def _device(entry: object, where: str) -> DeviceSpec:
     require(isinstance(entry, dict), where, entry, "must be a device preset name or a mapping")
     _check_keys(entry, _DEVICE_KEYS, where)
     if "preset" in entry:
-        base = load_device(str(entry["preset"]))
+        base = load_device(check_name(f"{where}.preset", entry["preset"]))
     else:
         for key in ("name", "peak_flops", "memory", "memory_bandwidth"):
             require(key in entry, where, entry.get("name", "device"), f"is missing '{key}' (or name a preset)")
-        base = DeviceSpec(str(entry["name"]), 1.0, 1.0, 1.0)
+        base = DeviceSpec(check_name(f"{where}.name", entry["name"]), 1.0, 1.0, 1.0)
     changes: dict[str, object] = {}
     if "name" in entry:
-        changes["name"] = str(entry["name"])
+        changes["name"] = check_name(f"{where}.name", entry["name"])
     if "peak_flops" in entry:
         changes["peak_flops"] = parse_quantity(entry["peak_flops"], "flops", f"{where}.peak_flops")
     if "memory" in entry:

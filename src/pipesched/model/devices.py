@@ -77,7 +77,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.model.hardware import DeviceSpec
 
 GiB = 2.0**30
@@ -172,4 +172,5 @@ def load_device(name: str) -> DeviceSpec:
     try:
         return DEVICES[name]
     except KeyError:
-        raise PipeschedError(f"device={name!r}: unknown device preset; known presets: {', '.join(DEVICES)}") from None
+        raise PipeschedError(f"device={shorten(name)!r}: unknown device preset{suggest(name, DEVICES)}; "
+                             f"known presets: {', '.join(DEVICES)}") from None

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from pipesched.errors import require
+from pipesched.limits import MAX_SECONDS, check_amount, check_name
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,13 @@ class DeviceSpec:
 
     def __post_init__(self) -> None:
         require(bool(self.name), "device name", repr(self.name), "give the device a name")
+        check_name("device name", self.name)
         for field_name in ("peak_flops", "memory_bytes", "memory_bandwidth"):
-            value = getattr(self, field_name)
-            require(value > 0, f"{self.name}.{field_name}", value, "must be > 0")
+            check_amount(f"{self.name}.{field_name}", getattr(self, field_name), above_minimum=True)
         for field_name in ("matmul_efficiency", "bandwidth_efficiency"):
             value = getattr(self, field_name)
-            require(0 < value <= 1, f"{self.name}.{field_name}", value, "must be in (0, 1]")
+            require(isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1,
+                    f"{self.name}.{field_name}", value, "must be in (0, 1]")
         for field_name in ("flash_forward_efficiency", "flash_backward_efficiency"):
             value = getattr(self, field_name)
             require(0 <= value <= 1, f"{self.name}.{field_name}", value, "must be in [0, 1] (0: unfused attention)")
@@ -93,8 +95,10 @@ class LinkSpec:
     latency: float  # seconds
 
     def __post_init__(self) -> None:
-        require(self.bandwidth > 0, "bandwidth", self.bandwidth, "must be > 0 bytes/s (use inf for free links)")
-        require(self.latency >= 0, "latency", self.latency, "must be >= 0 seconds")
+        require(isinstance(self.bandwidth, int | float) and self.bandwidth > 0, "bandwidth", self.bandwidth,
+                "must be > 0 bytes/s (use inf for free links)")
+        require(isinstance(self.latency, int | float) and math.isfinite(self.latency) and 0 <= self.latency <= MAX_SECONDS,
+                "latency", self.latency, f"must be a finite number of seconds in [0, {MAX_SECONDS:g}]")
 
     def transfer_time(self, nbytes: float) -> float:
         return self.latency + nbytes / self.bandwidth

@@ -38,14 +38,22 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 
-from pipesched.errors import PipeschedError, invalid, require
+from pipesched.errors import PipeschedError, invalid, require, shorten
 from pipesched.io.files import read_text
+from pipesched.io.json_text import load_json
 from pipesched.io.yaml_text import load_yaml
+from pipesched.limits import (
+    MAX_AMOUNT,
+    MAX_LAYERS,
+    MAX_SECONDS,
+    check_amount,
+    check_name,
+    parse_float,
+)
 from pipesched.model.devices import load_device
 from pipesched.model.presets import model_preset
 from pipesched.model.spec import EMBEDDING, LOSS, TRANSFORMER, LayerCost, ModelSpec
@@ -87,10 +95,7 @@ def load_model(name_or_path: str) -> ModelSpec:
 
 
 def _json(text: str, path: Path) -> dict:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PipeschedError(f"model={path}: not valid JSON at line {exc.lineno}; fix the file") from None
+    data = load_json(text, field="model", source=str(path))
     require(isinstance(data, dict), "model", path, "config.json must hold a JSON object")
     return data
 
@@ -113,6 +118,14 @@ def _int_field(config: Mapping, names: tuple[str, ...], *, default: int | None =
     return value
 
 
+def _text_field(config: Mapping, names: tuple[str, ...]) -> str:
+    value = _first(config, names)
+    if value is None:
+        return ""
+    require(isinstance(value, str), names[0], value, "must be text")
+    return value
+
+
 def parse_hf_config(config: Mapping, *, name: str = "config") -> ModelSpec:
     """A ModelSpec from a Hugging Face config dictionary (see the module docstring)."""
     sizes = {field: _int_field(config, names) for field, names in _HF_REQUIRED.items()}
@@ -122,10 +135,12 @@ def parse_hf_config(config: Mapping, *, name: str = "config") -> ModelSpec:
     experts = _int_field(config, ("num_local_experts", "num_experts", "n_routed_experts"), default=1)
     if experts > 1:
         ffn = _int_field(config, ("moe_intermediate_size",), default=ffn)
-    activation = str(_first(config, ("hidden_act", "activation_function")) or "").lower()
-    model_type = str(config.get("model_type", "")).lower()
+    activation = _text_field(config, ("hidden_act", "activation_function")).lower()
+    model_type = _text_field(config, ("model_type",)).lower()
     positions = _int_field(config, ("max_position_embeddings", "n_positions"), default=0)
-    source_name = str(config.get("_name_or_path") or "").rstrip("/").split("/")[-1]
+    source_name = _text_field(config, ("_name_or_path",)).rstrip("/").split("/")[-1]
+    tied = config.get("tie_word_embeddings", model_type in _LEARNED_POSITIONS)
+    require(isinstance(tied, bool), "tie_word_embeddings", tied, "must be true or false")
     return ModelSpec(
         name=source_name or name or model_type,
         num_layers=sizes["num_layers"],
@@ -138,7 +153,7 @@ def parse_hf_config(config: Mapping, *, name: str = "config") -> ModelSpec:
         experts_per_token=_int_field(config, ("num_experts_per_tok", "moe_topk"), default=1) if experts > 1 else 1,
         gated_mlp=activation in _GATED_ACTIVATIONS,
         head_dim=_int_field(config, ("head_dim",), default=0),
-        tied_embeddings=bool(config.get("tie_word_embeddings", model_type in _LEARNED_POSITIONS)),
+        tied_embeddings=tied,
         position_embeddings=positions if model_type in _LEARNED_POSITIONS else 0,
         bias=model_type in _LEARNED_POSITIONS,
     )
@@ -148,14 +163,18 @@ def parse_model_yaml(text: str, *, source: str = "model") -> ModelSpec:
     """A ModelSpec from a YAML shape or measured-layer file (see the module docstring)."""
     data = load_yaml(text, field="model", source=source)
     require(isinstance(data, dict), "model", source, "must be a YAML mapping (a model shape or a layers list)")
-    name = str(data.get("name", Path(source).stem))
+    require(all(isinstance(key, str) for key in data), "model", source, "keys must be field names")
+    name = check_name("model.name", data.get("name", Path(source).stem or "model"))
     if "layers" in data:
         rows = data["layers"]
         require(isinstance(rows, list) and len(rows) > 0, "layers", rows, "must be a non-empty list of layer rows")
+        require(len(rows) <= MAX_LAYERS, "layers", f"{len(rows):,} rows", f"over the limit of {MAX_LAYERS:,} layers")
         unknown = sorted(set(data) - {"name", "layers", "measured_on"})
         require(not unknown, f"model.{unknown[0] if unknown else ''}", "", "unknown key; use name, measured_on, layers")
+        measured_on = data.get("measured_on", "")
+        require(isinstance(measured_on, str), "model.measured_on", measured_on, "must be a device preset name")
         layers = [_layer_row(row, f"layers[{i}]") for i, row in enumerate(rows)]
-        return _measured_model(name, layers, measured_on=str(data.get("measured_on", "")))
+        return _measured_model(name, layers, measured_on=measured_on)
     known = {f.name for f in fields(ModelSpec)} - {"measured", "measured_on"}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -170,15 +189,23 @@ def parse_model_yaml(text: str, *, source: str = "model") -> ModelSpec:
 def parse_layer_csv(text: str, *, name: str = "measured") -> ModelSpec:
     """A measured model from the layer CSV (see the module docstring)."""
     reader = csv.DictReader(io.StringIO(text))
-    header = reader.fieldnames or []
-    missing = [column for column in LAYER_COLUMNS if column not in header]
-    require(not missing, "csv column", missing[0] if missing else "",
-            f"is missing; the header must hold {','.join(LAYER_COLUMNS)}")
-    unknown = [column for column in header if column not in LAYER_COLUMNS + _OPTIONAL_LAYER_COLUMNS]
-    require(not unknown, "csv column", unknown[0] if unknown else "",
-            f"unknown column; allowed: {','.join(LAYER_COLUMNS + _OPTIONAL_LAYER_COLUMNS)}")
-    layers = [_layer_row({k: v for k, v in row.items() if v not in (None, "")}, f"row {line}")
-              for line, row in enumerate(reader, start=2)]
+    try:
+        header = reader.fieldnames or []
+        missing = [column for column in LAYER_COLUMNS if column not in header]
+        require(not missing, "csv column", missing[0] if missing else "",
+                f"is missing; the header must hold {','.join(LAYER_COLUMNS)}")
+        unknown = [column for column in header if column not in LAYER_COLUMNS + _OPTIONAL_LAYER_COLUMNS]
+        require(not unknown, "csv column", unknown[0] if unknown else "",
+                f"unknown column; allowed: {','.join(LAYER_COLUMNS + _OPTIONAL_LAYER_COLUMNS)}")
+        layers = []
+        for line, row in enumerate(reader, start=2):
+            require(len(layers) < MAX_LAYERS, "csv", name, f"has more than {MAX_LAYERS:,} layer rows, over the limit")
+            if None in row:  # DictReader keeps the surplus cells under None
+                raise invalid(f"row {line}", ",".join(map(str, row[None])),
+                              "more fields than the header; give one value per column")
+            layers.append(_layer_row({k: v for k, v in row.items() if v not in (None, "")}, f"row {line}"))
+    except csv.Error as exc:
+        raise PipeschedError(f"csv={name}: not a CSV file ({shorten(str(exc))}); fix the file") from None
     require(len(layers) > 0, "csv", name, "has no layer rows")
     return _measured_model(name, layers)
 
@@ -187,15 +214,30 @@ def _layer_row(row: object, where: str) -> LayerCost:
     require(isinstance(row, dict), where, row, "must be a mapping of the layer columns")
     missing = [column for column in LAYER_COLUMNS if column not in row]
     require(not missing, f"{where}.{missing[0] if missing else ''}", "missing", "add the column")
-    values: dict[str, object] = {"name": str(row["name"])}
+    unknown = sorted(str(key) for key in row if key not in LAYER_COLUMNS + _OPTIONAL_LAYER_COLUMNS)
+    require(not unknown, f"{where}.{unknown[0] if unknown else ''}", "", "unknown column; allowed: "
+            f"{','.join(LAYER_COLUMNS + _OPTIONAL_LAYER_COLUMNS)}")
+    values: dict[str, object] = {"name": check_name(f"{where}.name", row["name"])}
     for column in (*LAYER_COLUMNS[1:], "flops", "weight_input_bytes"):
         if column in row:
-            try:
-                values[column] = float(row[column])
-            except (TypeError, ValueError):
-                raise invalid(f"{where}.{column}", row[column], "must be a number") from None
-    values["kind"] = str(row["kind"]) if "kind" in row else _guess_kind(values["name"])
+            values[column] = _layer_number(row[column], f"{where}: {values['name']}.{column}",
+                                           MAX_SECONDS if column.endswith("_s") else MAX_AMOUNT)
+    if "kind" in row:
+        require(isinstance(row["kind"], str), f"{where}.kind", row["kind"], "must be one of E, t, m, L")
+    values["kind"] = row["kind"] if "kind" in row else _guess_kind(values["name"])
     return LayerCost(**values)
+
+
+def _layer_number(value: object, field: str, limit: float) -> float:
+    """A measured number: a YAML number, or CSV text holding one."""
+    if isinstance(value, str):
+        try:
+            value = parse_float(field, value)
+        except PipeschedError:
+            raise invalid(field, value, "must be a number") from None
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(field, value, "must be a number")
+    return check_amount(field, value, limit=limit)
 
 
 def _guess_kind(name: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.model.spec import ModelSpec
 
 
@@ -60,5 +60,5 @@ def model_preset(name: str) -> ModelSpec:
     try:
         return MODELS[name]
     except KeyError:
-        raise PipeschedError(f"model={name!r}: unknown model preset; known presets: {', '.join(MODELS)}; "
-                             "or give a config.json, YAML or CSV file") from None
+        raise PipeschedError(f"model={shorten(name)!r}: unknown model preset{suggest(name, MODELS)}; known presets: "
+                             f"{', '.join(MODELS)}; or give a config.json, YAML or CSV file") from None

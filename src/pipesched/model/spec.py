@@ -13,6 +13,19 @@ import math
 from dataclasses import dataclass
 
 from pipesched.errors import require
+from pipesched.limits import (
+    MAX_CLUSTER_RANKS,
+    MAX_HEADS,
+    MAX_LAYERS,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_SEQ_LEN,
+    MAX_TENSOR_PARALLEL,
+    MAX_VOCAB,
+    MAX_WIDTH,
+    check_amount,
+    check_count,
+    check_name,
+)
 
 # Megatron pipeline-layout letters of the layer kinds.
 EMBEDDING = "E"
@@ -26,10 +39,26 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 
+# the whole-number fields of a ModelSpec: (limit, what it counts, what 0 means or "" when 0
+# is not allowed)
+_SHAPE_LIMITS = {
+    "num_layers": (MAX_LAYERS, "layers", ""),
+    "hidden_size": (MAX_WIDTH, "", ""),
+    "num_heads": (MAX_HEADS, "heads", ""),
+    "num_kv_heads": (MAX_HEADS, "heads", ""),
+    "ffn_hidden_size": (MAX_WIDTH, "", ""),
+    "vocab_size": (MAX_VOCAB, "tokens", ""),
+    "num_experts": (MAX_HEADS, "experts", ""),
+    "experts_per_token": (MAX_HEADS, "experts", ""),
+    "head_dim": (MAX_WIDTH, "", "hidden_size / num_heads"),
+    "position_embeddings": (MAX_VOCAB, "positions", "rotary positions"),
+}
+_SWITCHES = ("gated_mlp", "tied_embeddings", "bias", "dropout")
+
+
 def _finite(value: float, field_name: str) -> float:
-    value = float(value)
-    require(math.isfinite(value) and value >= 0, field_name, value, "must be a finite number >= 0")
-    return value
+    """A finite number >= 0 (computed costs may be large; loaders bound what they read)."""
+    return check_amount(field_name, value, limit=math.inf)
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,7 @@ class LayerCost:
 
     def __post_init__(self) -> None:
         require(bool(self.name), "layer name", repr(self.name), "give every layer a name")
+        check_name("layer name", self.name)
         for field_name in ("forward_s", "backward_input_s", "backward_weight_s", "activation_bytes",
                            "params", "output_bytes", "flops", "weight_input_bytes", "kept_for_w_bytes",
                            "recompute_s", "forward_flops", "weight_flops"):
@@ -105,21 +135,27 @@ class ModelSpec:
     measured_on: str = ""  # device preset the measured costs come from ("" = use them anywhere as is)
 
     def __post_init__(self) -> None:
+        require(bool(self.name), "model name", repr(self.name), "give the model a name")
+        check_name("model name", self.name)
+        if self.measured_on:
+            check_name("measured_on", self.measured_on)
         if self.measured:
             object.__setattr__(self, "measured", tuple(self.measured))
+            check_count("layers", len(self.measured), MAX_LAYERS, what="layers")
             names = [layer.name for layer in self.measured]
             duplicates = sorted({n for n in names if names.count(n) > 1})
             require(not duplicates, "layer name", duplicates[0] if duplicates else "",
                     "appears twice in the measured layers; give each layer its own name")
             return
-        require(bool(self.name), "model name", repr(self.name), "give the model a name")
-        for field_name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads",
-                           "ffn_hidden_size", "vocab_size", "num_experts", "experts_per_token"):
+        for field_name, (limit, counted, zero) in _SHAPE_LIMITS.items():
             value = getattr(self, field_name)
-            require(isinstance(value, int) and value > 0, field_name, value, "must be a positive integer")
-        require(self.head_dim >= 0, "head_dim", self.head_dim, "must be >= 0 (0 = hidden_size / num_heads)")
-        require(self.position_embeddings >= 0, "position_embeddings", self.position_embeddings,
-                "must be >= 0 (0 = rotary positions)")
+            fix = f"must be a whole number >= 0 (0 = {zero})" if zero else "must be a positive integer"
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= (0 if zero else 1),
+                    field_name, value, fix)
+            check_count(field_name, value, limit, minimum=None, what=counted)
+        for field_name in _SWITCHES:
+            value = getattr(self, field_name)
+            require(isinstance(value, bool), field_name, value, "must be true or false")
         if self.head_dim == 0:
             require(self.hidden_size % self.num_heads == 0, "num_heads", self.num_heads,
                     f"must divide hidden_size={self.hidden_size} (or give head_dim)")
@@ -184,9 +220,16 @@ class TrainingSettings:
         object.__setattr__(self, "frozen_layers", tuple(sorted({int(layer) for layer in self.frozen_layers})))
         require(all(layer >= 0 for layer in self.frozen_layers), "frozen_layers",
                 self.frozen_layers[0] if self.frozen_layers else "", "layer positions are >= 0")
-        for field_name in ("micro_batch_size", "seq_len", "tensor_parallel", "optimizer_shards"):
+        for field_name, limit, what in (("micro_batch_size", MAX_MICRO_BATCH_SIZE, "sequences per microbatch"),
+                                        ("seq_len", MAX_SEQ_LEN, "tokens per sequence"),
+                                        ("tensor_parallel", MAX_TENSOR_PARALLEL, "tensor-parallel ranks"),
+                                        ("optimizer_shards", MAX_CLUSTER_RANKS, "optimizer shards")):
             value = getattr(self, field_name)
-            require(isinstance(value, int) and value > 0, field_name, value, "must be a positive integer")
+            require(isinstance(value, int) and not isinstance(value, bool) and value > 0, field_name, value,
+                    "must be a positive integer")
+            check_count(field_name, value, limit, what=what)
+        require(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel,
+                "must be true or false")
         require(self.dtype in DTYPE_BYTES, "dtype", self.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
         require(self.recompute in RECOMPUTE_MODES, "recompute", self.recompute,
                 f"must be one of {', '.join(RECOMPUTE_MODES)}")

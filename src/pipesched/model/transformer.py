@@ -464,6 +464,17 @@ def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSetting
     return tuple(_cost(plan, device, settings, link) for plan in layer_plans(model, settings))
 
 
+def layer_params(model: ModelSpec) -> list[float]:
+    """Parameters of every layer (embedding, blocks, head), in order: all of them, as one
+    device holds them without tensor parallelism.
+
+    >>> from pipesched.model import load_model
+    >>> round(sum(layer_params(load_model("llama3-8b"))) / 1e9, 2)
+    8.03
+    """
+    return [layer.params for layer in layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=1))]
+
+
 def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
     if not model.measured_on or model.measured_on == device.name:
         return list(model.measured)

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import math
 import re
 
 from pipesched.errors import invalid
+from pipesched.limits import MAX_AMOUNT, MAX_NUMBER_CHARS, MAX_SECONDS, check_amount
 
 _PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
            "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
@@ -21,6 +21,7 @@ _UNITS = {
     "FLOPS": ("flops", 1.0),
     "s": ("time", 1.0),
 }
+_BASE_UNITS = {"bytes": "bytes", "bandwidth": "bytes/s", "time": "seconds", "flops": "FLOP/s"}
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _QUANTITY = re.compile(r"^\s*([0-9.eE+-]+)\s*([A-Za-zµ/]*)\s*$")
 
@@ -38,9 +39,10 @@ def parse_quantity(value: object, quantity: str, field: str) -> float:
     if isinstance(value, bool):
         raise invalid(field, value, f"must be a number or a {quantity} with a unit")
     if isinstance(value, int | float):
-        number = float(value)
+        number = value
     else:
-        match = _QUANTITY.match(str(value))
+        text = str(value) if isinstance(value, str) else ""
+        match = _QUANTITY.match(text) if len(text) <= 2 * MAX_NUMBER_CHARS else None
         if match is None:
             raise invalid(field, value, f"must be a number or a {quantity} with a unit such as {_example(quantity)}")
         try:
@@ -50,9 +52,8 @@ def parse_quantity(value: object, quantity: str, field: str) -> float:
         unit = match.group(2)
         if unit:
             number *= _unit_factor(unit, quantity, field, value)
-    if not (math.isfinite(number) or (number == math.inf and quantity == "bandwidth")) or number < 0:
-        raise invalid(field, value, f"must be a {quantity} >= 0")
-    return number
+    limit = MAX_SECONDS if quantity == "time" else MAX_AMOUNT
+    return check_amount(field, number, limit=limit, unit=_BASE_UNITS[quantity])
 
 
 def _unit_factor(unit: str, quantity: str, field: str, value: object) -> float:

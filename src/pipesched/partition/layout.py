@@ -21,9 +21,12 @@ from collections.abc import Sequence
 from itertools import groupby
 
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import MAX_LAYERS, MAX_STAGES, parse_int
 from pipesched.partition.core import Partition
 
 LETTERS = ("E", "t", "m", "L")
+# the longest expanded layout: every layer's letter and a separator per stage
+_MAX_LAYOUT_CHARS = MAX_LAYERS + 2 * MAX_STAGES
 _GROUP = re.compile(r"\(([^()]+)\)\*(\d+)")
 _REPEAT = re.compile(r"(.)\*(\d+)")
 
@@ -35,15 +38,28 @@ def expand_layout(text: str) -> list[str]:
     ['E', 't', 't', 'tt', 'L']
     """
     require(bool(text.strip()), "layout", repr(text), "is empty; give stages separated by |")
+    require(len(text) <= _MAX_LAYOUT_CHARS, "layout", text, f"longer than {_MAX_LAYOUT_CHARS:,} characters")
     flat = text.replace(",", "").replace(" ", "")
-    flat = _GROUP.sub(lambda match: match.group(1) * int(match.group(2)), flat)
-    flat = _REPEAT.sub(lambda match: match.group(1) * int(match.group(2)), flat)
+    flat = _GROUP.sub(lambda match: _repeat(match.group(1), match.group(2), text), flat)
+    flat = _REPEAT.sub(lambda match: _repeat(match.group(1), match.group(2), text), flat)
+    require(len(flat) <= _MAX_LAYOUT_CHARS, "layout", text,
+            f"stands for more than {_MAX_LAYOUT_CHARS:,} layers and separators; the limits are "
+            f"{MAX_LAYERS:,} layers and {MAX_STAGES:,} stages")
     stages = flat.split("|")
     for stage in stages:
         for letter in stage:
             if letter not in LETTERS:
                 raise PipeschedError(f"layout={text}: unexpected {letter!r}; use E, t, m, L, |, (...)*n, x*n and commas")
     return stages
+
+
+def _repeat(piece: str, count: str, text: str) -> str:
+    """``piece`` written ``count`` times, refused when that is longer than any layout."""
+    times = parse_int("layout repeat", count, _MAX_LAYOUT_CHARS, minimum=0)
+    require(len(piece) * times <= _MAX_LAYOUT_CHARS, "layout", text,
+            f"a repeat stands for more than {_MAX_LAYOUT_CHARS:,} layers and separators; the limits are "
+            f"{MAX_LAYERS:,} layers and {MAX_STAGES:,} stages")
+    return piece * times
 
 
 def parse_layout(text: str, kinds: Sequence[str], *, num_stages: int | None = None) -> Partition:

@@ -33,6 +33,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.model.spec import ModelSpec
 from pipesched.render.pairing import Comparison
+from pipesched.runtime.launch import StatusCallback
 from pipesched.runtime.profile import (
     LinkProfile,
     StageTiming,
@@ -46,6 +47,7 @@ from pipesched.runtime.runs import (
     RunOptions,
     RunResult,
     check_capacity,
+    check_memory,
     choose_runtime,
     run_schedules,
     stage_partition,
@@ -161,11 +163,13 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
 
 def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: RunOptions | None = None,
                     runtime: str = "auto", link: LinkProfile | None = None,
-                    overhead_s: dict[str, float] | None = None, repeats: int = 10) -> CheckReport:
+                    overhead_s: dict[str, float] | None = None, repeats: int = 10,
+                    on_status: StatusCallback | None = None) -> CheckReport:
     """Predict, run and compare every schedule (all with the same number of devices).
 
     ``repeats``: profile rounds of every stage, spread over the measured steps. ``link`` and
     ``overhead_s`` (runtime -> seconds) reuse earlier measurements instead of taking them again.
+    ``on_status`` receives status lines while ranks run (see ``launch``).
     """
     from pipesched.simulate import Network, compile_graph, run
 
@@ -173,17 +177,18 @@ def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options:
     require(len(schedules) >= 1, "schedules", 0, "give at least one schedule")
     num_ranks = schedules[0].num_devices
     check_capacity(num_ranks, options.backend)
-    runtimes = [choose_runtime(schedule, runtime) for schedule in schedules]
     partitions = [stage_partition(model, schedule.num_stages) for schedule in schedules]
+    check_memory(model, list(zip(schedules, partitions, strict=True)), options)
+    runtimes = [choose_runtime(schedule, runtime) for schedule in schedules]
     overheads = dict(overhead_s or {})
     for used in sorted(set(runtimes) - set(overheads)):
         overheads[used] = profile_overhead(runtime=used, backend=options.backend, model=model,
                                            micro_batch_size=options.micro_batch_size, seq_len=options.seq_len,
-                                           dtype=options.dtype, timeout_s=options.timeout_s)
+                                           dtype=options.dtype, timeout_s=options.timeout_s, on_status=on_status)
     if link is None:
-        link = profile_link(backend=options.backend, timeout_s=options.timeout_s)
+        link = profile_link(backend=options.backend, timeout_s=options.timeout_s, on_status=on_status)
     runs = run_schedules(schedules, model, options=dataclasses.replace(options, profile_repeats=repeats),
-                         runtime=runtime, partitions=partitions)
+                         runtime=runtime, partitions=partitions, on_status=on_status)
     network = Network.uniform(num_ranks, latency=link.latency, bandwidth=link.bandwidth)
     rows = []
     for schedule, result, used in zip(schedules, runs, runtimes, strict=True):

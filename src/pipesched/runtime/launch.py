@@ -8,14 +8,16 @@ a one-line error. The launcher:
 
 - returns the ranks' results when every rank exits cleanly;
 - on the first rank that fails, waits a moment for the others to report, kills every
-  process group, and raises a PipeschedError with the earliest error (the cause; later
-  ones are usually peers losing their connection);
+  process group, and raises a PipeschedError naming the cause: a rank killed by a signal
+  (the out-of-memory killer, a user) before any other, else the earliest error reported
+  (later ones are usually peers losing their connection);
 - after ``timeout_s``, kills every process group and raises a PipeschedError saying where
   each unfinished rank was (step, op), which names a hang or a deadlock;
 - when it is itself terminated (SIGTERM or SIGHUP: ``timeout``, a closed terminal, a job
-  scheduler), kills every process group before it exits. A launcher killed outright
-  (SIGKILL) takes its ranks with it too: each rank asks the kernel to kill it when its
-  parent dies (Linux), and exits at once if the launcher is gone before it asked.
+  scheduler) or interrupted (Ctrl-C), kills every process group before it exits. A
+  launcher killed outright (SIGKILL) takes its ranks with it too: each rank asks the
+  kernel to kill it when its parent dies (Linux), and exits at once if the launcher is gone
+  before it asked. The folder it leaves behind then is removed by the next launch.
 
 Torch is not imported here: the parent process only starts and watches.
 """
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import mmap
 import os
 import pickle
+import shutil
 import signal
 import struct
 import subprocess
@@ -34,35 +38,40 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipesched.errors import PipeschedError, require
 
 POLL_S = 0.02  # seconds between checks of the rank processes
+STATUS_EVERY_S = 0.5  # seconds between status reports to ``on_status``
 GRACE_S = 1.0  # seconds the other ranks get to report after the first failure
 KILL_WAIT_S = 5.0  # seconds to wait for a killed process to be reaped
 PROGRESS_FIELDS = 4  # per rank: job, step, op position, 1 while running
 _PROGRESS_FORMAT = "<" + "q" * PROGRESS_FIELDS
 PROGRESS_BYTES = struct.calcsize(_PROGRESS_FORMAT)
-FAULTS = ("crash", "hang")
+FAULTS = ("crash", "hang", "kill")
+FOLDER_PREFIX = "pipesched-run-"
+OWNER_FILE = "launcher"  # in the run folder: "PID START" of the launcher that made it
 LAUNCHER_PID_VARIABLE = "PIPESCHED_LAUNCHER_PID"
 HANG_S = 3600.0  # how long an injected hang sleeps (the launcher's timeout ends it first)
+StatusCallback = Callable[[str], None]  # takes one status line of a running launch
 
 
 @dataclass(frozen=True)
 class Fault:
     """A failure injected on purpose, to test that failures end runs cleanly."""
 
-    kind: str  # "crash": the rank raises; "hang": the rank sleeps forever
+    kind: str  # "crash": the rank raises; "hang": it sleeps forever; "kill": it gets SIGKILL
     rank: int
 
     @classmethod
     def parse(cls, text: str) -> Fault:
-        """``crash:1`` or ``hang:0``."""
+        """``crash:1``, ``hang:0`` or ``kill:0``."""
         kind, _, rank = text.partition(":")
-        require(kind in FAULTS and rank.isdigit(), "fault", text, "write crash:RANK or hang:RANK, e.g. crash:1")
+        require(kind in FAULTS and rank.isdigit() and len(rank) <= 6, "fault", text,
+                "write crash:RANK, hang:RANK or kill:RANK, e.g. crash:1")
         return cls(kind, int(rank))
 
 
@@ -121,6 +130,8 @@ class RankContext:
             if fault is not None and fault.rank == rank and job == 0 and step == 0 and position == 0:
                 if fault.kind == "crash":
                     raise InjectedFault(f"injected crash on rank {rank} before its first op")
+                if fault.kind == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 time.sleep(HANG_S)
 
         return hook
@@ -146,23 +157,55 @@ def _environment(spec: LaunchSpec) -> dict[str, str]:
     return env
 
 
-def launch(spec: LaunchSpec, *, describe: Sequence[str] = ()) -> list[object]:
+def launch(spec: LaunchSpec, *, describe: Sequence[str] = (), on_status: StatusCallback | None = None) -> list[object]:
     """Run ``spec`` on ``spec.world_size`` ranks; the results of ranks 0..P-1 in order.
 
-    ``describe[j]`` names job j in hang reports (e.g. the schedule's name).
+    ``describe[j]`` names job j in hang reports and status lines (e.g. the schedule's name).
+    ``on_status`` is given a short status line (where the slowest rank is) every
+    STATUS_EVERY_S while the ranks run.
     """
-    with tempfile.TemporaryDirectory(prefix="pipesched-run-") as folder:
+    remove_abandoned_folders()
+    with tempfile.TemporaryDirectory(prefix=FOLDER_PREFIX) as folder:
         work = Path(folder)
+        (work / OWNER_FILE).write_text(_owner(os.getpid()) or "", encoding="utf-8")
         (work / "task.pkl").write_bytes(pickle.dumps(spec))
         progress_path = work / "progress.bin"
         progress_path.write_bytes(bytes(PROGRESS_BYTES * spec.world_size))
         processes = []
         with _terminate_as_exit():
             try:
-                _start_and_watch(processes, spec, work, folder, describe)
+                _start_and_watch(processes, spec, work, folder, describe, on_status)
             finally:
                 kill_all(processes)
         return [pickle.loads((work / f"rank{rank}.result").read_bytes()) for rank in range(spec.world_size)]
+
+
+def _owner(pid: int) -> str | None:
+    """``"PID START"``: a process and its start time (Linux clock ticks after boot), which
+    tell it apart from a later process given the same id; None when it is not running."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return f"{pid} {fields[19]}"  # field 22 of stat: starttime
+
+
+def remove_abandoned_folders() -> list[Path]:
+    """Remove the run folders of launchers that were killed outright (they could not clean
+    up); a folder whose launcher still runs, or that names none, is left alone."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*"):
+        try:
+            if not folder.is_dir() or folder.stat().st_uid != os.getuid():
+                continue
+            recorded = (folder / OWNER_FILE).read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        pid = recorded.split()[0] if recorded else ""
+        if pid.isdigit() and _owner(int(pid)) != recorded:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
 
 
 @contextlib.contextmanager
@@ -185,7 +228,7 @@ def _terminate_as_exit():
 
 
 def _start_and_watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, folder: str,
-                     describe: Sequence[str]) -> None:
+                     describe: Sequence[str], on_status: StatusCallback | None) -> None:
     """Start the ranks (appending each to ``processes`` at once, for the caller's cleanup)
     and watch them to the end."""
     for rank in range(spec.world_size):
@@ -196,17 +239,24 @@ def _start_and_watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: 
             env=_environment(spec), start_new_session=True, close_fds=True,
         ))
         log.close()
-    _watch(processes, spec, work, describe)
+    _watch(processes, spec, work, describe, on_status)
 
 
-def _watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, describe: Sequence[str]) -> None:
+def _watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, describe: Sequence[str],
+           on_status: StatusCallback | None) -> None:
     deadline = time.monotonic() + spec.timeout_s
+    exits: dict[int, float] = {}  # rank -> when the launcher saw it exit (monotonic seconds)
+    next_status = time.monotonic() + STATUS_EVERY_S
     while True:
+        if on_status is not None and time.monotonic() >= next_status:
+            on_status(status_line(read_progress(work / "progress.bin", spec.world_size), describe))
+            next_status = time.monotonic() + STATUS_EVERY_S
         codes = [proc.poll() for proc in processes]
+        _note_exits(codes, exits)
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            _settle(processes, time.monotonic() + GRACE_S)
-            raise PipeschedError(_failure_message(processes, work))
+            _settle(processes, time.monotonic() + GRACE_S, exits)
+            raise PipeschedError(_failure_message(processes, work, exits))
         if all(code == 0 for code in codes):
             return
         if time.monotonic() > deadline:
@@ -215,13 +265,32 @@ def _watch(processes: list[subprocess.Popen], spec: LaunchSpec, work: Path, desc
         time.sleep(POLL_S)
 
 
-def _settle(processes: list[subprocess.Popen], until: float) -> None:
+def _note_exits(codes: Sequence[int | None], exits: dict[int, float]) -> None:
+    now = time.monotonic()
+    for rank, code in enumerate(codes):
+        if code is not None:
+            exits.setdefault(rank, now)
+
+
+def _settle(processes: list[subprocess.Popen], until: float, exits: dict[int, float]) -> None:
     """Give the surviving ranks until ``until`` to notice the failure and report."""
-    while time.monotonic() < until and any(proc.poll() is None for proc in processes):
+    while time.monotonic() < until:
+        codes = [proc.poll() for proc in processes]
+        _note_exits(codes, exits)
+        if all(code is not None for code in codes):
+            return
         time.sleep(POLL_S)
 
 
-def _failure_message(processes: list[subprocess.Popen], work: Path) -> str:
+def _failure_message(processes: list[subprocess.Popen], work: Path, exits: dict[int, float]) -> str:
+    """The cause of a failed launch on one line: the first rank a signal killed (its peers
+    then fail to reach it, which is not the cause), else the earliest error a rank reported,
+    else the first rank that exited with an error status."""
+    signalled = sorted((exits.get(rank, math.inf), rank) for rank, proc in enumerate(processes)
+                       if proc.returncode is not None and proc.returncode < 0)
+    if signalled:
+        rank = signalled[0][1]
+        return f"rank {rank} failed first: {_signal_reason(-processes[rank].returncode)}"
     reports = []
     for rank, proc in enumerate(processes):
         path = work / f"rank{rank}.error"
@@ -229,17 +298,37 @@ def _failure_message(processes: list[subprocess.Popen], work: Path) -> str:
             report = json.loads(path.read_text(encoding="utf-8"))
             reports.append((report["time"], rank, report["message"]))
         elif proc.returncode not in (None, 0):
-            reports.append((float("inf"), rank, _exit_reason(proc.returncode, work / f"rank{rank}.log")))
+            reports.append((math.inf, rank, _exit_reason(proc.returncode, work / f"rank{rank}.log")))
     reports.sort()
     _, rank, message = reports[0]
     return f"rank {rank} failed: {message}"
 
 
+def _signal_reason(signum: int) -> str:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    if signum == signal.SIGKILL:
+        return (f"killed by {name} (when memory runs out the kernel kills this way; "
+                "try a smaller model, micro-batch or sequence)")
+    return f"killed by {name}"
+
+
 def _exit_reason(code: int, log: Path) -> str:
-    if code < 0:
-        return f"killed by signal {signal.Signals(-code).name}"
     lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     return f"exited with status {code}" + (f" ({lines[-1].strip()})" if lines else "")
+
+
+def status_line(progress: Sequence[tuple[int, int, int, int]], describe: Sequence[str]) -> str:
+    """Where a launch is: how many ranks have started, then the slowest rank's job, step
+    and op (from the progress file's ``(job, step, op position, started)`` per rank)."""
+    started = [(job, step, position) for job, step, position, running in progress if running]
+    if len(started) < len(progress):
+        return f"{len(started)} of {len(progress)} ranks started"
+    job, step, position = min(started)
+    name = describe[job] if job < len(describe) else f"job {job}"
+    return f"{name}, step {step + 1}, op {position + 1} (slowest rank)"
 
 
 def _hang_message(pending: list[int], spec: LaunchSpec, work: Path, describe: Sequence[str]) -> str:

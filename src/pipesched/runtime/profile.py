@@ -41,10 +41,20 @@ import yaml
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import (
+    MAX_DEVICES,
+    MAX_MICRO_BATCH_SIZE,
+    MAX_REPEATS,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_TIMEOUT_S,
+    check_amount,
+    check_count,
+)
 from pipesched.model.loading import LAYER_COLUMNS
 from pipesched.model.spec import LayerCost, ModelSpec
 from pipesched.partition import Partition
-from pipesched.runtime.launch import LaunchSpec, launch
+from pipesched.runtime.launch import LaunchSpec, StatusCallback, launch
 
 PROFILE_DEVICES = ("cpu", "cuda")
 ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}  # bytes per element of each runtime dtype
@@ -87,9 +97,11 @@ class ProfileOptions:
 
     def __post_init__(self) -> None:
         require(self.device in PROFILE_DEVICES, "device", self.device, "must be cpu or cuda")
-        for name in ("micro_batch_size", "seq_len", "repeats", "threads", "ranks"):
-            require(getattr(self, name) >= 1, name, getattr(self, name), "must be at least 1")
-        require(self.warmup >= 0, "warmup", self.warmup, "must be >= 0")
+        for name, limit in (("micro_batch_size", MAX_MICRO_BATCH_SIZE), ("seq_len", MAX_SEQ_LEN),
+                            ("repeats", MAX_REPEATS), ("threads", MAX_THREADS), ("ranks", MAX_DEVICES)):
+            check_count(name, getattr(self, name), limit)
+        check_count("warmup", self.warmup, MAX_REPEATS, minimum=0)
+        check_amount("timeout", self.timeout_s, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
 
     @property
     def backend(self) -> str:
@@ -136,19 +148,29 @@ class LinkProfile:
     one_way_s: tuple[float, ...]  # fastest exchange of each size (both directions at once), seconds
 
 
-def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: ProfileOptions) -> list[StageTiming]:
+def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: ProfileOptions,
+                 on_status: StatusCallback | None = None) -> list[StageTiming]:
     """Every range timed by ``options.ranks`` ranks at once; each field is the median over
     the ranks of their medians."""
-    from pipesched.runtime.runs import capacity_problem
+    from pipesched.model import layer_params
+    from pipesched.runtime.runs import capacity_problem, memory_problem
 
     problem = capacity_problem(options.ranks, options.backend)
     if problem is not None:
         fix = "profile with --device cpu" if options.device == "cuda" else "use fewer --ranks"
         raise PipeschedError(f"device={options.device}, ranks={options.ranks}: {problem}; {fix}")
+    # each rank holds one range of layers at a time, its weights and gradients: the largest
+    # range must fit on every rank
+    params = layer_params(model)
+    largest = max(2 * ELEMENT_BYTES[options.dtype] * sum(params[start:end]) for start, end in ranges)
+    problem = memory_problem([largest] * options.ranks, options.backend)
+    if problem is not None:
+        raise PipeschedError(f"model={model.name}: {problem}; profile a smaller model or fewer --ranks")
     spec = LaunchSpec(handler="profile", task=ProfileTask(model, tuple(ranges), options), world_size=options.ranks,
                       backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
                       pin_cpus=options.device == "cpu")
-    per_rank: list[list[StageTiming]] = launch(spec, describe=["profile"])
+    per_rank: list[list[StageTiming]] = launch(spec, describe=[f"timing {len(ranges)} layer runs"],
+                                               on_status=on_status)
     return [median_timing(timings) for timings in zip(*per_rank, strict=True)]
 
 
@@ -174,12 +196,15 @@ def _kind_key(model: ModelSpec, layers: range) -> tuple[str, ...]:
     return tuple(kinds[i] for i in layers)
 
 
-def profile_layers(model: ModelSpec, options: ProfileOptions | None = None) -> tuple[LayerCost, ...]:
-    """Per-layer costs measured in isolation, one row per layer of the model."""
-    return layer_costs(model, profile_layer_timings(model, options))
+def profile_layers(model: ModelSpec, options: ProfileOptions | None = None, *,
+                   on_status: StatusCallback | None = None) -> tuple[LayerCost, ...]:
+    """Per-layer costs measured in isolation, one row per layer of the model (``on_status``:
+    status lines while the ranks time them, see ``launch``)."""
+    return layer_costs(model, profile_layer_timings(model, options, on_status=on_status))
 
 
-def profile_layer_timings(model: ModelSpec, options: ProfileOptions | None = None) -> list[StageTiming]:
+def profile_layer_timings(model: ModelSpec, options: ProfileOptions | None = None, *,
+                          on_status: StatusCallback | None = None) -> list[StageTiming]:
     """The timing of every layer of the model in isolation (layers of one kind are timed once)."""
     options = options or ProfileOptions()
     from pipesched.runtime.torch_model import check_buildable
@@ -189,7 +214,8 @@ def profile_layer_timings(model: ModelSpec, options: ProfileOptions | None = Non
     distinct: dict[tuple[str, ...], int] = {}
     for index in range(count):
         distinct.setdefault(_kind_key(model, range(index, index + 1)), index)
-    timings = dict(zip(distinct, _time_ranges(model, [(i, i + 1) for i in distinct.values()], options), strict=True))
+    timings = dict(zip(distinct, _time_ranges(model, [(i, i + 1) for i in distinct.values()], options,
+                                                  on_status), strict=True))
     return [timings[_kind_key(model, range(index, index + 1))] for index in range(count)]
 
 
@@ -202,14 +228,15 @@ def layer_costs(model: ModelSpec, timings: Sequence[StageTiming]) -> tuple[Layer
 
 
 def profile_stages(model: ModelSpec, partitions: Sequence[Partition],
-                   options: ProfileOptions | None = None) -> list[StageCosts]:
+                   options: ProfileOptions | None = None, *, on_status: StatusCallback | None = None) -> list[StageCosts]:
     """Stage costs of each partition, every distinct stage timed once in isolation."""
     return [stage_costs_from_timings(stages, dtype=(options or ProfileOptions()).dtype)
-            for stages in profile_stage_timings(model, partitions, options)]
+            for stages in profile_stage_timings(model, partitions, options, on_status=on_status)]
 
 
 def profile_stage_timings(model: ModelSpec, partitions: Sequence[Partition],
-                          options: ProfileOptions | None = None) -> list[list[StageTiming]]:
+                          options: ProfileOptions | None = None, *,
+                          on_status: StatusCallback | None = None) -> list[list[StageTiming]]:
     """The timing of every stage of each partition, every distinct stage timed once in isolation."""
     options = options or ProfileOptions()
     from pipesched.runtime.torch_model import check_buildable
@@ -220,7 +247,7 @@ def profile_stage_timings(model: ModelSpec, partitions: Sequence[Partition],
         for stage in range(partition.num_stages):
             layers = partition.layers(stage)
             wanted.setdefault(_stage_key(model, layers), (layers.start, layers.stop))
-    timings = dict(zip(wanted, _time_ranges(model, list(wanted.values()), options), strict=True))
+    timings = dict(zip(wanted, _time_ranges(model, list(wanted.values()), options, on_status), strict=True))
     return [[timings[_stage_key(model, partition.layers(s))] for s in range(partition.num_stages)]
             for partition in partitions]
 
@@ -262,7 +289,7 @@ def add_op_overhead(costs: StageCosts, overhead_s: float) -> StageCosts:
 
 def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: ModelSpec | None = None,
                      micro_batch_size: int = 1, seq_len: int = 4, dtype: str = "float32", steps: int = 5,
-                     timeout_s: float = 300.0) -> float:
+                     timeout_s: float = 300.0, on_status: StatusCallback | None = None) -> float:
     """The runtime's fixed cost per op outside its compute, seconds (see the module docstring).
 
     With ``model`` (and the run's micro-batch size, sequence length and dtype) the probe's
@@ -273,7 +300,8 @@ def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: Mod
 
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, steps=steps, warmup=2,
                          backend=backend, timeout_s=timeout_s)
-    result = run_schedules([generate("1f1b", 2, 8)], probe_model(model), options=options, runtime=runtime)[0]
+    result = run_schedules([generate("1f1b", 2, 8)], probe_model(model), options=options, runtime=runtime,
+                           on_status=on_status)[0]
     gaps = []
     for timeline in result.timelines:
         waits = timeline.measured.op_wait_s
@@ -294,12 +322,13 @@ def check_link_capacity(backend: str) -> None:
         raise PipeschedError(f"link: measuring it needs two ranks and {problem}; skip it (CLI: --no-link)")
 
 
-def profile_link(*, backend: str = "gloo", repeats: int = 20, timeout_s: float = 300.0) -> LinkProfile:
+def profile_link(*, backend: str = "gloo", repeats: int = 20, timeout_s: float = 300.0,
+                 on_status: StatusCallback | None = None) -> LinkProfile:
     """Latency and bandwidth between two ranks of this machine (two-way exchanges)."""
     check_link_capacity(backend)
     spec = LaunchSpec(handler="p2p", task={"sizes": LINK_SIZES, "repeats": repeats}, world_size=2,
                       backend=backend, timeout_s=timeout_s, pin_cpus=backend == "gloo")
-    measured = launch(spec, describe=["exchange"])[0]
+    measured = launch(spec, describe=["link exchange"], on_status=on_status)[0]
     return fit_link(backend, measured["sizes"], measured["one_way_s"])
 
 

@@ -4,6 +4,7 @@ phase), time layers in isolation, or measure the link between two ranks. Runs in
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from pipesched.io import torch_csv
@@ -142,7 +143,8 @@ def run_p2p(spec: LaunchSpec, context: RankContext) -> dict:
     device = _device(spec, rank)
     peer = 1 - rank
     times = []
-    for size in sizes:
+    for index, size in enumerate(sizes):
+        context.progress.update(0, index, 0)
         mine = torch.zeros(max(1, size // 4), dtype=torch.float32, device=device)
         theirs = torch.empty_like(mine)
         samples = []
@@ -166,7 +168,13 @@ def run_profile(spec: LaunchSpec, context: RankContext) -> list:
     from pipesched.runtime.layer_timing import time_ranges
 
     _device(spec, context.rank)
-    return time_ranges(spec.task, rank=context.rank, sync=dist.barrier)
+    timed = itertools.count()
+
+    def sync() -> None:  # before each run of layers: say which, then start with the other ranks
+        context.progress.update(0, next(timed), 0)
+        dist.barrier()
+
+    return time_ranges(spec.task, rank=context.rank, sync=sync)
 
 
 HANDLERS = {"pipeline": run_pipeline, "p2p": run_p2p, "profile": run_profile}

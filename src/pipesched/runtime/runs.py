@@ -14,16 +14,26 @@ import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import (
+    MAX_MICRO_BATCH_SIZE,
+    MAX_REPEATS,
+    MAX_SEQ_LEN,
+    MAX_THREADS,
+    MAX_TIMEOUT_S,
+    check_amount,
+    check_count,
+)
 from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition, uniform
 from pipesched.rules import COMPUTE
-from pipesched.runtime.launch import Fault, LaunchSpec, launch
+from pipesched.runtime.launch import Fault, LaunchSpec, StatusCallback, launch
 from pipesched.runtime.measure import RankStep, measured_timeline, order_mismatch
-from pipesched.runtime.profile import StageTiming
+from pipesched.runtime.profile import ELEMENT_BYTES, StageTiming
 from pipesched.schedule import Schedule
 from pipesched.timeline import MeasuredInfo, Timeline
 from pipesched.validate import validate
@@ -32,6 +42,7 @@ BACKENDS = ("gloo", "nccl")
 RUNTIMES = ("auto", "pytorch", "ours")
 RUNTIME_DTYPES = ("float32", "float64", "bfloat16")
 GLOO_RANKS_PER_CORE = 4  # most gloo ranks one CPU core may host
+GiB = 2.0**30
 PROFILE_WARMUP = 3  # untimed repeats before the profile phase's timed ones
 
 
@@ -56,14 +67,15 @@ class RunOptions:
     profile_repeats: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("micro_batch_size", "seq_len", "steps", "threads"):
-            require(getattr(self, name) >= 1, name, getattr(self, name), "must be at least 1")
-        require(self.warmup >= 0, "warmup", self.warmup, "must be >= 0")
-        require(self.profile_repeats >= 0, "profile_repeats", self.profile_repeats, "must be >= 0")
+        for name, limit in (("micro_batch_size", MAX_MICRO_BATCH_SIZE), ("seq_len", MAX_SEQ_LEN),
+                            ("steps", MAX_REPEATS), ("threads", MAX_THREADS)):
+            check_count(name, getattr(self, name), limit)
+        check_count("warmup", self.warmup, MAX_REPEATS, minimum=0)
+        check_count("profile_repeats", self.profile_repeats, MAX_REPEATS, minimum=0)
         require(self.dtype in RUNTIME_DTYPES, "dtype", self.dtype, f"must be one of {', '.join(RUNTIME_DTYPES)}")
         require(self.backend in BACKENDS, "backend", self.backend,
                 "must be gloo (CPU) or nccl (one GPU per rank)")
-        require(self.timeout_s > 0, "timeout", self.timeout_s, "must be > 0 seconds")
+        check_amount("timeout", self.timeout_s, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
 
     @property
     def device_kind(self) -> str:
@@ -162,6 +174,70 @@ def check_capacity(num_ranks: int, backend: str) -> None:
         raise PipeschedError(f"p={num_ranks}: {problem}; {fix}")
 
 
+def weight_bytes_per_rank(model: ModelSpec, schedule: Schedule, partition: Partition, dtype: str) -> list[float]:
+    """The least memory each rank of a real run needs, bytes: the weights and gradients of
+    the stages it holds (every replica's), in the runtime dtype. Activations, buffers and
+    the interpreter come on top."""
+    from pipesched.model import layer_params
+
+    params = layer_params(model)
+    per_stage = [sum(params[i] for i in partition.layers(stage)) for stage in range(partition.num_stages)]
+    need = [0.0] * schedule.num_devices
+    for replica in schedule.placement.replicas:
+        for stage, device in enumerate(replica):
+            need[device] += 2 * ELEMENT_BYTES[dtype] * per_stage[stage]
+    return need
+
+
+def host_memory_available() -> float | None:
+    """Bytes this machine can still give (Linux: MemAvailable, within a cgroup's limit)."""
+    try:
+        meminfo = Path("/proc/meminfo").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    available = next((float(line.split()[1]) * 1024 for line in meminfo.splitlines()
+                      if line.startswith("MemAvailable:")), None)
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit, used = ((cgroup / name).read_text(encoding="utf-8").strip() for name in ("memory.max", "memory.current"))
+        if limit.isdigit() and used.isdigit():
+            room = float(limit) - float(used)
+            available = room if available is None else min(available, room)
+    except OSError:
+        pass
+    return available
+
+
+def memory_problem(need: Sequence[float], backend: str) -> str | None:
+    """Why the ranks cannot hold ``need`` bytes each on this machine (what it has), or None."""
+    if backend == "gloo":
+        available = host_memory_available()
+        total = sum(need)
+        if available is not None and total > available:
+            return (f"its {len(need)} ranks need at least {total / GiB:,.1f} GiB for weights and gradients "
+                    f"and this machine has {available / GiB:,.1f} GiB available")
+        return None
+    from pipesched.runtime.torch_import import require_torch
+
+    torch = require_torch()
+    for rank, nbytes in enumerate(need):
+        if rank < torch.cuda.device_count():
+            capacity = torch.cuda.get_device_properties(rank).total_memory
+            if nbytes > capacity:
+                return (f"rank {rank} needs at least {nbytes / GiB:,.1f} GiB for weights and gradients "
+                        f"and GPU {rank} has {capacity / GiB:,.1f} GiB")
+    return None
+
+
+def check_memory(model: ModelSpec, jobs: Sequence[tuple[Schedule, Partition]], options: RunOptions) -> None:
+    """Refuse before launching when the ranks' weights and gradients cannot fit."""
+    for schedule, partition in jobs:
+        problem = memory_problem(weight_bytes_per_rank(model, schedule, partition, options.dtype), options.backend)
+        if problem is not None:
+            raise PipeschedError(f"model={model.name}: {problem}; use a smaller model (tiny, small), more ranks "
+                                 f"or a smaller dtype")
+
+
 def choose_runtime(schedule: Schedule, runtime: str) -> str:
     """``pytorch`` or ``ours`` for this schedule; raises when the requested one cannot run it.
 
@@ -192,11 +268,12 @@ def choose_runtime(schedule: Schedule, runtime: str) -> str:
 
 def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: RunOptions | None = None,
                   runtime: str = "auto", partitions: Sequence[Partition | None] | None = None,
-                  fault: Fault | None = None) -> list[RunResult]:
+                  fault: Fault | None = None, on_status: StatusCallback | None = None) -> list[RunResult]:
     """Run each schedule for real, one after the other in a single launch of P ranks.
 
     All schedules must have the same number of devices P. ``partitions[i]`` fixes schedule
-    i's layer partition (default: uniform). ``fault`` injects a crash or hang (tests).
+    i's layer partition (default: uniform). ``fault`` injects a crash, hang or kill (tests).
+    ``on_status`` receives status lines while the ranks run (see ``launch``).
     """
     options = options or RunOptions()
     require(len(schedules) >= 1, "schedules", 0, "give at least one schedule")
@@ -218,14 +295,16 @@ def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: R
     check_capacity(num_ranks, options.backend)
     given = list(partitions) if partitions is not None else [None] * len(schedules)
     require(len(given) == len(schedules), "partitions", len(given), f"give one per schedule ({len(schedules)})")
-    jobs = tuple(
-        RunJob(schedule, stage_partition(model, schedule.num_stages, partition), choose_runtime(schedule, runtime))
-        for schedule, partition in zip(schedules, given, strict=True)
-    )
+    chosen = [stage_partition(model, schedule.num_stages, partition)
+              for schedule, partition in zip(schedules, given, strict=True)]
+    check_memory(model, list(zip(schedules, chosen, strict=True)), options)  # before any rank starts
+    jobs = tuple(RunJob(schedule, partition, choose_runtime(schedule, runtime))
+                 for schedule, partition in zip(schedules, chosen, strict=True))
     spec = LaunchSpec(handler="pipeline", task=PipelineTask(model, jobs, options), world_size=num_ranks,
                       backend=options.backend, timeout_s=options.timeout_s, threads=options.threads,
                       pin_cpus=options.pin_cpus and options.backend == "gloo", fault=fault)
-    per_rank: list[list[RankJobResult]] = launch(spec, describe=[job.schedule.name for job in jobs])
+    per_rank: list[list[RankJobResult]] = launch(spec, describe=[job.schedule.name for job in jobs],
+                                                 on_status=on_status)
     return [_assemble(job, [ranks[j] for ranks in per_rank], options) for j, job in enumerate(jobs)]
 
 

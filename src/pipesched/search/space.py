@@ -21,17 +21,17 @@ import math
 from collections import Counter
 from dataclasses import asdict, dataclass
 
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.defaults import DEFAULTS
 from pipesched.experiments.point import ZERO_STAGES, Point
 from pipesched.experiments.setup import PARTITION_METHODS
+from pipesched.limits import MAX_SEARCH_POINTS
 from pipesched.model.spec import RECOMPUTE_MODES, TrainingSettings
 
 GiB = 2.0**30
 # the largest global batch a search takes (sequences per iteration)
 MAX_GLOBAL_BATCH = 1 << 20
 # the most points one search enumerates (each a Point in memory, then a row in the store)
-MAX_POINTS = 500_000
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,8 @@ class SearchSpace:
                    * sum(1 for b in self.micro_batch_sizes or _divisors(self.global_batch // layout.dp)
                          if (self.global_batch // layout.dp) % b == 0)
                    for layout in self.layouts())
-        require(size <= MAX_POINTS, "space", f"{size:,} points",
-                f"at most {MAX_POINTS:,} in one search; narrow it with --schedules, --tensor-parallel, --pipeline, "
+        require(size <= MAX_SEARCH_POINTS, "space", f"{size:,} points",
+                f"at most {MAX_SEARCH_POINTS:,} in one search; narrow it with --schedules, --tensor-parallel, --pipeline, "
                 "--dp, --micro-batch-sizes, --partitions or --recompute")
         points = []
         for layout in self.layouts():

@@ -28,14 +28,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.defaults import DEFAULTS
+from pipesched.limits import MAX_SAMPLES
 from pipesched.variability.measured import MeasuredFactors
 
-# the most Monte Carlo samples one command draws: 100,000 iterations of a ZB-V table of
-# p=8, m=32 take about 15 s on one core, and their makespans, bubbles and critical-path
-# counts stay a few MiB (samples are drawn and run in batches of ``BATCH_SAMPLES``)
-MAX_SAMPLES = 100_000
+# the most Monte Carlo samples one command draws is ``limits.MAX_SAMPLES``: 100,000
+# iterations of a ZB-V table of p=8, m=32 take about 15 s on one core, and their
+# makespans, bubbles and critical-path counts stay a few MiB (samples are drawn and run in
+# batches of ``BATCH_SAMPLES``)
 # the largest coefficient of variation taken (a lognormal with CV 100 already puts half
 # its samples below 1% of the mean)
 MAX_CV = 100.0
