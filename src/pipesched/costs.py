@@ -35,7 +35,7 @@ def _floats(values: Sequence[float], field_name: str) -> tuple[float, ...]:
 
 
 _PER_STAGE = ("forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes",
-              "backward", "static_bytes", "grad_bytes", "kept_for_w_bytes")
+              "backward", "static_bytes", "grad_bytes", "kept_for_w_bytes", "forward_backward")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,8 @@ class StageCosts:
     schedules keep the inputs W needs): M_W = (1 - input_frees) x M_B.
     kept_for_w_bytes: gradients an I computes that its W still needs (the output gradient of
     every weight matmul), allocated when I ends and freed when W ends; None = nothing.
+    forward_backward, fb_cost: what an overlapped pair (a fused ``OVERLAP_F_B`` op: a
+    forward and a backward of one device computing at once) costs; see ``fused_time``.
     """
 
     forward: tuple[float, ...]
@@ -66,6 +68,10 @@ class StageCosts:
     input_frees: float = 0.5
     kept_for_w_bytes: tuple[float, ...] | None = None
     unit: str = SECONDS
+    # measured time of an overlapped pair whose forward runs stage s (the ``fb`` column)
+    forward_backward: tuple[float, ...] | None = None
+    # without it: a pair's time over the sum of its parts' times (1: no overlap, F&B = F + B)
+    fb_cost: float = 1.0
 
     def __post_init__(self) -> None:
         n = len(self.forward)
@@ -78,6 +84,8 @@ class StageCosts:
             object.__setattr__(self, name, _floats(values, name))
         require(0.0 <= self.input_frees <= 1.0, "input_frees", self.input_frees, "must be in [0, 1]")
         require(self.unit in (SECONDS, SLOTS), "unit", self.unit, f"must be {SECONDS!r} or {SLOTS!r}")
+        require(math.isfinite(self.fb_cost) and 0.5 <= self.fb_cost <= 1.0, "fb_cost", self.fb_cost,
+                "an overlapped pair's time over F + B must be in [0.5, 1] (1: no overlap)")
 
     @property
     def num_stages(self) -> int:
@@ -99,7 +107,7 @@ class StageCosts:
 
     @cached_property
     def _times_by_kind(self) -> dict[OpKind, tuple[float, ...]]:
-        return {rule.kind: self.times(rule.cost) for rule in RULES}
+        return {rule.kind: self.times(rule.cost) for rule in RULES if not rule.fused}
 
     def of(self, kind: OpKind, stage: int) -> float:
         """Duration of an op of ``kind`` on ``stage`` (as the default rules map kinds to
@@ -107,8 +115,27 @@ class StageCosts:
         return self._times_by_kind[kind][stage]
 
     def duration(self, op: Op) -> float:
-        """Compute time of one op."""
+        """Compute time of one op (a fused op: ``fused_time`` of its parts)."""
+        if op.parts:
+            forward, *rest = op.parts
+            return self.fused_time(forward.stage, self.duration(forward), sum(self.duration(part) for part in rest))
         return self.of(op.kind, op.stage)
+
+    def fused_time(self, forward_stage: int, forward: float, backward: float) -> float:
+        """Time of an overlapped pair (F&B): a forward of ``forward`` on ``forward_stage``
+        computing at once with a backward of ``backward`` (both in this cost's unit).
+
+        The parts' sum less what overlaps: the measured pair time ``forward_backward`` of the
+        forward's stage when given, else ``fb_cost`` x (F + B); never less than the longer
+        part (one part cannot hide the other's own compute).
+
+        >>> StageCosts.slots().fused_time(0, 1.0, 2.0), StageCosts.slots(fb_cost=0.8).fused_time(0, 1.0, 2.0)
+        (3.0, 2.4)
+        """
+        longer = max(forward, backward)
+        if self.forward_backward is not None:
+            return max(self.forward_backward[forward_stage], longer)
+        return max(self.fb_cost * (forward + backward), longer)
 
     def static(self, stage: int) -> float:
         return self.static_bytes[stage] if self.static_bytes is not None else 0.0
@@ -157,6 +184,7 @@ class StageCosts:
             each(self.activation_bytes), each(self.output_bytes), backward=each(self.backward),
             static_bytes=each(self.static_bytes), grad_bytes=each(self.grad_bytes),
             kept_for_w_bytes=each(self.kept_for_w_bytes), input_frees=self.input_frees, unit=self.unit,
+            forward_backward=each(self.forward_backward), fb_cost=self.fb_cost,
         )
 
     # --- constructors ---------------------------------------------------------------------
@@ -180,7 +208,8 @@ class StageCosts:
                    each(activation_bytes), each(output_bytes), unit=unit)
 
     @classmethod
-    def slots(cls, f: float = 1.0, i: float = 1.0, w: float = 1.0, *, stages: int = 1) -> StageCosts:
+    def slots(cls, f: float = 1.0, i: float = 1.0, w: float = 1.0, *, stages: int = 1,
+              fb_cost: float = 1.0) -> StageCosts:
         """The idealized table's costs: F, I and W slot lengths (a full backward B = I + W),
         the same on every stage; each stage-microbatch holds one unit of activations from F
         until the op that ends its backward (B, or W when split), so memory counts
@@ -191,7 +220,7 @@ class StageCosts:
         """
         costs = cls.uniform(stages, forward=f, backward_input=i, backward_weight=w, unit=SLOTS)
         return StageCosts(costs.forward, costs.backward_input, costs.backward_weight,
-                          costs.activation_bytes, costs.output_bytes, input_frees=0.0, unit=SLOTS)
+                          costs.activation_bytes, costs.output_bytes, input_frees=0.0, unit=SLOTS, fb_cost=fb_cost)
 
     @classmethod
     def parse_slots(cls, text: str) -> StageCosts:

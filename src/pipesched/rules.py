@@ -18,6 +18,15 @@ K = ``StageCosts.kept_for_w_bytes``), held from I's end to W's. Each kind's effe
 (an allocation: the forward builds its activations up) or at its end (a free). Counted in stage-microbatches in flight (M_B = 1, input_frees = 0), F adds one and
 the op that ends the backward (B, or W when split) takes it back.
 
+Fused kinds. A kind with ``parts`` is a fused op (``OVERLAP_F_B``: one forward and one
+backward of the same device running at once, DualPipe's F&B): one entry of a device's table
+made of plain ops of the listed kinds, in that order. It has no needs, messages or memory
+effect of its own: it needs what its parts need (the union, less what one part would take
+from the other, which a fused op may not do), sends what its parts send once it ends, and
+changes memory as its parts do (the forward's allocation when it starts, the backward's
+frees when it ends). It holds its device for its ``cost``: ``StageCosts.fused_time``, the
+parts' times less the part that overlaps. Completeness counts its parts.
+
 Dependencies (the default table):
 
     F(s, mb)    needs F(s-1, mb)                  the activation it consumes
@@ -38,7 +47,7 @@ from functools import cached_property
 from typing import NamedTuple
 
 from pipesched.errors import PipeschedError
-from pipesched.ops import B, F, I, OpKind, W
+from pipesched.ops import OVERLAP_F_B, B, F, I, Op, OpKind, W
 
 # messages that cross a stage boundary
 ACTIVATION = "activation"  # F(s) -> F(s+1): the hidden state, output_bytes[s]
@@ -80,6 +89,12 @@ class KindRule:
     cost: str  # what its duration is per stage: StageCosts.times(cost)
     memory: MemoryEffect = MemoryEffect()  # noqa: RUF009 - an immutable NamedTuple
     ends_weight_gradient: bool = False  # after it the stage-microbatch's weight gradient is complete
+    # a fused kind: the kinds its parts may have, one tuple per part, in order (empty: a plain kind)
+    parts: tuple[tuple[OpKind, ...], ...] = ()
+
+    @property
+    def fused(self) -> bool:
+        return bool(self.parts)
 
 
 @dataclass(frozen=True)
@@ -117,6 +132,11 @@ class Rules:
         return tuple(str(rule.kind) for rule in self.kinds)
 
     @cached_property
+    def fused_kinds(self) -> frozenset[OpKind]:
+        """The kinds whose ops are made of parts (never stored as an op row)."""
+        return frozenset(rule.kind for rule in self.kinds if rule.fused)
+
+    @cached_property
     def max_needs(self) -> int:
         return max((len(rule.needs) for rule in self.kinds), default=0)
 
@@ -133,8 +153,19 @@ class Rules:
 
     def units_delta(self, kind: OpKind) -> float:
         """Change of stage-microbatches in flight an op of ``kind`` makes (M_B = 1, and the
-        input part freed at I counted as still held until W)."""
+        input part freed at I counted as still held until W); a fused op's are its parts'."""
         return self[kind].memory.bytes(1.0, 0.0)
+
+    def fused_problem(self, op: Op) -> str | None:
+        """Why the fused ``op``'s parts do not fit its kind's rule (None when they do)."""
+        rule = self[op.kind]
+        if not rule.fused:
+            return None
+        if len(op.parts) != len(rule.parts) or any(part.kind not in kinds
+                                                      for part, kinds in zip(op.parts, rule.parts, strict=False)):
+            wanted = ";".join("|".join(map(str, kinds)) for kinds in rule.parts)
+            return f"its parts must be of kinds ({wanted}) in that order"
+        return None
 
     def describe_complete(self) -> str:
         """What a complete stage-microbatch runs: 'one F and either one B or one I and one W'."""
@@ -166,6 +197,9 @@ RULES = Rules(
                  memory=MemoryEffect(whole=-1.0, input_part=+1.0, kept=-1.0, at=AT_END), ends_weight_gradient=True),
         KindRule(B, "full backward (I then W)", needs=(Need(0, (F,)), _GRADIENT_SOURCE), cost="backward",
                  memory=MemoryEffect(whole=-1.0, at=AT_END), ends_weight_gradient=True),
+        # fused kinds last (see "Fused kinds" above)
+        KindRule(OVERLAP_F_B, "a forward and a backward of one device at once (DualPipe's F&B)", needs=(),
+                 cost="forward_backward", parts=((F,), (B, I))),
     ),
     complete=(frozenset({F, B}), frozenset({F, I, W})),
 )

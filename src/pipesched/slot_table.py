@@ -29,7 +29,8 @@ def slot_table(schedule: Schedule, costs: StageCosts | None = None) -> Timeline:
     # held from its F until the op that ends its backward
     ones = (1.0,) * given.num_stages
     slots = StageCosts(given.forward, given.backward_input, given.backward_weight, ones, (0.0,) * given.num_stages,
-                       backward=given.backward, input_frees=0.0, unit="slot")
+                       backward=given.backward, input_frees=0.0, unit="slot", forward_backward=given.forward_backward,
+                       fb_cost=given.fb_cost)
     return run(compile_graph(schedule, slots, None), memory=False)
 
 
@@ -38,12 +39,14 @@ def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES) -> Iterator[tupl
 
     An F allocates its stage-microbatch's activations; the op that ends its backward frees
     them (B, or W when the backward is split into I and W): the rules' count
-    (``Rules.units_delta``). Table order is time order on one device.
+    (``Rules.units_delta``). Table order is time order on one device. A fused entry is taken
+    part by part (its forward allocates when it starts, its backward frees when it ends).
     """
     held = 0.0
-    for op in ops:
-        held += rules.units_delta(op.kind)
-        yield op, round(held)
+    for entry in ops:
+        for op in entry.atoms:
+            held += rules.units_delta(op.kind)
+            yield op, round(held)
 
 
 def inflight_per_device(schedule: Schedule) -> list[int]:

@@ -78,6 +78,8 @@ def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
         input_frees=costs.input_frees,
         unit=costs.unit,
         kept_for_w_bytes=chunks(costs.kept_for_w_bytes),
+        forward_backward=chunks(costs.forward_backward),
+        fb_cost=costs.fb_cost,
     )
 
 

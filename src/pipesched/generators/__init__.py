@@ -70,11 +70,7 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, **options: obje
     family = get_family(name)
     chunks = family.resolve_v(v)
     ops = _check_size(p, m, chunks)
-    unknown = sorted(set(options) - set(family.options))
-    if unknown:
-        raise PipeschedError(
-            f"option={unknown[0]}: {name} does not take it; it takes {', '.join(family.options) or 'no options'}"
-        )
+    family.check_options(options)
     key = tuple(sorted(options.items()))
     if ops <= CACHED_OPS and _hashable(key):
         return _generate_cached(name, p, m, chunks, key)
@@ -132,14 +128,24 @@ def _check_size(p: int, m: int, v: int) -> int:
     return ops
 
 
-def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCosts | None = None) -> FormulaEstimate:
+def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCosts | None = None,
+            **options: object) -> FormulaEstimate:
     """Level 1: the family's closed-form bubble and peak in-flight activations, with the F, I
-    and W of one stage of ``costs`` (default F = I = W = 1 slot). Costs that differ between
-    stages make the estimate approximate: the closed forms assume equal stages and take the
-    slowest stage's."""
+    and W of one stage of ``costs`` (default F = I = W = 1 slot) and the family's options
+    (those that change its table: ``forward_doubling``, ``waves``, ``fused``, ...; the others,
+    such as the heuristics' ``costs``, leave the closed form as it is). Costs that differ
+    between stages make the estimate approximate: the closed forms assume equal stages and
+    take the slowest stage's.
+
+    >>> formula("chimera", 4, 16).idle, formula("chimera", 4, 16, forward_doubling=0).idle
+    (4.0, 8.0)
+    """
     family = get_family(name)
+    family.check_options(options)
     costs = costs if costs is not None else StageCosts.slots()
-    estimate = family.formula(p, m, family.resolve_v(v), costs)
+    chunks = family.resolve_v(v)
+    taken = {key: value for key, value in options.items() if key in family.formula_options}
+    estimate = family.formula(p, m, chunks, costs, **taken)
     if estimate.exact and not costs.is_uniform:
         estimate = replace(estimate, exact=False, note="the stages' costs differ; the closed form takes the slowest stage's")
     return estimate

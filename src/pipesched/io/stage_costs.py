@@ -8,7 +8,9 @@ Times in seconds, sizes in bytes. A full backward B costs backward_input + backw
 an optional ``backward`` column gives B's time instead. Optional ``static_bytes``
 (parameters + gradients + optimizer state of the stage) and ``grad_bytes`` (what its
 replicas all-reduce) columns feed the memory trace and the all-reduce; ``kept_for_w_bytes``
-(gradients a split backward's I computes and its W still needs) adds to memory from I to W. Columns may come in
+(gradients a split backward's I computes and its W still needs) adds to memory from I to W. An
+optional ``fb`` column gives the measured time of an overlapped pair (DualPipe's F&B, a fused
+``OVERLAP_F_B`` op) whose forward runs the stage (``StageCosts.fused_time``). Columns may come in
 any order; every stage 0..S-1 appears exactly once (rows in any order).
 
 >>> costs = parse_stage_costs(
@@ -31,10 +33,12 @@ from pipesched.errors import PipeschedError
 from pipesched.io.files import read_text, write_atomic
 
 REQUIRED_COLUMNS = ("stage", "forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes")
-OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes", "kept_for_w_bytes")
+OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes", "kept_for_w_bytes", "fb")
+# the StageCosts field of a column whose name differs from it
+_FIELDS = {"fb": "forward_backward"}
 _UNITS = {"forward": "seconds", "backward_input": "seconds", "backward_weight": "seconds",
           "backward": "seconds", "activation_bytes": "bytes", "output_bytes": "bytes",
-          "static_bytes": "bytes", "grad_bytes": "bytes", "kept_for_w_bytes": "bytes"}
+          "static_bytes": "bytes", "grad_bytes": "bytes", "kept_for_w_bytes": "bytes", "fb": "seconds"}
 
 
 def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | None = None) -> StageCosts:
@@ -103,6 +107,7 @@ def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | No
         static_bytes=column("static_bytes"),
         grad_bytes=column("grad_bytes"),
         kept_for_w_bytes=column("kept_for_w_bytes"),
+        forward_backward=column("fb"),
     )
 
 
@@ -114,12 +119,12 @@ def load_stage_costs(path: str | os.PathLike[str], *, num_stages: int | None = N
 def dumps_stage_costs(costs: StageCosts) -> str:
     """The CSV text of ``costs``; ``parse_stage_costs`` reads it back to equal costs."""
     columns = list(REQUIRED_COLUMNS)
-    columns += [name for name in OPTIONAL_COLUMNS if getattr(costs, name) is not None]
+    columns += [name for name in OPTIONAL_COLUMNS if getattr(costs, _FIELDS.get(name, name)) is not None]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
     for stage in range(costs.num_stages):
-        writer.writerow([stage, *(repr(getattr(costs, name)[stage]) for name in columns[1:])])
+        writer.writerow([stage, *(repr(getattr(costs, _FIELDS.get(name, name))[stage]) for name in columns[1:])])
     return out.getvalue()
 
 

@@ -9,6 +9,16 @@ device 1's, ...). Each runs on a queue (its device's compute stream) for ``op_du
 and waits for the ops it needs (``pipesched.rules``; ``pred_op``, CSR by op row). An input
 produced on another device arrives by a transfer (``pred_via``), else in place.
 
+A fused entry (``(0F1;1B0)OVERLAP_F_B``) is its parts' rows (``dependencies``) lowered as
+one op, as DeepSeek's DualPipe runtime runs an overlapped pair: its first part holds the
+device for the pair's time (``StageCosts.fused_time``) and waits for every input of every
+part (both receives are waited before the pair); the other parts follow it on the queue
+with no duration of their own, so they end with it, and every part's messages leave when
+the pair ends (both sends after it). Memory: the forward part allocates when the pair
+starts, the backward part frees when it ends. Without overlap (a blocking runtime), the
+sends and receives of a fused op still overlap its computation: they do not hold its
+device's compute stream.
+
 Transfers, from the communication pass (``pipesched.passes.communication``):
 
     message     after its producing op ends, to the device of the op that needs it:
@@ -169,10 +179,13 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     n, num_devices = len(ops), schedule.num_devices
     kinds = ops.kind.astype(np.int64)
     # op durations by kind (rows: the rules' kinds) and stage
-    per_kind = np.array([costs.times(rule.cost) for rule in schedule.rules], np.float64)
+    per_kind = np.array([costs.times(rule.cost) if not rule.fused else (0.0,) * costs.num_stages
+                         for rule in schedule.rules], np.float64)
     op_duration = per_kind[kinds, ops.stage]
     # data dependencies, CSR by consumer row
     consumer, producer, _ = deps.edges
+    if ops.fused:
+        op_duration, consumer = fuse_entries(ops, costs, op_duration, consumer)
     pred_ptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(consumer, minlength=n), out=pred_ptr[1:])
     # memory effects of each op (rules x this stage's activation bytes)
@@ -212,11 +225,32 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     rel = np.concatenate([sent.producer, reduces.after[released]]).astype(np.int32)
     rel_ptr = np.zeros(m_count + r_count + 1, np.int64)
     np.cumsum(np.concatenate([np.ones(m_count, np.int64), released.sum(axis=1)]), out=rel_ptr[1:])
-    res_ptr, res, num_resources = _transfer_resources(network, src, dst, m_count, contention, overlap, num_devices)
+    blocks = np.ones((m_count + r_count, 2), np.bool_)
+    if ops.fused and not overlap:
+        blocks[:m_count] = _blocking_ends(ops, deps.edges[0], sent)
+    res_ptr, res, num_resources = _transfer_resources(network, src, dst, m_count, contention, overlap, num_devices,
+                                                      blocks)
     transfers = (src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res)
     return _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
                   op_duration, pred_ptr, producer, sent.via, transfers, num_resources, memory_delta,
                   memory_at_start, static)
+
+
+def fuse_entries(ops: OpArrays, costs: StageCosts, op_duration: np.ndarray,
+                 consumer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fused entries as one op each (see the module docstring): the durations with each
+    entry's time on its first part and none on the others, and the dependency edges'
+    consumers moved to the entry's first part. Edges stay sorted by consumer: an entry's
+    parts are consecutive rows."""
+    tails = ops.tails()
+    heads = np.unique(ops.entry_head[tails])
+    backward = np.zeros(len(ops), np.float64)
+    np.add.at(backward, ops.entry_head[tails], op_duration[tails])
+    fused = op_duration.copy()
+    fused[heads] = [costs.fused_time(int(stage), float(forward), float(rest))
+                    for stage, forward, rest in zip(ops.stage[heads], op_duration[heads], backward[heads], strict=True)]
+    fused[tails] = 0.0
+    return fused, ops.entry_head[consumer].astype(np.int32)
 
 
 def _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets, op_duration,
@@ -238,20 +272,34 @@ def _no_transfers() -> tuple[np.ndarray, ...]:
     return (i32, i32, np.zeros(0, np.int8), i32, i32, f64, f64, ptr, i32, ptr, i32)
 
 
+def _blocking_ends(ops: OpArrays, consumer: np.ndarray, sent) -> np.ndarray:
+    """Without overlap, which end of each message a blocking runtime holds (messages x 2:
+    sender, receiver): not a fused op's, whose sends and receives overlap its computation
+    as DeepSeek's runtime runs an overlapped pair."""
+    part = ops.entry_kind != ops.kind  # rows that are a part of a fused op
+    blocks = np.ones((len(sent), 2), np.bool_)
+    blocks[:, 0] = ~part[sent.producer]
+    carried = sent.via >= 0
+    np.logical_and.at(blocks[:, 1], sent.via[carried], ~part[consumer[carried]])
+    return blocks
+
+
 def _transfer_resources(network: Network, src: np.ndarray, dst: np.ndarray, num_messages: int,
-                        contention: bool, overlap: bool, num_devices: int) -> tuple[np.ndarray, np.ndarray, int]:
+                        contention: bool, overlap: bool, num_devices: int,
+                        blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """CSR of the resources each transfer holds, in the order it claims them. Resource ids:
     compute stream (queue) d, send channel d, receive channel d, then each node's NIC egress
-    and ingress."""
+    and ingress. ``blocks[t]``: without overlap, whether transfer t holds its sender's and
+    its receiver's compute stream."""
     node_of = np.asarray(network.node_of[:num_devices], np.int64)
     num_nodes = int(node_of.max()) + 1 if num_devices else 1
     res_ptr, res = _resources(src.astype(np.int64), dst.astype(np.int64), node_of, num_devices, num_nodes,
-                              num_messages, contention, overlap, bool(network.shared_nic))
+                              num_messages, contention, overlap, bool(network.shared_nic), blocks)
     return res_ptr, res, 3 * num_devices + 2 * num_nodes
 
 
 @njit(cache=True)
-def _resources(src, dst, node_of, num_devices, num_nodes, num_messages, contention, overlap, shared_nic):
+def _resources(src, dst, node_of, num_devices, num_nodes, num_messages, contention, overlap, shared_nic, blocks):
     send0 = num_devices
     recv0 = 2 * num_devices
     egress0 = 3 * num_devices
@@ -266,9 +314,12 @@ def _resources(src, dst, node_of, num_devices, num_nodes, num_messages, contenti
         allreduce = t >= num_messages
         if not overlap:
             # a blocking runtime: neither compute stream runs while the transfer does
-            res[k] = a
-            res[k + 1] = b
-            k += 2
+            if blocks[t, 0]:
+                res[k] = a
+                k += 1
+            if blocks[t, 1]:
+                res[k] = b
+                k += 1
         if contention:
             res[k] = send0 + a
             res[k + 1] = recv0 + b

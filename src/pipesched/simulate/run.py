@@ -84,6 +84,7 @@ def run(graph: TaskGraph, *, op_durations: np.ndarray | None = None,
             critical_path=from_binder(chain, n),
             optimizer_step=_optimizer_steps(graph, op_end, tr_end),
         ),
+        op_entry=ops.entry_head,
     )
 
 
