@@ -24,14 +24,18 @@ def slot_table(schedule: Schedule, costs: StageCosts | None = None) -> Timeline:
     from pipesched.simulate.graph import compile_graph
     from pipesched.simulate.run import run
 
+    return run(compile_graph(schedule, table_costs(schedule, costs), None), memory=False)
+
+
+def table_costs(schedule: Schedule, costs: StageCosts | None = None) -> StageCosts:
+    """The slot table's costs for ``schedule``: op lengths in slots (one row of ``costs``
+    for every stage; default F = I = W = 1), one unit of activations per stage-microbatch
+    held from its F until the op that ends its backward, free messages."""
     given = (costs if costs is not None else StageCosts.slots()).broadcast(schedule.num_stages, family=schedule.name)
-    # the table's own units: op lengths in slots, one unit of activations per stage-microbatch
-    # held from its F until the op that ends its backward
     ones = (1.0,) * given.num_stages
-    slots = StageCosts(given.forward, given.backward_input, given.backward_weight, ones, (0.0,) * given.num_stages,
-                       backward=given.backward, input_frees=0.0, unit="slot", forward_backward=given.forward_backward,
-                       fb_cost=given.fb_cost)
-    return run(compile_graph(schedule, slots, None), memory=False)
+    return StageCosts(given.forward, given.backward_input, given.backward_weight, ones, (0.0,) * given.num_stages,
+                      backward=given.backward, input_frees=0.0, unit="slot", forward_backward=given.forward_backward,
+                      fb_cost=given.fb_cost)
 
 
 def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES) -> Iterator[tuple[Op, int]]:

@@ -30,6 +30,7 @@ from pipesched.cli.options import (
     Recompute,
     SeqLen,
     StageCostsFile,
+    SteadyStateFlag,
     TensorParallel,
     family_options,
     split_names,
@@ -87,6 +88,7 @@ def compare_command(
     bandwidth: Bandwidth = None,
     no_contention: NoContention = False,
     no_overlap: NoOverlap = False,
+    steady_state: SteadyStateFlag = False,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -107,9 +109,9 @@ def compare_command(
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
                      stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
-                     no_overlap=no_overlap)
-    options, slot_costs = family_options(family_settings)
-    point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs)
+                     no_overlap=no_overlap, steady_state=steady_state)
+    options, slot_costs, fb_cost = family_options(family_settings)
+    point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs, fb_cost=fb_cost)
     progress = _LateProgress(Console(file=sys.stderr))
     try:
         result = compare(names, p=p if p is not None else DEFAULTS.p, m=m if m is not None else DEFAULTS.m, v=v,
@@ -160,7 +162,7 @@ def print_comparison(result: Comparison) -> None:
         table.add_column(memory, justify="right")
         table.add_column("rank", justify="right")
     for name in order:
-        cells = [name]
+        cells = [name + (" (async)" if result.result(name, last).asynchronous else "")]
         for level in result.levels:
             r = result.result(name, level)
             memory = _memory(r.peak_memory, r.memory_unit) + (" OOM" if r.out_of_memory else "")
@@ -177,6 +179,15 @@ def print_comparison(result: Comparison) -> None:
             console.print("the ranking is the same at every level")
     console.print("slots: time of a 1F1B stage op (F = I = W = 1); act. units: peak in-flight activations "
                   "of the worst device in 1F1B-stage units; bubble = idle / (devices x time)")
+    steady = [r for r in result.results if r.steady_state and r.level == last]
+    if steady:
+        console.print("steady state (iterations back to back, the mean iteration after the first) for "
+                      + ("every family" if result.settings.get("steady_state") else
+                         "the asynchronous families (no flush: their weights are stale)"), highlight=False)
+    for r in steady:
+        if r.asynchronous or r.staleness:
+            console.print(f"{r.schedule}: staleness {r.staleness} updates at most ({r.mean_staleness:.3g} on "
+                          f"average), {r.weight_versions} weight versions on the busiest stage", highlight=False)
     for name, reason in result.skipped:
         console.print(f"skipped {name}: {reason}", highlight=False, markup=False)
 

@@ -26,13 +26,16 @@ from pipesched.cli.options import (
     Recompute,
     SeqLen,
     StageCostsFile,
+    SteadyStateFlag,
     TensorParallel,
+    family_options,
     workload,
 )
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
 from pipesched.errors import PipeschedError
 from pipesched.experiments.simulation import Simulation, simulate_point
+from pipesched.generators import FAMILIES, get_family
 
 GiB = 2.0**30
 
@@ -55,6 +58,7 @@ def simulate_command(
     bandwidth: Bandwidth = None,
     no_contention: NoContention = False,
     no_overlap: NoOverlap = False,
+    steady_state: SteadyStateFlag = False,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -67,10 +71,20 @@ def simulate_command(
     default scenario's model and cluster."""
     views = ViewPaths(png, svg, trace, html).check()
     schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
+    options, _, fb_cost = family_options(family_settings)
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
                      stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
-                     no_overlap=no_overlap).replace(schedule=schedule)
+                     no_overlap=no_overlap, steady_state=steady_state).replace(fb_cost=fb_cost)
+    if schedule_name in FAMILIES:
+        # a family is built by the point: the cost-planning ones plan with the workload's costs
+        family = get_family(schedule_name)
+        point = point.replace(family=schedule_name, p=schedule.num_devices,
+                              m=int(schedule.params.get("iteration_microbatches", schedule.num_microbatches)),
+                              v=v if family.chunks is None else None,
+                              options=tuple(sorted((k, x) for k, x in options.items() if k in family.options)))
+    else:
+        point = point.replace(schedule=schedule)
     if point.stage_costs is not None and schedule.num_stages % point.stage_costs.num_stages:
         raise PipeschedError(f"stage_costs={stage_costs}: {point.stage_costs.num_stages} stage rows but the schedule "
                              f"has {schedule.num_stages} stages; give {schedule.num_stages} rows (or a divisor of "
@@ -96,7 +110,17 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
                           f"{schedule.num_stages} stages; {setup.description}; {mode}")
     summary.add_column("metric")
     summary.add_column("value", justify="right")
-    summary.add_row("iteration time", f"{metrics.iteration_time:.6g} s")
+    steady = result.steady
+    if steady is not None:
+        summary.add_row("iterations run back to back", f"{steady.iterations.iterations} ({steady.iterations.mode}), "
+                        f"ending at {', '.join(f'{end:.4g}' for end in steady.iteration_end)} s")
+        summary.add_row("steady-state iteration time", f"{metrics.iteration_time:.6g} s (mean after the first)")
+        weights = steady.weights
+        summary.add_row("weight versions per stage", ", ".join(map(str, weights.versions)))
+        summary.add_row("staleness (updates behind, max / mean)",
+                        f"{weights.max_staleness} / {weights.mean_staleness:.3g}")
+    else:
+        summary.add_row("iteration time", f"{metrics.iteration_time:.6g} s")
     summary.add_row("bubble ratio (idle / devices x time)", f"{metrics.bubble_ratio:.4f}")
     summary.add_row("bubble over work (idle / busy)", f"{metrics.bubble_over_work:.4f}")
     summary.add_row("throughput", f"{metrics.throughput_samples_per_s:.4g} samples/s"

@@ -53,6 +53,11 @@ class Point:
     # the engine
     contention: bool = True
     overlap: bool = True
+    # an overlapped pair's time over F + B (fused ops; None: the costs' own, F + B or their fb column)
+    fb_cost: float | None = None
+    # iterations back to back, each stage stepping its optimizer on its own (zero bubble's
+    # post-validation): the table and sim levels report the steady-state iteration
+    steady_state: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule is not None:
@@ -89,18 +94,54 @@ class Point:
                                 tensor_parallel=self.tp, sequence_parallel=self.sequence_parallel,
                                 recompute=self.recompute, dtype=self.dtype)
 
-    def build_schedule(self) -> Schedule:
-        """The schedule of this point (generated tables are cached: see ``generate``)."""
+    def build_schedule(self, setup=None, *, iterations: int | None = None) -> Schedule:
+        """The schedule of this point (generated tables are cached: see ``generate``).
+
+        With the workload's ``setup`` (a SimulationSetup), a family that plans with the stage
+        costs (``Family.plans_with_costs``: zb-1p, zb-2p) plans with the setup's own: its
+        per-stage F, I, W (one stage per device), the time of a message between neighbouring
+        stages as its latency, and what W keeps as M_W; options given on the point win.
+        ``iterations`` asks an asynchronous family for its table of that many iterations.
+        """
         if self.schedule is not None:
             return self.schedule
-        from pipesched.generators import generate
+        from pipesched.generators import generate, get_family
 
-        return generate(self.family, self.p, self.m, v=self.v, **dict(self.options))
+        family = get_family(self.family)
+        options = dict(self.options)
+        if setup is not None and family.plans_with_costs and "costs" not in options:
+            options = {**planning_options(setup, self.p, self.m), **options}
+        if iterations is not None and family.asynchronous:
+            options["iterations"] = iterations
+        return generate(self.family, self.p, self.m, v=self.v, **options)
 
     def setup(self):
         """The SimulationSetup of the workload (cached: many points share one)."""
         return _setup(self.model, self.cluster, self.settings, self.partition, self.stage_costs,
                       self.latency, self.bandwidth)
+
+
+def planning_options(setup, p: int, m: int) -> dict[str, object]:
+    """What a cost-planning generator takes from a workload (see ``Point.build_schedule``):
+    ``costs`` of one stage per device, ``latency`` (the longest message time between
+    neighbouring stages: link latency + output bytes / bandwidth) and ``m_w`` (what a
+    stage-microbatch still holds between its I and its W, over what its F allocated; the
+    largest over the stages)."""
+    from pipesched.generators import generate
+    from pipesched.ops import I
+    from pipesched.rules import RULES
+
+    # the placement of one stage per device, in a table the memory-aware partition can read
+    table = generate("1f1b", p, m)
+    costs = setup.costs_for(table)
+    network = setup.network_for(table)
+    message = max((float(network.latency[s, s + 1]) + costs.output_bytes[s] / float(network.bandwidth[s, s + 1])
+                   for s in range(p - 1)), default=0.0)
+    kept = costs.kept_for_w_bytes or (0.0,) * p
+    shares = [1.0 + RULES[I].memory.bytes(costs.activation_bytes[s], costs.input_frees, kept[s])
+              / costs.activation_bytes[s] for s in range(p) if costs.activation_bytes[s] > 0]
+    m_w = min(1.0, max(0.0, max(shares, default=1.0 - costs.input_frees)))
+    return {"costs": costs, "latency": message, "m_w": m_w}
 
 
 @functools.lru_cache(maxsize=256)

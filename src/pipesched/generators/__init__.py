@@ -18,6 +18,7 @@ from pipesched.generators import (
     interleaved,
     looped_bfs,
     one_f_one_b,
+    pipedream,
     v_half,
     v_min,
     zb_1p,
@@ -29,25 +30,29 @@ from pipesched.generators import (
 from pipesched.generators.base import Family, FormulaEstimate
 from pipesched.schedule import Schedule
 
-# Listing order is the order of `pipesched list` and of comparisons.
+# Listing order is the order of `pipesched list` and of comparisons: the synchronous
+# families, then the asynchronous ones (PipeDream-Flush, their synchronous baseline, first).
 FAMILIES: dict[str, Family] = {
-    module.FAMILY.name: module.FAMILY
-    for module in (
-        gpipe,
-        one_f_one_b,
-        interleaved,
-        looped_bfs,
-        zb_h1,
-        zb_h2,
-        zb_1p,
-        zb_2p,
-        zb_v,
-        v_half,
-        v_min,
-        chimera,
-        hanayo,
-        dualpipe,
-        dualpipev,
+    family.name: family
+    for family in (
+        gpipe.FAMILY,
+        one_f_one_b.FAMILY,
+        interleaved.FAMILY,
+        looped_bfs.FAMILY,
+        zb_h1.FAMILY,
+        zb_h2.FAMILY,
+        zb_1p.FAMILY,
+        zb_2p.FAMILY,
+        zb_v.FAMILY,
+        v_half.FAMILY,
+        v_min.FAMILY,
+        chimera.FAMILY,
+        hanayo.FAMILY,
+        dualpipe.FAMILY,
+        dualpipev.FAMILY,
+        pipedream.FAMILY_FLUSH,
+        pipedream.FAMILY,
+        pipedream.FAMILY_2BW,
     )
 }
 

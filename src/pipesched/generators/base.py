@@ -59,6 +59,10 @@ class Family:
     options: names of extra keyword options build accepts (e.g. ``waves``, ``costs``).
     asynchronous: the family runs iterations back to back without a flush (PipeDream): its
     levels describe the steady state (see ``pipesched.generators.pipedream``).
+    plans_with_costs: the table comes from a heuristic on the stage costs (zb-1p, zb-2p):
+    comparisons and simulations build it from their workload's costs.
+    compare_v: ``compare -v`` sets its chunk count (interleaved and looped families; the
+    others keep their own default or take their own option).
     """
 
     name: str
@@ -71,6 +75,8 @@ class Family:
     options: tuple[str, ...] = field(default=())
     formula_options: tuple[str, ...] = field(default=())
     asynchronous: bool = False
+    plans_with_costs: bool = False
+    compare_v: bool = False
 
     def check_options(self, options: dict[str, object]) -> None:
         """Raise PipeschedError naming the first option this family does not take."""
