@@ -181,7 +181,7 @@ def print_comparison(result: Comparison) -> None:
                   "of the worst device in 1F1B-stage units; bubble = idle / (devices x time)")
     steady = [r for r in result.results if r.steady_state and r.level == last]
     if steady:
-        console.print("steady state (iterations back to back, the mean iteration after the first) for "
+        console.print("steady state (iterations back to back, the mean iteration between the first and the last) for "
                       + ("every family" if result.settings.get("steady_state") else
                          "the asynchronous families (no flush: their weights are stale)"), highlight=False)
     for r in steady:

@@ -114,7 +114,7 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
     if steady is not None:
         summary.add_row("iterations run back to back", f"{steady.iterations.iterations} ({steady.iterations.mode}), "
                         f"ending at {', '.join(f'{end:.4g}' for end in steady.iteration_end)} s")
-        summary.add_row("steady-state iteration time", f"{metrics.iteration_time:.6g} s (mean after the first)")
+        summary.add_row("steady-state iteration time", f"{metrics.iteration_time:.6g} s (mean between the first and the last)")
         weights = steady.weights
         summary.add_row("weight versions per stage", ", ".join(map(str, weights.versions)))
         summary.add_row("staleness (updates behind, max / mean)",

@@ -18,7 +18,7 @@ worst device's peak bytes (parameters, gradients, optimizer state and activation
 Steady state. For an asynchronous family (PipeDream, PipeDream-2BW), and for every family
 with ``Point.steady_state`` (zero bubble's optimizer post-validation), the table and sim
 levels run ``STEADY_ITERATIONS`` iterations back to back (``pipesched.simulate.iterations``)
-and report the steady-state iteration: the mean iteration after the first, its bubble
+and report the steady-state iteration: the mean iteration between the first and the last, its bubble
 (idle over devices x that time), its throughput, and for the sim level the peak memory of
 the whole run (an asynchronous family's extra weight versions included). They also report
 the staleness (the most updates a forward's weights are behind a synchronous run) and the

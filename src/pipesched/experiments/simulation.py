@@ -3,7 +3,7 @@
 
 In the steady state (an asynchronous family, or ``Point.steady_state``) the timeline holds
 every iteration run back to back, and the metrics are those of one steady-state iteration:
-its time (the mean after the first), bubbles and busy time per device, throughput and MFU,
+its time (the mean between the first and the last), bubbles and busy time per device, throughput and MFU,
 communication divided by the iterations; peak memory and the critical path are the whole
 run's. ``steady`` keeps the iterations' ends, the staleness and the weight versions.
 """

@@ -18,9 +18,10 @@ semantics:
   waits: a stage keeps at most V versions, so the first forward of update batch b on a stage
   waits for the update of batch b - V there.
 
-The steady-state iteration time is the mean over the iterations after the first (the fill
-ramp is paid once): (end of iteration k-1 - end of iteration 0) / (k - 1), where an
-iteration ends with its last op or all-reduce.
+The steady-state iteration time is the mean over the iterations between the first (which
+pays the fill ramp) and the last (whose drain no next iteration fills): (end of iteration
+k-2 - end of iteration 0) / (k - 2), where an iteration ends with its last op or all-reduce
+(with two iterations, the second's time).
 
 Memory: a stage that keeps V weight versions holds V - 1 copies of its weights beyond its
 static bytes, each the size of its bf16 weights (``graph.gradient_bytes``: the size of the
@@ -79,11 +80,11 @@ class SteadyState:
 
     @property
     def iteration_time(self) -> float:
-        """Mean iteration after the first: (end of the last - end of the first) / (k - 1)."""
+        """The mean iteration between the first and the last (see the module docstring)."""
         ends = self.iteration_end
-        if len(ends) < 2:
-            return ends[0] if ends else 0.0
-        return (ends[-1] - ends[0]) / (len(ends) - 1)
+        if len(ends) < 3:
+            return ends[-1] - (ends[0] if len(ends) == 2 else 0.0) if ends else 0.0
+        return (ends[-2] - ends[0]) / (len(ends) - 2)
 
     @property
     def busy_per_iteration(self) -> np.ndarray:
