@@ -285,3 +285,11 @@ def test_placement_of_custom_pairs():
     assert slot_table(schedule).makespan > 0
     rows = list(csv.reader(_io.StringIO(io.dumps(schedule, "csv"))))
     assert "(3F1;0B0)OVERLAP_F_B" in rows[0]
+
+
+def test_memory_aware_partition_counts_a_pairs_parts():
+    from pipesched.partition.memory import device_peak_bytes, inflight_per_stage
+
+    fused, unfused = generate("dualpipe", 4, 8), generate("dualpipe", 4, 8, fused=0)
+    assert inflight_per_stage(fused) == inflight_per_stage(unfused)
+    assert device_peak_bytes(fused, [1.0] * 4, [0.0] * 4) == device_peak_bytes(unfused, [1.0] * 4, [0.0] * 4)

@@ -251,3 +251,30 @@ def test_every_family_is_listed_with_its_kind():
     assert [name for name, family in FAMILIES.items() if family.asynchronous] == ["pipedream", "pipedream-2bw"]
     assert [name for name, family in FAMILIES.items() if family.plans_with_costs] == ["zb-1p", "zb-2p"]
     assert {name for name, family in FAMILIES.items() if family.compare_v} == {"interleaved-1f1b", "looped-bfs"}
+
+
+@pytest.mark.parametrize(("filename", "name", "options"), [
+    ("pipedream_p4_m4_k2.txt", "pipedream", {"iterations": 2}),
+    ("pipedream-2bw_p4_m4_k2.txt", "pipedream-2bw", {"iterations": 2}),
+    ("pipedream-flush_p4_m8.txt", "pipedream-flush", {}),
+])
+def test_golden_tables(golden, filename, name, options):
+    from pipesched.io.grid import dumps
+    from pipesched.validate import validate
+
+    p, m = (4, 4) if options else (4, 8)
+    schedule = generate(name, p, m, **options)
+    assert validate(schedule) == []
+    golden.check(filename, dumps(schedule))
+
+
+@pytest.mark.parametrize("module", ["pipesched.weight_versions", "pipesched.simulate.iterations",
+                                    "pipesched.generators.pipedream", "pipesched.generators.dualpipe",
+                                    "pipesched.generators.dualpipev", "pipesched.generators", "pipesched.compare",
+                                    "pipesched.ops", "pipesched.costs"])
+def test_docstring_examples_run(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0

@@ -129,8 +129,8 @@ class StageCosts:
         forward's stage when given, else ``fb_cost`` x (F + B); never less than the longer
         part (one part cannot hide the other's own compute).
 
-        >>> StageCosts.slots().fused_time(0, 1.0, 2.0), StageCosts.slots(fb_cost=0.8).fused_time(0, 1.0, 2.0)
-        (3.0, 2.4)
+        >>> StageCosts.slots().fused_time(0, 1.0, 2.0), StageCosts.slots(fb_cost=0.75).fused_time(0, 2.0, 2.0)
+        (3.0, 3.0)
         """
         longer = max(forward, backward)
         if self.forward_backward is not None:

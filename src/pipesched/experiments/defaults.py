@@ -29,6 +29,7 @@ class Defaults:
     recompute: str = "selective"  # none, selective or full
     dtype: str = "bf16"  # training dtype of the analytical costs
     partition: str = "balanced"  # layers to stages: uniform, balanced, memory, or a Megatron layout
+    steady_iterations: int = 4  # iterations run back to back for a steady state (--steady-state, PipeDream)
     # real runs on this machine
     run_model: str = "tiny"
     run_seq_len: int = 64

@@ -43,13 +43,14 @@ from dataclasses import asdict, dataclass, field
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.experiments.defaults import DEFAULTS
 from pipesched.experiments.point import Point
 from pipesched.schedule import Schedule
 from pipesched.timeline import Timeline
 
 LEVELS = ("formula", "table", "sim")
 # iterations run back to back for a steady state
-STEADY_ITERATIONS = 4
+STEADY_ITERATIONS = DEFAULTS.steady_iterations
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCost
     take the slowest stage's.
 
     >>> formula("chimera", 4, 16).idle, formula("chimera", 4, 16, forward_doubling=0).idle
-    (4.0, 8.0)
+    (3.0, 10.0)
     """
     family = get_family(name)
     family.check_options(options)

@@ -98,6 +98,17 @@ class Family:
         return self.default_v if v is None else v
 
 
+# the most iterations one table or graph strings together (asynchronous tables, steady states)
+MAX_ITERATIONS = 64
+
+
+def check_iterations(value: object) -> int:
+    """A count of iterations run back to back: a whole number in 1..MAX_ITERATIONS."""
+    require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_ITERATIONS,
+            "iterations", value, f"give a whole number of iterations in 1..{MAX_ITERATIONS}")
+    return value
+
+
 def switch(value: object, name: str) -> bool:
     """An on/off family option (``--set forward_doubling=0``): 1 or 0."""
     require(value in (0, 1), name, value, "give 1 (on) or 0 (off)")

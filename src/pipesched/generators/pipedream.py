@@ -30,13 +30,10 @@ back to back, the fill ramp paid once).
 from __future__ import annotations
 
 from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError, require
-from pipesched.generators.base import Family, FormulaEstimate, check_sizes
+from pipesched.errors import PipeschedError
+from pipesched.generators.base import Family, FormulaEstimate, check_iterations, check_sizes
 from pipesched.generators.one_f_one_b import one_f_one_b, one_f_one_b_formula
 from pipesched.schedule import Schedule
-
-# the most iterations one asynchronous table strings together
-MAX_ITERATIONS = 64
 
 
 def versions_needed(p: int, update_every: int, delay: int = 0) -> tuple[int, ...]:
@@ -55,8 +52,7 @@ def versions_needed(p: int, update_every: int, delay: int = 0) -> tuple[int, ...
 def _asynchronous(name: str, p: int, m: int, iterations: object, update_every: int, delay: int,
                   versions: object) -> Schedule:
     check_sizes(p, m)
-    require(isinstance(iterations, int) and not isinstance(iterations, bool) and 1 <= iterations <= MAX_ITERATIONS,
-            "iterations", iterations, f"give a whole number of iterations in 1..{MAX_ITERATIONS}")
+    check_iterations(iterations)
     needed = versions_needed(p, update_every, delay)
     if versions is not None:
         if not (isinstance(versions, int) and not isinstance(versions, bool)):

@@ -22,7 +22,7 @@ def inflight_per_stage(schedule: Schedule) -> list[int]:
     [4, 3, 2, 1]
     """
     peaks = [0] * schedule.num_stages
-    for ops in schedule.device_ops:
+    for ops in schedule.device_atoms:  # a fused op's parts, in order
         held = [0.0] * schedule.num_stages
         for op in ops:
             held[op.stage] += schedule.rules.units_delta(op.kind)
@@ -52,7 +52,7 @@ def device_peak_bytes(schedule: Schedule, activation_bytes: Sequence[float],
         for stage, device in enumerate(replica):
             static[device] += static_bytes[stage]
     peaks = []
-    for device, ops in enumerate(schedule.device_ops):
+    for device, ops in enumerate(schedule.device_atoms):
         held = peak = 0.0
         for op in ops:
             held += schedule.rules.units_delta(op.kind) * activation_bytes[op.stage]

@@ -37,7 +37,10 @@ import numpy as np
 
 from pipesched.costs import StageCosts
 from pipesched.dependencies import op_arrays, rule_arrays
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import require
+from pipesched.experiments.defaults import DEFAULTS
+from pipesched.generators import MAX_OPS
+from pipesched.generators.base import check_iterations
 from pipesched.ops import Op
 from pipesched.schedule import Schedule
 from pipesched.simulate.graph import TaskGraph, compile_graph, gradient_bytes
@@ -46,12 +49,8 @@ from pipesched.simulate.run import run
 from pipesched.timeline import ALLREDUCE, Timeline
 from pipesched.weight_versions import WeightVersions, weight_versions
 
-MODES = ("flush", "steady", "async")
-# iterations a steady-state run strings together by default, and at most
-DEFAULT_ITERATIONS = 4
-MAX_ITERATIONS = 64
-# the most op rows a multi-iteration graph may have (as many as the largest generated table)
-MAX_ROWS = 2**23
+# iterations a steady-state run strings together by default
+DEFAULT_ITERATIONS = DEFAULTS.steady_iterations
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,10 +112,9 @@ def compile_iterations(schedule: Schedule, costs: StageCosts, network: Network |
     params = schedule.params
     if params.get("asynchronous"):
         return _asynchronous(schedule, costs, network, contention=contention, overlap=overlap)
-    require(isinstance(iterations, int) and not isinstance(iterations, bool) and 1 <= iterations <= MAX_ITERATIONS,
-            "iterations", iterations, f"give a whole number of iterations in 1..{MAX_ITERATIONS}")
-    require(schedule.num_ops * iterations <= MAX_ROWS, "iterations", iterations,
-            f"{iterations} iterations of {schedule.num_ops:,} ops are over the {MAX_ROWS:,} ops one graph holds; "
+    check_iterations(iterations)
+    require(schedule.num_ops * iterations <= MAX_OPS, "iterations", iterations,
+            f"{iterations} iterations of {schedule.num_ops:,} ops are over the {MAX_OPS:,} ops one graph holds; "
             "run fewer iterations")
     one = compile_graph(schedule, costs, network, contention=contention, overlap=overlap)
     mode = "steady" if steady else "flush"
@@ -339,15 +337,3 @@ def _set_edges(graph: TaskGraph, consumer: np.ndarray, producer: np.ndarray, via
     return dataclasses.replace(graph, pred_ptr=pred_ptr, pred_op=producer[order].astype(np.int32),
                                pred_via=via[order].astype(np.int32))
 
-
-def check_no_deadlock(compiled: Iterations) -> None:
-    """Raise PipeschedError when the iterations cannot run (a weight-version wait behind an
-    op the same device runs later)."""
-    from pipesched.simulate import engine
-
-    graph = compiled.graph
-    _, count = engine.completion_order(graph.queue_rows, graph.queue_offsets, graph.pred_ptr, graph.pred_op,
-                                       graph.op_duration)
-    if count < graph.num_ops:
-        raise PipeschedError(f"versions={list(compiled.versions)}: {graph.schedule.name}'s order needs more weight "
-                             "versions than that on some stage; raise versions")
