@@ -153,7 +153,8 @@ class Rules:
 
     def units_delta(self, kind: OpKind) -> float:
         """Change of stage-microbatches in flight an op of ``kind`` makes (M_B = 1, and the
-        input part freed at I counted as still held until W); a fused op's are its parts'."""
+        input part freed at I counted as still held until W); a fused kind makes none of its
+        own: count its parts (``Op.atoms``)."""
         return self[kind].memory.bytes(1.0, 0.0)
 
     def fused_problem(self, op: Op) -> str | None:
