@@ -17,9 +17,7 @@ from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, formula, generate
 from pipesched.generators.chimera import chimera, chimera_idle
 from pipesched.generators.dualpipe import dualpipe
-from pipesched.generators.dualpipe import overlapped_pairs as dualpipe_pairs
 from pipesched.generators.dualpipev import dualpipev
-from pipesched.generators.dualpipev import overlapped_pairs as dualpipev_pairs
 from pipesched.generators.hanayo import hanayo
 from pipesched.io.grid import dumps, loads
 from pipesched.ops import KIND_INDEX, B, F, I, Op
@@ -124,34 +122,16 @@ def _torch_dualpipev_order(p: int, m: int) -> dict[int, list]:
     return ScheduleDualPipeV(stages, m).pipeline_order
 
 
-def _flatten(actions) -> tuple[list[str], list[int]]:
-    """Actions as op text, overlapped F&B actions split into their two sub-actions; with the
-    positions where such a pair starts."""
-    from torch.distributed.pipelining.schedules import _ComputationType
-
-    ops: list[str] = []
-    pairs: list[int] = []
-    for action in actions:
-        if action.computation_type == _ComputationType.OVERLAP_F_B:
-            pairs.append(len(ops))
-            ops.extend(str(sub) for sub in action.sub_actions)
-        else:
-            ops.append(str(action))
-    return ops, pairs
-
-
 @pytest.mark.parametrize(
     ("p", "m"), [(2, 4), (2, 7), (3, 6), (4, 8), (4, 11), (5, 13), (6, 12), (8, 16), (8, 32)]
 )
 def test_dualpipev_equals_pytorch_schedule(p, m):
+    # action for action, PyTorch's OVERLAP_F_B pairs equal to our fused ops
     order = _torch_dualpipev_order(p, m)
     ours = dualpipev(p, m)
-    pairs = dualpipev_pairs(p, m)
     assert sorted(order) == list(range(p))
     for rank in range(p):
-        ops, torch_pairs = _flatten(order[rank])
-        assert [str(op) for op in ours.device_ops[rank]] == ops, f"rank {rank}"
-        assert list(pairs[rank]) == torch_pairs, f"rank {rank}"
+        assert [str(op) for op in ours.device_ops[rank]] == [str(action) for action in order[rank]], f"rank {rank}"
 
 
 def test_pytorch_refuses_what_we_refuse():
@@ -166,6 +146,10 @@ def test_dualpipe_first_device_follows_dualpipe_phases():
     # 8 ranks, 20 microbatches (10 each way), rank 0 (half_rank 0), as in DualPipe's README
     # figure. Forward direction: stage 0, microbatches 0..9; reverse: stage 7, 10..19.
     ops = [str(op) for op in dualpipe(8, 20).device_ops[0]]
+
+    def pair(forward: str, backward: str) -> str:
+        return f"({forward};{backward})OVERLAP_F_B"
+
     expected = [
         # 1. nF0: 2 x (4 - 0 - 1) = 6 forwards
         *["0F0", "0F1", "0F2", "0F3", "0F4", "0F5"],
@@ -174,9 +158,10 @@ def test_dualpipe_first_device_follows_dualpipe_phases():
         # 3. nB1W1F1 with zero bubble: 3 rounds
         *["7I10", "7W10", "7F11", "7I11", "7W11", "7F12", "7I12", "7W12", "7F13"],
         # 4. nF0B1F1B0: 10 - 8 + 0 + 1 = 3 rounds of two overlapped pairs
-        *["0F7", "7B13", "7F14", "0B0", "0F8", "7B14", "7F15", "0B1", "0F9", "7B15", "7F16", "0B2"],
-        # 5. nB1F1B0: 3 rounds
-        *["7B16", "7F17", "0B3", "7B17", "7F18", "0B4", "7B18", "7F19", "0B5"],
+        *[pair("0F7", "7B13"), pair("7F14", "0B0"), pair("0F8", "7B14"), pair("7F15", "0B1"),
+          pair("0F9", "7B15"), pair("7F16", "0B2")],
+        # 5. nB1F1B0: 3 rounds of B1 and an overlapped pair
+        *["7B16", pair("7F17", "0B3"), "7B17", pair("7F18", "0B4"), "7B18", pair("7F19", "0B5")],
         # 6. nB1B0: 1 round, zero bubble from the first B0 on (half_rank 0 is even)
         *["7B19", "0I6"],
         # 7. nWB0: 3 rounds
@@ -185,18 +170,16 @@ def test_dualpipe_first_device_follows_dualpipe_phases():
         "0W9",
     ]
     assert ops == expected
-    # steps 1-3 take 17 ops; pairs: step 4 two per round, step 5 one after each B1
-    assert dualpipe_pairs(8, 20)[0] == (17, 19, 21, 23, 25, 27, 30, 33, 36)
+    unfused = [str(op) for op in dualpipe(8, 20, fused=False).device_ops[0]]
+    assert unfused == [part for op in dualpipe(8, 20).device_ops[0] for part in map(str, op.atoms)]
 
 
 def test_middle_rank_runs_its_first_steady_pair_unoverlapped():
-    # rank 3 of 8 is a middle rank: its first F0, B1 of step 4 is not a pair
+    # rank 3 of 8 is a middle rank: its first F0, B1 of step 4 are two ops, the next a pair
     ops = dualpipe(8, 20).device_ops[3]
-    pairs = dualpipe_pairs(8, 20)[3]
-    first_steady_forward = next(i for i, op in enumerate(ops) if op.kind is B) - 1
-    assert ops[first_steady_forward].kind is F
-    assert first_steady_forward not in pairs
-    assert first_steady_forward + 2 in pairs
+    first_backward = next(i for i, op in enumerate(ops) if op.kind is B)
+    assert ops[first_backward - 1].kind is F
+    assert ops[first_backward + 1].parts
 
 
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (4, 12), (6, 14), (8, 20), (8, 34)])
@@ -207,31 +190,35 @@ def test_dualpipe_is_dualpipev_on_each_half(p, m):
     half, n = p // 2, m // 2
     ours = dualpipe(p, m)
     folded = dualpipev(half, n)
+
+    def mapped(op: Op, change) -> Op:
+        if op.parts:
+            return Op.fused(*(change(part) for part in op.parts))
+        return change(op)
+
     for r in range(half):
         expected = [
-            Op(op.stage, op.kind, op.microbatch if op.stage < half else n + op.microbatch)
+            mapped(op, lambda o: Op(o.stage, o.kind, o.microbatch if o.stage < half else n + o.microbatch))
             for op in folded.device_ops[r]
         ]
         assert list(ours.device_ops[r]) == expected
         mirrored = [
-            Op(op.stage, op.kind, op.microbatch + n if op.microbatch < n else op.microbatch - n)
+            mapped(op, lambda o: Op(o.stage, o.kind, o.microbatch + n if o.microbatch < n else o.microbatch - n))
             for op in ours.device_ops[r]
         ]
         assert list(ours.device_ops[p - 1 - r]) == mirrored
-    assert dualpipe_pairs(p, m)[:half] == dualpipev_pairs(half, n)
 
 
 def test_overlapped_pairs_are_forward_then_backward_of_the_other_stage():
-    for schedule, pairs in (
-        (dualpipe(8, 32), dualpipe_pairs(8, 32)),
-        (dualpipev(8, 32), dualpipev_pairs(8, 32)),
-    ):
-        assert schedule.params["fb_overlap"] is True
-        for ops, starts in zip(schedule.device_ops, pairs, strict=True):
-            assert starts, "every device has a steady phase"
-            for i in starts:
-                assert ops[i].kind is F and ops[i + 1].kind is B
-                assert ops[i].stage != ops[i + 1].stage
+    for schedule in (dualpipe(8, 32), dualpipev(8, 32)):
+        for ops in schedule.device_ops:
+            pairs = [op for op in ops if op.parts]
+            assert pairs, "every device has a steady phase"
+            for op in pairs:
+                forward, backward = op.parts
+                assert op.kind.value == "OVERLAP_F_B"
+                assert forward.kind is F and backward.kind is B
+                assert forward.stage != backward.stage
 
 
 # --- Chimera and Hanayo tables -----------------------------------------------------------
@@ -363,7 +350,8 @@ def test_formula_notes_say_what_is_approximate():
 
 
 @pytest.mark.parametrize("x", [1.0, 2.0])
-def test_dualpipe_tables_idle_half_the_published_bubble_at_equal_costs(x):
+def test_unfused_dualpipe_tables_idle_half_the_published_bubble_at_equal_costs(x):
+    # each overlapped pair as two ops (fused=0): the table idles half of the figure
     costs = StageCosts.slots(f=x, i=x, w=x)
     for name, p, m in (
         ("dualpipe", 8, 32),
@@ -372,7 +360,7 @@ def test_dualpipe_tables_idle_half_the_published_bubble_at_equal_costs(x):
         ("dualpipev", 8, 40),
     ):
         published = formula(name, p, m, costs=costs).idle
-        idle = max(table_metrics(generate(name, p, m), costs).idle_per_device)
+        idle = max(table_metrics(generate(name, p, m, fused=0), costs).idle_per_device)
         assert idle == published / 2
 
 

@@ -122,7 +122,7 @@ def test_dualpipe(sizes, x):
     )
     equal = StageCosts.slots(f=x, i=x, w=x)
     assert (
-        idle(schedule, equal) == formula("dualpipe", p, m, costs=equal).idle / 2 == (p // 2 - 1) * x
+        idle(schedule, equal) == formula("dualpipe", p, m, costs=equal).idle == 2 * (p // 2 - 1) * x
     )
 
 
@@ -139,4 +139,4 @@ def test_dualpipev(sizes, x):
         == 2 * p + 1
     )
     equal = StageCosts.slots(f=x, i=x, w=x)
-    assert idle(schedule, equal) == formula("dualpipev", p, m, costs=equal).idle / 2 == (p - 1) * x
+    assert idle(schedule, equal) == formula("dualpipev", p, m, costs=equal).idle == 2 * (p - 1) * x

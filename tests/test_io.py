@@ -116,7 +116,7 @@ def test_csv_reads_pytorch_compute_comms_dump() -> None:
     # what _PipelineScheduleRuntime._dump_csv writes by default: comm actions and overlapped pairs
     text = "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,(1F0;1B1)OVERLAP_F_B,1SEND_B0,1B0\n"
     schedule = io.loads(text, "csv")
-    assert [str(op) for op in schedule.device_ops[1]] == ["1F0", "1B1", "1B0"]
+    assert [str(op) for op in schedule.device_ops[1]] == ["(1F0;1B1)OVERLAP_F_B", "1B0"]
     assert [str(op) for op in schedule.device_ops[0]] == ["0F0", "0B0"]
 
 

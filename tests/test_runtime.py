@@ -66,7 +66,7 @@ def _assert_matches_reference(result, reference) -> None:
 
 def _assert_table_order(result) -> None:
     timeline = result.timeline
-    for device, expected in enumerate(result.schedule.device_ops):
+    for device, expected in enumerate(result.schedule.device_atoms):  # a fused op's parts run in turn
         rows = np.flatnonzero(timeline.op_device == device)
         assert [timeline.op(int(row)) for row in rows] == list(expected)
         # rows of a device are in the order they ran: starts never go back

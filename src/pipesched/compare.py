@@ -8,6 +8,14 @@ Ranks are by iteration time within a level (1 = fastest; equal times share a ran
 schedule's rank "changes" at a level when it differs from its rank at the level before.
 Families that cannot be built at the requested sizes (Chimera needs an even p, ...) or
 simulated with the given costs are listed as skipped with the reason.
+
+Each family runs at its own settings. ``v`` sets the chunk count of the interleaved and
+looped families (``Family.compare_v``); the others keep their own (V shapes: 2; Hanayo: one
+wave unless its ``waves`` option says otherwise). Options apply to every compared family
+that takes them (``waves=2``), or to one family when prefixed with its name
+(``hanayo.waves=2``, ``chimera.forward_doubling=0``), which wins over the unprefixed one.
+Asynchronous families (PipeDream) are compared in their steady state, beside the others'
+one iteration (or their steady state too, with ``steady_state`` on the workload).
 """
 
 from __future__ import annotations
@@ -91,6 +99,9 @@ class Comparison:
                 else:
                     row[f"{level} act."] = r.peak_memory
                 row[f"{level} rank"] = r.rank
+                if r.staleness is not None and (r.asynchronous or r.staleness):
+                    row[f"{level} staleness"] = r.staleness
+                    row[f"{level} weight versions"] = r.weight_versions
                 if r.rank_changed:
                     moves.append(f"{level}: {r.previous_rank} -> {r.rank}")
             row["rank changes"] = "; ".join(moves) or "-"
@@ -181,7 +192,8 @@ def compare(
         results=results,
         skipped=tuple((record.point.family, record.error) for record in records if not record.ok),
         setup=setup if "sim" in levels else "",
-        settings={"contention": workload.contention, "overlap": workload.overlap},
+        settings={"contention": workload.contention, "overlap": workload.overlap,
+                  "steady_state": workload.steady_state, "fb_cost": workload.fb_cost},
         timelines=tuple(record.timeline for record in ranked if keep_timelines),
         variability=paired,
         distributions=drawn,
@@ -190,19 +202,48 @@ def compare(
 
 def family_points(names: Sequence[str] | None, *, p: int, m: int, v: int | None, workload: Point) -> list[Point]:
     """One point per family of ``names`` (default all) on ``workload``: ``v`` for the
-    families that take a chunk count, and of the workload's family options the ones each
-    family takes (an option no family takes is an error)."""
+    families ``-v`` reaches (interleaved and looped ones), and of the workload's family
+    options the ones each family takes (``family_settings``)."""
     names = list(names) if names else list(FAMILIES)
     for name in names:
         get_family(name)  # unknown names fail here, listing the known ones
-    offered = dict(workload.options)
-    takers = {key for name in names for key in get_family(name).options}
-    unknown = sorted(set(offered) - takers)
-    if unknown:
-        raise PipeschedError(f"option={unknown[0]}: none of the compared families takes it")
-    return [workload.replace(family=name, p=p, m=m, v=v if get_family(name).chunks is None else None,
-                             options=tuple((k, x) for k, x in workload.options if k in get_family(name).options))
+    per_family = family_settings(names, dict(workload.options))
+    if v is not None and not any(get_family(name).compare_v for name in names):
+        takers = ", ".join(family.name for family in FAMILIES.values() if family.compare_v)
+        raise PipeschedError(f"v={v}: none of the compared families takes -v ({takers} do); Hanayo takes "
+                             "--set hanayo.waves=W")
+    return [workload.replace(family=name, p=p, m=m, v=v if get_family(name).compare_v else None,
+                             options=tuple(sorted(per_family[name].items())))
             for name in names]
 
 
-__all__ = ["LEVELS", "Comparison", "LevelResult", "compare", "family_points"]
+def family_settings(names: Sequence[str], offered: dict[str, object]) -> dict[str, dict[str, object]]:
+    """Each family's options from the offered ones (see the module docstring); raises
+    PipeschedError for an option no compared family takes, a prefix that names no compared
+    family, or an option that family does not take.
+
+    >>> family_settings(["hanayo", "chimera"], {"hanayo.waves": 2, "forward_doubling": 0})
+    {'hanayo': {'waves': 2}, 'chimera': {'forward_doubling': 0}}
+    """
+    chosen: dict[str, dict[str, object]] = {name: {} for name in names}
+    scoped = {key: value for key, value in offered.items() if "." in key}
+    plain = {key: value for key, value in offered.items() if "." not in key}
+    unknown = sorted(key for key in plain if not any(key in get_family(name).options for name in names))
+    if unknown:
+        raise PipeschedError(f"option={unknown[0]}: none of the compared families takes it")
+    for name in names:
+        chosen[name] = {key: value for key, value in plain.items() if key in get_family(name).options}
+    for key, value in sorted(scoped.items()):
+        name, _, option = key.partition(".")
+        if name not in chosen:
+            raise PipeschedError(f"option={key}: {name!r} is not among the compared families "
+                                 f"({', '.join(names)})")
+        family = get_family(name)
+        if option not in family.options:
+            raise PipeschedError(f"option={key}: {name} does not take {option!r}; it takes "
+                                 f"{', '.join(family.options) or 'no options'}")
+        chosen[name][option] = value
+    return chosen
+
+
+__all__ = ["LEVELS", "Comparison", "LevelResult", "compare", "family_points", "family_settings"]

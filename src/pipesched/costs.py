@@ -35,7 +35,7 @@ def _floats(values: Sequence[float], field_name: str) -> tuple[float, ...]:
 
 
 _PER_STAGE = ("forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes",
-              "backward", "static_bytes", "grad_bytes", "kept_for_w_bytes", "recompute_s")
+              "backward", "static_bytes", "grad_bytes", "kept_for_w_bytes", "recompute_s", "forward_backward")
 # the times an op kind's rule may name (``StageCosts.times``)
 TIMES = ("forward", "backward_input", "backward_weight", "backward")
 
@@ -59,6 +59,8 @@ class StageCosts:
     ``pipesched.rules.stage_roles``); None = every stage trains.
     recompute_s: the part of backward_input (and backward) that redoes the forward
     (activation recompute), per stage; None = not known (reports only).
+    forward_backward, fb_cost: what an overlapped pair (a fused ``OVERLAP_F_B`` op: a
+    forward and a backward of one device computing at once) costs; see ``fused_time``.
     """
 
     forward: tuple[float, ...]
@@ -74,6 +76,10 @@ class StageCosts:
     unit: str = SECONDS
     frozen: tuple[bool, ...] | None = None
     recompute_s: tuple[float, ...] | None = None
+    # measured time of an overlapped pair whose forward runs stage s (the ``fb`` column)
+    forward_backward: tuple[float, ...] | None = None
+    # without it: a pair's time over the sum of its parts' times (1: no overlap, F&B = F + B)
+    fb_cost: float = 1.0
 
     def __post_init__(self) -> None:
         n = len(self.forward)
@@ -89,6 +95,8 @@ class StageCosts:
             object.__setattr__(self, "frozen", tuple(bool(flag) for flag in self.frozen))
         require(0.0 <= self.input_frees <= 1.0, "input_frees", self.input_frees, "must be in [0, 1]")
         require(self.unit in (SECONDS, SLOTS), "unit", self.unit, f"must be {SECONDS!r} or {SLOTS!r}")
+        require(math.isfinite(self.fb_cost) and 0.5 <= self.fb_cost <= 1.0, "fb_cost", self.fb_cost,
+                "an overlapped pair's time over F + B must be in [0.5, 1] (1: no overlap)")
 
     @property
     def num_stages(self) -> int:
@@ -110,7 +118,7 @@ class StageCosts:
 
     @cached_property
     def _times_by_kind(self) -> dict[OpKind, tuple[float, ...]]:
-        return {rule.kind: self.times(rule.cost) for rule in RULES if rule.cost != HOST_TRANSFER}
+        return {rule.kind: self.times(rule.cost) for rule in RULES if rule.cost != HOST_TRANSFER and not rule.fused}
 
     def of(self, kind: OpKind, stage: int) -> float:
         """Duration of an op of ``kind`` on ``stage`` (as the default rules map kinds to
@@ -127,8 +135,27 @@ class StageCosts:
         return frozenset(s for s, flag in enumerate(self.frozen or ()) if flag)
 
     def duration(self, op: Op) -> float:
-        """Compute time of one op."""
+        """Compute time of one op (a fused op: ``fused_time`` of its parts)."""
+        if op.parts:
+            forward, *rest = op.parts
+            return self.fused_time(forward.stage, self.duration(forward), sum(self.duration(part) for part in rest))
         return self.of(op.kind, op.stage)
+
+    def fused_time(self, forward_stage: int, forward: float, backward: float) -> float:
+        """Time of an overlapped pair (F&B): a forward of ``forward`` on ``forward_stage``
+        computing at once with a backward of ``backward`` (both in this cost's unit).
+
+        The parts' sum less what overlaps: the measured pair time ``forward_backward`` of the
+        forward's stage when given, else ``fb_cost`` x (F + B); never less than the longer
+        part (one part cannot hide the other's own compute).
+
+        >>> StageCosts.slots().fused_time(0, 1.0, 2.0), StageCosts.slots(fb_cost=0.75).fused_time(0, 2.0, 2.0)
+        (3.0, 3.0)
+        """
+        longer = max(forward, backward)
+        if self.forward_backward is not None:
+            return max(self.forward_backward[forward_stage], longer)
+        return max(self.fb_cost * (forward + backward), longer)
 
     def static(self, stage: int) -> float:
         return self.static_bytes[stage] if self.static_bytes is not None else 0.0
@@ -178,6 +205,7 @@ class StageCosts:
             static_bytes=each(self.static_bytes), grad_bytes=each(self.grad_bytes),
             kept_for_w_bytes=each(self.kept_for_w_bytes), input_frees=self.input_frees, unit=self.unit,
             frozen=None if self.frozen is None else self.frozen * num_stages, recompute_s=each(self.recompute_s),
+            forward_backward=each(self.forward_backward), fb_cost=self.fb_cost,
         )
 
     # --- constructors ---------------------------------------------------------------------
@@ -201,7 +229,8 @@ class StageCosts:
                    each(activation_bytes), each(output_bytes), unit=unit)
 
     @classmethod
-    def slots(cls, f: float = 1.0, i: float = 1.0, w: float = 1.0, *, stages: int = 1) -> StageCosts:
+    def slots(cls, f: float = 1.0, i: float = 1.0, w: float = 1.0, *, stages: int = 1,
+              fb_cost: float = 1.0) -> StageCosts:
         """The idealized table's costs: F, I and W slot lengths (a full backward B = I + W),
         the same on every stage; each stage-microbatch holds one unit of activations from F
         until the op that ends its backward (B, or W when split), so memory counts
@@ -212,7 +241,7 @@ class StageCosts:
         """
         costs = cls.uniform(stages, forward=f, backward_input=i, backward_weight=w, unit=SLOTS)
         return StageCosts(costs.forward, costs.backward_input, costs.backward_weight,
-                          costs.activation_bytes, costs.output_bytes, input_frees=0.0, unit=SLOTS)
+                          costs.activation_bytes, costs.output_bytes, input_frees=0.0, unit=SLOTS, fb_cost=fb_cost)
 
     @classmethod
     def parse_slots(cls, text: str) -> StageCosts:

@@ -36,6 +36,7 @@ class Defaults:
     global_batch: int = 32  # sequences per iteration: the default scenario's m x micro-batch size
     search_db: str = "pipesched-search.sqlite"  # results store, in the working folder
     top: int = 10  # configurations printed
+    steady_iterations: int = 4  # iterations run back to back for a steady state (--steady-state, PipeDream)
     # real runs on this machine
     run_model: str = "tiny"
     run_seq_len: int = 64

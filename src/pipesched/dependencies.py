@@ -6,6 +6,11 @@ here, and here they come from the rules table (``pipesched.rules``): op ``x`` ne
 each need of its kind, the row of the op of the needed kind on the needed stage of the same
 microbatch (-1 when the need lies outside the model).
 
+Rows are plain ops. A fused table entry (``(0F1;1B0)OVERLAP_F_B``) is stored as its parts,
+one row each, consecutive in table order; ``OpArrays.entry_head`` ties them together, so
+completeness, dependencies, messages and memory effects are the parts' own, and only the
+timing (``pipesched.simulate.graph``) and the drawing treat the entry as one op.
+
 Both are computed once per schedule and kept with it (``Schedule.derived``): a schedule is
 immutable, and a grid of experiments evaluates one schedule under many costs.
 """
@@ -40,9 +45,23 @@ class OpArrays:
     kind: np.ndarray  # int8, index into the schedule's rules
     microbatch: np.ndarray  # int32
     device_offsets: np.ndarray  # int64 (D+1): device d owns rows offsets[d]:offsets[d+1]
+    # fused entries (None when the table has none): the row of the first part of the table
+    # entry each row belongs to (itself for a plain op), and that entry's kind (rules index)
+    entry_head: np.ndarray | None = None  # int32
+    entry_kind: np.ndarray | None = None  # int8
 
     def __len__(self) -> int:
         return int(self.stage.shape[0])
+
+    @property
+    def fused(self) -> bool:
+        return self.entry_head is not None
+
+    def tails(self) -> np.ndarray:
+        """Rows that are a later part of a fused entry (bool per row)."""
+        if self.entry_head is None:
+            return np.zeros(len(self), np.bool_)
+        return self.entry_head != np.arange(len(self), dtype=self.entry_head.dtype)
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,8 +152,9 @@ def rule_arrays(rules: Rules) -> RuleArrays:
 def _kind_lookup(rules: Rules) -> np.ndarray:
     """Kind index of each ASCII letter of the rules' kinds."""
     table = np.full(256, -1, np.int8)
-    for k, letter in enumerate(rules.letters):
-        table[ord(letter)] = k
+    for k, rule in enumerate(rules):
+        if not rule.fused:  # fused entries are stored as their parts
+            table[ord(str(rule.kind))] = k
     return table
 
 
@@ -152,11 +172,13 @@ def op_arrays(schedule: Schedule) -> OpArrays:
 
 
 def _op_arrays(schedule: Schedule) -> OpArrays:
-    lengths = np.fromiter((len(ops) for ops in schedule.device_ops), np.int64, schedule.num_devices)
+    fused = schedule.has_fused_ops
+    rows = schedule.device_atoms if fused else schedule.device_ops
+    lengths = np.fromiter((len(ops) for ops in rows), np.int64, schedule.num_devices)
     offsets = np.zeros(schedule.num_devices + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     n = int(offsets[-1])
-    flat = list(itertools.chain.from_iterable(schedule.device_ops))
+    flat = list(itertools.chain.from_iterable(rows))
     stage = np.fromiter(map(itemgetter(0), flat), np.int64, n)
     microbatch = np.fromiter(map(itemgetter(2), flat), np.int64, n)
     # kinds are one-letter strings: join them and map the letters through a lookup table
@@ -172,11 +194,34 @@ def _op_arrays(schedule: Schedule) -> OpArrays:
     if n and (stage.max() > too_big or microbatch.max() > too_big):
         raise PipeschedError(f"schedule={schedule.name}: a stage or microbatch index over {too_big:,}")
     device = np.repeat(np.arange(schedule.num_devices, dtype=np.int32), lengths)
-    return OpArrays(device, stage.astype(np.int32), kind, microbatch.astype(np.int32), offsets)
+    ops = OpArrays(device, stage.astype(np.int32), kind, microbatch.astype(np.int32), offsets)
+    if not fused:
+        return ops
+    return _with_entries(schedule, ops)
+
+
+def _with_entries(schedule: Schedule, ops: OpArrays) -> OpArrays:
+    """``ops`` with the fused entries' columns; raises PipeschedError for a fused entry of an
+    unknown kind or whose parts do not fit its rule."""
+    head = np.arange(len(ops), dtype=np.int32)
+    entry_kind = ops.kind.copy()
+    row = 0
+    for op in itertools.chain.from_iterable(schedule.device_ops):
+        if op.parts:
+            problem = schedule.rules.fused_problem(op)
+            if problem is not None:
+                raise PipeschedError(f"op={op}: {problem}; run `pipesched validate` on the schedule for the full report")
+            count = len(op.parts)
+            head[row:row + count] = row
+            entry_kind[row:row + count] = schedule.rules.index(op.kind)
+            row += count
+        else:
+            row += 1
+    return OpArrays(ops.device, ops.stage, ops.kind, ops.microbatch, ops.device_offsets, head, entry_kind)
 
 
 # problems the index check reports: (code, op row or stage-microbatch index)
-OK, OUT_OF_RANGE, DUPLICATE, MISPLACED, INCOMPLETE = range(5)
+OK, OUT_OF_RANGE, DUPLICATE, MISPLACED, INCOMPLETE, MUTUAL = range(6)
 
 
 @njit(cache=True)
@@ -299,6 +344,10 @@ def _dependencies(schedule: Schedule) -> Dependencies:
         _raise_problem(schedule, ops, int(code), int(index))
     rows = _need_rows(ops.stage, ops.kind, ops.microbatch, row_of, num_stages, m, k,
                       arrays.need_count, arrays.need_offset, arrays.need_alternatives)
+    if ops.entry_head is not None:
+        inside = (rows >= 0) & (ops.entry_head[np.maximum(rows, 0)] == ops.entry_head[:, None])
+        if inside.any():
+            _raise_problem(schedule, ops, MUTUAL, int(np.argmax(inside.any(axis=1))))
     message = arrays.need_message.astype(np.int8)[ops.kind]
     remote = (rows >= 0) & (ops.device[np.maximum(rows, 0)] != ops.device[:, None])
     message[~remote] = NO_MESSAGE
@@ -307,6 +356,17 @@ def _dependencies(schedule: Schedule) -> Dependencies:
 
 def _raise_problem(schedule: Schedule, ops: OpArrays, code: int, index: int) -> None:
     hint = "run `pipesched validate` on the schedule for the full report"
+    if ops.entry_head is not None and code in (MISPLACED, MUTUAL):
+        entry = _entry_of_row(schedule, ops, index)
+        if entry.parts:
+            part = entry.parts[index - int(ops.entry_head[index])]
+            if code == MUTUAL:
+                raise PipeschedError(f"op={entry}: its part {part} needs the output of another part, so they cannot "
+                                     f"run at once; run them as separate ops; {hint}")
+            devices = sorted({schedule.device_of(p.stage, p.microbatch) for p in entry.parts
+                              if 0 <= p.stage < schedule.num_stages and 0 <= p.microbatch < schedule.num_microbatches})
+            raise PipeschedError(f"op={entry}: its parts belong to devices {', '.join(map(str, devices))}; fuse ops "
+                                 f"of one device only; {hint}")
     if code == INCOMPLETE:
         stage, mb = divmod(index, schedule.num_microbatches)
         raise PipeschedError(
@@ -324,3 +384,14 @@ def _raise_problem(schedule: Schedule, ops: OpArrays, code: int, index: int) -> 
     raise PipeschedError(
         f"op={text}: on device {int(ops.device[index])} but the placement puts it on device {expected}; {hint}"
     )
+
+
+def _entry_of_row(schedule: Schedule, ops: OpArrays, row: int):
+    """The table entry (an Op, fused or plain) that op row ``row`` belongs to."""
+    device = int(ops.device[row])
+    position = int(ops.device_offsets[device])
+    for op in schedule.device_ops[device]:
+        if position + len(op.atoms) > row:
+            return op
+        position += len(op.atoms)
+    raise IndexError(row)

@@ -1,4 +1,5 @@
-"""Op kinds and the Op value type, with PyTorch's compact text form (``2F0``, ``3I1``)."""
+"""Op kinds and the Op value type, with PyTorch's compact text form (``2F0``, ``3I1``, and
+``(0F1;1B0)OVERLAP_F_B`` for a fused pair)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ class OpKind(StrEnum):
     OFFLOAD = "O"
     # bring them back before the backward that needs them, on the same host link
     RELOAD = "R"
+    # two ops of one device computing at once, each hiding the other's communication
+    # (DualPipe's F&B: one microbatch's forward with another's backward); an Op of this
+    # kind carries its halves as ``parts``
+    OVERLAP_F_B = "OVERLAP_F_B"
 
     def __str__(self) -> str:
         return self.value
@@ -38,38 +43,82 @@ W = OpKind.BACKWARD_WEIGHT
 B = OpKind.BACKWARD
 O = OpKind.OFFLOAD  # noqa: E741 - the letter is the domain's name for it
 R = OpKind.RELOAD
+OVERLAP_F_B = OpKind.OVERLAP_F_B
 
 # Fixed order used wherever kinds are stored as small integers (arrays, timelines); the
-# order of the default rules table (``pipesched.rules.RULES``).
-KIND_ORDER: tuple[OpKind, ...] = (F, I, W, B, O, R)
+# order of the default rules table (``pipesched.rules.RULES``). Fused kinds come last: their
+# ops are stored as their parts, so arrays only ever hold the plain kinds.
+KIND_ORDER: tuple[OpKind, ...] = (F, I, W, B, O, R, OVERLAP_F_B)
 KIND_INDEX: dict[OpKind, int] = {kind: index for index, kind in enumerate(KIND_ORDER)}
 
 _OP_TEXT = re.compile(r"^(\d+)([FIWBOR])(\d+)$")
+_FUSED_TEXT = re.compile(r"^\(([^()]*)\)([A-Z_]+)$")
+# a fused op's stage and microbatch: it has neither, its parts have them (PyTorch writes -1)
+NO_INDEX = -1
 
 
 class Op(NamedTuple):
     """One compute op: (stage, kind, microbatch). Its text form is ``f"{stage}{kind}{mb}"``.
 
+    A fused op (kind ``OVERLAP_F_B``) is one entry of a device's table made of ``parts``,
+    plain ops of that device that run at once; it has no stage or microbatch of its own
+    (both ``NO_INDEX``). Its text is PyTorch's: the parts in brackets, then the kind.
+
     >>> Op.parse("3I1")
     Op(stage=3, kind=<OpKind.BACKWARD_INPUT: 'I'>, microbatch=1)
     >>> str(Op(0, F, 12))
     '0F12'
+    >>> pair = Op.fused(Op(0, F, 1), Op(1, B, 0))
+    >>> str(pair), Op.parse(str(pair)) == pair
+    ('(0F1;1B0)OVERLAP_F_B', True)
     """
 
     stage: int
     kind: OpKind
     microbatch: int
+    parts: tuple[Op, ...] = ()
+
+    def __repr__(self) -> str:
+        fields = f"stage={self.stage!r}, kind={self.kind!r}, microbatch={self.microbatch!r}"
+        return f"Op({fields}{f', parts={self.parts!r}' if self.parts else ''})"
 
     def __str__(self) -> str:
+        if self.parts:
+            return f"({';'.join(map(str, self.parts))}){self.kind}"
         return f"{self.stage}{self.kind}{self.microbatch}"
+
+    @property
+    def atoms(self) -> tuple[Op, ...]:
+        """The plain ops this entry runs: its parts when fused, else itself."""
+        return self.parts or (self,)
+
+    @classmethod
+    def fused(cls, *parts: Op, kind: OpKind = OVERLAP_F_B) -> Op:
+        """One table entry running ``parts`` (plain ops, in order) at once."""
+        for part in parts:
+            if part.parts:
+                raise PipeschedError(f"op={part}: a fused op's parts are plain ops like 0F1 or 1B0")
+        if len(parts) < 2:
+            raise PipeschedError(f"op={cls(NO_INDEX, kind, NO_INDEX, tuple(parts))}: a fused op has two or more parts")
+        return cls(NO_INDEX, kind, NO_INDEX, tuple(parts))
 
     @classmethod
     def parse(cls, text: str) -> Op:
-        """Parse ``2F0`` style text; raise PipeschedError naming the token otherwise."""
-        match = _OP_TEXT.match(text.strip())
-        if match is None:
-            raise PipeschedError(
-                f"op={text!r}: not an op; write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1, 1B0 (or 0O1, 0R1 for an offload and its reload)"
-            )
-        return cls(int(match.group(1)), OpKind(match.group(2)), int(match.group(3)))
+        """Parse ``2F0`` or ``(0F1;1B0)OVERLAP_F_B`` text; raise PipeschedError naming the
+        token otherwise."""
+        token = text.strip()
+        match = _OP_TEXT.match(token)
+        if match is not None:
+            return cls(int(match.group(1)), OpKind(match.group(2)), int(match.group(3)))
+        fused = _FUSED_TEXT.match(token)
+        if fused is not None and fused.group(2) in _FUSED_KINDS:
+            parts = tuple(cls.parse(part) for part in fused.group(1).split(";"))
+            return cls.fused(*parts, kind=OpKind(fused.group(2)))
+        raise PipeschedError(
+            f"op={text!r}: not an op; write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1 or 1B0 (0O1, 0R1 for an "
+            "offload and its reload), or a fused pair like (0F1;1B0)OVERLAP_F_B"
+        )
+
+
+_FUSED_KINDS = frozenset({OVERLAP_F_B.value})
 

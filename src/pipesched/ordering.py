@@ -3,6 +3,8 @@
 This is the dependency walk shared by the slot table (level 2) and the validator's deadlock
 check: each device runs its ops in table order, an op starts when its device is free and its
 data predecessors have ended. When no device can move, the waits form a cycle: a deadlock.
+A fused entry runs as one op: it starts once every input of its parts has ended, and all its
+parts end with it.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ class Stuck:
 @dataclass(frozen=True)
 class Walk:
     # plain lists, so that reading and checking a schedule needs no numpy (start-up time)
-    start: list[float]  # one per op in table order (nan for ops never run)
+    start: list[float]  # one per table entry in table order (nan for entries never run)
     end: list[float]
     stuck: Stuck | None
 
 
 def walk(schedule: Schedule, duration: Callable[[Op], float]) -> Walk:
-    """Times of every op, in table order rows; ``stuck`` is set when the tables deadlock.
+    """Times of every table entry (a fused op is one), in table order rows; ``stuck`` is set
+    when the tables deadlock.
 
     Ops whose predecessor is absent from the schedule wait forever; the validator reports
     those as missing ops, not as a deadlock.
@@ -66,9 +69,11 @@ def walk(schedule: Schedule, duration: Callable[[Op], float]) -> Walk:
                 break
             row = offsets[device] + position[device]
             start[row] = begin
-            end[row] = free_at[device] = finished[op] = begin + duration(op)
+            end[row] = free_at[device] = begin + duration(op)
             position[device] += 1
-            ready.extend(waiting.pop(op, ()))
+            for atom in op.atoms:
+                finished[atom] = end[row]
+                ready.extend(waiting.pop(atom, ()))
     blocked = [d for d in range(schedule.num_devices) if position[d] < len(schedule.device_ops[d])]
     if not blocked:
         return Walk(start, end, None)
@@ -101,9 +106,9 @@ def _stuck(schedule: Schedule, position: list[int], blocked: list[int]) -> Stuck
 
 
 def _done(schedule: Schedule, position: list[int], where: dict[Op, int], op: Op) -> set[Op]:
-    """{op} if op already ran (it sits before its device's position), else empty."""
+    """{op} if op already ran (its entry sits before its device's position), else empty."""
     device = where.get(op)
     if device is None:
         return set()
-    index = schedule.device_ops[device].index(op)
+    index = next(i for i, entry in enumerate(schedule.device_ops[device]) if op in entry.atoms)
     return {op} if index < position[device] else set()

@@ -18,6 +18,15 @@ K = ``StageCosts.kept_for_w_bytes``), held from I's end to W's. Each kind's effe
 (an allocation: the forward builds its activations up) or at its end (a free). Counted in stage-microbatches in flight (M_B = 1, input_frees = 0), F adds one and
 the op that ends the backward (B, or W when split) takes it back.
 
+Fused kinds. A kind with ``parts`` is a fused op (``OVERLAP_F_B``: one forward and one
+backward of the same device running at once, DualPipe's F&B): one entry of a device's table
+made of plain ops of the listed kinds, in that order. It has no needs, messages or memory
+effect of its own: it needs what its parts need (the union, less what one part would take
+from the other, which a fused op may not do), sends what its parts send once it ends, and
+changes memory as its parts do (the forward's allocation when it starts, the backward's
+frees when it ends). It holds its device for its ``cost``: ``StageCosts.fused_time``, the
+parts' times less the part that overlaps. Completeness counts its parts.
+
 Dependencies (the default table):
 
     F(s, mb)    needs F(s-1, mb)                  the activation it consumes
@@ -60,7 +69,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from pipesched.errors import PipeschedError
-from pipesched.ops import B, F, I, O, OpKind, R, W
+from pipesched.ops import OVERLAP_F_B, B, F, I, O, Op, OpKind, R, W
 
 # messages that cross a stage boundary
 ACTIVATION = "activation"  # F(s) -> F(s+1): the hidden state, output_bytes[s]
@@ -145,6 +154,13 @@ class KindRule:
     runs_on: str = ALL_STAGES  # ALL_STAGES, BACKWARD_STAGES or TRAINED_STAGES (see stage_roles)
     cost_without_weights: str | None = None  # its cost on a stage that computes no weight gradient
 
+    # a fused kind: the kinds its parts may have, one tuple per part, in order (empty: a plain kind)
+    parts: tuple[tuple[OpKind, ...], ...] = ()
+
+    @property
+    def fused(self) -> bool:
+        return bool(self.parts)
+
     def __post_init__(self) -> None:
         if self.stream not in STREAMS:
             raise PipeschedError(f"stream={self.stream!r}: choose {' or '.join(STREAMS)}")
@@ -192,6 +208,11 @@ class Rules:
     @cached_property
     def letters(self) -> tuple[str, ...]:
         return tuple(str(rule.kind) for rule in self.kinds)
+
+    @cached_property
+    def fused_kinds(self) -> frozenset[OpKind]:
+        """The kinds whose ops are made of parts (never stored as an op row)."""
+        return frozenset(rule.kind for rule in self.kinds if rule.fused)
 
     @cached_property
     def max_needs(self) -> int:
@@ -287,6 +308,17 @@ class Rules:
             return self[kind].memory.bytes(1.0, 0.0)
         return self.memory_for(kind, role).bytes(1.0, 0.0)
 
+    def fused_problem(self, op: Op) -> str | None:
+        """Why the fused ``op``'s parts do not fit its kind's rule (None when they do)."""
+        rule = self[op.kind]
+        if not rule.fused:
+            return None
+        if len(op.parts) != len(rule.parts) or any(part.kind not in kinds
+                                                      for part, kinds in zip(op.parts, rule.parts, strict=False)):
+            wanted = ";".join("|".join(map(str, kinds)) for kinds in rule.parts)
+            return f"its parts must be of kinds ({wanted}) in that order"
+        return None
+
     def describe_complete(self, role: str = TRAINS) -> str:
         """What a complete stage-microbatch of a stage of ``role`` runs: 'one F and either one
         B or one I and one W' (a frozen stage's role names itself)."""
@@ -332,6 +364,9 @@ RULES = Rules(
         KindRule(R, "reload activations from host memory", needs=(Need(0, (O,)),), cost=HOST_TRANSFER,
                  memory=MemoryEffect(whole=+1.0, at=AT_START, host=-1.0, host_at=AT_END), stream=HOST_LINK,
                  runs_on=BACKWARD_STAGES),
+        # fused kinds last (see "Fused kinds" above)
+        KindRule(OVERLAP_F_B, "a forward and a backward of one device at once (DualPipe's F&B)", needs=(),
+                 cost="forward_backward", parts=((F,), (B, I))),
     ),
     complete=(frozenset({F, B}), frozenset({F, I, W})),
     optional=(frozenset({O, R}),),

@@ -112,7 +112,9 @@ class Schedule:
     """A pipeline schedule as data: one ordered op sequence per device.
 
     ``device_ops[d]`` lists the compute ops device ``d`` runs, in order. Time is not part of a
-    schedule: the slot table (level 2) and the simulator (level 3) give ops their times.
+    schedule: the slot table (level 2) and the simulator (level 3) give ops their times. An
+    entry may be a fused op (``(0F1;1B0)OVERLAP_F_B``): its parts run at once as one op;
+    ``ops()``, ``num_ops`` and ``op_set`` count the plain ops (a fused entry's parts).
 
     ``route[mb]`` is the replica that microbatch ``mb`` goes through (all 0 with one replica).
     ``params`` records the generator's parameters (``p``, ``m``, ``v``, ...) for display.
@@ -168,21 +170,37 @@ class Schedule:
 
     @property
     def num_ops(self) -> int:
+        """Plain ops (a fused entry counts its parts)."""
+        if self.has_fused_ops:
+            return sum(len(ops) for ops in self.device_atoms)
         return sum(len(ops) for ops in self.device_ops)
+
+    @cached_property
+    def has_fused_ops(self) -> bool:
+        return any(op.parts for ops in self.device_ops for op in ops)
+
+    @cached_property
+    def device_atoms(self) -> tuple[tuple[Op, ...], ...]:
+        """Per device, its plain ops in order (each fused entry replaced by its parts)."""
+        if not self.has_fused_ops:
+            return self.device_ops
+        return tuple(tuple(atom for op in ops for atom in op.atoms) for ops in self.device_ops)
 
     def device_of(self, stage: int, microbatch: int) -> int:
         """The device that runs ``stage`` for ``microbatch`` (replicas follow the route)."""
         return self.placement.replicas[self.route[microbatch]][stage]
 
     def ops(self) -> Iterator[tuple[int, Op]]:
-        """Every (device, op) pair, device by device, in table order."""
-        for device, ops in enumerate(self.device_ops):
+        """Every (device, plain op) pair, device by device, in table order (a fused entry
+        gives its parts)."""
+        for device, ops in enumerate(self.device_atoms):
             for op in ops:
                 yield device, op
 
     @cached_property
     def op_set(self) -> frozenset[Op]:
-        return frozenset(op for ops in self.device_ops for op in ops)
+        """The plain ops (fused entries' parts included)."""
+        return frozenset(op for ops in self.device_atoms for op in ops)
 
     def __getstate__(self) -> dict[str, object]:
         """Pickles (for worker processes) carry the fields, not the derived caches."""
@@ -210,10 +228,15 @@ class Schedule:
         its needs, the op of the needed kind on the needed stage (the first kind of the need
         that this table has; a need outside the model is no need).
 
+        A fused op needs what its parts need from outside it.
+
         >>> from pipesched.generators import generate
         >>> [str(op) for op in generate("zb-h1", 2, 2).predecessors(Op.parse("0I1"))]
         ['0F1', '1I1']
         """
+        if op.parts:
+            outside = [pred for part in op.parts for pred in self.predecessors(part) if pred not in op.parts]
+            return tuple(dict.fromkeys(outside))
         found = []
         for need in self.rules[op.kind].needs:
             stage = op.stage + need.offset

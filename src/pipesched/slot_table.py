@@ -24,13 +24,18 @@ def slot_table(schedule: Schedule, costs: StageCosts | None = None) -> Timeline:
     from pipesched.simulate.graph import compile_graph
     from pipesched.simulate.run import run
 
+    return run(compile_graph(schedule, table_costs(schedule, costs), None), memory=False)
+
+
+def table_costs(schedule: Schedule, costs: StageCosts | None = None) -> StageCosts:
+    """The slot table's costs for ``schedule``: op lengths in slots (one row of ``costs``
+    for every stage; default F = I = W = 1), one unit of activations per stage-microbatch
+    held from its F until the op that ends its backward, free messages."""
     given = (costs if costs is not None else StageCosts.slots()).broadcast(schedule.num_stages, family=schedule.name)
-    # the table's own units: op lengths in slots, one unit of activations per stage-microbatch
-    # held from its F until the op that ends its backward
     ones = (1.0,) * given.num_stages
-    slots = StageCosts(given.forward, given.backward_input, given.backward_weight, ones, (0.0,) * given.num_stages,
-                       backward=given.backward, input_frees=0.0, unit="slot")
-    return run(compile_graph(schedule, slots, None), memory=False)
+    return StageCosts(given.forward, given.backward_input, given.backward_weight, ones, (0.0,) * given.num_stages,
+                      backward=given.backward, input_frees=0.0, unit="slot", forward_backward=given.forward_backward,
+                      fb_cost=given.fb_cost)
 
 
 def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES,
@@ -41,12 +46,14 @@ def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES,
     them (B, or W when the backward is split into I and W), an offload moves them to host
     memory and its reload back: the rules' count (``Rules.units_delta``) for the role of
     each op's stage (``roles``, by stage; None: every stage trains). Table order is taken
-    as time order on one device.
+    as time order on one device. A fused entry is taken part by part (its forward
+    allocates when it starts, its backward frees when it ends).
     """
     held = 0.0
-    for op in ops:
-        held += rules.units_delta(op.kind) if roles is None else rules.units_delta(op.kind, roles[op.stage])
-        yield op, round(held)
+    for entry in ops:
+        for op in entry.atoms:
+            held += rules.units_delta(op.kind) if roles is None else rules.units_delta(op.kind, roles[op.stage])
+            yield op, round(held)
 
 
 def inflight_per_device(schedule: Schedule) -> list[int]:

@@ -131,6 +131,10 @@ class Timeline:
     Op rows follow the schedule's table order (device 0's ops in order, then device 1's, ...),
     so row ``k`` is the k-th pair of ``schedule.ops()``; a measured timeline keeps the order
     in which the ops really ran.
+
+    A fused op (``(0F1;1B0)OVERLAP_F_B``) has a row per part: its first part's row spans the
+    whole fused op, the others have no duration and end with it (their results are ready
+    then). ``op_entry`` ties them together; views draw the entry as one box (``entry``).
     """
 
     schedule: Schedule
@@ -147,6 +151,9 @@ class Timeline:
     simulation: SimulationInfo | None = None  # table and simulated timelines
     measured: MeasuredInfo | None = None  # measured timelines
     host_memory: MemoryTrace | None = None  # host bytes of each device's offloaded activations, when it offloads
+    # the row of the first part of the table entry each row belongs to (itself for a plain
+    # op); None when no row is part of a fused op
+    op_entry: np.ndarray | None = None  # int32
 
     def __len__(self) -> int:
         return int(self.op_start.shape[0])
@@ -191,8 +198,45 @@ class Timeline:
         return float(self.idle_per_device().sum() / total) if total > 0 else 0.0
 
     def op(self, row: int) -> Op:
+        """The plain op of ``row`` (a part, for a row of a fused op)."""
         return Op(int(self.op_stage[row]), self.schedule.rules.kinds[int(self.op_kind[row])].kind,
                   int(self.op_microbatch[row]))
+
+    def drawn(self) -> np.ndarray:
+        """Rows that views draw as a box (bool per row): all but the later parts of fused ops."""
+        if self.op_entry is None:
+            return np.ones(len(self), np.bool_)
+        return self.op_entry == np.arange(len(self), dtype=self.op_entry.dtype)
+
+    def entry(self, row: int) -> Op:
+        """The table entry of ``row``: the fused op whose first part it is, else its op."""
+        if self.op_entry is None or not self.schedule.has_fused_ops:
+            return self.op(row)
+        head = int(self.op_entry[row])
+        last = head + 1  # an entry's parts are consecutive rows
+        while last < len(self) and self.op_entry[last] == head:
+            last += 1
+        if last == head + 1:
+            return self.op(row)
+        kind = self.schedule.rules.kinds[int(self._entry_kinds[head])].kind
+        return Op.fused(*(self.op(part) for part in range(head, last)), kind=kind)
+
+    @cached_property
+    def box_kind(self) -> np.ndarray:
+        """The kind each row is drawn as (rules index, int8): its own, or the fused kind for
+        the first part of a fused op."""
+        if self.op_entry is None or not self.schedule.has_fused_ops:
+            return self.op_kind
+        kinds = self.op_kind.copy()
+        heads = np.flatnonzero(self.drawn())
+        kinds[heads] = self._entry_kinds[heads]
+        return kinds
+
+    @cached_property
+    def _entry_kinds(self) -> np.ndarray:
+        from pipesched.dependencies import op_arrays
+
+        return op_arrays(self.schedule).entry_kind
 
     def rows_of_device(self, device: int, *, compute: bool = True) -> np.ndarray:
         """Row indices of device's ops on its compute stream (``compute=False``: on its

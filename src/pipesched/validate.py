@@ -1,11 +1,12 @@
 """Schedule validation: typed violations, never an exception for a bad table.
 
-Checks, in order: ops out of range; duplicates; each op on the device its placement (and the
-microbatch's replica) says; completeness (F, and B or I+W, for every stage-microbatch, less
-what a frozen stage drops; an offload with its reload); ops a frozen stage does not run;
-mixed backward kinds; local order (a device waiting on an op it runs later); cross-device
-deadlock (the ops that wait on each other in a cycle); optional memory limit in in-flight
-stage-microbatches per device.
+Checks, in order: fused ops (parts of the kinds their rule lists, all of one device, none
+needing another's output); ops out of range; duplicates; each op on the device its placement
+(and the microbatch's replica) says; completeness (F, and B or I+W, for every
+stage-microbatch, less what a frozen stage drops; an offload with its reload; a fused op's
+parts count); ops a frozen stage does not run; mixed backward kinds; local order (a device
+waiting on an op it runs later); cross-device deadlock (the ops that wait on each other in a
+cycle); optional memory limit in in-flight stage-microbatches per device.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ LOCAL_ORDER = "local-order"
 DEADLOCK = "deadlock"
 MEMORY = "memory"
 FROZEN = "frozen"
+FUSED = "fused"
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,40 @@ def validate(schedule: Schedule, *, memory_limit: int | None = None) -> list[Vio
     return found
 
 
-def _structure(schedule: Schedule) -> list[Violation]:
+def _fused(schedule: Schedule) -> list[Violation]:
+    """Fused entries whose parts do not fit their rule, lie on another device, or need each
+    other's output."""
     found: list[Violation] = []
+    for device, ops in enumerate(schedule.device_ops):
+        for op in ops:
+            if not op.parts:
+                continue
+            if op.kind not in schedule.rules.fused_kinds:
+                found.append(Violation(FUSED, f"{op} on device {device}: {op.kind} is not a fused kind of the rules",
+                                       (op,), device))
+                continue
+            problem = schedule.rules.fused_problem(op)
+            if problem is not None:
+                found.append(Violation(FUSED, f"{op} on device {device}: {problem}", (op,), device))
+                continue
+            owners = {schedule.device_of(part.stage, part.microbatch) for part in op.parts
+                      if 0 <= part.stage < schedule.num_stages and 0 <= part.microbatch < schedule.num_microbatches}
+            if len(owners) > 1:
+                found.append(Violation(FUSED, f"{op} on device {device}: its parts belong to devices "
+                                              f"{', '.join(map(str, sorted(owners)))}; fuse ops of one device only",
+                                       (op,), device))
+            for part in op.parts:
+                if part.kind not in schedule.rules.by_kind:
+                    continue
+                inner = [pred for pred in schedule.predecessors(part) if pred in op.parts]
+                if inner:
+                    found.append(Violation(FUSED, f"{op} on device {device}: {part} needs {inner[0]}'s output, so "
+                                                  "the two cannot run at once; run them as separate ops", (op,), device))
+    return found
+
+
+def _structure(schedule: Schedule) -> list[Violation]:
+    found: list[Violation] = _fused(schedule)
     counts = Counter(op for _, op in schedule.ops())
     for device, op in schedule.ops():
         if not (0 <= op.stage < schedule.num_stages and 0 <= op.microbatch < schedule.num_microbatches):
@@ -125,7 +159,8 @@ def _completeness(counts: Counter, stage: int, mb: int, rules: Rules, role: str 
 
 
 def _order(schedule: Schedule) -> list[Violation]:
-    position = {op: (device, index) for device, ops in enumerate(schedule.device_ops) for index, op in enumerate(ops)}
+    position = {atom: (device, index) for device, ops in enumerate(schedule.device_ops)
+                for index, op in enumerate(ops) for atom in op.atoms}
     found = []
     for device, ops in enumerate(schedule.device_ops):
         for index, op in enumerate(ops):
@@ -151,7 +186,7 @@ def _memory(schedule: Schedule, limit: int) -> list[Violation]:
     from pipesched.slot_table import held_after_each_op  # numpy: imported only for this check
 
     found = []
-    for device, ops in enumerate(schedule.device_ops):
+    for device, ops in enumerate(schedule.device_atoms):
         for op, held in held_after_each_op(ops, schedule.rules, schedule.roles):
             if held > limit:
                 found.append(Violation(
@@ -178,8 +213,12 @@ def format_report(schedule: Schedule, violations: list[Violation]) -> str:
                      + ", ".join(f"{count} {kind}" for kind, count in sorted(rest.items())))
     marked = {op for v in shown for op in v.ops}
     lines.append("")
+
+    def hit(op: Op) -> bool:
+        return op in marked or any(atom in marked for atom in op.atoms)
+
     for device, ops in enumerate(schedule.device_ops):
-        cells = [f">{op}<" if op in marked else str(op) for op in ops]
-        flag = "   <-- ERROR HERE" if any(op in marked for op in ops) else ""
+        cells = [f">{op}<" if hit(op) else str(op) for op in ops]
+        flag = "   <-- ERROR HERE" if any(hit(op) for op in ops) else ""
         lines.append(f"d{device}: {' '.join(cells)}{flag}")
     return "\n".join(lines)

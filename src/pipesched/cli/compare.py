@@ -39,6 +39,7 @@ from pipesched.cli.options import (
     SeqLen,
     SlowLink,
     StageCostsFile,
+    SteadyStateFlag,
     Straggler,
     TensorParallel,
     ZeroStage,
@@ -93,6 +94,7 @@ def compare_command(
     slow_link: SlowLink = None,
     samples: Samples = None,
     seed: Seed = None,
+    steady_state: SteadyStateFlag = False,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -132,9 +134,10 @@ def compare_command(
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
                      dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
                      no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
-                     host_bandwidth=host_bandwidth, host_memory=host_memory)
-    options, slot_costs = family_options(family_settings)
-    point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs, variability=variability)
+                     host_bandwidth=host_bandwidth, host_memory=host_memory, steady_state=steady_state)
+    options, slot_costs, fb_cost = family_options(family_settings)
+    point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs, fb_cost=fb_cost,
+                          variability=variability)
     if plan is not None:
         result_of_plan = evaluate_freeze_plan(plan, family_points(names, p=p if p is not None else DEFAULTS.p,
                                                                   m=m if m is not None else DEFAULTS.m, v=v,
@@ -195,7 +198,7 @@ def print_comparison(result: Comparison) -> None:
         table.add_column(memory, justify="right")
         table.add_column("rank", justify="right")
     for name in order:
-        cells = [name]
+        cells = [name + (" (async)" if result.result(name, last).asynchronous else "")]
         for level in result.levels:
             r = result.result(name, level)
             memory = _memory(r.peak_memory, r.memory_unit) + (" OOM" if r.out_of_memory else "")
@@ -213,6 +216,15 @@ def print_comparison(result: Comparison) -> None:
     console.print("slots: time of a 1F1B stage op (F = I = W = 1); act. units: peak in-flight activations "
                   "of the worst device in 1F1B-stage units; bubble = idle / (devices x time)")
     _print_training(result, order, console)
+    steady = [r for r in result.results if r.steady_state and r.level == last]
+    if steady:
+        console.print("steady state (iterations back to back, the mean iteration between the first and the last) for "
+                      + ("every family" if result.settings.get("steady_state") else
+                         "the asynchronous families (no flush: their weights are stale)"), highlight=False)
+    for r in steady:
+        if r.asynchronous or r.staleness:
+            console.print(f"{r.schedule}: staleness {r.staleness} updates at most ({r.mean_staleness:.3g} on "
+                          f"average), {r.weight_versions} weight versions on the busiest stage", highlight=False)
     for name, reason in result.skipped:
         console.print(f"skipped {name}: {reason}", highlight=False, markup=False)
     if result.variability is not None:

@@ -36,8 +36,13 @@ Devices = Annotated[int | None, typer.Option("-p", help=f"pipeline devices [defa
 Microbatches = Annotated[int | None, typer.Option("-m", help=f"microbatches [default: {DEFAULTS.m}]")]
 Chunks = Annotated[int | None, typer.Option("-v", help="chunks (stages) per device, for families that take it")]
 FamilySettings = Annotated[list[str] | None, typer.Option(
-    "--set", help="family option KEY=VALUE, e.g. memory_limit=6; costs=F,I,W (slot lengths, e.g. 1,2,1) "
-                  "or costs=FILE.csv sets the costs levels 1 and 2 use and the heuristics plan with")]
+    "--set", help="family option KEY=VALUE, e.g. memory_limit=6, or FAMILY.KEY=VALUE for one family of a "
+                  "comparison (hanayo.waves=2); costs=F,I,W (slot lengths, e.g. 1,2,1) or costs=FILE.csv sets the "
+                  "costs levels 1 and 2 use and the heuristics plan with; fb_cost=R makes an overlapped "
+                  "forward-backward pair (a fused op) cost R x (F + B), 0.5 <= R <= 1")]
+SteadyStateFlag = Annotated[bool, typer.Option(
+    "--steady-state", help="run iterations back to back, each stage stepping its optimizer when its own last W is "
+                           "done (no global check), and report the steady-state iteration (the ramp paid once)")]
 # --- the analytical workload and machine --------------------------------------------------
 Model = Annotated[str | None, typer.Option(
     "--model", help=f"model preset, config.json or YAML/CSV model file [default: {DEFAULTS.model}]")]
@@ -154,15 +159,23 @@ def slot_costs_option(value: object) -> StageCosts:
     return StageCosts.parse_slots(text)
 
 
-def family_options(pairs: list[str] | None) -> tuple[dict[str, object], StageCosts | None]:
-    """Family options from ``--set``, and the slot costs ``costs=...`` names (None: F = I = W
-    = 1). The costs stay among the options too: the families that take them plan with them."""
+def family_options(pairs: list[str] | None) -> tuple[dict[str, object], StageCosts | None, float | None]:
+    """Family options from ``--set``, the slot costs ``costs=...`` names (None: F = I = W =
+    1), and ``fb_cost`` (what a fused overlapped pair costs over F + B, at every level; None:
+    the costs' own). The costs stay among the options too: the families that take them plan
+    with them."""
     options = parse_settings(pairs)
+    fb_cost = options.pop("fb_cost", None)
+    if fb_cost is not None:
+        if not isinstance(fb_cost, int | float) or isinstance(fb_cost, bool) or not 0.5 <= fb_cost <= 1.0:
+            raise PipeschedError(f"fb_cost={str(fb_cost)[:40]}: give an overlapped pair's time over F + B, a number "
+                                 "in [0.5, 1] (1: no overlap)")
+        fb_cost = float(fb_cost)
     if "costs" not in options:
-        return options, None
+        return options, None, fb_cost
     costs = slot_costs_option(options["costs"])
     options["costs"] = costs
-    return options, costs
+    return options, costs, fb_cost
 
 
 def parse_bandwidth(text: str | None) -> float | None:
@@ -232,6 +245,7 @@ def workload(
     offload: str | None = None,
     host_bandwidth: str | None = None,
     host_memory: str | None = None,
+    steady_state: bool = False,
 ) -> Point:
     """The template point the workload options ask for: a stage-cost file on uniform links,
     or a model on a cluster (each unset option from DEFAULTS), with the frozen layers, the
@@ -249,7 +263,8 @@ def workload(
               "frozen_layers": frozen_layers or "", "offload": offload or "",
               "host_bandwidth": parse_amount(host_bandwidth, "bandwidth", "host-bandwidth"),
               "host_memory": parse_amount(host_memory, "bytes", "host-memory"),
-              "dp": dp if dp is not None else 1, "zero": zero if zero is not None else 0}
+              "dp": dp if dp is not None else 1, "zero": zero if zero is not None else 0,
+              "steady_state": steady_state}
     if stage_costs is not None:
         model_options = {"--model": model, "--cluster": cluster, "--tensor-parallel": tensor_parallel,
                          "--recompute": recompute, "--partition": partition}

@@ -47,7 +47,12 @@ def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: 
                 raise PipeschedError(f"{flag}={value}: a schedule file fixes its own sizes; drop -{flag}")
     require(p is not None or name not in FAMILIES, "p", None, "give the number of ranks with -p")
     require(m is not None or name not in FAMILIES, "m", None, "give the number of microbatches with -m")
-    return load_or_generate(name, p=p or 0, m=m or 0, v=v, settings=settings)
+    schedule = load_or_generate(name, p=p or 0, m=m or 0, v=v, settings=settings)
+    if schedule.params.get("asynchronous"):
+        raise PipeschedError(f"schedule={schedule.name}: an asynchronous pipeline has no flushed step to run for real "
+                             "(its weights would need versions the runtime does not keep); run pipedream-flush, its "
+                             "synchronous baseline, or simulate it")
+    return schedule
 
 
 def _ms(seconds: float) -> str:

@@ -5,6 +5,7 @@ rich or the generators' drawing code."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING, Annotated
@@ -168,7 +169,7 @@ def show(
       pipesched show zb-h1 -p 4 -m 8 --set costs=1,2,1
     """
     from pipesched.costs import StageCosts
-    from pipesched.generators import FAMILIES, formula
+    from pipesched.generators import FAMILIES, formula, get_family
     from pipesched.slot_table import slot_table, table_metrics
 
     if fmt not in io.FORMATS:
@@ -177,8 +178,10 @@ def show(
         check_output_path(output)
     views = ViewPaths(png, svg, trace, html).check()
     schedule = load_or_generate(name, p=p, m=m, v=v, settings=settings, frozen_stages=frozen_stages)
-    _, costs = family_options(settings)
+    options, costs, fb_cost = family_options(settings)
     slots = costs if costs is not None else StageCosts.slots()
+    if fb_cost is not None:
+        slots = dataclasses.replace(slots, fb_cost=fb_cost, forward_backward=None)
     if views.any:
         views.write([slot_table(schedule, slots)], title=f"{schedule.name}: idealized slot table")
     text = io.dumps(schedule, fmt)
@@ -195,7 +198,9 @@ def show(
             f"peak in-flight per device {list(metrics.peak_inflight)}\n"
         )
         if name in FAMILIES:
-            est = formula(name, schedule.num_devices, schedule.num_microbatches, v=v, costs=slots)
+            est = formula(name, schedule.num_devices, int(schedule.params.get("iteration_microbatches",
+                                                                                schedule.num_microbatches)),
+                          v=v, costs=slots, **{k: x for k, x in options.items() if k in get_family(name).options})
             sys.stdout.write(
                 f"# formula: makespan {est.makespan:g}, bubble ratio {est.bubble_ratio:.3f}, "
                 f"peak in-flight {est.peak_inflight:g}{'' if est.exact else ' (approximate)'}"
@@ -213,7 +218,7 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
     from pipesched.indices import parse_indices
 
     if name in FAMILIES:
-        options, _ = family_options(settings)
+        options, _, _ = family_options(settings)
         if "costs" in options and "costs" not in get_family(name).options:
             del options["costs"]  # only levels 1 and 2 use them for this family
         p, m = p if p is not None else DEFAULTS.p, m if m is not None else DEFAULTS.m

@@ -60,7 +60,7 @@ def search_command(
                                      f"[default: {DEFAULTS.global_batch}]")] = None,
     seq_len: SeqLen = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None,
-    schedules: Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: all]")] = None,
+    schedules: Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: every synchronous family; name pipedream or pipedream-2bw to search them too]")] = None,
     tensor_parallel: Annotated[str | None, typer.Option(
         "--tensor-parallel", help="tensor-parallel degrees to try [default: every divisor of the node size]")] = None,
     pipeline: Annotated[str | None, typer.Option("--pipeline", help="pipeline sizes p to try [default: all]")] = None,

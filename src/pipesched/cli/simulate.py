@@ -39,6 +39,7 @@ from pipesched.cli.options import (
     SeqLen,
     SlowLink,
     StageCostsFile,
+    SteadyStateFlag,
     Straggler,
     TensorParallel,
     ZeroStage,
@@ -53,7 +54,7 @@ from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, pr
 from pipesched.errors import PipeschedError
 from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
 from pipesched.experiments.simulation import Simulation, simulate_point
-from pipesched.generators import FAMILIES
+from pipesched.generators import FAMILIES, get_family
 from pipesched.metrics import allreduce_per_device
 from pipesched.variability.distribution import Distribution, Spread
 
@@ -92,6 +93,7 @@ def simulate_command(
     slow_link: SlowLink = None,
     samples: Samples = None,
     seed: Seed = None,
+    steady_state: SteadyStateFlag = False,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -120,21 +122,24 @@ def simulate_command(
                                       random_straggler=random_straggler, slow_link=slow_link, samples=samples,
                                       seed=seed)
     schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
+    options, _, fb_cost = family_options(family_settings)
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
                      dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
                      no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
-                     host_bandwidth=host_bandwidth, host_memory=host_memory)
+                     host_bandwidth=host_bandwidth, host_memory=host_memory, steady_state=steady_state).replace(fb_cost=fb_cost)
     if point.stage_costs is not None and schedule.num_stages % point.stage_costs.num_stages:
         raise PipeschedError(f"stage_costs={stage_costs}: {point.stage_costs.num_stages} stage rows but the schedule "
                              f"has {schedule.num_stages} stages; give {schedule.num_stages} rows (or a divisor of "
                              f"{schedule.num_stages})")
     if schedule_name in FAMILIES:
-        # a family point: frozen layers regenerate the family's own table for its frozen stages
-        options = {key: value for key, value in family_options(family_settings)[0].items()
-                   if key != "costs" or key in FAMILIES[schedule_name].options}
-        point = point.replace(family=schedule_name, p=schedule.num_devices, m=schedule.num_microbatches, v=v,
-                              options=tuple(sorted(options.items())))
+        # a family is built by the point: the cost-planning ones plan with the workload's costs,
+        # and frozen layers regenerate the family's own table for its frozen stages
+        family = get_family(schedule_name)
+        point = point.replace(family=schedule_name, p=schedule.num_devices,
+                              m=int(schedule.params.get("iteration_microbatches", schedule.num_microbatches)),
+                              v=v if family.chunks is None else None,
+                              options=tuple(sorted((k, x) for k, x in options.items() if k in family.options)))
     else:
         point = point.replace(schedule=schedule)
     point = point.replace(variability=variability)
@@ -171,7 +176,17 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
                           f"{schedule.num_stages} stages; {setup.description}; {mode}")
     summary.add_column("metric")
     summary.add_column("value", justify="right")
-    summary.add_row("iteration time", f"{metrics.iteration_time:.6g} s")
+    steady = result.steady
+    if steady is not None:
+        summary.add_row("iterations run back to back", f"{steady.iterations.iterations} ({steady.iterations.mode}), "
+                        f"ending at {', '.join(f'{end:.4g}' for end in steady.iteration_end)} s")
+        summary.add_row("steady-state iteration time", f"{metrics.iteration_time:.6g} s (mean between the first and the last)")
+        weights = steady.weights
+        summary.add_row("weight versions per stage", ", ".join(map(str, weights.versions)))
+        summary.add_row("staleness (updates behind, max / mean)",
+                        f"{weights.max_staleness} / {weights.mean_staleness:.3g}")
+    else:
+        summary.add_row("iteration time", f"{metrics.iteration_time:.6g} s")
     summary.add_row("bubble ratio (idle / devices x time)", f"{metrics.bubble_ratio:.4f}")
     summary.add_row("bubble over work (idle / busy)", f"{metrics.bubble_over_work:.4f}")
     summary.add_row("throughput", f"{metrics.throughput_samples_per_s:.4g} samples/s"

@@ -16,25 +16,47 @@ in-flight activations in 1F1B-stage units (``activation_units``); ``peak_infligh
 the count in the schedule's own stages. Simulated times are seconds and memory is the
 worst device's peak bytes (parameters, gradients, optimizer state and activations).
 
+Steady state. For an asynchronous family (PipeDream, PipeDream-2BW), and for every family
+with ``Point.steady_state`` (zero bubble's optimizer post-validation), the table and sim
+levels run ``STEADY_ITERATIONS`` iterations back to back (``pipesched.simulate.iterations``)
+and report the steady-state iteration: the mean iteration between the first and the last, its bubble
+(idle over devices x that time), its throughput, and for the sim level the peak memory of
+the whole run (an asynchronous family's extra weight versions included). They also report
+the staleness (the most updates a forward's weights are behind a synchronous run) and the
+weight versions a stage keeps. The formula level is the family's closed form: for an
+asynchronous family its steady state (the busiest device's work), for the others one
+iteration, steady state asked or not.
+
+Costs. ``Point.fb_cost`` sets what an overlapped pair (a fused op) costs at every level. A
+family that plans with the stage costs (zb-1p, zb-2p) is built from the slot costs for the
+formula and table levels and from the workload's own costs at the sim level
+(``Point.build_schedule``).
+
 A point that cannot be built (Chimera needs an even p, ...) or simulated with its costs
 gives a Record with ``error`` set instead of results: grids report it as skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from pipesched.costs import StageCosts
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
 from pipesched.metrics import TrainingWork
+from pipesched.schedule import Schedule
 from pipesched.timeline import Timeline
 
 if TYPE_CHECKING:
     from pipesched.variability.distribution import Distribution
 
 LEVELS = ("formula", "table", "sim")
+# iterations run back to back for a steady state
+STEADY_ITERATIONS = DEFAULTS.steady_iterations
 
 
 @dataclass(frozen=True)
@@ -63,6 +85,11 @@ class LevelResult:
     mean_s: float | None = None
     std_s: float | None = None
     p99_s: float | None = None
+    steady_state: bool = False  # table/sim: the steady-state iteration of iterations back to back
+    asynchronous: bool = False  # the family trains without a flush (PipeDream)
+    staleness: int | None = None  # steady state: the most updates a forward's weights are behind
+    mean_staleness: float | None = None  # steady state: the mean over the steady iterations' forwards
+    weight_versions: int | None = None  # steady state: the most weight versions a stage keeps
 
     @property
     def rank_changed(self) -> bool:
@@ -134,7 +161,7 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
     if keep_timeline and timeline is None:
         from pipesched.slot_table import slot_table
 
-        timeline = slot_table(schedule, point.slot_costs)
+        timeline = slot_table(schedule, slot_costs(point))
     return Record(point, tuple(results), setup=setup, timeline=timeline if keep_timeline else None,
                   distribution=distribution)
 
@@ -144,29 +171,79 @@ def _scale(schedule) -> float:
     return schedule.num_devices / schedule.num_stages
 
 
+def slot_costs(point: Point) -> StageCosts:
+    """The F, I, W (and F&B) of levels 1 and 2: the point's slot costs, default 1 slot each."""
+    costs = point.slot_costs if point.slot_costs is not None else StageCosts.slots()
+    return with_fb_cost(costs, point.fb_cost)
+
+
+def with_fb_cost(costs: StageCosts, fb_cost: float | None) -> StageCosts:
+    """``costs`` with an overlapped pair costing ``fb_cost`` x (F + B) (None: unchanged; a
+    given fb_cost replaces a measured fb column)."""
+    if fb_cost is None:
+        return costs
+    return dataclasses.replace(costs, fb_cost=fb_cost, forward_backward=None)
+
+
+def _asynchronous(point: Point) -> bool:
+    if point.schedule is not None:
+        return bool(point.schedule.params.get("asynchronous"))
+    from pipesched.generators import get_family
+
+    return get_family(point.family).asynchronous
+
+
+def in_steady_state(point: Point) -> bool:
+    """Whether the table and sim levels run iterations back to back for ``point``."""
+    return point.steady_state or _asynchronous(point)
+
+
 def _formula(point: Point, schedule) -> LevelResult:
     from pipesched.generators import formula
 
     if point.schedule is not None:
         raise PipeschedError(f"schedule={point.family}: a schedule file has no closed form; compare it at the "
                              "table and sim levels")
-    est = formula(point.family, point.p, point.m, v=point.v, costs=point.slot_costs)
+    est = formula(point.family, point.p, point.m, v=point.v, costs=slot_costs(point), **dict(point.options))
     if point.trains_differently:
         # the closed forms know neither frozen stages nor offloads: the plain family's, not exact
         est = replace(est, exact=False, note="the closed form of the family without freezing or offload")
     return LevelResult(point.family, "formula", est.makespan * _scale(schedule), "slot", est.bubble_ratio,
                        float(est.activation_units), "1F1B-stage activations",
-                       peak_inflight=int(est.peak_inflight), exact=est.exact)
+                       peak_inflight=int(est.peak_inflight), exact=est.exact, asynchronous=_asynchronous(point))
 
 
 def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
-    from pipesched.slot_table import slot_table, table_metrics
+    from pipesched.slot_table import inflight_per_device, slot_table, table_costs, table_metrics
 
-    timeline = slot_table(schedule, point.slot_costs)
+    costs = slot_costs(point)
+    if in_steady_state(point):
+        from pipesched.simulate.iterations import steady_state
+
+        repeated = point.build_schedule(iterations=STEADY_ITERATIONS)
+        found = steady_state(repeated, table_costs(repeated, costs), None, iterations=STEADY_ITERATIONS,
+                             steady=point.steady_state)
+        peaks = inflight_per_device(repeated)
+        return LevelResult(point.family, "table", found.iteration_time * _scale(schedule), "slot", found.bubble_ratio,
+                           max(peaks) * schedule.num_devices / schedule.num_stages, "1F1B-stage activations",
+                           peak_inflight=max(peaks), **_steady_fields(point, found)), found.timeline
+    timeline = slot_table(schedule, costs)
     table = table_metrics(schedule, timeline=timeline)
     return LevelResult(point.family, "table", table.makespan * _scale(schedule), "slot", table.bubble_ratio,
                        float(table.activation_units), "1F1B-stage activations",
                        peak_inflight=max(table.peak_inflight)), timeline
+
+
+def _steady_fields(point: Point, found) -> dict:
+    weights = found.weights
+    return {"steady_state": True, "asynchronous": _asynchronous(point), "staleness": weights.max_staleness,
+            "mean_staleness": weights.mean_staleness, "weight_versions": max(weights.versions)}
+
+
+def sim_schedule(point: Point, setup) -> Schedule:
+    """The schedule the sim level runs: built with the workload's costs when the family plans
+    with them, and of several iterations for an asynchronous family."""
+    return point.build_schedule(setup, iterations=STEADY_ITERATIONS if _asynchronous(point) else None)
 
 
 def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Distribution | None]:
@@ -175,8 +252,34 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Dist
     from pipesched.simulate import compile_graph, run
 
     setup = point.setup()
-    costs = setup.costs_for(schedule)
+    schedule = sim_schedule(point, setup)
+    costs = with_fb_cost(setup.costs_for(schedule), point.fb_cost)
     network = setup.network_for(schedule)
+    flops = setup.flops_per_iteration(point.m, schedule)
+    peaks = setup.peak_flops_per_device(network)
+    if in_steady_state(point):
+        if point.variability is not None:
+            raise PipeschedError("variability: Monte Carlo runs of a steady state are not modelled; drop "
+                                 "--steady-state (or the variability options)")
+        from pipesched.simulate.iterations import steady_state
+
+        found = steady_state(schedule, costs, network, iterations=STEADY_ITERATIONS, steady=point.steady_state,
+                             contention=point.contention, overlap=point.overlap)
+        timeline, time = found.timeline, found.iteration_time
+        samples = point.m * setup.micro_batch_size / time if time > 0 else 0.0
+        tokens = samples * setup.seq_len if setup.seq_len else None
+        utilization = None
+        if flops is not None and peaks is not None and time > 0:
+            utilization = flops / (time * sum(peaks[: schedule.num_devices]))
+        exposed, _ = communication_per_device(timeline)
+        memory = timeline.memory
+        row = LevelResult(
+            point.family, "sim", time, "s", found.bubble_ratio, max(memory.peak), "bytes",
+            throughput_samples_per_s=samples, throughput_tokens_per_s=tokens, mfu=utilization,
+            exposed_comm_s=float(exposed.max()) / found.iterations.iterations,
+            out_of_memory=any(memory.out_of_memory), **_steady_fields(point, found),
+        )
+        return row, timeline, setup.description, None
     graph = compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap)
     timeline = run(graph)
     check_host_memory(timeline.host_memory, str(point.offload))
@@ -189,8 +292,6 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Dist
         time = distribution.time
         spread = {"mean_s": time.mean, "std_s": time.std, "p99_s": time.p99}
     samples, tokens = throughput(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len)
-    flops = setup.flops_per_iteration(schedule.num_microbatches, schedule)
-    peaks = setup.peak_flops_per_device(network)
     utilization = None
     if flops is not None and peaks is not None:
         utilization = mfu(timeline, flops_per_iteration=flops, peak_flops=peaks[: schedule.num_devices])

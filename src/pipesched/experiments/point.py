@@ -79,6 +79,11 @@ class Point:
     # level 3: the optimizer state's ZeRO stage: 0 (each data-parallel rank keeps all of it)
     # or 1 (split over the dp replicas: reduce-scatter the gradients, all-gather the parameters)
     zero: int = 0
+    # an overlapped pair's time over F + B (fused ops; None: the costs' own, F + B or their fb column)
+    fb_cost: float | None = None
+    # iterations back to back, each stage stepping its optimizer on its own (zero bubble's
+    # post-validation): the table and sim levels report the steady-state iteration
+    steady_state: bool = False
 
     def __post_init__(self) -> None:
         if self.schedule is not None:
@@ -132,15 +137,29 @@ class Point:
         frozen = bool(self.frozen_layers) or bool(self.stage_costs is not None and self.stage_costs.frozen_stages)
         return frozen or bool(self.offload)
 
-    def build_schedule(self) -> Schedule:
+    def build_schedule(self, setup=None, *, iterations: int | None = None) -> Schedule:
         """The schedule of this point (generated tables are cached: see ``generate``): the
-        family's table (or the given one) for the point's frozen stages, with its offloads."""
-        from pipesched.generators import generate
+        family's table (or the given one) for the point's frozen stages, with its offloads.
 
+        With the workload's ``setup`` (a SimulationSetup), a family that plans with the stage
+        costs (``Family.plans_with_costs``: zb-1p, zb-2p) plans with the setup's own: its
+        per-stage F, I, W (one stage per device), the time of a message between neighbouring
+        stages as its latency, and what W keeps as M_W; options given on the point win.
+        ``iterations`` asks an asynchronous family for its table of that many iterations.
+        """
+        from pipesched.generators import generate, get_family
+
+        options: dict[str, object] = {}
         if self.schedule is not None:
             schedule = self.schedule
         else:
-            schedule = generate(self.family, self.p, self.m, v=self.v, **dict(self.options))
+            family = get_family(self.family)
+            options = dict(self.options)
+            if setup is not None and family.plans_with_costs and "costs" not in options:
+                options = {**planning_options(setup, self.p, self.m), **options}
+            if iterations is not None and family.asynchronous:
+                options["iterations"] = iterations
+            schedule = generate(self.family, self.p, self.m, v=self.v, **options)
         frozen = self.frozen_stages(schedule)
         if frozen and frozen != schedule.frozen:
             if self.schedule is not None:
@@ -148,14 +167,13 @@ class Point:
 
                 schedule = freeze(schedule, frozen)
             else:
-                schedule = generate(self.family, self.p, self.m, v=self.v, frozen=frozen, **dict(self.options))
+                schedule = generate(self.family, self.p, self.m, v=self.v, frozen=frozen, **options)
         policy = self.offload_policy(schedule.num_stages)
         if policy is not None:
             from pipesched.passes.offload import offload
 
             schedule = offload(schedule, policy)
         return schedule
-
     def frozen_stages(self, schedule: Schedule) -> frozenset[int]:
         """The stages of ``schedule`` whose layers are all frozen at this point."""
         if not self.frozen_layers and (self.stage_costs is None or not self.stage_costs.frozen_stages):
@@ -175,6 +193,29 @@ class Point:
         return _setup(self.model, self.cluster, self.settings, self.partition, self.stage_costs,
                       self.latency, self.bandwidth, self.recompute, self.frozen_layers, self.host_bandwidth,
                       self.host_memory, self.dp)
+
+
+def planning_options(setup, p: int, m: int) -> dict[str, object]:
+    """What a cost-planning generator takes from a workload (see ``Point.build_schedule``):
+    ``costs`` of one stage per device, ``latency`` (the longest message time between
+    neighbouring stages: link latency + output bytes / bandwidth) and ``m_w`` (what a
+    stage-microbatch still holds between its I and its W, over what its F allocated; the
+    largest over the stages)."""
+    from pipesched.generators import generate
+    from pipesched.ops import I
+    from pipesched.rules import RULES
+
+    # the placement of one stage per device, in a table the memory-aware partition can read
+    table = generate("1f1b", p, m)
+    costs = setup.costs_for(table)
+    network = setup.network_for(table)
+    message = max((float(network.latency[s, s + 1]) + costs.output_bytes[s] / float(network.bandwidth[s, s + 1])
+                   for s in range(p - 1)), default=0.0)
+    kept = costs.kept_for_w_bytes or (0.0,) * p
+    shares = [1.0 + RULES[I].memory.bytes(costs.activation_bytes[s], costs.input_frees, kept[s])
+              / costs.activation_bytes[s] for s in range(p) if costs.activation_bytes[s] > 0]
+    m_w = min(1.0, max(0.0, max(shares, default=1.0 - costs.input_frees)))
+    return {"costs": costs, "latency": message, "m_w": m_w}
 
 
 @functools.lru_cache(maxsize=256)

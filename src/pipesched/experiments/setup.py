@@ -92,6 +92,8 @@ def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
         kept_for_w_bytes=chunks(costs.kept_for_w_bytes),
         frozen=None if costs.frozen is None else tuple(costs.frozen[s // k] for s in range(num_stages)),
         recompute_s=chunks(costs.recompute_s),
+        forward_backward=chunks(costs.forward_backward),
+        fb_cost=costs.fb_cost,
     )
 
 

@@ -19,6 +19,7 @@ from pipesched.generators import (
     interleaved,
     looped_bfs,
     one_f_one_b,
+    pipedream,
     v_half,
     v_min,
     zb_1p,
@@ -32,25 +33,29 @@ from pipesched.limits import MAX_DEVICES, MAX_STAGES, check_count, check_table_s
 from pipesched.rules import FORWARD_ONLY
 from pipesched.schedule import Schedule
 
-# Listing order is the order of `pipesched list` and of comparisons.
+# Listing order is the order of `pipesched list` and of comparisons: the synchronous
+# families, then the asynchronous ones (PipeDream-Flush, their synchronous baseline, first).
 FAMILIES: dict[str, Family] = {
-    module.FAMILY.name: module.FAMILY
-    for module in (
-        gpipe,
-        one_f_one_b,
-        interleaved,
-        looped_bfs,
-        zb_h1,
-        zb_h2,
-        zb_1p,
-        zb_2p,
-        zb_v,
-        v_half,
-        v_min,
-        chimera,
-        hanayo,
-        dualpipe,
-        dualpipev,
+    family.name: family
+    for family in (
+        gpipe.FAMILY,
+        one_f_one_b.FAMILY,
+        interleaved.FAMILY,
+        looped_bfs.FAMILY,
+        zb_h1.FAMILY,
+        zb_h2.FAMILY,
+        zb_1p.FAMILY,
+        zb_2p.FAMILY,
+        zb_v.FAMILY,
+        v_half.FAMILY,
+        v_min.FAMILY,
+        chimera.FAMILY,
+        hanayo.FAMILY,
+        dualpipe.FAMILY,
+        dualpipev.FAMILY,
+        pipedream.FAMILY_FLUSH,
+        pipedream.FAMILY,
+        pipedream.FAMILY_2BW,
     )
 }
 
@@ -79,11 +84,7 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, frozen: Iterabl
     family = get_family(name)
     chunks = family.resolve_v(v)
     ops = _check_size(p, m, chunks)
-    unknown = sorted(set(options) - set(family.options))
-    if unknown:
-        raise PipeschedError(
-            f"option={unknown[0]}: {name} does not take it; it takes {', '.join(family.options) or 'no options'}"
-        )
+    family.check_options(options)
     key = tuple(sorted(options.items()))
     stages = tuple(sorted({int(stage) for stage in frozen}))
     if ops <= CACHED_OPS and _hashable(key):
@@ -181,14 +182,24 @@ def _check_size(p: int, m: int, v: int) -> int:
     return 3 * max(p, 1) * max(v, 1) * max(m, 1)
 
 
-def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCosts | None = None) -> FormulaEstimate:
+def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCosts | None = None,
+            **options: object) -> FormulaEstimate:
     """Level 1: the family's closed-form bubble and peak in-flight activations, with the F, I
-    and W of one stage of ``costs`` (default F = I = W = 1 slot). Costs that differ between
-    stages make the estimate approximate: the closed forms assume equal stages and take the
-    slowest stage's."""
+    and W of one stage of ``costs`` (default F = I = W = 1 slot) and the family's options
+    (those that change its table: ``forward_doubling``, ``waves``, ``fused``, ...; the others,
+    such as the heuristics' ``costs``, leave the closed form as it is). Costs that differ
+    between stages make the estimate approximate: the closed forms assume equal stages and
+    take the slowest stage's.
+
+    >>> formula("chimera", 4, 16).idle, formula("chimera", 4, 16, forward_doubling=0).idle
+    (3.0, 10.0)
+    """
     family = get_family(name)
+    family.check_options(options)
     costs = costs if costs is not None else StageCosts.slots()
-    estimate = family.formula(p, m, family.resolve_v(v), costs)
+    chunks = family.resolve_v(v)
+    taken = {key: value for key, value in options.items() if key in family.formula_options}
+    estimate = family.formula(p, m, chunks, costs, **taken)
     if estimate.exact and not costs.is_uniform:
         estimate = replace(estimate, exact=False, note="the stages' costs differ; the closed form takes the slowest stage's")
     return estimate

@@ -53,19 +53,37 @@ class Family:
     """A registered schedule family.
 
     build(p, m, *, v=..., **options) -> Schedule is a pure function.
-    formula(p, m, v, costs) -> FormulaEstimate is the family's level-1 model.
+    formula(p, m, v, costs, **options) -> FormulaEstimate is the family's level-1 model; it
+    takes the options of ``formula_options`` (those that change the closed form).
     chunks: stages per device (fixed) or None when the family takes v.
     options: names of extra keyword options build accepts (e.g. ``waves``, ``costs``).
+    asynchronous: the family runs iterations back to back without a flush (PipeDream): its
+    levels describe the steady state (see ``pipesched.generators.pipedream``).
+    plans_with_costs: the table comes from a heuristic on the stage costs (zb-1p, zb-2p):
+    comparisons and simulations build it from their workload's costs.
+    compare_v: ``compare -v`` sets its chunk count (interleaved and looped families; the
+    others keep their own default or take their own option).
     """
 
     name: str
     summary: str
     constraints: str
     build: Callable[..., Schedule]
-    formula: Callable[[int, int, int, StageCosts], FormulaEstimate]
+    formula: Callable[..., FormulaEstimate]
     chunks: int | None = 1
     default_v: int = 1
     options: tuple[str, ...] = field(default=())
+    formula_options: tuple[str, ...] = field(default=())
+    asynchronous: bool = False
+    plans_with_costs: bool = False
+    compare_v: bool = False
+
+    def check_options(self, options: dict[str, object]) -> None:
+        """Raise PipeschedError naming the first option this family does not take."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise PipeschedError(f"option={unknown[0]}: {self.name} does not take it; it takes "
+                                 f"{', '.join(self.options) or 'no options'}")
 
     def resolve_v(self, v: int | None) -> int:
         """The chunk count to use: the family's fixed one, or the user's v (default_v)."""
@@ -78,6 +96,23 @@ class Family:
             )
             return self.chunks
         return self.default_v if v is None else v
+
+
+# the most iterations one table or graph strings together (asynchronous tables, steady states)
+MAX_ITERATIONS = 64
+
+
+def check_iterations(value: object) -> int:
+    """A count of iterations run back to back: a whole number in 1..MAX_ITERATIONS."""
+    require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_ITERATIONS,
+            "iterations", value, f"give a whole number of iterations in 1..{MAX_ITERATIONS}")
+    return value
+
+
+def switch(value: object, name: str) -> bool:
+    """An on/off family option (``--set forward_doubling=0``): 1 or 0."""
+    require(value in (0, 1), name, value, "give 1 (on) or 0 (off)")
+    return bool(value)
 
 
 def check_sizes(p: int, m: int, *, min_p: int = 2) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import Family, FormulaEstimate, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes, switch
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
@@ -51,11 +51,6 @@ def _check(p: int, m: int) -> None:
         m,
         f"Chimera concatenates basic units of p={p} microbatches; give m a multiple of {p}",
     )
-
-
-def _switch(value: object, name: str) -> bool:
-    require(value in (0, 1), name, value, "give 1 (on) or 0 (off)")
-    return bool(value)
 
 
 def unit_sizes(p: int, m: int, *, forward_doubling: bool) -> list[int]:
@@ -80,7 +75,7 @@ def chimera(p: int, m: int, *, forward_doubling: object = 1) -> Schedule:
     [['0F0', '1F1', '1B1', '0B0'], ['0F1', '1F0', '1B0', '0B1']]
     """
     _check(p, m)
-    doubling = _switch(forward_doubling, "forward_doubling")
+    doubling = switch(forward_doubling, "forward_doubling")
     half = m // 2
     route = tuple(DOWN if mb < half else UP for mb in range(m))
     units = unit_sizes(p, m, forward_doubling=doubling)
@@ -155,12 +150,13 @@ def chimera_idle(p: int, m: int, c: StageCosts, *, forward_doubling: bool = True
     return bubbles * (first + (units // 2 - 1) * per_doubled_unit)
 
 
-def chimera_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
-    # the default table (forward doubling from m = 2p on); exact for every F, B
-    doubled = m >= 2 * p
+def chimera_formula(p: int, m: int, v: int, c: StageCosts, *, forward_doubling: bool = True) -> FormulaEstimate:
+    # forward doubling from m = 2p on unless switched off; exact for every F, B
+    doubling = switch(forward_doubling, "forward_doubling")
+    doubled = doubling and m >= 2 * p
     peak = 2 * p if doubled else p  # device p/2-1 holds p/2 (x2 when doubled) each way
     return FormulaEstimate(
-        idle=chimera_idle(p, m, c),
+        idle=chimera_idle(p, m, c, forward_doubling=doubling),
         work=m * (c.f + c.b),  # two stages x m/2 microbatches per device
         peak_inflight=peak,
         activation_units=peak,
@@ -177,4 +173,5 @@ FAMILY = Family(
     build=lambda p, m, *, v=None, **options: chimera(p, m, **options),
     formula=chimera_formula,
     options=("forward_doubling",),
+    formula_options=("forward_doubling",),
 )

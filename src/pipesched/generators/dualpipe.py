@@ -23,9 +23,11 @@ the device's distance from the nearer end (min(r, p-1-r)) and ``half = p/2``:
 
 Deferred weight gradients run first in, first out. An overlapped pair ``F&B`` (one forward
 and one full backward of the other direction computing at once, each hiding the other's
-communication) appears in the tables as the F immediately followed by its B;
-``overlapped_pairs`` lists them. The slot table runs the two one after the other; a
-simulator that models the overlap can take the pairs from there.
+communication) is one fused op of the table, ``(0F7;7B13)OVERLAP_F_B`` as PyTorch writes it:
+it starts when both of its inputs have arrived, holds the device for the pair's time
+(``StageCosts.fused_time``: F + B unless told how much overlaps) and sends both results when
+it ends. ``fused=False`` writes each pair as its forward then its backward, two ops (the
+table without the overlap, to compare against).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from collections.abc import Callable
 
 from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import Family, FormulaEstimate, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes, switch
 from pipesched.ops import B, F, I, Op, OpKind, W
 from pipesched.schedule import Placement, Schedule
 
@@ -43,16 +45,15 @@ from pipesched.schedule import Placement, Schedule
 PhaseOp = Callable[[int, OpKind, int], Op]
 
 
-def dual_program(half: int, n: int, h: int, op_of: PhaseOp) -> tuple[list[Op], list[int]]:
-    """One device's ops under DualPipe's eight phases, and where its overlapped pairs start.
+def dual_program(half: int, n: int, h: int, op_of: PhaseOp, *, fused: bool = True) -> list[Op]:
+    """One device's ops under DualPipe's eight phases.
 
     ``half`` is the number of devices in one half of the (possibly folded) pipeline, ``n``
     the microbatches per phase, ``h`` the device's position in its half (0 = an end).
-    ``op_of(phase, kind, microbatch)`` names the op. Returns the ops in order and the
-    indices i where ops[i], ops[i+1] form an overlapped F&B pair.
+    ``op_of(phase, kind, microbatch)`` names the op. Each overlapped F&B pair is one fused
+    op, or with ``fused=False`` its forward followed by its backward.
     """
     ops: list[Op] = []
-    pairs: list[int] = []
     forwards = [0, 0]  # next microbatch to run forward, per phase
     backwards = [0, 0]  # next microbatch to run backward (B or I), per phase
     deferred: deque[Op] = deque()  # weight gradients owed, oldest first
@@ -75,9 +76,11 @@ def dual_program(half: int, n: int, h: int, op_of: PhaseOp) -> tuple[list[Op], l
             ops.append(deferred.popleft())
 
     def overlapped(forward_phase: int, backward_phase: int) -> None:
-        pairs.append(len(ops))
+        first = len(ops)
         forward(forward_phase)
         backward(backward_phase)
+        if fused:
+            ops[first:] = [Op.fused(*ops[first:])]
 
     outer = half - h - 1  # phases that shrink toward the middle of the pipeline
     inner = h + 1  # phases that grow toward the middle
@@ -122,7 +125,7 @@ def dual_program(half: int, n: int, h: int, op_of: PhaseOp) -> tuple[list[Op], l
     # 8. the deferred W still owed
     for _ in range(inner):
         weight()
-    return ops, pairs
+    return ops
 
 
 def _check(p: int, m: int) -> None:
@@ -134,7 +137,7 @@ def _check(p: int, m: int) -> None:
     )
 
 
-def _programs(p: int, m: int) -> list[tuple[list[Op], list[int]]]:
+def _programs(p: int, m: int, fused: bool) -> list[list[Op]]:
     half, n = p // 2, m // 2
     programs = []
     for r in range(p):
@@ -148,60 +151,73 @@ def _programs(p: int, m: int) -> list[tuple[list[Op], list[int]]]:
                 return Op(r, kind, mb)
             return Op(p - 1 - r, kind, n + mb)
 
-        programs.append(dual_program(half, n, min(r, p - 1 - r), op_of))
+        programs.append(dual_program(half, n, min(r, p - 1 - r), op_of, fused=fused))
     return programs
 
 
-def dualpipe(p: int, m: int) -> Schedule:
+def dualpipe(p: int, m: int, *, fused: bool = True) -> Schedule:
     """DualPipe's tables: p devices (even), m microbatches (even, m >= 2p).
 
     >>> s = dualpipe(2, 4)
     >>> [str(op) for op in s.device_ops[0]]
-    ['0F0', '1F2', '0F1', '1B2', '1F3', '0B0', '1B3', '0I1', '0W1']
+    ['0F0', '1F2', '0F1', '1B2', '(1F3;0B0)OVERLAP_F_B', '1B3', '0I1', '0W1']
     >>> s.route
     (0, 0, 1, 1)
     """
+    fused = switch(fused, "fused")
     _check(p, m)
-    programs = _programs(p, m)
     return Schedule(
         "dualpipe",
         Placement.bidirectional(p),
         m,
-        tuple(tuple(ops) for ops, _ in programs),
+        tuple(tuple(ops) for ops in _programs(p, m, fused)),
         route=tuple(0 if mb < m // 2 else 1 for mb in range(m)),
-        params={"p": p, "m": m, "fb_overlap": True},
+        params={"p": p, "m": m} if fused else {"p": p, "m": m, "fused": 0},
     )
 
 
-def overlapped_pairs(p: int, m: int) -> tuple[tuple[int, ...], ...]:
-    """Per device, the table indices i where ops i and i+1 of ``dualpipe(p, m)`` run as one
-    overlapped F&B pair."""
-    _check(p, m)
-    return tuple(tuple(pairs) for _, pairs in _programs(p, m))
+def fused_pair_time(c: StageCosts) -> float:
+    """F&B of the closed forms: the slowest stage's forward and full backward overlapped."""
+    if c.forward_backward is not None:
+        return max(max(c.forward_backward), c.f, c.b)
+    return c.fused_time(0, c.f, c.b)
 
 
-def dualpipe_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
-    # DualPipe's README: bubble (p/2-1)(F&B + B - 3W), activations p+1 stage-microbatches,
-    # 2x parameters. The slot table runs an overlapped pair as F then B: F&B = F + B.
-    fb = c.f + c.b
+def dual_estimate(half: int, n: int, c: StageCosts, *, fused: bool, stages_per_device_work: float,
+                  peak: int, units: float, note: str) -> FormulaEstimate:
+    """DualPipe's published bubble (half-1)(F&B + B - 3W) for the eight-phase program with
+    ``half`` devices per half and ``n`` microbatches per phase. The worst device (the middle
+    one) runs 2n - 2 half - 1 overlapped pairs, each F + B - F&B shorter than its two ops.
+    The table equals it when I = F and W <= F (for any overlap); at F = I = W it is the
+    published figure. Unfused (``fused=False``: each pair two ops) the table idles less than
+    the figure, which is then an upper estimate."""
+    fb = fused_pair_time(c) if fused else c.f + c.b
+    pairs = 2 * n - 2 * half - 1 if fused else 0
+    exact = fused and c.i == c.f and c.w <= c.f
     return FormulaEstimate(
-        idle=max(0.0, (p // 2 - 1) * (fb + c.b - 3 * c.w)),
-        work=m * (c.f + c.b),  # two stages x m/2 microbatches per device
-        peak_inflight=p + 1,
-        activation_units=p + 1,
-        exact=False,
-        note=(
-            "DualPipe's published bubble with F&B = F + B (the slot table runs the pair "
-            "unoverlapped and idles less: (p/2-1)F at F = I = W); 2x parameters (two "
-            "replicas, gradients all-reduced)"
-        ),
+        idle=max(0.0, (half - 1) * (fb + c.b - 3 * c.w)),
+        work=stages_per_device_work - pairs * (c.f + c.b - fb),
+        peak_inflight=peak,
+        activation_units=units,
+        exact=exact,
+        note=note + ("" if fused else "; unfused pairs: the table idles less than this"),
     )
+
+
+def dualpipe_formula(p: int, m: int, v: int, c: StageCosts, *, fused: bool = True) -> FormulaEstimate:
+    # DualPipe's README: bubble (p/2-1)(F&B + B - 3W), activations p+1 stage-microbatches,
+    # 2x parameters; every device runs two stages x m/2 microbatches
+    return dual_estimate(p // 2, m // 2, c, fused=switch(fused, "fused"), stages_per_device_work=m * (c.f + c.b),
+                         peak=p + 1, units=p + 1,
+                         note="DualPipe's published bubble; 2x parameters (two replicas, gradients all-reduced)")
 
 
 FAMILY = Family(
     name="dualpipe",
     summary="two opposite pipelines with overlapped forward/backward pairs (DeepSeek)",
-    constraints="p even, m even, m >= 2p; 2x parameters",
-    build=lambda p, m, *, v=None: dualpipe(p, m),
+    constraints="p even, m even, m >= 2p; 2x parameters; fused = 1 (pairs as fused ops) or 0",
+    build=lambda p, m, *, v=None, **options: dualpipe(p, m, **options),
     formula=dualpipe_formula,
+    options=("fused",),
+    formula_options=("fused",),
 )

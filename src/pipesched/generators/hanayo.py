@@ -50,12 +50,7 @@ def hanayo(p: int, m: int, *, waves: int = 1) -> Schedule:
     ['0F0', '0F1', '3F0', '3B0', '3F1', '3B1', '0B0', '0B1']
     """
     check_sizes(p, m)
-    require(
-        isinstance(waves, int) and not isinstance(waves, bool) and waves >= 1,
-        "waves",
-        waves,
-        "Hanayo needs a whole number of waves, at least 1",
-    )
+    _check_waves(waves)
     placement = Placement.zigzag(p, 2 * waves)
     device_ops = _wave_order(p, m, placement) if waves == 1 else _folded_order(p, m, placement)
     return Schedule(
@@ -116,11 +111,23 @@ def waves_of(v: int) -> int:
     return v // 2
 
 
-def _build(p: int, m: int, *, v: int = 2, waves: int | None = None) -> Schedule:
+def resolve_waves(v: int, waves: int | None) -> int:
     """``waves`` (the option) or v = 2 x waves (the chunk count); v=2 is the default."""
     if waves is not None and v != 2:
         require(v == 2 * waves, "waves", waves, f"-v {v} means {waves_of(v)} waves; give one of -v and waves")
-    return hanayo(p, m, waves=waves_of(v) if waves is None else waves)
+    if waves is not None:
+        return _check_waves(waves)
+    return waves_of(v)
+
+
+def _check_waves(waves: object) -> int:
+    require(isinstance(waves, int) and not isinstance(waves, bool) and waves >= 1, "waves", waves,
+            "Hanayo needs a whole number of waves, at least 1")
+    return waves
+
+
+def _build(p: int, m: int, *, v: int = 2, waves: int | None = None) -> Schedule:
+    return hanayo(p, m, waves=resolve_waves(v, waves))
 
 
 def wave_idle(p: int, m: int, c: StageCosts) -> float:
@@ -137,8 +144,9 @@ def wave_idle(p: int, m: int, c: StageCosts) -> float:
     return max(steady, ramp)
 
 
-def hanayo_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
-    waves = waves_of(v)
+def hanayo_formula(p: int, m: int, v: int, c: StageCosts, *, waves: int | None = None) -> FormulaEstimate:
+    waves = resolve_waves(v, waves)
+    v = 2 * waves
     if waves == 1:
         peak = max(warmup_forwards(p, m, d) for d in range(p))
         return FormulaEstimate(
@@ -178,4 +186,5 @@ FAMILY = Family(
     chunks=None,
     default_v=2,
     options=("waves",),
+    formula_options=("waves",),
 )

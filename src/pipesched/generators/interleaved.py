@@ -126,4 +126,5 @@ FAMILY = Family(
     formula=interleaved_formula,
     chunks=None,
     default_v=2,
+    compare_v=True,
 )

@@ -38,4 +38,5 @@ FAMILY = Family(
     build=lambda p, m, *, v=None, **options: zb_1p(p, m, **options),
     formula=zb_1p_formula,
     options=("costs", "latency", "memory_limit", "m_w"),
+    plans_with_costs=True,
 )

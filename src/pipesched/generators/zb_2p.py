@@ -38,4 +38,5 @@ FAMILY = Family(
     build=lambda p, m, *, v=None, **options: zb_2p(p, m, **options),
     formula=zb_2p_formula,
     options=("costs", "latency", "memory_limit", "m_w"),
+    plans_with_costs=True,
 )

@@ -60,6 +60,7 @@ def dumps(schedule: Schedule) -> str:
     if schedule.params:
         lines.append(f"# params: {json.dumps(dict(schedule.params), sort_keys=True, default=str)}")
     rows = step_rows(schedule)
+    # cells as wide as the widest plain op; a fused op's cell is wider (its row shifts right)
     width = max((len(str(op)) for _, op in schedule.ops()), default=1)
     for device, row in enumerate(rows):
         cells = [(str(op) if op is not None else IDLE).ljust(width) for op in row]
@@ -113,7 +114,8 @@ def _parse_row(body: str, offset: int, number: int, source: str) -> list[Op]:
         if token == IDLE:
             continue
         ops.append(read_op(token, where=f"{source}:{number}:{offset + match.start() + 1}",
-                           hint="write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1, 1B0, or . for idle"))
+                           hint="write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1, 1B0, a fused pair like "
+                                "(0F1;1B0)OVERLAP_F_B, or . for idle"))
     return ops
 
 
@@ -138,7 +140,7 @@ def _one_int(header: dict[str, list[tuple[int, str]]], key: str, source: str, li
 
 
 def _build(rows: list[list[Op]], header: dict[str, list[tuple[int, str]]], source: str) -> Schedule:
-    seen = [op for row in rows for op in row]
+    seen = [atom for row in rows for op in row for atom in op.atoms]
     stages = _one_int(header, "stages", source, MAX_STAGES)
     if stages is None:
         stages = max((op.stage for op in seen), default=0) + 1
@@ -170,7 +172,7 @@ def infer_placement(rows: list[list[Op]], num_stages: int, source: str) -> Place
     """Each stage on the device whose row holds it (one replica)."""
     device_of: dict[int, int] = {}
     for device, row in enumerate(rows):
-        for op in row:
+        for op in (atom for entry in row for atom in entry.atoms):
             previous = device_of.setdefault(op.stage, device)
             if previous != device:
                 raise PipeschedError(

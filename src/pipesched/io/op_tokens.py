@@ -8,7 +8,7 @@ from pipesched.errors import PipeschedError, shorten
 from pipesched.limits import MAX_MICROBATCHES, MAX_NUMBER_CHARS, MAX_OPS, MAX_STAGES
 from pipesched.ops import Op
 
-_MAX_OP_CHARS = 2 * MAX_NUMBER_CHARS + 1  # stage digits, the kind letter, microbatch digits
+_MAX_OP_CHARS = 2 * (2 * MAX_NUMBER_CHARS + 1) + len("(;)OVERLAP_F_B")  # a fused pair of two ops, the longest
 
 
 def read_op(token: str, *, where: str, hint: str, label: str = "op token") -> Op:

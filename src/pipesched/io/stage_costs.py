@@ -10,7 +10,9 @@ an optional ``backward`` column gives B's time instead. Optional ``static_bytes`
 replicas all-reduce) columns feed the memory trace and the all-reduce; ``kept_for_w_bytes``
 (gradients a split backward's I computes and its W still needs) adds to memory from I to W; ``frozen`` (0 or
 1) marks a stage whose layers are all frozen (no weight gradient: the schedule drops its W,
-or its whole backward when every stage before it is frozen too). Columns may come in
+or its whole backward when every stage before it is frozen too). An optional ``fb`` column
+gives the measured time of an overlapped pair (DualPipe's F&B, a fused ``OVERLAP_F_B`` op)
+whose forward runs the stage (``StageCosts.fused_time``). Columns may come in
 any order; every stage 0..S-1 appears exactly once (rows in any order).
 
 >>> costs = parse_stage_costs(
@@ -42,10 +44,13 @@ from pipesched.limits import (
 )
 
 REQUIRED_COLUMNS = ("stage", "forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes")
-OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes", "kept_for_w_bytes", "frozen")
+OPTIONAL_COLUMNS = ("backward", "static_bytes", "grad_bytes", "kept_for_w_bytes", "frozen", "fb")
+# the StageCosts field of a column whose name differs from it
+_FIELDS = {"fb": "forward_backward"}
 _UNITS = {"forward": "seconds", "backward_input": "seconds", "backward_weight": "seconds",
           "backward": "seconds", "activation_bytes": "bytes", "output_bytes": "bytes",
-          "static_bytes": "bytes", "grad_bytes": "bytes", "kept_for_w_bytes": "bytes", "frozen": "0 or 1"}
+          "static_bytes": "bytes", "grad_bytes": "bytes", "kept_for_w_bytes": "bytes", "frozen": "0 or 1",
+          "fb": "seconds"}
 
 
 def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | None = None) -> StageCosts:
@@ -116,6 +121,7 @@ def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | No
         static_bytes=column("static_bytes"),
         grad_bytes=column("grad_bytes"),
         kept_for_w_bytes=column("kept_for_w_bytes"),
+        forward_backward=column("fb"),
     )
 
 
@@ -127,12 +133,12 @@ def load_stage_costs(path: str | os.PathLike[str], *, num_stages: int | None = N
 def dumps_stage_costs(costs: StageCosts) -> str:
     """The CSV text of ``costs``; ``parse_stage_costs`` reads it back to equal costs."""
     columns = list(REQUIRED_COLUMNS)
-    columns += [name for name in OPTIONAL_COLUMNS if getattr(costs, name) is not None]
+    columns += [name for name in OPTIONAL_COLUMNS if getattr(costs, _FIELDS.get(name, name)) is not None]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(columns)
     for stage in range(costs.num_stages):
-        writer.writerow([stage, *(_cell(getattr(costs, name)[stage]) for name in columns[1:])])
+        writer.writerow([stage, *(_cell(getattr(costs, _FIELDS.get(name, name))[stage]) for name in columns[1:])])
     return out.getvalue()
 
 

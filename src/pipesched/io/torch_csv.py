@@ -6,8 +6,8 @@ and the compute+comms format (``dumps_comms``: the communication pass's actions,
 ``0SEND_F1`` and ``1RECV_F1``, one per action, as ``_load_csv(format="compute_comms")``
 reads and ``_dump_csv`` writes). Import reads compute-only files and PyTorch's
 compute+comms dumps: as a schedule (``loads``: communication actions such as ``SEND_F``,
-``RECV_B``, ``UNSHARD``, ``REDUCE_GRAD`` are dropped and an overlapped pair
-``(0F1;1B0)OVERLAP_F_B`` becomes its two ops in order), or with its sends and receives
+``RECV_B``, ``UNSHARD``, ``REDUCE_GRAD`` are dropped; an overlapped pair
+``(0F1;1B0)OVERLAP_F_B`` is one fused op both ways), or with its sends and receives
 (``loads_comms``).
 """
 
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 _COMM_ACTION = re.compile(r"^\d+(SEND_F|RECV_F|SEND_B|RECV_B|UNSHARD|RESHARD|REDUCE_GRAD)\d*$")
 _SEND_RECV = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B)(\d+)$")
-_OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
 
 
 def _check_expressible(schedule: Schedule) -> None:
@@ -124,7 +123,7 @@ def loads(text: str, *, source: str = "<csv>", name: str = "custom") -> Schedule
         rows.pop()
     if not rows:
         raise PipeschedError(f"{source}: no rows; PyTorch's CSV has one row of actions per rank")
-    seen = [op for row in rows for op in row]
+    seen = [atom for row in rows for op in row for atom in op.atoms]
     num_stages = max(op.stage for op in seen) + 1
     num_microbatches = max(op.microbatch for op in seen) + 1
     check_table_size(num_stages, num_microbatches)
@@ -135,10 +134,5 @@ def loads(text: str, *, source: str = "<csv>", name: str = "custom") -> Schedule
 def _parse_cell(cell: str, source: str, line: int, column: int) -> list[Op]:
     if not cell or _COMM_ACTION.match(cell):
         return []
-    overlap = _OVERLAP.match(cell)
-    parts = overlap.group(1).split(";", maxsplit=2) if overlap else [cell]
-    where = f"{source}:{line}:{column}"
-    if len(parts) > 2:
-        raise PipeschedError(f"{where}: bad action {shorten(cell)!r}; an overlapped pair holds two ops, like (0F1;1B0)OVERLAP_F_B")
-    return [read_op(part, where=where, hint="cells are like 0F0, 3I1, 3W1, 1B0 (or PyTorch comm actions)",
-                    label="action") for part in parts]
+    return [read_op(cell, where=f"{source}:{line}:{column}", label="action",
+                    hint="cells are like 0F0, 3I1, 3W1, 1B0, (0F1;1B0)OVERLAP_F_B (or PyTorch comm actions)")]

@@ -22,7 +22,9 @@ Two views of the same derivation:
   its next op once the op's inputs have run somewhere; a produced message appends a
   ``Send`` to the producer and, at the same moment, the matching ``Recv`` to the consumer,
   so every pair of devices sees the traffic between them in the same order on both sides
-  (what NCCL needs) and a receive is posted long before its consumer waits on it.
+  (what NCCL needs) and a receive is posted long before its consumer waits on it. A fused
+  entry (``(0F1;1B0)OVERLAP_F_B``) is taken once every input of its parts has run, and
+  its parts' sends follow it, part by part, as PyTorch's lowering does with sub-actions.
 """
 
 from __future__ import annotations
@@ -296,35 +298,40 @@ def with_communication(schedule: Schedule) -> CommSchedule:
             if reduces.after[j, slot] < 0:
                 tail[device].append(AllReduce(int(reduces.stage[j]), peer))
     plans: list[list[Action]] = [[] for _ in range(num_devices)]
-    position = ops.device_offsets[:-1].astype(np.int64).tolist()
-    stop = ops.device_offsets[1:].astype(np.int64).tolist()
+    # per device, the table entries and the op rows each covers (a fused entry: its parts')
+    entries = schedule.device_ops
+    first_row = [np.cumsum([0, *(len(op.atoms) for op in ops)]) + int(ops_start)
+                 for ops, ops_start in zip(entries, ops.device_offsets[:-1].tolist(), strict=True)]
+    position = [0] * num_devices
     done = np.zeros(len(ops), np.bool_)
     need_row = deps.need_row
-    remaining = len(ops)
+    remaining = sum(len(row) for row in entries)
     while remaining:
         progress = False
         for device in range(num_devices):
-            x = position[device]
-            if x == stop[device]:
+            index = position[device]
+            if index == len(entries[device]):
                 continue
-            needs = need_row[x]
-            if not all(done[r] for r in needs if r >= 0):
+            rows = range(int(first_row[device][index]), int(first_row[device][index + 1]))
+            # an entry runs once every input of every part has run (a fused entry's parts
+            # take nothing from each other)
+            if not all(done[r] for x in rows for r in need_row[x] if r >= 0):
                 continue
-            plans[device].append(schedule.device_ops[device][x - int(ops.device_offsets[device])])
-            done[x] = True
+            plans[device].append(entries[device][index])
             position[device] += 1
             remaining -= 1
             progress = True
-            for t in range(sends_from[x], sends_from[x + 1]):
-                message = Message(int(sent.kind[t]), int(sent.stage[t]), int(sent.microbatch[t]))
-                plans[device].append(Send(message, int(sent.dst[t])))
-                plans[int(sent.dst[t])].append(Recv(message, device))
-            plans[device].extend(reduce_after.get(x, ()))
+            for x in rows:
+                done[x] = True
+            for x in rows:
+                for t in range(sends_from[x], sends_from[x + 1]):
+                    message = Message(int(sent.kind[t]), int(sent.stage[t]), int(sent.microbatch[t]))
+                    plans[device].append(Send(message, int(sent.dst[t])))
+                    plans[int(sent.dst[t])].append(Recv(message, device))
+                plans[device].extend(reduce_after.get(x, ()))
         if not progress:
-            stuck = "; ".join(
-                f"device {d} waits at {schedule.device_ops[d][position[d] - int(ops.device_offsets[d])]}"
-                for d in range(num_devices) if position[d] < stop[d]
-            )
+            stuck = "; ".join(f"device {d} waits at {entries[d][position[d]]}"
+                              for d in range(num_devices) if position[d] < len(entries[d]))
             raise PipeschedError(
                 f"schedule={schedule.name}: the tables deadlock ({stuck}); run `pipesched validate` for the report"
             )

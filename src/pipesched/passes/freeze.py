@@ -5,7 +5,7 @@ before it frozen needs no input gradient either, and then runs no backward at al
 (``pipesched.rules.stage_roles``). ``freeze`` keeps, on every device and in the family's
 order, the ops each stage's role runs (``Rules.kinds_for``): W and the weight half of B go
 from frozen stages (a B there costs what I costs), every backward from forward-only
-stages. The ops that remain move up on their device: the table is an order, not a grid.
+stages; a fused pair keeps the parts that still run. The ops that remain move up on their device: the table is an order, not a grid.
 
 >>> from pipesched.generators import generate
 >>> frozen = freeze(generate("zb-h1", 2, 2), {0})
@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from pipesched.errors import require
+from pipesched.ops import Op
 from pipesched.rules import stage_roles
 from pipesched.schedule import Schedule
 
@@ -39,6 +40,14 @@ def freeze(schedule: Schedule, frozen: Iterable[int]) -> Schedule:
         return schedule
     roles = stage_roles(schedule.num_stages, stages)
     runs = {role: schedule.rules.kinds_for(role) for role in set(roles)}
-    rows = tuple(tuple(op for op in ops if op.kind in runs[roles[op.stage]]) for ops in schedule.device_ops)
+
+    def kept(op: Op) -> Op | None:
+        # a fused pair keeps the parts that still run: both (still a pair), one (a plain op), or none
+        parts = tuple(part for part in op.atoms if part.kind in runs[roles[part.stage]])
+        if not op.parts:
+            return op if parts else None
+        return Op.fused(*parts, kind=op.kind) if len(parts) > 1 else (parts[0] if parts else None)
+
+    rows = tuple(tuple(op for op in map(kept, ops) if op is not None) for ops in schedule.device_ops)
     return schedule.with_ops(rows, frozen=stages)
 

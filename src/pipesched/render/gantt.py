@@ -28,7 +28,7 @@ from pipesched.render.style import (
     HOST_MEMORY_COLOR,
     IDLE_COLOR,
     KIND_COLORS,
-    KIND_LETTERS,
+    KIND_MARKS,
     KIND_NAMES,
     LABEL_ON_KIND,
     OOM_COLOR,
@@ -38,6 +38,7 @@ from pipesched.render.style import (
     chunk_shade,
     lighten,
     memory_scale,
+    op_label,
     time_scale,
 )
 from pipesched.render.summary import op_chunks, summarize
@@ -131,7 +132,7 @@ def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float
         labels += drawn[2]
         axes.set_xlim(0, _span(timelines, timeline.unit) * scale.factor)
 
-    handles = [Patch(facecolor=KIND_COLORS[k], label=f"{KIND_LETTERS[k]}  {KIND_NAMES[k]}")
+    handles = [Patch(facecolor=KIND_COLORS[k], label=f"{KIND_MARKS[k]}  {KIND_NAMES[k]}")
                for k in _kinds_present(timelines)]
     handles += [Patch(facecolor=TRANSFER_COLORS[k], label=f"{TRANSFER_NAMES[k]} transfer")
                 for k in _transfer_kinds_present(timelines)]
@@ -178,7 +179,7 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
     axes.barh(np.arange(devices), span * scale.factor, left=0, height=_BOX, color=IDLE_COLOR, linewidth=0, zorder=1)
 
     chunk, chunks = op_chunks(timeline)
-    palette, color = _op_colors(timeline.op_kind, chunk, chunks[timeline.op_device])
+    palette, color = _op_colors(timeline.box_kind, chunk, chunks[timeline.op_device])
     _draw_boxes(axes, _rectangles(x0, x1, y, np.where(on_host, 0.5 * _TRANSFER_BOX, _BOX)), palette, color,
                 gid=f"ops-{index}", link=f"op-{index}", edge=_edge_width(x1 - x0, inches_per_unit))
 
@@ -237,13 +238,13 @@ def _draw_labels(axes: Axes, timeline: Timeline, x0: np.ndarray, x1: np.ndarray,
     several = chunks[timeline.op_device] > 1
     lengths = np.where(several, 2 + np.floor(np.log10(np.maximum(timeline.op_stage, 1))), 1) + \
         1 + np.floor(np.log10(np.maximum(timeline.op_microbatch, 1)))
+    fused = np.flatnonzero(timeline.box_kind != timeline.op_kind)
+    lengths[fused] = [len(op_label(timeline, row, several_stages=bool(several[row]))) for row in fused.tolist()]
     fits = np.flatnonzero(widths >= 0.055 * lengths + 0.03)
     if len(fits) == 0 or len(fits) > label_budget:
         return 0
     for row in fits.tolist():
-        kind = KIND_LETTERS[int(timeline.op_kind[row])]
-        microbatch = int(timeline.op_microbatch[row])
-        text = f"{int(timeline.op_stage[row])}{kind}{microbatch}" if several[row] else f"{kind}{microbatch}"
+        text = op_label(timeline, row, several_stages=bool(several[row]))
         axes.text((x0[row] + x1[row]) / 2, y[row], text, ha="center", va="center", fontsize=7,
                   color=LABEL_ON_KIND, zorder=3, clip_on=True)
     return len(fits)
@@ -378,7 +379,7 @@ def _shared_scales(timelines: Sequence[Timeline]) -> dict[str, TimeScale]:
 
 
 def _kinds_present(timelines: Sequence[Timeline]) -> list[int]:
-    return sorted({int(k) for t in timelines for k in np.unique(t.op_kind)})
+    return sorted({int(k) for t in timelines for k in np.unique(t.box_kind)})
 
 
 def _transfer_kinds_present(timelines: Sequence[Timeline]) -> list[int]:

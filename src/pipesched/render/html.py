@@ -266,6 +266,7 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
     chunk, chunks = op_chunks(timeline)
     waits = waited_for(timeline)
     table = timeline.transfers
+    fused = np.flatnonzero(timeline.box_kind != timeline.op_kind).tolist()
     data = {
         "name": summary.name,
         "source": summary.source,
@@ -276,10 +277,12 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
         "devices": timeline.num_devices,
         "chunks": chunks.tolist(),
         "idle": np.round(timeline.idle_per_device() * scale.factor, digits).tolist(),
+        # a fused op's text (its parts', ``(0F3;7B1)OVERLAP_F_B``) by the row of its first part
+        "fused": {str(row): str(timeline.entry(row)) for row in fused},
         "ops": {
             "device": timeline.op_device.tolist(),
             "stage": timeline.op_stage.tolist(),
-            "kind": timeline.op_kind.tolist(),
+            "kind": timeline.box_kind.tolist(),
             "microbatch": timeline.op_microbatch.tolist(),
             "chunk": chunk.tolist(),
             "start": times(timeline.op_start),

@@ -1,10 +1,10 @@
 """Colours, names and unit formatting shared by every view (terminal, Gantt, trace, HTML).
 
 Forward is blue, the backward halves are warm (I orange, B the darker burnt orange of the
-fused I+W), the deferrable weight gradient W is green; later chunks of a device are lighter
-shades of the same colours. Activation offloads (O) and reloads (R), on a device's host
-link, are slate grey, the reload lighter. Transfers: activations teal, gradients gold,
-all-reduces purple.
+fused I+W), the deferrable weight gradient W is green, an overlapped forward-backward pair
+(a fused op) dark slate; later chunks of a device are lighter shades of the same colours.
+Activation offloads (O) and reloads (R), on a device's host link, are slate grey, the
+reload lighter. Transfers: activations teal, gradients gold, all-reduces purple.
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesched.ops import KIND_ORDER
-from pipesched.timeline import TRANSFER_KIND_NAMES
+from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
 
-# index = ops.KIND_ORDER position (F, I, W, B, O, R)
-KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a", "#5d6d7e", "#8e9eae")
+# index = ops.KIND_ORDER position (F, I, W, B, O, R, OVERLAP_F_B)
+KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a", "#5d6d7e", "#8e9eae", "#3b3f5c")
 KIND_LETTERS: tuple[str, ...] = tuple(kind.value for kind in KIND_ORDER)
+# one character per kind, where a box is too narrow for its label (a fused pair is ``&``)
+KIND_MARKS: tuple[str, ...] = tuple(letter if len(letter) == 1 else "&" for letter in KIND_LETTERS)
 KIND_NAMES: tuple[str, ...] = ("forward", "backward (input)", "backward (weight)", "backward (full)",
-                               "offload to host", "reload from host")
+                               "offload to host", "reload from host", "overlapped forward + backward")
 HOST_MEMORY_COLOR = "#5d6d7e"  # host memory curves: the offload colour
 
 # index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce): teal, gold
@@ -30,6 +32,13 @@ IDLE_COLOR = "#ececec"
 OOM_COLOR = "#c0392b"
 # text drawn on a box of each kind (white reads on every fill)
 LABEL_ON_KIND = "#ffffff"
+
+
+def op_label(timeline: Timeline, row: int, *, several_stages: bool) -> str:
+    """A box's text: ``F3`` (kind, microbatch), or the op text ``5F3`` when the device holds
+    several stages; a fused op's parts joined by ``&`` (``F3&B1``, ``0F3&7B1``)."""
+    entry = timeline.entry(row) if timeline.op_entry is not None else timeline.op(row)
+    return "&".join(str(op) if several_stages else f"{op.kind}{op.microbatch}" for op in entry.atoms)
 
 
 def lighten(color: str, amount: float) -> str:

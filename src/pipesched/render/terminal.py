@@ -19,12 +19,13 @@ from rich.text import Text
 from pipesched.errors import require
 from pipesched.render.style import (
     KIND_COLORS,
-    KIND_LETTERS,
+    KIND_MARKS,
     KIND_NAMES,
     LABEL_ON_KIND,
     chunk_shade,
     format_memory,
     lighten,
+    op_label,
     time_scale,
 )
 from pipesched.render.summary import op_chunks, summarize
@@ -107,23 +108,13 @@ def _device_bar(timeline: Timeline, cells: np.ndarray, chunk: np.ndarray, chunks
         if row < 0:
             bar.append(IDLE_CELL * run, style="dim")
         else:
-            kind = int(timeline.op_kind[row])
-            label = _op_label(timeline, row, several_stages=chunks > 1)
-            text = label.center(run) if len(label) <= run else KIND_LETTERS[kind] * run
+            kind = int(timeline.box_kind[row])
+            label = op_label(timeline, row, several_stages=chunks > 1)
+            text = label.center(run) if len(label) <= run else KIND_MARKS[kind] * run
             fill = lighten(KIND_COLORS[kind], chunk_shade(int(chunk[row]), chunks))
             bar.append(text, style=f"bold {LABEL_ON_KIND} on {fill}")
         column += run
     return bar
-
-
-def _op_label(timeline: Timeline, row: int, *, several_stages: bool) -> str:
-    """``F3`` (kind, microbatch), or the full op text ``5F3`` when the device holds several
-    stages."""
-    kind = KIND_LETTERS[int(timeline.op_kind[row])]
-    microbatch = int(timeline.op_microbatch[row])
-    if several_stages:
-        return f"{int(timeline.op_stage[row])}{kind}{microbatch}"
-    return f"{kind}{microbatch}"
 
 
 def _axis(timeline: Timeline, label_width: int, columns: int) -> Text:
@@ -143,9 +134,9 @@ def _axis(timeline: Timeline, label_width: int, columns: int) -> Text:
 
 def _legend(timeline: Timeline) -> Text:
     legend = Text()
-    present = sorted({int(k) for k in np.unique(timeline.op_kind)})
+    present = sorted({int(k) for k in np.unique(timeline.box_kind)})
     for kind in present:
-        legend.append(f" {KIND_LETTERS[kind]} ", style=f"bold {LABEL_ON_KIND} on {KIND_COLORS[kind]}")
+        legend.append(f" {KIND_MARKS[kind]} ", style=f"bold {LABEL_ON_KIND} on {KIND_COLORS[kind]}")
         legend.append(f" {KIND_NAMES[kind]}  ")
     legend.append(f"{IDLE_CELL} idle", style="dim")
     return legend

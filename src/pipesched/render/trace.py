@@ -150,10 +150,14 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], flow_ids, suffi
 
     # ops: one complete event each, in row order
     waits = wait_texts(timeline, waited_for(timeline))
-    kinds, stages, microbatches = (timeline.op_kind.tolist(), timeline.op_stage.tolist(),
+    kinds, stages, microbatches = (timeline.box_kind.tolist(), timeline.op_stage.tolist(),
                                    timeline.op_microbatch.tolist())
-    # the op text of each row, 2F0 as everywhere in pipesched
-    names = [f"{s}{KIND_LETTERS[k]}{mb}" for s, k, mb in zip(stages, kinds, microbatches, strict=True)]
+    # the op text of each row, 2F0 as everywhere in pipesched; a fused op's first part
+    # carries the fused op's text, its later parts (no duration) their own
+    names = [f"{s}{KIND_LETTERS[k]}{mb}" for s, k, mb in zip(stages, timeline.op_kind.tolist(), microbatches,
+                                                              strict=True)]
+    for row in np.flatnonzero(timeline.box_kind != timeline.op_kind).tolist():
+        names[row] = str(timeline.entry(row))
     op_pid = [pid_of[d] for d in timeline.op_device.tolist()]
     starts = [stamp(t) for t in timeline.op_start.tolist()]
     ends = [stamp(t) for t in timeline.op_end.tolist()]

@@ -140,6 +140,16 @@ def waited_for(timeline: Timeline) -> Waits:
     time[crossed, 2] = timeline.transfers.end[deps.delivery[crossed]]
     code[crossed, 2] = WAIT_TRANSFER
     ref[crossed, 2] = deps.delivery[crossed]
+    if timeline.op_entry is not None:
+        # a fused op waits for the inputs of all its parts: its later parts' inputs count
+        # for its first part (the row that holds the device)
+        tails = np.flatnonzero(~timeline.drawn())
+        heads = timeline.op_entry[tails].astype(np.int64)
+        for column in (1, 2):
+            later = time[tails, column] > time[heads, column]
+            time[heads[later], column] = time[tails[later], column]
+            code[heads[later], column] = code[tails[later], column]
+            ref[heads[later], column] = ref[tails[later], column]
 
     latest = time.max(axis=1, initial=-np.inf)
     tolerance = 1e-9 * max(timeline.makespan, 1e-30)

@@ -118,9 +118,11 @@ class Executor:
         compute_index = 0
         for action in self.plan:
             if isinstance(action, Op):
-                setup.before_op(step_index, compute_index)
-                self._compute(action, state)
-                compute_index += 1
+                # a fused entry's parts run one after the other (no overlap on these ranks)
+                for op in action.atoms:
+                    setup.before_op(step_index, compute_index)
+                    self._compute(op, state)
+                    compute_index += 1
             elif isinstance(action, AllReduce):
                 self._post_reduce(action.stage, state)
             elif isinstance(action, Send):
@@ -154,7 +156,7 @@ class Executor:
 
     def _compute(self, op: Op, state: _StepState) -> None:
         setup = self.setup
-        s, kind, mb = op
+        s, kind, mb = op.stage, op.kind, op.microbatch
         key = (s, mb)
         module = setup.modules[(s, setup.schedule.route[mb])]
         first, last = s == 0, s == self.num_stages - 1

@@ -147,8 +147,9 @@ def _reduce_table(ranks: list[RankStep], origin: int) -> TransferTable:
 
 
 def order_mismatch(schedule: Schedule, timeline: Timeline) -> str | None:
-    """None when every device ran exactly its table's ops in table order; else where not."""
-    for device, expected in enumerate(schedule.device_ops):
+    """None when every device ran exactly its table's ops in table order (a fused entry's
+    parts one after the other); else where not."""
+    for device, expected in enumerate(schedule.device_atoms):
         rows = np.flatnonzero(timeline.op_device == device)
         ran = [timeline.op(int(row)) for row in rows]
         if ran == list(expected):

@@ -69,6 +69,8 @@ def candidates(problem: SynthesisProblem) -> list[tuple[str, dict[str, object], 
     limit = in_flight_allowed(problem)
     found = []
     for name, family in FAMILIES.items():
+        if family.asynchronous:
+            continue  # no flushed iteration to compare with
         variants: list[dict[str, object]] = [{}]
         if "costs" in family.options and "memory_limit" in family.options:
             variants.append({"costs": problem.costs, **({"memory_limit": limit} if limit is not None else {})})

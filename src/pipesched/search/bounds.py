@@ -12,7 +12,9 @@ Every start time of the engine is a max of sums of durations and links only add 
 - the schedule's table with its real op times and free links (the engine's first pass), and
   after the ops that release it, each gradient all-reduce's own duration on the network.
 
-The bound is the largest of the three. The peak memory is exact: a device's memory trace
+Iterations run back to back (an asynchronous family, or a steady state) get no time bound:
+their iteration is measured between iteration ends, which none of the three bounds.
+Otherwise the bound is the largest of the three. The peak memory is exact: a device's memory trace
 does not depend on the times (``pipesched.simulate.memory.peak_memory``).
 """
 
@@ -23,6 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.costs import StageCosts
+from pipesched.experiments.evaluate import (
+    STEADY_ITERATIONS,
+    in_steady_state,
+    sim_schedule,
+    with_fb_cost,
+)
 from pipesched.experiments.point import Point
 from pipesched.passes.communication import allreduces
 from pipesched.simulate import engine
@@ -57,16 +65,30 @@ class Bound:
 def lower_bound(point: Point) -> Bound:
     """The memory and time bound of ``point`` (raises PipeschedError when it cannot be built
     or costed, as ``evaluate`` would)."""
-    schedule = point.build_schedule()
     setup = point.setup()
-    costs = setup.costs_for(schedule)
+    # the schedule and costs the sim level runs (zb-1p and zb-2p plan with the workload's
+    # own costs; an asynchronous family's table holds several iterations)
+    schedule = sim_schedule(point, setup)
+    costs = with_fb_cost(setup.costs_for(schedule), point.fb_cost)
     network = setup.network_for(schedule)
-    # free communication: the ops and their memory alone (no transfers to lower)
-    graph = compile_graph(schedule, costs, None)
     capacity = network.capacity[: schedule.num_devices] if network.capacity is not None else None
-    closed = _closed_form(point, costs)
-    work = _work(graph, costs)
-    table = _table(graph, network)
+    if in_steady_state(point):
+        # iterations back to back (an asynchronous family, or --steady-state): the iteration
+        # time is measured between iteration ends, and a device may start the next
+        # iteration's ops before the last one ends everywhere, so neither the flushed table,
+        # the fill ramp nor one iteration's work bounds it: no time bound (never pruned);
+        # the memory is the whole run's, exact as ever
+        from pipesched.simulate.iterations import compile_iterations
+
+        graph = compile_iterations(schedule, costs, None, iterations=STEADY_ITERATIONS,
+                                   steady=point.steady_state).graph
+        closed = work = table = 0.0
+    else:
+        # free communication: the ops and their memory alone (no transfers to lower)
+        graph = compile_graph(schedule, costs, None)
+        closed = _closed_form(point, costs)
+        work = _work(graph, costs)
+        table = _table(graph, network)
     return Bound(max(closed, work, table), closed, work, table,
                  tuple(float(x) for x in peak_memory(graph)), capacity)
 

@@ -53,7 +53,7 @@ class SearchSpace:
     global_batch: int = DEFAULTS.global_batch  # G, sequences per iteration
     seq_len: int = DEFAULTS.seq_len  # tokens per sequence
     gpus: int | None = None  # devices used, the cluster's first (None: all)
-    schedules: tuple[str, ...] = ()  # families (empty: all)
+    schedules: tuple[str, ...] = ()  # families (empty: every synchronous one)
     chunks: tuple[int, ...] = (2, 4)  # v for the families that take it
     partitions: tuple[str, ...] = PARTITION_METHODS
     recompute: tuple[str, ...] = RECOMPUTE_MODES
@@ -72,7 +72,10 @@ class SearchSpace:
                 "must be a whole number of tokens >= 1")
         for name in self.schedules:
             get_family(name)
-        object.__setattr__(self, "schedules", tuple(self.schedules) or tuple(FAMILIES))
+        # by default the flushed, synchronous families: an asynchronous pipeline trains on stale
+        # weights (another optimizer, not only another schedule), so it is searched when named
+        synchronous = tuple(name for name in FAMILIES if not get_family(name).asynchronous)
+        object.__setattr__(self, "schedules", tuple(self.schedules) or synchronous)
         for name in ("chunks", "tensor_parallel", "pipeline", "data_parallel", "micro_batch_sizes"):
             values = tuple(getattr(self, name))
             for value in values:

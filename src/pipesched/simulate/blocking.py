@@ -56,10 +56,13 @@ class BlockingProgram:
 
 def blocking_program(schedule: Schedule, *, steps: str, queue_rows: np.ndarray, queue_offsets: np.ndarray,
                      kinds: np.ndarray, pred_ptr: np.ndarray, pred_op: np.ndarray, pred_via: np.ndarray,
-                     tr_rel_ptr: np.ndarray, tr_rel: np.ndarray, num_messages: int) -> BlockingProgram:
+                     tr_rel_ptr: np.ndarray, tr_rel: np.ndarray, num_messages: int,
+                     tails: np.ndarray | None = None) -> BlockingProgram:
     """The blocking program of a compiled graph's arrays (``kinds``: rules index per op row;
-    transfers 0..num_messages-1 are messages released by their producer alone). Raises
-    PipeschedError when the tables deadlock on a blocking runtime."""
+    transfers 0..num_messages-1 are messages released by their producer alone; ``tails``:
+    the rows that are a fused entry's later part, which run in their head's step: one batch
+    before the pair for both inputs, one after it for both outputs). Raises PipeschedError
+    when the tables deadlock on a blocking runtime."""
     require(steps in STEPS, "steps", steps, f"choose one of {', '.join(STEPS)}")
     n = kinds.shape[0]
     producer = tr_rel[tr_rel_ptr[:num_messages]].astype(np.int64)
@@ -72,6 +75,8 @@ def blocking_program(schedule: Schedule, *, steps: str, queue_rows: np.ndarray, 
     first_failure = ""
     for mode in tried:
         head = step_heads(schedule.rules, kinds, before, mode)
+        if tails is not None:
+            head &= ~tails
         program = _program(mode, head, before, after, producer, first_consumer, pred_ptr, pred_op, pred_via,
                            tr_rel_ptr, tr_rel, num_messages)
         done = _done(program, queue_rows, queue_offsets, n)
@@ -176,7 +181,7 @@ def _describe(schedule: Schedule, program: BlockingProgram, done: np.ndarray, qu
 
     def name(row: int) -> str:
         device = int(ops.device[row])
-        return str(schedule.device_ops[device][row - int(ops.device_offsets[device])])
+        return str(schedule.device_atoms[device][row - int(ops.device_offsets[device])])
 
     lines = []
     for q in range(queue_offsets.shape[0] - 1):

@@ -21,6 +21,16 @@ offload or reload lasts ``host latency + activation bytes / host bandwidth`` of 
 (``Network.host_bandwidth``; free without a network, as in the slot table); a device with
 no host link cannot run one.
 
+A fused entry (``(0F1;1B0)OVERLAP_F_B``) is its parts' rows (``dependencies``) lowered as
+one op, as DeepSeek's DualPipe runtime runs an overlapped pair: its first part holds the
+device for the pair's time (``StageCosts.fused_time``) and waits for every input of every
+part (both receives are waited before the pair); the other parts follow it on the queue
+with no duration of their own, so they end with it, and every part's messages leave when
+the pair ends (both sends after it). Memory: the forward part allocates when the pair
+starts, the backward part frees when it ends. Without overlap (a blocking runtime), the
+sends and receives of a fused op still overlap its computation: they do not hold its
+device's compute stream.
+
 Transfers, from the communication pass (``pipesched.passes.communication``):
 
     message     after its producing op ends, to the device of the op that needs it:
@@ -216,6 +226,8 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     # data dependencies, CSR by consumer row; host-link ops also wait for the compute op
     # before them in their device's table (where the runtime issues them)
     consumer, producer, _ = deps.edges
+    if ops.fused:
+        op_duration, consumer = fuse_entries(ops, costs, op_duration, consumer)
     issued_after = _issue_edges(ops, arrays.stream) if off_compute else None
     # memory effects of each op (its stage role's effect x this stage's activation bytes);
     # a table with no frozen stage has every op in the role of a stage that trains
@@ -268,7 +280,8 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
                                  "offloads with overlap, or drop the offload")
         program = blocking_program(schedule, steps=blocking_steps, queue_rows=queue_rows, queue_offsets=queue_offsets,
                                    kinds=kinds, pred_ptr=pred_ptr, pred_op=pred_op, pred_via=pred_via,
-                                   tr_rel_ptr=rel_ptr, tr_rel=rel, num_messages=m_count)
+                                   tr_rel_ptr=rel_ptr, tr_rel=rel, num_messages=m_count,
+                                   tails=ops.tails() if ops.fused else None)
         pred_ptr, pred_op, pred_via, rel_ptr, rel = (program.pred_ptr, program.pred_op, program.pred_via,
                                                      program.tr_rel_ptr, program.tr_rel)
         steps = program.steps
@@ -291,14 +304,14 @@ def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None)
     kinds = ops.kind.astype(np.int64)
     if not schedule.frozen and not _uses_side_streams(schedule):
         # every stage trains and every op computes: its kind's cost on its stage
-        return np.array([costs.times(rule.cost) if rule.cost != HOST_TRANSFER else (0.0,) * schedule.num_stages
-                         for rule in rules], np.float64)[kinds, ops.stage]
+        return np.array([costs.times(rule.cost) if rule.cost != HOST_TRANSFER and not rule.fused
+                         else (0.0,) * schedule.num_stages for rule in rules], np.float64)[kinds, ops.stage]
     op_role = role_index(schedule.roles)[ops.stage]
     names = [[rules.cost_for(rule.kind, role) for rule in rules] for role in ROLES]
     per_role = np.zeros((len(ROLES), len(rules), schedule.num_stages))
     for r, row in enumerate(names):
         for k, name in enumerate(row):
-            if name != HOST_TRANSFER:
+            if name != HOST_TRANSFER and not rules.kinds[k].fused:
                 per_role[r, k] = costs.times(name)
     duration = per_role[op_role, kinds, ops.stage]
     moves = np.array([[name == HOST_TRANSFER for name in row] for row in names], np.bool_)[op_role, kinds]
@@ -390,6 +403,23 @@ def _with_issue_edges(consumer: np.ndarray, producer: np.ndarray, via: np.ndarra
     pred_ptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(consumer, minlength=n), out=pred_ptr[1:])
     return pred_ptr, producer, via
+
+
+def fuse_entries(ops: OpArrays, costs: StageCosts, op_duration: np.ndarray,
+                 consumer: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fused entries as one op each (see the module docstring): the durations with each
+    entry's time on its first part and none on the others, and the dependency edges'
+    consumers moved to the entry's first part. Edges stay sorted by consumer: an entry's
+    parts are consecutive rows."""
+    tails = ops.tails()
+    heads = np.unique(ops.entry_head[tails])
+    backward = np.zeros(len(ops), np.float64)
+    np.add.at(backward, ops.entry_head[tails], op_duration[tails])
+    fused = op_duration.copy()
+    fused[heads] = [costs.fused_time(int(stage), float(forward), float(rest))
+                    for stage, forward, rest in zip(ops.stage[heads], op_duration[heads], backward[heads], strict=True)]
+    fused[tails] = 0.0
+    return fused, ops.entry_head[consumer].astype(np.int32)
 
 
 def _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets, op_duration,

@@ -90,6 +90,7 @@ def run(graph: TaskGraph, *, op_durations: np.ndarray | None = None,
             optimizer_step=_optimizer_steps(graph, op_end, tr_end),
             blocking_steps=graph.blocking_steps,
         ),
+        op_entry=ops.entry_head,
     )
 
 

@@ -58,6 +58,7 @@
   }
   function opText(t, row) {
     var ops = t.ops;
+    if (t.fused && t.fused[row] !== undefined) return t.fused[row];
     return ops.stage[row] + data.kinds.letters[ops.kind[row]] + ops.microbatch[row];
   }
   // measured over predicted duration: -50% (faster) blue, 0 grey, +50% (slower) red
@@ -72,6 +73,7 @@
   }
   function opLabel(t, row) {
     var ops = t.ops;
+    if (t.fused && t.fused[row] !== undefined) return t.fused[row].replace(/^\((.*)\).*$/, "$1").replace(";", "&");
     if (t.chunks[ops.device[row]] > 1) return opText(t, row);
     return data.kinds.letters[ops.kind[row]] + ops.microbatch[row];
   }
