@@ -29,13 +29,12 @@ costs and the in-flight count the cap allows) with its makespan and whether it f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import time
 
-from pipesched.simulate.setup import DEFAULT_SCENARIO, SimulationSetup
-
 from pipesched.costs import StageCosts
+from pipesched.defaults import DEFAULTS
+from pipesched.experiments import Point
 from pipesched.schedule import Placement, Schedule
 from pipesched.search.baseline import candidates
 from pipesched.search.plans import Plan, evaluate, fits, in_microbatch_order
@@ -48,11 +47,10 @@ def uniform_case(p: int, m: int) -> tuple[StageCosts, Network, int, tuple[float,
     return StageCosts.uniform(p), Network.uniform(p, latency=0.0, bandwidth=math.inf), m, (float(p),) * p
 
 
-def default_case(*, device_memory: bool, p: int = DEFAULT_SCENARIO.p, m: int = DEFAULT_SCENARIO.m,
-                 tensor_parallel: int = DEFAULT_SCENARIO.settings.tensor_parallel):
+def default_case(*, device_memory: bool, p: int = DEFAULTS.p, m: int = DEFAULTS.m,
+                 tensor_parallel: int = DEFAULTS.tensor_parallel):
     """The default scenario's model and cluster (optionally at another pipeline size)."""
-    settings = dataclasses.replace(DEFAULT_SCENARIO.settings, tensor_parallel=tensor_parallel)
-    setup = SimulationSetup.from_scenario(dataclasses.replace(DEFAULT_SCENARIO, p=p, m=m, settings=settings))
+    setup = Point("1f1b", p=p, m=m, tp=tensor_parallel).setup()
     placement = Schedule("synthesized", Placement.one_per_device(p), m, ((),) * p)
     costs, network = setup.costs_for(placement), setup.network_for(placement)
     if device_memory:
@@ -82,7 +80,7 @@ def run_case(name: str, case, *, time_limit: float, targets: str, memory_rule: s
             fit = fits(problem, evaluation)
             shown = ", ".join(f"{k}={v}" if k != "costs" else "stage costs" for k, v in options.items())
             ratio = evaluation.makespan / result.makespan_s
-            lines.append(f"  {family:7} {('(' + shown + ')') if shown else '':40} {evaluation.makespan:10.6g} s  "
+            lines.append(f"  {family:15} {('(' + shown + ')') if shown else '':40} {evaluation.makespan:10.6g} s  "
                          f"{'fits' if fit else 'OOM '}  {ratio:.4f}x the synthesized time")
             if fit:
                 beaten.append(ratio)

@@ -1,10 +1,11 @@
 """Every example the README and the commands' --help texts show runs as shown.
 
 README examples are the `$ pipesched ...` lines of its code blocks (the lines the block
-shows after one must be lines the command prints, in order) and the command of the setup
-line; help
-examples are the lines under "Examples:" in `pipesched COMMAND --help`. They run in order,
-in one folder, so a later example may read a file an earlier one wrote.
+shows after one must be lines the command prints, in order; `| tail -N` after the command
+keeps its last N lines) and the command of the setup line; a `$ cat FILE` line shows a file
+that the examples after it read (the test writes the lines shown). Help examples are the
+lines under "Examples:" in `pipesched COMMAND --help`. They run in order, in one folder, so
+a later example may read a file an earlier one wrote.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def readme_examples() -> list[tuple[str, str | None]]:
     for block in re.findall(r"```[a-z]*\n(.*?)```", README.read_text(encoding="utf-8"), re.S):
         lines = block.splitlines()
         for index, line in enumerate(lines):
-            if line.startswith("$ pipesched "):
+            if line.startswith(("$ pipesched ", "$ cat ")):
                 shown = []
                 for rest in lines[index + 1:]:
                     if rest.startswith("$ "):
@@ -62,7 +63,7 @@ EXAMPLES = [(command, output) for command, output in readme_examples()] + [(comm
 
 def test_the_readme_and_every_command_show_examples():
     assert len(readme_examples()) >= 2
-    assert {shlex.split(command)[1] for command, _ in EXAMPLES} >= set(COMMANDS)
+    assert {shlex.split(command)[1] for command, _ in EXAMPLES if command.startswith("pipesched ")} >= set(COMMANDS)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,13 @@ def folder(tmp_path_factory):
 @pytest.mark.parametrize(("command", "output"), EXAMPLES, ids=[command for command, _ in EXAMPLES])
 def test_example_runs_as_shown(command, output, cli, folder, monkeypatch):
     words = shlex.split(command)
+    if words[0] == "cat":  # a file the README shows: the examples after it read it
+        (folder / words[1]).write_text((output or "") + "\n", encoding="utf-8")
+        return
+    tail = None
+    if len(words) >= 4 and words[-3:-1] == ["|", "tail"]:
+        tail, words = int(words[-1].lstrip("-")), words[:-3]
+    assert "|" not in words and "#" not in words, f"{command}: an example is one pipesched command"
     if words[1] in NEEDS_TORCH:
         pytest.importorskip("torch")
     monkeypatch.chdir(folder)
@@ -81,6 +89,6 @@ def test_example_runs_as_shown(command, output, cli, folder, monkeypatch):
     assert result.code == 0, f"{command}: {result}"
     assert "Traceback" not in result.err
     if output is not None:  # the README's lines, in order, among the printed ones
-        printed = iter(result.out.splitlines())
+        printed = iter(result.out.splitlines()[-tail:] if tail else result.out.splitlines())
         for line in output.splitlines():
             assert line in printed, f"{command}: the README shows {line!r}, which it does not print (in that order)"

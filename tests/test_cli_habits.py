@@ -172,3 +172,32 @@ def test_readme_lists_every_limit():
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     table = readme.split("## Limits", 1)[1].split("\n\n")[2]
     assert table.splitlines()[2:] == [f"| {what} | {shown(value)} |" for _, value, what in LIMITS]
+
+
+def test_readme_lists_every_default():
+    import dataclasses
+    from pathlib import Path
+
+    from pipesched.defaults import DEFAULTS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Defaults", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[3].strip() for line in section.splitlines()
+            if line.startswith("| `")}
+    for field in dataclasses.fields(DEFAULTS):
+        value = getattr(DEFAULTS, field.name)
+        assert rows.get(field.name) == (str(value).lower() if isinstance(value, bool) else str(value)), field.name
+
+
+def test_real_run_commands_start_from_the_defaults():
+    import inspect
+
+    from pipesched.cli.run import check_command, profile_command, run_command
+    from pipesched.defaults import DEFAULTS
+
+    for command in (run_command, profile_command, check_command):
+        parameters = inspect.signature(command).parameters
+        assert parameters["model"].default == DEFAULTS.run_model, command.__name__
+        assert parameters["seq_len"].default == DEFAULTS.run_seq_len
+        assert parameters["micro_batch_size"].default == DEFAULTS.run_micro_batch_size
+        assert parameters["dtype"].default == DEFAULTS.run_dtype

@@ -4,6 +4,7 @@ solver, they are optimal where every op order can be tried, and they keep the me
 from __future__ import annotations
 
 import doctest
+import dataclasses
 import functools
 import importlib
 import itertools
@@ -170,6 +171,26 @@ def test_partial_frees_at_i_are_counted_exactly(rule) -> None:
     assert result.status == "optimal"
     assert result.makespan_s == pytest.approx(partial_optimum(5.0), rel=1e-12)
     assert partial_optimum(5.0) < partial_optimum(4.0)  # the extra byte counts
+
+
+# I frees 3 of 4 B but leaves 2 B of gradients for W (kept_for_w_bytes): I's end raises the
+# level by 1 B, so the level can peak as an I ends, not only as an F starts
+KEPT = (dataclasses.replace(uneven(2, input_frees=0.75), kept_for_w_bytes=(5.0, 5.0)),
+        Network.uniform(2, latency=0.5, bandwidth=INF), 3)
+
+
+@pytest.mark.parametrize("rule", ["counting", "reservoir"])
+def test_gradients_kept_for_w_are_counted_exactly(rule) -> None:
+    costs, network, m = KEPT
+    optimum = {limit: brute_force(costs, network, m, limit=limit, split=True, fifo=True) for limit in (9.0, 10.0)}
+    assert optimum[9.0] > optimum[10.0]  # the kept gradients bind
+    result = synthesize(costs, network, m, memory_limit=9.0, time_limit=10, memory_rule=rule)
+    check_result(result, costs, network, 9.0)
+    assert result.status == "optimal"
+    assert result.makespan_s == pytest.approx(optimum[9.0], rel=1e-12)
+    # the solver's own model counts them: its optimum is the true one, so is its bound
+    assert result.solver_makespan_s == pytest.approx(optimum[9.0], rel=1e-12)
+    assert result.lower_bound_s == pytest.approx(optimum[9.0], rel=1e-12)
 
 
 def test_recompute_decisions_are_optimal_and_keep_the_cap() -> None:

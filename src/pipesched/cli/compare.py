@@ -223,7 +223,8 @@ def print_comparison(result: Comparison) -> None:
                          "the asynchronous families (no flush: their weights are stale)"), highlight=False)
     for r in steady:
         if r.asynchronous or r.staleness:
-            console.print(f"{r.schedule}: staleness {r.staleness} updates at most ({r.mean_staleness:.3g} on "
+            console.print(f"{r.schedule}: staleness {r.staleness} update{'' if r.staleness == 1 else 's'} at most "
+                          f"({r.mean_staleness:.3g} on "
                           f"average), {r.weight_versions} weight versions on the busiest stage", highlight=False)
     for name, reason in result.skipped:
         console.print(f"skipped {name}: {reason}", highlight=False, markup=False)

@@ -4,7 +4,6 @@ simulator's error against real runs."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,14 +14,12 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
-from pipesched.errors import PipeschedError, require, shorten
+from pipesched.defaults import DEFAULTS
+from pipesched.errors import PipeschedError, require
 from pipesched.generators import FAMILIES
-from pipesched.io.files import check_output_path, write_atomic
-from pipesched.limits import MAX_DEVICES, MAX_LAYERS, MAX_STAGES, check_count, parse_int
+from pipesched.io.files import check_output_path
 from pipesched.model import load_model
-from pipesched.partition import Partition
 from pipesched.schedule import Schedule
-from pipesched.timeline import Timeline
 
 ModelOption = Annotated[str, typer.Option("--model", help="model preset (tiny, small, ...), YAML shape or config.json")]
 MicroBatchSize = Annotated[int, typer.Option("--micro-batch-size", "-b", help="sequences per microbatch")]
@@ -59,17 +56,6 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
-def timeline_records(timeline: Timeline) -> list[dict]:
-    """Every op of a timeline as a JSON-ready dict, in the timeline's row order."""
-    waits = timeline.measured.op_wait_s if timeline.measured is not None else None
-    return [
-        {"device": int(timeline.op_device[row]), "op": str(timeline.op(row)),
-         "start_s": float(timeline.op_start[row]), "end_s": float(timeline.op_end[row]),
-         **({"wait_s": float(waits[row])} if waits is not None else {})}
-        for row in range(len(timeline))
-    ]
-
-
 # --- run -----------------------------------------------------------------------------------
 def run_command(
     schedule_name: Annotated[str, typer.Argument(metavar="SCHEDULE|FILE", help="schedule family or schedule file")],
@@ -77,14 +63,14 @@ def run_command(
     m: Annotated[int | None, typer.Option("-m", help="microbatches")] = None,
     v: Annotated[int | None, typer.Option("-v", help="chunks (stages) per device, for families that take it")] = None,
     family_settings: Settings = None,
-    model: ModelOption = "tiny",
+    model: ModelOption = DEFAULTS.run_model,
     backend: Backend = "gloo",
     steps: Steps = 5,
     warmup: Warmup = 2,
     runtime: Runtime = "auto",
-    micro_batch_size: MicroBatchSize = 2,
-    seq_len: SeqLen = 64,
-    dtype: DtypeOption = "float32",
+    micro_batch_size: MicroBatchSize = DEFAULTS.run_micro_batch_size,
+    seq_len: SeqLen = DEFAULTS.run_seq_len,
+    dtype: DtypeOption = DEFAULTS.run_dtype,
     timeout: Timeout = 300.0,
     as_json: AsJson = False,
     png: Png = None,
@@ -115,14 +101,7 @@ def run_command(
     views.write([result.timeline], title=f"{schedule.name}: measured on {result.runtime}, {result.backend} "
                                          f"(median of {len(result.step_times)} steps)")
     if as_json:
-        typer.echo(json.dumps({
-            "schedule": schedule.name, "p": schedule.num_devices, "m": schedule.num_microbatches,
-            "num_stages": schedule.num_stages, "model": spec.name, "runtime": result.runtime,
-            "backend": result.backend, "partition": result.timeline.measured.partition,
-            "step_time_s": result.step_time, "step_times_s": list(result.step_times),
-            "loss": result.loss, "losses": list(result.losses),
-            "timeline": timeline_records(result.timeline),
-        }, indent=1))
+        typer.echo(json.dumps(result.to_dict(spec.name), indent=1))
         return
     _print_run(schedule, spec.name, options, result)
 
@@ -150,12 +129,12 @@ def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
 
 # --- profile -------------------------------------------------------------------------------
 def profile_command(
-    model: ModelOption = "small",
+    model: ModelOption = DEFAULTS.run_model,
     output: Annotated[str, typer.Option("-o", "--output", help="cost file to write: CSV per layer, or per stage with -p; .yaml: a per-layer model file headed by how it was measured; every repeat goes to FILE.repeats.csv")] = "costs.csv",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
-    micro_batch_size: MicroBatchSize = 2,
-    seq_len: SeqLen = 64,
-    dtype: DtypeOption = "float32",
+    micro_batch_size: MicroBatchSize = DEFAULTS.run_micro_batch_size,
+    seq_len: SeqLen = DEFAULTS.run_seq_len,
+    dtype: DtypeOption = DEFAULTS.run_dtype,
     repeats: Annotated[int, typer.Option("--repeats", help="timed repeats per op (the median is the cost; every repeat goes to FILE.repeats.csv)")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed repeats first")] = 3,
     ranks: Annotated[int, typer.Option("--ranks", help="ranks timing at once, each on its own core or GPU (load the machine as a run with that many ranks does)")] = 1,
@@ -175,78 +154,17 @@ def profile_command(
     Examples:
       pipesched profile --model tiny -s 16 --repeats 3 --no-link -o tiny.csv
     """
-    from pipesched.runtime.profile import (
-        ProfileOptions,
-        add_op_overhead,
-        device_preset_for,
-        layer_costs,
-        layer_costs_csv,
-        layer_costs_yaml,
-        link_yaml,
-        measurement_notes,
-        measuring_device,
-        profile_layer_timings,
-        profile_link,
-        profile_overhead,
-        profile_stage_timings,
-        stage_costs_csv,
-        stage_costs_from_timings,
-    )
-    from pipesched.runtime.runs import stage_partition
-    from pipesched.variability.measured import repeats_csv
+    from pipesched.runtime.profile import ProfileOptions
+    from pipesched.runtime.profiling import ProfileRequest, profile_to_files
 
-    target = check_output_path(output)
-    link_path = check_output_path(Path(str(target) + ".link.yaml"))
-    repeats_path = check_output_path(Path(str(target) + ".repeats.csv"))
-    require(runtime in ("ours", "pytorch"), "runtime", runtime, "must be ours or pytorch")
+    request = ProfileRequest(output, p=p, v=v, partition=partition, runtime=runtime, link=link)
+    request.paths()  # a bad output path fails before the model is loaded
     spec = load_model(model)
     options = ProfileOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, device=device,
                              repeats=repeats, warmup=warmup, ranks=ranks)
-    backend = options.backend
-    if link:  # refuse a link this machine cannot measure before timing anything
-        from pipesched.runtime.profile import check_link_capacity
-
-        check_link_capacity(backend)
-    summary: dict[str, object] = {"model": spec.name, "device": device, "output": str(target)}
-    as_yaml = target.suffix in (".yaml", ".yml")
-    require(not (as_yaml and p is not None), "output", str(target),
-            "per-stage costs (-p) are a CSV; name the output .csv, or drop -p for a per-layer YAML")
-    if p is None:
-        require(partition is None, "partition", partition, "needs -p (per-stage costs)")
-        with StatusLine(f"profile {spec.name}") as status:
-            timings = profile_layer_timings(spec, options, on_status=status)
-        layers = layer_costs(spec, timings)
-        repeats = repeats_csv([t.repeat_seconds() for t in timings], index="layer")
-        if as_yaml:  # the measured-layer model file, headed by how it was measured
-            name, memory = measuring_device(device)
-            text = layer_costs_yaml(layers, name=f"{spec.name}-measured", measured_on=device_preset_for(name, memory)
-                                    if device == "cuda" else "", notes=measurement_notes(spec, options, name))
-        else:
-            text = layer_costs_csv(layers)
-        summary["layers"] = [{"name": layer.name, "forward_s": layer.forward_s, "backward_input_s": layer.backward_input_s,
-                              "backward_weight_s": layer.backward_weight_s} for layer in layers]
-    else:
-        check_count("p", p, MAX_DEVICES, what="pipeline devices")
-        check_count("v", v, MAX_STAGES, what="stages")
-        check_count("stages", p * v, MAX_STAGES, what="stages (p x v)")
-        chosen = stage_partition(spec, p * v, _parse_partition(partition) if partition else None)
-        with StatusLine(f"profile {spec.name} ({chosen})") as status:
-            timings = profile_stage_timings(spec, [chosen], options, on_status=status)[0]
-            overhead = profile_overhead(runtime=runtime, backend=backend, model=spec, micro_batch_size=micro_batch_size,
-                                        seq_len=seq_len, dtype=dtype, on_status=status)
-        costs = add_op_overhead(stage_costs_from_timings(timings, dtype=dtype), overhead)
-        # each repeat counted as the cost file counts its median: with the per-op overhead
-        repeats = repeats_csv([t.repeat_seconds(offset_s=overhead) for t in timings])
-        text = stage_costs_csv(costs)
-        summary.update(partition=str(chosen), per_op_overhead_s=overhead)
-    if link:
-        with StatusLine("profile the link") as status:
-            measured = profile_link(backend=backend, on_status=status)
-        write_atomic(link_path, link_yaml(measured, overhead_s=summary.get("per_op_overhead_s")))
-        summary.update(latency_s=measured.latency, bandwidth_bytes_per_s=measured.bandwidth, link_file=str(link_path))
-    write_atomic(repeats_path, repeats)
-    summary["repeats_file"] = str(repeats_path)
-    write_atomic(target, text)  # last: a failed measurement leaves no cost file behind
+    with StatusLine(f"profile {spec.name}") as status:
+        summary = profile_to_files(spec, options, request, on_status=status)
+    target, link_path, repeats_path = request.paths()
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
         return
@@ -259,28 +177,20 @@ def profile_command(
                    f"--bandwidth {summary['bandwidth_bytes_per_s']:.6g}")
 
 
-def _parse_partition(text: str) -> Partition:
-    parts = text.split("|", maxsplit=MAX_STAGES)
-    require(len(parts) <= MAX_STAGES, "partition", text, f"more than {MAX_STAGES:,} stages, over the limit")
-    if not all(part.strip().isdigit() for part in parts):
-        raise PipeschedError(f"partition={shorten(text)!r}: write layers per stage like 3|4|3")
-    return Partition.from_sizes([parse_int("partition", part, MAX_LAYERS, minimum=0, what="layers") for part in parts])
-
-
 # --- check ---------------------------------------------------------------------------------
 def check_command(
     schedules: Annotated[str, typer.Option("--schedules", help="comma-separated families, e.g. gpipe,1f1b,zb-h1")],
     p: Annotated[int, typer.Option("-p", help="ranks (pipeline devices)")] = 2,
     m: Annotated[int, typer.Option("-m", help="microbatches")] = 8,
     v: Annotated[int | None, typer.Option("-v", help="chunks per device, for families that take it")] = None,
-    model: ModelOption = "small",
+    model: ModelOption = DEFAULTS.run_model,
     backend: Backend = "gloo",
     steps: Steps = 5,
     warmup: Warmup = 2,
     runtime: Runtime = "auto",
-    micro_batch_size: MicroBatchSize = 2,
-    seq_len: SeqLen = 64,
-    dtype: DtypeOption = "float32",
+    micro_batch_size: MicroBatchSize = DEFAULTS.run_micro_batch_size,
+    seq_len: SeqLen = DEFAULTS.run_seq_len,
+    dtype: DtypeOption = DEFAULTS.run_dtype,
     timeout: Timeout = 600.0,
     as_json: AsJson = False,
     trace: Annotated[str | None, typer.Option("--trace", help="write both timelines of every schedule as one Perfetto trace: two processes per device")] = None,
@@ -310,20 +220,7 @@ def check_command(
     for path in report.write_views(html=html, trace=trace, title=f"prediction check: {model}, p={p}, m={m}"):
         typer.echo(f"wrote {path}", err=True)
     if as_json:
-        typer.echo(json.dumps({
-            "model": model, "p": p, "m": m,
-            "rows": [{"schedule": row.schedule.name, "runtime": row.run.runtime, "predicted_s": row.predicted_s,
-                      "measured_s": row.measured_s, "error": row.error, "step_times_s": list(row.run.step_times),
-                      "measured_spread": row.measured_spread.to_dict("_s"),
-                      "predicted_distribution": None if row.spread is None else {
-                          "samples": row.spread.samples, **row.spread.time.to_dict("_s")}}
-                     for row in report.rows],
-            "median_abs_error": report.median_abs_error, "ranking_agrees": report.ranking_agrees,
-            "rank_correlation": report.rank_correlation,
-            "predicted_order": list(report.predicted_order), "measured_order": list(report.measured_order),
-            "latency_s": report.link.latency, "bandwidth_bytes_per_s": report.link.bandwidth,
-            "per_op_overhead_s": report.overhead_s,
-        }, indent=1))
+        typer.echo(json.dumps(report.to_dict(model=model, p=p, m=m), indent=1))
         return
     console = output_console()
     table = Table(title=f"prediction check: {model}, p={p}, m={m}, micro-batch {micro_batch_size} x {seq_len}, "

@@ -200,7 +200,8 @@ def show(
         if name in FAMILIES:
             est = formula(name, schedule.num_devices, int(schedule.params.get("iteration_microbatches",
                                                                                 schedule.num_microbatches)),
-                          v=v, costs=slots, **{k: x for k, x in options.items() if k in get_family(name).options})
+                          v=v, costs=slots,
+                          **{k: x for k, x in options.items() if k in get_family(name).options and k != "costs"})
             sys.stdout.write(
                 f"# formula: makespan {est.makespan:g}, bubble ratio {est.bubble_ratio:.3f}, "
                 f"peak in-flight {est.peak_inflight:g}{'' if est.exact else ' (approximate)'}"

@@ -122,6 +122,23 @@ class CheckReport:
         """(predicted, measured) per schedule, for overlaid views."""
         return [(row.predicted, row.run.timeline) for row in self.rows]
 
+    def to_dict(self, *, model: str, p: int, m: int) -> dict:
+        """The JSON shape of ``pipesched check --json``."""
+        return {
+            "model": model, "p": p, "m": m,
+            "rows": [{"schedule": row.schedule.name, "runtime": row.run.runtime, "predicted_s": row.predicted_s,
+                      "measured_s": row.measured_s, "error": row.error, "step_times_s": list(row.run.step_times),
+                      "measured_spread": row.measured_spread.to_dict("_s"),
+                      "predicted_distribution": None if row.spread is None else {
+                          "samples": row.spread.samples, **row.spread.time.to_dict("_s")}}
+                     for row in self.rows],
+            "median_abs_error": self.median_abs_error, "ranking_agrees": self.ranking_agrees,
+            "rank_correlation": self.rank_correlation,
+            "predicted_order": list(self.predicted_order), "measured_order": list(self.measured_order),
+            "latency_s": self.link.latency, "bandwidth_bytes_per_s": self.link.bandwidth,
+            "per_op_overhead_s": self.overhead_s,
+        }
+
     def comparisons(self) -> list[Comparison]:
         """Per schedule: the prediction, the median measured step and every step's time."""
         return [Comparison(row.predicted, row.run.timeline, tuple(row.run.step_times)) for row in self.rows]

@@ -130,6 +130,18 @@ class RunResult:
         """Median step time, seconds."""
         return float(statistics.median(self.step_times))
 
+    def to_dict(self, model_name: str) -> dict:
+        """The JSON shape of ``pipesched run --json``."""
+        schedule = self.schedule
+        return {
+            "schedule": schedule.name, "p": schedule.num_devices, "m": schedule.num_microbatches,
+            "num_stages": schedule.num_stages, "model": model_name, "runtime": self.runtime,
+            "backend": self.backend, "partition": self.timeline.measured.partition,
+            "step_time_s": self.step_time, "step_times_s": list(self.step_times),
+            "loss": self.loss, "losses": list(self.losses),
+            "timeline": timeline_records(self.timeline),
+        }
+
     @property
     def loss(self) -> float:
         """Mean microbatch loss of the last step."""
@@ -345,3 +357,15 @@ def _assemble(job: RunJob, ranks: list[RankJobResult], options: RunOptions) -> R
         grads=grads,
         stage_timings=None if timings is None else {stage: tuple(t) for stage, t in sorted(timings.items())},
     )
+
+
+def timeline_records(timeline: Timeline) -> list[dict]:
+    """Every op of a timeline as a JSON-ready dict, in the timeline's row order (with the
+    time each measured op waited before it ran)."""
+    waits = timeline.measured.op_wait_s if timeline.measured is not None else None
+    return [
+        {"device": int(timeline.op_device[row]), "op": str(timeline.op(row)),
+         "start_s": float(timeline.op_start[row]), "end_s": float(timeline.op_end[row]),
+         **({"wait_s": float(waits[row])} if waits is not None else {})}
+        for row in range(len(timeline))
+    ]

@@ -80,8 +80,8 @@ def fits_grid(ip: IntegerProblem, plan: Plan) -> bool:
         if grid.cap is None:
             continue
         choice = 1 if s in plan.recompute else 0
-        alloc, at_i = grid.alloc[choice], grid.frees_at_i[choice]
-        change = {F: alloc, I: -at_i, W: at_i - alloc, B: -alloc}
+        alloc, at_i, held = grid.alloc[choice], grid.frees_at_i[choice], grid.kept[choice]
+        change = {F: alloc, I: held - at_i, W: at_i - held - alloc, B: -alloc}
         level = 0
         for op in ops:
             level += change[op.kind]
@@ -209,16 +209,20 @@ def _length(ip: IntegerProblem, kind: OpKind, stage: int, recomputed: bool) -> i
 def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute, rule: str) -> dict:
     """Activation memory of device s within its cap, on the memory grid.
 
-    F(k) allocates ``alloc`` as it starts; I frees ``at_i`` as it ends and W the rest (B
-    all). Only F raises the level, so the cap holds at every instant when it holds as each
-    F starts; with each kind in microbatch order, the level then is
+    F(k) allocates ``alloc`` as it starts; I frees ``at_i`` as it ends but leaves ``kept``
+    (the gradients W needs) and W frees the rest (B all). When I frees more than it leaves,
+    only F raises the level, so the cap holds at every instant when it holds as each F
+    starts; with each kind in microbatch order, the level then is
     alloc (k + 1) - at_i nI - (alloc - at_i) nW, where nI and nW count the I and W that
     have ended. An op of a freeing kind that has not ended holds at least its own share
     and all it frees later: at most cap // that of them are pending, so the older ones must
     have ended (a precedence). Then, rule "counting": for each recent one a literal says it
     ended before F(k) started, and the literals must count enough freed memory; rule
     "reservoir": CP-SAT's reservoir constraint over every allocation and free (the textbook
-    form; slower, see the synthesis benchmark). Returns the literals, keyed (k, kind, j)
+    form; slower, see the synthesis benchmark). When I's end raises the level (it leaves
+    more than it frees, as the default model's layers do), the level can peak as an I ends
+    too: the reservoir, exact at every event, is used whatever the rule. Returns the
+    literals, keyed (k, kind, j)
     for "op (s, kind, j) ends before F(s, k) starts".
     """
     grid = ip.memory[s]
@@ -239,14 +243,19 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
     reservoir: tuple[list, list, list] = ([], [], [])  # event times, level changes, active literals
     for choice in (0, 1) if recompute is not None else (0,):
         alloc, at_i = grid.alloc[choice], grid.frees_at_i[choice]
-        if alloc == 0 or m * alloc <= grid.cap:
+        held_for_w = grid.kept[choice] if split else 0
+        raised_at_i = max(0, held_for_w - at_i)  # units I's end adds
+        if alloc == 0 or m * (alloc + raised_at_i) <= grid.cap:
             continue
         when = [] if recompute is None else [recompute if choice else ~recompute]
         # kind -> (units it frees, units a microbatch still holds until it has run)
-        frees = {I: (at_i, alloc), W: (alloc - at_i, alloc - at_i)} if split else {B: (alloc, alloc)}
+        frees = ({I: (at_i - held_for_w, alloc), W: (alloc - at_i + held_for_w, alloc - at_i + held_for_w)}
+                 if split else {B: (alloc, alloc)})
         pending = {kind: grid.cap // held for kind, (share, held) in frees.items() if share > 0}
-        partial = False
-        for k in range(m):
+        # the level peaks also as I ends: only the reservoir checks those
+        events_only = raised_at_i > 0
+        partial = events_only
+        for k in range(0 if events_only else m):
             need = alloc * (k + 1) - grid.cap  # units the ended ops must have freed by F(k)
             if need <= 0:
                 continue
@@ -259,11 +268,11 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
             if counted >= need:
                 continue
             partial = True
-            if rule == "counting":
+            if rule == "counting" and not events_only:
                 freed = [frees[kind][0] * ended_before(k, kind, j)
                          for kind, most in pending.items() for j in range(max(0, k - most + 1), k)]
                 model.add(sum(freed) >= need - counted).only_enforce_if(when)
-        if rule == "reservoir" and partial:
+        if (rule == "reservoir" or events_only) and partial:
             active = True if recompute is None else when[0]
             for k in range(m):
                 events = [(start[Op(s, F, k)], alloc)] + [(end[Op(s, kind, k)], -share) for kind, (share, _) in frees.items()]

@@ -221,7 +221,9 @@ class MemoryGrid:
     """One device's activation memory in whole units of ``unit`` bytes.
 
     alloc, frees_at_i: units F allocates and I frees (W frees ``alloc - frees_at_i``; B all
-    of it), without and with recompute. cap: units the device may hold, None when the cap
+    of it), without and with recompute. kept: units of gradients I leaves for W
+    (``StageCosts.kept_for_w_bytes``), held from I's end to W's end; when they outweigh I's
+    share, I's end raises the level. cap: units the device may hold, None when the cap
     never binds. exact: every amount is a whole number of units; otherwise allocations
     were rounded up and I's share down, by less than a unit each (see ``_memory_grid``).
     """
@@ -231,6 +233,7 @@ class MemoryGrid:
     frees_at_i: tuple[int, int]
     cap: int | None
     exact: bool = True
+    kept: tuple[int, int] = (0, 0)
 
 
 def _memory_grid(problem: SynthesisProblem, stage: int) -> MemoryGrid:
@@ -246,6 +249,8 @@ def _memory_grid(problem: SynthesisProblem, stage: int) -> MemoryGrid:
     if not allocs:
         return MemoryGrid(1.0, (0, 0), (0, 0), None)
     shares = [f * a for a in allocs if f * a > 0]
+    kept_bytes = (_kept(costs, stage), _kept(problem.recomputed, stage)) if problem.split_backward else (0, 0)
+    shares += [k for k in kept_bytes if k > 0]
     unit = fraction_gcd(allocs + shares)
     if max(allocs) / unit > MAX_MEMORY_UNITS:
         common = fraction_gcd(allocs)
@@ -255,12 +260,18 @@ def _memory_grid(problem: SynthesisProblem, stage: int) -> MemoryGrid:
     # allocations round up and I's share down: the solver never sees less memory in use
     alloc = (math.ceil(full / unit), math.ceil(kept / unit))
     frees = (min(math.floor(f * full / unit), alloc[0]), min(math.floor(f * kept / unit), alloc[1]))
+    held_for_w = (math.ceil(kept_bytes[0] / unit), math.ceil(kept_bytes[1] / unit))
     exact = all((a / unit).denominator == 1 for a in allocs + shares)
     budget = problem.activation_budget(stage)
     cap = None if budget is None else math.floor(Fraction(budget) * (1 + Fraction(BYTES_TOLERANCE)) / unit)
-    if cap is not None and problem.num_microbatches * max(alloc) <= cap:
+    most = max(a + max(0, k - i) for a, k, i in zip(alloc, held_for_w, frees, strict=True))
+    if cap is not None and problem.num_microbatches * most <= cap:
         cap = None  # every microbatch fits at once
-    return MemoryGrid(float(unit), alloc, frees, cap, exact)
+    return MemoryGrid(float(unit), alloc, frees, cap, exact, held_for_w)
+
+
+def _kept(costs, stage: int) -> Fraction:
+    return Fraction(costs.kept_for_w_bytes[stage]) if costs.kept_for_w_bytes is not None else Fraction(0)
 
 
 @dataclass(frozen=True, eq=False)

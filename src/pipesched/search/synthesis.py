@@ -174,16 +174,19 @@ def synthesize(
     left = time_limit - (time.perf_counter() - began)
     outcome = solve(grid, hint=best.plan if best is not None else None, time_limit=SOLVER_SHARE * left,
                     workers=workers, memory_rule=memory_rule)
+    # proven: the solver closed its model and its plan fits as the simulator counts memory
+    proven = False
     if outcome.plan is not None:
         found = evaluate(problem, outcome.plan)
+        proven = outcome.status == "optimal" and fits(problem, found)
         if fits(problem, found) and (best is None or found.makespan <= best.makespan):
             best = found
     if best is None:
         raise PipeschedError(f"memory_limit={_bytes(limits)}: no schedule found that fits; raise the limit"
                              f"{'' if allow_recompute else ' or allow recompute'}, or give more time")
-    if outcome.status != "optimal":
+    if not proven:
         best = improve(problem, best, seconds=time_limit - (time.perf_counter() - began), seed=seed)
-    return _result(problem, grid, best, outcome, baseline, began)
+    return _result(problem, grid, best, outcome, baseline, began, proven=proven)
 
 
 def _best_start(problem: SynthesisProblem, baseline: Baseline | None, *, deadline: float) -> Evaluation | None:
@@ -208,7 +211,7 @@ def _bytes(limits: tuple[float, ...] | None) -> str:
 
 
 def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, outcome: SolverOutcome,
-            baseline: Baseline | None, began: float) -> SynthesisResult:
+            baseline: Baseline | None, began: float, *, proven: bool) -> SynthesisResult:
     plan = best.plan
     method = plan.source
     # ops rounded up to one unit may each have lengthened the solver's makespan by a unit
@@ -223,7 +226,7 @@ def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, o
         schedule=schedule,
         costs=recomputed_costs(problem.costs, recompute),
         timeline=best.timeline,
-        status="optimal" if outcome.status == "optimal" else "feasible",
+        status="optimal" if proven else "feasible",
         method=method,
         makespan_s=best.makespan,
         lower_bound_s=lower_bound,
