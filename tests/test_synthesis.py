@@ -3,8 +3,8 @@ solver, they are optimal where every op order can be tried, and they keep the me
 
 from __future__ import annotations
 
-import doctest
 import dataclasses
+import doctest
 import functools
 import importlib
 import itertools
