@@ -93,11 +93,22 @@ def weight_versions(timeline: Timeline, *, update_every: int, delay: int = 0,
         newest = np.searchsorted(np.sort(updates), starts + tolerance, side="right")
         version = np.minimum(newest, np.maximum(index - delay, 0)) if delay else newest
         staleness.append(tuple(int(x) for x in index - version))
-        held = 1
-        for b in range(len(starts)):
-            in_flight = (starts <= starts[b]) & (updates > starts[b] + tolerance)
-            in_flight[b] = True
-            held = max(held, len({*version[in_flight].tolist(), int(newest[b])}))
-        versions.append(held)
+        versions.append(_most_versions_held(starts, updates, version, newest, tolerance))
     steady = (iteration_microbatches // update_every) if iteration_microbatches else 0
     return WeightVersions(update_every, tuple(versions), tuple(staleness), steady)
+
+
+def _most_versions_held(starts: np.ndarray, updates: np.ndarray, version: np.ndarray, newest: np.ndarray,
+                        tolerance: float) -> int:
+    """The most weight versions a stage holds as one of its batches starts: the versions of
+    the batches in flight then (started, their update not yet done; the batch itself
+    included) and the newest weights."""
+    if not len(starts):
+        return 1
+    # in_flight[b, j]: batch j is in flight when batch b starts
+    in_flight = (starts[None, :] <= starts[:, None]) & (updates[None, :] > starts[:, None] + tolerance)
+    np.fill_diagonal(in_flight, True)
+    held = np.concatenate([np.where(in_flight, version[None, :], -1), newest[:, None]], axis=1)
+    held.sort(axis=1)
+    distinct = 1 + np.count_nonzero(np.diff(held, axis=1), axis=1) - (held[:, 0] < 0)
+    return max(1, int(distinct.max()))

@@ -13,7 +13,7 @@ import builtins
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
 from functools import partial
 
@@ -34,32 +34,58 @@ def evaluate_all(points: Sequence[Point], levels: Sequence[str] = LEVELS, *, map
 class process_map:
     """A ``map`` over a local pool of ``workers`` processes (default: the CPU count). The
     pool starts on first use and lives until ``close()`` (or the end of a ``with`` block),
-    so the schedules and stage costs its workers cached serve the next calls too."""
+    so the schedules and stage costs its workers cached serve the next calls too.
+
+    Points that share a schedule (family, p, m, v) always go to the same worker, in every
+    call: a schedule is built once in the pool, and a second pass over a grid finds it in
+    that worker's cache. Results come back in the order of the items.
+    """
 
     def __init__(self, workers: int | None = None, *, chunksize: int = 16) -> None:
         self.workers = workers or os.cpu_count() or 1
         self.chunksize = chunksize
-        self._pool: ProcessPoolExecutor | None = None
+        self._pools: list[ProcessPoolExecutor] = []
 
     def __call__(self, function: Callable, items: Iterable) -> Iterator:
         items = list(items)
         if self.workers <= 1 or len(items) <= 1:
             return builtins.map(function, items)
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
-        chunk = max(1, min(self.chunksize, len(items) // self.workers))
-        return self._pool.map(function, items, chunksize=chunk)
+        if not self._pools:
+            self._pools = [ProcessPoolExecutor(max_workers=1) for _ in range(self.workers)]
+        shards: list[list[int]] = [[] for _ in self._pools]
+        for index, item in enumerate(items):
+            shards[_worker_of(item, index, self.workers)].append(index)
+        placed: list[tuple[Future, int] | None] = [None] * len(items)
+        for pool, indices in zip(self._pools, shards, strict=True):
+            size = max(1, min(self.chunksize, len(indices) // 4 or 1))
+            for start in range(0, len(indices), size):
+                chunk = indices[start:start + size]
+                future = pool.submit(_apply, function, [items[i] for i in chunk])
+                for position, index in enumerate(chunk):
+                    placed[index] = (future, position)
+        return (future.result()[position] for future, position in placed)  # type: ignore[misc]
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        for pool in self._pools:
+            pool.shutdown()
+        self._pools = []
 
     def __enter__(self) -> process_map:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _worker_of(item: object, index: int, workers: int) -> int:
+    """The worker of an item: by its schedule for a Point, else in turn."""
+    if isinstance(item, Point):
+        return hash((item.family, item.p, item.m, item.v, item.schedule is None)) % workers
+    return index % workers
+
+
+def _apply(function: Callable, chunk: list) -> list:
+    return [function(item) for item in chunk]
 
 
 def grid(families: Iterable[str], **axes: Iterable[object] | object) -> list[Point]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import gc
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -147,16 +148,45 @@ def _hashable(value: object) -> bool:
 
 
 # Generated schedules are pure functions of their arguments and immutable: a grid of
-# experiments reuses them. Tables up to this many ops are kept (about 10 MB each at most).
+# experiments reuses them. Tables up to this many ops are kept (about 10 MB each at most),
+# the most recently used first, up to CACHE_BUDGET_OPS ops in all (about 200 MB): a grid
+# of a few hundred schedule points, each under several workloads, stays cached whole.
 CACHED_OPS = 100_000
+CACHE_BUDGET_OPS = 2_000_000
 # Above this many ops the garbage collector pauses while the table is built: a table is
 # millions of small tuples that all survive, which the collector would scan again and again.
 QUIET_GC_OPS = 50_000
 
 
-@functools.lru_cache(maxsize=256)
+class _OpsBudgetCache:
+    """Least-recently-used schedules, bounded by their ops in all (not by their count: a
+    grid holds many small tables and few large ones)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held: OrderedDict[tuple, Schedule] = OrderedDict()
+        self.ops = 0
+
+    def get(self, key: tuple, build) -> Schedule:
+        found = self.held.get(key)
+        if found is not None:
+            self.held.move_to_end(key)
+            return found
+        schedule = build()
+        self.held[key] = schedule
+        self.ops += schedule.num_ops
+        while self.ops > self.budget and len(self.held) > 1:
+            _, dropped = self.held.popitem(last=False)
+            self.ops -= dropped.num_ops
+        return schedule
+
+
+_SCHEDULES = _OpsBudgetCache(CACHE_BUDGET_OPS)
+
+
 def _generate_cached(name: str, p: int, m: int, v: int, options: tuple[tuple[str, object], ...]) -> Schedule:
-    return _build(name, p, m, v, options)
+    return _SCHEDULES.get((name, p, m, v, options), lambda: _build(name, p, m, v, options))
+
 
 
 def _build(name: str, p: int, m: int, v: int, options: tuple[tuple[str, object], ...]) -> Schedule:

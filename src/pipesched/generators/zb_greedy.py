@@ -53,7 +53,7 @@ class Memory:
 
 @dataclass
 class _Device:
-    ops: list[Op] = field(default_factory=list)
+    ops: list[tuple[OpKind, int]] = field(default_factory=list)  # (kind, microbatch) as placed
     free_at: float = 0.0  # when the last placed op ends
     held: float = 0.0  # activations held, in M_B
     bubble: float = 0.0  # idle time since the device's first forward
@@ -69,44 +69,53 @@ class _Pass:
         self.prioritise_i = prioritise_i
         self.greedy_fill = greedy_fill
         self.devices = [_Device() for _ in range(self.p)]
-        self.end: dict[Op, float] = {}
+        # end[kind][device][microbatch]: when each placed op ends (plain lists: this is the
+        # heuristic's inner loop, and Op keys would cost a tuple each)
+        self.end = {kind: [[0.0] * m for _ in range(self.p)] for kind in (F, I, W)}
+        # looked up millions of times: each kind's duration per device and memory effect
+        self._cost = {(kind, device): costs.duration(Op(device, kind, 0)) for kind in (F, I, W)
+                      for device in range(self.p)}
+        self._delta = {kind: memory.delta(kind) for kind in (F, I, W)}
+        self._max_bubble = 0.0  # bubbles only grow: the running maximum is the maximum
 
     def cost(self, kind: OpKind, device: int) -> float:
-        return self.costs.duration(Op(device, kind, 0))
+        return self._cost[kind, device]
 
     def put(self, device: int, kind: OpKind) -> None:
         dev = self.devices[device]
-        op = Op(device, kind, dev.placed[kind])
-        duration = self.cost(kind, device)
+        microbatch = dev.placed[kind]
+        duration = self._cost[kind, device]
         ends = no_wait = dev.free_at + duration
         # inputs from the neighbours, one link latency away: activations from d-1,
         # gradients from d+1
         if kind is F and device > 0:
-            ends = max(ends, self.ready(Op(device - 1, F, op.microbatch)) + duration)
+            ends = max(ends, self.ready(F, device - 1, microbatch) + duration)
         if kind is I and device < self.p - 1:
-            ends = max(ends, self.ready(Op(device + 1, I, op.microbatch)) + duration)
+            ends = max(ends, self.ready(I, device + 1, microbatch) + duration)
         if dev.placed[F] > 0:
             dev.bubble += ends - no_wait
-        dev.free_at = self.end[op] = ends
-        dev.held += self.memory.delta(kind)
+            if dev.bubble > self._max_bubble:
+                self._max_bubble = dev.bubble
+        dev.free_at = self.end[kind][device][microbatch] = ends
+        dev.held += self._delta[kind]
         dev.placed[kind] += 1
-        dev.ops.append(op)
+        dev.ops.append((kind, microbatch))
 
-    def ready(self, op: Op) -> float:
-        """When ``op``'s output reaches the neighbour."""
-        return self.end[op] + self.latency
+    def ready(self, kind: OpKind, device: int, microbatch: int) -> float:
+        """When the output of op (device, kind, microbatch) reaches the neighbour."""
+        return self.end[kind][device][microbatch] + self.latency
 
     def owes_w(self, device: int) -> bool:
         placed = self.devices[device].placed
         return placed[W] < placed[I]
 
     def max_bubble(self) -> float:
-        return max(dev.bubble for dev in self.devices)
+        return self._max_bubble
 
     def make_room(self, device: int, kind: OpKind) -> None:
         """Owed W free memory until ``kind`` fits."""
         dev = self.devices[device]
-        while dev.held + self.memory.delta(kind) > self.memory.limit:
+        while dev.held + self._delta[kind] > self.memory.limit:
             if not self.owes_w(device):
                 raise PipeschedError(
                     f"memory_limit={self.memory.limit:g}: too small for the next {kind.value} on "
@@ -131,7 +140,7 @@ class _Pass:
         # warm-up forwards per device, sized from the last device back: stop when they
         # would end after the first input gradient arrives or memory is full
         extra = [0] * p
-        arrives = self.end[Op(p - 1, F, 0)] + self.cost(I, p - 1)
+        arrives = self.end[F][p - 1][0] + self.cost(I, p - 1)
         for device in reversed(range(p - 1)):
             dev = self.devices[device]
             held, busy = dev.held, dev.free_at
@@ -194,12 +203,12 @@ class _Pass:
                 continue
             self.make_room(device, F)
             if device > 0:
-                self.fill_before(device, self.ready(Op(device - 1, F, self.devices[device].placed[F])))
+                self.fill_before(device, self.ready(F, device - 1, self.devices[device].placed[F]))
             self.put(device, F)
         for device in reversed(range(p)):
             self.make_room(device, I)
             if device + 1 < p:
-                self.fill_before(device, self.ready(Op(device + 1, I, k)))
+                self.fill_before(device, self.ready(I, device + 1, k))
             if device == 0 and self.devices[0].placed[F] == self.m:
                 while self.owes_w(0):
                     self.put(0, W)
@@ -215,13 +224,15 @@ class _Pass:
 
     def longest_span(self) -> float:
         """The longest time from a device's first F starting to its last W ending."""
-        return max(self.end[Op(device, W, self.m - 1)] - (self.end[Op(device, F, 0)] - self.cost(F, device))
+        return max(self.end[W][device][self.m - 1] - (self.end[F][device][0] - self.cost(F, device))
                    for device in range(self.p))
 
     def tables(self) -> list[list[Op]]:
         """Each device's ops by end time (ties: F, I, W, then microbatch)."""
-        return [sorted(dev.ops, key=lambda op: (self.end[op], _KIND_ORDER[op.kind], op.microbatch))
-                for dev in self.devices]
+        end = self.end
+        return [[Op(device, kind, mb) for kind, mb in
+                 sorted(dev.ops, key=lambda entry: (end[entry[0]][device][entry[1]], _KIND_ORDER[entry[0]], entry[1]))]
+                for device, dev in enumerate(self.devices)]
 
 
 def zb_greedy(m: int, costs: StageCosts, memory: Memory, *, latency: float = 0.0) -> list[list[Op]]:

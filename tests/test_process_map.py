@@ -1,0 +1,34 @@
+"""The local process pool of the experiments layer: order kept, one worker per schedule."""
+
+from __future__ import annotations
+
+import os
+
+from pipesched.experiments import Point, process_map
+
+
+def _pid_and_m(point: Point) -> tuple[int, int]:
+    return os.getpid(), point.m
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_results_come_in_the_order_of_the_items() -> None:
+    with process_map(2, chunksize=3) as mapper:
+        assert list(mapper(_square, range(50))) == [x * x for x in range(50)]
+
+
+def test_points_that_share_a_schedule_go_to_one_worker_in_every_call() -> None:
+    points = [Point(family, p=4, m=m, latency=latency) for family in ("1f1b", "zb-h1", "gpipe")
+              for m in (4, 8, 12) for latency in (0.0, 1e-6, 1e-5)]
+    with process_map(2, chunksize=2) as mapper:
+        first = list(mapper(_pid_and_m, points))
+        second = list(mapper(_pid_and_m, points))
+    assert [m for _, m in first] == [p.m for p in points]
+    worker = {}
+    for point, (pid, _), (again, _) in zip(points, first, second, strict=True):
+        key = (point.family, point.m)
+        assert worker.setdefault(key, pid) == pid == again, key
+    assert len({pid for pid, _ in first}) == 2  # both workers used
