@@ -78,13 +78,19 @@ def weight_versions(timeline: Timeline, *, update_every: int, delay: int = 0,
     batches = int(batch_of.max(initial=-1)) + 1
     versions: list[int] = []
     staleness: list[tuple[int, ...]] = []
-    for stage in range(timeline.schedule.num_stages):
-        rows = np.flatnonzero(timeline.op_stage == stage)
-        kinds = timeline.op_kind[rows]
-        first_forward = np.full(batches, np.inf)
-        np.minimum.at(first_forward, batch_of[rows][forward[kinds]], timeline.op_start[rows][forward[kinds]])
-        update = np.full(batches, -np.inf)
-        np.maximum.at(update, batch_of[rows][ends[kinds]], timeline.op_end[rows][ends[kinds]])
+    stages = timeline.schedule.num_stages
+    # per (stage, batch): when its first forward starts and when its update (its last
+    # weight-gradient op) ends
+    key = timeline.op_stage.astype(np.int64) * max(batches, 1) + batch_of
+    kinds = timeline.op_kind
+    first_forwards = np.full(stages * max(batches, 1), np.inf)
+    np.minimum.at(first_forwards, key[forward[kinds]], timeline.op_start[forward[kinds]])
+    updates_of = np.full(stages * max(batches, 1), -np.inf)
+    np.maximum.at(updates_of, key[ends[kinds]], timeline.op_end[ends[kinds]])
+    first_forwards = first_forwards.reshape(stages, max(batches, 1))
+    updates_of = updates_of.reshape(stages, max(batches, 1))
+    for stage in range(stages):
+        first_forward, update = first_forwards[stage], updates_of[stage]
         present = np.isfinite(first_forward) & np.isfinite(update)
         starts, updates = first_forward[present], update[present]
         index = np.flatnonzero(present)

@@ -240,6 +240,11 @@ def _steady_fields(point: Point, found) -> dict:
             "mean_staleness": weights.mean_staleness, "weight_versions": max(weights.versions)}
 
 
+def _trains_differently(schedule: Schedule, costs, point: Point) -> bool:
+    """Whether a sim run has frozen, offloaded or recomputed work to report."""
+    return bool(schedule.frozen) or bool(point.offload) or costs.recompute_s is not None
+
+
 def sim_schedule(point: Point, setup) -> Schedule:
     """The schedule the sim level runs: built with the workload's costs when the family plans
     with them, and of several iterations for an asynchronous family."""
@@ -302,6 +307,6 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Dist
         throughput_samples_per_s=samples, throughput_tokens_per_s=tokens, mfu=utilization,
         exposed_comm_s=float(exposed.max()), out_of_memory=any(memory.out_of_memory),
         host_peak_memory=max(timeline.host_memory.peak) if timeline.host_memory is not None else 0.0,
-        training=training_work(timeline), **spread,
+        training=training_work(timeline) if _trains_differently(schedule, costs, point) else None, **spread,
     )
     return row, timeline, setup.description, distribution
