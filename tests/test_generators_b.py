@@ -7,6 +7,7 @@ and against DualPipeV, which is the same per-device program on half the devices.
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import pairwise
 from types import SimpleNamespace
 
@@ -20,8 +21,10 @@ from pipesched.generators.dualpipe import dualpipe
 from pipesched.generators.dualpipev import dualpipev
 from pipesched.generators.hanayo import hanayo
 from pipesched.io.grid import dumps, loads
+from pipesched.metrics import throughput
 from pipesched.ops import KIND_INDEX, B, F, I, Op
 from pipesched.schedule import Placement
+from pipesched.simulate import Network, simulate
 from pipesched.slot_table import slot_table, table_metrics
 from pipesched.validate import validate
 
@@ -432,3 +435,47 @@ def test_split_backwards_only_where_dualpipe_splits_them():
     ops = dualpipev(4, 8).device_ops[0]
     # device 0 of 4 (h = 0): 3 split in step 3, 1 in step 6, 3 in step 7
     assert sum(op.kind is I for op in ops) == 2 * (4 - 0 - 1) + 1
+
+
+# --- Chimera's backward halving ------------------------------------------------------------
+def test_chimera_backward_halving_is_a_switch_and_needs_forward_doubling():
+    with pytest.raises(PipeschedError, match=r"^backward_halving=2: give 1 \(on\) or 0 \(off\)"):
+        generate("chimera", 4, 8, backward_halving=2)
+    with pytest.raises(PipeschedError, match=r"^backward_halving=1: backward halving is forward doubling"):
+        generate("chimera", 4, 8, backward_halving=1, forward_doubling=0)
+    halved = chimera(4, 8, backward_halving=1)
+    assert halved.num_microbatches == 16 and halved.microbatch_fraction == 0.5
+    assert validate(halved) == []
+
+
+@pytest.mark.parametrize("p", [4, 8])
+@pytest.mark.parametrize("units", [1, 2, 4, 8])
+def test_chimera_backward_halving_table_equals_its_closed_form_and_beats_1f1b(p, units):
+    m = units * p
+    costs = StageCosts.slots(f=1, i=1, w=1)  # B = 2F
+    halved = table_metrics(generate("chimera", p, m, backward_halving=1), costs)
+    estimate = formula("chimera", p, m, costs=costs, backward_halving=1)
+    assert estimate.exact and halved.makespan == pytest.approx(estimate.makespan)
+    # the activations of p whole microbatches (2p halves), not forward doubling's 2p
+    assert halved.activation_units == pytest.approx(estimate.activation_units) == p
+    assert halved.makespan <= table_metrics(generate("1f1b", p, m), costs).makespan
+    assert halved.makespan <= table_metrics(generate("chimera", p, m), costs).makespan
+
+
+def test_half_size_microbatches_cost_half_in_time_memory_and_throughput():
+    # one whole-microbatch cost row: the halved table runs each half at half of it
+    costs = dataclasses.replace(StageCosts.uniform(4, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                                                   activation_bytes=8.0, output_bytes=2.0), static_bytes=(100.0,) * 4)
+    network = Network.uniform(4, latency=0.0, bandwidth=float("inf"))
+    doubled = simulate(generate("chimera", 4, 16), costs, network)
+    halved = simulate(generate("chimera", 4, 16, backward_halving=1), costs, network)
+    assert sum(halved.busy_per_device()) == pytest.approx(sum(doubled.busy_per_device()))
+    # forward doubling holds 2p microbatches' activations at its peak, halving p (2p halves)
+    assert max(halved.memory.peak) - 2 * 100.0 < max(doubled.memory.peak) - 2 * 100.0
+    samples_halved, _ = throughput(halved)
+    assert samples_halved == pytest.approx(16 / halved.makespan)
+
+
+def test_backward_halving_is_not_run_for_real(cli):
+    result = cli("run", "chimera", "-p", "2", "-m", "2", "--set", "backward_halving=1")
+    assert result.code == 2 and "backward halving" in result.err and "Traceback" not in result.err

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from pipesched.errors import PipeschedError, require
@@ -101,6 +101,26 @@ class StageCosts:
     @property
     def num_stages(self) -> int:
         return len(self.forward)
+
+    def of_microbatch_fraction(self, fraction: float) -> StageCosts:
+        """The costs of a microbatch ``fraction`` of the size these describe (Chimera's
+        backward halving runs half-size microbatches), scaled linearly: every time and every
+        per-microbatch size times ``fraction``; parameters, gradients and optimizer state
+        unchanged. Small microbatches run matmuls less efficiently than this assumes: cost
+        them at that size (``-b``) for the real figure."""
+        require(math.isfinite(fraction) and 0.0 < fraction <= 1.0, "microbatch_fraction", fraction,
+                "must be in (0, 1]")
+        if fraction == 1.0:
+            return self
+
+        def scaled(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
+            return None if values is None else tuple(x * fraction for x in values)
+
+        return replace(self, forward=scaled(self.forward), backward_input=scaled(self.backward_input),
+                       backward_weight=scaled(self.backward_weight), backward=scaled(self.backward),
+                       activation_bytes=scaled(self.activation_bytes), output_bytes=scaled(self.output_bytes),
+                       kept_for_w_bytes=scaled(self.kept_for_w_bytes), recompute_s=scaled(self.recompute_s),
+                       forward_backward=scaled(self.forward_backward))
 
     def full_backward(self, stage: int) -> float:
         if self.backward is not None:

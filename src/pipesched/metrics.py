@@ -77,7 +77,8 @@ def throughput(timeline: Timeline, *, micro_batch_size: int = 1, seq_len: int | 
     if total <= 0:
         return 0.0, (0.0 if seq_len else None)
     replicas = timeline.simulation.replicas if timeline.simulation is not None else 1
-    samples = replicas * timeline.schedule.num_microbatches * micro_batch_size / total
+    schedule = timeline.schedule
+    samples = replicas * schedule.num_microbatches * schedule.microbatch_fraction * micro_batch_size / total
     return samples, (samples * seq_len if seq_len else None)
 
 

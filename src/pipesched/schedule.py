@@ -169,6 +169,13 @@ class Schedule:
         return self.placement.num_devices
 
     @property
+    def microbatch_fraction(self) -> float:
+        """The size of this table's microbatches as a fraction of the microbatch its costs
+        describe: 1, or 0.5 for Chimera's backward halving, whose table runs each microbatch
+        as two halves (``StageCosts.of_microbatch_fraction``)."""
+        return float(self.params.get("microbatch_fraction", 1.0))
+
+    @property
     def num_ops(self) -> int:
         """Plain ops (a fused entry counts its parts)."""
         if self.has_fused_ops:

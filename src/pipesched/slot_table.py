@@ -88,7 +88,8 @@ def table_metrics(schedule: Schedule, costs: StageCosts | None = None, *,
         bubble_over_work=float(idle.sum() / busy.sum()) if busy.sum() > 0 else 0.0,
         idle_per_device=tuple(float(x) for x in idle),
         peak_inflight=tuple(peaks),
-        activation_units=max(peaks) * schedule.num_devices / schedule.num_stages,
+        # half-size microbatches (Chimera's backward halving) hold half the activations each
+        activation_units=max(peaks) * schedule.num_devices / schedule.num_stages * schedule.microbatch_fraction,
     )
 
 

@@ -49,6 +49,9 @@ def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: 
         raise PipeschedError(f"schedule={schedule.name}: an asynchronous pipeline has no flushed step to run for real "
                              "(its weights would need versions the runtime does not keep); run pipedream-flush, its "
                              "synchronous baseline, or simulate it")
+    if schedule.microbatch_fraction != 1.0:
+        raise PipeschedError(f"schedule={schedule.name}: backward halving runs half-size microbatches, which a real "
+                             "run does not split; run forward doubling with twice -m and half -b instead")
     return schedule
 
 

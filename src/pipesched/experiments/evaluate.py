@@ -225,7 +225,7 @@ def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
                              steady=point.steady_state)
         peaks = inflight_per_device(repeated)
         return LevelResult(point.family, "table", found.iteration_time * _scale(schedule), "slot", found.bubble_ratio,
-                           max(peaks) * schedule.num_devices / schedule.num_stages, "1F1B-stage activations",
+                           max(peaks) * schedule.num_devices / schedule.num_stages * schedule.microbatch_fraction, "1F1B-stage activations",
                            peak_inflight=max(peaks), **_steady_fields(point, found)), found.timeline
     timeline = slot_table(schedule, costs)
     table = table_metrics(schedule, timeline=timeline)

@@ -22,8 +22,12 @@ each unit. Forward doubling (the paper's remedy, on by default) runs units of 2p
 in which every forward above is two microbatches' forwards back to back (a forward cell as
 long as a backward when B = 2F), and the last phase has p/2 more backward pairs; an odd number
 of p-microbatch units starts with one basic unit. It doubles the activations in flight (2p
-instead of p). The paper's backward halving is the same order on microbatches of half the
-size: in pipesched, forward doubling at twice m with half the micro-batch size.
+instead of p). Backward halving (the paper's other remedy, ``backward_halving=1``) keeps
+the activations of p microbatches instead: each microbatch runs as two halves, with
+forward doubling over the 2m halves, so a forward cell is one whole microbatch's forward
+and a backward cell half a microbatch's backward (as long as a forward when B = 2F). Its
+table has 2m half-size microbatches (``Schedule.microbatch_fraction`` 0.5: the costs of
+each are half the microbatch's, scaled linearly).
 """
 
 from __future__ import annotations
@@ -66,26 +70,38 @@ def unit_sizes(p: int, m: int, *, forward_doubling: bool) -> list[int]:
     return [1] * (units % 2) + [2] * (units // 2)
 
 
-def chimera(p: int, m: int, *, forward_doubling: object = 1) -> Schedule:
+def chimera(p: int, m: int, *, forward_doubling: object = 1, backward_halving: object = 0) -> Schedule:
     """Chimera's tables for p devices (even) and m microbatches (a multiple of p);
-    ``forward_doubling=0`` concatenates basic units instead.
+    ``forward_doubling=0`` concatenates basic units instead; ``backward_halving=1`` runs
+    each microbatch as two halves (2m half-size microbatches in the table, forward doubling
+    over them: see the module docstring).
 
     >>> s = chimera(2, 2)
     >>> [[str(op) for op in ops] for ops in s.device_ops]
     [['0F0', '1F1', '1B1', '0B0'], ['0F1', '1F0', '1B0', '0B1']]
+    >>> halved = chimera(2, 2, backward_halving=1)
+    >>> halved.num_microbatches, halved.microbatch_fraction
+    (4, 0.5)
     """
     _check(p, m)
     doubling = switch(forward_doubling, "forward_doubling")
-    half = m // 2
-    route = tuple(DOWN if mb < half else UP for mb in range(m))
-    units = unit_sizes(p, m, forward_doubling=doubling)
+    halving = switch(backward_halving, "backward_halving")
+    require(not (halving and not doubling), "backward_halving", 1,
+            "backward halving is forward doubling over half-size microbatches; drop forward_doubling=0")
+    runs = 2 * m if halving else m  # microbatches of the table
+    half = runs // 2
+    route = tuple(DOWN if mb < half else UP for mb in range(runs))
+    units = unit_sizes(p, runs, forward_doubling=doubling)
+    params: dict[str, object] = {"p": p, "m": m, "forward_doubling": int(doubling and max(units) == 2)}
+    if halving:
+        params.update(backward_halving=1, microbatch_fraction=0.5, iteration_microbatches=m)
     return Schedule(
         "chimera",
         Placement.bidirectional(p),
-        m,
-        tuple(_device_ops(p, m, d, units) for d in range(p)),
+        runs,
+        tuple(_device_ops(p, runs, d, units) for d in range(p)),
         route=route,
-        params={"p": p, "m": m, "forward_doubling": int(doubling and max(units) == 2)},
+        params=params,
     )
 
 
@@ -150,9 +166,19 @@ def chimera_idle(p: int, m: int, c: StageCosts, *, forward_doubling: bool = True
     return bubbles * (first + (units // 2 - 1) * per_doubled_unit)
 
 
-def chimera_formula(p: int, m: int, v: int, c: StageCosts, *, forward_doubling: bool = True) -> FormulaEstimate:
+def chimera_formula(p: int, m: int, v: int, c: StageCosts, *, forward_doubling: bool = True,
+                    backward_halving: bool = False) -> FormulaEstimate:
     # forward doubling from m = 2p on unless switched off; exact for every F, B
     doubling = switch(forward_doubling, "forward_doubling")
+    if switch(backward_halving, "backward_halving"):
+        # forward doubling over 2m half-size microbatches: the activations of p whole ones
+        halves = chimera_formula(p, 2 * m, v, c.of_microbatch_fraction(0.5), forward_doubling=True)
+        return FormulaEstimate(
+            idle=halves.idle, work=halves.work, peak_inflight=halves.peak_inflight,
+            activation_units=halves.activation_units / 2, exact=True,
+            note="2x parameters (two replicas, gradients all-reduced); backward halving: 2m half-size "
+                 "microbatches, costs scaled linearly",
+        )
     doubled = doubling and m >= 2 * p
     peak = 2 * p if doubled else p  # device p/2-1 holds p/2 (x2 when doubled) each way
     return FormulaEstimate(
@@ -169,9 +195,9 @@ def chimera_formula(p: int, m: int, v: int, c: StageCosts, *, forward_doubling: 
 FAMILY = Family(
     name="chimera",
     summary="two opposite pipelines (model replicas) merged, forward doubling for m > p",
-    constraints="p even, m a multiple of p; 2x parameters; forward_doubling=0|1",
+    constraints="p even, m a multiple of p; 2x parameters; forward_doubling=0|1, backward_halving=0|1",
     build=lambda p, m, *, v=None, **options: chimera(p, m, **options),
     formula=chimera_formula,
-    options=("forward_doubling",),
-    formula_options=("forward_doubling",),
+    options=("forward_doubling", "backward_halving"),
+    formula_options=("forward_doubling", "backward_halving"),
 )

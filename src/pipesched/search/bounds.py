@@ -87,7 +87,7 @@ def lower_bound(point: Point) -> Bound:
         # free communication: the ops and their memory alone (no transfers to lower)
         graph = compile_graph(schedule, costs, None)
         closed = _closed_form(point, costs)
-        work = _work(graph, costs)
+        work = _work(graph, graph.costs)  # the costs the graph runs (half-size microbatches scaled)
         table = _table(graph, network)
     return Bound(max(closed, work, table), closed, work, table,
                  tuple(float(x) for x in peak_memory(graph)), capacity)

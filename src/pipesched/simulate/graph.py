@@ -208,6 +208,9 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
         f"{costs.num_stages} stages",
         f"the schedule has {schedule.num_stages} stages; give one cost row per stage",
     )
+    # costs describe the user's microbatch; a table of half-size microbatches (Chimera's
+    # backward halving) runs each at half of them
+    costs = costs.of_microbatch_fraction(schedule.microbatch_fraction)
     if network is not None:
         require(
             network.num_devices >= schedule.num_devices,
