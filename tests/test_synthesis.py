@@ -8,6 +8,7 @@ import doctest
 import functools
 import importlib
 import itertools
+import json
 import math
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, generate
-from pipesched.ops import B, F, I, Op, W
+from pipesched.ops import B, F, I, O, Op, R, W
 from pipesched.schedule import Placement, Schedule
 from pipesched.search.baseline import best_family
 from pipesched.search.list_scheduling import list_schedule, rules
@@ -352,3 +353,67 @@ def test_the_lower_bound_holds_for_the_heuristics_too() -> None:
 def test_docstring_examples_run(name) -> None:
     result = doctest.testmod(importlib.import_module(f"pipesched.search.{name}"))
     assert result.failed == 0 and result.attempted >= 1
+
+
+# --- offload decisions ---------------------------------------------------------------------
+# I frees 3 of 4 B; offloading stage 0's activations over a 4 B/s host link (1 s a transfer)
+OFFLOAD = (uneven(2, input_frees=0.75), 3)
+
+
+def _host(bandwidth: float | None) -> Network:
+    return Network.uniform(2, latency=0.5, bandwidth=INF, host_bandwidth=bandwidth)
+
+
+def test_offload_is_a_decision_that_beats_the_cap_without_it() -> None:
+    costs, m = OFFLOAD
+    network = _host(4.0)
+    without = synthesize(costs, network, m, memory_limit=8.0, time_limit=10)
+    with_offload = synthesize(costs, network, m, memory_limit=8.0, time_limit=10, allow_offload=True)
+    for result in (without, with_offload):
+        check_result(result, costs, network, 8.0)
+        assert result.status == "optimal"
+    assert without.offload == () and without.makespan_s == pytest.approx(brute_force(costs, network, m, limit=8.0,
+                                                                                      split=True, fifo=True))
+    assert with_offload.offload == (0,)
+    assert with_offload.makespan_s < without.makespan_s  # 12 s against 13.5 s
+    assert with_offload.solver_makespan_s == pytest.approx(with_offload.makespan_s, rel=1e-9)
+    kinds = {op.kind for ops in with_offload.schedule.device_ops for op in ops}
+    assert {O, R} <= kinds and with_offload.to_dict()["offload_stages"] == [0]
+
+
+def test_a_slow_host_link_is_not_worth_offloading_over() -> None:
+    costs, m = OFFLOAD
+    network = _host(0.25)  # 16 s a transfer
+    result = synthesize(costs, network, m, memory_limit=8.0, time_limit=10, allow_offload=True)
+    check_result(result, costs, network, 8.0)
+    assert result.status == "optimal" and result.offload == ()
+
+
+def test_solver_offload_plans_that_break_the_cap_as_run_are_never_claimed() -> None:
+    # the solver may time a forward after an offload has freed memory, but the compute stream
+    # runs the forward as soon as it can: such plans are dropped, the bound stays a bound
+    costs, m = OFFLOAD
+    network = _host(4.0)
+    result = synthesize(costs, network, m, memory_limit=5.0, time_limit=10, allow_offload=True)
+    check_result(result, costs, network, 5.0)
+    assert result.lower_bound_s <= brute_force(costs, network, m, limit=5.0, split=True, fifo=True) * (1 + 1e-12)
+
+
+def test_offload_needs_a_host_link(cli, tmp_path) -> None:
+    costs, m = OFFLOAD
+    with pytest.raises(PipeschedError, match=r"^allow_offload=device 0: has no host link"):
+        synthesize(costs, _host(None), m, memory_limit=8.0, allow_offload=True)
+    table = tmp_path / "costs.csv"
+    table.write_text("stage,forward,backward_input,backward_weight,activation_bytes,output_bytes\n"
+                     "0,1,1.5,0.75,4,1\n1,1.25,1.25,1,4,1\n")
+    result = cli("synthesize", "-p", "2", "-m", "3", "--stage-costs", str(table), "--latency", "0.5",
+                 "--memory-limit", "8", "--allow-offload", "--time-limit", "5")
+    assert result.code == 2 and "allow_offload" in result.err and "Traceback" not in result.err
+    result = cli("synthesize", "-p", "2", "-m", "3", "--stage-costs", str(table), "--latency", "0.5",
+                 "--memory-limit", "8", "--allow-offload", "--host-bandwidth", "4", "--time-limit", "5",
+                 "-o", str(tmp_path / "s.txt"), "--json")
+    assert result.code == 0, result
+    assert json.loads(result.out)["offload_stages"] == [0]
+    again = cli("simulate", str(tmp_path / "s.txt"), "--stage-costs", str(table), "--latency", "0.5",
+                "--host-bandwidth", "4", "--no-contention", "--json")
+    assert json.loads(again.out)["iteration_time_s"] == pytest.approx(json.loads(result.out)["makespan_s"])

@@ -16,6 +16,8 @@ from pipesched.cli.options import (
     Bandwidth,
     ClusterName,
     Devices,
+    HostBandwidth,
+    HostMemory,
     Latency,
     Microbatches,
     MicroBatchSize,
@@ -58,6 +60,11 @@ def synthesize_command(
     backward: Annotated[str, typer.Option("--backward", help="split (I and W ops) or full (one B op)")] = "split",
     allow_recompute: Annotated[bool, typer.Option(
         "--allow-recompute", help="let the solver choose stages that keep only their input and redo the forward in the backward")] = False,
+    allow_offload: Annotated[bool, typer.Option(
+        "--allow-offload", help="let the solver choose stages that offload their activations to host memory over the "
+                                "devices' host links (an O after each forward, an R before each backward)")] = False,
+    host_bandwidth: HostBandwidth = None,
+    host_memory: HostMemory = None,
     output: Annotated[str | None, typer.Option("-o", "--output", help="write the schedule: .txt grid, .csv PyTorch, .json")] = None,
     as_json: AsJson = False,
     png: Png = None,
@@ -87,7 +94,8 @@ def synthesize_command(
     check_size(p, m, split_backward=backward == "split")
     setup = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
-                     stage_costs=stage_costs, latency=latency, bandwidth=bandwidth).setup()
+                     stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, host_bandwidth=host_bandwidth,
+                     host_memory=host_memory).setup()
     # costs and links depend only on the placement: one stage per device
     placement = Schedule("synthesized", Placement.one_per_device(p), m, ((),) * p)
     costs, network = setup.costs_for(placement), setup.network_for(placement)
@@ -97,7 +105,7 @@ def synthesize_command(
     from pipesched.search.synthesis import synthesize
 
     result = synthesize(costs, network, m, memory_limit=limit, split_backward=backward == "split",
-                        allow_recompute=allow_recompute, time_limit=time_limit)
+                        allow_recompute=allow_recompute, allow_offload=allow_offload, time_limit=time_limit)
     if output is not None:
         io.save_schedule(result.schedule, output)
     views.write([result.timeline], title=f"synthesized, p={p}, m={m}: {setup.description}")
@@ -150,6 +158,8 @@ def _print(result, network, description: str, *, timeline_view: bool) -> None:
         table.add_row("best built-in family", "none fits the memory limit")
     table.add_row("makespan with link contention", _seconds(contended))
     table.add_row("recompute", ", ".join(map(str, result.recompute)) or "none")
+    if result.offload:
+        table.add_row("offload", "stages " + ", ".join(map(str, result.offload)))
     peaks = result.timeline.memory.peak
     worst = max(range(len(peaks)), key=peaks.__getitem__)
     limit = result.memory_limit

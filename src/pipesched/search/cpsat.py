@@ -5,7 +5,9 @@ its device. In the order the code builds it:
 
     data         op lengths and transfer delays on the time grid, memory on its grid
     variables    an interval per op; with recompute allowed, a yes/no per stage that
-                 lengthens its I (or B) by the forward and shrinks what F keeps
+                 lengthens its I (or B) by the forward and shrinks what F keeps; with
+                 offload allowed, a yes/no per stage and optional O and R intervals on
+                 its device's host link (O after F, R before the backward)
     constraints  no overlap per device; F -> I -> W on a stage; F(s) -> F(s+1) and
                  I/B(s+1) -> I/B(s) with the link's delay; each kind in microbatch order
                  on every stage (``plans`` says why that loses nothing); activation memory
@@ -13,7 +15,8 @@ its device. In the order the code builds it:
                  a reservoir where I frees part of a microbatch and W the rest)
     objective    the makespan, never below ``IntegerProblem.lower_bound``
     solve        from a hint (the best known plan, replayed on the grid)
-    extract      each device's ops sorted by start time
+    extract      each device's ops sorted by start time, an O or R after the last
+                 compute op that ended before it starts (where the simulator issues it)
 
 OR-Tools is an optional extra, imported when a model is built.
 """
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.errors import PipeschedError, require
-from pipesched.ops import B, F, I, Op, OpKind, W
+from pipesched.ops import B, F, I, O, Op, OpKind, R, W
 from pipesched.search.plans import Plan, to_schedule
 from pipesched.search.problem import IntegerProblem
 from pipesched.simulate import simulate
@@ -81,7 +84,7 @@ def fits_grid(ip: IntegerProblem, plan: Plan) -> bool:
             continue
         choice = 1 if s in plan.recompute else 0
         alloc, at_i, held = grid.alloc[choice], grid.frees_at_i[choice], grid.kept[choice]
-        change = {F: alloc, I: held - at_i, W: at_i - held - alloc, B: -alloc}
+        change = {F: alloc, I: held - at_i, W: at_i - held - alloc, B: -alloc, O: -alloc, R: alloc}
         level = 0
         for op in ops:
             level += change[op.kind]
@@ -123,6 +126,32 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
                 end[op] = model.new_int_var(0, horizon, f"end_{op}")
                 interval[op] = model.new_interval_var(start[op], length, end[op], f"op_{op}")
 
+    # an offload choice per stage whose cap binds: an O after each forward and an R before
+    # each backward, optional intervals on the device's host link (one transfer at a time)
+    offload = [model.new_bool_var(f"offload_{s}") if ip.host_transfer and ip.memory[s].cap is not None else None
+               for s in range(p)]
+    for s, choice in enumerate(offload):
+        if choice is None:
+            continue
+        if recompute[s] is not None:
+            model.add_bool_or([~choice, ~recompute[s]])  # offload or recompute, not both
+        host_link = []
+        for k in range(m):
+            for kind in (O, R):
+                op = Op(s, kind, k)
+                start[op] = model.new_int_var(0, horizon, f"start_{op}")
+                end[op] = model.new_int_var(0, horizon, f"end_{op}")
+                interval[op] = model.new_optional_interval_var(start[op], ip.host_transfer[s], end[op], choice,
+                                                               f"op_{op}")
+                host_link.append(interval[op])
+            model.add(start[Op(s, O, k)] >= end[Op(s, F, k)]).only_enforce_if(choice)
+            model.add(start[Op(s, R, k)] >= end[Op(s, O, k)]).only_enforce_if(choice)
+            model.add(end[Op(s, R, k)] <= start[Op(s, backward, k)]).only_enforce_if(choice)
+            if k:  # in microbatch order, as the forwards and backwards
+                for kind in (O, R):
+                    model.add(start[Op(s, kind, k)] >= end[Op(s, kind, k - 1)]).only_enforce_if(choice)
+        model.add_no_overlap(host_link)
+
     # --- constraints
     for s in range(p):
         # one op at a time on each device
@@ -142,7 +171,8 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
             model.add(start[Op(s, backward, k)] >= end[Op(s + 1, backward, k)] + ip.gradient_delay[s])
     ended = {}
     for s in range(p):
-        for (k, kind, j), literal in _memory(model, ip, s, start, end, recompute[s], memory_rule).items():
+        for (k, kind, j), literal in _memory(model, ip, s, start, end, recompute[s], memory_rule,
+                                             offload[s]).items():
             ended[(Op(s, F, k), Op(s, kind, j))] = literal
 
     # --- objective
@@ -155,11 +185,15 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
     if hint is not None:
         ends = {op: t + _length(ip, op.kind, op.stage, op.stage in hint.recompute) for op, t in hint_starts.items()}
         for op, value in hint_starts.items():
-            model.add_hint(start[op], value)
-            model.add_hint(end[op], ends[op])
+            if op in start:
+                model.add_hint(start[op], value)
+                model.add_hint(end[op], ends[op])
         for s, choice in enumerate(recompute):
             if choice is not None:
                 model.add_hint(choice, s in hint.recompute)
+        for s, choice in enumerate(offload):
+            if choice is not None:
+                model.add_hint(choice, s in hint.offload)
         for (forward, op), literal in ended.items():
             model.add_hint(literal, ends[op] <= hint_starts[forward])
         model.add_hint(makespan, max(ends.values()))
@@ -184,10 +218,32 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
     bound = max(ip.lower_bound, math.ceil(solver.best_objective_bound - 1e-6))
     if status == "unknown":
         return SolverOutcome(status, None, None, bound, seconds)
-    tables = tuple(tuple(sorted((Op(s, kind, k) for kind in kinds for k in range(m)),
-                                key=lambda op: solver.value(start[op]))) for s in range(p))
+    offloaded = frozenset(s for s, choice in enumerate(offload) if choice is not None and solver.value(choice))
+    tables = tuple(_table(s, kinds, m, s in offloaded, solver.value, start, end) for s in range(p))
     chosen = frozenset(s for s, choice in enumerate(recompute) if choice is not None and solver.value(choice))
-    return SolverOutcome(status, Plan(tables, chosen, source="solver"), int(solver.objective_value), bound, seconds)
+    return SolverOutcome(status, Plan(tables, chosen, source="solver", offload=offloaded), int(solver.objective_value),
+                         bound, seconds)
+
+
+def _table(s: int, kinds: tuple[OpKind, ...], m: int, offloads: bool, value, start: dict, end: dict) -> tuple[Op, ...]:
+    """Device s's table from the solver's times: its compute ops by start, and each host-link
+    op after the last compute op that ended by its start (where the simulator issues it: when
+    the compute op before it in the table ends)."""
+    compute = sorted((Op(s, kind, k) for kind in kinds for k in range(m)), key=lambda op: value(start[op]))
+    if not offloads:
+        return tuple(compute)
+    ends = [value(end[op]) for op in compute]
+    host = sorted((Op(s, kind, k) for kind in (O, R) for k in range(m)), key=lambda op: value(start[op]))
+    after: dict[int, list[Op]] = {}
+    for op in host:
+        began = value(start[op])
+        position = sum(1 for finish in ends if finish <= began)  # compute ops end in table order
+        after.setdefault(position, []).append(op)
+    table: list[Op] = [*after.get(0, ())]
+    for index, op in enumerate(compute, start=1):
+        table.append(op)
+        table.extend(after.get(index, ()))
+    return tuple(table)
 
 
 def _horizon(ip: IntegerProblem, hint: Plan | None, hint_starts: dict[Op, int]) -> int:
@@ -203,10 +259,13 @@ def _horizon(ip: IntegerProblem, hint: Plan | None, hint_starts: dict[Op, int]) 
 
 
 def _length(ip: IntegerProblem, kind: OpKind, stage: int, recomputed: bool) -> int:
+    if kind in (O, R):
+        return ip.host_transfer[stage]
     return (ip.recomputed if recomputed else ip.duration)[kind][stage]
 
 
-def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute, rule: str) -> dict:
+def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute, rule: str,
+            offload=None) -> dict:
     """Activation memory of device s within its cap, on the memory grid.
 
     F(k) allocates ``alloc`` as it starts; I frees ``at_i`` as it ends but leaves ``kept``
@@ -221,8 +280,9 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
     "reservoir": CP-SAT's reservoir constraint over every allocation and free (the textbook
     form; slower, see the synthesis benchmark). When I's end raises the level (it leaves
     more than it frees, as the default model's layers do), the level can peak as an I ends
-    too: the reservoir, exact at every event, is used whatever the rule. Returns the
-    literals, keyed (k, kind, j)
+    too: the reservoir, exact at every event, is used whatever the rule; and so it is when
+    the stage may offload (``offload``, its literal): an O frees the activations as it ends
+    and its R takes them back as it starts. Returns the literals, keyed (k, kind, j)
     for "op (s, kind, j) ends before F(s, k) starts".
     """
     grid = ip.memory[s]
@@ -252,8 +312,8 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
         frees = ({I: (at_i - held_for_w, alloc), W: (alloc - at_i + held_for_w, alloc - at_i + held_for_w)}
                  if split else {B: (alloc, alloc)})
         pending = {kind: grid.cap // held for kind, (share, held) in frees.items() if share > 0}
-        # the level peaks also as I ends: only the reservoir checks those
-        events_only = raised_at_i > 0
+        # the level peaks also as I ends, or as a reload starts: only the reservoir checks those
+        events_only = raised_at_i > 0 or (offload is not None and choice == 0)
         partial = events_only
         for k in range(0 if events_only else m):
             need = alloc * (k + 1) - grid.cap  # units the ended ops must have freed by F(k)
@@ -280,6 +340,11 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
                     reservoir[0].append(time_of)
                     reservoir[1].append(change)
                     reservoir[2].append(active)
+                if offload is not None and choice == 0:  # offloading excludes recompute: choice 0
+                    for time_of, change in ((end[Op(s, O, k)], -alloc), (start[Op(s, R, k)], alloc)):
+                        reservoir[0].append(time_of)
+                        reservoir[1].append(change)
+                        reservoir[2].append(offload)
     if reservoir[0]:
         model.add_reservoir_constraint_with_active(*reservoir, 0, grid.cap)
     return ended

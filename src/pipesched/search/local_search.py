@@ -2,7 +2,9 @@
 
 A move swaps two neighbouring ops of different kinds on one device (keeping each kind in
 microbatch order and each stage-microbatch's own F -> I -> W order), or, with recompute
-allowed, switches one stage's recompute on or off. A move is kept when the plan still runs
+allowed, switches one stage's recompute on or off, or, with offload allowed, one stage's
+offload (its O after each forward and its R one compute op ahead of each backward, as
+``pipesched.passes.offload`` places them; a stage does not do both). A move is kept when the plan still runs
 (no deadlock), fits the cap, and shortens the makespan, or keeps it and brings the ops'
 end times forward in total. Moves that touch the critical path are tried first: only they
 can shorten the makespan.
@@ -16,14 +18,15 @@ import time
 from collections.abc import Iterator
 
 from pipesched.errors import PipeschedError
-from pipesched.ops import B, F, I, W
+from pipesched.ops import B, F, I, O, R, W
 from pipesched.search.plans import Evaluation, Plan, evaluate, fits
 from pipesched.search.problem import SynthesisProblem
 
 # pairs (earlier kind, later kind) that a stage-microbatch must keep in this order
 _OWN_ORDER = {(F, I), (I, W), (F, B)}
 
-Move = tuple[int, int] | int  # (device, position) swaps position and position + 1; int: a stage's recompute
+# (device, position) swaps position and position + 1; ("recompute" | "offload", stage) switches it
+Move = tuple[int, int] | tuple[str, int]
 
 
 def _key(evaluation: Evaluation) -> tuple[float, float]:
@@ -53,21 +56,28 @@ def _moves(problem: SynthesisProblem, current: Evaluation, rng: random.Random) -
             touches = first_row[d] + i in critical or first_row[d] + i + 1 in critical
             swaps.append((not touches, rng.random(), (d, i)))
     swaps.sort()
-    stages = list(range(problem.num_stages)) if problem.allow_recompute else []
-    rng.shuffle(stages)
-    yield from stages
+    plan = current.plan
+    switches = []
+    if problem.allow_recompute:  # a stage that offloads does not recompute as well
+        switches += [("recompute", s) for s in range(problem.num_stages) if s not in plan.offload]
+    if problem.allow_offload:
+        switches += [("offload", s) for s in range(problem.num_stages) if s not in plan.recompute]
+    rng.shuffle(switches)
+    yield from switches
     for _, _, move in swaps:
         yield move
 
 
 def _apply(plan: Plan, move: Move) -> Plan:
-    if isinstance(move, int):
-        return Plan(plan.device_ops, plan.recompute ^ {move}, source="local search")
+    if move[0] == "recompute":
+        return Plan(plan.device_ops, plan.recompute ^ {move[1]}, source="local search", offload=plan.offload)
+    if move[0] == "offload":
+        return _switch_offload(plan, move[1])
     d, i = move
     ops = list(plan.device_ops[d])
     ops[i], ops[i + 1] = ops[i + 1], ops[i]
     tables = (*plan.device_ops[:d], tuple(ops), *plan.device_ops[d + 1:])
-    return Plan(tables, plan.recompute, source="local search")
+    return Plan(tables, plan.recompute, source="local search", offload=plan.offload)
 
 
 def improve(problem: SynthesisProblem, start: Evaluation, *, seconds: float, seed: int = 0) -> Evaluation:
@@ -91,3 +101,21 @@ def improve(problem: SynthesisProblem, start: Evaluation, *, seconds: float, see
                 current, best_key, improved = candidate, key, True
                 break
     return current
+
+
+def _switch_offload(plan: Plan, stage: int) -> Plan:
+    """``plan`` with ``stage``'s offload switched: its O and R ops taken out, or placed."""
+    from pipesched.passes.offload import OffloadPolicy, offload
+    from pipesched.schedule import Placement, Schedule
+
+    if stage in plan.offload:
+        tables = tuple(tuple(op for op in ops if not (op.stage == stage and op.kind in (O, R)))
+                       for ops in plan.device_ops)
+        return Plan(tables, plan.recompute, source="local search", offload=plan.offload - {stage})
+    plain = tuple(tuple(op for op in ops if op.kind not in (O, R)) for ops in plan.device_ops)
+    m = sum(1 for ops in plain for op in ops if op.kind is F and op.stage == 0)
+    placed = offload(Schedule("plan", Placement.one_per_device(len(plain)), m, plain),
+                     OffloadPolicy(stages=(stage,))).device_ops
+    # the other stages keep their host-link ops where they were
+    tables = tuple(ops if d != stage else placed[d] for d, ops in enumerate(plan.device_ops))
+    return Plan(tables, plan.recompute, source="local search", offload=plan.offload | {stage})

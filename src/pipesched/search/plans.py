@@ -26,12 +26,15 @@ from pipesched.timeline import Timeline
 
 @dataclass(frozen=True)
 class Plan:
-    """A candidate: ``device_ops[d]`` is device d's op order; ``recompute`` the stages that
-    recompute their activations; ``source`` says what made it."""
+    """A candidate: ``device_ops[d]`` is device d's op order (with the offloads and
+    reloads of the stages that offload, on the device's host link); ``recompute`` the
+    stages that recompute their activations, ``offload`` those that offload them; ``source``
+    says what made it."""
 
     device_ops: tuple[tuple[Op, ...], ...]
     recompute: frozenset[int] = field(default_factory=frozenset)
     source: str = ""
+    offload: frozenset[int] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,7 +69,12 @@ def evaluate(problem: SynthesisProblem, plan: Plan) -> Evaluation:
 
 
 def fits(problem: SynthesisProblem, evaluation: Evaluation) -> bool:
-    """Whether every device's peak memory is within the cap."""
+    """Whether every device's peak memory is within the cap (and its offloads within its
+    host's memory)."""
+    host = evaluation.timeline.host_memory
+    if host is not None and host.capacity is not None and any(
+            peak > capacity for peak, capacity in zip(host.peak, host.capacity, strict=True)):
+        return False  # more offloaded activations at once than the host holds
     if problem.memory_limit is None:
         return True
     return all(peak <= limit * (1 + BYTES_TOLERANCE)

@@ -109,6 +109,10 @@ class SynthesisProblem:
     memory_limit: bytes per device, static bytes included; None for no cap.
     split_backward: I and W ops (True) or one B op per stage-microbatch.
     allow_recompute: the solver may recompute stages (see the module docstring).
+    allow_offload: the solver may offload stages' activations to host memory over each
+    device's host link (``Network.host_bandwidth``), as ``pipesched.passes.offload`` does:
+    an O after each forward, an R before each backward; a stage offloads or recomputes,
+    not both.
     """
 
     costs: StageCosts
@@ -117,12 +121,18 @@ class SynthesisProblem:
     memory_limit: tuple[float, ...] | None = None
     split_backward: bool = True
     allow_recompute: bool = False
+    allow_offload: bool = False
 
     def __post_init__(self) -> None:
         p = self.costs.num_stages
         check_size(p, self.num_microbatches, split_backward=self.split_backward)
         require(self.network.num_devices >= p, "devices", self.network.num_devices,
                 f"the network has fewer devices than the {p} stages; use a bigger cluster")
+        if self.allow_offload:
+            missing = [d for d in range(p) if not self.network.has_host_link(d)]
+            require(not missing, "allow_offload", f"device {missing[0] if missing else ''}",
+                    "has no host link to offload over; give the devices one (--host-bandwidth, or a cluster "
+                    "whose devices have one), or drop --allow-offload")
         if self.memory_limit is not None:
             require(len(self.memory_limit) == p, "memory_limit", f"{len(self.memory_limit)} values",
                     f"give one limit per device ({p})")
@@ -167,6 +177,13 @@ class SynthesisProblem:
     def duration(self, kind: OpKind, stage: int, *, recompute: bool = False) -> float:
         """Seconds of one op, with or without recompute on its stage."""
         return (self.recomputed if recompute else self.costs).duration(Op(stage, kind, 0))
+
+    def host_transfer(self, stage: int) -> float:
+        """Seconds of one offload or reload of a stage-microbatch's activations over its
+        device's host link (as ``pipesched.simulate.graph.op_durations`` counts it)."""
+        network = self.network
+        latency = network.host_latency[stage] if network.host_latency is not None else 0.0
+        return latency + self.costs.activation_bytes[stage] / network.host_bandwidth[stage]
 
     def activation_delay(self, stage: int) -> float:
         """Seconds from F(stage)'s end until its activation reaches stage + 1."""
@@ -293,6 +310,7 @@ class IntegerProblem:
     gradient_delay: tuple[int, ...]
     memory: tuple[MemoryGrid, ...]
     raised_ops: int
+    host_transfer: tuple[int, ...] = ()  # an offload's or reload's length per stage (allow_offload)
 
     @classmethod
     def build(cls, problem: SynthesisProblem, *, resolution: int = TIME_RESOLUTION) -> IntegerProblem:
@@ -304,7 +322,8 @@ class IntegerProblem:
         activation = [problem.activation_delay(s) for s in range(p - 1)]
         gradient = [problem.gradient_delay(s) for s in range(p - 1)]
         ops = [x for v in (redone if problem.allow_recompute else seconds).values() for x in v]
-        values = [x for v in seconds.values() for x in v] + ops + activation + gradient
+        host = [problem.host_transfer(s) for s in range(p)] if problem.allow_offload else []
+        values = [x for v in seconds.values() for x in v] + ops + activation + gradient + host
         unit = time_unit(values, longest=max(ops) or 1.0, resolution=resolution)
 
         def floor_units(x: float) -> int:
@@ -324,7 +343,9 @@ class IntegerProblem:
             activation_delay=tuple(floor_units(x) for x in activation),
             gradient_delay=tuple(floor_units(x) for x in gradient),
             memory=tuple(_memory_grid(problem, s) for s in range(p)),
-            raised_ops=m * sum(1 for v in seconds.values() for x in v if floor_units(x) < 1),
+            raised_ops=m * sum(1 for v in seconds.values() for x in v if floor_units(x) < 1)
+            + 2 * m * sum(1 for x in host if floor_units(x) < 1),
+            host_transfer=op_units(host),
         )
 
     @property
@@ -390,5 +411,8 @@ class IntegerProblem:
         for s in range(p - 1):
             latency[s, s + 1] = self.activation_delay[s]
             latency[s + 1, s] = self.gradient_delay[s]
+        host = {}
+        if self.host_transfer:  # an offload or a reload takes its grid length (no bytes on the grid)
+            host = {"host_bandwidth": (math.inf,) * p, "host_latency": tuple(float(x) for x in self.host_transfer)}
         return Network(latency=latency, bandwidth=np.full((p, p), math.inf), node_of=tuple(range(p)),
-                       name="grid")
+                       name="grid", **host)

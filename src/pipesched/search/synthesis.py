@@ -64,7 +64,8 @@ class SynthesisResult:
         on its grid, None without one).
     seconds: wall time of the whole synthesis.
     baseline: the best built-in family under the same cap (None when none fits).
-    recompute: stages that recompute their activations.
+    recompute: stages that recompute their activations; offload: stages that offload them
+        to host memory (their O and R ops are in the schedule).
     time_unit_s: the solver's time grid step; time_exact: every duration and delay lies on
         it (then "optimal" holds for the true durations too, not only on the grid).
     memory_exact, memory_limit: see lower_bound_s; bytes per device (None: no cap).
@@ -86,6 +87,7 @@ class SynthesisResult:
     time_exact: bool
     memory_exact: bool
     memory_limit: tuple[float, ...] | None
+    offload: tuple[int, ...] = ()
 
     @property
     def gap(self) -> float:
@@ -117,6 +119,8 @@ class SynthesisResult:
             "m": self.schedule.num_microbatches,
             "backward": "split" if self.schedule.splits_backward else "full",
             "recompute_stages": list(self.recompute),
+            "offload_stages": list(self.offload),
+            "host_peak_memory_bytes": list(self.timeline.host_memory.peak) if self.timeline.host_memory else None,
             "memory_limit_bytes": list(self.memory_limit) if self.memory_limit is not None else None,
             "peak_memory_bytes": list(self.timeline.memory.peak),
             "contention": False,
@@ -131,6 +135,7 @@ def synthesize(
     memory_limit: float | Sequence[float] | None = None,
     split_backward: bool = True,
     allow_recompute: bool = False,
+    allow_offload: bool = False,
     time_limit: float = 10.0,
     resolution: int = TIME_RESOLUTION,
     workers: int | None = None,
@@ -144,6 +149,8 @@ def synthesize(
         included; None for no cap.
     split_backward: I and W ops (True) or one B per stage-microbatch.
     allow_recompute: let the solver recompute stages (see ``search.problem``).
+    allow_offload: let the solver offload stages' activations over the devices' host links
+        (``network.host_bandwidth``; see ``search.problem``).
     resolution: time units the longest op spans on the solver's grid.
     workers: CP-SAT search workers (default: its own choice).
     memory_rule: how the solver writes the memory cap, "counting" or "reservoir" (the same
@@ -166,7 +173,7 @@ def synthesize(
     else:
         limits = None
     problem = SynthesisProblem(costs, network, num_microbatches, limits, split_backward=split_backward,
-                               allow_recompute=allow_recompute)
+                               allow_recompute=allow_recompute, allow_offload=allow_offload)
     grid = IntegerProblem.build(problem, resolution=resolution)
 
     baseline = best_family(problem)
@@ -221,6 +228,9 @@ def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, o
                                  "solver": outcome.status, "method": method}
     if recompute:
         params["recompute"] = list(recompute)
+    offload = tuple(sorted(plan.offload))
+    if offload:
+        params["offload"] = list(offload)
     schedule = to_schedule(problem, plan, name="synthesized", params=params)
     return SynthesisResult(
         schedule=schedule,
@@ -239,4 +249,5 @@ def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, o
         time_exact=grid.exact_time,
         memory_exact=grid.memory_exact,
         memory_limit=problem.memory_limit,
+        offload=offload,
     )
