@@ -40,6 +40,15 @@ def _time(command: list[str], env: dict[str, str], runs: int) -> tuple[float, fl
     return statistics.median(walls), statistics.median(cpus)
 
 
+def _shown(source: str) -> str:
+    """The timed src folder as the results file names it: relative to this checkout, or
+    another checkout's, without this machine's paths."""
+    path = Path(source).resolve()
+    if path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT))
+    return f"<other checkout>/{path.name}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=11)
@@ -60,7 +69,7 @@ def main() -> None:
             ("pipesched simulate --help", [*pipesched, "simulate", "--help"], False),
         ]
         load = os.getloadavg()[0]
-        print(f"source {args.source}; {args.runs} runs each; load average {load:.2f} on {os.cpu_count()} CPUs")
+        print(f"source {_shown(args.source)}; {args.runs} runs each; load average {load:.2f} on {os.cpu_count()} CPUs")
         print(f"{'command':42} {'wall s (median)':>16} {'cpu s (median)':>15}  target")
         for label, command, targeted in cases:
             wall, cpu = _time(command, env, args.runs)

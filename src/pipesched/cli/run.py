@@ -45,13 +45,9 @@ def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: 
     require(p is not None or name not in FAMILIES, "p", None, "give the number of ranks with -p")
     require(m is not None or name not in FAMILIES, "m", None, "give the number of microbatches with -m")
     schedule = load_or_generate(name, p=p or 0, m=m or 0, v=v, settings=settings)
-    if schedule.params.get("asynchronous"):
-        raise PipeschedError(f"schedule={schedule.name}: an asynchronous pipeline has no flushed step to run for real "
-                             "(its weights would need versions the runtime does not keep); run pipedream-flush, its "
-                             "synchronous baseline, or simulate it")
-    if schedule.microbatch_fraction != 1.0:
-        raise PipeschedError(f"schedule={schedule.name}: backward halving runs half-size microbatches, which a real "
-                             "run does not split; run forward doubling with twice -m and half -b instead")
+    from pipesched.runtime.runs import check_runnable
+
+    check_runnable(schedule)  # before a model is built or a rank started
     return schedule
 
 

@@ -241,8 +241,9 @@ def _steady_fields(point: Point, found) -> dict:
 
 
 def _trains_differently(schedule: Schedule, costs, point: Point) -> bool:
-    """Whether a sim run has frozen, offloaded or recomputed work to report."""
-    return bool(schedule.frozen) or bool(point.offload) or costs.recompute_s is not None
+    """Whether a sim run has frozen, offloaded or recomputed work to report (a schedule
+    file may freeze stages the point does not name)."""
+    return point.trains_differently or bool(schedule.frozen) or costs.recompute_s is not None
 
 
 def sim_schedule(point: Point, setup) -> Schedule:

@@ -3,7 +3,6 @@ its closed-form model, exported as ``FAMILY``."""
 
 from __future__ import annotations
 
-import functools
 import gc
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -97,10 +96,10 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, frozen: Iterabl
     return _build(name, p, m, chunks, key)
 
 
-@functools.lru_cache(maxsize=256)
 def _frozen_cached(name: str, p: int, m: int, v: int, options: tuple[tuple[str, object], ...],
                    frozen: tuple[int, ...]) -> Schedule:
-    return frozen_schedule(name, _generate_cached(name, p, m, v, options), frozen, dict(options))
+    return _SCHEDULES.get((name, p, m, v, options, frozen),
+                          lambda: frozen_schedule(name, _generate_cached(name, p, m, v, options), frozen, dict(options)))
 
 
 def frozen_schedule(name: str, schedule: Schedule, frozen: Iterable[int], options: dict[str, object]) -> Schedule:

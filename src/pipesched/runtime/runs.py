@@ -278,6 +278,21 @@ def choose_runtime(schedule: Schedule, runtime: str) -> str:
     return "ours"
 
 
+def check_runnable(schedule: Schedule) -> None:
+    """Raise PipeschedError when a real run cannot execute ``schedule``: it trains every
+    stage, keeps activations on the device, flushes every step, and runs whole microbatches."""
+    require(not schedule.frozen, "schedule", schedule.name,
+            "has frozen stages, which real runs do not execute yet; run the table without freezing")
+    require(all(schedule.rules[op.kind].stream == COMPUTE for _, op in schedule.ops()), "schedule", schedule.name,
+            "offloads activations, which real runs do not execute yet; run the table without offload ops")
+    require(not schedule.params.get("asynchronous"), "schedule", schedule.name,
+            "an asynchronous pipeline has no flushed step to run for real (its weights would need versions the "
+            "runtime does not keep); run pipedream-flush, its synchronous baseline, or simulate it")
+    require(schedule.microbatch_fraction == 1.0, "schedule", schedule.name,
+            "backward halving runs half-size microbatches, which a real run does not split; run forward "
+            "doubling with twice -m and half -b instead")
+
+
 def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: RunOptions | None = None,
                   runtime: str = "auto", partitions: Sequence[Partition | None] | None = None,
                   fault: Fault | None = None, on_status: StatusCallback | None = None) -> list[RunResult]:
@@ -293,11 +308,7 @@ def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: R
     for schedule in schedules:
         require(schedule.num_devices == num_ranks, "schedule", schedule.name,
                 f"has {schedule.num_devices} devices; every schedule of one run needs {num_ranks}")
-        # real runs train every stage and keep activations on the device
-        require(not schedule.frozen, "schedule", schedule.name,
-                "has frozen stages, which real runs do not execute yet; run the table without freezing")
-        require(all(schedule.rules[op.kind].stream == COMPUTE for _, op in schedule.ops()), "schedule", schedule.name,
-                "offloads activations, which real runs do not execute yet; run the table without offload ops")
+        check_runnable(schedule)
     from pipesched.runtime.torch_import import require_torch
 
     require_torch()

@@ -23,6 +23,7 @@ OR-Tools is an optional extra, imported when a model is built.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
@@ -232,13 +233,11 @@ def _table(s: int, kinds: tuple[OpKind, ...], m: int, offloads: bool, value, sta
     compute = sorted((Op(s, kind, k) for kind in kinds for k in range(m)), key=lambda op: value(start[op]))
     if not offloads:
         return tuple(compute)
-    ends = [value(end[op]) for op in compute]
+    ends = [value(end[op]) for op in compute]  # ascending: a device's compute ops do not overlap
     host = sorted((Op(s, kind, k) for kind in (O, R) for k in range(m)), key=lambda op: value(start[op]))
     after: dict[int, list[Op]] = {}
     for op in host:
-        began = value(start[op])
-        position = sum(1 for finish in ends if finish <= began)  # compute ops end in table order
-        after.setdefault(position, []).append(op)
+        after.setdefault(bisect.bisect_right(ends, value(start[op])), []).append(op)
     table: list[Op] = [*after.get(0, ())]
     for index, op in enumerate(compute, start=1):
         table.append(op)

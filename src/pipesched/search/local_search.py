@@ -68,11 +68,11 @@ def _moves(problem: SynthesisProblem, current: Evaluation, rng: random.Random) -
         yield move
 
 
-def _apply(plan: Plan, move: Move) -> Plan:
+def _apply(problem: SynthesisProblem, plan: Plan, move: Move) -> Plan:
     if move[0] == "recompute":
         return Plan(plan.device_ops, plan.recompute ^ {move[1]}, source="local search", offload=plan.offload)
     if move[0] == "offload":
-        return _switch_offload(plan, move[1])
+        return _switch_offload(problem, plan, move[1])
     d, i = move
     ops = list(plan.device_ops[d])
     ops[i], ops[i + 1] = ops[i + 1], ops[i]
@@ -93,7 +93,7 @@ def improve(problem: SynthesisProblem, start: Evaluation, *, seconds: float, see
             if time.perf_counter() >= deadline:
                 break
             try:
-                candidate = evaluate(problem, _apply(current.plan, move))
+                candidate = evaluate(problem, _apply(problem, current.plan, move))
             except PipeschedError:
                 continue  # the swap deadlocks the tables
             key = _key(candidate)
@@ -103,7 +103,7 @@ def improve(problem: SynthesisProblem, start: Evaluation, *, seconds: float, see
     return current
 
 
-def _switch_offload(plan: Plan, stage: int) -> Plan:
+def _switch_offload(problem: SynthesisProblem, plan: Plan, stage: int) -> Plan:
     """``plan`` with ``stage``'s offload switched: its O and R ops taken out, or placed."""
     from pipesched.passes.offload import OffloadPolicy, offload
     from pipesched.schedule import Placement, Schedule
@@ -113,8 +113,7 @@ def _switch_offload(plan: Plan, stage: int) -> Plan:
                        for ops in plan.device_ops)
         return Plan(tables, plan.recompute, source="local search", offload=plan.offload - {stage})
     plain = tuple(tuple(op for op in ops if op.kind not in (O, R)) for ops in plan.device_ops)
-    m = sum(1 for ops in plain for op in ops if op.kind is F and op.stage == 0)
-    placed = offload(Schedule("plan", Placement.one_per_device(len(plain)), m, plain),
+    placed = offload(Schedule("plan", Placement.one_per_device(len(plain)), problem.num_microbatches, plain),
                      OffloadPolicy(stages=(stage,))).device_ops
     # the other stages keep their host-link ops where they were
     tables = tuple(ops if d != stage else placed[d] for d, ops in enumerate(plan.device_ops))
