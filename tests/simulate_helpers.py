@@ -106,7 +106,8 @@ def longest_path_makespan(schedule: Schedule, costs: StageCosts, latency: float,
                 continue
             last = [start[op] + costs.duration(op) for op in device_of
                     if op.stage == stage and op.kind in (W, B)]
-            grad = costs.grad_bytes[stage] if costs.grad_bytes else costs.static(stage) / 9
+            # default: the 4-byte fp32 gradient of each parameter's 18 bytes of static state
+            grad = costs.grad_bytes[stage] if costs.grad_bytes else costs.static(stage) * 4 / 18
             end = max(end, max(last) + 2 * latency + grad / bandwidth)
     return end
 

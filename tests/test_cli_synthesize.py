@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from cli_helpers import assert_one_line_error
-from pipesched.io import load_schedule
+from pipesched.generators import generate
+from pipesched.io import load_schedule, save_schedule
 from pipesched.io.stage_costs import load_stage_costs
 from pipesched.model import load_cluster
 from pipesched.simulate import Network, simulate
@@ -113,3 +114,48 @@ def test_model_and_cluster_use_the_device_memory_as_the_cap(cli) -> None:
     assert data["memory_limit_bytes"] == [capacity] * 4
     assert all(peak <= cap for peak, cap in zip(data["peak_memory_bytes"], data["memory_limit_bytes"], strict=True))
     assert "llama3-8b" in data["setup"]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".txt"])
+def test_a_file_with_stage_checkpoints_simulates_to_the_synthesized_time_and_peak(cli, tmp_path, suffix) -> None:
+    # a 60 MB cap on tiny's two stages (about 40 MB of activations a microbatch) leaves
+    # room only with stage checkpoints
+    out = tmp_path / f"synth{suffix}"
+    workload = ("--model", "tiny", "--cluster", "1x8-h100", "-t", "1")
+    made = cli("synthesize", "-p", "2", "-m", "4", *workload, "--memory-limit", "60MB", "--allow-recompute",
+               "--time-limit", "1", "-o", str(out), "--json")
+    assert made.code == 0, made
+    synthesized = json.loads(made.out)
+    assert synthesized["recompute_stages"]
+    schedule = load_schedule(out)
+    assert list(schedule.recompute_stages) == synthesized["recompute_stages"]
+    assert schedule.params["partition"] == synthesized["partition"]
+    run = cli("simulate", str(out), *workload, "--no-contention", "--json")
+    assert run.code == 0, run
+    simulated = json.loads(run.out)
+    assert simulated["iteration_time_s"] == pytest.approx(synthesized["makespan_s"], rel=1e-12)
+    assert simulated["peak_memory_bytes"] == pytest.approx(synthesized["peak_memory_bytes"], rel=1e-12)
+    # the same table without its checkpoints runs over the cap
+    schedule.params.pop("recompute_stages")
+    plain = tmp_path / f"plain{suffix}"
+    save_schedule(schedule, plain)
+    over = json.loads(cli("simulate", str(plain), *workload, "--no-contention", "--json").out)
+    assert max(over["peak_memory_bytes"]) > 60e6
+
+
+def test_stage_checkpoints_are_not_written_to_a_csv_that_cannot_carry_them(cli, costs_file, tmp_path) -> None:
+    out = tmp_path / "never.csv"
+    result = cli("synthesize", "-p", "3", "-m", "4", "--stage-costs", str(costs_file), "--memory-limit", "22",
+                 "--allow-recompute", "-o", str(out))
+    assert_one_line_error(result, "output=", "stage checkpoints", ".json or .txt")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("params", "fragment"), [({"recompute_stages": [5]}, "params.recompute_stages"),
+                                                  ({"recompute_stages": "0"}, "params.recompute_stages"),
+                                                  ({"partition": 3}, "params.partition")])
+def test_bad_carried_checkpoints_or_partition_are_one_line_errors(cli, tmp_path, params, fragment) -> None:
+    path = tmp_path / "bad.json"
+    save_schedule(generate("1f1b", 2, 2).with_ops(generate("1f1b", 2, 2).device_ops, params=params), path)
+    result = cli("simulate", str(path), "--model", "tiny", "--cluster", "1x8-h100", "-t", "1", "--no-timeline")
+    assert_one_line_error(result, fragment)

@@ -3,6 +3,7 @@ path, monotonicity, determinism, memory and the published findings."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -236,9 +237,10 @@ def test_replicated_stages_all_reduce_their_gradients() -> None:
     timeline = simulate(schedule, costs, Network.uniform(4, latency=0.5, bandwidth=1.0))
     reduces = np.flatnonzero(timeline.transfers.kind == ALLREDUCE)
     assert len(reduces) == schedule.num_stages
-    # default size: static / 9 = 2 bytes; a two-rank ring pays two latencies
-    assert np.allclose(timeline.transfers.nbytes[reduces], 2.0)
-    assert np.allclose(timeline.transfers.end[reduces] - timeline.transfers.start[reduces], 2 * 0.5 + 2.0)
+    # default size: 18 static bytes are one parameter, whose fp32 gradient is 4 bytes (as a
+    # model's costs count it); a two-rank ring pays two latencies
+    assert np.allclose(timeline.transfers.nbytes[reduces], 4.0)
+    assert np.allclose(timeline.transfers.end[reduces] - timeline.transfers.start[reduces], 2 * 0.5 + 4.0)
     for row in reduces:
         stage = int(timeline.transfers.stage[row])
         pair = {int(timeline.transfers.src_device[row]), int(timeline.transfers.dst_device[row])}
@@ -246,6 +248,23 @@ def test_replicated_stages_all_reduce_their_gradients() -> None:
     assert timeline.makespan == pytest.approx(max(timeline.transfers.end.max(), timeline.op_end.max()))
     assert max(timeline.simulation.optimizer_step) == pytest.approx(timeline.makespan)
 
+
+
+def test_a_stage_cost_file_and_a_model_all_reduce_the_same_gradient() -> None:
+    # mixed-precision Adam: 2 + 4 + 12 = 18 static bytes per parameter, of which the fp32
+    # gradient, 4 bytes, is what data parallel all-reduces
+    from pipesched.model import build_stage_costs, load_cluster, load_model
+    from pipesched.model.spec import TrainingSettings
+    from pipesched.simulate.graph import gradient_bytes
+
+    file_costs = StageCosts((1.0,), (1.0,), (1.0,), (1.0,), (0.0,), static_bytes=(18e9,))
+    assert gradient_bytes(file_costs, 0) == pytest.approx(4e9)
+    model = build_stage_costs(load_model("tiny"), Placement.one_per_device(2), load_cluster("1x8-h100"),
+                              TrainingSettings(seq_len=128))
+    without_column = dataclasses.replace(model, grad_bytes=None)
+    for stage in range(2):
+        assert model.grad_bytes[stage] == pytest.approx(model.static_bytes[stage] * 4 / 18, rel=1e-12)
+        assert gradient_bytes(without_column, stage) == pytest.approx(model.grad_bytes[stage], rel=1e-12)
 
 # --- memory -------------------------------------------------------------------------------
 @pytest.mark.parametrize(("family", "p", "m"), [("gpipe", 4, 8), ("1f1b", 4, 8), ("interleaved-1f1b", 4, 8), ("zb-v", 4, 8)])

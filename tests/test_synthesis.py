@@ -22,7 +22,7 @@ from pipesched.search.baseline import best_family
 from pipesched.search.list_scheduling import list_schedule, rules
 from pipesched.search.local_search import improve
 from pipesched.search.plans import Plan, evaluate, fits, in_microbatch_order
-from pipesched.search.problem import IntegerProblem, SynthesisProblem, recomputed_costs
+from pipesched.search.problem import IntegerProblem, SynthesisProblem
 from pipesched.search.synthesis import synthesize
 from pipesched.simulate import Network, simulate
 from pipesched.validate import validate
@@ -82,7 +82,7 @@ def brute_force(costs: StageCosts, network: Network, m: int, *, limit: float | N
         per_device = [list(interleavings([[Op(s, k, mb) for k in kinds] for mb in range(m)])) for s in range(p)]
     best = INF
     for recompute in recompute_options:
-        stage_costs = recomputed_costs(costs, sorted(recompute))
+        stage_costs = costs.checkpointed(sorted(recompute))
         for tables in itertools.product(*per_device):
             schedule = Schedule("brute", Placement.one_per_device(p), m, tables)
             try:
@@ -99,7 +99,7 @@ def check_result(result, costs: StageCosts, network: Network, limit: float | Non
     schedule = result.schedule
     assert validate(schedule) == []
     assert schedule.placement == Placement.one_per_device(costs.num_stages)
-    timeline = simulate(schedule, recomputed_costs(costs, result.recompute), network, contention=False)
+    timeline = simulate(schedule, costs.checkpointed(result.recompute), network, contention=False)
     assert timeline.makespan == pytest.approx(result.makespan_s, rel=1e-12)
     assert result.lower_bound_s <= result.makespan_s * (1 + 1e-12)
     if limit is not None:
@@ -207,7 +207,13 @@ def test_recompute_decisions_are_optimal_and_keep_the_cap() -> None:
     assert result.makespan_s == pytest.approx(optimum, rel=1e-12)
     assert optimum < without  # recompute pays off here, and the solver takes it
     assert result.recompute
-    assert result.costs == recomputed_costs(costs, result.recompute)
+    # a checkpointed stage keeps its 1-byte input and its I redoes its forward (uneven(2):
+    # F = 1, 1.25 s; I = 1.5, 1.25 s; 4 bytes of activations)
+    chosen = set(result.recompute)
+    assert result.costs.backward_input == tuple(i + f if s in chosen else i
+                                                for s, (f, i) in enumerate([(1.0, 1.5), (1.25, 1.25)]))
+    assert result.costs.activation_bytes == tuple(1.0 if s in chosen else 4.0 for s in range(2))
+    assert result.costs.backward_weight == costs.backward_weight
 
 
 def test_recompute_lets_a_cap_below_one_microbatch_work() -> None:
@@ -218,6 +224,44 @@ def test_recompute_lets_a_cap_below_one_microbatch_work() -> None:
     check_result(result, costs, network, 3.0)
     assert result.recompute == (0, 1)
 
+
+
+def test_a_stage_checkpoint_changes_only_what_it_recomputes_and_keeps_every_other_field() -> None:
+    costs = StageCosts(forward=(1.0, 2.0, 3.0), backward_input=(4.0, 5.0, 6.0), backward_weight=(0.5, 0.5, 0.5),
+                       activation_bytes=(100.0, 200.0, 300.0), output_bytes=(7.0, 8.0, 9.0),
+                       backward=(4.4, 5.4, 6.4), static_bytes=(10.0, 20.0, 30.0), grad_bytes=(1.0, 2.0, 3.0),
+                       input_frees=0.25, kept_for_w_bytes=(11.0, 12.0, 13.0), frozen=(False, False, True),
+                       recompute_s=(0.1, 0.2, 0.3), forward_backward=(4.0, 5.0, 6.0), fb_cost=0.75)
+    done = costs.checkpointed([0, 2])
+    # stages 0 and 2: I and B redo F (1 s, 3 s), which is recompute time; they keep their
+    # input only: stage 0 the embedding output (7 B), stage 2 stage 1's output (8 B)
+    assert done.backward_input == (5.0, 5.0, 9.0)
+    assert done.backward == (5.4, 5.4, 9.4)
+    assert done.recompute_s == (1.1, 0.2, 3.3)
+    assert done.activation_bytes == (7.0, 200.0, 8.0)
+    # everything else as it was
+    assert done.forward == (1.0, 2.0, 3.0) and done.backward_weight == (0.5, 0.5, 0.5)
+    assert done.output_bytes == (7.0, 8.0, 9.0) and done.static_bytes == (10.0, 20.0, 30.0)
+    assert done.grad_bytes == (1.0, 2.0, 3.0) and done.kept_for_w_bytes == (11.0, 12.0, 13.0)
+    assert done.input_frees == 0.25 and done.frozen == (False, False, True)
+    assert done.forward_backward == (4.0, 5.0, 6.0) and done.fb_cost == 0.75 and done.unit == "s"
+    # without recompute times known, only the checkpointed stages have some
+    assert StageCosts.uniform(2, forward=2.0).checkpointed([1]).recompute_s == (0.0, 2.0)
+    with pytest.raises(PipeschedError, match="recompute_stages"):
+        costs.checkpointed([3])
+
+
+def test_the_solver_counts_the_gradients_a_checkpointed_stage_leaves_for_w() -> None:
+    # 4 B of activations (1 B kept with a checkpoint) and 3 B of gradients I leaves for W:
+    # a checkpointed microbatch still holds 1 + 3 B between I and W
+    costs = dataclasses.replace(uneven(2), kept_for_w_bytes=(3.0, 3.0))
+    network = Network.uniform(2, latency=0.0, bandwidth=INF)
+    problem = SynthesisProblem(costs, network, 2, (4.0, 4.0), allow_recompute=True)
+    assert problem.recomputed.kept_for_w_bytes == (3.0, 3.0)
+    result = synthesize(costs, network, 2, memory_limit=4.0, allow_recompute=True, time_limit=5)
+    check_result(result, costs, network, 4.0)
+    timeline = simulate(result.schedule, result.costs, network, contention=False)
+    assert max(timeline.memory.peak) <= 4.0 * (1 + 1e-9)
 
 # --- the memory cap --------------------------------------------------------------------
 def test_a_binding_cap_is_kept_and_costs_time() -> None:

@@ -11,9 +11,10 @@ derived from a model + partition + device (``pipesched.model``), read from a sta
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from numbers import Integral
 
 from pipesched.errors import PipeschedError, require
 from pipesched.ops import Op, OpKind
@@ -122,6 +123,41 @@ class StageCosts:
                        kept_for_w_bytes=scaled(self.kept_for_w_bytes), recompute_s=scaled(self.recompute_s),
                        forward_backward=scaled(self.forward_backward))
 
+    def checkpointed(self, stages: Sequence[int]) -> StageCosts:
+        """These costs with a stage checkpoint on ``stages`` (what ``synthesize
+        --allow-recompute`` decides per stage, and what a schedule's ``recompute_stages``
+        asks the simulator for): such a stage keeps only its input from F to the end of its
+        backward, one boundary tensor (``output_bytes[s - 1]``; stage 0 the embedding's
+        output, ``output_bytes[0]``), and its I and B redo its whole forward first
+        (``recompute_s`` grows by F). Every other field is kept: the gradients I leaves for
+        W (``kept_for_w_bytes``), parameters, frozen stages, pair costs. The recomputed
+        activations live inside the backward op only, as with the model's full recompute.
+
+        >>> c = StageCosts.uniform(2, activation_bytes=10.0, output_bytes=1.0).checkpointed([1])
+        >>> c.backward_input, c.activation_bytes, c.full_backward(1), c.recompute_s
+        ((1.0, 2.0), (10.0, 1.0), 3.0, (0.0, 1.0))
+        """
+        chosen = set(stages)
+        for stage in chosen:
+            require(isinstance(stage, Integral) and not isinstance(stage, bool) and 0 <= stage < self.num_stages,
+                    "recompute_stages", stage, f"give stage numbers 0..{self.num_stages - 1}")
+        if not chosen:
+            return self
+
+        def redo(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
+            if values is None:
+                return None
+            return tuple(v + self.forward[s] if s in chosen else v for s, v in enumerate(values))
+
+        return replace(
+            self,
+            backward_input=redo(self.backward_input),
+            backward=redo(self.backward),
+            activation_bytes=tuple(self.output_bytes[max(s - 1, 0)] if s in chosen else a
+                                   for s, a in enumerate(self.activation_bytes)),
+            recompute_s=redo(self.recompute_s or (0.0,) * self.num_stages),
+        )
+
     def full_backward(self, stage: int) -> float:
         if self.backward is not None:
             return self.backward[stage]
@@ -203,6 +239,17 @@ class StageCosts:
         """Every stage costs the same (the closed forms are then about these costs)."""
         return all(len(set(getattr(self, name) or (0.0,))) == 1 for name in _PER_STAGE)
 
+    def map_stages(self, transform: Callable[[str, tuple], tuple]) -> StageCosts:
+        """These costs with every per-stage field given (the times, the sizes, ``frozen``)
+        replaced by ``transform(name, values)``, the rest kept: one transform for each way
+        of changing the stages (``broadcast``, chunk splitting), so none drops a field.
+
+        >>> StageCosts.uniform(2, forward=2.0).map_stages(lambda name, v: v[:1]).forward
+        (2.0,)
+        """
+        return replace(self, **{name: transform(name, getattr(self, name))
+                                for name in (*_PER_STAGE, "frozen") if getattr(self, name) is not None})
+
     def broadcast(self, num_stages: int, *, family: str = "the schedule") -> StageCosts:
         """These costs for ``num_stages`` stages: one row is repeated for every stage; a
         table of ``num_stages`` rows is itself. (Splitting a model stage into chunks divides
@@ -216,17 +263,8 @@ class StageCosts:
             f"{family} here has {num_stages} stages; give one cost row per stage, or one row for all",
         )
 
-        def each(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
-            return None if values is None else values * num_stages
+        return self.map_stages(lambda _name, values: values * num_stages)
 
-        return StageCosts(
-            each(self.forward), each(self.backward_input), each(self.backward_weight),
-            each(self.activation_bytes), each(self.output_bytes), backward=each(self.backward),
-            static_bytes=each(self.static_bytes), grad_bytes=each(self.grad_bytes),
-            kept_for_w_bytes=each(self.kept_for_w_bytes), input_frees=self.input_frees, unit=self.unit,
-            frozen=None if self.frozen is None else self.frozen * num_stages, recompute_s=each(self.recompute_s),
-            forward_backward=each(self.forward_backward), fb_cost=self.fb_cost,
-        )
 
     # --- constructors ---------------------------------------------------------------------
     @classmethod

@@ -6,7 +6,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import PipeschedError, require, shorten
 from pipesched.ops import I, Op, W
 from pipesched.rules import RULES, Rules, stage_roles
 
@@ -174,6 +174,18 @@ class Schedule:
         describe: 1, or 0.5 for Chimera's backward halving, whose table runs each microbatch
         as two halves (``StageCosts.of_microbatch_fraction``)."""
         return float(self.params.get("microbatch_fraction", 1.0))
+
+    @property
+    def recompute_stages(self) -> tuple[int, ...]:
+        """The stages this table runs with a stage checkpoint (``params["recompute_stages"]``,
+        as ``pipesched synthesize`` writes them): each keeps only its input and redoes its
+        forward in its backward, so it is simulated on ``StageCosts.checkpointed`` costs."""
+        stages = self.params.get("recompute_stages", [])
+        valid = isinstance(stages, list | tuple) and len(stages) <= self.num_stages and all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < self.num_stages for s in stages)
+        require(valid and len(set(stages)) == len(stages), "params.recompute_stages", shorten(str(stages)),
+                f"give a list of distinct stage numbers 0..{self.num_stages - 1}")
+        return tuple(sorted(stages))
 
     @property
     def num_ops(self) -> int:

@@ -209,6 +209,16 @@ def show(
             )
 
 
+def carried_partition(schedule: Schedule) -> str | None:
+    """The partition a schedule file carries (``params["partition"]``, a Megatron layout
+    string, as ``synthesize`` writes it): what ``--partition`` defaults to for its model."""
+    layout = schedule.params.get("partition")
+    if layout is not None and not isinstance(layout, str):
+        raise PipeschedError(f"params.partition={shorten(str(layout))}: give a Megatron layout string like "
+                             "'Et*8|t*8|t*8|t*8L', or remove it")
+    return layout
+
+
 def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
                      settings: list[str] | None = None, frozen_stages: str | None = None) -> Schedule:
     """A family name generates (p and m default to DEFAULTS'); anything else is read as a

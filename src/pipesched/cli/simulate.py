@@ -48,7 +48,7 @@ from pipesched.cli.options import (
     workload,
 )
 from pipesched.cli.output import console as output_console
-from pipesched.cli.schedules import load_or_generate
+from pipesched.cli.schedules import carried_partition, load_or_generate
 from pipesched.cli.training import print_freeze_plan, training_columns
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
 from pipesched.errors import PipeschedError
@@ -122,6 +122,8 @@ def simulate_command(
                                       random_straggler=random_straggler, slow_link=slow_link, samples=samples,
                                       seed=seed)
     schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
+    if partition is None and stage_costs is None:
+        partition = carried_partition(schedule)
     options, _, fb_cost = family_options(family_settings)
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,

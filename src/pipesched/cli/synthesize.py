@@ -85,6 +85,8 @@ def synthesize_command(
     require(math.isfinite(time_limit) and time_limit > 0, "time-limit", time_limit, "give a number of seconds > 0")
     if output is not None:
         check_output_path(output)
+        require(not (allow_recompute and io.format_for(output) == "csv"), "output", output,
+                "PyTorch's CSV cannot carry the stage checkpoints --allow-recompute may choose; write .json or .txt")
     views = ViewPaths(png, svg, trace, html).check()
     limit = _parse_bytes(memory_limit)
     from pipesched.search.problem import check_size
@@ -106,11 +108,15 @@ def synthesize_command(
 
     result = synthesize(costs, network, m, memory_limit=limit, split_backward=backward == "split",
                         allow_recompute=allow_recompute, allow_offload=allow_offload, time_limit=time_limit)
+    schedule = result.schedule
+    layout = setup.layout_for(placement)
+    if layout is not None:  # the layers of each stage, so that the file simulates as synthesized
+        schedule = schedule.with_ops(schedule.device_ops, params={**schedule.params, "partition": layout})
     if output is not None:
-        io.save_schedule(result.schedule, output)
+        io.save_schedule(schedule, output)
     views.write([result.timeline], title=f"synthesized, p={p}, m={m}: {setup.description}")
     if as_json:
-        typer.echo(json.dumps({**result.to_dict(), "setup": setup.description}, indent=1))
+        typer.echo(json.dumps({**result.to_dict(), "partition": layout, "setup": setup.description}, indent=1))
         return
     _print(result, network, setup.description, timeline_view=not no_timeline)
 
@@ -157,7 +163,8 @@ def _print(result, network, description: str, *, timeline_view: bool) -> None:
     else:
         table.add_row("best built-in family", "none fits the memory limit")
     table.add_row("makespan with link contention", _seconds(contended))
-    table.add_row("recompute", ", ".join(map(str, result.recompute)) or "none")
+    table.add_row("stage checkpoints (recompute the stage)",
+                  "stages " + ", ".join(map(str, result.recompute)) if result.recompute else "none")
     if result.offload:
         table.add_row("offload", "stages " + ", ".join(map(str, result.offload)))
     peaks = result.timeline.memory.peak

@@ -34,6 +34,7 @@ from pipesched.indices import format_indices
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
+from pipesched.partition import format_layout
 from pipesched.schedule import Placement, Schedule
 from pipesched.simulate.network import DataParallel, Network
 
@@ -73,28 +74,13 @@ def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
         )
     k = num_stages // costs.num_stages
 
-    def chunks(values: tuple[float, ...] | None, *, divide: bool = True) -> tuple[float, ...] | None:
-        if values is None:
-            return None
-        return tuple(values[s // k] / (k if divide else 1) for s in range(num_stages))
+    # a chunk boundary carries the stage boundary's tensor; a chunk of a frozen stage is frozen
+    whole = ("output_bytes", "frozen")
 
-    return StageCosts(
-        forward=chunks(costs.forward),
-        backward_input=chunks(costs.backward_input),
-        backward_weight=chunks(costs.backward_weight),
-        activation_bytes=chunks(costs.activation_bytes),
-        output_bytes=chunks(costs.output_bytes, divide=False),
-        backward=chunks(costs.backward),
-        static_bytes=chunks(costs.static_bytes),
-        grad_bytes=chunks(costs.grad_bytes),
-        input_frees=costs.input_frees,
-        unit=costs.unit,
-        kept_for_w_bytes=chunks(costs.kept_for_w_bytes),
-        frozen=None if costs.frozen is None else tuple(costs.frozen[s // k] for s in range(num_stages)),
-        recompute_s=chunks(costs.recompute_s),
-        forward_backward=chunks(costs.forward_backward),
-        fb_cost=costs.fb_cost,
-    )
+    def chunks(name: str, values: tuple) -> tuple:
+        return tuple(values[s // k] if name in whole else values[s // k] / k for s in range(num_stages))
+
+    return costs.map_stages(chunks)
 
 
 def check_links(latency: float | None, bandwidth: float | None) -> None:
@@ -183,12 +169,23 @@ class SimulationSetup:
         return recompute_modes(self.recompute, schedule.num_stages)
 
     def costs_for(self, schedule: Schedule) -> StageCosts:
+        """The costs ``schedule`` runs on: its placement's, with the stage checkpoints the
+        table names (``Schedule.recompute_stages``, as ``synthesize`` writes them)."""
         if self.partition == "memory" and self.costs is None:
-            return self._costs_for(schedule)  # depends on the schedule's in-flight counts
-        key = ("costs", schedule.placement)
-        if key not in self._built:
-            self._built[key] = self._costs_for(schedule)
-        return self._built[key]
+            costs = self._costs_for(schedule)  # depends on the schedule's in-flight counts
+        else:
+            key = ("costs", schedule.placement)
+            if key not in self._built:
+                self._built[key] = self._costs_for(schedule)
+            costs = self._built[key]
+        return costs.checkpointed(schedule.recompute_stages)
+
+    def layout_for(self, schedule: Schedule) -> str | None:
+        """The Megatron layout string of the partition ``schedule`` runs on (None for given
+        stage costs): a schedule file that carries it is simulated on the same layers."""
+        if self.model is None:
+            return None
+        return format_layout(self.plan_for(schedule).partition, self.model.layer_kinds)
 
     def _costs_for(self, schedule: Schedule) -> StageCosts:
         if self.costs is not None:

@@ -38,6 +38,14 @@ LAYER_KINDS = (EMBEDDING, TRANSFORMER, MTP, LOSS)
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECOMPUTE_MODES = ("none", "selective", "full")
 
+# mixed-precision Adam, bytes per parameter (Megatron without a distributed optimizer): the
+# bf16 working weight, the fp32 gradient (what data parallel all-reduces), the fp32 master
+# weight and the two fp32 Adam moments; 18 bytes of static state in all
+WEIGHT_BYTES_PER_PARAM = 2.0
+GRAD_BYTES_PER_PARAM = 4.0
+OPTIMIZER_BYTES_PER_PARAM = 12.0
+STATIC_BYTES_PER_PARAM = WEIGHT_BYTES_PER_PARAM + GRAD_BYTES_PER_PARAM + OPTIMIZER_BYTES_PER_PARAM
+
 
 # the whole-number fields of a ModelSpec: (limit, what it counts, what 0 means or "" when 0
 # is not allowed)
@@ -205,9 +213,9 @@ class TrainingSettings:
     recompute: str = "none"  # none | selective (attention core) | full (whole layer, keeps its input); per stage: see pipesched.model.recompute
     tensor_parallel: int = 1  # t, ranks that split every layer (Megatron tensor parallelism)
     sequence_parallel: bool = False  # also split norms/dropouts along the sequence (Korthikanti)
-    weight_bytes: float = 2.0  # bytes per parameter for the working weights
-    grad_bytes: float = 4.0  # bytes per parameter for the gradient (what data parallel all-reduces)
-    optimizer_bytes: float = 12.0  # bytes per parameter for optimizer state (fp32 master + Adam m, v)
+    weight_bytes: float = WEIGHT_BYTES_PER_PARAM  # bytes per parameter for the working weights
+    grad_bytes: float = GRAD_BYTES_PER_PARAM  # bytes per parameter for the gradient (what data parallel all-reduces)
+    optimizer_bytes: float = OPTIMIZER_BYTES_PER_PARAM  # bytes per parameter for optimizer state (fp32 master + Adam m, v)
     # layers whose parameters do not train, as positions in the model's layer list (embedding
     # first, as `pipesched costs` lists them; see pipesched.model.freezing)
     frozen_layers: tuple[int, ...] = ()

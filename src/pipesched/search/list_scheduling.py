@@ -19,14 +19,14 @@ from collections.abc import Iterator
 
 from pipesched.ops import B, F, I, Op, OpKind, W
 from pipesched.search.plans import Plan
-from pipesched.search.problem import BYTES_TOLERANCE, SynthesisProblem, recomputed_costs
+from pipesched.search.problem import BYTES_TOLERANCE, SynthesisProblem
 
 
 def list_schedule(problem: SynthesisProblem, *, priority: tuple[OpKind, ...], in_flight: int,
                   recompute: frozenset[int] = frozenset()) -> Plan | None:
     """One rule's plan, or None when the rule gets stuck (the cap leaves no ready op)."""
     p, m = problem.num_stages, problem.num_microbatches
-    costs = recomputed_costs(problem.costs, sorted(recompute))
+    costs = problem.costs.checkpointed(sorted(recompute))
     kinds = problem.kinds
     backward, last = (I, W) if problem.split_backward else (B, B)
     rank = {kind: priority.index(kind) for kind in kinds}
@@ -107,7 +107,7 @@ def rules(problem: SynthesisProblem, *, limits: int = 8) -> Iterator[tuple[tuple
     if problem.allow_recompute:
         recomputes.append(frozenset(range(p)))
     for recompute in recomputes:
-        costs = recomputed_costs(problem.costs, sorted(recompute))
+        costs = problem.costs.checkpointed(sorted(recompute))
         # an I may free part of a microbatch's activations: W's part is what stays longest
         last_share = 1.0 - costs.input_frees if problem.split_backward else 1.0
         most = m

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from pipesched.ops import Op
 from pipesched.schedule import Placement, Schedule
-from pipesched.search.problem import BYTES_TOLERANCE, SynthesisProblem, recomputed_costs
+from pipesched.search.problem import BYTES_TOLERANCE, SynthesisProblem
 from pipesched.simulate import simulate
 from pipesched.timeline import Timeline
 
@@ -63,7 +63,7 @@ def to_schedule(problem: SynthesisProblem, plan: Plan, *, name: str = "synthesiz
 def evaluate(problem: SynthesisProblem, plan: Plan) -> Evaluation:
     """Simulate ``plan`` (raises PipeschedError when its tables deadlock)."""
     schedule = to_schedule(problem, plan)
-    costs = recomputed_costs(problem.costs, sorted(plan.recompute))
+    costs = problem.costs.checkpointed(sorted(plan.recompute))
     network = problem.network
     return Evaluation(plan, simulate(schedule, costs, network, contention=False))
 

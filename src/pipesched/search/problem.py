@@ -12,11 +12,14 @@ In seconds and bytes (``SynthesisProblem``) and on the integer grids the solver 
   F(s, mb) starts and freed when its backward ends: all at B's end, or ``input_frees`` of
   it at I's end and the rest at W's end.
 
-Recompute (an optional decision per stage): the stage keeps only its input, one boundary
-tensor (``output_bytes[s-1]``; stage 0 counts ``output_bytes[0]``, the embedding output),
-from F to the end of its backward, and its I (or B) runs the forward again first
-(``recomputed_costs``). The decision is per stage, not per stage-microbatch, so that the
-simulator, whose costs are per stage, replays the solver's schedule exactly.
+Recompute (an optional decision per stage): a stage checkpoint, ``StageCosts.checkpointed``:
+the stage keeps only its input, one boundary tensor (``output_bytes[s-1]``; stage 0 counts
+``output_bytes[0]``, the embedding output), from F to the end of its backward, and its I
+(or B) runs the forward again first; the gradients I leaves for W are held as without it.
+The decision is per stage, not per stage-microbatch, so that the simulator, whose costs are
+per stage, replays the solver's schedule exactly; a schedule names its checkpointed stages
+(``Schedule.recompute_stages``), and the simulator of a workload applies the same transform
+to them (``SimulationSetup.costs_for``).
 
 Integer grids. Time: one unit is the longest op / ``resolution`` (1000 by default); every
 duration and delay is rounded down to whole units (exact when it lies on the grid, as with
@@ -61,42 +64,6 @@ def check_size(p: int, m: int, *, split_backward: bool) -> None:
     require(m >= 1, "m", m, "needs at least 1 microbatch")
     ops = p * m * (3 if split_backward else 2)
     require(ops <= MAX_OPS, "size", f"p{p} x m{m}", f"{ops:,} ops, over the {MAX_OPS:,} synthesis handles; lower p or m")
-
-
-def recompute_kept_bytes(costs: StageCosts, stage: int) -> float:
-    """Bytes a recomputed stage keeps per microbatch: its input boundary tensor."""
-    return costs.output_bytes[max(stage - 1, 0)]
-
-
-def recomputed_costs(costs: StageCosts, stages: Sequence[int]) -> StageCosts:
-    """``costs`` with full recompute on ``stages``: they keep only their input from F to
-    the end of the backward, and I (and B) redo the forward first.
-
-    >>> c = recomputed_costs(StageCosts.uniform(2, activation_bytes=10.0, output_bytes=1.0), [1])
-    >>> c.backward_input, c.activation_bytes, c.full_backward(1)
-    ((1.0, 2.0), (10.0, 1.0), 3.0)
-    """
-    chosen = set(stages)
-    if not chosen:
-        return costs
-
-    def redo(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
-        if values is None:
-            return None
-        return tuple(v + costs.forward[s] if s in chosen else v for s, v in enumerate(values))
-
-    return StageCosts(
-        forward=costs.forward,
-        backward_input=redo(costs.backward_input),
-        backward_weight=costs.backward_weight,
-        activation_bytes=tuple(recompute_kept_bytes(costs, s) if s in chosen else a
-                               for s, a in enumerate(costs.activation_bytes)),
-        output_bytes=costs.output_bytes,
-        backward=redo(costs.backward),
-        static_bytes=costs.static_bytes,
-        grad_bytes=costs.grad_bytes,
-        input_frees=costs.input_frees,
-    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,7 +130,7 @@ class SynthesisProblem:
     @cached_property
     def recomputed(self) -> StageCosts:
         """The costs with every stage recomputed."""
-        return recomputed_costs(self.costs, range(self.num_stages))
+        return self.costs.checkpointed(range(self.num_stages))
 
     @property
     def num_stages(self) -> int:

@@ -35,7 +35,6 @@ from pipesched.search.problem import (
     TIME_RESOLUTION,
     IntegerProblem,
     SynthesisProblem,
-    recomputed_costs,
 )
 from pipesched.simulate.network import Network
 from pipesched.timeline import Timeline
@@ -227,14 +226,14 @@ def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, o
     params: dict[str, object] = {"p": problem.num_stages, "m": problem.num_microbatches,
                                  "solver": outcome.status, "method": method}
     if recompute:
-        params["recompute"] = list(recompute)
+        params["recompute_stages"] = list(recompute)
     offload = tuple(sorted(plan.offload))
     if offload:
         params["offload"] = list(offload)
     schedule = to_schedule(problem, plan, name="synthesized", params=params)
     return SynthesisResult(
         schedule=schedule,
-        costs=recomputed_costs(problem.costs, recompute),
+        costs=problem.costs.checkpointed(recompute),
         timeline=best.timeline,
         status="optimal" if proven else "feasible",
         method=method,

@@ -43,9 +43,10 @@ Transfers, from the communication pass (``pipesched.passes.communication``):
                 other pipelines' copies (src = dst when the pipeline holds one copy)
 
 A transfer a -> b lasts ``latency[a, b] + bytes / bandwidth[a, b]``. The all-reduce's size
-is ``StageCosts.grad_bytes[s]``; when unset it is ``static_bytes[s] / 9``: with
+is ``StageCosts.grad_bytes[s]``; when unset it is ``static_bytes[s] x 4 / 18``: with
 mixed-precision Adam a parameter keeps 18 bytes of static state (bf16 weight 2, fp32
-gradient 4, fp32 master weight 4, two fp32 moments 8) and sends its 2-byte bf16 gradient.
+gradient 4, fp32 master weight 4, two fp32 moments 8) and all-reduces its 4-byte fp32
+gradient, as the model's costs do (``pipesched.model.spec.GRAD_BYTES_PER_PARAM``).
 Its time is a collective's (``pipesched.model.collectives``): a ring of the stage's two
 replicas (``2 * latency + bytes / bandwidth``), then the device's data-parallel levels
 (``DataParallel.seconds``: ring inside a node, ring across nodes; with a sharded optimizer
@@ -86,15 +87,17 @@ from pipesched.costs import StageCosts
 from pipesched.dependencies import OpArrays, dependencies, role_index, rule_arrays
 from pipesched.errors import PipeschedError, require
 from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
+from pipesched.model.spec import (
+    GRAD_BYTES_PER_PARAM,
+    STATIC_BYTES_PER_PARAM,
+    WEIGHT_BYTES_PER_PARAM,
+)
 from pipesched.passes.communication import AllReduces, allreduces, messages
 from pipesched.rules import COMPUTE, HOST_TRANSFER, ROLES, STREAMS
 from pipesched.schedule import Schedule
 from pipesched.simulate.blocking import blocking_program
 from pipesched.simulate.network import Network
 from pipesched.timeline import ALLREDUCE
-
-# bytes of static state per parameter over bytes of its bf16 gradient (see module docstring)
-STATIC_PER_GRADIENT_BYTE = 9.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,10 +178,20 @@ def _checked(values: np.ndarray, length: int, name: str) -> np.ndarray:
 
 
 def gradient_bytes(costs: StageCosts, stage: int) -> float:
-    """Bytes of stage's gradient all-reduce (see the module docstring for the default)."""
+    """Bytes of stage's gradient all-reduce (see the module docstring for the default).
+
+    >>> gradient_bytes(StageCosts((1.0,), (1.0,), (1.0,), (1.0,), (0.0,), static_bytes=(18e9,)), 0)
+    4000000000.0
+    """
     if costs.grad_bytes is not None:
         return costs.grad_bytes[stage]
-    return costs.static(stage) / STATIC_PER_GRADIENT_BYTE
+    return costs.static(stage) * GRAD_BYTES_PER_PARAM / STATIC_BYTES_PER_PARAM
+
+
+def weight_bytes(costs: StageCosts, stage: int) -> float:
+    """Bytes of one copy of a stage's bf16 working weights (a weight version an asynchronous
+    schedule keeps): its gradient's parameters at ``WEIGHT_BYTES_PER_PARAM`` each."""
+    return gradient_bytes(costs, stage) * WEIGHT_BYTES_PER_PARAM / GRAD_BYTES_PER_PARAM
 
 
 def static_per_device(schedule: Schedule, costs: StageCosts) -> tuple[float, ...]:

@@ -24,8 +24,8 @@ k-2 - end of iteration 0) / (k - 2), where an iteration ends with its last op or
 (with two iterations, the second's time).
 
 Memory: a stage that keeps V weight versions holds V - 1 copies of its weights beyond its
-static bytes, each the size of its bf16 weights (``graph.gradient_bytes``: the size of the
-gradient its replicas would all-reduce).
+static bytes, each the size of its bf16 weights (``graph.weight_bytes``: the parameters of
+the gradient its replicas would all-reduce, 2 bytes each).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pipesched.generators.base import check_iterations
 from pipesched.limits import MAX_OPS
 from pipesched.ops import Op
 from pipesched.schedule import Schedule
-from pipesched.simulate.graph import TaskGraph, compile_graph, gradient_bytes
+from pipesched.simulate.graph import TaskGraph, compile_graph, weight_bytes
 from pipesched.simulate.network import Network
 from pipesched.simulate.run import run
 from pipesched.timeline import ALLREDUCE, Timeline
@@ -207,7 +207,7 @@ def _with_versions(schedule: Schedule, costs: StageCosts, static: tuple[float, .
     held = list(static)
     for replica in schedule.placement.replicas:
         for stage, device in enumerate(replica):
-            held[device] += (versions[stage] - 1) * gradient_bytes(costs, stage)
+            held[device] += (versions[stage] - 1) * weight_bytes(costs, stage)
     return tuple(held)
 
 
