@@ -130,7 +130,7 @@ def test_profile_command_writes_stage_costs(cli, tmp_path):
     costs = parse_stage_costs(target.read_text(), num_stages=4)
     assert costs.backward is not None and all(f > 0 for f in costs.forward)
     # every repeat is kept beside the costs, counted as they are (the per-op overhead included)
-    repeats = tmp_path / "stages.csv.repeats.csv"
+    repeats = tmp_path / "stages.repeats.csv"
     rows = list(csv.DictReader(repeats.open()))
     for stage in range(4):
         for kind, column in (("F", "forward"), ("I", "backward_input"), ("W", "backward_weight"), ("B", "backward")):
@@ -224,7 +224,7 @@ def test_profile_on_a_missing_gpu_is_refused_before_anything_is_written(cli, tmp
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a machine without a GPU
     target = tmp_path / "gpu.csv"
-    target_link = tmp_path / "gpu.csv.link.yaml"
+    target_link = tmp_path / "gpu.link.yaml"
     result = cli("profile", "--model", "tiny", "--device", "cuda", link, "-o", str(target))
     fix = "--no-link" if link == "--link" else "--device cpu"
     assert_one_line_error(result, "this machine has 0", fix)

@@ -36,10 +36,11 @@ class ProfileRequest:
     link: bool = True
 
     def paths(self) -> tuple[Path, Path, Path]:
-        """(cost file, link file, repeats file), each checked as a writable output."""
+        """(cost file, link file, repeats file), each checked as a writable output: for
+        ``-o FILE.csv`` (or ``FILE.yaml``), ``FILE.link.yaml`` and ``FILE.repeats.csv``."""
         target = check_output_path(self.output)
-        return (target, check_output_path(Path(str(target) + ".link.yaml")),
-                check_output_path(Path(str(target) + ".repeats.csv")))
+        return (target, check_output_path(target.with_suffix(".link.yaml")),
+                check_output_path(target.with_suffix(".repeats.csv")))
 
 
 def parse_partition(text: str) -> Partition:
