@@ -302,4 +302,5 @@ def test_memory_aware_partition_counts_a_pairs_parts():
 
     fused, unfused = generate("dualpipe", 4, 8), generate("dualpipe", 4, 8, fused=0)
     assert inflight_per_stage(fused) == inflight_per_stage(unfused)
-    assert device_peak_bytes(fused, [1.0] * 4, [0.0] * 4) == device_peak_bytes(unfused, [1.0] * 4, [0.0] * 4)
+    costs = StageCosts.uniform(4)
+    assert device_peak_bytes(fused, costs) == device_peak_bytes(unfused, costs)

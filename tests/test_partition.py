@@ -3,7 +3,9 @@ in-flight memory, and stage costs built from a model on a cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
 
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.model import (
@@ -23,6 +26,7 @@ from pipesched.model import (
     load_model,
     plan_stages,
 )
+from pipesched.ops import F, I, Op, W
 from pipesched.partition import (
     Partition,
     device_peak_bytes,
@@ -34,7 +38,7 @@ from pipesched.partition import (
     stage_values,
     uniform,
 )
-from pipesched.schedule import Placement
+from pipesched.schedule import Placement, Schedule
 from pipesched.slot_table import inflight_per_device
 
 
@@ -178,8 +182,26 @@ def test_inflight_counts_match_the_slot_table():
     assert inflight_per_stage(one_f_one_b) == [4, 3, 2, 1]
     assert inflight_per_stage(one_f_one_b) == inflight_per_device(one_f_one_b)
     assert inflight_per_stage(generate("gpipe", 4, 8)) == [8, 8, 8, 8]
-    peaks = device_peak_bytes(one_f_one_b, [10.0] * 4, [1.0, 2.0, 3.0, 4.0])
+    costs = dataclasses.replace(StageCosts.uniform(4, activation_bytes=10.0), static_bytes=(1.0, 2.0, 3.0, 4.0))
+    peaks = device_peak_bytes(one_f_one_b, costs)
     assert peaks == [41.0, 32.0, 23.0, 14.0]
+
+
+@pytest.mark.parametrize(("kept", "peak"), [(4.0, 10.0), (8.0, 13.0)])
+def test_device_peaks_count_what_i_frees_and_the_gradients_it_keeps_for_w(kept, peak):
+    # one stage-microbatch of 10 B: F holds 10; I frees half (5) and leaves `kept` for W;
+    # W frees the other 5 and the kept gradients: the peak is max(10, 10 - 5 + kept)
+    schedule = Schedule("one", Placement.one_per_device(1), 1, ((Op(0, F, 0), Op(0, I, 0), Op(0, W, 0)),))
+    costs = StageCosts((1.0,), (1.0,), (1.0,), (10.0,), (0.0,), static_bytes=(2.0,), input_frees=0.5,
+                       kept_for_w_bytes=(kept,))
+    assert device_peak_bytes(schedule, costs) == [2.0 + peak]
+
+
+def test_partition_and_simulate_give_the_same_device_peaks(cli):
+    workload = ("--model", "llama3-8b", "--cluster", "1x8-h100", "-t", "2")
+    planned = json.loads(cli("partition", *workload, "-p", "4", "--schedule", "zb-v", "-m", "8", "--json").out)
+    simulated = json.loads(cli("simulate", "zb-v", "-p", "4", "-m", "8", *workload, "--json").out)
+    assert planned["device_peak_bytes"] == pytest.approx(simulated["peak_memory_bytes"], rel=1e-12)
 
 
 def test_memory_method_fits_and_reports_the_smallest_memory():

@@ -27,6 +27,7 @@ from typing import TypeVar
 import numpy as np
 from numba import njit
 
+from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.rules import AT_START, ROLES, STREAMS, Rules
 from pipesched.schedule import Schedule
@@ -92,6 +93,22 @@ class RuleArrays:
 def role_index(roles: tuple[str, ...]) -> np.ndarray:
     """Each stage's role as its row in the role arrays (int64)."""
     return np.array([ROLES.index(role) for role in roles], np.int64)
+
+
+def memory_deltas(schedule: Schedule, ops: OpArrays, costs: StageCosts) -> tuple[np.ndarray, np.ndarray]:
+    """Device bytes each op row of ``schedule`` changes, and whether at its start (else at
+    its end): its stage role's memory effect (``rules.MemoryEffect``: whole x M_B +
+    input_part x input_frees x M_B + kept x K) on its stage's activation bytes M_B and
+    gradients kept for W, K. The one count of the simulator and of a plan's device peaks.
+    A table with no frozen stage has every op in the role of a stage that trains."""
+    arrays = rule_arrays(schedule.rules)
+    kinds = ops.kind.astype(np.int64)
+    activation = np.asarray(costs.activation_bytes, np.float64)[ops.stage]
+    role = role_index(schedule.roles)[ops.stage] if schedule.frozen else 0
+    delta = (arrays.role_whole[role, kinds] + arrays.role_input_part[role, kinds] * costs.input_frees) * activation
+    if costs.kept_for_w_bytes is not None:
+        delta += arrays.role_kept[role, kinds] * np.asarray(costs.kept_for_w_bytes, np.float64)[ops.stage]
+    return delta, arrays.role_at_start[role, kinds]
 
 
 def rule_arrays(rules: Rules) -> RuleArrays:

@@ -206,7 +206,7 @@ def _print_plan(plan: StagePlan, layout: str | None) -> None:
     console.print(f"bottleneck stage: {plan.bottleneck_s * 1e3:.2f} ms per microbatch (F + I + W + sends); "
                   f"sizes {plan.partition}")
     if plan.device_peak_bytes is not None:
-        memory = Table(title="peak memory per pipeline rank (static + in-flight activations)")
+        memory = Table(title="peak memory per pipeline rank (static + what its ops hold at once, as simulate counts it)")
         for column in ("pipeline rank", "stages", "peak GiB", "capacity GiB", "fits"):
             memory.add_column(column, justify="right")
         for device, (peak, capacity) in enumerate(zip(plan.device_peak_bytes, plan.device_memory, strict=True)):

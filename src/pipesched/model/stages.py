@@ -203,8 +203,7 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
     stage_s = stage_s + np.array([3 * device.op_overhead_s for device in stage_devices])  # F, I and W
     peaks = None
     if schedule is not None:
-        static = costs.static_bytes or (0.0,) * num_stages
-        peaks = tuple(device_peak_bytes(schedule, costs.activation_bytes, static))
+        peaks = tuple(device_peak_bytes(schedule, costs))
     return StagePlan(
         model=model, settings=settings, placement=placement, partition=partition, method=chosen,
         ranks=stage_ranks, devices=stage_devices, layers=layers,

@@ -7,11 +7,10 @@ in flight (``pipesched.rules.Rules.units_delta``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from pipesched.dependencies import op_arrays
+from pipesched.costs import StageCosts
+from pipesched.dependencies import memory_deltas, op_arrays
 from pipesched.schedule import Placement, Schedule
 
 
@@ -53,16 +52,19 @@ def stage_instances_per_device(placement: Placement) -> list[int]:
     return counts
 
 
-def device_peak_bytes(schedule: Schedule, activation_bytes: Sequence[float],
-                      static_bytes: Sequence[float]) -> list[float]:
-    """Peak memory of every device: the static bytes of all stage copies it holds plus the
-    largest sum of activations it holds at once, walking its ops in order."""
+def device_peak_bytes(schedule: Schedule, costs: StageCosts) -> list[float]:
+    """Peak memory of every device as the simulator counts it: the static bytes of all stage
+    copies it holds plus the most its ops hold at once, walking them in table order (one
+    queue runs them in that order), each changing memory by its kind's rule
+    (``pipesched.dependencies.memory_deltas``: the share of activations an I frees and the
+    gradients it keeps for W included)."""
     static = [0.0] * schedule.num_devices
     for replica in schedule.placement.replicas:
         for stage, device in enumerate(replica):
-            static[device] += static_bytes[stage]
+            static[device] += costs.static(stage)
+    costs = costs.of_microbatch_fraction(schedule.microbatch_fraction)  # as the simulator runs it
     ops = op_arrays(schedule)
-    delta = _units(schedule, ops) * np.asarray(activation_bytes, np.float64)[ops.stage]
+    delta, _ = memory_deltas(schedule, ops, costs)
     peaks = []
     for device in range(schedule.num_devices):
         held = np.cumsum(delta[int(ops.device_offsets[device]):int(ops.device_offsets[device + 1])])

@@ -84,7 +84,7 @@ import numpy as np
 from numba import njit
 
 from pipesched.costs import StageCosts
-from pipesched.dependencies import OpArrays, dependencies, role_index, rule_arrays
+from pipesched.dependencies import OpArrays, dependencies, memory_deltas, role_index, rule_arrays
 from pipesched.errors import PipeschedError, require
 from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
 from pipesched.model.spec import (
@@ -245,16 +245,12 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     if ops.fused:
         op_duration, consumer = fuse_entries(ops, costs, op_duration, consumer)
     issued_after = _issue_edges(ops, arrays.stream) if off_compute else None
-    # memory effects of each op (its stage role's effect x this stage's activation bytes);
-    # a table with no frozen stage has every op in the role of a stage that trains
-    activation = np.asarray(costs.activation_bytes, np.float64)[ops.stage]
-    role = role_index(schedule.roles)[ops.stage] if schedule.frozen else 0
-    memory_delta = (arrays.role_whole[role, kinds] + arrays.role_input_part[role, kinds] * costs.input_frees) * activation
-    if costs.kept_for_w_bytes is not None:
-        memory_delta += arrays.role_kept[role, kinds] * np.asarray(costs.kept_for_w_bytes, np.float64)[ops.stage]
-    memory_at_start = arrays.role_at_start[role, kinds]
+    # memory effects of each op (its stage role's effect x this stage's activation bytes)
+    memory_delta, memory_at_start = memory_deltas(schedule, ops, costs)
     host = (None, None, 0)
     if off_compute:
+        activation = np.asarray(costs.activation_bytes, np.float64)[ops.stage]
+        role = role_index(schedule.roles)[ops.stage] if schedule.frozen else 0
         host = (arrays.role_host[role, kinds] * activation, arrays.role_host_at_start[role, kinds], 0)
     static = static_per_device(schedule, costs)
     if network is None:
