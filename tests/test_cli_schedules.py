@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -80,3 +81,22 @@ def test_console_script_exits_2_without_traceback() -> None:
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stdout == ""
+
+
+def test_show_and_compare_name_their_slot_units_and_agree_on_them(cli) -> None:
+    # zb-v on 4 devices has 8 stages: each of its ops is half a 1F1B-stage op, and each of
+    # its stage-microbatches holds half a 1F1B stage's activations
+    shown = cli("show", "zb-v", "-p", "4", "-m", "8")
+    assert shown.code == 0, shown
+    line = next(text for text in shown.out.splitlines() if text.startswith("# slot makespan"))
+    chunk_slots = float(line.split()[3])
+    assert "stage-op slots" in line and "stage-microbatches" in line
+    assert f"{chunk_slots / 2:g} in 1F1B-stage slots, as compare counts" in line
+    assert "[8, 8, 8, 8] stage-microbatches (4 in 1F1B-stage units)" in line
+    compared = json.loads(cli("compare", "--schedules", "zb-v", "-p", "4", "-m", "8", "--levels", "table",
+                              "--json").out)
+    record = compared["records"][0]
+    assert record["iteration_time"] == chunk_slots / 2 and record["peak_memory"] == 4.0
+    assert record["memory_unit"] == "1F1B-stage activations"
+    printed = cli("compare", "--schedules", "zb-v", "-p", "4", "-m", "8", "--levels", "table").out
+    assert "slots: time of a 1F1B stage op" in printed

@@ -74,6 +74,19 @@ class TableMetrics:
     activation_units: float  # worst device's peak x devices / stages (units of a 1F1B stage)
 
 
+def one_f_one_b_units(schedule: Schedule) -> float:
+    """One of ``schedule``'s stage ops (a slot) and one of its stage-microbatches of
+    activations, in units of a 1F1B stage's, as ``compare`` counts them: p / S (a schedule
+    with S stages on p devices runs ops of 1/S of the model; an interleaved chunk op with
+    v = 2 is half a 1F1B-stage op).
+
+    >>> from pipesched.generators import generate
+    >>> one_f_one_b_units(generate("zb-v", 4, 8))
+    0.5
+    """
+    return schedule.num_devices / schedule.num_stages
+
+
 def table_metrics(schedule: Schedule, costs: StageCosts | None = None, *,
                   timeline: Timeline | None = None) -> TableMetrics:
     """Level-2 figures; pass ``timeline`` when the slot table of ``schedule`` (with the same
@@ -89,7 +102,7 @@ def table_metrics(schedule: Schedule, costs: StageCosts | None = None, *,
         idle_per_device=tuple(float(x) for x in idle),
         peak_inflight=tuple(peaks),
         # half-size microbatches (Chimera's backward halving) hold half the activations each
-        activation_units=max(peaks) * schedule.num_devices / schedule.num_stages * schedule.microbatch_fraction,
+        activation_units=max(peaks) * one_f_one_b_units(schedule) * schedule.microbatch_fraction,
     )
 
 

@@ -170,7 +170,7 @@ def show(
     """
     from pipesched.costs import StageCosts
     from pipesched.generators import FAMILIES, formula, get_family
-    from pipesched.slot_table import slot_table, table_metrics
+    from pipesched.slot_table import one_f_one_b_units, slot_table, table_metrics
 
     if fmt not in io.FORMATS:
         raise typer.BadParameter(f"format={fmt!r}: choose one of {', '.join(io.FORMATS)}")
@@ -193,9 +193,14 @@ def show(
         metrics = table_metrics(schedule, slots)
         lengths = (f"F={slots.f:g}, I={slots.i:g}, W={slots.w:g}, B={slots.b:g}" if costs is not None and costs.is_uniform
                    else "F=I=W=1, B=2" if costs is None else "given stage costs")
+        # show counts the table's own stage ops and stage-microbatches; compare, 1F1B stages'
+        scale = one_f_one_b_units(schedule)
+        as_compare = "" if scale == 1 else f"; {metrics.makespan * scale:g} in 1F1B-stage slots, as compare counts"
+        units = "" if scale == 1 else f" ({metrics.activation_units:g} in 1F1B-stage units)"
         sys.stdout.write(
-            f"# slot makespan {metrics.makespan:g} ({lengths}), bubble ratio {metrics.bubble_ratio:.3f}, "
-            f"peak in-flight per device {list(metrics.peak_inflight)}\n"
+            f"# slot makespan {metrics.makespan:g} (stage-op slots: {lengths}{as_compare}), bubble ratio "
+            f"{metrics.bubble_ratio:.3f}, peak in-flight per device {list(metrics.peak_inflight)} "
+            f"stage-microbatches{units}\n"
         )
         if name in FAMILIES:
             est = formula(name, schedule.num_devices, int(schedule.params.get("iteration_microbatches",

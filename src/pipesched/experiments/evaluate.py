@@ -49,6 +49,7 @@ from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
 from pipesched.metrics import TrainingWork
 from pipesched.schedule import Schedule
+from pipesched.slot_table import one_f_one_b_units
 from pipesched.timeline import Timeline
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
 
 def _scale(schedule) -> float:
     """Slots of this schedule's ops -> slots of a 1F1B stage op."""
-    return schedule.num_devices / schedule.num_stages
+    return one_f_one_b_units(schedule)
 
 
 def slot_costs(point: Point) -> StageCosts:
@@ -225,7 +226,7 @@ def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
                              steady=point.steady_state)
         peaks = inflight_per_device(repeated)
         return LevelResult(point.family, "table", found.iteration_time * _scale(schedule), "slot", found.bubble_ratio,
-                           max(peaks) * schedule.num_devices / schedule.num_stages * schedule.microbatch_fraction, "1F1B-stage activations",
+                           max(peaks) * one_f_one_b_units(schedule) * schedule.microbatch_fraction, "1F1B-stage activations",
                            peak_inflight=max(peaks), **_steady_fields(point, found)), found.timeline
     timeline = slot_table(schedule, costs)
     table = table_metrics(schedule, timeline=timeline)
