@@ -159,3 +159,13 @@ def test_bad_carried_checkpoints_or_partition_are_one_line_errors(cli, tmp_path,
     save_schedule(generate("1f1b", 2, 2).with_ops(generate("1f1b", 2, 2).device_ops, params=params), path)
     result = cli("simulate", str(path), "--model", "tiny", "--cluster", "1x8-h100", "-t", "1", "--no-timeline")
     assert_one_line_error(result, fragment)
+
+
+def test_a_real_run_refuses_stage_checkpoints_it_would_not_execute(tmp_path) -> None:
+    from pipesched.errors import PipeschedError
+    from pipesched.runtime.runs import check_runnable
+
+    table = generate("1f1b", 2, 2)
+    check_runnable(table)
+    with pytest.raises(PipeschedError, match=r"recompute_stages.*real runs do not execute"):
+        check_runnable(table.with_ops(table.device_ops, params={"recompute_stages": [0]}))

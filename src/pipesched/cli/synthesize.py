@@ -163,7 +163,7 @@ def _print(result, network, description: str, *, timeline_view: bool) -> None:
     else:
         table.add_row("best built-in family", "none fits the memory limit")
     table.add_row("makespan with link contention", _seconds(contended))
-    table.add_row("stage checkpoints (recompute the stage)",
+    table.add_row("stage checkpoints",
                   "stages " + ", ".join(map(str, result.recompute)) if result.recompute else "none")
     if result.offload:
         table.add_row("offload", "stages " + ", ".join(map(str, result.offload)))

@@ -280,7 +280,8 @@ def choose_runtime(schedule: Schedule, runtime: str) -> str:
 
 def check_runnable(schedule: Schedule) -> None:
     """Raise PipeschedError when a real run cannot execute ``schedule``: it trains every
-    stage, keeps activations on the device, flushes every step, and runs whole microbatches."""
+    stage, keeps activations on the device, flushes every step, runs whole microbatches and
+    checkpoints no stage."""
     require(not schedule.frozen, "schedule", schedule.name,
             "has frozen stages, which real runs do not execute yet; run the table without freezing")
     require(all(schedule.rules[op.kind].stream == COMPUTE for _, op in schedule.ops()), "schedule", schedule.name,
@@ -291,6 +292,9 @@ def check_runnable(schedule: Schedule) -> None:
     require(schedule.microbatch_fraction == 1.0, "schedule", schedule.name,
             "backward halving runs half-size microbatches, which a real run does not split; run forward "
             "doubling with twice -m and half -b instead")
+    require(not schedule.recompute_stages, "schedule", schedule.name,
+            "checkpoints stages (params.recompute_stages), which real runs do not execute yet; run the table "
+            "without them (synthesize without --allow-recompute)")
 
 
 def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: RunOptions | None = None,
