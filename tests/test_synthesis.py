@@ -262,6 +262,10 @@ def test_the_solver_counts_the_gradients_a_checkpointed_stage_leaves_for_w() -> 
     check_result(result, costs, network, 4.0)
     timeline = simulate(result.schedule, result.costs, network, contention=False)
     assert max(timeline.memory.peak) <= 4.0 * (1 + 1e-9)
+    # one microbatch needs 1 - 0.5 + 3 = 3.5 B as I ends, even checkpointed: a 3-byte cap is
+    # refused before any search
+    with pytest.raises(PipeschedError, match=r"memory_limit=3: stage 0 needs 3\.5 bytes for one microbatch"):
+        SynthesisProblem(costs, network, 2, (3.0, 3.0), allow_recompute=True)
 
 # --- the memory cap --------------------------------------------------------------------
 def test_a_binding_cap_is_kept_and_costs_time() -> None:

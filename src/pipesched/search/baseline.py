@@ -37,10 +37,10 @@ class Baseline:
 
     @property
     def label(self) -> str:
-        """``zb-h1`` or ``zb-h1 (memory_limit=4, costs, recompute 0-7)``."""
+        """``zb-h1`` or ``zb-h1 (memory_limit=4, costs, stage checkpoints 0-7)``."""
         shown = [f"{k}={v}" if k != "costs" else k for k, v in self.options.items()]
         if self.evaluation.plan.recompute:
-            shown.append(f"recompute {_stages(self.evaluation.plan.recompute)}")
+            shown.append(f"stage checkpoints {_stages(self.evaluation.plan.recompute)}")
         return f"{self.family} ({', '.join(shown)})" if shown else self.family
 
 

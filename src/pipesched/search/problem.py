@@ -43,6 +43,7 @@ import numpy as np
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
 from pipesched.ops import B, F, I, Op, OpKind, W
+from pipesched.rules import RULES
 from pipesched.simulate.network import Network
 
 # most ops a synthesis problem may have (p x m x ops per stage-microbatch): the solver's
@@ -120,12 +121,23 @@ class SynthesisProblem:
                 hint = "" if self.allow_recompute else ", or allow recompute"
                 raise PipeschedError(
                     f"memory_limit={limit:.6g}: stage {d} needs {static + need:.6g} bytes for one microbatch "
-                    f"in flight ({static:.6g} static + {need:.6g} activations); raise the limit{hint}")
+                    f"in flight ({static:.6g} static + {need:.6g} activations and gradients kept for W); raise the "
+                    f"limit{hint}")
 
     def smallest_activation(self, stage: int) -> float:
-        """Activation bytes of one microbatch in flight on ``stage``, with recompute if allowed."""
-        full = self.costs.activation_bytes[stage]
-        return min(full, self.recomputed.activation_bytes[stage]) if self.allow_recompute else full
+        """The most bytes one microbatch in flight holds at once on ``stage``, with recompute
+        if allowed and smaller: its ops' memory effects in dependency order (F's
+        activations; with a split backward, what I leaves for W beyond the share it frees)."""
+        variants = (self.costs, self.recomputed) if self.allow_recompute else (self.costs,)
+        return min(self._one_microbatch(costs, stage) for costs in variants)
+
+    def _one_microbatch(self, costs: StageCosts, stage: int) -> float:
+        kept = costs.kept_for_w_bytes[stage] if costs.kept_for_w_bytes is not None else 0.0
+        held = most = 0.0
+        for kind in self.kinds:
+            held += RULES[kind].memory.bytes(costs.activation_bytes[stage], costs.input_frees, kept)
+            most = max(most, held)
+        return most
 
     @cached_property
     def recomputed(self) -> StageCosts:

@@ -49,7 +49,9 @@ LIST_SCHEDULING_SHARE = 0.1
 class SynthesisResult:
     """A synthesized schedule and how good it is.
 
-    schedule: one stage per device; simulate it with ``costs`` (recompute applied).
+    schedule: one stage per device; its params name the stages it checkpoints
+        (``Schedule.recompute_stages``). costs: the problem's costs with those checkpoints
+        applied (``StageCosts.checkpointed``), what ``simulate(schedule, costs, ...)`` needs.
     timeline: its simulation with free channels (what the solver models).
     status: "optimal" (the solver proved no order beats it on its time grid) or "feasible".
     method: what made the schedule: "solver", "local search", "list scheduling", or the
@@ -63,8 +65,9 @@ class SynthesisResult:
         on its grid, None without one).
     seconds: wall time of the whole synthesis.
     baseline: the best built-in family under the same cap (None when none fits).
-    recompute: stages that recompute their activations; offload: stages that offload them
-        to host memory (their O and R ops are in the schedule).
+    recompute: stages with a stage checkpoint (they keep their input and redo their forward
+        in the backward); offload: stages that offload their activations to host memory
+        (their O and R ops are in the schedule).
     time_unit_s: the solver's time grid step; time_exact: every duration and delay lies on
         it (then "optimal" holds for the true durations too, not only on the grid).
     memory_exact, memory_limit: see lower_bound_s; bytes per device (None: no cap).
