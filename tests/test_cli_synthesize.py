@@ -143,11 +143,13 @@ def test_a_file_with_stage_checkpoints_simulates_to_the_synthesized_time_and_pea
     assert max(over["peak_memory_bytes"]) > 60e6
 
 
-def test_stage_checkpoints_are_not_written_to_a_csv_that_cannot_carry_them(cli, costs_file, tmp_path) -> None:
+@pytest.mark.parametrize(("flags", "what"), [(["--allow-recompute"], "stage checkpoints"),
+                                            (["--allow-offload", "--host-bandwidth", "1e9"], "offloads")])
+def test_decisions_a_csv_cannot_carry_are_refused_before_solving(cli, costs_file, tmp_path, flags, what) -> None:
     out = tmp_path / "never.csv"
     result = cli("synthesize", "-p", "3", "-m", "4", "--stage-costs", str(costs_file), "--memory-limit", "22",
-                 "--allow-recompute", "-o", str(out))
-    assert_one_line_error(result, "output=", "stage checkpoints", ".json or .txt")
+                 *flags, "-o", str(out))
+    assert_one_line_error(result, "output=", what, flags[0], ".json or .txt")
     assert not out.exists()
 
 

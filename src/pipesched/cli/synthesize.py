@@ -85,8 +85,10 @@ def synthesize_command(
     require(math.isfinite(time_limit) and time_limit > 0, "time-limit", time_limit, "give a number of seconds > 0")
     if output is not None:
         check_output_path(output)
-        require(not (allow_recompute and io.format_for(output) == "csv"), "output", output,
-                "PyTorch's CSV cannot carry the stage checkpoints --allow-recompute may choose; write .json or .txt")
+        for flag, allowed, what in (("--allow-recompute", allow_recompute, "stage checkpoints"),
+                                    ("--allow-offload", allow_offload, "offloads and reloads")):
+            require(not (allowed and io.format_for(output) == "csv"), "output", output,
+                    f"PyTorch's CSV cannot carry the {what} {flag} may choose; write .json or .txt")
     views = ViewPaths(png, svg, trace, html).check()
     limit = _parse_bytes(memory_limit)
     from pipesched.search.problem import check_size
