@@ -8,10 +8,12 @@ import sys
 import pytest
 
 from cli_helpers import assert_one_line_error
+from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.io import load_schedule, save_schedule
 from pipesched.io.stage_costs import load_stage_costs
 from pipesched.model import load_cluster
+from pipesched.runtime.runs import check_runnable
 from pipesched.simulate import Network, simulate
 from pipesched.validate import validate
 
@@ -164,9 +166,6 @@ def test_bad_carried_checkpoints_or_partition_are_one_line_errors(cli, tmp_path,
 
 
 def test_a_real_run_refuses_stage_checkpoints_it_would_not_execute(tmp_path) -> None:
-    from pipesched.errors import PipeschedError
-    from pipesched.runtime.runs import check_runnable
-
     table = generate("1f1b", 2, 2)
     check_runnable(table)
     with pytest.raises(PipeschedError, match=r"recompute_stages.*real runs do not execute"):

@@ -14,10 +14,13 @@ from hypothesis import strategies as st
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, formula, generate
+from pipesched.model import build_stage_costs, load_cluster, load_model
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
+from pipesched.model.spec import TrainingSettings
 from pipesched.ops import B, F, I, Op, W
 from pipesched.schedule import Placement, Schedule
 from pipesched.simulate import Network, critical_path, simulate
+from pipesched.simulate.graph import gradient_bytes
 from pipesched.slot_table import inflight_per_device, slot_table
 from pipesched.timeline import ALLREDUCE
 from simulate_helpers import (
@@ -253,10 +256,6 @@ def test_replicated_stages_all_reduce_their_gradients() -> None:
 def test_a_stage_cost_file_and_a_model_all_reduce_the_same_gradient() -> None:
     # mixed-precision Adam: 2 + 4 + 12 = 18 static bytes per parameter, of which the fp32
     # gradient, 4 bytes, is what data parallel all-reduces
-    from pipesched.model import build_stage_costs, load_cluster, load_model
-    from pipesched.model.spec import TrainingSettings
-    from pipesched.simulate.graph import gradient_bytes
-
     file_costs = StageCosts((1.0,), (1.0,), (1.0,), (1.0,), (0.0,), static_bytes=(18e9,))
     assert gradient_bytes(file_costs, 0) == pytest.approx(4e9)
     model = build_stage_costs(load_model("tiny"), Placement.one_per_device(2), load_cluster("1x8-h100"),
