@@ -18,6 +18,9 @@ Two sources:
   chunks: times, activation, parameter and gradient bytes divided by k, output bytes
   unchanged (a chunk boundary carries the same hidden state as a stage boundary). Their
   data-parallel replicas reduce over the same uniform links, one ring each.
+
+Either way, a schedule that names stage checkpoints (``Schedule.recompute_stages``, as
+``synthesize`` writes them) runs its costs with them (``StageCosts.checkpointed``).
 """
 
 from __future__ import annotations
