@@ -235,14 +235,12 @@ class SimulationSetup:
     def flops_per_iteration(self, num_microbatches: int, schedule: Schedule | None = None) -> float | None:
         """Model FLOPs of one iteration (for MFU), when a model is known; with ``schedule``,
         of the layers as its stages run them when they recompute differently or some layers
-        are frozen, and with the forward a checkpointed stage redoes."""
+        are frozen."""
         if self.model is None:
             return None
-        if schedule is not None and (self.recompute_for(schedule) is not None or self.settings.frozen_layers
-                                     or schedule.recompute_stages):
+        if schedule is not None and (self.recompute_for(schedule) is not None or self.settings.frozen_layers):
             plan = self.plan_for(schedule)
             per_rank = sum(layer.flops for stage in plan.layers for layer in stage)
-            per_rank += sum(layer.forward_flops for s in schedule.recompute_stages for layer in plan.layers[s])
             return per_rank * self.settings.tensor_parallel * num_microbatches
         from pipesched.model import model_flops_per_iteration
 
