@@ -137,6 +137,8 @@ def test_a_file_with_stage_checkpoints_simulates_to_the_synthesized_time_and_pea
     simulated = json.loads(run.out)
     assert simulated["iteration_time_s"] == pytest.approx(synthesized["makespan_s"], rel=1e-12)
     assert simulated["peak_memory_bytes"] == pytest.approx(synthesized["peak_memory_bytes"], rel=1e-12)
+    shown = cli("simulate", str(out), *workload, "--no-contention", "--no-timeline")
+    assert "stage checkpoints (the schedule's)" in shown.out
     # the same table without its checkpoints runs over the cap
     schedule.params.pop("recompute_stages")
     plain = tmp_path / f"plain{suffix}"

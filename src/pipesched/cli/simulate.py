@@ -189,6 +189,8 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
                         f"{weights.max_staleness} / {weights.mean_staleness:.3g}")
     else:
         summary.add_row("iteration time", f"{metrics.iteration_time:.6g} s")
+    if schedule.recompute_stages:  # named by the schedule file (synthesize --allow-recompute)
+        summary.add_row("stage checkpoints (the schedule's)", "stages " + ", ".join(map(str, schedule.recompute_stages)))
     summary.add_row("bubble ratio (idle / devices x time)", f"{metrics.bubble_ratio:.4f}")
     summary.add_row("bubble over work (idle / busy)", f"{metrics.bubble_over_work:.4f}")
     summary.add_row("throughput", f"{metrics.throughput_samples_per_s:.4g} samples/s"
