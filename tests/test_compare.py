@@ -10,7 +10,7 @@ from cli_helpers import assert_one_line_error
 from pipesched.compare import LEVELS, compare
 from pipesched.costs import StageCosts
 from pipesched.experiments import Point
-from pipesched.generators import FAMILIES
+from pipesched.generators import FAMILIES, generate
 
 FAST = Point(stage_costs=StageCosts.uniform(4, output_bytes=1.0))
 
@@ -144,3 +144,21 @@ def test_cli_compare_with_nothing_comparable_fails_and_writes_nothing(cli, tmp_p
     result = cli("compare", "--model", str(model), "-t", "1", "-p", "2", "-m", "4", "--schedules", "1f1b,zb-h1")
     assert result.code == 0, result.err
     assert "m (measured layers) on 4x8-h100" in result.out and "tokens" not in result.out.splitlines()[0]
+
+
+def test_every_command_gives_v_to_the_families_the_registry_says_take_it(cli, tmp_path) -> None:
+    listed = {family["name"]: family["takes_v"] for family in json.loads(cli("list", "families", "--json").out)}
+    takers = [name for name, takes in listed.items() if takes]
+    assert "hanayo" in takers and listed == {name: family.takes_v for name, family in FAMILIES.items()}
+    result = compare(takers, p=4, m=8, v=4, levels=("table",), keep_timelines=True)
+    assert not result.skipped
+    for name, timeline in zip(result.ranking("table"), result.timelines, strict=True):
+        # compare builds the table show and simulate build for -v 4: 4 stages on every device
+        assert timeline.schedule.num_stages == 16, name
+        assert timeline.schedule.device_ops == generate(name, 4, 8, v=4).device_ops
+    costs = tmp_path / "c.csv"
+    costs.write_text("stage,forward,backward_input,backward_weight,activation_bytes,output_bytes\n0,1,1,1,1,0\n")
+    for name in takers:
+        shown = cli("simulate", name, "-p", "4", "-m", "8", "-v", "4", "--stage-costs", str(costs), "--json")
+        assert json.loads(shown.out)["num_stages"] == 16, name
+

@@ -218,7 +218,7 @@ def test_per_family_options_and_chunks():
     (["--set", "chimera.waves=2"], "option=chimera.waves"),
     (["--set", "gpipe.waves=2"], "option=gpipe.waves"),
     (["--set", "waves=2", "--schedules", "1f1b,chimera"], "option=waves"),
-    (["-v", "4", "--schedules", "hanayo,zb-v"], "v=4"),
+    (["-v", "4", "--schedules", "chimera,zb-v"], "v=4"),
     (["--set", "fb_cost=0.3"], "fb_cost=0.3"),
 ])
 def test_bad_settings_are_one_line_exit_2(cli, args, field):
@@ -250,7 +250,7 @@ def test_formula_takes_family_options(cli):
 def test_every_family_is_listed_with_its_kind():
     assert [name for name, family in FAMILIES.items() if family.asynchronous] == ["pipedream", "pipedream-2bw"]
     assert [name for name, family in FAMILIES.items() if family.plans_with_costs] == ["zb-1p", "zb-2p"]
-    assert {name for name, family in FAMILIES.items() if family.compare_v} == {"interleaved-1f1b", "looped-bfs"}
+    assert {name for name, family in FAMILIES.items() if family.takes_v} == {"interleaved-1f1b", "looped-bfs", "hanayo"}
 
 
 @pytest.mark.parametrize(("filename", "name", "options"), [

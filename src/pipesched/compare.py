@@ -9,9 +9,9 @@ schedule's rank "changes" at a level when it differs from its rank at the level 
 Families that cannot be built at the requested sizes (Chimera needs an even p, ...) or
 simulated with the given costs are listed as skipped with the reason.
 
-Each family runs at its own settings. ``v`` sets the chunk count of the interleaved and
-looped families (``Family.compare_v``); the others keep their own (V shapes: 2; Hanayo: one
-wave unless its ``waves`` option says otherwise). Options apply to every compared family
+Each family runs at its own settings. ``v`` sets the chunk count of the families that take
+one (``Family.takes_v``, as in every command: interleaved, looped, Hanayo with v = 2 x
+waves); the others keep their own (V shapes: 2). Options apply to every compared family
 that takes them (``waves=2``), or to one family when prefixed with its name
 (``hanayo.waves=2``, ``chimera.forward_doubling=0``), which wins over the unprefixed one.
 Asynchronous families (PipeDream) are compared in their steady state, beside the others'
@@ -202,17 +202,16 @@ def compare(
 
 def family_points(names: Sequence[str] | None, *, p: int, m: int, v: int | None, workload: Point) -> list[Point]:
     """One point per family of ``names`` (default all) on ``workload``: ``v`` for the
-    families ``-v`` reaches (interleaved and looped ones), and of the workload's family
+    families that take it (``Family.takes_v``), and of the workload's family
     options the ones each family takes (``family_settings``)."""
     names = list(names) if names else list(FAMILIES)
     for name in names:
         get_family(name)  # unknown names fail here, listing the known ones
     per_family = family_settings(names, dict(workload.options))
-    if v is not None and not any(get_family(name).compare_v for name in names):
-        takers = ", ".join(family.name for family in FAMILIES.values() if family.compare_v)
-        raise PipeschedError(f"v={v}: none of the compared families takes -v ({takers} do); Hanayo takes "
-                             "--set hanayo.waves=W")
-    return [workload.replace(family=name, p=p, m=m, v=v if get_family(name).compare_v else None,
+    if v is not None and not any(get_family(name).takes_v for name in names):
+        takers = ", ".join(family.name for family in FAMILIES.values() if family.takes_v)
+        raise PipeschedError(f"v={v}: none of the compared families takes -v ({takers} do)")
+    return [workload.replace(family=name, p=p, m=m, v=v if get_family(name).takes_v else None,
                              options=tuple(sorted(per_family[name].items())))
             for name in names]
 

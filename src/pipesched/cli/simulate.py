@@ -138,7 +138,7 @@ def simulate_command(
         family = get_family(schedule_name)
         point = point.replace(family=schedule_name, p=schedule.num_devices,
                               m=int(schedule.params.get("iteration_microbatches", schedule.num_microbatches)),
-                              v=v if family.chunks is None else None,
+                              v=v if family.takes_v else None,
                               options=tuple(sorted((k, x) for k, x in options.items() if k in family.options)))
     else:
         point = point.replace(schedule=schedule)
