@@ -4,8 +4,10 @@ A comparison is a grid over the experiments layer (``pipesched.experiments``): o
 family at the same sizes and workload, evaluated at the requested levels
 (``experiments.evaluate`` defines them and their units), then ranked per level.
 
-Ranks are by iteration time within a level (1 = fastest; equal times share a rank). A
-schedule's rank "changes" at a level when it differs from its rank at the level before.
+Ranks are by iteration time within a level (1 = fastest; equal times share a rank) among
+the schedules that fit in memory, then the ones out of memory (``RANKING``; only the sim
+level knows memory capacity). A schedule's rank "changes" at a level when it differs from
+its rank at the level before.
 Families that cannot be built at the requested sizes (Chimera needs an even p, ...) or
 simulated with the given costs are listed as skipped with the reason.
 
@@ -35,6 +37,8 @@ from pipesched.timeline import Timeline
 from pipesched.variability.distribution import Distribution, PairedComparison, paired_comparison
 
 Progress = Callable[[int, int, str], None]  # (done, total, what runs next)
+# how each level ranks its schedules (``experiments.grid.rank_key``)
+RANKING = "by iteration time, the schedules that fit in memory before those out of memory (sim level)"
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class Comparison:
             "levels": list(self.levels),
             "setup": self.setup,
             "settings": self.settings,
+            "ranking": RANKING,
             "records": self.to_records(),
             "skipped": [{"schedule": name, "reason": reason} for name, reason in self.skipped],
             # frozen, recomputed and offloaded work per device, by schedule (sim level)
@@ -245,4 +250,4 @@ def family_settings(names: Sequence[str], offered: dict[str, object]) -> dict[st
     return chosen
 
 
-__all__ = ["LEVELS", "Comparison", "LevelResult", "compare", "family_points", "family_settings"]
+__all__ = ["LEVELS", "RANKING", "Comparison", "LevelResult", "compare", "family_points", "family_settings"]

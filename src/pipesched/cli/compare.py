@@ -52,7 +52,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.progress import LateProgress
 from pipesched.cli.training import print_freeze_plan
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
-from pipesched.compare import LEVELS, Comparison, compare, family_points
+from pipesched.compare import LEVELS, RANKING, Comparison, compare, family_points
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError
 from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
@@ -206,6 +206,7 @@ def print_comparison(result: Comparison) -> None:
             cells += [_time(r.iteration_time, r.time_unit), f"{r.bubble_ratio:.3f}", memory, rank]
         table.add_row(*cells)
     console.print(table)
+    console.print(f"rank: {RANKING}", highlight=False)
     if len(result.levels) > 1:
         changes = result.rank_changes()
         if changes:
