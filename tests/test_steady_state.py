@@ -5,6 +5,7 @@ post-validation (``--steady-state``), and the per-family settings of a compariso
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -181,6 +182,32 @@ def test_simulate_steady_state_json(cli, tmp_path):
     assert data["iteration_time_s"] == pytest.approx(steady["steady_iteration_time"])
     plain = json.loads(cli("simulate", "zb-v", "-p", "4", "-m", "8", "--stage-costs", str(costs), "--json").out)
     assert plain["steady_state"] is None and data["iteration_time_s"] < plain["iteration_time_s"]
+
+
+@pytest.mark.parametrize(("family", "flag"), [("pipedream", []), ("pipedream-2bw", []), ("zb-v", ["--steady-state"])])
+def test_every_label_shows_the_steady_state_iteration_and_the_users_m(cli, tmp_path, family, flag):
+    # the terminal header, the summary table's title, the HTML metrics and the PNG title
+    # speak of one steady-state iteration of m microbatches, not of the whole run drawn
+    costs = tmp_path / "c.csv"
+    costs.write_text("stage,forward,backward_input,backward_weight,activation_bytes,output_bytes\n0,1,1,1,1,0\n")
+    args = ["simulate", family, "-p", "4", "-m", "8", "--stage-costs", str(costs), *flag]
+    data = json.loads(cli(*args, "--json").out)
+    ends = data["steady_state"]["iteration_end"]
+    time = (ends[-2] - ends[0]) / (len(ends) - 2)  # the mean iteration between the first and the last
+    assert data["iteration_time_s"] == pytest.approx(time) and data["m"] == 8
+    # the one cost row splits over the stages: each device computes m x (F + I + W) / p = 6 s
+    # per iteration
+    assert data["bubble_ratio"] == pytest.approx(1 - 6.0 / time, abs=1e-9)
+    text = cli(*args, "--html", str(tmp_path / "r.html"), "--png", str(tmp_path / "r.png")).out
+    header = text.splitlines()[0]
+    assert f"steady-state iteration {time:.4g} s" in header and "m=8 back to back" in header
+    assert f"bubble {data['bubble_ratio']:.1%}" in header
+    assert f"{family}: p=4, m=8," in text
+    page = (tmp_path / "r.html").read_text()
+    row = re.search(r'id="metrics-table">.*?<tbody><tr>(.*?)</tr>', page).group(1)
+    values = re.findall(r'data-value="([^"]*)"', row)
+    assert float(values[4]) == 8 and float(values[6]) == pytest.approx(time)
+    assert float(values[7]) == pytest.approx(data["bubble_ratio"])
 
 
 # --- zb-1p and zb-2p from the workload's costs --------------------------------------------------
