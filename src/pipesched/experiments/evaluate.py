@@ -46,6 +46,7 @@ from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
+from pipesched.experiments.setup import SimulationSetup
 from pipesched.metrics import (
     IterationWork,
     TrainingWork,
@@ -58,7 +59,8 @@ from pipesched.metrics import (
 from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
 from pipesched.simulate import compile_graph, run
-from pipesched.simulate.iterations import steady_state
+from pipesched.simulate.iterations import SteadyState, steady_state
+from pipesched.simulate.network import Network
 from pipesched.timeline import Timeline
 from pipesched.variability.distribution import Distribution, monte_carlo
 
@@ -259,30 +261,59 @@ def sim_schedule(point: Point, setup) -> Schedule:
     return point.build_schedule(setup, iterations=STEADY_ITERATIONS if _asynchronous(point) else None)
 
 
-def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Distribution | None]:
+@dataclass(frozen=True, eq=False)
+class SimRun:
+    """The sim level's run of a point: what it ran on and the timeline it gave (every
+    iteration back to back in the steady state, with ``steady``)."""
+
+    setup: SimulationSetup
+    schedule: Schedule
+    network: Network
+    timeline: Timeline
+    steady: SteadyState | None = None
+    distribution: Distribution | None = None  # with the point's variability: the Monte Carlo run
+
+    def work(self, point: Point) -> IterationWork:
+        """What one iteration trains and computes: its microbatches on the data-parallel
+        pipelines, the workload's sizes, one pipeline's model and hardware FLOPs and its
+        devices' peak FLOP/s (``pipesched.metrics``)."""
+        setup, schedule = self.setup, self.schedule
+        peaks = setup.peak_flops_per_device(self.network)
+        return timeline_work(self.timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len,
+                             model_flops=setup.flops_per_iteration(point.m, schedule),
+                             hardware_flops=setup.flops_per_iteration(point.m, schedule, hardware=True),
+                             peak_flops=peaks[: schedule.num_devices] if peaks is not None else None)
+
+
+def run_sim(point: Point) -> SimRun:
+    """Simulate ``point`` (level 3): one iteration, with its Monte Carlo run when it has a
+    variability, or its steady state (see the module docstring)."""
     setup = point.setup()
     schedule = sim_schedule(point, setup)
     costs = with_fb_cost(setup.costs_for(schedule), point.fb_cost)
     network = setup.network_for(schedule)
-    distribution = None
-    spread: dict[str, float] = {}
-    steady: dict = {}
     if in_steady_state(point):
         if point.variability is not None:
             raise PipeschedError("variability: Monte Carlo runs of a steady state are not modelled; drop "
                                  "--steady-state (or the variability options)")
         found = steady_state(schedule, costs, network, iterations=STEADY_ITERATIONS, steady=point.steady_state,
                              contention=point.contention, overlap=point.overlap)
-        timeline, steady = found.timeline, _steady_fields(point, found)
-    else:
-        graph = compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap)
-        timeline = run(graph)
-        check_host_memory(timeline.host_memory, str(point.offload))
-        if point.variability is not None:
-            distribution = monte_carlo(graph, point.variability)
-            time = distribution.time
-            spread = {"mean_s": time.mean, "std_s": time.std, "p99_s": time.p99}
-    found_rates = rates(timeline.iteration_time, sim_work(point, setup, schedule, network, timeline))
+        return SimRun(setup, schedule, network, found.timeline, steady=found)
+    graph = compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap)
+    timeline = run(graph)
+    check_host_memory(timeline.host_memory, str(point.offload))
+    distribution = monte_carlo(graph, point.variability) if point.variability is not None else None
+    return SimRun(setup, schedule, network, timeline, distribution=distribution)
+
+
+def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Distribution | None]:
+    done = run_sim(point)
+    timeline, distribution = done.timeline, done.distribution
+    spread = {} if distribution is None else {"mean_s": distribution.time.mean, "std_s": distribution.time.std,
+                                              "p99_s": distribution.time.p99}
+    steady = _steady_fields(point, done.steady) if done.steady is not None else {}
+    costs = done.setup.costs_for(done.schedule)
+    found_rates = rates(timeline.iteration_time, done.work(point))
     exposed, _ = communication_per_device(timeline)
     memory = timeline.memory
     row = LevelResult(
@@ -291,18 +322,8 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Dist
         mfu=found_rates.mfu, hfu=found_rates.hfu, exposed_comm_s=float(exposed.max()) / timeline.iterations,
         out_of_memory=any(memory.out_of_memory),
         host_peak_memory=max(timeline.host_memory.peak) if timeline.host_memory is not None else 0.0,
-        training=(training_work(timeline) if not steady and _trains_differently(schedule, costs, point) else None),
+        training=(training_work(timeline) if not steady and _trains_differently(done.schedule, costs, point)
+                  else None),
         **spread, **steady,
     )
-    return row, timeline, setup.description, distribution
-
-
-def sim_work(point: Point, setup, schedule: Schedule, network, timeline: Timeline) -> IterationWork:
-    """What one iteration of ``point``'s simulated ``timeline`` trains and computes: its
-    microbatches on the data-parallel pipelines, the workload's sizes, one pipeline's model
-    and hardware FLOPs and its devices' peak FLOP/s (``pipesched.metrics``)."""
-    peaks = setup.peak_flops_per_device(network)
-    return timeline_work(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len,
-                         model_flops=setup.flops_per_iteration(point.m, schedule),
-                         hardware_flops=setup.flops_per_iteration(point.m, schedule, hardware=True),
-                         peak_flops=peaks[: schedule.num_devices] if peaks is not None else None)
+    return row, timeline, done.setup.description, distribution

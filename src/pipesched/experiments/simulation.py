@@ -5,30 +5,23 @@ In the steady state (an asynchronous family, or ``Point.steady_state``) the time
 every iteration run back to back, and the metrics are those of one steady-state iteration
 (``pipesched.metrics.summarize``): its time (the mean between the first and the last),
 bubbles and busy time per device, throughput, MFU and HFU, communication divided by the
-iterations; peak memory, the critical path and the training work are the whole run's. ``steady`` keeps the iterations' ends, the staleness and the weight versions.
+iterations; peak memory, the critical path and the training work are the whole run's.
+``steady`` keeps the iterations' ends, the staleness and the weight versions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesched.errors import PipeschedError
-from pipesched.experiments.evaluate import (
-    STEADY_ITERATIONS,
-    in_steady_state,
-    sim_schedule,
-    sim_work,
-    with_fb_cost,
-)
+from pipesched.experiments.evaluate import run_sim
 from pipesched.experiments.point import Point
 from pipesched.experiments.setup import SimulationSetup
 from pipesched.metrics import Metrics, allreduce_per_device, iteration_microbatches, summarize
-from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
-from pipesched.simulate import Network, compile_graph, run
-from pipesched.simulate.iterations import SteadyState, steady_state
+from pipesched.simulate import Network
+from pipesched.simulate.iterations import SteadyState
 from pipesched.timeline import Timeline
-from pipesched.variability.distribution import Distribution, monte_carlo
+from pipesched.variability.distribution import Distribution
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,29 +100,13 @@ class Simulation:
 def simulate_point(point: Point) -> Simulation:
     """Simulate ``point`` (level 3) and compute every metric of its timeline; with its
     variability, the Monte Carlo distribution too (on the same compiled graph)."""
-    setup = point.setup()
-    schedule = sim_schedule(point, setup)
-    network = setup.network_for(schedule)
-    costs = with_fb_cost(setup.costs_for(schedule), point.fb_cost)
-    found = distribution = None
-    if in_steady_state(point):
-        if point.variability is not None:
-            raise PipeschedError("variability: Monte Carlo runs of a steady state are not modelled; drop "
-                                 "--steady-state (or the variability options)")
-        found = steady_state(schedule, costs, network, iterations=STEADY_ITERATIONS, steady=point.steady_state,
-                             contention=point.contention, overlap=point.overlap)
-        timeline = found.timeline
-    else:
-        graph = compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap)
-        timeline = run(graph)
-        check_host_memory(timeline.host_memory, str(point.offload))
-        distribution = monte_carlo(graph, point.variability) if point.variability is not None else None
-    work = sim_work(point, setup, schedule, network, timeline)
-    metrics = summarize(timeline, micro_batch_size=work.micro_batch_size, seq_len=work.seq_len,
+    done = run_sim(point)
+    work = done.work(point)
+    metrics = summarize(done.timeline, micro_batch_size=work.micro_batch_size, seq_len=work.seq_len,
                         flops_per_iteration=work.model_flops, hardware_flops_per_iteration=work.hardware_flops,
                         peak_flops=work.peak_flops)
-    return Simulation(point, timeline.schedule, setup, network, timeline, metrics, distribution=distribution,
-                      steady=found)
+    return Simulation(point, done.timeline.schedule, done.setup, done.network, done.timeline, metrics,
+                      distribution=done.distribution, steady=done.steady)
 
 
 def _whole(count: float) -> int | float:
