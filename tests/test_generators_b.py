@@ -472,7 +472,7 @@ def test_half_size_microbatches_cost_half_in_time_memory_and_throughput():
     assert sum(halved.busy_per_device()) == pytest.approx(sum(doubled.busy_per_device()))
     # forward doubling holds 2p microbatches' activations at its peak, halving p (2p halves)
     assert max(halved.memory.peak) - 2 * 100.0 < max(doubled.memory.peak) - 2 * 100.0
-    samples_halved, _ = throughput(halved.makespan, microbatches=iteration_microbatches(halved.schedule))
+    samples_halved, _ = throughput(halved.makespan, microbatches=iteration_microbatches(halved))
     assert samples_halved == pytest.approx(16 / halved.makespan)
 
 

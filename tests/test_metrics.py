@@ -24,6 +24,7 @@ from pipesched.metrics import (
 )
 from pipesched.passes.offload import OffloadPolicy, offload
 from pipesched.simulate import Network, simulate
+from pipesched.simulate.iterations import steady_state
 from pipesched.slot_table import slot_table
 from simulate_helpers import random_costs, random_valid_schedule
 
@@ -53,10 +54,13 @@ def test_throughput_and_utilization() -> None:
 
 
 def test_iteration_microbatches_are_the_whole_microbatches_of_one_iteration() -> None:
-    assert iteration_microbatches(generate("1f1b", 4, 8)) == 8
-    assert iteration_microbatches(generate("pipedream", 4, 8, iterations=4)) == 8
+    assert iteration_microbatches(slot_table(generate("1f1b", 4, 8))) == 8
+    # a table of 4 iterations: 32 microbatches in its span, 8 per iteration of its steady state
+    table = generate("pipedream", 4, 8, iterations=4)
+    assert iteration_microbatches(slot_table(table)) == 32
+    assert iteration_microbatches(steady_state(table, StageCosts.slots().broadcast(4)).timeline) == 8
     # Chimera's backward halving runs 2m half-size microbatches
-    assert iteration_microbatches(generate("chimera", 4, 8, backward_halving=1)) == 8
+    assert iteration_microbatches(slot_table(generate("chimera", 4, 8, backward_halving=1))) == 8
 
 
 def _reference_communication(timeline, *, compute_only: bool = False) -> tuple[np.ndarray, np.ndarray]:

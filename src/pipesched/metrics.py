@@ -51,7 +51,6 @@ import numpy as np
 from numba import njit
 
 from pipesched.errors import require
-from pipesched.schedule import Schedule
 from pipesched.simulate.critical import CriticalPath, critical_path
 from pipesched.timeline import Timeline
 
@@ -107,16 +106,20 @@ class Rates:
     hfu: float | None
 
 
-def iteration_microbatches(schedule: Schedule) -> float:
-    """Whole microbatches of one iteration of ``schedule``'s table: its microbatches x their
-    size (half-size ones count half) over the iterations it holds.
+def iteration_microbatches(timeline: Timeline) -> float:
+    """Whole microbatches of one iteration of ``timeline`` (the span its iteration time
+    measures): its table's microbatches x their size (half-size ones count half) over the
+    iterations it ran back to back (``Timeline.iterations``).
 
     >>> from pipesched.generators import generate
-    >>> iteration_microbatches(generate("pipedream", 4, 8, iterations=4))
-    8.0
+    >>> from pipesched.simulate.iterations import steady_state
+    >>> from pipesched.costs import StageCosts
+    >>> found = steady_state(generate("pipedream", 4, 8, iterations=4), StageCosts.slots().broadcast(4))
+    >>> found.timeline.schedule.num_microbatches, iteration_microbatches(found.timeline)
+    (32, 8.0)
     """
-    iterations = int(schedule.params.get("iterations", 1))
-    return schedule.num_microbatches * schedule.microbatch_fraction / max(iterations, 1)
+    schedule = timeline.schedule
+    return schedule.num_microbatches * schedule.microbatch_fraction / timeline.iterations
 
 
 def throughput(iteration_time: float, *, microbatches: float, micro_batch_size: int = 1, replicas: int = 1,
@@ -170,7 +173,7 @@ def timeline_work(timeline: Timeline, *, micro_batch_size: int = 1, seq_len: int
     if peak_flops is not None:
         peaks = tuple(float(x) for x in np.broadcast_to(np.asarray(peak_flops, dtype=np.float64),
                                                          (timeline.num_devices,)))
-    return IterationWork(iteration_microbatches(timeline.schedule), micro_batch_size, replicas, seq_len,
+    return IterationWork(iteration_microbatches(timeline), micro_batch_size, replicas, seq_len,
                          model_flops, hardware_flops, peaks)
 
 

@@ -172,7 +172,7 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
     batches = {"op": "a batch between ops", "pair": "a batch per forward-backward pair"}
     blocking = f"blocking (no overlap, {batches.get(timeline.simulation.blocking_steps, 'batches')})"
     mode = ", ".join(x for x in ("contention" if contention else "no contention", "overlap" if overlap else blocking))
-    summary = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={iteration_microbatches(schedule):g}, "
+    summary = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={iteration_microbatches(timeline):g}, "
                           f"{schedule.num_stages} stages; {setup.description}; {mode}")
     summary.add_column("metric")
     summary.add_column("value", justify="right")

@@ -46,7 +46,7 @@ class Simulation:
         return {
             "schedule": schedule.name,
             "p": schedule.num_devices,
-            "m": _whole(iteration_microbatches(schedule)),  # of one iteration, as the user gave it
+            "m": _whole(iteration_microbatches(timeline)),  # of one iteration, as the user gave it
             "num_stages": schedule.num_stages,
             "setup": self.setup.description,
             "ranks": list(self.network.ranks[: schedule.num_devices]),

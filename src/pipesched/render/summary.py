@@ -62,7 +62,7 @@ def summarize(timeline: Timeline) -> Summary:
         unit=timeline.unit,
         devices=timeline.num_devices,
         stages=timeline.schedule.num_stages,
-        microbatches=iteration_microbatches(timeline.schedule),
+        microbatches=iteration_microbatches(timeline),
         ops=len(timeline),
         transfers=len(timeline.transfers),
         makespan=timeline.makespan,
