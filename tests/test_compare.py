@@ -176,3 +176,6 @@ def test_schedules_that_fit_rank_before_those_out_of_memory(cli) -> None:
     assert [r["rank"] for r in fits + over] == list(range(1, len(sim) + 1))
     text = cli("compare", "--schedules", "pipedream,1f1b,gpipe,zb-v,zb-h2", "--levels", "table,sim").out
     assert "rank: by iteration time, the schedules that fit in memory before those out of memory" in text
+    # model and hardware FLOPs utilization side by side, as the JSON has them
+    assert "MFU / HFU" in text
+    assert all(f"{r['mfu']:.1%} / {r['hfu']:.1%}" in text for r in sim)

@@ -84,8 +84,8 @@ class Comparison:
         return [r.to_dict() for r in self.results]
 
     def to_wide_records(self) -> list[dict]:
-        """One row per schedule with every level side by side (time, bubble, memory, rank),
-        in the order of the last level's ranking; ``rank changes`` lists where it moved.
+        """One row per schedule with every level side by side (time, bubble, MFU and HFU
+        with a model, memory, rank), in the order of the last level's ranking; ``rank changes`` lists where it moved.
         Memory is peak GiB at the sim level and peak in-flight activations in 1F1B-stage
         units ("act.") at the formula and table levels."""
         rows = []
@@ -97,6 +97,9 @@ class Comparison:
                 unit = "s" if r.time_unit == "s" else "slots"
                 row[f"{level} time ({unit})"] = round(r.iteration_time, 6)
                 row[f"{level} bubble"] = round(r.bubble_ratio, 4)
+                if r.mfu is not None:
+                    row[f"{level} MFU"] = round(r.mfu, 4)
+                    row[f"{level} HFU"] = round(r.hfu, 4)
                 if r.memory_unit == "bytes":
                     row[f"{level} GiB"] = round(r.peak_memory / 2**30, 2)
                     row[f"{level} fits"] = "no (OOM)" if r.out_of_memory else "yes"
