@@ -10,7 +10,7 @@ from cli_helpers import assert_one_line_error
 from pipesched.compare import LEVELS, compare
 from pipesched.costs import StageCosts
 from pipesched.experiments import Point
-from pipesched.generators import FAMILIES
+from pipesched.generators import FAMILIES, generate
 
 FAST = Point(stage_costs=StageCosts.uniform(4, output_bytes=1.0))
 
@@ -144,3 +144,38 @@ def test_cli_compare_with_nothing_comparable_fails_and_writes_nothing(cli, tmp_p
     result = cli("compare", "--model", str(model), "-t", "1", "-p", "2", "-m", "4", "--schedules", "1f1b,zb-h1")
     assert result.code == 0, result.err
     assert "m (measured layers) on 4x8-h100" in result.out and "tokens" not in result.out.splitlines()[0]
+
+
+def test_every_command_gives_v_to_the_families_the_registry_says_take_it(cli, tmp_path) -> None:
+    listed = {family["name"]: family["takes_v"] for family in json.loads(cli("list", "families", "--json").out)}
+    takers = [name for name, takes in listed.items() if takes]
+    assert "hanayo" in takers and listed == {name: family.takes_v for name, family in FAMILIES.items()}
+    result = compare(takers, p=4, m=8, v=4, levels=("table",), keep_timelines=True)
+    assert not result.skipped
+    for name, timeline in zip(result.ranking("table"), result.timelines, strict=True):
+        # compare builds the table show and simulate build for -v 4: 4 stages on every device
+        assert timeline.schedule.num_stages == 16, name
+        assert timeline.schedule.device_ops == generate(name, 4, 8, v=4).device_ops
+    costs = tmp_path / "c.csv"
+    costs.write_text("stage,forward,backward_input,backward_weight,activation_bytes,output_bytes\n0,1,1,1,1,0\n")
+    for name in takers:
+        shown = cli("simulate", name, "-p", "4", "-m", "8", "-v", "4", "--stage-costs", str(costs), "--json")
+        assert json.loads(shown.out)["num_stages"] == 16, name
+
+
+def test_schedules_that_fit_rank_before_those_out_of_memory(cli) -> None:
+    # the default scenario: PipeDream is the fastest but over the H100's memory
+    result = cli("compare", "--schedules", "pipedream,1f1b,gpipe,zb-v,zb-h2", "--levels", "table,sim", "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    assert "fit in memory" in data["ranking"]
+    sim = [r for r in data["records"] if r["level"] == "sim"]
+    fits = sorted((r for r in sim if not r["out_of_memory"]), key=lambda r: r["iteration_time"])
+    over = sorted((r for r in sim if r["out_of_memory"]), key=lambda r: r["iteration_time"])
+    assert fits and over and min(r["iteration_time"] for r in over) < max(r["iteration_time"] for r in fits)
+    assert [r["rank"] for r in fits + over] == list(range(1, len(sim) + 1))
+    text = cli("compare", "--schedules", "pipedream,1f1b,gpipe,zb-v,zb-h2", "--levels", "table,sim").out
+    assert "rank: by iteration time, the schedules that fit in memory before those out of memory" in text
+    # model and hardware FLOPs utilization side by side, as the JSON has them
+    assert "MFU / HFU" in text
+    assert all(f"{r['mfu']:.1%} / {r['hfu']:.1%}" in text for r in sim)

@@ -259,3 +259,24 @@ def test_dp_and_zero_bad_input(cli, tmp_path) -> None:
 def test_docstring_examples_run(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize(("family", "steady"), [("pipedream-2bw", False), ("pipedream", False), ("1f1b", True)])
+def test_steady_state_throughput_counts_every_pipeline(cli, family: str, steady: bool) -> None:
+    # asynchronous families and --steady-state runs: d pipelines, each m x b samples per
+    # steady-state iteration, in simulate (JSON) and in the evaluations compare and search use
+    sizes = ["-p", "2", "-m", "8", "--model", "llama3-8b", "--cluster", "1x8-h100", "-t", "1"]
+    for dp in (1, 2, 4):
+        args = ["simulate", family, *sizes, "--dp", str(dp), "--json"] + (["--steady-state"] if steady else [])
+        result = cli(*args)
+        assert result.code == 0, result
+        data = json.loads(result.out)
+        samples = dp * 8 * 1 / data["iteration_time_s"]
+        assert data["m"] == 8
+        assert data["throughput_samples_per_s"] == pytest.approx(samples)
+        assert data["throughput_tokens_per_s"] == pytest.approx(samples * 4096)
+        point = Point(family, p=2, m=8, model="llama3-8b", cluster="1x8-h100", tp=1, dp=dp, steady_state=steady)
+        row = evaluate(point, ("sim",)).results[0]
+        assert row.iteration_time == pytest.approx(data["iteration_time_s"])
+        assert row.throughput_tokens_per_s == pytest.approx(data["throughput_tokens_per_s"])
+        assert row.mfu == pytest.approx(data["mfu"]) and row.hfu == pytest.approx(data["hfu"])

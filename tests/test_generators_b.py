@@ -21,7 +21,7 @@ from pipesched.generators.dualpipe import dualpipe
 from pipesched.generators.dualpipev import dualpipev
 from pipesched.generators.hanayo import hanayo
 from pipesched.io.grid import dumps, loads
-from pipesched.metrics import throughput
+from pipesched.metrics import iteration_microbatches, throughput
 from pipesched.ops import KIND_INDEX, B, F, I, Op
 from pipesched.schedule import Placement
 from pipesched.simulate import Network, simulate
@@ -472,7 +472,7 @@ def test_half_size_microbatches_cost_half_in_time_memory_and_throughput():
     assert sum(halved.busy_per_device()) == pytest.approx(sum(doubled.busy_per_device()))
     # forward doubling holds 2p microbatches' activations at its peak, halving p (2p halves)
     assert max(halved.memory.peak) - 2 * 100.0 < max(doubled.memory.peak) - 2 * 100.0
-    samples_halved, _ = throughput(halved)
+    samples_halved, _ = throughput(halved.makespan, microbatches=iteration_microbatches(halved))
     assert samples_halved == pytest.approx(16 / halved.makespan)
 
 

@@ -3,6 +3,7 @@ critical path, peak memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -16,11 +17,14 @@ from pipesched.metrics import (
     bubble_ratio,
     communication_per_device,
     critical_path,
-    mfu,
+    iteration_microbatches,
     summarize,
     throughput,
+    utilization,
 )
+from pipesched.passes.offload import OffloadPolicy, offload
 from pipesched.simulate import Network, simulate
+from pipesched.simulate.iterations import steady_state
 from pipesched.slot_table import slot_table
 from simulate_helpers import random_costs, random_valid_schedule
 
@@ -33,22 +37,35 @@ def test_bubble_definitions_on_the_1f1b_slot_table(p, m) -> None:
     assert bubble_over_work(timeline) == pytest.approx((p - 1) / m)
 
 
-def test_throughput_and_mfu() -> None:
+def test_throughput_and_utilization() -> None:
     schedule = generate("gpipe", 2, 4)
     costs = StageCosts.uniform(2, forward=0.5, backward_input=0.5, backward_weight=0.5)
     timeline = simulate(schedule, costs, Network.uniform(2, latency=0.0, bandwidth=float("inf")))
     # (m + p - 1)(F + B) = 5 x 1.5 s
     assert timeline.makespan == pytest.approx(7.5)
-    samples, tokens = throughput(timeline, micro_batch_size=2, seq_len=100)
+    samples, tokens = throughput(timeline.makespan, microbatches=4, micro_batch_size=2, seq_len=100)
     assert samples == pytest.approx(8 / 7.5)
     assert tokens == pytest.approx(800 / 7.5)
-    assert throughput(timeline)[1] is None
-    assert mfu(timeline, flops_per_iteration=7.5e12, peak_flops=1e12) == pytest.approx(0.5)
-    assert mfu(timeline, flops_per_iteration=7.5e12, peak_flops=[2e12, 2e12]) == pytest.approx(0.25)
+    assert throughput(7.5, microbatches=4)[1] is None
+    # d data-parallel pipelines: d x m x b samples per iteration
+    assert throughput(7.5, microbatches=4, micro_batch_size=2, replicas=3)[0] == pytest.approx(3 * 8 / 7.5)
+    assert utilization(7.5, flops_per_iteration=7.5e12, peak_flops=1e12, devices=2) == pytest.approx(0.5)
+    assert utilization(7.5, flops_per_iteration=7.5e12, peak_flops=[2e12, 2e12]) == pytest.approx(0.25)
 
 
-def _reference_communication(timeline) -> tuple[np.ndarray, np.ndarray]:
-    """Exposed and hidden communication by plain interval arithmetic."""
+def test_iteration_microbatches_are_the_whole_microbatches_of_one_iteration() -> None:
+    assert iteration_microbatches(slot_table(generate("1f1b", 4, 8))) == 8
+    # a table of 4 iterations: 32 microbatches in its span, 8 per iteration of its steady state
+    table = generate("pipedream", 4, 8, iterations=4)
+    assert iteration_microbatches(slot_table(table)) == 32
+    assert iteration_microbatches(steady_state(table, StageCosts.slots().broadcast(4)).timeline) == 8
+    # Chimera's backward halving runs 2m half-size microbatches
+    assert iteration_microbatches(slot_table(generate("chimera", 4, 8, backward_halving=1))) == 8
+
+
+def _reference_communication(timeline, *, compute_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Exposed and hidden communication by plain interval arithmetic: the union of a
+    device's transfer intervals, split by the union of its compute ops' intervals."""
     exposed, hidden = [], []
     transfers = timeline.transfers
     for device in range(timeline.num_devices):
@@ -61,12 +78,23 @@ def _reference_communication(timeline) -> tuple[np.ndarray, np.ndarray]:
                 merged[-1][1] = max(merged[-1][1], end)
             else:
                 merged.append([start, end])
-        busy = [(float(s), float(e)) for s, e, d in zip(timeline.op_start, timeline.op_end, timeline.op_device, strict=True)
-                if d == device]
-        overlap = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in merged for s2, e2 in busy)
+        busy = [(float(s), float(e)) for s, e, d, c in zip(timeline.op_start, timeline.op_end, timeline.op_device,
+                                                           timeline.on_compute, strict=True)
+                if d == device and (c or not compute_only)]
+        overlap = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in merged for s2, e2 in _union(busy))
         hidden.append(overlap)
         exposed.append(sum(e - s for s, e in merged) - overlap)
     return np.array(exposed), np.array(hidden)
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
 
 
 def test_exposed_and_hidden_communication_by_hand() -> None:
@@ -82,6 +110,22 @@ def test_exposed_and_hidden_communication_by_hand() -> None:
     assert hidden[0] == pytest.approx(1.0) and exposed[0] == pytest.approx(1.0)
     assert hidden[1] == pytest.approx(1.0) and exposed[1] == pytest.approx(1.0)
     ref_exposed, ref_hidden = _reference_communication(timeline)
+    assert np.allclose(exposed, ref_exposed) and np.allclose(hidden, ref_hidden)
+
+
+def test_offloads_neither_hide_nor_expose_communication() -> None:
+    # 1F1B offloading stage 0: the host link's offloads and reloads run beside the compute
+    # stream; communication is split by the compute ops alone, and exposed is never negative
+    schedule = offload(generate("1f1b", 4, 8), OffloadPolicy(stages=(0, 1)))
+    costs = dataclasses.replace(StageCosts.uniform(4, forward=1.0, backward_input=1.0, backward_weight=1.0,
+                                                   output_bytes=1.0, activation_bytes=2.0))
+    network = Network.uniform(4, latency=0.05, bandwidth=2.0)
+    network = dataclasses.replace(network, host_bandwidth=(1.0,) * 4, host_latency=(0.0,) * 4)
+    timeline = simulate(schedule, costs, network)
+    assert (~timeline.on_compute).any()
+    exposed, hidden = communication_per_device(timeline)
+    ref_exposed, ref_hidden = _reference_communication(timeline, compute_only=True)
+    assert np.all(exposed >= 0.0)
     assert np.allclose(exposed, ref_exposed) and np.allclose(hidden, ref_hidden)
 
 
@@ -123,3 +167,31 @@ def test_summarize_collects_every_metric() -> None:
     json.dumps(metrics.to_dict())
     table = summarize(slot_table(schedule))
     assert table.unit == "slot" and table.throughput_samples_per_s is None and table.peak_memory is None
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_mfu_counts_model_flops_and_hfu_the_recompute(cli, recompute) -> None:
+    # MFU as PaLM and Megatron-LM define it: 6 x (matmul parameters) + 12 L s h per token
+    # (attention scores and context, forward and backward), no recompute, over the
+    # pipeline's p x t devices' peak; HFU adds the forward the backward redoes
+    from pipesched.model import load_cluster, load_model
+
+    p, m, t, s = 4, 8, 2, 4096
+    result = cli("simulate", "1f1b", "-p", str(p), "-m", str(m), "--model", "llama3-8b", "--cluster", "1x8-h100",
+                 "-t", str(t), "--recompute", recompute, "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    model = load_model("llama3-8b")
+    h, depth, f, vocab = model.hidden_size, model.num_layers, model.ffn_hidden_size, model.vocab_size
+    kv = h // model.num_heads * model.num_kv_heads
+    block_params = 2 * h * h + 2 * h * kv + 3 * h * f  # q, o; k, v; gated MLP
+    attention_forward = 4 * s * h  # per token per layer: scores and context
+    per_token = 6 * (depth * block_params + h * vocab) + 3 * depth * attention_forward
+    peak = load_cluster("1x8-h100").devices[0].peak_flops
+    capacity = data["iteration_time_s"] * p * t * peak
+    assert data["mfu"] == pytest.approx(m * s * per_token / capacity, rel=1e-9)
+    redone = {"none": 0.0, "selective": depth * attention_forward,
+              "full": depth * (2 * block_params + attention_forward)}[recompute]
+    assert data["hfu"] == pytest.approx(m * s * (per_token + redone) / capacity, rel=1e-9)
+    if recompute == "none":
+        assert data["hfu"] == pytest.approx(data["mfu"])

@@ -13,6 +13,7 @@ from pipesched.model import (
     ModelSpec,
     TrainingSettings,
     allreduce_time,
+    hardware_flops_per_iteration,
     layer_costs,
     load_device,
     load_model,
@@ -46,17 +47,21 @@ def test_gpt3_175b_flops_match_megatron_with_full_recompute():
     depth, h, v = model.num_layers, model.hidden_size, model.vocab_size
     settings = TrainingSettings(micro_batch_size=b, seq_len=s, recompute="full")
     expected = 96 * (b * m) * s * depth * h**2 * (1 + s / (6 * h) + v / (16 * depth * h))
-    assert close(model_flops_per_iteration(model, settings, m), expected)
+    assert close(hardware_flops_per_iteration(model, settings, m), expected)
+    # model FLOPs (what MFU counts) leave the recompute out: the paper's model-FLOPs formula
+    model_flops = 72 * (b * m) * s * depth * h**2 * (1 + s / (6 * h) + v / (12 * depth * h))
+    assert close(model_flops_per_iteration(model, settings, m), model_flops)
 
 
 def test_selective_recompute_adds_the_attention_core_forward():
     model = load_model("gpt3-13b")
     b, s = 1, 4096
     depth, h = model.num_layers, model.hidden_size
-    plain = model_flops_per_iteration(model, TrainingSettings(micro_batch_size=b, seq_len=s), 1)
-    selective = model_flops_per_iteration(model, TrainingSettings(micro_batch_size=b, seq_len=s,
-                                                                  recompute="selective"), 1)
+    plain = hardware_flops_per_iteration(model, TrainingSettings(micro_batch_size=b, seq_len=s), 1)
+    chosen = TrainingSettings(micro_batch_size=b, seq_len=s, recompute="selective")
+    selective = hardware_flops_per_iteration(model, chosen, 1)
     assert close(selective - plain, depth * 4 * b * s**2 * h)  # scores + context matmuls again
+    assert close(model_flops_per_iteration(model, chosen, 1), plain)
 
 
 def block(model: ModelSpec, settings: TrainingSettings):

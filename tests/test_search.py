@@ -86,7 +86,7 @@ def test_small_space_matches_every_point_evaluated_one_by_one(pruned_run, one_by
         if row.status == EVALUATED:
             assert row.iteration_time_s == result.iteration_time
             assert row.throughput_tokens_per_s == result.throughput_tokens_per_s
-            assert row.mfu == result.mfu
+            assert row.mfu == result.mfu and row.hfu == result.hfu
             fitting[row.key] = (result.iteration_time, result.peak_memory)
     assert fitting and len(fitting) == exhaustive.count(EVALUATED)
     # pruning evaluates fewer points, and loses neither the best nor the front
@@ -304,7 +304,7 @@ def test_search_json_and_html(tmp_path, cli) -> None:
     assert len(data["rows"]) == 5
     for row in data["rows"]:
         assert set(row) >= {"schedule", "dp", "tp", "pp", "v", "micro_batch_size", "m", "recompute",
-                            "iteration_time_s", "throughput_tokens_per_s", "mfu", "peak_memory_bytes", "fits"}
+                            "iteration_time_s", "throughput_tokens_per_s", "mfu", "hfu", "peak_memory_bytes", "fits"}
     assert data["rows"][0] == data["best"] and data["best"]["fits"]
     times = [row["iteration_time_s"] for row in data["rows"] if row["fits"]]
     assert times == sorted(times)

@@ -4,14 +4,16 @@ A comparison is a grid over the experiments layer (``pipesched.experiments``): o
 family at the same sizes and workload, evaluated at the requested levels
 (``experiments.evaluate`` defines them and their units), then ranked per level.
 
-Ranks are by iteration time within a level (1 = fastest; equal times share a rank). A
-schedule's rank "changes" at a level when it differs from its rank at the level before.
+Ranks are by iteration time within a level (1 = fastest; equal times share a rank) among
+the schedules that fit in memory, then the ones out of memory (``RANKING``; only the sim
+level knows memory capacity). A schedule's rank "changes" at a level when it differs from
+its rank at the level before.
 Families that cannot be built at the requested sizes (Chimera needs an even p, ...) or
 simulated with the given costs are listed as skipped with the reason.
 
-Each family runs at its own settings. ``v`` sets the chunk count of the interleaved and
-looped families (``Family.compare_v``); the others keep their own (V shapes: 2; Hanayo: one
-wave unless its ``waves`` option says otherwise). Options apply to every compared family
+Each family runs at its own settings. ``v`` sets the chunk count of the families that take
+one (``Family.takes_v``, as in every command: interleaved, looped, Hanayo with v = 2 x
+waves); the others keep their own (V shapes: 2). Options apply to every compared family
 that takes them (``waves=2``), or to one family when prefixed with its name
 (``hanayo.waves=2``, ``chimera.forward_doubling=0``), which wins over the unprefixed one.
 Asynchronous families (PipeDream) are compared in their steady state, beside the others'
@@ -35,6 +37,8 @@ from pipesched.timeline import Timeline
 from pipesched.variability.distribution import Distribution, PairedComparison, paired_comparison
 
 Progress = Callable[[int, int, str], None]  # (done, total, what runs next)
+# how each level ranks its schedules (``experiments.grid.rank_key``)
+RANKING = "by iteration time, the schedules that fit in memory before those out of memory (sim level)"
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,8 @@ class Comparison:
         return [r.to_dict() for r in self.results]
 
     def to_wide_records(self) -> list[dict]:
-        """One row per schedule with every level side by side (time, bubble, memory, rank),
-        in the order of the last level's ranking; ``rank changes`` lists where it moved.
+        """One row per schedule with every level side by side (time, bubble, MFU and HFU
+        with a model, memory, rank), in the order of the last level's ranking; ``rank changes`` lists where it moved.
         Memory is peak GiB at the sim level and peak in-flight activations in 1F1B-stage
         units ("act.") at the formula and table levels."""
         rows = []
@@ -93,6 +97,9 @@ class Comparison:
                 unit = "s" if r.time_unit == "s" else "slots"
                 row[f"{level} time ({unit})"] = round(r.iteration_time, 6)
                 row[f"{level} bubble"] = round(r.bubble_ratio, 4)
+                if r.mfu is not None:
+                    row[f"{level} MFU"] = round(r.mfu, 4)
+                    row[f"{level} HFU"] = round(r.hfu, 4)
                 if r.memory_unit == "bytes":
                     row[f"{level} GiB"] = round(r.peak_memory / 2**30, 2)
                     row[f"{level} fits"] = "no (OOM)" if r.out_of_memory else "yes"
@@ -116,6 +123,7 @@ class Comparison:
             "levels": list(self.levels),
             "setup": self.setup,
             "settings": self.settings,
+            "ranking": RANKING,
             "records": self.to_records(),
             "skipped": [{"schedule": name, "reason": reason} for name, reason in self.skipped],
             # frozen, recomputed and offloaded work per device, by schedule (sim level)
@@ -202,17 +210,16 @@ def compare(
 
 def family_points(names: Sequence[str] | None, *, p: int, m: int, v: int | None, workload: Point) -> list[Point]:
     """One point per family of ``names`` (default all) on ``workload``: ``v`` for the
-    families ``-v`` reaches (interleaved and looped ones), and of the workload's family
+    families that take it (``Family.takes_v``), and of the workload's family
     options the ones each family takes (``family_settings``)."""
     names = list(names) if names else list(FAMILIES)
     for name in names:
         get_family(name)  # unknown names fail here, listing the known ones
     per_family = family_settings(names, dict(workload.options))
-    if v is not None and not any(get_family(name).compare_v for name in names):
-        takers = ", ".join(family.name for family in FAMILIES.values() if family.compare_v)
-        raise PipeschedError(f"v={v}: none of the compared families takes -v ({takers} do); Hanayo takes "
-                             "--set hanayo.waves=W")
-    return [workload.replace(family=name, p=p, m=m, v=v if get_family(name).compare_v else None,
+    if v is not None and not any(get_family(name).takes_v for name in names):
+        takers = ", ".join(family.name for family in FAMILIES.values() if family.takes_v)
+        raise PipeschedError(f"v={v}: none of the compared families takes -v ({takers} do)")
+    return [workload.replace(family=name, p=p, m=m, v=v if get_family(name).takes_v else None,
                              options=tuple(sorted(per_family[name].items())))
             for name in names]
 
@@ -246,4 +253,4 @@ def family_settings(names: Sequence[str], offered: dict[str, object]) -> dict[st
     return chosen
 
 
-__all__ = ["LEVELS", "Comparison", "LevelResult", "compare", "family_points", "family_settings"]
+__all__ = ["LEVELS", "RANKING", "Comparison", "LevelResult", "compare", "family_points", "family_settings"]

@@ -10,19 +10,27 @@ Definitions (times in the timeline's unit: slots or seconds):
   sum of idle over sum of busy (the form the zero-bubble and Megatron papers use).
 - critical path: the chain of ops and transfers that determined the end
   (``pipesched.simulate.critical``).
-- throughput: samples per second = d x microbatches x micro-batch size / iteration time,
-  with d the data-parallel pipeline replicas the simulation modelled (1 for one pipeline);
-  tokens per second = samples x sequence length.
-- MFU (model FLOPs utilization): the model FLOPs of one iteration (forward and backward of
-  every sample) over iteration time x devices x peak FLOP/s per device. With d replicas
-  of p devices of t tensor-parallel ranks this is d x one pipeline's FLOPs over d x p x t
-  devices' peak, the same as one pipeline's: callers give one pipeline's figures.
+- iteration time: of a timeline of several iterations back to back, the steady-state
+  iteration (``Timeline.iteration_time``); busy time, bubbles, communication and rates are
+  then those of one such iteration.
+- throughput (``throughput``, the one rule every command uses): samples per second = d x m
+  x micro-batch size / iteration time, with d the data-parallel pipeline replicas and m the
+  (whole) microbatches of one iteration (``iteration_microbatches``); tokens per second =
+  samples x sequence length.
+- MFU (model FLOPs utilization, as PaLM and Megatron-LM define it): the model FLOPs of one
+  iteration (forward and backward of every sample, 6N + attention per token: no recompute)
+  over iteration time x devices x peak FLOP/s per device. HFU (hardware FLOPs utilization):
+  the same with the FLOPs the devices execute, recompute included; the two differ by the
+  recomputed forward work. With d replicas of p devices of t tensor-parallel ranks this is
+  d x one pipeline's FLOPs over d x p x t devices' peak, the same as one pipeline's: callers
+  give one pipeline's figures (``utilization``).
 - communication of device d: the union of the intervals in which a transfer it sends or
   receives (or an all-reduce it takes part in) is in flight. Exposed communication is the
   part of it during which d does not compute; hidden communication is the part that
-  overlaps d's compute. A blocking runtime (simulated without overlap) holds a device in its
-  send and receive batches longer than its transfers fly: a sender waits for its receiver
-  to post. There exposed communication is what blocks: the time each step of compute
+  overlaps d's compute (its compute stream: the offloads and reloads on its host link run
+  beside it and neither hide nor expose communication). A blocking runtime (simulated
+  without overlap) holds a device in its send and receive batches longer than its
+  transfers fly: a sender waits for its receiver to post. There exposed communication is what blocks: the time each step of compute
   (``pipesched.simulate.blocking``) starts after both the op before it and every op whose
   output the step reads have ended (its batch: transfers, rendezvous, busy channels), plus
   the device's last batch after its last op. The wait for data not yet produced stays
@@ -48,48 +56,125 @@ from pipesched.timeline import Timeline
 
 
 def iteration_time(timeline: Timeline) -> float:
-    return timeline.makespan
+    """One (steady-state) iteration's time (``Timeline.iteration_time``)."""
+    return timeline.iteration_time
 
 
 def bubble_ratio(timeline: Timeline) -> float:
-    """Idle compute time over (devices x iteration time)."""
-    return timeline.bubble_ratio()
+    """Idle compute time over (devices x iteration time), of one (steady-state) iteration."""
+    return timeline.iteration_bubble_ratio()
+
+
+def _idle_per_device(timeline: Timeline) -> np.ndarray:
+    """Idle compute time of each device in one (steady-state) iteration."""
+    return np.maximum(timeline.iteration_time - timeline.iteration_busy_per_device(), 0.0)
 
 
 def bubble_per_device(timeline: Timeline) -> np.ndarray:
     """idle(d) / iteration time for each device."""
-    total = timeline.makespan
-    idle = timeline.idle_per_device()
+    total = timeline.iteration_time
+    idle = _idle_per_device(timeline)
     return idle / total if total > 0 else np.zeros_like(idle)
 
 
 def bubble_over_work(timeline: Timeline) -> float:
     """Idle compute time over busy compute time, summed over devices."""
-    busy = timeline.busy_per_device().sum()
-    return float(timeline.idle_per_device().sum() / busy) if busy > 0 else 0.0
+    busy = timeline.iteration_busy_per_device().sum()
+    return float(_idle_per_device(timeline).sum() / busy) if busy > 0 else 0.0
 
 
-def throughput(timeline: Timeline, *, micro_batch_size: int = 1, seq_len: int | None = None) -> tuple[float, float | None]:
-    """(samples per second, tokens per second or None without ``seq_len``) of the pipeline
-    and its data-parallel replicas (``SimulationInfo.replicas``)."""
-    require(micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "must be at least 1")
-    total = timeline.makespan
-    if total <= 0:
-        return 0.0, (0.0 if seq_len else None)
-    replicas = timeline.simulation.replicas if timeline.simulation is not None else 1
+@dataclass(frozen=True)
+class IterationWork:
+    """What one iteration trains and computes: what throughput and utilization are rates of."""
+
+    microbatches: float  # whole microbatches of one iteration of one pipeline (the user's m)
+    micro_batch_size: int = 1  # samples per microbatch
+    replicas: int = 1  # data-parallel pipelines, each training its own microbatches
+    seq_len: int | None = None  # tokens per sample; None: no token rate
+    model_flops: float | None = None  # one pipeline's model FLOPs per iteration (no recompute)
+    hardware_flops: float | None = None  # one pipeline's executed FLOPs per iteration (recompute included)
+    peak_flops: tuple[float, ...] | None = None  # peak FLOP/s of each device of one pipeline
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Throughput and utilization of one iteration (see the module docstring)."""
+
+    samples_per_s: float
+    tokens_per_s: float | None
+    mfu: float | None
+    hfu: float | None
+
+
+def iteration_microbatches(timeline: Timeline) -> float:
+    """Whole microbatches of one iteration of ``timeline`` (the span its iteration time
+    measures): its table's microbatches x their size (half-size ones count half) over the
+    iterations it ran back to back (``Timeline.iterations``).
+
+    >>> from pipesched.generators import generate
+    >>> from pipesched.simulate.iterations import steady_state
+    >>> from pipesched.costs import StageCosts
+    >>> found = steady_state(generate("pipedream", 4, 8, iterations=4), StageCosts.slots().broadcast(4))
+    >>> found.timeline.schedule.num_microbatches, iteration_microbatches(found.timeline)
+    (32, 8.0)
+    """
     schedule = timeline.schedule
-    samples = replicas * schedule.num_microbatches * schedule.microbatch_fraction * micro_batch_size / total
+    return schedule.num_microbatches * schedule.microbatch_fraction / timeline.iterations
+
+
+def throughput(iteration_time: float, *, microbatches: float, micro_batch_size: int = 1, replicas: int = 1,
+               seq_len: int | None = None) -> tuple[float, float | None]:
+    """(samples per second, tokens per second or None without ``seq_len``): ``replicas``
+    pipelines each training ``microbatches`` x ``micro_batch_size`` samples per iteration.
+
+    >>> throughput(2.0, microbatches=8, micro_batch_size=2, replicas=4, seq_len=10)
+    (32.0, 320.0)
+    """
+    require(micro_batch_size >= 1, "micro_batch_size", micro_batch_size, "must be at least 1")
+    require(replicas >= 1, "replicas", replicas, "must be at least 1")
+    if iteration_time <= 0:
+        return 0.0, (0.0 if seq_len else None)
+    samples = replicas * microbatches * micro_batch_size / iteration_time
     return samples, (samples * seq_len if seq_len else None)
 
 
-def mfu(timeline: Timeline, *, flops_per_iteration: float, peak_flops: float | list[float] | tuple[float, ...]) -> float:
-    """Model FLOPs utilization: useful FLOPs / (iteration time x summed device peak).
-
-    ``peak_flops`` is one device's peak or one value per device.
-    """
-    peaks = np.broadcast_to(np.asarray(peak_flops, dtype=np.float64), (timeline.num_devices,))
-    capacity = timeline.makespan * float(peaks.sum())
+def utilization(iteration_time: float, *, flops_per_iteration: float,
+                peak_flops: float | list[float] | tuple[float, ...], devices: int | None = None) -> float:
+    """FLOPs of one iteration over (iteration time x the devices' summed peak FLOP/s): MFU
+    with model FLOPs, HFU with hardware FLOPs. ``peak_flops`` is one value per device, or
+    one device's peak with ``devices`` devices."""
+    peaks = np.asarray(peak_flops, dtype=np.float64)
+    if peaks.ndim == 0:
+        peaks = np.full(devices or 1, float(peaks))
+    capacity = iteration_time * float(peaks.sum())
     return flops_per_iteration / capacity if capacity > 0 else 0.0
+
+
+def rates(iteration_time: float, work: IterationWork) -> Rates:
+    """Throughput, MFU and HFU of an iteration of ``iteration_time`` seconds of ``work``."""
+    samples, tokens = throughput(iteration_time, microbatches=work.microbatches, micro_batch_size=work.micro_batch_size,
+                                 replicas=work.replicas, seq_len=work.seq_len)
+
+    def of(flops: float | None) -> float | None:
+        if flops is None or work.peak_flops is None:
+            return None
+        return utilization(iteration_time, flops_per_iteration=flops, peak_flops=work.peak_flops)
+
+    return Rates(samples, tokens, of(work.model_flops), of(work.hardware_flops))
+
+
+def timeline_work(timeline: Timeline, *, micro_batch_size: int = 1, seq_len: int | None = None,
+                  model_flops: float | None = None, hardware_flops: float | None = None,
+                  peak_flops: float | list[float] | tuple[float, ...] | None = None) -> IterationWork:
+    """The work of one iteration of ``timeline``: its microbatches and its data-parallel
+    replicas (``SimulationInfo.replicas``), with the given sizes and FLOPs."""
+    replicas = timeline.simulation.replicas if timeline.simulation is not None else 1
+    peaks = None
+    if peak_flops is not None:
+        peaks = tuple(float(x) for x in np.broadcast_to(np.asarray(peak_flops, dtype=np.float64),
+                                                         (timeline.num_devices,)))
+    return IterationWork(iteration_microbatches(timeline), micro_batch_size, replicas, seq_len,
+                         model_flops, hardware_flops, peaks)
 
 
 @njit(cache=True)
@@ -148,9 +233,11 @@ def communication_per_device(timeline: Timeline) -> tuple[np.ndarray, np.ndarray
     if not len(transfers):
         zeros = np.zeros(timeline.num_devices)
         return zeros, zeros.copy()
+    # the compute stream's ops: a host link's offloads and reloads run beside them
+    compute = timeline.on_compute
     exposed, hidden = _exposed_and_hidden(timeline.num_devices, transfers.src_device, transfers.dst_device,
-                                          transfers.start, transfers.end, timeline.op_device, timeline.op_start,
-                                          timeline.op_end)
+                                          transfers.start, transfers.end, timeline.op_device[compute],
+                                          timeline.op_start[compute], timeline.op_end[compute])
     if timeline.simulation is not None and not timeline.simulation.overlap:
         exposed = blocked_in_batches(timeline)
     return exposed, hidden
@@ -352,7 +439,8 @@ class Metrics:
     busy_per_device: tuple[float, ...]
     throughput_samples_per_s: float | None
     throughput_tokens_per_s: float | None
-    mfu: float | None
+    mfu: float | None  # model FLOPs utilization (no recompute)
+    hfu: float | None  # hardware FLOPs utilization (recompute included)
     exposed_comm: tuple[float, ...]  # per device
     hidden_comm: tuple[float, ...]  # per device
     critical_path_ops: int  # compute ops on the critical path
@@ -375,29 +463,37 @@ def summarize(
     seq_len: int | None = None,
     flops_per_iteration: float | None = None,
     peak_flops: float | list[float] | tuple[float, ...] | None = None,
+    hardware_flops_per_iteration: float | None = None,
 ) -> Metrics:
-    """Every metric of ``timeline``. Throughput needs seconds; MFU also needs the model's
-    FLOPs per iteration and the devices' peak FLOP/s."""
+    """Every metric of one (steady-state) iteration of ``timeline``. Throughput needs
+    seconds; MFU also needs the model FLOPs of one iteration (``flops_per_iteration``, no
+    recompute) and the devices' peak FLOP/s, HFU the FLOPs they execute
+    (``hardware_flops_per_iteration``). Peak memory and the critical path are the whole
+    timeline's."""
     seconds = timeline.unit == "s"
-    samples, tokens = throughput(timeline, micro_batch_size=micro_batch_size, seq_len=seq_len) if seconds else (None, None)
-    utilization = None
-    if seconds and flops_per_iteration is not None and peak_flops is not None:
-        utilization = mfu(timeline, flops_per_iteration=flops_per_iteration, peak_flops=peak_flops)
+    time = timeline.iteration_time
+    found = None
+    if seconds:
+        found = rates(time, timeline_work(timeline, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                          model_flops=flops_per_iteration, hardware_flops=hardware_flops_per_iteration,
+                                          peak_flops=peak_flops))
     exposed, hidden = communication_per_device(timeline)
+    k = timeline.iterations
     path: CriticalPath = critical_path(timeline)
     memory = timeline.memory
     return Metrics(
         unit=timeline.unit,
-        iteration_time=timeline.makespan,
+        iteration_time=time,
         bubble_ratio=bubble_ratio(timeline),
         bubble_over_work=bubble_over_work(timeline),
         bubble_per_device=tuple(float(x) for x in bubble_per_device(timeline)),
-        busy_per_device=tuple(float(x) for x in timeline.busy_per_device()),
-        throughput_samples_per_s=samples,
-        throughput_tokens_per_s=tokens,
-        mfu=utilization,
-        exposed_comm=tuple(float(x) for x in exposed),
-        hidden_comm=tuple(float(x) for x in hidden),
+        busy_per_device=tuple(float(x) for x in timeline.iteration_busy_per_device()),
+        throughput_samples_per_s=found.samples_per_s if found is not None else None,
+        throughput_tokens_per_s=found.tokens_per_s if found is not None else None,
+        mfu=found.mfu if found is not None else None,
+        hfu=found.hfu if found is not None else None,
+        exposed_comm=tuple(float(x) / k for x in exposed),
+        hidden_comm=tuple(float(x) / k for x in hidden),
         critical_path_ops=int((~path.is_transfer).sum()),
         critical_path_transfers=int(path.is_transfer.sum()),
         critical_path_compute=path.compute_time(timeline),
@@ -410,7 +506,9 @@ def summarize(
 
 
 __all__ = [
+    "IterationWork",
     "Metrics",
+    "Rates",
     "TrainingWork",
     "allreduce_per_device",
     "blocked_in_batches",
@@ -419,10 +517,13 @@ __all__ = [
     "bubble_ratio",
     "communication_per_device",
     "critical_path",
+    "iteration_microbatches",
     "iteration_time",
-    "mfu",
     "offload_exposed",
+    "rates",
     "summarize",
     "throughput",
+    "timeline_work",
     "training_work",
+    "utilization",
 ]

@@ -91,6 +91,21 @@ class Source(StrEnum):
     MEASURED = "measured"  # a real run, timed
 
 
+def steady_iteration_time(iteration_end: tuple[float, ...]) -> float:
+    """The steady-state iteration of iterations back to back that ended at ``iteration_end``
+    (from the first op's start): the mean iteration between the first (which pays the fill
+    ramp) and the last (whose drain no next iteration fills), (end of iteration k-2 - end of
+    iteration 0) / (k - 2); with two iterations the second's time, with one its own.
+
+    >>> steady_iteration_time((10.0, 16.0, 22.0, 30.0))
+    6.0
+    """
+    ends = iteration_end
+    if len(ends) < 3:
+        return ends[-1] - (ends[0] if len(ends) == 2 else 0.0) if ends else 0.0
+    return (ends[-2] - ends[0]) / (len(ends) - 2)
+
+
 @dataclass(frozen=True, eq=False)
 class SimulationInfo:
     """What a table or simulated timeline was computed from, and what the engine found."""
@@ -154,6 +169,9 @@ class Timeline:
     # the row of the first part of the table entry each row belongs to (itself for a plain
     # op); None when no row is part of a fused op
     op_entry: np.ndarray | None = None  # int32
+    # several iterations back to back (``pipesched.simulate.iterations``): when each ended,
+    # from the origin; empty for one iteration
+    iteration_end: tuple[float, ...] = ()
 
     def __len__(self) -> int:
         return int(self.op_start.shape[0])
@@ -169,6 +187,27 @@ class Timeline:
         if len(self.transfers):
             end = max(end, float(self.transfers.end.max()))
         return end - self.origin
+
+    @property
+    def iterations(self) -> int:
+        """Iterations the timeline holds back to back (1 unless ``iteration_end`` says more)."""
+        return max(1, len(self.iteration_end))
+
+    @property
+    def iteration_time(self) -> float:
+        """One iteration's time: the makespan, or of iterations back to back the steady-state
+        iteration (``steady_iteration_time``)."""
+        return steady_iteration_time(self.iteration_end) if self.iteration_end else self.makespan
+
+    def iteration_busy_per_device(self) -> np.ndarray:
+        """Compute time per device in one iteration (the same in every iteration)."""
+        return self.busy_per_device() / self.iterations
+
+    def iteration_bubble_ratio(self) -> float:
+        """Idle compute time over (devices x iteration time), of one (steady-state) iteration."""
+        total = self.iteration_time * self.num_devices
+        busy = float(self.iteration_busy_per_device().sum())
+        return float(max(0.0, 1.0 - busy / total)) if total > 0 else 0.0
 
     @property
     def origin(self) -> float:

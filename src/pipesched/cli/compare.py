@@ -52,7 +52,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.progress import LateProgress
 from pipesched.cli.training import print_freeze_plan
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
-from pipesched.compare import LEVELS, Comparison, compare, family_points
+from pipesched.compare import LEVELS, RANKING, Comparison, compare, family_points
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError
 from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
@@ -190,11 +190,15 @@ def print_comparison(result: Comparison) -> None:
         title += f"; sim: {result.setup}"
     table = Table(title=title)
     table.add_column("schedule")
+    # model and hardware FLOPs utilization, at the sim level of a model's workload
+    utilization = any(r.mfu is not None for r in result.results)
     for level in result.levels:
         heading = LEVEL_TITLES[level]
         memory = "peak mem" if level == "sim" else "act. units"
         table.add_column(f"{heading}\ntime", justify="right")
         table.add_column("bubble", justify="right")
+        if level == "sim" and utilization:
+            table.add_column("MFU / HFU", justify="right")
         table.add_column(memory, justify="right")
         table.add_column("rank", justify="right")
     for name in order:
@@ -203,9 +207,13 @@ def print_comparison(result: Comparison) -> None:
             r = result.result(name, level)
             memory = _memory(r.peak_memory, r.memory_unit) + (" OOM" if r.out_of_memory else "")
             rank = f"{r.rank}" + (f" *(was {r.previous_rank})" if r.rank_changed else "")
-            cells += [_time(r.iteration_time, r.time_unit), f"{r.bubble_ratio:.3f}", memory, rank]
+            cells += [_time(r.iteration_time, r.time_unit), f"{r.bubble_ratio:.3f}"]
+            if level == "sim" and utilization:
+                cells.append("-" if r.mfu is None else f"{r.mfu:.1%} / {r.hfu:.1%}")
+            cells += [memory, rank]
         table.add_row(*cells)
     console.print(table)
+    console.print(f"rank: {RANKING}", highlight=False)
     if len(result.levels) > 1:
         changes = result.rank_changes()
         if changes:

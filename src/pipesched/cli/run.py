@@ -210,7 +210,7 @@ def check_command(
             check_output_path(path, field)
     names = split_names(schedules)
     require(len(names) >= 1, "schedules", schedules, "give at least one schedule family")
-    built = [_schedule(name, p, m, v if FAMILIES.get(name) is not None and FAMILIES[name].chunks is None else None, None)
+    built = [_schedule(name, p, m, v if FAMILIES.get(name) is not None and FAMILIES[name].takes_v else None, None)
              for name in names]
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
                          steps=steps, warmup=warmup, timeout_s=timeout)

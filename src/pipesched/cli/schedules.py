@@ -91,9 +91,9 @@ def _families() -> list[dict]:
     from pipesched.generators import FAMILIES
 
     return [{"name": family.name,
-             "chunks": f"v (default {family.default_v})" if family.chunks is None else str(family.chunks),
-             "default_v": family.default_v if family.chunks is None else family.chunks,
-             "takes_v": family.chunks is None, "options": list(family.options),
+             "chunks": f"v (default {family.default_v})" if family.takes_v else str(family.chunks),
+             "default_v": family.default_v if family.takes_v else family.chunks,
+             "takes_v": family.takes_v, "options": list(family.options),
              "constraints": family.constraints, "summary": family.summary} for family in FAMILIES.values()]
 
 

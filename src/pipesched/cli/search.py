@@ -215,11 +215,15 @@ def _row_cells(rank: int, row: StoredRow) -> list[str]:
             str(row.tp), str(row.pp), str(row.micro_batch_size), str(row.m), row.recompute, row.partition,
             str(row.zero), f"{row.iteration_time_s:.4f}" if evaluated else "-",
             f"{row.throughput_tokens_per_s:,.0f}" if evaluated else "-",
-            f"{row.mfu:.1%}" if evaluated and row.mfu is not None else "-", _gib(row.peak_memory_bytes)]
+            _share(row.mfu) if evaluated else "-", _share(row.hfu) if evaluated else "-", _gib(row.peak_memory_bytes)]
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 _HEADER = ("rank", "schedule", "v", "dp", "tp", "pp", "b", "m", "recompute", "partition", "zero", "time (s)",
-           "tokens/s", "MFU", "peak memory")
+           "tokens/s", "MFU", "HFU", "peak memory")
 
 
 def _table(title: str, rows: list[tuple[int, StoredRow]]) -> Table:

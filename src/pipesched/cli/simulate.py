@@ -55,7 +55,7 @@ from pipesched.errors import PipeschedError
 from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
 from pipesched.experiments.simulation import Simulation, simulate_point
 from pipesched.generators import FAMILIES, get_family
-from pipesched.metrics import allreduce_per_device
+from pipesched.metrics import allreduce_per_device, iteration_microbatches
 from pipesched.variability.distribution import Distribution, Spread
 
 GiB = 2.0**30
@@ -140,7 +140,7 @@ def simulate_command(
         family = get_family(schedule_name)
         point = point.replace(family=schedule_name, p=schedule.num_devices,
                               m=int(schedule.params.get("iteration_microbatches", schedule.num_microbatches)),
-                              v=v if family.chunks is None else None,
+                              v=v if family.takes_v else None,
                               options=tuple(sorted((k, x) for k, x in options.items() if k in family.options)))
     else:
         point = point.replace(schedule=schedule)
@@ -174,7 +174,7 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
     batches = {"op": "a batch between ops", "pair": "a batch per forward-backward pair"}
     blocking = f"blocking (no overlap, {batches.get(timeline.simulation.blocking_steps, 'batches')})"
     mode = ", ".join(x for x in ("contention" if contention else "no contention", "overlap" if overlap else blocking))
-    summary = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={schedule.num_microbatches}, "
+    summary = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={iteration_microbatches(timeline):g}, "
                           f"{schedule.num_stages} stages; {setup.description}; {mode}")
     summary.add_column("metric")
     summary.add_column("value", justify="right")
@@ -196,7 +196,7 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
     summary.add_row("throughput", f"{metrics.throughput_samples_per_s:.4g} samples/s"
                     + (f", {metrics.throughput_tokens_per_s:.4g} tokens/s" if metrics.throughput_tokens_per_s else ""))
     if metrics.mfu is not None:
-        summary.add_row("MFU", f"{metrics.mfu:.1%}")
+        summary.add_row("MFU / HFU (model / hardware FLOPs)", f"{metrics.mfu:.1%} / {metrics.hfu:.1%}")
     summary.add_row("critical path", f"{metrics.critical_path_ops} ops ({metrics.critical_path_compute:.4g} s), "
                                      f"{metrics.critical_path_transfers} transfers ({metrics.critical_path_comm:.4g} s)")
     summary.add_row("communication exposed / hidden (sum)",

@@ -41,19 +41,29 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
-from pipesched.metrics import TrainingWork
+from pipesched.experiments.setup import SimulationSetup
+from pipesched.metrics import (
+    IterationWork,
+    TrainingWork,
+    bubble_ratio,
+    communication_per_device,
+    rates,
+    timeline_work,
+    training_work,
+)
+from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
+from pipesched.simulate import compile_graph, run
+from pipesched.simulate.iterations import SteadyState, steady_state
+from pipesched.simulate.network import Network
 from pipesched.slot_table import one_f_one_b_units
 from pipesched.timeline import Timeline
-
-if TYPE_CHECKING:
-    from pipesched.variability.distribution import Distribution
+from pipesched.variability.distribution import Distribution, monte_carlo
 
 LEVELS = ("formula", "table", "sim")
 # iterations run back to back for a steady state
@@ -77,7 +87,8 @@ class LevelResult:
     exact: bool | None = None  # formula: the closed form is exact at these sizes
     throughput_samples_per_s: float | None = None  # sim
     throughput_tokens_per_s: float | None = None  # sim, with a sequence length
-    mfu: float | None = None  # sim, with a model
+    mfu: float | None = None  # sim, with a model: model FLOPs utilization (no recompute)
+    hfu: float | None = None  # sim, with a model: hardware FLOPs utilization (recompute included)
     exposed_comm_s: float | None = None  # sim: worst device's exposed communication
     out_of_memory: bool | None = None  # sim: some device's peak exceeds its capacity
     host_peak_memory: float | None = None  # sim: worst device's host bytes of offloaded activations
@@ -219,8 +230,6 @@ def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
 
     costs = slot_costs(point)
     if in_steady_state(point):
-        from pipesched.simulate.iterations import steady_state
-
         repeated = point.build_schedule(iterations=STEADY_ITERATIONS)
         found = steady_state(repeated, table_costs(repeated, costs), None, iterations=STEADY_ITERATIONS,
                              steady=point.steady_state)
@@ -253,62 +262,69 @@ def sim_schedule(point: Point, setup) -> Schedule:
     return point.build_schedule(setup, iterations=STEADY_ITERATIONS if _asynchronous(point) else None)
 
 
-def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Distribution | None]:
-    from pipesched.metrics import communication_per_device, mfu, throughput, training_work
-    from pipesched.passes.offload import check_host_memory
-    from pipesched.simulate import compile_graph, run
+@dataclass(frozen=True, eq=False)
+class SimRun:
+    """The sim level's run of a point: what it ran on and the timeline it gave (every
+    iteration back to back in the steady state, with ``steady``)."""
 
+    setup: SimulationSetup
+    schedule: Schedule
+    network: Network
+    timeline: Timeline
+    steady: SteadyState | None = None
+    distribution: Distribution | None = None  # with the point's variability: the Monte Carlo run
+
+    def work(self, point: Point) -> IterationWork:
+        """What one iteration trains and computes: its microbatches on the data-parallel
+        pipelines, the workload's sizes, one pipeline's model and hardware FLOPs and its
+        devices' peak FLOP/s (``pipesched.metrics``)."""
+        setup, schedule = self.setup, self.schedule
+        peaks = setup.peak_flops_per_device(self.network)
+        return timeline_work(self.timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len,
+                             model_flops=setup.flops_per_iteration(point.m, schedule),
+                             hardware_flops=setup.flops_per_iteration(point.m, schedule, hardware=True),
+                             peak_flops=peaks[: schedule.num_devices] if peaks is not None else None)
+
+
+def run_sim(point: Point) -> SimRun:
+    """Simulate ``point`` (level 3): one iteration, with its Monte Carlo run when it has a
+    variability, or its steady state (see the module docstring)."""
     setup = point.setup()
     schedule = sim_schedule(point, setup)
     costs = with_fb_cost(setup.costs_for(schedule), point.fb_cost)
     network = setup.network_for(schedule)
-    flops = setup.flops_per_iteration(point.m, schedule)
-    peaks = setup.peak_flops_per_device(network)
     if in_steady_state(point):
         if point.variability is not None:
             raise PipeschedError("variability: Monte Carlo runs of a steady state are not modelled; drop "
                                  "--steady-state (or the variability options)")
-        from pipesched.simulate.iterations import steady_state
-
         found = steady_state(schedule, costs, network, iterations=STEADY_ITERATIONS, steady=point.steady_state,
                              contention=point.contention, overlap=point.overlap)
-        timeline, time = found.timeline, found.iteration_time
-        samples = point.m * setup.micro_batch_size / time if time > 0 else 0.0
-        tokens = samples * setup.seq_len if setup.seq_len else None
-        utilization = None
-        if flops is not None and peaks is not None and time > 0:
-            utilization = flops / (time * sum(peaks[: schedule.num_devices]))
-        exposed, _ = communication_per_device(timeline)
-        memory = timeline.memory
-        row = LevelResult(
-            point.family, "sim", time, "s", found.bubble_ratio, max(memory.peak), "bytes",
-            throughput_samples_per_s=samples, throughput_tokens_per_s=tokens, mfu=utilization,
-            exposed_comm_s=float(exposed.max()) / found.iterations.iterations,
-            out_of_memory=any(memory.out_of_memory), **_steady_fields(point, found),
-        )
-        return row, timeline, setup.description, None
+        return SimRun(setup, schedule, network, found.timeline, steady=found)
     graph = compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap)
     timeline = run(graph)
     check_host_memory(timeline.host_memory, str(point.offload))
-    distribution = None
-    spread: dict[str, float] = {}
-    if point.variability is not None:
-        from pipesched.variability.distribution import monte_carlo
+    distribution = monte_carlo(graph, point.variability) if point.variability is not None else None
+    return SimRun(setup, schedule, network, timeline, distribution=distribution)
 
-        distribution = monte_carlo(graph, point.variability)
-        time = distribution.time
-        spread = {"mean_s": time.mean, "std_s": time.std, "p99_s": time.p99}
-    samples, tokens = throughput(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len)
-    utilization = None
-    if flops is not None and peaks is not None:
-        utilization = mfu(timeline, flops_per_iteration=flops, peak_flops=peaks[: schedule.num_devices])
+
+def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Distribution | None]:
+    done = run_sim(point)
+    timeline, distribution = done.timeline, done.distribution
+    spread = {} if distribution is None else {"mean_s": distribution.time.mean, "std_s": distribution.time.std,
+                                              "p99_s": distribution.time.p99}
+    steady = _steady_fields(point, done.steady) if done.steady is not None else {}
+    costs = done.setup.costs_for(done.schedule)
+    found_rates = rates(timeline.iteration_time, done.work(point))
     exposed, _ = communication_per_device(timeline)
     memory = timeline.memory
     row = LevelResult(
-        point.family, "sim", timeline.makespan, "s", timeline.bubble_ratio(), max(memory.peak), "bytes",
-        throughput_samples_per_s=samples, throughput_tokens_per_s=tokens, mfu=utilization,
-        exposed_comm_s=float(exposed.max()), out_of_memory=any(memory.out_of_memory),
+        point.family, "sim", timeline.iteration_time, "s", bubble_ratio(timeline), max(memory.peak), "bytes",
+        throughput_samples_per_s=found_rates.samples_per_s, throughput_tokens_per_s=found_rates.tokens_per_s,
+        mfu=found_rates.mfu, hfu=found_rates.hfu, exposed_comm_s=float(exposed.max()) / timeline.iterations,
+        out_of_memory=any(memory.out_of_memory),
         host_peak_memory=max(timeline.host_memory.peak) if timeline.host_memory is not None else 0.0,
-        training=training_work(timeline) if _trains_differently(schedule, costs, point) else None, **spread,
+        training=(training_work(timeline) if not steady and _trains_differently(done.schedule, costs, point)
+                  else None),
+        **spread, **steady,
     )
-    return row, timeline, setup.description, distribution
+    return row, timeline, done.setup.description, distribution

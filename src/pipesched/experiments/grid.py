@@ -102,15 +102,17 @@ def grid(families: Iterable[str], **axes: Iterable[object] | object) -> list[Poi
 
 
 def rank(records: Sequence[Record], levels: Sequence[str]) -> list[Record]:
-    """The records that have results, each result with its competition rank (1, 2, 2, 4) by
-    iteration time within its level and its rank at the level before."""
+    """The records that have results, each result with its competition rank (1, 2, 2, 4)
+    within its level and its rank at the level before: by iteration time among the results
+    that fit in memory, then the ones out of memory by iteration time (``rank_key``)."""
     ok = [r for r in records if r.ok]
     rank_of: dict[tuple[int, str], int] = {}
     for level in levels:
-        times = [r.result(level).iteration_time for r in ok]
-        for index, mine in enumerate(times):
+        keys = [rank_key(r.result(level)) for r in ok]
+        for index, (over, mine) in enumerate(keys):
             # equal within rounding: 1e-9 relative
-            rank_of[(index, level)] = 1 + sum(1 for t in times if t < mine * (1 - 1e-9))
+            rank_of[(index, level)] = 1 + sum(1 for other, t in keys
+                                              if other < over or (other == over and t < mine * (1 - 1e-9)))
     ranked = []
     for index, record in enumerate(ok):
         results: list[LevelResult] = []
@@ -119,3 +121,9 @@ def rank(records: Sequence[Record], levels: Sequence[str]) -> list[Record]:
             results.append(replace(record.result(level), rank=rank_of[(index, level)], previous_rank=previous))
         ranked.append(replace(record, results=tuple(results)))
     return ranked
+
+
+def rank_key(result: LevelResult) -> tuple[bool, float]:
+    """What ranks a result within its level: whether it is out of memory (those that fit
+    come first, as a search ranks them), then its iteration time."""
+    return bool(result.out_of_memory), result.iteration_time

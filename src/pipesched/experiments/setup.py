@@ -37,6 +37,7 @@ from pipesched.indices import format_indices
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
+from pipesched.model.transformer import hardware_flops_per_iteration, model_flops_per_iteration
 from pipesched.partition import format_layout
 from pipesched.schedule import Placement, Schedule
 from pipesched.simulate.network import DataParallel, Network
@@ -232,19 +233,21 @@ class SimulationSetup:
             host_latency=network.host_latency or (0.0,) * n,
             host_capacity=(self.host_memory,) * n if self.host_memory is not None else network.host_capacity)
 
-    def flops_per_iteration(self, num_microbatches: int, schedule: Schedule | None = None) -> float | None:
-        """Model FLOPs of one iteration (for MFU), when a model is known; with ``schedule``,
-        of the layers as its stages run them when they recompute differently or some layers
-        are frozen."""
+    def flops_per_iteration(self, num_microbatches: int, schedule: Schedule | None = None, *,
+                            hardware: bool = False) -> float | None:
+        """One pipeline's FLOPs of one iteration, when a model is known: its model FLOPs
+        (for MFU: forward and backward of every sample, no recompute), or with ``hardware``
+        what its devices execute (for HFU: recompute included). With ``schedule``, of the
+        layers as its stages run them when they recompute differently or some layers are
+        frozen."""
         if self.model is None:
             return None
         if schedule is not None and (self.recompute_for(schedule) is not None or self.settings.frozen_layers):
             plan = self.plan_for(schedule)
-            per_rank = sum(layer.flops for stage in plan.layers for layer in stage)
+            per_rank = sum(layer.flops if hardware else layer.model_flops for stage in plan.layers for layer in stage)
             return per_rank * self.settings.tensor_parallel * num_microbatches
-        from pipesched.model import model_flops_per_iteration
-
-        return model_flops_per_iteration(self.model, self.settings, num_microbatches)
+        count = hardware_flops_per_iteration if hardware else model_flops_per_iteration
+        return count(self.model, self.settings, num_microbatches)
 
     def peak_flops_per_device(self, network: Network) -> tuple[float, ...] | None:
         """Peak FLOP/s behind each pipeline device: its tensor-parallel group's."""

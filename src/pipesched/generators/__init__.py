@@ -194,7 +194,7 @@ def _build(name: str, p: int, m: int, v: int, options: tuple[tuple[str, object],
     if pause:
         gc.disable()
     try:
-        if family.chunks is None:
+        if family.takes_v:
             return family.build(p, m, v=v, **dict(options))
         return family.build(p, m, **dict(options))
     finally:

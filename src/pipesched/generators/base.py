@@ -61,8 +61,7 @@ class Family:
     levels describe the steady state (see ``pipesched.generators.pipedream``).
     plans_with_costs: the table comes from a heuristic on the stage costs (zb-1p, zb-2p):
     comparisons and simulations build it from their workload's costs.
-    compare_v: ``compare -v`` sets its chunk count (interleaved and looped families; the
-    others keep their own default or take their own option).
+    takes_v: ``-v`` sets its chunk count (``chunks`` is None), in every command.
     """
 
     name: str
@@ -76,7 +75,11 @@ class Family:
     formula_options: tuple[str, ...] = field(default=())
     asynchronous: bool = False
     plans_with_costs: bool = False
-    compare_v: bool = False
+
+    @property
+    def takes_v(self) -> bool:
+        """Whether ``-v`` sets this family's chunk count: the one rule every command reads."""
+        return self.chunks is None
 
     def check_options(self, options: dict[str, object]) -> None:
         """Raise PipeschedError naming the first option this family does not take."""

@@ -126,5 +126,4 @@ FAMILY = Family(
     formula=interleaved_formula,
     chunks=None,
     default_v=2,
-    compare_v=True,
 )

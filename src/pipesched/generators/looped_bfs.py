@@ -63,5 +63,4 @@ FAMILY = Family(
     formula=looped_bfs_formula,
     chunks=None,
     default_v=2,
-    compare_v=True,
 )

@@ -43,6 +43,7 @@ from pipesched.model.stages import (
 )
 from pipesched.model.transformer import (
     allreduce_time,
+    hardware_flops_per_iteration,
     layer_costs,
     layer_params,
     model_flops_per_iteration,
@@ -67,6 +68,7 @@ __all__ = [
     "cluster_presets",
     "data_parallel_groups",
     "group_levels",
+    "hardware_flops_per_iteration",
     "homogeneous_cluster",
     "layer_costs",
     "layer_params",

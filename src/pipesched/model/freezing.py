@@ -77,7 +77,8 @@ def freeze_layers(layers: Sequence[LayerCost], frozen: Sequence[bool]) -> list[L
         else:
             out.append(dataclasses.replace(
                 layer, backward_input_s=0.0, backward_weight_s=0.0, activation_bytes=0.0, weight_input_bytes=0.0,
-                kept_for_w_bytes=0.0, recompute_s=0.0, flops=layer.forward_flops, weight_flops=0.0, frozen=True))
+                kept_for_w_bytes=0.0, recompute_s=0.0, flops=layer.forward_flops, weight_flops=0.0, recompute_flops=0.0,
+                frozen=True))
     return out
 
 

@@ -94,16 +94,22 @@ class LayerCost:
     forward_flops: float = 0.0  # part of flops in F (0: unknown, as for measured layers)
     weight_flops: float = 0.0  # part of flops in W (0: unknown)
     frozen: bool = False  # its parameters do not train (see pipesched.model.freezing)
+    recompute_flops: float = 0.0  # part of flops that redoes the forward (activation recompute; 0: unknown)
 
     def __post_init__(self) -> None:
         require(bool(self.name), "layer name", repr(self.name), "give every layer a name")
         check_name("layer name", self.name)
         for field_name in ("forward_s", "backward_input_s", "backward_weight_s", "activation_bytes",
                            "params", "output_bytes", "flops", "weight_input_bytes", "kept_for_w_bytes",
-                           "recompute_s", "forward_flops", "weight_flops"):
+                           "recompute_s", "forward_flops", "weight_flops", "recompute_flops"):
             object.__setattr__(self, field_name, _finite(getattr(self, field_name), f"{self.name}.{field_name}"))
         require(self.kind in LAYER_KINDS, f"{self.name}.kind", self.kind,
                 f"must be one of {', '.join(LAYER_KINDS)}")
+
+    @property
+    def model_flops(self) -> float:
+        """The layer's model FLOPs: its work without what recompute redoes (what MFU counts)."""
+        return max(self.flops - self.recompute_flops, 0.0)
 
     @property
     def backward_s(self) -> float:

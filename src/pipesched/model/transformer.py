@@ -382,14 +382,20 @@ def _times(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, lin
 
 
 def _flops(plan: _LayerPlan, settings: TrainingSettings) -> float:
-    """Matmul FLOPs of F + I + W (+ recompute): the useful work, independent of any device.
-    Backward FLOPs are twice the forward's (two products per matmul), as in Narayanan et al."""
-    flops = sum(3 * kernel.flops for kernel in plan.kernels if kernel.groups > 0)
+    """Matmul FLOPs of F + I + W (+ recompute): what the device executes, independent of
+    any device. Backward FLOPs are twice the forward's (two products per matmul), as in
+    Narayanan et al."""
+    return sum(3 * kernel.flops for kernel in plan.kernels if kernel.groups > 0) + _recompute_flops(plan, settings)
+
+
+def _recompute_flops(plan: _LayerPlan, settings: TrainingSettings) -> float:
+    """Forward FLOPs the backward redoes: the attention core with selective recompute, the
+    whole forward with full recompute (transformer blocks only)."""
     if plan.kind == TRANSFORMER and settings.recompute == "selective":
-        flops += sum(kernel.flops for kernel in plan.kernels if kernel.attention_core)
-    elif plan.kind == TRANSFORMER and settings.recompute == "full":
-        flops += sum(kernel.flops for kernel in plan.kernels)
-    return flops
+        return sum(kernel.flops for kernel in plan.kernels if kernel.attention_core)
+    if plan.kind == TRANSFORMER and settings.recompute == "full":
+        return sum(kernel.flops for kernel in plan.kernels)
+    return 0.0
 
 
 def _kept_for_w(plan: _LayerPlan, settings: TrainingSettings) -> float:
@@ -426,6 +432,7 @@ def _cost(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, link
         params=plan.params,
         output_bytes=plan.output_bytes,
         flops=_flops(plan, settings),
+        recompute_flops=_recompute_flops(plan, settings),
         weight_input_bytes=min(weight_inputs, activation),
         kind=plan.kind,
         kept_for_w_bytes=_kept_for_w(plan, settings),
@@ -487,15 +494,24 @@ def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
 
 
 def model_flops_per_iteration(model: ModelSpec, settings: TrainingSettings, num_microbatches: int) -> float:
-    """Matmul FLOPs of one training iteration over the whole model (all tensor-parallel
-    ranks), recompute included: ``num_microbatches`` x the layers' ``flops``."""
-    return _flops_per_microbatch(model, settings) * num_microbatches
+    """Model FLOPs of one training iteration over the whole model (all tensor-parallel
+    ranks): the forward and backward of every sample, no recompute (what MFU counts, as
+    PaLM and Megatron-LM define it): ``num_microbatches`` x the layers' ``model_flops``."""
+    return _flops_per_microbatch(model, settings, hardware=False) * num_microbatches
+
+
+def hardware_flops_per_iteration(model: ModelSpec, settings: TrainingSettings, num_microbatches: int) -> float:
+    """The FLOPs the devices execute in one iteration (what HFU counts): the model FLOPs and
+    the forward work recompute redoes, ``num_microbatches`` x the layers' ``flops``."""
+    return _flops_per_microbatch(model, settings, hardware=True) * num_microbatches
 
 
 @functools.lru_cache(maxsize=512)
-def _flops_per_microbatch(model: ModelSpec, settings: TrainingSettings) -> float:
+def _flops_per_microbatch(model: ModelSpec, settings: TrainingSettings, *, hardware: bool) -> float:
     """A pure function of hashable inputs, asked for by every evaluation of a sweep."""
     if model.measured:
-        return sum(layer.flops for layer in model.measured)
-    per_rank = sum(_flops(plan, settings) for plan in layer_plans(model, settings))
+        return sum(layer.flops if hardware else layer.model_flops for layer in model.measured)
+    plans = layer_plans(model, settings)
+    per_rank = sum(_flops(plan, settings) if hardware else _flops(plan, settings) - _recompute_flops(plan, settings)
+                   for plan in plans)
     return per_rank * settings.tensor_parallel

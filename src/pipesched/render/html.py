@@ -345,13 +345,13 @@ def metrics_table_html(summaries: Sequence[Summary]) -> str:
               "bubble", "bubble / work", "peak memory")
     rows = []
     for s in summaries:
-        scale = time_scale(s.unit, s.makespan)
+        scale = time_scale(s.unit, s.iteration_time)
         memory = ("", "-") if s.peak_memory is None or s.memory_unit is None else (
             repr(s.peak_memory), format_memory(s.peak_memory, s.memory_unit) + (" (OOM)" if s.out_of_memory else ""))
         cells = [
             (s.name, s.name), (s.source, s.source), (s.devices, s.devices), (s.stages, s.stages),
-            (s.microbatches, s.microbatches), (s.ops, s.ops),
-            (repr(s.makespan), scale.format(s.makespan)), (repr(s.bubble_ratio), f"{s.bubble_ratio:.1%}"),
+            (s.microbatches, f"{s.microbatches:g}"), (s.ops, s.ops),
+            (repr(s.iteration_time), scale.format(s.iteration_time)), (repr(s.bubble_ratio), f"{s.bubble_ratio:.1%}"),
             (repr(s.bubble_over_work), f"{s.bubble_over_work:.1%}"), memory,
         ]
         rows.append(cells)

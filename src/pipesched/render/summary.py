@@ -1,5 +1,9 @@
 """The figures every view prints beside a timeline (iteration time, bubble, peak memory),
-and the facts views need about its rows (which chunk of its device an op belongs to)."""
+and the facts views need about its rows (which chunk of its device an op belongs to).
+
+A timeline of several iterations back to back (a steady state) is labelled with one
+steady-state iteration: its time, its microbatches and its bubble (``pipesched.metrics``),
+while the drawing spans every iteration."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipesched.metrics import bubble_over_work, bubble_ratio, iteration_microbatches
 from pipesched.render.style import format_memory, time_scale
 from pipesched.timeline import Timeline
 
@@ -20,10 +25,12 @@ class Summary:
     unit: str  # "slot" or "s"
     devices: int
     stages: int
-    microbatches: int
+    microbatches: float  # of one iteration (whole microbatches: the user's m)
     ops: int
     transfers: int
-    makespan: float  # iteration time
+    makespan: float  # span of the whole timeline (every iteration it holds)
+    iteration_time: float  # one iteration: the makespan, or the steady-state iteration
+    iterations: int  # iterations the timeline holds back to back
     bubble_ratio: float  # idle / (devices x iteration time)
     bubble_over_work: float  # idle / busy, summed over devices
     peak_memory: float | None  # worst device; None without a memory trace
@@ -31,9 +38,15 @@ class Summary:
     out_of_memory: bool  # some device's peak exceeds its capacity
 
     def headline(self) -> str:
-        """One line for a title: ``iteration 33 slots · bubble 27.3% · peak memory 4 ...``."""
-        scale = time_scale(self.unit, self.makespan)
-        parts = [f"iteration {scale.format(self.makespan)}", f"bubble {self.bubble_ratio:.1%}"]
+        """One line for a title: ``iteration 33 slots · bubble 27.3% · peak memory 4 ...``
+        (``steady-state iteration 24 slots (4 iterations of m=8 back to back) · ...`` for a
+        steady state)."""
+        scale = time_scale(self.unit, self.iteration_time)
+        iteration = f"iteration {scale.format(self.iteration_time)}"
+        if self.iterations > 1:
+            iteration = (f"steady-state {iteration} ({self.iterations} iterations of m={self.microbatches:g} "
+                         "back to back)")
+        parts = [iteration, f"bubble {self.bubble_ratio:.1%}"]
         if self.peak_memory is not None and self.memory_unit is not None:
             parts.append(f"peak memory {format_memory(self.peak_memory, self.memory_unit)}")
             if self.out_of_memory:
@@ -42,8 +55,6 @@ class Summary:
 
 
 def summarize(timeline: Timeline) -> Summary:
-    busy = float(timeline.busy_per_device().sum())
-    idle = float(timeline.idle_per_device().sum())
     memory = timeline.memory
     return Summary(
         name=timeline.schedule.name,
@@ -51,12 +62,14 @@ def summarize(timeline: Timeline) -> Summary:
         unit=timeline.unit,
         devices=timeline.num_devices,
         stages=timeline.schedule.num_stages,
-        microbatches=timeline.schedule.num_microbatches,
+        microbatches=iteration_microbatches(timeline),
         ops=len(timeline),
         transfers=len(timeline.transfers),
         makespan=timeline.makespan,
-        bubble_ratio=timeline.bubble_ratio(),
-        bubble_over_work=idle / busy if busy > 0 else 0.0,
+        iteration_time=timeline.iteration_time,
+        iterations=timeline.iterations,
+        bubble_ratio=bubble_ratio(timeline),
+        bubble_over_work=bubble_over_work(timeline),
         peak_memory=max(memory.peak) if memory is not None and memory.peak else None,
         memory_unit=memory.unit if memory is not None else None,
         out_of_memory=bool(memory is not None and any(memory.out_of_memory)),

@@ -151,15 +151,15 @@ def metrics_table(timelines: Sequence[Timeline], *, title: str = "") -> Table:
         table.add_column(column, justify=justify)
     for timeline in timelines:
         summary = summarize(timeline)
-        scale = time_scale(summary.unit, summary.makespan)
+        scale = time_scale(summary.unit, summary.iteration_time)
         memory = "-"
         if summary.peak_memory is not None and summary.memory_unit is not None:
             memory = format_memory(summary.peak_memory, summary.memory_unit)
             if summary.out_of_memory:
                 memory = f"[bold red]{memory} OOM[/]"
         table.add_row(
-            Text(summary.name), summary.source, str(summary.devices), str(summary.microbatches),
-            scale.format(summary.makespan), f"{summary.bubble_ratio:.1%}",
+            Text(summary.name), summary.source, str(summary.devices), f"{summary.microbatches:g}",
+            scale.format(summary.iteration_time), f"{summary.bubble_ratio:.1%}",
             f"{summary.bubble_over_work:.1%}", memory,
         )
     return table

@@ -22,7 +22,8 @@ from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, P
 
 # the columns of ``--json`` rows, in order (CSV adds the rest of StoredRow)
 JSON_COLUMNS = ("schedule", "dp", "tp", "pp", "v", "micro_batch_size", "m", "recompute", "partition", "zero",
-                "iteration_time_s", "throughput_tokens_per_s", "mfu", "peak_memory_bytes", "fits")
+                "iteration_time_s", "throughput_tokens_per_s", "mfu", "hfu", "peak_memory_bytes",
+                "fits")
 
 
 def ranked(rows: Sequence[StoredRow]) -> list[StoredRow]:

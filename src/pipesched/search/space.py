@@ -152,7 +152,7 @@ class SearchSpace:
         builds each once."""
         from pipesched.generators import get_family
 
-        variants = sum(len(self.chunks) if get_family(family).chunks is None else 1 for family in self.schedules)
+        variants = sum(len(self.chunks) if get_family(family).takes_v else 1 for family in self.schedules)
         options = len(self.partitions) * len(self.recompute) * variants
         size = sum(options * sum(1 for zero in self.zero if not zero or layout.dp > 1)
                    * sum(1 for b in self.micro_batch_sizes or _divisors(self.global_batch // layout.dp)
@@ -173,7 +173,7 @@ class SearchSpace:
                             continue
                         for partition in self.partitions:
                             for family in self.schedules:
-                                chunked = get_family(family).chunks is None
+                                chunked = get_family(family).takes_v
                                 for v in self.chunks if chunked else (None,):
                                     points.append(Point(
                                         family, p=layout.pp, m=per_replica // b, v=v, model=self.model,

@@ -27,7 +27,7 @@ from pipesched.errors import PipeschedError
 # "PSch": PRAGMA application_id of a pipesched search store
 APPLICATION_ID = 0x50536368
 FORMAT = "pipesched-search"
-VERSION = 1
+VERSION = 2  # 2: mfu counts model FLOPs (no recompute), hfu beside it
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 BOUNDED, EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID = "bounded", "evaluated", "out of memory", "pruned", "invalid"
@@ -55,7 +55,8 @@ class StoredRow:
     capacity_bytes: float | None = None  # that device's memory
     iteration_time_s: float | None = None  # evaluated: the simulated iteration
     throughput_tokens_per_s: float | None = None  # evaluated: all d pipelines
-    mfu: float | None = None  # evaluated
+    mfu: float | None = None  # evaluated: model FLOPs utilization (no recompute)
+    hfu: float | None = None  # evaluated: hardware FLOPs utilization (recompute included)
     reason: str = ""  # out of memory, pruned, invalid: why
     run: int = 0  # which start of the search wrote the row
 
@@ -75,7 +76,7 @@ CREATE TABLE points (
     pp INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL, m INTEGER NOT NULL, recompute TEXT NOT NULL,
     partition TEXT NOT NULL, zero INTEGER NOT NULL, status TEXT NOT NULL, bound_s REAL,
     peak_memory_bytes REAL, capacity_bytes REAL, iteration_time_s REAL, throughput_tokens_per_s REAL,
-    mfu REAL, reason TEXT NOT NULL, run INTEGER NOT NULL,
+    mfu REAL, hfu REAL, reason TEXT NOT NULL, run INTEGER NOT NULL,
     PRIMARY KEY (search, key)
 );
 PRAGMA application_id = {APPLICATION_ID};

@@ -143,7 +143,7 @@ def _settle(row: StoredRow, record: Record, run: int) -> StoredRow:
     result = record.results[0]
     return row.settled(OUT_OF_MEMORY if result.out_of_memory else EVALUATED, run=run,
                        iteration_time_s=result.iteration_time, throughput_tokens_per_s=result.throughput_tokens_per_s,
-                       mfu=result.mfu, peak_memory_bytes=result.peak_memory,
+                       mfu=result.mfu, hfu=result.hfu, peak_memory_bytes=result.peak_memory,
                        reason="over a device's memory in the simulation" if result.out_of_memory else "")
 
 

@@ -21,7 +21,9 @@ semantics:
 The steady-state iteration time is the mean over the iterations between the first (which
 pays the fill ramp) and the last (whose drain no next iteration fills): (end of iteration
 k-2 - end of iteration 0) / (k - 2), where an iteration ends with its last op or all-reduce
-(with two iterations, the second's time).
+(with two iterations, the second's time; ``pipesched.timeline.steady_iteration_time``). The
+timeline keeps the iterations' ends (``Timeline.iteration_end``), so every view and metric
+of it speaks of one steady-state iteration.
 
 Memory: a stage that keeps V weight versions holds V - 1 copies of its weights beyond its
 static bytes, each the size of its bf16 weights (``graph.weight_bytes``: the parameters of
@@ -80,22 +82,17 @@ class SteadyState:
     @property
     def iteration_time(self) -> float:
         """The mean iteration between the first and the last (see the module docstring)."""
-        ends = self.iteration_end
-        if len(ends) < 3:
-            return ends[-1] - (ends[0] if len(ends) == 2 else 0.0) if ends else 0.0
-        return (ends[-2] - ends[0]) / (len(ends) - 2)
+        return self.timeline.iteration_time
 
     @property
     def busy_per_iteration(self) -> np.ndarray:
         """Compute time per device in one iteration (the same every iteration)."""
-        return self.timeline.busy_per_device() / self.iterations.iterations
+        return self.timeline.iteration_busy_per_device()
 
     @property
     def bubble_ratio(self) -> float:
         """Idle over devices x steady-state iteration time."""
-        time = self.iteration_time
-        busy = self.busy_per_iteration
-        return float(max(0.0, 1.0 - busy.sum() / (time * len(busy)))) if time > 0 else 0.0
+        return self.timeline.iteration_bubble_ratio()
 
     def to_dict(self) -> dict:
         return {"mode": self.iterations.mode, "iterations": self.iterations.iterations,
@@ -129,9 +126,10 @@ def run_iterations(compiled: Iterations, *, memory_capacity=None) -> SteadyState
     np.maximum.at(ends, compiled.op_iteration, timeline.op_end)
     if len(timeline.transfers):
         np.maximum.at(ends, compiled.transfer_iteration, timeline.transfers.end)
+    timeline = dataclasses.replace(timeline, iteration_end=tuple(float(x) for x in ends - origin))
     found = weight_versions(timeline, update_every=compiled.update_every, delay=compiled.delay,
                             iteration_microbatches=compiled.microbatches)
-    return SteadyState(compiled, timeline, tuple(float(x) for x in ends - origin), found)
+    return SteadyState(compiled, timeline, timeline.iteration_end, found)
 
 
 def steady_state(schedule: Schedule, costs: StageCosts, network: Network | None = None, *,
