@@ -198,11 +198,25 @@ def evaluate_freeze_plan(plan: FreezePlan, points: Sequence[Point], *,
     range whose frozen layers a point's model does not have."""
     if not points:
         raise PipeschedError("schedules=[]: give at least one schedule to evaluate the freeze plan with")
+    jobs, per_range = _jobs(plan, points)
+    records = list(mapper(_simulate, jobs))
+    results = []
+    for freeze_range, mine in zip(plan.ranges, per_range, strict=True):
+        chosen = tuple(records[job] for job in mine)
+        fine = [record for record in chosen if record.ok]
+        best = min(fine, key=lambda record: record.results[-1].iteration_time) if fine else None
+        results.append(RangeResult(freeze_range, chosen, best))
+    return FreezePlanResult(plan, tuple(results))
+
+
+def _jobs(plan: FreezePlan, points: Sequence[Point]) -> tuple[list[Point], list[list[int]]]:
+    """The points to simulate, one per candidate and distinct frozen set, and for each range
+    of ``plan`` the job of each candidate; every range's layers checked first."""
     counts = [_layer_count(point) for point in points]
     resolved: dict[tuple[str, int], tuple[int, ...]] = {}  # (text, layer count) -> frozen positions
-    job_of: dict[tuple[int, tuple[int, ...]], int] = {}  # (point, frozen positions) -> job
+    job_of: dict[tuple[int, tuple[int, ...]], int] = {}  # (candidate, frozen positions) -> job
     jobs: list[Point] = []
-    per_range: list[list[int]] = []  # per range, per point: its job
+    per_range: list[list[int]] = []
     for freeze_range in plan.ranges:
         mine = []
         for k, point in enumerate(points):
@@ -215,14 +229,7 @@ def evaluate_freeze_plan(plan: FreezePlan, points: Sequence[Point], *,
                 jobs.append(point.replace(frozen_layers=resolved[key]))
             mine.append(job_of[job])
         per_range.append(mine)
-    records = list(mapper(_simulate, jobs))
-    results = []
-    for freeze_range, mine in zip(plan.ranges, per_range, strict=True):
-        chosen = tuple(records[job] for job in mine)
-        fine = [record for record in chosen if record.ok]
-        best = min(fine, key=lambda record: record.results[-1].iteration_time) if fine else None
-        results.append(RangeResult(freeze_range, chosen, best))
-    return FreezePlanResult(plan, tuple(results))
+    return jobs, per_range
 
 
 def _layer_count(point: Point) -> int:
