@@ -208,8 +208,17 @@ def test_a_schedule_file_takes_no_family_option(cli, tmp_path):
     for command in (("simulate", str(good), "--stage-costs", str(costs)), ("show", str(good))):
         assert_one_line_error(cli(*command, "--set", "memory_limit=3"), "memory_limit=3", "schedule file",
                               "drop --set memory_limit")
-    # the slot costs are no family's option: a file takes them
+    # the slot costs are no family's option: show draws a file's slot table with them ...
     assert cli("show", str(good), "--set", "costs=1,2,1").code == 0
+    # ... but simulate costs the ops from the workload: only a family that plans with slot
+    # costs takes them there
+    for schedule in (str(good), "1f1b"):
+        result = cli("simulate", schedule, *(["-p", "2", "-m", "2"] if schedule == "1f1b" else []),
+                     "--stage-costs", str(costs), "--set", "costs=1,2,1")
+        assert_one_line_error(result, "costs=1,2,1", "drop --set costs")
+    planned = cli("simulate", "zb-h1", "-p", "2", "-m", "2", "--stage-costs", str(costs), "--set", "costs=1,2,1",
+                  "--json")
+    assert planned.code == 0, planned
 
 
 # --- output targets --------------------------------------------------------------------------------

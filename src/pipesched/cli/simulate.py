@@ -44,6 +44,7 @@ from pipesched.cli.options import (
     TensorParallel,
     ZeroStage,
     family_options,
+    parse_settings,
     variability_options,
     workload,
 )
@@ -51,7 +52,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.training import freeze_plan_option, report_freeze_plan, training_columns
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, shorten
 from pipesched.experiments.simulation import Simulation, simulate_point
 from pipesched.generators import FAMILIES, get_family
 from pipesched.metrics import allreduce_per_device
@@ -124,6 +125,11 @@ def simulate_command(
                                       seed=seed)
     schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
     options, _, fb_cost = family_options(family_settings)
+    if "costs" in options and (schedule_name not in FAMILIES or "costs" not in get_family(schedule_name).options):
+        # the slot costs of levels 1 and 2: the simulation costs its ops from the workload
+        raise PipeschedError(f"costs={shorten(parse_settings(family_settings)['costs'])}: simulate costs the ops from "
+                             "the workload (--model or --stage-costs), and this schedule does not plan with slot "
+                             "costs; drop --set costs")
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
                      dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
