@@ -126,7 +126,9 @@ def test_bad_pair_on_the_command_line_is_one_line_exit_2(cli, tmp_path):
     path.write_text("d0: 0F0 (0F1;0B1)OVERLAP_F_B 0B0\n")
     result = cli("simulate", str(path), "--stage-costs", str(_costs_file(tmp_path, 1)), "--no-timeline")
     assert result.code == 2
-    assert result.err.startswith("pipesched: error: op=(0F1;0B1)OVERLAP_F_B: its part 0B1 needs")
+    # the file is validated before anything is simulated: the error names the file and the pair
+    assert result.err.startswith(f"pipesched: error: schedule_file={path}: not a valid schedule: fused: "
+                                 "(0F1;0B1)OVERLAP_F_B on device 0: 0B1 needs 0F1's output")
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
     assert cli("validate", str(path)).code == 1
 

@@ -70,7 +70,7 @@ def test_unwritable_directory_is_one_line_and_leaves_nothing(tmp_path: Path, tim
     assert set(folder.iterdir()) == before
 
 
-def test_a_failing_render_leaves_no_partial_file(tmp_path: Path, timelines, monkeypatch) -> None:
+def test_a_failing_render_writes_none_of_the_views(tmp_path: Path, timelines, monkeypatch) -> None:
     def half_written(field, *args):
         if field == "html":
             raise PipeschedError("html=x: boom")
@@ -79,9 +79,8 @@ def test_a_failing_render_leaves_no_partial_file(tmp_path: Path, timelines, monk
     monkeypatch.setattr(views, "_render", half_written)
     with pytest.raises(PipeschedError, match="boom"):
         write_views(timelines, png=tmp_path / "a.png", html=tmp_path / "a.html")
-    # the png came first and is whole; no html and no temporary file
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png"]
-    assert (tmp_path / "a.png").read_bytes() == b"ok"
+    # the views are written all or none: not the png drawn first, and no temporary file
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_output_path_that_is_a_directory(tmp_path: Path, timelines) -> None:

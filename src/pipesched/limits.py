@@ -55,6 +55,10 @@ MAX_AMOUNT = 1e21  # any byte count, bandwidth, FLOP count, FLOP/s or parameter 
 # --- experiments ----------------------------------------------------------------------------
 MAX_SAMPLES = 100_000  # Monte Carlo iterations of one run (--samples)
 MAX_SEARCH_POINTS = 500_000  # configurations one design-space search may enumerate
+# step ranges of one freeze plan: each distinct frozen set costs a simulation per candidate
+# schedule (a plan freezing one more layer per range of an 80-layer model has 81)
+MAX_FREEZE_RANGES = 256
+MAX_TRAINING_STEPS = 10**12  # the steps a freeze plan's ranges span
 
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
@@ -84,6 +88,8 @@ LIMITS = (
     ("MAX_SEQ_LEN", MAX_SEQ_LEN, "tokens per sequence"),
     ("MAX_SAMPLES", MAX_SAMPLES, "Monte Carlo samples of one run"),
     ("MAX_SEARCH_POINTS", MAX_SEARCH_POINTS, "configurations of one design-space search"),
+    ("MAX_FREEZE_RANGES", MAX_FREEZE_RANGES, "step ranges of one freeze plan"),
+    ("MAX_TRAINING_STEPS", MAX_TRAINING_STEPS, "training steps of a freeze plan"),
     ("MAX_SECONDS", MAX_SECONDS, "seconds of any duration or latency"),
     ("MAX_AMOUNT", MAX_AMOUNT, "bytes, bytes/s, FLOPs, FLOP/s or parameters"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),

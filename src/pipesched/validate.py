@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from pipesched.errors import PipeschedError
 from pipesched.ops import Op, OpKind
 from pipesched.ordering import walk
 from pipesched.rules import TRAINS, Rules
@@ -58,6 +59,17 @@ def validate(schedule: Schedule, *, memory_limit: int | None = None) -> list[Vio
     if memory_limit is not None:
         found += _memory(schedule, memory_limit)
     return found
+
+
+def require_valid(schedule: Schedule, source: str) -> Schedule:
+    """``schedule`` if it has no violation; else a PipeschedError naming ``source`` (the
+    file it came from) and its first violation."""
+    violations = validate(schedule)
+    if violations:
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        raise PipeschedError(f"schedule_file={source}: not a valid schedule: {violations[0]}{more}; run "
+                             "`pipesched validate` on it for the full report")
+    return schedule
 
 
 def _fused(schedule: Schedule) -> list[Violation]:

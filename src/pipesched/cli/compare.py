@@ -50,12 +50,11 @@ from pipesched.cli.options import (
 )
 from pipesched.cli.output import console as output_console
 from pipesched.cli.progress import LateProgress
-from pipesched.cli.training import print_freeze_plan
+from pipesched.cli.training import freeze_plan_option, report_freeze_plan
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.compare import LEVELS, RANKING, Comparison, compare, family_points
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError
-from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
 
 GiB = 2.0**30
 LEVEL_TITLES = {"formula": "formula (slots)", "table": "table (slots)", "sim": "simulated (s)"}
@@ -117,9 +116,12 @@ def compare_command(
       pipesched compare --schedules 1f1b,zb-v -p 4 -m 8 --jitter 0.1 --samples 200
     """
     views = ViewPaths(png, svg, trace, html).check()
-    plan = load_freeze_plan(freeze_plan) if freeze_plan is not None else None
-    if plan is not None and frozen_layers is not None:
-        raise PipeschedError("frozen-layers: not with --freeze-plan, whose ranges say which layers are frozen")
+    plan = freeze_plan_option(freeze_plan, frozen_layers=frozen_layers,
+                              views={"png": png, "svg": svg, "trace": trace, "html": html},
+                              variability={"jitter": jitter, "jitter-file": jitter_file, "straggler": straggler,
+                                           "random-straggler": random_straggler, "slow-link": slow_link,
+                                           "samples": samples, "seed": seed},
+                              levels=None if split_names(levels) in (list(LEVELS), ["sim"]) else levels)
     variability = variability_options(jitter=jitter, jitter_file=jitter_file, straggler=straggler,
                                       random_straggler=random_straggler, slow_link=slow_link, samples=samples,
                                       seed=seed)
@@ -139,13 +141,9 @@ def compare_command(
     point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs, fb_cost=fb_cost,
                           variability=variability)
     if plan is not None:
-        result_of_plan = evaluate_freeze_plan(plan, family_points(names, p=p if p is not None else DEFAULTS.p,
-                                                                  m=m if m is not None else DEFAULTS.m, v=v,
-                                                                  workload=point))
-        if as_json:
-            typer.echo(json.dumps(result_of_plan.to_dict(), indent=1))
-            return
-        print_freeze_plan(result_of_plan)
+        report_freeze_plan(plan, family_points(names, p=p if p is not None else DEFAULTS.p,
+                                               m=m if m is not None else DEFAULTS.m, v=v, workload=point),
+                           as_json=as_json)
         return
     progress = LateProgress()
     try:

@@ -6,6 +6,7 @@ Every default comes from ``pipesched.experiments.DEFAULTS`` (the README's "Defau
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -321,3 +322,12 @@ def variability_options(*, jitter: str | None = None, jitter_file: str | None = 
         samples=DEFAULTS.samples if samples is None else samples,
         seed=DEFAULTS.seed if seed is None else seed,
     )
+
+
+def refuse_with(option: str, given: Mapping[str, object], why: str) -> None:
+    """Refuse, before any work, each option of ``given`` (flag -> value; None, False or
+    empty: not given) that a command cannot honour together with ``--option``: ``why``
+    says what ``--option`` does instead."""
+    for flag, value in given.items():
+        if value is not None and value is not False and value != [] and value != ():
+            raise PipeschedError(f"{flag}={shorten(value)}: not with --{option}, {why}; drop --{flag}")

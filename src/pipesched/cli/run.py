@@ -17,7 +17,7 @@ from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.generators import FAMILIES
-from pipesched.io.files import check_output_path
+from pipesched.io.files import check_outputs
 from pipesched.model import load_model
 from pipesched.schedule import Schedule
 
@@ -205,9 +205,7 @@ def check_command(
     from pipesched.runtime.check import check_schedules
     from pipesched.runtime.runs import RunOptions
 
-    for field, path in (("trace", trace), ("html", html)):
-        if path is not None:
-            check_output_path(path, field)
+    check_outputs((("trace", trace), ("html", html)))
     names = split_names(schedules)
     require(len(names) >= 1, "schedules", schedules, "give at least one schedule family")
     built = [_schedule(name, p, m, v if FAMILIES.get(name) is not None and FAMILIES[name].takes_v else None, None)

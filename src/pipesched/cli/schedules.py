@@ -25,14 +25,18 @@ from pipesched.cli.output import console
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, shorten, suggest
-from pipesched.io.files import check_output_path, write_atomic
+from pipesched.io.files import Output
 from pipesched.limits import MAX_OPS, check_count
-from pipesched.validate import REPORTED_VIOLATIONS, format_report, validate
+from pipesched.validate import REPORTED_VIOLATIONS, format_report, require_valid, validate
 
 if TYPE_CHECKING:
     from pipesched.schedule import Schedule
 
 LISTS = ("families", "models", "devices", "clusters")
+# --set keys that are not a family's options, so a schedule file takes them too: the slot
+# costs of levels 1 and 2 (costs=F,I,W) and a fused pair's cost over F + B (fb_cost, taken
+# out by family_options)
+NOT_FAMILY_OPTIONS = ("costs",)
 GiB = 2.0**30
 
 
@@ -148,8 +152,12 @@ def show(
     p: Devices = None,
     m: Microbatches = None,
     v: Chunks = None,
-    fmt: Annotated[str, typer.Option("--format", help="grid | csv (PyTorch compute-only) | csv-comms (PyTorch compute+comms) | json")] = "grid",
-    output: Annotated[str | None, typer.Option("-o", "--output", help="write to this file instead of stdout")] = None,
+    fmt: Annotated[str | None, typer.Option(
+        "--format", help="grid | csv (PyTorch compute-only) | csv-comms (PyTorch compute+comms) | json [default: grid, "
+                         "or what the -o file's extension names: .json json, .csv csv]")] = None,
+    output: Annotated[str | None, typer.Option(
+        "-o", "--output", help="write to this file instead of stdout, in the format its extension names (.json, .csv, "
+                               "else grid text)")] = None,
     settings: FamilySettings = None,
     frozen_stages: FrozenStages = None,
     png: Png = None,
@@ -169,49 +177,53 @@ def show(
       pipesched show zb-h1 -p 4 -m 8 --set costs=1,2,1
     """
     from pipesched.costs import StageCosts
-    from pipesched.generators import FAMILIES, formula, get_family
-    from pipesched.slot_table import one_f_one_b_units, slot_table, table_metrics
+    from pipesched.slot_table import slot_table
 
+    views = ViewPaths(png, svg, trace, html).check(("output", output))
+    fmt = io.output_format(output, fmt) if output is not None else fmt or "grid"
     if fmt not in io.FORMATS:
-        raise typer.BadParameter(f"format={fmt!r}: choose one of {', '.join(io.FORMATS)}")
-    if output is not None:
-        check_output_path(output)
-    views = ViewPaths(png, svg, trace, html).check()
+        raise PipeschedError(f"format={shorten(fmt)!r}: unknown; choose one of {', '.join(io.FORMATS)}")
     schedule = load_or_generate(name, p=p, m=m, v=v, settings=settings, frozen_stages=frozen_stages)
     options, costs, fb_cost = family_options(settings)
     slots = costs if costs is not None else StageCosts.slots()
     if fb_cost is not None:
         slots = dataclasses.replace(slots, fb_cost=fb_cost, forward_backward=None)
-    if views.any:
-        views.write([slot_table(schedule, slots)], title=f"{schedule.name}: idealized slot table")
     text = io.dumps(schedule, fmt)
-    if output is not None:
-        write_atomic(output, text)
-        return
-    sys.stdout.write(text)
-    if fmt == "grid":
-        metrics = table_metrics(schedule, slots)
-        lengths = (f"F={slots.f:g}, I={slots.i:g}, W={slots.w:g}, B={slots.b:g}" if costs is not None and costs.is_uniform
-                   else "F=I=W=1, B=2" if costs is None else "given stage costs")
-        # show counts the table's own stage ops and stage-microbatches; compare, 1F1B stages'
-        scale = one_f_one_b_units(schedule)
-        as_compare = "" if scale == 1 else f"; {metrics.makespan * scale:g} in 1F1B-stage slots, as compare counts"
-        units = "" if scale == 1 else f" ({metrics.activation_units:g} in 1F1B-stage units)"
-        sys.stdout.write(
-            f"# slot makespan {metrics.makespan:g} (stage-op slots: {lengths}{as_compare}), bubble ratio "
+    if output is None and fmt == "grid":
+        text += _grid_summary(name, schedule, slots, costs, options, v)
+    # every output is made before any is written: the files all or none, then stdout
+    timelines = [slot_table(schedule, slots)] if views.any else []
+    views.write(timelines, title=f"{schedule.name}: idealized slot table",
+                others=[Output(output, text)] if output is not None else ())
+    if output is None:
+        sys.stdout.write(text)
+
+
+def _grid_summary(name: str, schedule: Schedule, slots, costs, options: dict[str, object], v: int | None) -> str:
+    """The comment lines under a printed grid: the slot table's makespan, bubble and
+    in-flight activations, and for a family its closed form's."""
+    from pipesched.generators import FAMILIES, formula, get_family
+    from pipesched.slot_table import one_f_one_b_units, table_metrics
+
+    metrics = table_metrics(schedule, slots)
+    lengths = (f"F={slots.f:g}, I={slots.i:g}, W={slots.w:g}, B={slots.b:g}" if costs is not None and costs.is_uniform
+               else "F=I=W=1, B=2" if costs is None else "given stage costs")
+    # show counts the table's own stage ops and stage-microbatches; compare, 1F1B stages'
+    scale = one_f_one_b_units(schedule)
+    as_compare = "" if scale == 1 else f"; {metrics.makespan * scale:g} in 1F1B-stage slots, as compare counts"
+    units = "" if scale == 1 else f" ({metrics.activation_units:g} in 1F1B-stage units)"
+    text = (f"# slot makespan {metrics.makespan:g} (stage-op slots: {lengths}{as_compare}), bubble ratio "
             f"{metrics.bubble_ratio:.3f}, peak in-flight per device {list(metrics.peak_inflight)} "
-            f"stage-microbatches{units}\n"
-        )
-        if name in FAMILIES:
-            est = formula(name, schedule.num_devices, int(schedule.params.get("iteration_microbatches",
-                                                                                schedule.num_microbatches)),
-                          v=v, costs=slots,
-                          **{k: x for k, x in options.items() if k in get_family(name).options and k != "costs"})
-            sys.stdout.write(
-                f"# formula: makespan {est.makespan:g}, bubble ratio {est.bubble_ratio:.3f}, "
-                f"peak in-flight {est.peak_inflight:g}{'' if est.exact else ' (approximate)'}"
-                f"{' (the family without frozen stages)' if schedule.frozen else ''}\n"
-            )
+            f"stage-microbatches{units}\n")
+    if name in FAMILIES:
+        est = formula(name, schedule.num_devices, int(schedule.params.get("iteration_microbatches",
+                                                                            schedule.num_microbatches)),
+                      v=v, costs=slots,
+                      **{k: x for k, x in options.items() if k in get_family(name).options and k != "costs"})
+        text += (f"# formula: makespan {est.makespan:g}, bubble ratio {est.bubble_ratio:.3f}, "
+                 f"peak in-flight {est.peak_inflight:g}{'' if est.exact else ' (approximate)'}"
+                 f"{' (the family without frozen stages)' if schedule.frozen else ''}\n")
+    return text
 
 
 def carried_partition(schedule: Schedule) -> str | None:
@@ -228,8 +240,9 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
                      settings: list[str] | None = None, frozen_stages: str | None = None) -> Schedule:
     """A family name generates (p and m default to DEFAULTS'); anything else is read as a
     schedule file, which fixes its own sizes. ``--set costs=...`` reaches the families that
-    plan with costs (the zero-bubble heuristics). ``frozen_stages`` (text like ``0-3``)
-    freezes those stages (``generate(..., frozen=...)``, or ``freeze`` for a file)."""
+    plan with costs (the zero-bubble heuristics); a file takes none of the families' options,
+    and must be a valid schedule. ``frozen_stages`` (text like ``0-3``) freezes those stages
+    (``generate(..., frozen=...)``, or ``freeze`` for a file)."""
     from pipesched.generators import FAMILIES, generate, get_family
     from pipesched.indices import parse_indices
 
@@ -247,7 +260,12 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
         for flag, value in (("p", p), ("m", m), ("v", v)):
             if value is not None:
                 raise PipeschedError(f"{flag}={value}: a schedule file fixes its own sizes; drop -{flag}")
-        schedule = io.load_schedule(name)
+        options, _, _ = family_options(settings)
+        for key, value in options.items():
+            if key not in NOT_FAMILY_OPTIONS:
+                raise PipeschedError(f"{key}={shorten(value)}: a family option, and a schedule file is not "
+                                     f"generated; drop --set {key}")
+        schedule = require_valid(io.load_schedule(name), name)
         if frozen_stages:
             from pipesched.passes.freeze import freeze
 

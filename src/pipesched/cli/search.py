@@ -24,7 +24,7 @@ from rich.table import Table
 from pipesched.cli.options import AsJson, ClusterName, Model, SeqLen, split_names
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
-from pipesched.io.files import check_output_path, write_atomic
+from pipesched.io.files import Output, check_outputs, write_all
 from pipesched.search.results import SearchResult, simulate_command
 from pipesched.search.space import SearchSpace
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
@@ -102,9 +102,7 @@ def search_command(
       pipesched search --db s.sqlite --show
     """
     require(0 <= top <= 1_000_000, "top", top, "give a number of rows >= 0 (0: all)")
-    for field, path in (("csv", csv), ("html", html)):
-        if path is not None:
-            check_output_path(path, field)
+    check_outputs((("csv", csv), ("html", html)))
     if show:
         results = _stored(db)
         _write_files(results, csv=csv, html=html)
@@ -170,14 +168,17 @@ def _stored(db: str) -> list[SearchResult]:
 
 
 def _write_files(results: list[SearchResult], *, csv: str | None, html: str | None) -> None:
-    console = Console(stderr=True)
+    """The CSV of every row and the report page, all or none."""
+    outputs = []
     if csv is not None:
-        console.print(f"wrote {write_atomic(csv, ''.join(r.to_csv() for r in results), 'csv')}", highlight=False)
+        outputs.append(Output(csv, "".join(r.to_csv() for r in results), "csv"))
     if html is not None:
         from pipesched.render.search_page import render_search_html
 
-        page = render_search_html(results[-1])
-        console.print(f"wrote {write_atomic(html, page, 'html')}", highlight=False)
+        outputs.append(Output(html, render_search_html(results[-1]), "html"))
+    console = Console(stderr=True)
+    for path in write_all(outputs):
+        console.print(f"wrote {path}", highlight=False)
 
 
 class _ProgressBar:

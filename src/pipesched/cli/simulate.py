@@ -44,15 +44,15 @@ from pipesched.cli.options import (
     TensorParallel,
     ZeroStage,
     family_options,
+    parse_settings,
     variability_options,
     workload,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.cli.schedules import carried_partition, load_or_generate
-from pipesched.cli.training import print_freeze_plan, training_columns
+from pipesched.cli.training import freeze_plan_option, report_freeze_plan, training_columns
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
-from pipesched.errors import PipeschedError
-from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
+from pipesched.errors import PipeschedError, shorten
 from pipesched.experiments.simulation import Simulation, simulate_point
 from pipesched.generators import FAMILIES, get_family
 from pipesched.metrics import allreduce_per_device, iteration_microbatches
@@ -115,9 +115,11 @@ def simulate_command(
       pipesched simulate zb-h1 -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --jitter 0.1 --samples 500
     """
     views = ViewPaths(png, svg, trace, html).check()
-    plan = load_freeze_plan(freeze_plan) if freeze_plan is not None else None
-    if plan is not None and frozen_layers is not None:
-        raise PipeschedError("frozen-layers: not with --freeze-plan, whose ranges say which layers are frozen")
+    plan = freeze_plan_option(freeze_plan, frozen_layers=frozen_layers,
+                              views={"png": png, "svg": svg, "trace": trace, "html": html},
+                              variability={"jitter": jitter, "jitter-file": jitter_file, "straggler": straggler,
+                                           "random-straggler": random_straggler, "slow-link": slow_link,
+                                           "samples": samples, "seed": seed})
     variability = variability_options(jitter=jitter, jitter_file=jitter_file, straggler=straggler,
                                       random_straggler=random_straggler, slow_link=slow_link, samples=samples,
                                       seed=seed)
@@ -125,6 +127,11 @@ def simulate_command(
     if partition is None and stage_costs is None:
         partition = carried_partition(schedule)
     options, _, fb_cost = family_options(family_settings)
+    if "costs" in options and (schedule_name not in FAMILIES or "costs" not in get_family(schedule_name).options):
+        # the slot costs of levels 1 and 2: the simulation costs its ops from the workload
+        raise PipeschedError(f"costs={shorten(parse_settings(family_settings)['costs'])}: simulate costs the ops from "
+                             "the workload (--model or --stage-costs), and this schedule does not plan with slot "
+                             "costs; drop --set costs")
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
                      tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
                      dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
@@ -146,11 +153,7 @@ def simulate_command(
         point = point.replace(schedule=schedule)
     point = point.replace(variability=variability)
     if plan is not None:
-        result_of_plan = evaluate_freeze_plan(plan, [point])
-        if as_json:
-            typer.echo(json.dumps(result_of_plan.to_dict(), indent=1))
-            return
-        print_freeze_plan(result_of_plan)
+        report_freeze_plan(plan, [point], as_json=as_json)
         return
     result = simulate_point(point)
     plots = None

@@ -32,7 +32,7 @@ from pipesched.cli.options import (
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
-from pipesched.io.files import check_output_path
+from pipesched.io.files import Output
 from pipesched.schedule import Placement, Schedule
 
 GiB = 2.0**30
@@ -65,7 +65,7 @@ def synthesize_command(
                                 "devices' host links (an O after each forward, an R before each backward)")] = False,
     host_bandwidth: HostBandwidth = None,
     host_memory: HostMemory = None,
-    output: Annotated[str | None, typer.Option("-o", "--output", help="write the schedule: .txt grid, .csv PyTorch, .json")] = None,
+    output: Annotated[str | None, typer.Option("-o", "--output", help="write the schedule, in the format its extension names: .json JSON, .csv PyTorch CSV, else grid text")] = None,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -84,12 +84,11 @@ def synthesize_command(
     require(backward in BACKWARDS, "backward", backward, f"choose one of {', '.join(BACKWARDS)}")
     require(math.isfinite(time_limit) and time_limit > 0, "time-limit", time_limit, "give a number of seconds > 0")
     if output is not None:
-        check_output_path(output)
         for flag, allowed, what in (("--allow-recompute", allow_recompute, "stage checkpoints"),
                                     ("--allow-offload", allow_offload, "offloads and reloads")):
-            require(not (allowed and io.format_for(output) == "csv"), "output", output,
+            require(not (allowed and io.output_format(output) == "csv"), "output", output,
                     f"PyTorch's CSV cannot carry the {what} {flag} may choose; write .json or .txt")
-    views = ViewPaths(png, svg, trace, html).check()
+    views = ViewPaths(png, svg, trace, html).check(("output", output))
     limit = _parse_bytes(memory_limit)
     from pipesched.search.problem import check_size
 
@@ -114,9 +113,9 @@ def synthesize_command(
     layout = setup.layout_for(placement)
     if layout is not None:  # the layers of each stage, so that the file simulates as synthesized
         schedule = schedule.with_ops(schedule.device_ops, params={**schedule.params, "partition": layout})
-    if output is not None:
-        io.save_schedule(schedule, output)
-    views.write([result.timeline], title=f"synthesized, p={p}, m={m}: {setup.description}")
+    # the schedule file and the pictures, all or none
+    schedule_file = [Output(output, io.dumps(schedule, io.output_format(output)))] if output is not None else []
+    views.write([result.timeline], title=f"synthesized, p={p}, m={m}: {setup.description}", others=schedule_file)
     if as_json:
         typer.echo(json.dumps({**result.to_dict(), "partition": layout, "setup": setup.description}, indent=1))
         return

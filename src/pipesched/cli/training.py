@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
+
+import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipesched.experiments.freeze_plan import FreezePlanResult
+from pipesched.cli.options import refuse_with
+from pipesched.errors import PipeschedError
+from pipesched.experiments.freeze_plan import (
+    FreezePlan,
+    FreezePlanResult,
+    evaluate_freeze_plan,
+    load_freeze_plan,
+)
+from pipesched.experiments.point import Point
 from pipesched.indices import format_indices
 from pipesched.metrics import TrainingWork
 from pipesched.timeline import Timeline
@@ -34,6 +46,37 @@ def training_columns(training: TrainingWork | None, timeline: Timeline) -> dict[
         columns["offload exposed s"] = [f"{training.offload_exposed_s[d]:.4g}" for d in devices]
         columns["host peak"] = [f"{training.host_peak_bytes[d] / GiB:.2f}" for d in devices]
     return columns
+
+
+def freeze_plan_option(path: str | None, *, frozen_layers: str | None, views: Mapping[str, object],
+                       variability: Mapping[str, object], levels: str | None = None) -> FreezePlan | None:
+    """The ``--freeze-plan`` file, read before any work, and the options it cannot honour
+    refused: it sets each range's frozen layers, prints a table of step ranges (no
+    timeline to draw: ``views``, flag -> path) and simulates each range once (no Monte
+    Carlo: ``variability``, flag -> value; no other level than sim: ``levels``)."""
+    if path is None:
+        return None
+    refuse_with("freeze-plan", {"frozen-layers": frozen_layers}, "whose ranges say which layers are frozen")
+    refuse_with("freeze-plan", views, "which prints a table of step ranges, no timeline to draw")
+    refuse_with("freeze-plan", variability, "which simulates each range once, without variability")
+    refuse_with("freeze-plan", {"levels": levels}, "which simulates each range (level sim)")
+    return load_freeze_plan(path)
+
+
+def report_freeze_plan(plan: FreezePlan, points: Sequence[Point], *, as_json: bool) -> None:
+    """Evaluate ``plan`` with the candidate ``points`` and print it (or its JSON); a range
+    that no candidate could run is an error, and nothing is printed."""
+    result = evaluate_freeze_plan(plan, points)
+    for r in result.ranges:
+        if r.best is None:
+            record = r.records[0]
+            others = f" (and {len(r.records) - 1} more schedules)" if len(r.records) > 1 else ""
+            raise PipeschedError(f"{plan.source}:{r.range.line}: no schedule could run steps {r.range.start:,}.."
+                                 f"{r.range.end - 1:,}: {record.point.family}{others}: {record.error}")
+    if as_json:
+        typer.echo(json.dumps(result.to_dict(), indent=1))
+        return
+    print_freeze_plan(result)
 
 
 def print_freeze_plan(result: FreezePlanResult, console: Console | None = None) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pipesched.io.files import check_output_path
+from pipesched.io.files import Output, check_outputs, write_all
 
 if TYPE_CHECKING:  # rich and numpy load with the commands that draw
     from rich.console import Console
@@ -30,13 +30,14 @@ class ViewPaths:
     trace: str | None = None
     html: str | None = None
 
-    def check(self) -> ViewPaths:
-        """Fail on an unwritable path before any work is done."""
-        for field in ("png", "svg", "trace", "html"):
-            path = getattr(self, field)
-            if path is not None:
-                check_output_path(path, field)
+    def check(self, *others: tuple[str, str | None]) -> ViewPaths:
+        """Fail on an unwritable path before any work is done, these and the command's
+        ``others`` ((field, path) of its other output files; no two may be one file)."""
+        check_outputs([*self._requested(), *others])
         return self
+
+    def _requested(self) -> list[tuple[str, str]]:
+        return [(field, path) for field in ("png", "svg", "trace", "html") if (path := getattr(self, field)) is not None]
 
     @property
     def any(self) -> bool:
@@ -44,13 +45,20 @@ class ViewPaths:
 
     def write(self, timelines: Sequence[Timeline], *, comparison: Sequence[Mapping[str, object]] | None = None,
               title: str = "", console: Console | None = None,
-              distributions: Sequence[Mapping[str, object]] | None = None) -> None:
-        if not self.any:
-            return
-        from pipesched.render.views import write_views
+              distributions: Sequence[Mapping[str, object]] | None = None, others: Sequence[Output] = ()) -> None:
+        """Draw the views asked for and write them with the command's ``others`` files, all
+        or none; say on stderr which views were written."""
+        views: list[Output] = []
+        if self.any:
+            from pipesched.render.views import render_views
 
-        written = write_views(timelines, png=self.png, svg=self.svg, trace=self.trace, html=self.html,
-                              comparison=comparison, title=title, distributions=distributions)
+            views = render_views(timelines, png=self.png, svg=self.svg, trace=self.trace, html=self.html,
+                                 comparison=comparison, title=title, distributions=distributions)
+        if not views and not others:
+            return
+        written = write_all([*others, *views])[len(others):]
+        if not written:
+            return
         if console is None:
             from rich.console import Console
 

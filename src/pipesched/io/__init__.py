@@ -14,12 +14,34 @@ from pipesched.io.files import read_text, write_atomic
 from pipesched.schedule import Schedule
 
 FORMATS = ("grid", "csv", "csv-comms", "json")
+# the formats a file extension names, the first its default; any other extension (or none)
+# defaults to grid text and takes any format
+EXTENSION_FORMATS = {".csv": ("csv", "csv-comms"), ".json": ("json",), ".txt": ("grid",)}
 
 
 def format_for(path: str | os.PathLike[str]) -> str:
     """The format a file name implies: ``.csv`` PyTorch CSV, ``.json`` JSON, else grid text."""
+    return EXTENSION_FORMATS.get(Path(path).suffix.lower(), ("grid",))[0]
+
+
+def output_format(path: str | os.PathLike[str], fmt: str | None = None) -> str:
+    """The format to write the schedule file ``path`` in: the one its extension implies, or
+    ``fmt`` when given, which must be one of FORMATS and not contradict the extension
+    (``.json`` takes json, ``.csv`` csv or csv-comms, ``.txt`` grid).
+
+    >>> output_format("s.json"), output_format("s.csv", "csv-comms"), output_format("s.out", "json")
+    ('json', 'csv-comms', 'json')
+    """
+    if fmt is None:
+        return format_for(path)
+    if fmt not in FORMATS:
+        raise PipeschedError(f"format={fmt!r}: unknown; choose one of {', '.join(FORMATS)}")
     suffix = Path(path).suffix.lower()
-    return {".csv": "csv", ".json": "json"}.get(suffix, "grid")
+    allowed = EXTENSION_FORMATS.get(suffix, FORMATS)
+    if fmt not in allowed:
+        raise PipeschedError(f"format={fmt}: not for {Path(path).name}, whose extension {suffix} means "
+                             f"{' or '.join(allowed)}; drop --format or name the file for {fmt}")
+    return fmt
 
 
 def dumps(schedule: Schedule, fmt: str = "grid") -> str:
@@ -55,9 +77,11 @@ def load_schedule(path: str | os.PathLike[str], *, fmt: str | None = None) -> Sc
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike[str], *, fmt: str | None = None) -> Path:
-    """Write a schedule file atomically; the format follows the extension unless ``fmt`` is
-    given (PyTorch's CSV cannot hold replicated stages and raises PipeschedError)."""
-    return write_atomic(path, dumps(schedule, fmt or format_for(path)))
+    """Write a schedule file atomically; the format follows the extension, and ``fmt`` may
+    not contradict it (see ``output_format``; PyTorch's CSV cannot hold replicated stages
+    and raises PipeschedError)."""
+    return write_atomic(path, dumps(schedule, output_format(path, fmt)))
 
 
-__all__ = ["FORMATS", "dumps", "format_for", "load_schedule", "loads", "save_schedule"]
+__all__ = ["EXTENSION_FORMATS", "FORMATS", "dumps", "format_for", "load_schedule", "loads", "output_format",
+           "save_schedule"]

@@ -2,8 +2,10 @@
 options of ``show``, ``simulate``, ``compare`` and ``run``), and the views of predicted
 and measured pairs (``check --html/--trace``).
 
-Every output path is checked before anything is drawn, and each file is written atomically,
-so a bad path costs nothing and a failure leaves no partial file.
+Every output path is checked before anything is drawn, and the files are written all or
+none (``pipesched.io.files.write_all``), so a bad path costs nothing and a failure leaves no
+partial file and replaces none. ``render_views`` draws without writing, for a command that
+writes other files with them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pipesched.errors import require
-from pipesched.io.files import check_output_path, write_atomic
+from pipesched.io.files import Output, check_outputs, write_all
 from pipesched.render.pairing import Comparison, comparison_pairs
 from pipesched.timeline import Timeline
 
@@ -31,8 +33,25 @@ def write_views(
     title: str = "",
     distributions: Sequence[Mapping[str, object]] | None = None,
 ) -> list[Path]:
-    """Render the requested views of ``timelines`` and return the paths written, in the
-    order png, svg, trace, html.
+    """Render the requested views of ``timelines`` (see ``render_views``) and write them
+    all or none; returns the paths written, in the order png, svg, trace, html."""
+    return write_all(render_views(timelines, png=png, svg=svg, trace=trace, html=html, comparison=comparison,
+                                  title=title, distributions=distributions))
+
+
+def render_views(
+    timelines: Sequence[Timeline],
+    *,
+    png: PathLike | None = None,
+    svg: PathLike | None = None,
+    trace: PathLike | None = None,
+    html: PathLike | None = None,
+    comparison: Sequence[Mapping[str, object]] | None = None,
+    title: str = "",
+    distributions: Sequence[Mapping[str, object]] | None = None,
+) -> list[Output]:
+    """The requested views of ``timelines``, drawn, as the files to write, in the order
+    png, svg, trace, html.
 
     comparison: rows of the three-level comparison table (column -> value) for the HTML
     report; title: the figure and page title; distributions: per schedule its Monte Carlo
@@ -41,12 +60,9 @@ def write_views(
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline to draw")
     requested = [(field, path) for field, path in (("png", png), ("svg", svg), ("trace", trace), ("html", html))
                  if path is not None]
-    targets = [(field, check_output_path(path, field)) for field, path in requested]
-
-    written = []
-    for field, target in targets:
-        written.append(write_atomic(target, _render(field, timelines, comparison, title, distributions), field))
-    return written
+    check_outputs(requested)
+    return [Output(path, _render(field, timelines, comparison, title, distributions), field)
+            for field, path in requested]
 
 
 def write_comparison_views(
@@ -60,10 +76,10 @@ def write_comparison_views(
     """The trace (two processes per device) and the comparison page of predicted and
     measured timelines; returns the paths written, trace first."""
     require(len(comparisons) >= 1, "comparisons", 0, "give at least one predicted and measured pair")
-    targets = [(field, check_output_path(path, field)) for field, path in (("trace", trace), ("html", html))
-               if path is not None]
-    written = []
-    for field, target in targets:
+    requested = [(field, path) for field, path in (("trace", trace), ("html", html)) if path is not None]
+    check_outputs(requested)
+    outputs = []
+    for field, path in requested:
         if field == "trace":
             from pipesched.render.trace import render_comparison_trace
 
@@ -72,8 +88,8 @@ def write_comparison_views(
             from pipesched.render.html import render_comparison_html
 
             text = render_comparison_html(comparisons, summary=summary, title=title)
-        written.append(write_atomic(target, text, field))
-    return written
+        outputs.append(Output(path, text, field))
+    return write_all(outputs)
 
 
 def _render(field: str, timelines: Sequence[Timeline], comparison, title: str, distributions=None) -> str | bytes:

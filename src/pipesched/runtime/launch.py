@@ -56,6 +56,12 @@ FOLDER_PREFIX = "pipesched-run-"
 OWNER_FILE = "launcher"  # in the run folder: "PID START" of the launcher that made it
 LAUNCHER_PID_VARIABLE = "PIPESCHED_LAUNCHER_PID"
 HANG_S = 3600.0  # how long an injected hang sleeps (the launcher's timeout ends it first)
+MESSAGE_CHARS = 400  # characters of a rank's error report
+# what an error says, in lower case, when memory ran out: PyTorch's CUDA and CPU allocators,
+# the C++ and C libraries (ENOMEM), Python's MemoryError
+MEMORY_MARKERS = ("out of memory", "outofmemory", "cannot allocate memory", "can't allocate memory",
+                  "failed to allocate", "bad_alloc", "defaultcpuallocator")
+MEMORY_HINT = "out of memory; try a smaller model (--model), micro-batch (-b) or sequence (-s)"
 StatusCallback = Callable[[str], None]  # takes one status line of a running launch
 
 
@@ -309,10 +315,48 @@ def _signal_reason(signum: int) -> str:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
-    if signum == signal.SIGKILL:
-        return (f"killed by {name} (when memory runs out the kernel kills this way; "
-                "try a smaller model, micro-batch or sequence)")
+    if signum == signal.SIGKILL:  # what the kernel's out-of-memory killer sends
+        return f"killed by {name}, most likely {MEMORY_HINT}"
     return f"killed by {name}"
+
+
+def rank_error_message(exc: BaseException) -> str:
+    """What a rank raised, on one line of at most about MESSAGE_CHARS characters: its type
+    and message; when memory ran out anywhere in its chain of causes (a runtime wraps the
+    allocator's error in its own, e.g. "Failed to run stage backward"), the allocation
+    failure too, and what to change."""
+    message = _one_line(exc)
+    memory = _memory_error(exc)
+    if memory is None:
+        return message if len(message) <= MESSAGE_CHARS else message[:MESSAGE_CHARS] + " ..."
+    # the rank's own error and the allocator's each shortened, so the hint always fits
+    share = (MESSAGE_CHARS - len(MEMORY_HINT)) // 2
+    message = message if len(message) <= share else message[:share] + " ..."
+    if memory is not exc:
+        cause = _one_line(memory)
+        message += f" (caused by {cause if len(cause) <= share else cause[:share] + ' ...'})"
+    return f"{message}: {MEMORY_HINT}"
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _memory_error(exc: BaseException) -> BaseException | None:
+    """The first exception in ``exc``'s chain (itself, then its causes and contexts) that
+    says memory ran out, or None."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        link = pending.pop(0)
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        text = _one_line(link).lower()
+        if isinstance(link, MemoryError) or any(marker in text for marker in MEMORY_MARKERS):
+            return link
+        pending += [cause for cause in (link.__cause__, link.__context__) if cause is not None]
+    return None
 
 
 def _exit_reason(code: int, log: Path) -> str:

@@ -3,7 +3,8 @@ stages) in isolation, the runtime's per-op overhead and the link between ranks, 
 the cost file the simulator reads, the link beside it (``FILE.link.yaml``) and every timed
 repeat (``FILE.repeats.csv``, what ``--jitter-file`` draws from).
 
-The cost file is written last, so a measurement that fails leaves none behind.
+The files are written after every measurement, all or none, so a measurement that fails
+leaves none behind.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipesched.errors import PipeschedError, require, shorten
-from pipesched.io.files import check_output_path, write_atomic
+from pipesched.io.files import Output, check_outputs, write_all
 from pipesched.limits import MAX_DEVICES, MAX_LAYERS, MAX_STAGES, check_count, parse_int
 from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition
@@ -38,9 +39,10 @@ class ProfileRequest:
     def paths(self) -> tuple[Path, Path, Path]:
         """(cost file, link file, repeats file), each checked as a writable output: for
         ``-o FILE.csv`` (or ``FILE.yaml``), ``FILE.link.yaml`` and ``FILE.repeats.csv``."""
-        target = check_output_path(self.output)
-        return (target, check_output_path(target.with_suffix(".link.yaml")),
-                check_output_path(target.with_suffix(".repeats.csv")))
+        target = Path(self.output)
+        found = check_outputs((("output", target), ("output", target.with_suffix(".link.yaml")),
+                               ("output", target.with_suffix(".repeats.csv"))))
+        return found[0], found[1], found[2]
 
 
 def parse_partition(text: str) -> Partition:
@@ -117,11 +119,11 @@ def profile_to_files(spec: ModelSpec, options: ProfileOptions, request: ProfileR
         repeats = repeats_csv([t.repeat_seconds(offset_s=overhead) for t in timings])
         text = stage_costs_csv(costs)
         summary.update(partition=str(chosen), per_op_overhead_s=overhead)
+    outputs = [Output(target, text), Output(repeats_path, repeats)]
     if request.link:
         measured = profile_link(backend=backend, on_status=on_status)
-        write_atomic(link_path, link_yaml(measured, overhead_s=summary.get("per_op_overhead_s")))
+        outputs.append(Output(link_path, link_yaml(measured, overhead_s=summary.get("per_op_overhead_s"))))
         summary.update(latency_s=measured.latency, bandwidth_bytes_per_s=measured.bandwidth, link_file=str(link_path))
-    write_atomic(repeats_path, repeats)
     summary["repeats_file"] = str(repeats_path)
-    write_atomic(target, text)  # last: a failed measurement leaves no cost file behind
+    write_all(outputs)  # after every measurement, all or none: a failure leaves no file behind
     return summary

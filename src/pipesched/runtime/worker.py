@@ -14,16 +14,19 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from pipesched.runtime.launch import LAUNCHER_PID_VARIABLE, LaunchSpec, Progress, RankContext
+from pipesched.runtime.launch import (
+    LAUNCHER_PID_VARIABLE,
+    LaunchSpec,
+    Progress,
+    RankContext,
+    rank_error_message,
+)
 
 PR_SET_PDEATHSIG = 1  # prctl option: the signal this process gets when its parent dies
 
 
 def _report_error(folder: Path, rank: int, exc: BaseException) -> None:
-    message = " ".join(f"{type(exc).__name__}: {exc}".split())
-    if len(message) > 400:
-        message = message[:400] + " ..."
-    report = {"time": time.time(), "message": message, "traceback": traceback.format_exc()}
+    report = {"time": time.time(), "message": rank_error_message(exc), "traceback": traceback.format_exc()}
     (folder / f"rank{rank}.error").write_text(json.dumps(report), encoding="utf-8")
 
 
