@@ -55,6 +55,9 @@ MAX_AMOUNT = 1e21  # any byte count, bandwidth, FLOP count, FLOP/s or parameter 
 # --- experiments ----------------------------------------------------------------------------
 MAX_SAMPLES = 100_000  # Monte Carlo iterations of one run (--samples)
 MAX_SEARCH_POINTS = 500_000  # configurations one design-space search may enumerate
+# local worker processes of one search (--workers): each holds its own model, schedules and
+# stage costs (about 170 MB), so a pool this large already needs a machine of its size
+MAX_WORKERS = 256
 
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
@@ -84,6 +87,7 @@ LIMITS = (
     ("MAX_SEQ_LEN", MAX_SEQ_LEN, "tokens per sequence"),
     ("MAX_SAMPLES", MAX_SAMPLES, "Monte Carlo samples of one run"),
     ("MAX_SEARCH_POINTS", MAX_SEARCH_POINTS, "configurations of one design-space search"),
+    ("MAX_WORKERS", MAX_WORKERS, "local worker processes of a search"),
     ("MAX_SECONDS", MAX_SECONDS, "seconds of any duration or latency"),
     ("MAX_AMOUNT", MAX_AMOUNT, "bytes, bytes/s, FLOPs, FLOP/s or parameters"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),

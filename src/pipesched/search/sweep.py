@@ -64,7 +64,18 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
     search_id, run = store.begin(space.spec())
     rows = {row.key: row for row in store.rows(search_id) if row.key in points}
     writer = _Writer(store, search_id)
+    try:
+        _bound(points, rows, writer, mapper=mapper, run=run, progress=progress)
+        _simulate(points, rows, writer, mapper=mapper, run=run, prune=prune, progress=progress)
+    finally:
+        writer.flush()  # a search stopped by an error or Ctrl-C keeps every point it finished
+    return SearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
+                        seconds=time.monotonic() - began, db=str(store.path), runs=run)
 
+
+def _bound(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer, *, mapper: Mapper, run: int,
+           progress: Progress | None) -> None:
+    """Phase 1: a row for every point not yet in ``rows``."""
     pending = [point for key, point in points.items() if key not in rows]
     _report(progress, "bound", len(points) - len(pending), len(points))
     for row in mapper(partial(bound_row, run=run), pending):
@@ -73,6 +84,10 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
         _report(progress, "bound", len(rows), len(points))
     writer.flush()
 
+
+def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer, *, mapper: Mapper, run: int,
+              prune: bool, progress: Progress | None) -> None:
+    """Phase 2: the bounded rows by increasing bound, in waves, pruned or simulated."""
     found = _Staircase()
     for row in rows.values():
         if row.status == EVALUATED:
@@ -101,8 +116,6 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
             _report(progress, "simulate", done, len(queue))
         writer.flush()
     _report(progress, "simulate", done, len(queue))
-    return SearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
-                        seconds=time.monotonic() - began, db=str(store.path), runs=run)
 
 
 def _waves(count: int) -> list[tuple[int, int]]:
