@@ -11,11 +11,13 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,10 +25,19 @@ import pytest
 from cli_helpers import assert_one_line_error
 from pipesched.errors import PipeschedError
 from pipesched.experiments import evaluate, process_map
+from pipesched.limits import MAX_WORKERS
 from pipesched.search.bounds import lower_bound
 from pipesched.search.results import pareto_front, row_point
 from pipesched.search.space import SearchSpace, point_key
-from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, SearchStore
+from pipesched.search.store import (
+    APPLICATION_ID,
+    BOUNDED,
+    EVALUATED,
+    INVALID,
+    OUT_OF_MEMORY,
+    PRUNED,
+    SearchStore,
+)
 from pipesched.search.sweep import search
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -263,6 +274,88 @@ def test_store_refuses_foreign_and_damaged_files_and_leaves_them(tmp_path, cli) 
         assert path.read_bytes() == before
 
 
+TINY_STORE = ["--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8", "--schedules", "1f1b",
+              "--partitions", "balanced", "--recompute", "selective", "--tensor-parallel", "4"]
+
+
+def test_store_refuses_what_it_cannot_read_in_one_line(tmp_path, cli) -> None:
+    good = tmp_path / "good.sqlite"
+    assert cli("search", *TINY_STORE, "--db", str(good)).code == 0
+    first = "(SELECT min(rowid) FROM points)"
+
+    def variant(name: str, *statements: str, fresh: bool = False) -> Path:
+        path = tmp_path / f"{name}.sqlite"
+        if not fresh:
+            shutil.copy(good, path)
+        with closing(sqlite3.connect(path)) as connection:
+            for statement in statements:
+                connection.execute(statement)
+            connection.commit()
+        return path
+
+    unknown = json.dumps({**SearchSpace().spec(), "schedules": ["no-such-family"]})
+    cases = {
+        variant("our_id", f"PRAGMA application_id = {APPLICATION_ID}", "CREATE TABLE users (name TEXT)",
+                fresh=True): "another program's SQLite database",
+        variant("other_format", "UPDATE format SET version = 99"): "a search store of format",
+        variant("no_points", "DROP TABLE points"): "the points table is missing",
+        variant("columns", "ALTER TABLE points ADD COLUMN extra TEXT"): "the points table has other columns",
+        variant("space_text", "UPDATE searches SET space = '{not json'"): "search 1 has no readable space",
+        variant("space_list", "UPDATE searches SET space = '[1, 2]'"): "search 1 has no readable space",
+        variant("space_values", f"UPDATE searches SET space = '{unknown}'"): "space this pipesched cannot read",
+        variant("types", f"UPDATE points SET dp = 'two' WHERE rowid = {first}"): "dp=two is not of its type",
+        variant("mfu", f"UPDATE points SET mfu = 'high' WHERE rowid = {first}"): "mfu=high is not of its type",
+        variant("status", f"UPDATE points SET status = 'done' WHERE rowid = {first}"): "status=done is unknown",
+        variant("values", "UPDATE points SET iteration_time_s = NULL WHERE status = 'evaluated'"):
+            "evaluated but no iteration_time_s",
+    }
+    for path, fragment in cases.items():
+        before = path.read_bytes()
+        for args in (("search", "--db", str(path), "--show"), ("search", *TINY_STORE, "--db", str(path))):
+            assert_one_line_error(cli(*args), f"db={path}", fragment)
+            assert path.read_bytes() == before, path.name
+            assert not list(tmp_path.glob(f"{path.name}-*")), path.name  # no journal left beside it
+
+
+@contextmanager
+def _read_only(path: Path):
+    """``path``, a file or a folder, read-only for this process while the block runs (for
+    root, which writes through permissions, the file system's immutable flag)."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(mode & ~0o222)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("no way to make a file read-only for root here")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_read_only_stores_are_shown_and_refused_for_a_search_in_one_line(tmp_path, cli) -> None:
+    folder = tmp_path / "shelf"
+    folder.mkdir()
+    db = folder / "s.sqlite"
+    assert cli("search", *TINY_STORE, "--db", str(db)).code == 0
+    expected = json.loads(cli("search", "--db", str(db), "--show", "--json").out)
+    before = db.read_bytes()
+    for locked in (db, folder):
+        with _read_only(locked):
+            assert_one_line_error(cli("search", *TINY_STORE, "--db", str(db)), f"db={db}", "read-only")
+            shown = cli("search", "--db", str(db), "--show", "--json")
+            assert shown.code == 0, shown
+            assert json.loads(shown.out) == expected
+            assert [path.name for path in folder.iterdir()] == ["s.sqlite"]  # nothing created beside it
+    with _read_only(folder):
+        assert_one_line_error(cli("search", *TINY_STORE, "--db", str(folder / "new.sqlite")), "read-only")
+    assert db.read_bytes() == before and [path.name for path in folder.iterdir()] == ["s.sqlite"]
+
+
 def test_store_keeps_several_searches_and_shows_them(tmp_path, cli) -> None:
     db = tmp_path / "two.sqlite"
     base = ["search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--schedules", "1f1b,zb-v",
@@ -350,6 +443,8 @@ def test_bad_input_one_line_and_no_store(tmp_path, cli, monkeypatch) -> None:
     assert_one_line_error(cli("search", *small, "--schedules", "nope"), "schedule='nope'")
     assert_one_line_error(cli("search", *small, "--recompute", "some"), "recompute=some")
     assert_one_line_error(cli("search", *small, "--workers", "0"), "workers=0")
+    assert_one_line_error(cli("search", *small, "--workers", str(MAX_WORKERS + 1)), f"workers={MAX_WORKERS + 1}",
+                          f"over the limit of {MAX_WORKERS:,}")
     assert_one_line_error(cli("search", *small, "--ray", "--workers", "2"), "workers=2", "not with --ray")
     monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
     assert_one_line_error(cli("search", *small, "--ray"), "ray=not installed", "pip install 'pipesched[ray]'")
@@ -623,7 +718,7 @@ def _open_and_begin(path: str, barrier, answers) -> None:
     barrier.wait()
     try:
         with SearchStore.open(path) as store:
-            answers.put(store.begin({"space": 1})[1])
+            answers.put(store.begin(SearchSpace().spec())[1])
     except Exception as exc:  # reported to the test, which names it
         answers.put(repr(exc))
 

@@ -170,6 +170,7 @@ class SearchStore:
         check = db.execute("PRAGMA quick_check").fetchone()[0]
         if check != "ok":
             raise _damaged(self.path, f"the store is damaged ({check})")
+        self.searches()  # every stored space readable
 
     def close(self) -> None:
         self._db.close()
@@ -181,15 +182,17 @@ class SearchStore:
         self.close()
 
     # --- searches ----------------------------------------------------------------------
-    def begin(self, space: dict) -> tuple[int, int]:
-        """(search id, run number) of ``space``: a new search, or the next run of the one
-        stored for the same space."""
+    def begin(self, space: dict) -> tuple[int, int, list[StoredRow]]:
+        """(search id, run number, stored rows) of ``space``: a new search, or the next run of
+        the one stored for the same space (counted once its rows read back)."""
         text = json.dumps(space, sort_keys=True)
         with self._errors(), self._transaction():
             self._db.execute("INSERT OR IGNORE INTO searches (space) VALUES (?)", (text,))
-            self._db.execute("UPDATE searches SET runs = runs + 1 WHERE space = ?", (text,))
-            search, runs = self._db.execute("SELECT id, runs FROM searches WHERE space = ?", (text,)).fetchone()
-        return int(search), int(runs)
+            search = int(self._db.execute("SELECT id FROM searches WHERE space = ?", (text,)).fetchone()[0])
+            rows = self.rows(search)
+            self._db.execute("UPDATE searches SET runs = runs + 1 WHERE id = ?", (search,))
+            runs = int(self._db.execute("SELECT runs FROM searches WHERE id = ?", (search,)).fetchone()[0])
+        return search, runs, rows
 
     def searches(self) -> list[tuple[int, dict]]:
         """(id, space) of every stored search, oldest first."""
@@ -336,8 +339,7 @@ def _row(path: Path, search: int, values: tuple) -> StoredRow:
         raise _damaged(path, f"search {search} point {shorten(key)}: status={shorten(row.status)} is unknown")
     missing = [name for name in _NEEDED.get(row.status, ()) if getattr(row, name) is None]
     if missing:
-        raise _damaged(path, f"search {search} point {shorten(key)}: a {row.status} point without "
-                             f"{', '.join(missing)}")
+        raise _damaged(path, f"search {search} point {shorten(key)}: {row.status} but no {', '.join(missing)}")
     return row
 
 

@@ -61,8 +61,8 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
     began = time.monotonic()
     space.check_capacity()
     points = {point_key(point): point for point in space.points()}
-    search_id, run = store.begin(space.spec())
-    rows = {row.key: row for row in store.rows(search_id) if row.key in points}
+    search_id, run, stored = store.begin(space.spec())
+    rows = {row.key: row for row in stored if row.key in points}
     writer = _Writer(store, search_id)
     try:
         _bound(points, rows, writer, mapper=mapper, run=run, progress=progress)
