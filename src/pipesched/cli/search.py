@@ -77,9 +77,11 @@ def search_command(
                        f"[default: {_listed('zero')}]")] = None,
     db: Annotated[str, typer.Option("--db", help="SQLite store of the results: a search started again with the same "
                                                  "store and options resumes")] = DEFAULTS.search_db,
-    workers: Annotated[int | None, typer.Option("--workers", help="local worker processes [default: the CPU count]")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", help=f"local worker processes, at most {MAX_WORKERS} [default: the CPU count]")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="run on a local Ray (loopback only) instead of a process pool")] = False,
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="run on the Ray cluster at this address")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="run on the Ray cluster at this HOST:PORT (ray start --head prints it)")] = None,
     no_prune: Annotated[bool, typer.Option("--no-prune", help="simulate every point that fits, even those the "
                                                               "bound rules out")] = False,
     top: Annotated[int, typer.Option("--top", help="configurations to print (0: all)")] = DEFAULTS.top,

@@ -12,7 +12,8 @@ points that cannot beat what was found, and write every result to the store as i
 
 Waves have fixed sizes, so a search gives the same rows with any map (one process, a pool
 of any size, Ray). A search started again on the same store resumes: the points already
-settled are read back, not computed again, and bounded ones go straight to phase 2.
+settled are read back, not computed again, and bounded ones go straight to phase 2. A
+search stopped by an error or Ctrl-C first writes every row it holds.
 """
 
 from __future__ import annotations
