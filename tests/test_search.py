@@ -567,6 +567,13 @@ def test_search_on_a_local_ray_from_the_command_line(tmp_path) -> None:
     assert on_ray["best"]["iteration_time_s"] == alone.best.iteration_time_s
 
 
+def _answer_http1(server) -> None:
+    connection, _ = server.accept()
+    with connection:
+        connection.recv(1024)
+        connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
 def test_ray_address_that_does_not_answer_is_one_line(tmp_path, cli) -> None:
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed")
@@ -580,10 +587,10 @@ def test_ray_address_that_does_not_answer_is_one_line(tmp_path, cli) -> None:
     started = time.monotonic()
     result = cli("search", *TINY, "--db", str(db), "--ray-address", f"127.0.0.1:{port}")
     assert_one_line_error(result, f"ray-address=127.0.0.1:{port}", "nothing answers there", "ray start --head")
-    with socket.socket() as server:  # a service that is not Ray: it closes every connection
+    with socket.socket() as server:  # a service that is not Ray: a web server of HTTP/1.1
         server.bind(("127.0.0.1", 0))
         server.listen()
-        threading.Thread(target=lambda: [server.accept()[0].close() for _ in range(1)], daemon=True).start()
+        threading.Thread(target=_answer_http1, args=(server,), daemon=True).start()
         address = f"127.0.0.1:{server.getsockname()[1]}"
         assert_one_line_error(cli("search", *TINY, "--db", str(db), "--ray-address", address),
                               f"ray-address={address}", "not a Ray cluster")

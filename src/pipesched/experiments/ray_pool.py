@@ -80,15 +80,25 @@ def check_address(address: str) -> tuple[str, int]:
         raise PipeschedError(f"ray-address={shorten(address)}: not a host:port address; {_JOIN_FIX}")
     port = int(port_text)
     try:
-        with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S) as probe:
+        probe = socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S)
+    except OSError as exc:
+        raise PipeschedError(f"ray-address={shorten(address)}: nothing answers there ({_reason(exc)}); "
+                             f"{_JOIN_FIX}") from None
+    with probe:
+        try:
             probe.sendall(_HTTP2_PREFACE)
             answer = probe.recv(_HTTP2_FRAME_HEADER)
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise PipeschedError(f"ray-address={shorten(address)}: nothing answers there ({reason}); {_JOIN_FIX}") from None
-    if len(answer) < _HTTP2_FRAME_HEADER or answer[3] != _HTTP2_SETTINGS:
-        raise PipeschedError(f"ray-address={shorten(address)}: what answers there is not a Ray cluster; {_JOIN_FIX}")
+        except OSError as exc:
+            answer = _reason(exc)
+    if not isinstance(answer, bytes) or len(answer) < _HTTP2_FRAME_HEADER or answer[3] != _HTTP2_SETTINGS:
+        said = answer if isinstance(answer, str) else f"it answered {shorten(answer)}" if answer else "it hung up"
+        raise PipeschedError(f"ray-address={shorten(address)}: what answers there is not a Ray cluster ({said}); "
+                             f"{_JOIN_FIX}")
     return host, port
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
 
 
 @contextmanager
