@@ -294,6 +294,7 @@ def test_store_refuses_what_it_cannot_read_in_one_line(tmp_path, cli) -> None:
         return path
 
     unknown = json.dumps({**SearchSpace().spec(), "schedules": ["no-such-family"]})
+    numbered = json.dumps({**SearchSpace().spec(), "model": 8})
     cases = {
         variant("our_id", f"PRAGMA application_id = {APPLICATION_ID}", "CREATE TABLE users (name TEXT)",
                 fresh=True): "another program's SQLite database",
@@ -303,6 +304,7 @@ def test_store_refuses_what_it_cannot_read_in_one_line(tmp_path, cli) -> None:
         variant("space_text", "UPDATE searches SET space = '{not json'"): "search 1 has no readable space",
         variant("space_list", "UPDATE searches SET space = '[1, 2]'"): "search 1 has no readable space",
         variant("space_values", f"UPDATE searches SET space = '{unknown}'"): "space this pipesched cannot read",
+        variant("space_model", f"UPDATE searches SET space = '{numbered}'"): "model=8",
         variant("types", f"UPDATE points SET dp = 'two' WHERE rowid = {first}"): "dp=two is not of its type",
         variant("mfu", f"UPDATE points SET mfu = 'high' WHERE rowid = {first}"): "mfu=high is not of its type",
         variant("status", f"UPDATE points SET status = 'done' WHERE rowid = {first}"): "status=done is unknown",

@@ -30,6 +30,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from pipesched.errors import PipeschedError, shorten
+from pipesched.limits import check_name
 from pipesched.search.space import SearchSpace
 
 # "PSch": PRAGMA application_id of a pipesched search store
@@ -40,6 +41,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 BOUNDED, EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID = "bounded", "evaluated", "out of memory", "pruned", "invalid"
 SETTLED = (EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID)
+_STATUSES = frozenset((BOUNDED, *SETTLED))
 BUSY_TIMEOUT_S = 30.0  # how long a search waits for another one writing the same store
 
 
@@ -158,7 +160,7 @@ class SearchStore:
             raise PipeschedError(f"db={self.path}: another program's SQLite database (application id {application}, "
                                  f"tables {', '.join(sorted(tables)) or 'none'}); it was left as it is; give a new "
                                  "file or a pipesched search store to --db")
-        found = db.execute("SELECT * FROM format").fetchall()
+        found = db.execute("SELECT * FROM format").fetchmany(2)  # one row, or not this format
         if found != [(FORMAT, VERSION)]:
             raise PipeschedError(f"db={self.path}: a search store of format {shorten(found)}, this pipesched reads "
                                  f"({FORMAT!r}, {VERSION}); it was left as it is; give another --db")
@@ -312,6 +314,8 @@ def _space(path: Path, search: int, text: object) -> dict:
     if not isinstance(space, dict) or set(space) != names:
         raise _damaged(path, f"search {search} has no readable space ({shorten(text)})")
     try:
+        check_name("model", space["model"])
+        check_name("cluster", space["cluster"])
         SearchSpace(**space)
     except (PipeschedError, TypeError) as exc:
         raise _damaged(path, f"search {search} has a space this pipesched cannot read ({exc})") from None
@@ -319,27 +323,30 @@ def _space(path: Path, search: int, text: object) -> dict:
 
 
 @cache
-def _row_types() -> dict[str, tuple[type, ...]]:
-    """The types each StoredRow field takes (a float field takes an int too)."""
-    types = {}
-    for name, hint in typing.get_type_hints(StoredRow).items():
-        allowed = typing.get_args(hint) or (hint,)
-        types[name] = allowed + ((int,) if float in allowed else ())
-    return types
+def _column_types() -> tuple[tuple[type, ...], ...]:
+    """The types each StoredRow field takes, in column order (a float field takes an int too;
+    SQLite gives no other kinds of value)."""
+    hints = typing.get_type_hints(StoredRow)
+    types = []
+    for name in _COLUMNS:
+        allowed = typing.get_args(hints[name]) or (hints[name],)
+        types.append(allowed + ((int,) if float in allowed else ()))
+    return tuple(types)
 
 
 def _row(path: Path, search: int, values: tuple) -> StoredRow:
     """A stored row, each value of its field's type and the values of its status present."""
-    key = values[0]
-    for name, value in zip(_COLUMNS, values, strict=True):
-        if isinstance(value, bool) or not isinstance(value, _row_types()[name]):
-            raise _damaged(path, f"search {search} point {shorten(key)}: {name}={shorten(value)} is not of its type")
+    types = _column_types()
+    if not all(map(isinstance, values, types)):
+        name, value = next((n, v) for n, v, t in zip(_COLUMNS, values, types, strict=True) if not isinstance(v, t))
+        raise _damaged(path, f"search {search} point {shorten(values[0])}: {name}={shorten(value)} is not of its "
+                             "type")
     row = StoredRow(*values)
-    if row.status not in (BOUNDED, *SETTLED):
-        raise _damaged(path, f"search {search} point {shorten(key)}: status={shorten(row.status)} is unknown")
+    if row.status not in _STATUSES:
+        raise _damaged(path, f"search {search} point {shorten(row.key)}: status={shorten(row.status)} is unknown")
     missing = [name for name in _NEEDED.get(row.status, ()) if getattr(row, name) is None]
     if missing:
-        raise _damaged(path, f"search {search} point {shorten(key)}: {row.status} but no {', '.join(missing)}")
+        raise _damaged(path, f"search {search} point {shorten(row.key)}: {row.status} but no {', '.join(missing)}")
     return row
 
 
