@@ -1,8 +1,12 @@
-"""The local process pool of the experiments layer: order kept, one worker per schedule."""
+"""The local process pool of the experiments layer: order kept, one worker per schedule, stopped at
+once when left by an exception."""
 
 from __future__ import annotations
 
 import os
+import time
+
+import pytest
 
 from pipesched.experiments import Point, process_map
 
@@ -32,3 +36,20 @@ def test_points_that_share_a_schedule_go_to_one_worker_in_every_call() -> None:
         key = (point.family, point.m)
         assert worker.setdefault(key, pid) == pid == again, key
     assert len({pid for pid, _ in first}) == 2  # both workers used
+
+
+def _pid_after_a_while(x: int) -> int:
+    time.sleep(0.05)
+    return os.getpid()
+
+
+def test_a_pool_left_by_an_exception_stops_at_once() -> None:
+    # 100 items of 50 ms on 2 workers: 2.5 s of work queued when the first result comes
+    with pytest.raises(KeyboardInterrupt), process_map(2) as mapper:
+        for pid in mapper(_pid_after_a_while, range(100)):
+            workers = [pid]
+            stopped = time.monotonic()
+            raise KeyboardInterrupt
+    assert time.monotonic() - stopped < 1.0
+    with pytest.raises(ProcessLookupError):
+        os.kill(workers[0], 0)  # the worker is gone (and reaped)

@@ -11,11 +11,13 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,10 +25,19 @@ import pytest
 from cli_helpers import assert_one_line_error
 from pipesched.errors import PipeschedError
 from pipesched.experiments import evaluate, process_map
+from pipesched.limits import MAX_WORKERS
 from pipesched.search.bounds import lower_bound
 from pipesched.search.results import pareto_front, row_point
 from pipesched.search.space import SearchSpace, point_key
-from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, SearchStore
+from pipesched.search.store import (
+    APPLICATION_ID,
+    BOUNDED,
+    EVALUATED,
+    INVALID,
+    OUT_OF_MEMORY,
+    PRUNED,
+    SearchStore,
+)
 from pipesched.search.sweep import search
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -117,17 +128,15 @@ def test_same_rows_with_one_and_two_workers(pruned_run, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_same_rows_on_a_local_ray(tmp_path) -> None:
-    if importlib.util.find_spec("ray") is None:  # not imported here: the pool starts Ray on the loopback address
-        pytest.skip("Ray is not installed")
+    ray = pytest.importorskip("ray")  # imported first: the pool binds to the loopback whatever the order
     from pipesched.experiments.ray_pool import ray_pool
 
     space = dataclasses.replace(SMALL, partitions=("balanced",))
     with SearchStore.open(tmp_path / "one.sqlite") as store:
         alone = search(space, store=store)
     with SearchStore.open(tmp_path / "ray.sqlite") as store, ray_pool(workers=2) as mapper:
-        import ray
-
         assert ray.util.get_node_ip_address() == "127.0.0.1"  # loopback only
+        assert all(node["NodeManagerAddress"] == "127.0.0.1" for node in ray.nodes())
         on_ray = search(space, store=store, mapper=mapper)
     assert _rows(on_ray) == _rows(alone)
     assert on_ray.count(EVALUATED) > 0
@@ -265,6 +274,93 @@ def test_store_refuses_foreign_and_damaged_files_and_leaves_them(tmp_path, cli) 
         assert path.read_bytes() == before
 
 
+TINY_STORE = ["--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8", "--schedules", "1f1b",
+              "--partitions", "balanced", "--recompute", "selective", "--tensor-parallel", "4"]
+
+
+def test_store_refuses_what_it_cannot_read_in_one_line(tmp_path, cli) -> None:
+    good = tmp_path / "good.sqlite"
+    assert cli("search", *TINY_STORE, "--db", str(good)).code == 0
+    first = "(SELECT min(rowid) FROM points)"
+
+    def variant(name: str, *statements: str, fresh: bool = False) -> Path:
+        path = tmp_path / f"{name}.sqlite"
+        if not fresh:
+            shutil.copy(good, path)
+        with closing(sqlite3.connect(path)) as connection:
+            for statement in statements:
+                connection.execute(statement)
+            connection.commit()
+        return path
+
+    unknown = json.dumps({**SearchSpace().spec(), "schedules": ["no-such-family"]})
+    numbered = json.dumps({**SearchSpace().spec(), "model": 8})
+    cases = {
+        variant("our_id", f"PRAGMA application_id = {APPLICATION_ID}", "CREATE TABLE users (name TEXT)",
+                fresh=True): "another program's SQLite database",
+        variant("our_id_format", f"PRAGMA application_id = {APPLICATION_ID}",
+                "CREATE TABLE format (name TEXT NOT NULL, version INTEGER NOT NULL)",
+                "INSERT INTO format VALUES ('pipesched-search', 1)", fresh=True): "the searches table is missing",
+        variant("other_format", "UPDATE format SET version = 99"): "a search store of format",
+        variant("no_points", "DROP TABLE points"): "the points table is missing",
+        variant("columns", "ALTER TABLE points ADD COLUMN extra TEXT"): "the points table has other columns",
+        variant("space_text", "UPDATE searches SET space = '{not json'"): "search 1 has no readable space",
+        variant("space_list", "UPDATE searches SET space = '[1, 2]'"): "search 1 has no readable space",
+        variant("space_values", f"UPDATE searches SET space = '{unknown}'"): "space this pipesched cannot read",
+        variant("space_model", f"UPDATE searches SET space = '{numbered}'"): "model=8",
+        variant("types", f"UPDATE points SET dp = 'two' WHERE rowid = {first}"): "dp=two is not of its type",
+        variant("mfu", f"UPDATE points SET mfu = 'high' WHERE rowid = {first}"): "mfu=high is not of its type",
+        variant("status", f"UPDATE points SET status = 'done' WHERE rowid = {first}"): "status=done is unknown",
+        variant("values", "UPDATE points SET iteration_time_s = NULL WHERE status = 'evaluated'"):
+            "evaluated but no iteration_time_s",
+    }
+    for path, fragment in cases.items():
+        before = path.read_bytes()
+        for args in (("search", "--db", str(path), "--show"), ("search", *TINY_STORE, "--db", str(path))):
+            assert_one_line_error(cli(*args), f"db={path}", fragment)
+            assert path.read_bytes() == before, path.name
+            assert not list(tmp_path.glob(f"{path.name}-*")), path.name  # no journal left beside it
+
+
+@contextmanager
+def _read_only(path: Path):
+    """``path``, a file or a folder, read-only for this process while the block runs (for
+    root, which writes through permissions, the file system's immutable flag)."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(mode & ~0o222)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("no way to make a file read-only for root here")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_read_only_stores_are_shown_and_refused_for_a_search_in_one_line(tmp_path, cli) -> None:
+    folder = tmp_path / "shelf"
+    folder.mkdir()
+    db = folder / "s.sqlite"
+    assert cli("search", *TINY_STORE, "--db", str(db)).code == 0
+    expected = json.loads(cli("search", "--db", str(db), "--show", "--json").out)
+    before = db.read_bytes()
+    for locked in (db, folder):
+        with _read_only(locked):
+            assert_one_line_error(cli("search", *TINY_STORE, "--db", str(db)), f"db={db}", "read-only")
+            shown = cli("search", "--db", str(db), "--show", "--json")
+            assert shown.code == 0, shown
+            assert json.loads(shown.out) == expected
+            assert [path.name for path in folder.iterdir()] == ["s.sqlite"]  # nothing created beside it
+    with _read_only(folder):
+        assert_one_line_error(cli("search", *TINY_STORE, "--db", str(folder / "new.sqlite")), "read-only")
+    assert db.read_bytes() == before and [path.name for path in folder.iterdir()] == ["s.sqlite"]
+
+
 def test_store_keeps_several_searches_and_shows_them(tmp_path, cli) -> None:
     db = tmp_path / "two.sqlite"
     base = ["search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--schedules", "1f1b,zb-v",
@@ -352,6 +448,8 @@ def test_bad_input_one_line_and_no_store(tmp_path, cli, monkeypatch) -> None:
     assert_one_line_error(cli("search", *small, "--schedules", "nope"), "schedule='nope'")
     assert_one_line_error(cli("search", *small, "--recompute", "some"), "recompute=some")
     assert_one_line_error(cli("search", *small, "--workers", "0"), "workers=0")
+    assert_one_line_error(cli("search", *small, "--workers", str(MAX_WORKERS + 1)), f"workers={MAX_WORKERS + 1}",
+                          f"over the limit of {MAX_WORKERS:,}")
     assert_one_line_error(cli("search", *small, "--ray", "--workers", "2"), "workers=2", "not with --ray")
     monkeypatch.setitem(sys.modules, "ray", None)  # Ray not installed
     assert_one_line_error(cli("search", *small, "--ray"), "ray=not installed", "pip install 'pipesched[ray]'")
@@ -404,3 +502,250 @@ def test_progress_bar_with_time_left_on_a_terminal_only() -> None:
     quiet("bound", 5, 10)
     quiet.close()
     assert piped.getvalue() == ""
+
+
+# --- processes: Ray from the command line, kill -9, Ctrl-C, two searches at once ------------
+# one layout, one family, one partition and recompute mode: 4 points, a search of a second
+TINY = ["--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8", "--schedules", "1f1b",
+        "--partitions", "balanced", "--recompute", "selective", "--tensor-parallel", "4"]
+# the killed search's space: about 1,200 points, tens of seconds with 2 workers
+LONG = ["--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8", "--schedules",
+        "1f1b,zb-h1,zb-v,interleaved-1f1b,chimera,gpipe,v-half", "--chunks", "2", "--recompute", "selective,full",
+        "--no-prune"]
+
+
+def _command(*args: str, env: dict | None = None, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+    """``pipesched ARGS`` in a new process, as a user starts it from a shell: in a process
+    group of its own, which Ctrl-C on the terminal signals as a whole."""
+    return subprocess.Popen([sys.executable, "-c", "from pipesched.cli import main; main()", *args],
+                            env={**os.environ, "PYTHONPATH": SRC, **(env or {})}, stdout=stdout,
+                            stderr=subprocess.PIPE, text=True, process_group=0)
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _started_until(args: list[str], db: Path, ready) -> subprocess.Popen:
+    process = _command(*args, "--db", str(db))
+    deadline = time.monotonic() + 120
+    while not ready(db):
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return process
+
+
+@pytest.mark.slow
+def test_search_on_a_local_ray_from_the_command_line(tmp_path) -> None:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed")
+    process = _command("search", *TINY, "--db", str(tmp_path / "ray.sqlite"), "--ray", "--json",
+                       stdout=subprocess.PIPE)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    assert "Traceback" not in err and "pipesched: error" not in err
+    on_ray = json.loads(out)
+    with SearchStore.open(tmp_path / "one.sqlite") as store:
+        alone = search(SearchSpace(model="llama3-8b", cluster="1x8-h100", global_batch=8, schedules=("1f1b",),
+                                   partitions=("balanced",), recompute=("selective",), tensor_parallel=(4,)),
+                       store=store)
+    assert on_ray["points"] == len(alone.rows) == 4 and on_ray["evaluated"] == alone.count(EVALUATED)
+    assert on_ray["best"]["iteration_time_s"] == alone.best.iteration_time_s
+
+
+def _answer_http1(server) -> None:
+    connection, _ = server.accept()
+    with connection:
+        connection.recv(1024)
+        connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+def test_ray_address_that_does_not_answer_is_one_line(tmp_path, cli) -> None:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed")
+    import socket
+    import threading
+
+    db = tmp_path / "s.sqlite"
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # nothing listens once it is closed
+    started = time.monotonic()
+    result = cli("search", *TINY, "--db", str(db), "--ray-address", f"127.0.0.1:{port}")
+    assert_one_line_error(result, f"ray-address=127.0.0.1:{port}", "nothing answers there", "ray start --head")
+    with socket.socket() as server:  # a service that is not Ray: a web server of HTTP/1.1
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        threading.Thread(target=_answer_http1, args=(server,), daemon=True).start()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        assert_one_line_error(cli("search", *TINY, "--db", str(db), "--ray-address", address),
+                              f"ray-address={address}", "not a Ray cluster")
+    assert_one_line_error(cli("search", *TINY, "--db", str(db), "--ray-address", "head-node"),
+                          "ray-address=head-node", "host:port")
+    assert time.monotonic() - started < 20
+    assert not db.exists()
+
+
+@pytest.mark.slow
+def test_ray_address_that_wants_a_token_is_one_line(tmp_path) -> None:
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed")
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    ray_command = Path(sys.executable).with_name("ray")
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"}
+    head = subprocess.Popen([str(ray_command), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
+                             f"--port={port}", "--num-cpus=1", "--include-dashboard=false",
+                             "--disable-usage-stats"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert head.poll() is None and time.monotonic() < deadline
+                time.sleep(0.5)
+        db = tmp_path / "s.sqlite"
+        process = _command("search", *TINY, "--db", str(db), "--ray-address", f"127.0.0.1:{port}",
+                           env={"RAY_AUTH_MODE": "disabled"})
+        _, err = process.communicate(timeout=300)
+        lines = err.strip().splitlines()
+        assert process.returncode == 2 and len(lines) == 1, err
+        assert lines[0].startswith(f"pipesched: error: ray-address=127.0.0.1:{port}: cannot join it")
+        assert "RAY_AUTH_MODE=token" in lines[0] and not db.exists()
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process table in /proc")
+def test_a_killed_search_leaves_no_workers(tmp_path) -> None:
+    db = tmp_path / "killed.sqlite"
+    process = _started_until(["search", *LONG, "--workers", "2"], db, lambda path: _settled(path) >= 50)
+    workers = _children(process.pid)
+    assert len(workers) == 2
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in workers):
+        assert time.monotonic() < deadline, f"workers {workers} outlived their search"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_search_at_once_and_keeps_what_it_finished(tmp_path) -> None:
+    db = tmp_path / "interrupted.sqlite"
+    args = ["search", *LONG, "--workers", "2"]
+    process = _started_until(args, db, lambda path: _settled(path, EVALUATED) >= 20)
+    stored = _settled(db)
+    asked = time.monotonic()
+    os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the search and its workers
+    _, err = process.communicate(timeout=30)
+    took = time.monotonic() - asked
+    assert process.returncode == 2 and err.strip().splitlines() == ["pipesched: error: interrupted"], err
+    assert took < 2.0, f"{took:.1f} s to stop"
+    with SearchStore.open(db) as store:
+        (search_id, space), = store.searches()
+        kept = {row.key: row for row in store.rows(search_id)}
+    assert len(kept) >= stored and sum(row.status == EVALUATED for row in kept.values()) >= 20
+    with SearchStore.open(db) as store:
+        resumed = search(SearchSpace(**space), store=store, prune=False)
+    assert resumed.runs == 2 and resumed.complete
+    after = {row.key: row for row in resumed.rows}
+    for key, row in kept.items():
+        if row.status != BOUNDED:  # what the first run finished is not computed again
+            assert after[key] == row and row.run == 1
+
+
+class _Interrupted:
+    """A map that gives ``results`` results, then stops as Ctrl-C does."""
+
+    def __init__(self, results: int) -> None:
+        self.results = results
+
+    def __call__(self, function, items):
+        for count, result in enumerate(map(function, items)):
+            if count == self.results:
+                raise KeyboardInterrupt
+            yield result
+
+
+def test_an_interrupted_search_stores_every_point_it_finished(tmp_path) -> None:
+    # fewer rows than a store transaction holds, in less time than one waits for: only a
+    # search that writes what it holds when it stops keeps them
+    with SearchStore.open(tmp_path / "s.sqlite") as store:
+        with pytest.raises(KeyboardInterrupt):
+            search(SMALL, store=store, mapper=_Interrupted(30))
+        (search_id, _), = store.searches()
+        kept = store.rows(search_id)
+        assert len(kept) == 30
+        resumed = search(SMALL, store=store)
+    assert resumed.runs == 2 and resumed.complete
+    after = {row.key: row for row in resumed.rows}
+    assert all(after[row.key] == row for row in kept if row.status != BOUNDED)  # not computed again
+    assert all(after[row.key].bound_s == row.bound_s for row in kept)
+
+
+@pytest.mark.slow
+def test_two_searches_started_together_on_a_new_store(tmp_path) -> None:
+    db = tmp_path / "shared.sqlite"
+    processes = [_command("search", *TINY, "--db", str(db), "--workers", "1", "--json", stdout=subprocess.PIPE)
+                 for _ in range(2)]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    for process, (_, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+    first, second = (json.loads(out) for out, _ in outputs)
+    assert first["rows"] == second["rows"] and first["points"] == 4
+    with SearchStore.open(db) as store:
+        (search_id, _), = store.searches()
+        assert len(store.rows(search_id)) == 4
+
+
+def _open_and_begin(path: str, barrier, answers) -> None:
+    barrier.wait()
+    try:
+        with SearchStore.open(path) as store:
+            answers.put(store.begin(SearchSpace().spec())[1])
+    except Exception as exc:  # reported to the test, which names it
+        answers.put(repr(exc))
+
+
+def test_stores_opened_together_take_turns(tmp_path) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context()
+    for trial in range(3):
+        path = str(tmp_path / f"new{trial}.sqlite")
+        barrier, answers = context.Barrier(4), context.Queue()
+        openers = [context.Process(target=_open_and_begin, args=(path, barrier, answers)) for _ in range(4)]
+        for opener in openers:
+            opener.start()
+        runs = [answers.get(timeout=120) for _ in openers]
+        for opener in openers:
+            opener.join()
+        assert sorted(map(str, runs)) == ["1", "2", "3", "4"], runs  # each opened the store, counted one start

@@ -59,6 +59,9 @@ MAX_SEARCH_POINTS = 500_000  # configurations one design-space search may enumer
 # schedule (a plan freezing one more layer per range of an 80-layer model has 81)
 MAX_FREEZE_RANGES = 256
 MAX_TRAINING_STEPS = 10**12  # the steps a freeze plan's ranges span
+# local worker processes of one search (--workers): each holds its own model, schedules and
+# stage costs (about 170 MB), so a pool this large already needs a machine of its size
+MAX_WORKERS = 256
 
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
@@ -90,6 +93,7 @@ LIMITS = (
     ("MAX_SEARCH_POINTS", MAX_SEARCH_POINTS, "configurations of one design-space search"),
     ("MAX_FREEZE_RANGES", MAX_FREEZE_RANGES, "step ranges of one freeze plan"),
     ("MAX_TRAINING_STEPS", MAX_TRAINING_STEPS, "training steps of a freeze plan"),
+    ("MAX_WORKERS", MAX_WORKERS, "local worker processes of a search"),
     ("MAX_SECONDS", MAX_SECONDS, "seconds of any duration or latency"),
     ("MAX_AMOUNT", MAX_AMOUNT, "bytes, bytes/s, FLOPs, FLOP/s or parameters"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),

@@ -5,7 +5,6 @@ recompute and ZeRO stages; results in an SQLite store that a killed search resum
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -25,12 +24,12 @@ from pipesched.cli.options import AsJson, ClusterName, Model, SeqLen, split_name
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.io.files import Output, check_outputs, write_all
+from pipesched.limits import MAX_WORKERS, check_count
 from pipesched.search.results import SearchResult, simulate_command
 from pipesched.search.space import SearchSpace
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
 
 GiB = 2.0**30
-MAX_WORKERS = 1024
 
 
 def _listed(axis: str) -> str:
@@ -78,9 +77,11 @@ def search_command(
                        f"[default: {_listed('zero')}]")] = None,
     db: Annotated[str, typer.Option("--db", help="SQLite store of the results: a search started again with the same "
                                                  "store and options resumes")] = DEFAULTS.search_db,
-    workers: Annotated[int | None, typer.Option("--workers", help="local worker processes [default: the CPU count]")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", help=f"local worker processes, at most {MAX_WORKERS} [default: the CPU count]")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="run on a local Ray (loopback only) instead of a process pool")] = False,
-    ray_address: Annotated[str | None, typer.Option("--ray-address", help="run on the Ray cluster at this address")] = None,
+    ray_address: Annotated[str | None, typer.Option(
+        "--ray-address", help="run on the Ray cluster at this HOST:PORT (ray start --head prints it)")] = None,
     no_prune: Annotated[bool, typer.Option("--no-prune", help="simulate every point that fits, even those the "
                                                               "bound rules out")] = False,
     top: Annotated[int, typer.Option("--top", help="configurations to print (0: all)")] = DEFAULTS.top,
@@ -113,13 +114,13 @@ def search_command(
             print_result(result, top=top)
         return
     if workers is not None:
-        require(1 <= workers <= MAX_WORKERS, "workers", workers, f"give 1..{MAX_WORKERS} processes")
+        check_count("workers", workers, MAX_WORKERS, what="worker processes")
     if ray or ray_address is not None:
         require(workers is None, "workers", workers, "not with --ray or --ray-address: Ray decides where tasks run")
         require(not (ray and ray_address is not None), "ray-address", ray_address, "give --ray or --ray-address, not both")
-        from pipesched.experiments.ray_pool import import_ray
+        from pipesched.experiments.ray_pool import require_ray
 
-        import_ray("--ray" if ray else "--ray-address")  # before anything is written
+        require_ray("--ray" if ray else "--ray-address")  # before anything is written
     given = {
         "model": model, "cluster": cluster, "global_batch": global_batch, "seq_len": seq_len, "gpus": gpus,
         "schedules": tuple(split_names(schedules)) if schedules is not None else None,
@@ -136,7 +137,8 @@ def search_command(
     from pipesched.search.sweep import search
 
     bar = _ProgressBar(Console(stderr=True))
-    with SearchStore.open(db) as store, _mapper(workers, ray, ray_address) as mapper:
+    # the pool first: a Ray that cannot start or be joined leaves no store behind
+    with _mapper(workers, ray, ray_address) as mapper, SearchStore.open(db) as store:
         try:
             result = search(space, store=store, mapper=mapper, prune=not no_prune, progress=bar)
         finally:
@@ -155,7 +157,7 @@ def _mapper(workers: int | None, ray: bool, ray_address: str | None):
         return ray_pool(ray_address)
     from pipesched.experiments.grid import process_map
 
-    return process_map(workers or os.cpu_count() or 1)
+    return process_map(workers)
 
 
 def _stored(db: str) -> list[SearchResult]:

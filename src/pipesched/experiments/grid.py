@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import multiprocessing
+import multiprocessing.connection
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
@@ -19,6 +23,7 @@ from functools import partial
 
 from pipesched.experiments.evaluate import LEVELS, LevelResult, Record, check_levels, evaluate
 from pipesched.experiments.point import Point
+from pipesched.limits import MAX_WORKERS, check_count
 
 Mapper = Callable[..., Iterable[Record]]
 
@@ -32,17 +37,24 @@ def evaluate_all(points: Sequence[Point], levels: Sequence[str] = LEVELS, *, map
 
 
 class process_map:
-    """A ``map`` over a local pool of ``workers`` processes (default: the CPU count). The
-    pool starts on first use and lives until ``close()`` (or the end of a ``with`` block),
-    so the schedules and stage costs its workers cached serve the next calls too.
+    """A ``map`` over a local pool of ``workers`` processes (default: the CPU count, at most
+    ``limits.MAX_WORKERS``). The pool starts on first use and lives until ``close()`` (or
+    the end of a ``with`` block), so the schedules and stage costs its workers cached serve
+    the next calls too.
 
     Points that share a schedule (family, p, m, v) always go to the same worker, in every
     call: a schedule is built once in the pool, and a second pass over a grid finds it in
     that worker's cache. Results come back in the order of the items.
+
+    The workers die with the process that started them (even one killed with SIGKILL) and
+    leave Ctrl-C to it; a ``with`` block left by an exception (Ctrl-C's KeyboardInterrupt
+    among them) drops the queued work and kills the workers at once instead of waiting for it.
     """
 
     def __init__(self, workers: int | None = None, *, chunksize: int = 16) -> None:
-        self.workers = workers or os.cpu_count() or 1
+        if workers is None:
+            workers = min(os.cpu_count() or 1, MAX_WORKERS)
+        self.workers = check_count("workers", workers, MAX_WORKERS, what="worker processes")
         self.chunksize = chunksize
         self._pools: list[ProcessPoolExecutor] = []
 
@@ -51,7 +63,8 @@ class process_map:
         if self.workers <= 1 or len(items) <= 1:
             return builtins.map(function, items)
         if not self._pools:
-            self._pools = [ProcessPoolExecutor(max_workers=1) for _ in range(self.workers)]
+            self._pools = [ProcessPoolExecutor(max_workers=1, initializer=_worker_started)
+                           for _ in range(self.workers)]
         shards: list[list[int]] = [[] for _ in self._pools]
         for index, item in enumerate(items):
             shards[_worker_of(item, index, self.workers)].append(index)
@@ -66,15 +79,42 @@ class process_map:
         return (future.result()[position] for future, position in placed)  # type: ignore[misc]
 
     def close(self) -> None:
+        """Let the workers finish what was given to them, then stop them."""
         for pool in self._pools:
             pool.shutdown()
+        self._pools = []
+
+    def stop(self) -> None:
+        """Drop the queued work and kill the workers now (what they compute is lost)."""
+        for pool in self._pools:
+            # the executor has no public way to end a running task (Python 3.14 adds one)
+            for process in list((getattr(pool, "_processes", None) or {}).values()):
+                process.kill()
+            pool.shutdown(wait=True, cancel_futures=True)
         self._pools = []
 
     def __enter__(self) -> process_map:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, *rest: object) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.stop()
+
+
+def _worker_started() -> None:
+    """In each pool worker: Ctrl-C is the parent's to handle, and the worker exits as soon as
+    its parent is gone (its sentinel, a pipe the parent holds open, becomes readable)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True, name="parent-watch").start()
+
+
+def _exit_with(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
 
 
 def _worker_of(item: object, index: int, workers: int) -> int:

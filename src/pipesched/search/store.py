@@ -9,8 +9,11 @@ points are simply computed again; a settled row is never written twice (``run`` 
 start of the search wrote it).
 
 A file that is not such a store (another program's database, a damaged file, any other
-file) is refused and never written: the first bytes, the application id, the format table
-and an integrity check are read before anything is.
+file) is refused and never written: the first bytes, the application id, the format table,
+the tables' columns and an integrity check are read before anything is, and every space and
+row read back is checked. Searches started together on one new file take turns: the tables
+are checked and created in one transaction. A store opened ``read_only`` (``--show``) is
+read as it is and nothing is created beside it.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import typing
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
+from functools import cache
 from pathlib import Path
+from urllib.parse import quote
 
-from pipesched.errors import PipeschedError
+from pipesched.errors import PipeschedError, shorten
+from pipesched.limits import check_name
+from pipesched.search.space import SearchSpace
 
 # "PSch": PRAGMA application_id of a pipesched search store
 APPLICATION_ID = 0x50536368
@@ -32,6 +41,8 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 BOUNDED, EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID = "bounded", "evaluated", "out of memory", "pruned", "invalid"
 SETTLED = (EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID)
+_STATUSES = frozenset((BOUNDED, *SETTLED))
+BUSY_TIMEOUT_S = 30.0  # how long a search waits for another one writing the same store
 
 
 @dataclass(frozen=True)
@@ -67,10 +78,10 @@ class StoredRow:
 
 
 _COLUMNS = tuple(f.name for f in fields(StoredRow))
-_SCHEMA = f"""
-CREATE TABLE format (name TEXT NOT NULL, version INTEGER NOT NULL);
-CREATE TABLE searches (id INTEGER PRIMARY KEY, space TEXT NOT NULL UNIQUE, runs INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE points (
+_SCHEMA = (
+    "CREATE TABLE format (name TEXT NOT NULL, version INTEGER NOT NULL)",
+    "CREATE TABLE searches (id INTEGER PRIMARY KEY, space TEXT NOT NULL UNIQUE, runs INTEGER NOT NULL DEFAULT 0)",
+    """CREATE TABLE points (
     search INTEGER NOT NULL REFERENCES searches(id),
     key TEXT NOT NULL, schedule TEXT NOT NULL, v INTEGER, dp INTEGER NOT NULL, tp INTEGER NOT NULL,
     pp INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL, m INTEGER NOT NULL, recompute TEXT NOT NULL,
@@ -78,9 +89,13 @@ CREATE TABLE points (
     peak_memory_bytes REAL, capacity_bytes REAL, iteration_time_s REAL, throughput_tokens_per_s REAL,
     mfu REAL, hfu REAL, reason TEXT NOT NULL, run INTEGER NOT NULL,
     PRIMARY KEY (search, key)
-);
-PRAGMA application_id = {APPLICATION_ID};
-"""
+)""",
+    f"PRAGMA application_id = {APPLICATION_ID}",
+    f"INSERT INTO format VALUES ('{FORMAT}', {VERSION})",
+)
+# the values a row must have in each status (the others may be NULL)
+_NEEDED = {BOUNDED: ("bound_s", "peak_memory_bytes"),
+           EVALUATED: ("bound_s", "peak_memory_bytes", "iteration_time_s", "throughput_tokens_per_s")}
 
 
 class SearchStore:
@@ -91,48 +106,74 @@ class SearchStore:
         self._db = connection
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, create: bool = True) -> SearchStore:
+    def open(cls, path: str | os.PathLike[str], *, create: bool = True, read_only: bool = False) -> SearchStore:
         """Open the store at ``path``, creating it when the file does not exist (or is empty)
-        and ``create``; any other file is refused with a PipeschedError."""
+        and ``create``; any other file is refused with a PipeschedError. ``read_only``: read
+        the store as it is (it must exist), writing nothing in its folder."""
         target = Path(path)
-        _check_file(target, create=create)
-        try:
-            connection = sqlite3.connect(target, timeout=30.0, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise PipeschedError(f"db={target}: cannot open it ({exc}); give a writable file path") from None
+        _check_file(target, create=create and not read_only, write=not read_only)
+        with _sqlite_errors(target, "cannot open it", "give a readable file path"):
+            connection = _connect(target, read_only=read_only)
         store = cls(target, connection)
         try:
-            store._prepare()
-        except sqlite3.Error as exc:
-            connection.close()
-            raise PipeschedError(f"db={target}: not a readable pipesched search store ({exc}); it was left as it "
-                                 "is; give another --db") from None
-        except PipeschedError:
+            with _sqlite_errors(target, "not a readable pipesched search store", "it was left as it is; give "
+                                "another --db"):
+                store._prepare(read_only=read_only)
+        except BaseException:
             connection.close()
             raise
         return store
 
-    def _prepare(self) -> None:
+    def _prepare(self, *, read_only: bool) -> None:
+        db = self._db
+        if read_only:
+            self._check_format()
+            return
+        # one process at a time checks the file and creates the tables
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            created = self._is_empty()
+            if created:
+                for statement in _SCHEMA:
+                    db.execute(statement)
+            else:
+                self._check_format()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        if created:
+            db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")
+
+    def _is_empty(self) -> bool:
+        tables = self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        return tables == 0 and self._db.execute("PRAGMA application_id").fetchone()[0] == 0
+
+    def _check_format(self) -> None:
+        """Refuse what is not a store of this format: another program's database, another
+        version, missing tables or columns, a damaged file."""
         db = self._db
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         application = db.execute("PRAGMA application_id").fetchone()[0]
-        if not tables and application == 0:
-            db.execute("PRAGMA journal_mode = WAL")
-            db.executescript(f"BEGIN; {_SCHEMA} INSERT INTO format VALUES ('{FORMAT}', {VERSION}); COMMIT;")
-        elif application != APPLICATION_ID or "format" not in tables:
+        if application != APPLICATION_ID or "format" not in tables:
             raise PipeschedError(f"db={self.path}: another program's SQLite database (application id {application}, "
                                  f"tables {', '.join(sorted(tables)) or 'none'}); it was left as it is; give a new "
                                  "file or a pipesched search store to --db")
-        else:
-            found = db.execute("SELECT name, version FROM format").fetchone()
-            if found != (FORMAT, VERSION):
-                raise PipeschedError(f"db={self.path}: a search store of format {found}, this pipesched reads "
-                                     f"({FORMAT!r}, {VERSION}); it was left as it is; give another --db")
-            check = db.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                raise PipeschedError(f"db={self.path}: the store is damaged ({check}); it was left as it is; give "
-                                     "another --db")
-        db.execute("PRAGMA synchronous = NORMAL")
+        found = db.execute("SELECT * FROM format").fetchmany(2)  # one row, or not this format
+        if found != [(FORMAT, VERSION)]:
+            raise PipeschedError(f"db={self.path}: a search store of format {shorten(found)}, this pipesched reads "
+                                 f"({FORMAT!r}, {VERSION}); it was left as it is; give another --db")
+        for table, columns in _table_columns().items():
+            have = tuple(tuple(row[1:3]) for row in db.execute(f"PRAGMA table_info({table})"))
+            if have != columns:
+                what = f"the {table} table is missing" if not have else f"the {table} table has other columns"
+                raise _damaged(self.path, what)
+        check = db.execute("PRAGMA quick_check").fetchone()[0]
+        if check != "ok":
+            raise _damaged(self.path, f"the store is damaged ({check})")
+        self.searches()  # every stored space readable
 
     def close(self) -> None:
         self._db.close()
@@ -144,19 +185,23 @@ class SearchStore:
         self.close()
 
     # --- searches ----------------------------------------------------------------------
-    def begin(self, space: dict) -> tuple[int, int]:
-        """(search id, run number) of ``space``: a new search, or the next run of the one
-        stored for the same space."""
+    def begin(self, space: dict) -> tuple[int, int, list[StoredRow]]:
+        """(search id, run number, stored rows) of ``space``: a new search, or the next run of
+        the one stored for the same space (counted once its rows read back)."""
         text = json.dumps(space, sort_keys=True)
-        with self._transaction():
+        with self._errors(), self._transaction():
             self._db.execute("INSERT OR IGNORE INTO searches (space) VALUES (?)", (text,))
-            self._db.execute("UPDATE searches SET runs = runs + 1 WHERE space = ?", (text,))
-            search, runs = self._db.execute("SELECT id, runs FROM searches WHERE space = ?", (text,)).fetchone()
-        return int(search), int(runs)
+            search = int(self._db.execute("SELECT id FROM searches WHERE space = ?", (text,)).fetchone()[0])
+            rows = self.rows(search)
+            self._db.execute("UPDATE searches SET runs = runs + 1 WHERE id = ?", (search,))
+            runs = int(self._db.execute("SELECT runs FROM searches WHERE id = ?", (search,)).fetchone()[0])
+        return search, runs, rows
 
     def searches(self) -> list[tuple[int, dict]]:
         """(id, space) of every stored search, oldest first."""
-        return [(int(i), json.loads(text)) for i, text in self._db.execute("SELECT id, space FROM searches ORDER BY id")]
+        with self._errors():
+            stored = self._db.execute("SELECT id, space FROM searches ORDER BY id").fetchall()
+        return [(search, _space(self.path, search, text)) for search, text in stored]
 
     # --- points ------------------------------------------------------------------------
     def write(self, search: int, rows: Iterable[StoredRow]) -> None:
@@ -165,18 +210,22 @@ class SearchStore:
         if not rows:
             return
         marks = ", ".join("?" * (len(_COLUMNS) + 1))
-        with self._transaction():
+        with self._errors(), self._transaction():
             self._db.executemany(f"INSERT OR REPLACE INTO points (search, {', '.join(_COLUMNS)}) VALUES ({marks})",
                                  [(search, *(getattr(row, name) for name in _COLUMNS)) for row in rows])
 
     def rows(self, search: int) -> list[StoredRow]:
         """Every stored row of ``search``."""
-        cursor = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM points WHERE search = ? ORDER BY key",
-                                  (search,))
-        return [StoredRow(*row) for row in cursor]
+        with self._errors():
+            stored = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM points WHERE search = ? ORDER BY key",
+                                      (search,)).fetchall()
+        return [_row(self.path, search, values) for values in stored]
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)
+
+    def _errors(self):
+        return _sqlite_errors(self.path, "cannot use the store", "give a writable store")
 
 
 class _Transaction:
@@ -187,31 +236,123 @@ class _Transaction:
         self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, kind: object, *rest: object) -> None:
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        if kind is None:
+            self.db.execute("COMMIT")
+        elif self.db.in_transaction:
+            self.db.execute("ROLLBACK")
 
 
-def _check_file(path: Path, *, create: bool) -> None:
-    """Refuse what is not a SQLite file before SQLite touches it."""
+def _check_file(path: Path, *, create: bool, write: bool) -> None:
+    """Refuse what is not a SQLite file, or one this command cannot write, before SQLite
+    touches it (SQLite would leave its journal files beside a store it then fails to write)."""
     if path.is_dir():
         raise PipeschedError(f"db={path}: a folder; give a file path")
+    folder = path.parent
     if not path.exists():
         if not create:
             raise PipeschedError(f"db={path}: no such file; give the store of a previous search")
-        if not path.parent.is_dir():
-            raise PipeschedError(f"db={path}: folder {path.parent} does not exist; create it or give another path")
-        return
+        if not folder.is_dir():
+            raise PipeschedError(f"db={path}: folder {folder} does not exist; create it or give another path")
+    else:
+        try:
+            with path.open("rb") as handle:
+                head = handle.read(len(SQLITE_HEADER))
+        except OSError as exc:
+            raise PipeschedError(f"db={path}: cannot read it ({exc.strerror}); give a readable file") from None
+        if head and head != SQLITE_HEADER:
+            raise PipeschedError(f"db={path}: not a SQLite database (it starts with {head[:8]!r}); it was left as it "
+                                 "is; give a new file or a pipesched search store to --db")
+        if write and not os.access(path, os.W_OK):
+            raise PipeschedError(f"db={path}: read-only; give a store this user can write (--show reads it as it is)")
+    if write and not os.access(folder, os.W_OK | os.X_OK):
+        raise PipeschedError(f"db={path}: folder {folder} is read-only (a search writes its journal beside the "
+                             "store); give a path in a writable folder (--show reads a store as it is)")
+
+
+def _connect(path: Path, *, read_only: bool) -> sqlite3.Connection:
+    if not read_only:
+        return sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    # without a write-ahead log beside it, every committed row is in the file itself: read it
+    # as immutable, which creates no journal files (a read-only folder could not hold them)
+    immutable = "" if Path(f"{path}-wal").exists() else "&immutable=1"
+    return sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro{immutable}", uri=True,
+                           timeout=BUSY_TIMEOUT_S, isolation_level=None)
+
+
+@contextmanager
+def _sqlite_errors(path: Path, what: str, fix: str) -> Iterator[None]:
+    """SQLite's errors as one line naming the store."""
     try:
-        with path.open("rb") as handle:
-            head = handle.read(len(SQLITE_HEADER))
-    except OSError as exc:
-        raise PipeschedError(f"db={path}: cannot read it ({exc.strerror}); give a readable file") from None
-    if head and head != SQLITE_HEADER:
-        raise PipeschedError(f"db={path}: not a SQLite database (it starts with {head[:8]!r}); it was left as it is; "
-                             "give a new file or a pipesched search store to --db")
+        yield
+    except sqlite3.Error as exc:
+        raise PipeschedError(f"db={path}: {what} ({exc}); {fix}") from None
+
+
+def _damaged(path: Path, what: str) -> PipeschedError:
+    return PipeschedError(f"db={path}: {what}; it was left as it is; give another --db")
+
+
+@cache
+def _table_columns() -> dict[str, tuple[tuple[str, str], ...]]:
+    """(name, declared type) of every column of each table, as the schema creates them."""
+    with sqlite3.connect(":memory:") as scratch:
+        for statement in _SCHEMA:
+            scratch.execute(statement)
+        tables = [row[0] for row in scratch.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        columns = {table: tuple(tuple(row[1:3]) for row in scratch.execute(f"PRAGMA table_info({table})"))
+                   for table in tables}
+    scratch.close()
+    return columns
+
+
+def _space(path: Path, search: int, text: object) -> dict:
+    """A stored search's space, checked as a SearchSpace reads it."""
+    try:
+        space = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        space = None
+    names = {f.name for f in fields(SearchSpace)}
+    if not isinstance(space, dict) or set(space) != names:
+        raise _damaged(path, f"search {search} has no readable space ({shorten(text)})")
+    try:
+        check_name("model", space["model"])
+        check_name("cluster", space["cluster"])
+        SearchSpace(**space)
+    except (PipeschedError, TypeError) as exc:
+        raise _damaged(path, f"search {search} has a space this pipesched cannot read ({exc})") from None
+    return space
+
+
+@cache
+def _column_types() -> tuple[tuple[type, ...], ...]:
+    """The types each StoredRow field takes, in column order (a float field takes an int too;
+    SQLite gives no other kinds of value)."""
+    hints = typing.get_type_hints(StoredRow)
+    types = []
+    for name in _COLUMNS:
+        allowed = typing.get_args(hints[name]) or (hints[name],)
+        types.append(allowed + ((int,) if float in allowed else ()))
+    return tuple(types)
+
+
+def _row(path: Path, search: int, values: tuple) -> StoredRow:
+    """A stored row, each value of its field's type and the values of its status present."""
+    types = _column_types()
+    if not all(map(isinstance, values, types)):
+        name, value = next((n, v) for n, v, t in zip(_COLUMNS, values, types, strict=True) if not isinstance(v, t))
+        raise _damaged(path, f"search {search} point {shorten(values[0])}: {name}={shorten(value)} is not of its "
+                             "type")
+    row = StoredRow(*values)
+    if row.status not in _STATUSES:
+        raise _damaged(path, f"search {search} point {shorten(row.key)}: status={shorten(row.status)} is unknown")
+    missing = [name for name in _NEEDED.get(row.status, ()) if getattr(row, name) is None]
+    if missing:
+        raise _damaged(path, f"search {search} point {shorten(row.key)}: {row.status} but no {', '.join(missing)}")
+    return row
 
 
 def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[dict, list[StoredRow]]]:
     """(space, rows) of every search stored at ``path`` (which must exist)."""
-    with SearchStore.open(path, create=False) as store:
+    with SearchStore.open(path, read_only=True) as store:
         for search, space in store.searches():
             yield space, store.rows(search)

@@ -12,7 +12,8 @@ points that cannot beat what was found, and write every result to the store as i
 
 Waves have fixed sizes, so a search gives the same rows with any map (one process, a pool
 of any size, Ray). A search started again on the same store resumes: the points already
-settled are read back, not computed again, and bounded ones go straight to phase 2.
+settled are read back, not computed again, and bounded ones go straight to phase 2. A
+search stopped by an error or Ctrl-C first writes every row it holds.
 """
 
 from __future__ import annotations
@@ -61,10 +62,21 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
     began = time.monotonic()
     space.check_capacity()
     points = {point_key(point): point for point in space.points()}
-    search_id, run = store.begin(space.spec())
-    rows = {row.key: row for row in store.rows(search_id) if row.key in points}
+    search_id, run, stored = store.begin(space.spec())
+    rows = {row.key: row for row in stored if row.key in points}
     writer = _Writer(store, search_id)
+    try:
+        _bound(points, rows, writer, mapper=mapper, run=run, progress=progress)
+        _simulate(points, rows, writer, mapper=mapper, run=run, prune=prune, progress=progress)
+    finally:
+        writer.flush()  # a search stopped by an error or Ctrl-C keeps every point it finished
+    return SearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
+                        seconds=time.monotonic() - began, db=str(store.path), runs=run)
 
+
+def _bound(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer, *, mapper: Mapper, run: int,
+           progress: Progress | None) -> None:
+    """Phase 1: a row for every point not yet in ``rows``."""
     pending = [point for key, point in points.items() if key not in rows]
     _report(progress, "bound", len(points) - len(pending), len(points))
     for row in mapper(partial(bound_row, run=run), pending):
@@ -73,6 +85,10 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
         _report(progress, "bound", len(rows), len(points))
     writer.flush()
 
+
+def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer, *, mapper: Mapper, run: int,
+              prune: bool, progress: Progress | None) -> None:
+    """Phase 2: the bounded rows by increasing bound, in waves, pruned or simulated."""
     found = _Staircase()
     for row in rows.values():
         if row.status == EVALUATED:
@@ -101,8 +117,6 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
             _report(progress, "simulate", done, len(queue))
         writer.flush()
     _report(progress, "simulate", done, len(queue))
-    return SearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
-                        seconds=time.monotonic() - began, db=str(store.path), runs=run)
 
 
 def _waves(count: int) -> list[tuple[int, int]]:
