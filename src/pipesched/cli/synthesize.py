@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Annotated
 
 import typer
@@ -33,6 +32,7 @@ from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, pr
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.io.files import check_output_path
+from pipesched.limits import MAX_TIMEOUT_S, check_amount
 from pipesched.schedule import Placement, Schedule
 
 GiB = 2.0**30
@@ -82,7 +82,7 @@ def synthesize_command(
       pipesched synthesize -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --time-limit 5 --json
     """
     require(backward in BACKWARDS, "backward", backward, f"choose one of {', '.join(BACKWARDS)}")
-    require(math.isfinite(time_limit) and time_limit > 0, "time-limit", time_limit, "give a number of seconds > 0")
+    check_amount("time-limit", time_limit, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
     if output is not None:
         check_output_path(output)
     views = ViewPaths(png, svg, trace, html).check()

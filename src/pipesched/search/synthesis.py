@@ -18,13 +18,13 @@ to see what queueing adds.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import PipeschedError
+from pipesched.limits import MAX_TIMEOUT_S, check_amount
 from pipesched.schedule import Schedule
 from pipesched.search.baseline import Baseline, best_family
 from pipesched.search.cpsat import SolverOutcome, require_solver, solve
@@ -166,7 +166,7 @@ def synthesize(
     """
     began = time.perf_counter()
     require_solver()
-    require(math.isfinite(time_limit) and time_limit > 0, "time_limit", time_limit, "give a number of seconds > 0")
+    check_amount("time_limit", time_limit, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
     p = costs.num_stages
     if memory_limit is not None:
         limits = (float(memory_limit),) * p if isinstance(memory_limit, int | float) else tuple(map(float, memory_limit))
