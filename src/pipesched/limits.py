@@ -2,8 +2,9 @@
 
 One policy: a count or amount read from a file, a flag or a library call is checked here
 before anything is built from it, and the error names the field, the value (shortened) and
-the limit. Within these limits any command on an input of under 1 MB stays under 1 GiB of
-memory. README.md lists them ("Limits").
+the limit. Within these limits any command that plans or evaluates schedules, on an input
+of under 1 MB, stays under 1 GiB of memory; synthesis and real runs need what their solver
+and model need (README.md, "Limits", lists the limits and says what those need).
 
 >>> check_count("p", 4, MAX_DEVICES, what="pipeline devices")
 4
@@ -57,8 +58,9 @@ MAX_SEQ_LEN = 2**21  # tokens per sequence s
 MAX_SECONDS = 1e7  # any duration or latency read from input (about four months)
 MAX_AMOUNT = 1e21  # any byte count, bandwidth, FLOP count, FLOP/s or parameter count
 # the slowest bandwidth (bytes/s) or FLOP/s read from input: MAX_AMOUNT bytes or FLOPs at
-# this rate take 1e21 s, so every time derived from a size and a rate stays finite
-MIN_RATE = 1.0
+# this rate take 1e27 s, so every time derived from a size and a rate, and every sum of
+# such times over a table, stays finite (toy problems in small units stay above it)
+MIN_RATE = 1e-6
 MIN_EFFICIENCY = 1e-3  # the least share of its peak rate a device reaches (matmul, memory bandwidth)
 
 # --- family options (--set KEY=VALUE) -------------------------------------------------------
@@ -72,6 +74,11 @@ MAX_SAMPLES = 100_000  # Monte Carlo iterations of one run (--samples)
 # table of up to 1,342 tasks, fewer of a larger one
 MAX_SAMPLED_TASKS = 2**27
 MAX_SEARCH_POINTS = 500_000  # configurations one design-space search may enumerate
+
+# ops of one synthesis problem (p x m x 3 with a split backward, x 2 with B): the solver's
+# model peaks under 1 GiB at this size (0.83 GiB at p=50, m=66 with a split backward, 1.5 GiB at
+# p=100, m=66)
+MAX_SYNTHESIS_OPS = 12_288
 
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
@@ -103,6 +110,7 @@ LIMITS = (
     ("MAX_SAMPLES", MAX_SAMPLES, "Monte Carlo samples of one run"),
     ("MAX_SAMPLED_TASKS", MAX_SAMPLED_TASKS, "samples x (ops + transfers) of one Monte Carlo run"),
     ("MAX_SEARCH_POINTS", MAX_SEARCH_POINTS, "configurations of one design-space search"),
+    ("MAX_SYNTHESIS_OPS", MAX_SYNTHESIS_OPS, "ops of one synthesis problem (p x m x 3, or x 2 with B)"),
     ("MAX_SECONDS", MAX_SECONDS, "seconds of any duration or latency"),
     ("MAX_AMOUNT", MAX_AMOUNT, "bytes, bytes/s, FLOPs, FLOP/s or parameters"),
     ("MIN_RATE", MIN_RATE, "the least bytes/s or FLOP/s of a link or device"),
@@ -231,7 +239,9 @@ FAMILY_OPTIONS: dict[str, OptionBound] = {
     # activations in flight per device, in units of M_B (one stage-microbatch's); no table
     # holds more than its ops; the least that works depends on the family, which checks it
     "memory_limit": OptionBound("amount", 0, MAX_OPS, "in-flight stage-microbatches (units of M_B)"),
-    "latency": OptionBound("amount", 0, MAX_SECONDS, "seconds (or slots)"),
+    # the link latency a heuristic plans with: read, or a message's time derived from the
+    # workload (latency + bytes / bandwidth), at most MAX_SECONDS + MAX_AMOUNT / MIN_RATE
+    "latency": OptionBound("amount", 0, MAX_SECONDS + MAX_AMOUNT / MIN_RATE, "seconds (or slots)"),
     "m_w": OptionBound("amount", 0, 1, "M_W / M_B"),
     "forward_doubling": OptionBound("switch"),
     "backward_halving": OptionBound("switch"),

@@ -39,12 +39,10 @@ import numpy as np
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import MAX_SYNTHESIS_OPS
 from pipesched.ops import B, F, I, Op, OpKind, W
 from pipesched.simulate.network import Network
 
-# most ops a synthesis problem may have (p x m x ops per stage-microbatch): the solver's
-# model takes about 60 kB per op (12,000 ops: 0.7 GB)
-MAX_OPS = 20_000
 # default time resolution: units the longest op spans when no coarser exact grid exists
 TIME_RESOLUTION = 10_000
 # memory: most units one allocation may span (the solver's sums stay far inside int64), and
@@ -60,7 +58,8 @@ def check_size(p: int, m: int, *, split_backward: bool) -> None:
     require(p >= 1, "p", p, "needs at least 1 pipeline device")
     require(m >= 1, "m", m, "needs at least 1 microbatch")
     ops = p * m * (3 if split_backward else 2)
-    require(ops <= MAX_OPS, "size", f"p{p} x m{m}", f"{ops:,} ops, over the {MAX_OPS:,} synthesis handles; lower p or m")
+    require(ops <= MAX_SYNTHESIS_OPS, "size", f"p{p} x m{m}",
+            f"{ops:,} ops, over the {MAX_SYNTHESIS_OPS:,} synthesis handles; lower p or m")
 
 
 def recompute_kept_bytes(costs: StageCosts, stage: int) -> float:
