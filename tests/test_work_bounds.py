@@ -130,3 +130,16 @@ def test_a_synthesis_problem_over_its_limit_is_refused_before_the_solver_runs(cl
     assert 3 * p * m > MAX_SYNTHESIS_OPS
     result = cli("synthesize", "-p", str(p), "-m", str(m), "--stage-costs", stage_costs(tmp_path, p))
     assert_one_line_error(result, f"{3 * p * m:,} ops", f"{MAX_SYNTHESIS_OPS:,}")
+
+
+def test_synthesis_at_the_extremes_keeps_its_time_grid_within_the_solver(cli, tmp_path):
+    # transfers 1e27 times the longest op: the grid coarsens instead of leaving int64
+    costs = stage_costs(tmp_path, 2, seconds=MAX_SECONDS, nbytes=MAX_AMOUNT)
+    result = cli("synthesize", "-p", "2", "-m", "4", "--stage-costs", costs, "--bandwidth", f"{MIN_RATE:g}",
+                 "--latency", f"{MAX_SECONDS:g}", "--time-limit", "3", "--json")
+    assert result.code == 0, result.err
+    document = strict_json(result.out)
+    assert all(math.isfinite(value) for value in numbers(document))
+    # two stages in turn: at least the two messages and the forward and backward of each stage
+    assert document["makespan_s"] >= 2 * MAX_AMOUNT / MIN_RATE
+    assert document["lower_bound_s"] <= document["makespan_s"]

@@ -45,6 +45,10 @@ from pipesched.simulate.network import Network
 
 # default time resolution: units the longest op spans when no coarser exact grid exists
 TIME_RESOLUTION = 10_000
+# most units the horizon (every op and transfer one after the other) may span: the solver's
+# times and their sums stay far inside int64 however long the transfers are against the ops
+# (a slow link's delays coarsen the grid instead)
+MAX_TIME_UNITS = 2**50
 # memory: most units one allocation may span (the solver's sums stay far inside int64), and
 # the units of the largest allocation when no common divisor gives fewer
 MAX_MEMORY_UNITS = 2**40
@@ -323,7 +327,9 @@ class IntegerProblem:
         ops = [x for v in (redone if problem.allow_recompute else seconds).values() for x in v]
         host = [problem.host_transfer(s) for s in range(p)] if problem.allow_offload else []
         values = [x for v in seconds.values() for x in v] + ops + activation + gradient + host
-        unit = time_unit(values, longest=max(ops) or 1.0, resolution=resolution)
+        serial = m * (sum(max(a, b) for kind in problem.kinds for a, b in zip(seconds[kind], redone[kind], strict=True))
+                      + sum(activation) + sum(gradient) + 2 * sum(host))  # every op and transfer in turn
+        unit = max(time_unit(values, longest=max(ops) or 1.0, resolution=resolution), serial / MAX_TIME_UNITS)
 
         def floor_units(x: float) -> int:
             # whole units, rounded down (a value on the grid up to float noise stays exact)
