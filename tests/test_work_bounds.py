@@ -143,3 +143,12 @@ def test_synthesis_at_the_extremes_keeps_its_time_grid_within_the_solver(cli, tm
     # two stages in turn: at least the two messages and the forward and backward of each stage
     assert document["makespan_s"] >= 2 * MAX_AMOUNT / MIN_RATE
     assert document["lower_bound_s"] <= document["makespan_s"]
+
+
+def test_synthesis_of_ops_that_take_no_time_reports_equal_speed(cli, tmp_path):
+    costs = stage_costs(tmp_path, 2, seconds=0.0, nbytes=0.0)
+    result = cli("synthesize", "-p", "2", "-m", "4", "--stage-costs", costs, "--time-limit", "2", "--json")
+    assert result.code == 0, result.err
+    document = strict_json(result.out)
+    assert document["makespan_s"] == document["baseline"]["makespan_s"] == 0.0
+    assert document["speedup_over_baseline"] == 1.0  # equal: the same (zero) time

@@ -151,9 +151,8 @@ def _print(result, network, description: str, *, timeline_view: bool) -> None:
     table.add_row("makespan (no contention)", _seconds(result.makespan_s))
     table.add_row("lower bound (solver)", f"{_seconds(result.lower_bound_s)}, gap {result.gap:.3%}")
     if result.baseline is not None:
-        ratio = result.baseline.makespan / result.makespan_s if result.makespan_s > 0 else 1.0
         table.add_row("best built-in family", f"{result.baseline.label}: {_seconds(result.baseline.makespan)} "
-                                              f"({ratio:.4f}x)")
+                                              f"({result.speedup_over_baseline:.4f}x)")
     else:
         table.add_row("best built-in family", "none fits the memory limit")
     table.add_row("makespan with link contention", _seconds(contended))

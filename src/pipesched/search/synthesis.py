@@ -94,6 +94,14 @@ class SynthesisResult:
         """(makespan - lower bound) / makespan."""
         return (self.makespan_s - self.lower_bound_s) / self.makespan_s if self.makespan_s > 0 else 0.0
 
+    @property
+    def speedup_over_baseline(self) -> float | None:
+        """The best built-in family's makespan over this one's (1 when both take no time);
+        None when no family fits."""
+        if self.baseline is None:
+            return None
+        return self.baseline.makespan / self.makespan_s if self.makespan_s > 0 else 1.0
+
     def to_dict(self) -> dict:
         """The JSON form (``pipesched synthesize --json``)."""
         baseline = None
@@ -108,7 +116,7 @@ class SynthesisResult:
             "gap": self.gap,
             "seconds": self.seconds,
             "baseline": baseline,
-            "speedup_over_baseline": self.baseline.makespan / self.makespan_s if self.baseline else None,
+            "speedup_over_baseline": self.speedup_over_baseline,
             "method": self.method,
             "solver_status": self.solver_status,
             "solver_makespan_s": self.solver_makespan_s,
