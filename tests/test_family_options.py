@@ -116,3 +116,16 @@ def test_the_largest_table_a_family_generates_is_read_back_by_validate(cli, tmp_
     stages, microbatches = (stages_and_microbatches(name, p, m, options) if options
                             else (generate(name, 2, 4).num_stages, m))
     assert f"{stages} stages, {microbatches} microbatches" in checked.out
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
+def test_slot_costs_reach_compare_as_they_reach_show(cli, name):
+    # show's closed form at F=1, I=2, W=1 is the formula level of compare
+    shown = cli("show", name, "-p", "4", "-m", "8", "--set", "costs=1,2,1")
+    assert shown.code == 0, shown.err
+    formula_makespan = float(shown.out.split("# formula: makespan ", 1)[1].split(",")[0])
+    compared = cli("compare", "--schedules", name, "-p", "4", "-m", "8", "--levels", "formula", "--json",
+                   "--set", "costs=1,2,1")
+    assert compared.code == 0, compared.err
+    [row] = json.loads(compared.out)["records"]
+    assert row["iteration_time"] == formula_makespan
