@@ -10,6 +10,7 @@ import math
 import pytest
 
 from cli_helpers import assert_one_line_error
+from pipesched.costs import StageCosts
 from pipesched.limits import (
     MAX_AMOUNT,
     MAX_SAMPLED_TASKS,
@@ -18,6 +19,9 @@ from pipesched.limits import (
     MAX_TRACE_TASKS,
     MIN_RATE,
 )
+from pipesched.search.baseline import candidates, in_flight_allowed
+from pipesched.search.problem import SynthesisProblem
+from pipesched.simulate.network import Network
 
 HEADER = "stage,forward,backward_input,backward_weight,activation_bytes,output_bytes\n"
 
@@ -152,3 +156,14 @@ def test_synthesis_of_ops_that_take_no_time_reports_equal_speed(cli, tmp_path):
     document = strict_json(result.out)
     assert document["makespan_s"] == document["baseline"]["makespan_s"] == 0.0
     assert document["speedup_over_baseline"] == 1.0  # equal: the same (zero) time
+
+
+def test_the_synthesis_baseline_plans_under_a_roomy_cap_within_the_option_bounds():
+    # activations of 1 byte under an 80 GB cap: room for far more than the m microbatches
+    p, m = 2, 4
+    costs = StageCosts.uniform(p, activation_bytes=1.0, output_bytes=1.0)
+    problem = SynthesisProblem(costs, Network.uniform(p, latency=0.0, bandwidth=1e9), m, memory_limit=(8e10,) * p)
+    assert in_flight_allowed(problem) == m  # a stage holds at most its m microbatches
+    planned = [(name, options) for name, options, _ in candidates(problem) if "memory_limit" in options]
+    assert {name for name, _ in planned} >= {"zb-h1", "zb-1p"}
+    assert all(options["memory_limit"] == m for _, options in planned)

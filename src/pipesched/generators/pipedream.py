@@ -115,6 +115,7 @@ def table_shape(p: int, m: int, v: int, options: dict[str, object]) -> tuple[int
     """p stages; one continuous 1F1B over iterations x m microbatches."""
     return p, check_iterations(options.get("iterations", 1)) * m
 
+
 FAMILY = Family(
     name="pipedream",
     summary="asynchronous 1F1B, weight stashing: an update per microbatch, p - s versions on stage s",
