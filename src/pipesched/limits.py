@@ -219,56 +219,68 @@ def check_name(field: str, value: object) -> str:
 @dataclass(frozen=True)
 class OptionBound:
     """What one family option (``--set KEY=VALUE``) may be: a whole number (``count``) or a
-    real number (``amount``) in ``low..high``, a ``switch`` (1 on, 0 off), or ``costs`` (a
-    StageCosts, bounded by the reader it comes from). ``what`` words the unit."""
+    finite real number (``amount``) in ``low..high``, a ``switch`` (1 on, 0 off), or
+    ``costs`` (a StageCosts, bounded by the reader it comes from). ``fix`` says what to give."""
 
     kind: str
     low: float = 0.0
     high: float = 0.0
-    what: str = ""
+    fix: str = ""
 
+    def holds(self, value: object) -> bool:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if self.kind == "count":
+            return isinstance(value, int) and number and self.low <= value <= self.high
+        if self.kind == "amount":
+            return number and math.isfinite(value) and self.low <= value <= self.high  # type: ignore[arg-type]
+        if self.kind == "switch":
+            return not isinstance(value, str) and value in (0, 1)
+        return True
+
+
+# the longest message a heuristic may plan with as its link latency: read, or derived from
+# the workload (latency + bytes / bandwidth, within the limits above)
+_LONGEST_MESSAGE_S = MAX_SECONDS + MAX_AMOUNT / MIN_RATE
 
 # Every family option, with its bounds: one name means one thing in every family that takes
 # it. The options that size the table (waves: stages; iterations and backward halving:
 # microbatches) are bounded again through the table they ask for (``check_table_size``).
 FAMILY_OPTIONS: dict[str, OptionBound] = {
-    "waves": OptionBound("count", 1, MAX_WAVES, "waves"),
-    "iterations": OptionBound("count", 1, MAX_ITERATIONS, "iterations"),
-    # weight versions a stage may keep: stage s of p keeps at most p - s
-    "versions": OptionBound("count", 1, MAX_DEVICES, "weight versions per stage"),
-    # activations in flight per device, in units of M_B (one stage-microbatch's); no table
-    # holds more than its ops; the least that works depends on the family, which checks it
-    "memory_limit": OptionBound("amount", 0, MAX_OPS, "in-flight stage-microbatches (units of M_B)"),
-    # the link latency a heuristic plans with: read, or a message's time derived from the
-    # workload (latency + bytes / bandwidth), at most MAX_SECONDS + MAX_AMOUNT / MIN_RATE
-    "latency": OptionBound("amount", 0, MAX_SECONDS + MAX_AMOUNT / MIN_RATE, "seconds (or slots)"),
-    "m_w": OptionBound("amount", 0, 1, "M_W / M_B"),
-    "forward_doubling": OptionBound("switch"),
-    "backward_halving": OptionBound("switch"),
-    "fused": OptionBound("switch"),
+    "waves": OptionBound("count", 1, MAX_WAVES, f"give a whole number of Hanayo waves in 1..{MAX_WAVES:,}"),
+    "iterations": OptionBound("count", 1, MAX_ITERATIONS,
+                              f"give a whole number of iterations in 1..{MAX_ITERATIONS}"),
+    # stage s of p keeps at most p - s weight versions
+    "versions": OptionBound("count", 1, MAX_DEVICES,
+                            f"give a whole number of weight versions per stage in 1..{MAX_DEVICES:,}"),
+    # no table holds more stage-microbatches than it has ops; the least that works depends on
+    # the family, which checks it
+    "memory_limit": OptionBound("amount", 0, MAX_OPS, "give the activation memory per device in units of M_B "
+                                f"(one microbatch's F), at most {MAX_OPS:,}"),
+    "latency": OptionBound("amount", 0, _LONGEST_MESSAGE_S,
+                           f"give the link latency in seconds (or slots), in [0, {_LONGEST_MESSAGE_S:g}]"),
+    "m_w": OptionBound("amount", 0, 1, "give M_W / M_B, the share of a microbatch's activations W still needs, "
+                                       "in [0, 1]"),
+    "forward_doubling": OptionBound("switch", fix="give 1 (on) or 0 (off)"),
+    "backward_halving": OptionBound("switch", fix="give 1 (on) or 0 (off)"),
+    "fused": OptionBound("switch", fix="give 1 (on) or 0 (off)"),
     "costs": OptionBound("costs"),
 }
 
 
 def check_family_option(name: str, value: object) -> object:
     """``value`` if it is within family option ``name``'s bounds (``FAMILY_OPTIONS``); else
-    a PipeschedError naming the option, the value and the bound.
+    a PipeschedError naming the option, the value and what to give.
 
     >>> check_family_option("waves", 2)
     2
     >>> check_family_option("waves", 0)
     Traceback (most recent call last):
     ...
-    pipesched.errors.PipeschedError: waves=0: must be at least 1
+    pipesched.errors.PipeschedError: waves=0: give a whole number of Hanayo waves in 1..4,096
     """
     bound = FAMILY_OPTIONS[name]
-    if bound.kind == "count":
-        return check_count(name, value, int(bound.high), minimum=int(bound.low), what=bound.what)
-    if bound.kind == "amount":
-        check_amount(name, value, limit=bound.high, minimum=bound.low, unit=bound.what)
-        return value
-    if bound.kind == "switch" and (isinstance(value, str) or value not in (0, 1)):
-        raise PipeschedError(f"{name}={shorten(value)}: give 1 (on) or 0 (off)")
+    if not bound.holds(value):
+        raise PipeschedError(f"{name}={shorten(value)}: {bound.fix}")
     return value
 
 
