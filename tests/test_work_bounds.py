@@ -121,7 +121,7 @@ def test_monte_carlo_work_is_bounded_by_samples_times_tasks(cli, tmp_path):
 
 
 def test_a_trace_over_its_limit_is_refused_before_anything_is_written(cli, tmp_path):
-    p, m = 5, 16384  # 1F1B's slot table: 2 p m ops, no transfers
+    p, m = 3, 16384  # 1F1B's slot table: 2 p m ops, no transfers
     assert 2 * p * m > MAX_TRACE_TASKS
     trace, table = tmp_path / "t.json", tmp_path / "t.txt"
     result = cli("show", "1f1b", "-p", str(p), "-m", str(m), "--trace", str(trace), "-o", str(table))

@@ -39,9 +39,9 @@ MAX_REPLICAS = 8  # placement replicas (2 for Chimera and DualPipe)
 # 1 GiB (benchmarks/results/fuzz_inputs.txt)
 MAX_OPS = 2**20
 # ops and transfers of the timelines one Perfetto trace (--trace) draws: each is about three
-# trace events (its slice, a flow arrow's two ends) of about 1 KB while the trace is built,
-# so a trace this large stays under 0.5 GiB
-MAX_TRACE_TASKS = 2**17
+# trace events (its slice, a flow arrow's two ends) while the trace is built; twice this
+# many (1F1B, p=4, m=16384) peaked at 0.42 GiB and took 27 s on a busy 2-core machine
+MAX_TRACE_TASKS = 2**16
 # devices x time steps when a table is laid out one op per step (grid text and PyTorch's
 # CSV); a larger layout is written compactly, without the idle steps
 MAX_GRID_CELLS = 2**23
