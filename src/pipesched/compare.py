@@ -235,7 +235,9 @@ def family_settings(names: Sequence[str], offered: dict[str, object]) -> dict[st
     chosen: dict[str, dict[str, object]] = {name: {} for name in names}
     scoped = {key: value for key, value in offered.items() if "." in key}
     plain = {key: value for key, value in offered.items() if "." not in key}
-    unknown = sorted(key for key in plain if not any(key in get_family(name).options for name in names))
+    # costs are also the slot costs of levels 1 and 2 (``Point.slot_costs``): every family takes them there
+    unknown = sorted(key for key in plain
+                     if key != "costs" and not any(key in get_family(name).options for name in names))
     if unknown:
         raise PipeschedError(f"option={unknown[0]}: none of the compared families takes it")
     for name in names:
@@ -250,6 +252,8 @@ def family_settings(names: Sequence[str], offered: dict[str, object]) -> dict[st
             raise PipeschedError(f"option={key}: {name} does not take {option!r}; it takes "
                                  f"{', '.join(family.options) or 'no options'}")
         chosen[name][option] = value
+    for name in names:
+        get_family(name).check_options(chosen[name])  # every value in its bounds, as ``show`` checks it
     return chosen
 
 

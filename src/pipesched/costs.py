@@ -17,6 +17,7 @@ from functools import cached_property
 from numbers import Integral
 
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import MAX_SECONDS, check_amount
 from pipesched.ops import Op, OpKind
 from pipesched.rules import HOST_TRANSFER, RULES
 
@@ -314,4 +315,6 @@ class StageCosts:
                 f"costs={str(text)[:40]!r}: give F,I,W slot lengths like 1,1,1 or 1,2,1 (numbers >= 0), "
                 "or a stage-cost CSV file"
             )
+        for kind, value in zip("FIW", values, strict=True):  # a slot is a duration: bounded like one
+            check_amount(f"costs.{kind}", value, limit=MAX_SECONDS, unit="slots")
         return cls.slots(*values)

@@ -2,8 +2,9 @@
 
 One policy: a count or amount read from a file, a flag or a library call is checked here
 before anything is built from it, and the error names the field, the value (shortened) and
-the limit. Within these limits any command on an input of under 1 MB stays under 1 GiB of
-memory. README.md lists them ("Limits").
+the limit. Within these limits any command that plans or evaluates schedules, on an input
+of under 1 MB, stays under 1 GiB of memory; synthesis and real runs need what their solver
+and model need (README.md, "Limits", lists the limits and says what those need).
 
 >>> check_count("p", 4, MAX_DEVICES, what="pipeline devices")
 4
@@ -16,6 +17,7 @@ pipesched.errors.PipeschedError: p=5000: over the limit of 1,024 pipeline device
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from pipesched.errors import PipeschedError, shorten
 
@@ -36,6 +38,10 @@ MAX_REPLICAS = 8  # placement replicas (2 for Chimera and DualPipe)
 # benchmarked at; drawing a table this large as a PNG, the heaviest command, peaks under
 # 1 GiB (benchmarks/results/fuzz_inputs.txt)
 MAX_OPS = 2**20
+# ops and transfers of the timelines one Perfetto trace (--trace) draws: each is about three
+# trace events (its slice, a flow arrow's two ends) while the trace is built; twice this
+# many (1F1B, p=4, m=16384) peaked at 0.42 GiB and took 27 s on a busy 2-core machine
+MAX_TRACE_TASKS = 2**16
 # devices x time steps when a table is laid out one op per step (grid text and PyTorch's
 # CSV); a larger layout is written compactly, without the idle steps
 MAX_GRID_CELLS = 2**23
@@ -51,9 +57,22 @@ MAX_MICRO_BATCH_SIZE = 4096  # sequences per microbatch b
 MAX_SEQ_LEN = 2**21  # tokens per sequence s
 MAX_SECONDS = 1e7  # any duration or latency read from input (about four months)
 MAX_AMOUNT = 1e21  # any byte count, bandwidth, FLOP count, FLOP/s or parameter count
+# the slowest bandwidth (bytes/s) or FLOP/s read from input: MAX_AMOUNT bytes or FLOPs at
+# this rate take 1e27 s, so every time derived from a size and a rate, and every sum of
+# such times over a table, stays finite (toy problems in small units stay above it)
+MIN_RATE = 1e-6
+MIN_EFFICIENCY = 1e-3  # the least share of its peak rate a device reaches (matmul, memory bandwidth)
+
+# --- family options (--set KEY=VALUE) -------------------------------------------------------
+MAX_WAVES = MAX_STAGES // 2  # Hanayo's waves (2 chunks each; its 2 x waves x p stages are bounded too)
+MAX_ITERATIONS = 64  # iterations one table or graph strings together (asynchronous tables, steady states)
 
 # --- experiments ----------------------------------------------------------------------------
 MAX_SAMPLES = 100_000  # Monte Carlo iterations of one run (--samples)
+# samples x tasks (ops and transfers) one Monte Carlo run simulates: at the benchmarked
+# 55 ns a task (benchmarks/results/bench_variability.txt) about 7 s; 100,000 samples of a
+# table of up to 1,342 tasks, fewer of a larger one
+MAX_SAMPLED_TASKS = 2**27
 MAX_SEARCH_POINTS = 500_000  # configurations one design-space search may enumerate
 # step ranges of one freeze plan: each distinct frozen set costs a simulation per candidate
 # schedule (a plan freezing one more layer per range of an 80-layer model has 81)
@@ -63,9 +82,14 @@ MAX_TRAINING_STEPS = 10**12  # the steps a freeze plan's ranges span
 # stage costs (about 170 MB), so a pool this large already needs a machine of its size
 MAX_WORKERS = 256
 
+# ops of one synthesis problem (p x m x 3 with a split backward, x 2 with B): the solver's
+# model peaks under 1 GiB at this size (0.83 GiB at p=50, m=66 with a split backward, 1.5 GiB at
+# p=100, m=66)
+MAX_SYNTHESIS_OPS = 12_288
+
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
-MAX_TIMEOUT_S = 7 * 86400.0  # seconds a launch may be given
+MAX_TIMEOUT_S = 7 * 86400.0  # seconds a launch, or a solver (synthesize --time-limit), may be given
 MAX_THREADS = 1024  # torch threads per rank
 
 # The README's table of limits: (name, value, what it bounds).
@@ -80,6 +104,7 @@ LIMITS = (
     ("MAX_MICROBATCHES", MAX_MICROBATCHES, "microbatches m"),
     ("MAX_REPLICAS", MAX_REPLICAS, "placement replicas"),
     ("MAX_OPS", MAX_OPS, "ops of one schedule (3 per stage-microbatch counted)"),
+    ("MAX_TRACE_TASKS", MAX_TRACE_TASKS, "ops and transfers one Perfetto trace (--trace) draws"),
     ("MAX_GRID_CELLS", MAX_GRID_CELLS, "devices x steps of a grid or CSV layout (larger: written without idle steps)"),
     ("MAX_LAYERS", MAX_LAYERS, "layers of a model"),
     ("MAX_WIDTH", MAX_WIDTH, "hidden, MLP and head size"),
@@ -90,14 +115,20 @@ LIMITS = (
     ("MAX_MICRO_BATCH_SIZE", MAX_MICRO_BATCH_SIZE, "sequences per microbatch"),
     ("MAX_SEQ_LEN", MAX_SEQ_LEN, "tokens per sequence"),
     ("MAX_SAMPLES", MAX_SAMPLES, "Monte Carlo samples of one run"),
+    ("MAX_SAMPLED_TASKS", MAX_SAMPLED_TASKS, "samples x (ops + transfers) of one Monte Carlo run"),
     ("MAX_SEARCH_POINTS", MAX_SEARCH_POINTS, "configurations of one design-space search"),
     ("MAX_FREEZE_RANGES", MAX_FREEZE_RANGES, "step ranges of one freeze plan"),
     ("MAX_TRAINING_STEPS", MAX_TRAINING_STEPS, "training steps of a freeze plan"),
     ("MAX_WORKERS", MAX_WORKERS, "local worker processes of a search"),
+    ("MAX_SYNTHESIS_OPS", MAX_SYNTHESIS_OPS, "ops of one synthesis problem (p x m x 3, or x 2 with B)"),
     ("MAX_SECONDS", MAX_SECONDS, "seconds of any duration or latency"),
     ("MAX_AMOUNT", MAX_AMOUNT, "bytes, bytes/s, FLOPs, FLOP/s or parameters"),
+    ("MIN_RATE", MIN_RATE, "the least bytes/s or FLOP/s of a link or device"),
+    ("MIN_EFFICIENCY", MIN_EFFICIENCY, "the least matmul or bandwidth efficiency of a device"),
+    ("MAX_WAVES", MAX_WAVES, "Hanayo waves (--set waves)"),
+    ("MAX_ITERATIONS", MAX_ITERATIONS, "iterations strung together (--set iterations, steady state)"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),
-    ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout"),
+    ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout or a solver's time limit"),
     ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),
 )
 
@@ -134,6 +165,22 @@ def check_amount(field: str, value: object, *, limit: float = MAX_AMOUNT, minimu
         raise PipeschedError(f"{field}={shorten(value)}: must be {bound}{f' {unit}' if unit else ''}")
     if number > limit:
         raise PipeschedError(f"{field}={shorten(value)}: over the limit of {limit:g}{f' {unit}' if unit else ''}")
+    return number
+
+
+def check_rate(field: str, value: object, *, unit: str = "bytes/s", infinite: bool = False,
+               zero: bool = False) -> float:
+    """``value`` as a float if it is a rate (bandwidth, FLOP/s) in ``[MIN_RATE, MAX_AMOUNT]``,
+    so that any amount over it takes a finite time; ``infinite`` also takes inf (a free
+    link), ``zero`` also takes 0 (no such link)."""
+    if infinite and isinstance(value, int | float) and not isinstance(value, bool) and value == math.inf:
+        return math.inf
+    if zero and isinstance(value, int | float) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    number = check_amount(field, value, unit=unit)
+    if number < MIN_RATE:
+        free = "; write inf for a free link" if infinite else ""
+        raise PipeschedError(f"{field}={shorten(value)}: under the least rate of {MIN_RATE:g} {unit}{free}")
     return number
 
 
@@ -177,6 +224,84 @@ def check_name(field: str, value: object) -> str:
         raise PipeschedError(f"{field}={shorten(value)}: a name of {len(value):,} characters; "
                              f"names have at most {MAX_NAME_CHARS}")
     return value
+
+
+@dataclass(frozen=True)
+class OptionBound:
+    """What one family option (``--set KEY=VALUE``) may be: a whole number (``count``) or a
+    finite real number (``amount``) in ``low..high``, a ``switch`` (1 on, 0 off), or
+    ``costs`` (a StageCosts, bounded by the reader it comes from). ``fix`` says what to give."""
+
+    kind: str
+    low: float = 0.0
+    high: float = 0.0
+    fix: str = ""
+
+    def holds(self, value: object) -> bool:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if self.kind == "count":
+            return isinstance(value, int) and number and self.low <= value <= self.high
+        if self.kind == "amount":
+            return number and math.isfinite(value) and self.low <= value <= self.high  # type: ignore[arg-type]
+        if self.kind == "switch":
+            return not isinstance(value, str) and value in (0, 1)
+        return True
+
+
+# the longest message a heuristic may plan with as its link latency: read, or derived from
+# the workload (latency + bytes / bandwidth, within the limits above)
+_LONGEST_MESSAGE_S = MAX_SECONDS + MAX_AMOUNT / MIN_RATE
+
+# Every family option, with its bounds: one name means one thing in every family that takes
+# it. The options that size the table (waves: stages; iterations and backward halving:
+# microbatches) are bounded again through the table they ask for (``check_table_size``).
+FAMILY_OPTIONS: dict[str, OptionBound] = {
+    "waves": OptionBound("count", 1, MAX_WAVES, f"give a whole number of Hanayo waves in 1..{MAX_WAVES:,}"),
+    "iterations": OptionBound("count", 1, MAX_ITERATIONS,
+                              f"give a whole number of iterations in 1..{MAX_ITERATIONS}"),
+    # stage s of p keeps at most p - s weight versions
+    "versions": OptionBound("count", 1, MAX_DEVICES,
+                            f"give a whole number of weight versions per stage in 1..{MAX_DEVICES:,}"),
+    # no table holds more stage-microbatches than it has ops; the least that works depends on
+    # the family, which checks it
+    "memory_limit": OptionBound("amount", 0, MAX_OPS, "give the activation memory per device in units of M_B "
+                                f"(one microbatch's F), at most {MAX_OPS:,}"),
+    "latency": OptionBound("amount", 0, _LONGEST_MESSAGE_S,
+                           f"give the link latency in seconds (or slots), in [0, {_LONGEST_MESSAGE_S:g}]"),
+    "m_w": OptionBound("amount", 0, 1, "give M_W / M_B, the share of a microbatch's activations W still needs, "
+                                       "in [0, 1]"),
+    "forward_doubling": OptionBound("switch", fix="give 1 (on) or 0 (off)"),
+    "backward_halving": OptionBound("switch", fix="give 1 (on) or 0 (off)"),
+    "fused": OptionBound("switch", fix="give 1 (on) or 0 (off)"),
+    "costs": OptionBound("costs"),
+}
+
+
+def check_family_option(name: str, value: object) -> object:
+    """``value`` if it is within family option ``name``'s bounds (``FAMILY_OPTIONS``); else
+    a PipeschedError naming the option, the value and what to give.
+
+    >>> check_family_option("waves", 2)
+    2
+    >>> check_family_option("waves", 0)
+    Traceback (most recent call last):
+    ...
+    pipesched.errors.PipeschedError: waves=0: give a whole number of Hanayo waves in 1..4,096
+    """
+    bound = FAMILY_OPTIONS[name]
+    if not bound.holds(value):
+        raise PipeschedError(f"{name}={shorten(value)}: {bound.fix}")
+    return value
+
+
+def check_sampled_work(samples: int, tasks: int) -> None:
+    """Refuse a Monte Carlo run of ``samples`` samples of a graph of ``tasks`` ops and
+    transfers that would simulate more than MAX_SAMPLED_TASKS tasks in all."""
+    if samples * max(tasks, 1) > MAX_SAMPLED_TASKS:
+        most = max(MAX_SAMPLED_TASKS // max(tasks, 1), 1)
+        raise PipeschedError(f"samples={samples:,}: {samples:,} samples of {tasks:,} ops and transfers are "
+                             f"{samples * tasks:,} simulated tasks, over the limit of {MAX_SAMPLED_TASKS:,}; "
+                             f"give at most {most:,} samples of this table")
 
 
 def check_table_size(stages: int, microbatches: int, *, label: str | None = None) -> None:

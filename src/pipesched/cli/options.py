@@ -25,6 +25,7 @@ from pipesched.limits import (
     check_amount,
     check_count,
     check_number_text,
+    check_rate,
 )
 
 if TYPE_CHECKING:  # the heavier modules load when options are parsed, not declared
@@ -129,8 +130,19 @@ def parse_settings(pairs: list[str] | None) -> dict[str, object]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise PipeschedError(f"--set={shorten(pair)!r}: write KEY=VALUE, e.g. --set memory_limit=6")
-        options[key.strip().replace("-", "_")] = _number(value.strip())
+        options[option_key(key)] = _number(value.strip())
     return options
+
+
+def option_key(key: str) -> str:
+    """An option's key as the families name it: dashes in the option's name read as
+    underscores (``memory-limit``); a ``FAMILY.`` prefix keeps the family's own name.
+
+    >>> option_key("zb-h1.memory-limit"), option_key(" m-w ")
+    ('zb-h1.memory_limit', 'm_w')
+    """
+    family, dot, option = key.strip().rpartition(".")
+    return f"{family}{dot}{option.replace('-', '_')}"
 
 
 def _number(text: str) -> object:
@@ -194,7 +206,7 @@ def parse_bandwidth(text: str | None) -> float | None:
     if not value <= MAX_AMOUNT:
         raise PipeschedError(f"bandwidth={shorten(text)}: over the limit of {MAX_AMOUNT:g} bytes/s; write inf for "
                              "free links")
-    return value
+    return check_rate("bandwidth", value, infinite=True)
 
 
 def parse_amount(text: str | None, quantity: str, field: str) -> float | None:
@@ -207,7 +219,7 @@ def parse_amount(text: str | None, quantity: str, field: str) -> float | None:
     value = parse_quantity(text, quantity, field)
     if not value > 0:
         raise PipeschedError(f"{field}={text[:40]}: must be > 0")
-    return value
+    return check_rate(field, value) if quantity == "bandwidth" else value
 
 
 def check_training(frozen_layers: str | None, offload: str | None) -> None:

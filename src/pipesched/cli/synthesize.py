@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Annotated
 
 import typer
@@ -33,6 +32,7 @@ from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, pr
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.io.files import Output
+from pipesched.limits import MAX_TIMEOUT_S, check_amount
 from pipesched.schedule import Placement, Schedule
 
 GiB = 2.0**30
@@ -82,7 +82,7 @@ def synthesize_command(
       pipesched synthesize -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --time-limit 5 --json
     """
     require(backward in BACKWARDS, "backward", backward, f"choose one of {', '.join(BACKWARDS)}")
-    require(math.isfinite(time_limit) and time_limit > 0, "time-limit", time_limit, "give a number of seconds > 0")
+    check_amount("time-limit", time_limit, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
     if output is not None:
         for flag, allowed, what in (("--allow-recompute", allow_recompute, "stage checkpoints"),
                                     ("--allow-offload", allow_offload, "offloads and reloads")):
@@ -158,9 +158,8 @@ def _print(result, network, description: str, *, timeline_view: bool) -> None:
     table.add_row("makespan (no contention)", _seconds(result.makespan_s))
     table.add_row("lower bound (solver)", f"{_seconds(result.lower_bound_s)}, gap {result.gap:.3%}")
     if result.baseline is not None:
-        ratio = result.baseline.makespan / result.makespan_s if result.makespan_s > 0 else 1.0
         table.add_row("best built-in family", f"{result.baseline.label}: {_seconds(result.baseline.makespan)} "
-                                              f"({ratio:.4f}x)")
+                                              f"({result.speedup_over_baseline:.4f}x)")
     else:
         table.add_row("best built-in family", "none fits the memory limit")
     table.add_row("makespan with link contention", _seconds(contended))

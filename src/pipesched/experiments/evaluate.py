@@ -216,7 +216,9 @@ def _formula(point: Point, schedule) -> LevelResult:
     if point.schedule is not None:
         raise PipeschedError(f"schedule={point.family}: a schedule file has no closed form; compare it at the "
                              "table and sim levels")
-    est = formula(point.family, point.p, point.m, v=point.v, costs=slot_costs(point), **dict(point.options))
+    # the costs a heuristic plans with (its ``costs`` option) are the slot costs the closed form takes
+    options = {key: value for key, value in point.options if key != "costs"}
+    est = formula(point.family, point.p, point.m, v=point.v, costs=slot_costs(point), **options)
     if point.trains_differently:
         # the closed forms know neither frozen stages nor offloads: the plain family's, not exact
         est = replace(est, exact=False, note="the closed form of the family without freezing or offload")

@@ -34,6 +34,7 @@ import numpy as np
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
 from pipesched.indices import format_indices
+from pipesched.limits import check_rate
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
@@ -91,7 +92,7 @@ def check_links(latency: float | None, bandwidth: float | None) -> None:
     if latency is not None:
         require(math.isfinite(latency) and latency >= 0, "latency", latency, "must be a finite number >= 0 seconds")
     if bandwidth is not None:
-        require(bandwidth > 0, "bandwidth", bandwidth, "must be > 0 bytes/s (use inf for free links)")
+        check_rate("bandwidth", bandwidth, infinite=True)
 
 
 @dataclass(frozen=True, eq=False)

@@ -29,7 +29,13 @@ from pipesched.generators import (
     zb_v,
 )
 from pipesched.generators.base import Family, FormulaEstimate, per_stage_costs
-from pipesched.limits import MAX_DEVICES, MAX_STAGES, check_count, check_table_size
+from pipesched.limits import (
+    MAX_DEVICES,
+    MAX_MICROBATCHES,
+    MAX_STAGES,
+    check_count,
+    check_table_size,
+)
 from pipesched.rules import FORWARD_ONLY
 from pipesched.schedule import Schedule
 
@@ -83,8 +89,8 @@ def generate(name: str, p: int, m: int, *, v: int | None = None, frozen: Iterabl
     """
     family = get_family(name)
     chunks = family.resolve_v(v)
-    ops = _check_size(p, m, chunks)
     family.check_options(options)
+    ops = _check_size(family, p, m, chunks, options)
     key = tuple(sorted(options.items()))
     stages = tuple(sorted({int(stage) for stage in frozen}))
     if ops <= CACHED_OPS and _hashable(key):
@@ -202,13 +208,36 @@ def _build(name: str, p: int, m: int, v: int, options: tuple[tuple[str, object],
             gc.enable()
 
 
-def _check_size(p: int, m: int, v: int) -> int:
-    """Refuse sizes over the limits before any op is built (the families check the rest);
-    the most ops the table can have (F, I, W per stage-microbatch)."""
+def _check_size(family: Family, p: int, m: int, v: int, options: dict[str, object], *, ops: bool = True) -> int:
+    """Refuse sizes over the limits before any op is built (the families check the rest):
+    p, v and the table the options ask for (``Family.shape``: its stages and microbatches,
+    and with ``ops`` its ops); the most ops the table can have (F, I, W per stage-microbatch)."""
     check_count("p", p, MAX_DEVICES, minimum=None, what="pipeline devices")
     check_count("v", v, MAX_STAGES, minimum=None, what="stages")
-    check_table_size(max(p, 1) * max(v, 1), m, label=f"p{p} x m{m} x v{v}")
-    return 3 * max(p, 1) * max(v, 1) * max(m, 1)
+    plain = (max(p, 1) * max(v, 1), max(m, 1))
+    stages, microbatches = family.shape(max(p, 1), max(m, 1), max(v, 1), options)
+    if (stages, microbatches) != plain:
+        _check_shaped(stages, microbatches, p, m, options)
+    if ops:
+        check_table_size(stages, microbatches, label=f"p{p} x m{m} x v{v}" if (stages, microbatches) == plain
+                         else f"{stages} stages x m{microbatches} (p{p}, m{m}, {_worded(options)})")
+    else:
+        check_count("stages", stages, MAX_STAGES, minimum=None, what="stages")
+        check_count("m", microbatches, MAX_MICROBATCHES, minimum=None, what="microbatches")
+    return 3 * stages * microbatches
+
+
+def _check_shaped(stages: int, microbatches: int, p: int, m: int, options: dict[str, object]) -> None:
+    """The error for a table whose options (waves, iterations, halving) take it over the
+    stage or microbatch limit: it names those options, which the table's sizes come from."""
+    for count, limit, what in ((stages, MAX_STAGES, "stages"), (microbatches, MAX_MICROBATCHES, "microbatches")):
+        if count > limit:
+            raise PipeschedError(f"{_worded(options) or f'p={p}'}: with p={p}, m={m} the table has {count:,} {what}, "
+                                 f"over the limit of {limit:,} {what}; lower {'p' if what == 'stages' else 'm'} or the option")
+
+
+def _worded(options: dict[str, object]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in sorted(options.items()) if key != "costs")
 
 
 def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCosts | None = None,
@@ -227,6 +256,7 @@ def formula(name: str, p: int, m: int, *, v: int | None = None, costs: StageCost
     family.check_options(options)
     costs = costs if costs is not None else StageCosts.slots()
     chunks = family.resolve_v(v)
+    _check_size(family, p, m, chunks, options, ops=False)  # the table it describes: stages, microbatches
     taken = {key: value for key, value in options.items() if key in family.formula_options}
     estimate = family.formula(p, m, chunks, costs, **taken)
     if estimate.exact and not costs.is_uniform:

@@ -7,7 +7,16 @@ from dataclasses import dataclass, field
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import FAMILY_OPTIONS, check_family_option
 from pipesched.schedule import Schedule
+
+# (p, m, v, options) -> (stages, microbatches) of the table a family builds
+TableShape = Callable[[int, int, int, dict[str, object]], tuple[int, int]]
+
+
+def plain_shape(p: int, m: int, v: int, options: dict[str, object]) -> tuple[int, int]:
+    """p x v stages and m microbatches: the table of a family whose options do not size it."""
+    return p * v, m
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,9 @@ class Family:
     plans_with_costs: the table comes from a heuristic on the stage costs (zb-1p, zb-2p):
     comparisons and simulations build it from their workload's costs.
     takes_v: ``-v`` sets its chunk count (``chunks`` is None), in every command.
+    shape: the stages and microbatches of the table at (p, m, v) with the given options
+    (checked options; Hanayo's waves set its stages, PipeDream's iterations and Chimera's
+    backward halving its microbatches), bounded before the table is built.
     """
 
     name: str
@@ -75,18 +87,26 @@ class Family:
     formula_options: tuple[str, ...] = field(default=())
     asynchronous: bool = False
     plans_with_costs: bool = False
+    shape: TableShape = plain_shape
 
     @property
     def takes_v(self) -> bool:
         """Whether ``-v`` sets this family's chunk count: the one rule every command reads."""
         return self.chunks is None
 
+    def __post_init__(self) -> None:
+        undeclared = sorted(set(self.options) - set(FAMILY_OPTIONS))
+        require(not undeclared, "option", undeclared[:1], "declare its bounds in limits.FAMILY_OPTIONS")
+
     def check_options(self, options: dict[str, object]) -> None:
-        """Raise PipeschedError naming the first option this family does not take."""
+        """Raise PipeschedError naming the first option this family does not take, or the
+        first whose value is out of its bounds (``limits.FAMILY_OPTIONS``)."""
         unknown = sorted(set(options) - set(self.options))
         if unknown:
             raise PipeschedError(f"option={unknown[0]}: {self.name} does not take it; it takes "
                                  f"{', '.join(self.options) or 'no options'}")
+        for name in sorted(options):
+            check_family_option(name, options[name])
 
     def resolve_v(self, v: int | None) -> int:
         """The chunk count to use: the family's fixed one, or the user's v (default_v)."""
@@ -101,21 +121,14 @@ class Family:
         return self.default_v if v is None else v
 
 
-# the most iterations one table or graph strings together (asynchronous tables, steady states)
-MAX_ITERATIONS = 64
-
-
 def check_iterations(value: object) -> int:
     """A count of iterations run back to back: a whole number in 1..MAX_ITERATIONS."""
-    require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_ITERATIONS,
-            "iterations", value, f"give a whole number of iterations in 1..{MAX_ITERATIONS}")
-    return value
+    return check_family_option("iterations", value)  # type: ignore[return-value]
 
 
 def switch(value: object, name: str) -> bool:
     """An on/off family option (``--set forward_doubling=0``): 1 or 0."""
-    require(value in (0, 1), name, value, "give 1 (on) or 0 (off)")
-    return bool(value)
+    return bool(check_family_option(name, value))
 
 
 def check_sizes(p: int, m: int, *, min_p: int = 2) -> None:

@@ -70,6 +70,11 @@ def unit_sizes(p: int, m: int, *, forward_doubling: bool) -> list[int]:
     return [1] * (units % 2) + [2] * (units // 2)
 
 
+def table_shape(p: int, m: int, v: int, options: dict[str, object]) -> tuple[int, int]:
+    """p stages (two replicas on the p devices); 2m half-size microbatches with backward halving."""
+    return p, 2 * m if switch(options.get("backward_halving", 0), "backward_halving") else m
+
+
 def chimera(p: int, m: int, *, forward_doubling: object = 1, backward_halving: object = 0) -> Schedule:
     """Chimera's tables for p devices (even) and m microbatches (a multiple of p);
     ``forward_doubling=0`` concatenates basic units instead; ``backward_halving=1`` runs
@@ -200,4 +205,5 @@ FAMILY = Family(
     formula=chimera_formula,
     options=("forward_doubling", "backward_halving"),
     formula_options=("forward_doubling", "backward_halving"),
+    shape=table_shape,
 )

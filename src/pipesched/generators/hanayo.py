@@ -31,6 +31,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.generators.one_f_one_b import one_f_one_b
+from pipesched.limits import check_family_option
 from pipesched.ops import B, F, Op
 from pipesched.ordering import walk
 from pipesched.schedule import Placement, Schedule
@@ -121,9 +122,13 @@ def resolve_waves(v: int, waves: int | None) -> int:
 
 
 def _check_waves(waves: object) -> int:
-    require(isinstance(waves, int) and not isinstance(waves, bool) and waves >= 1, "waves", waves,
-            "Hanayo needs a whole number of waves, at least 1")
-    return waves
+    return check_family_option("waves", waves)  # type: ignore[return-value]
+
+
+def table_shape(p: int, m: int, v: int, options: dict[str, object]) -> tuple[int, int]:
+    """2 x waves stages per device (``waves``, or v = 2 x waves), m microbatches."""
+    waves = options.get("waves")
+    return 2 * resolve_waves(v, waves if waves is None else _check_waves(waves)) * p, m
 
 
 def _build(p: int, m: int, *, v: int = 2, waves: int | None = None) -> Schedule:
@@ -187,4 +192,5 @@ FAMILY = Family(
     default_v=2,
     options=("waves",),
     formula_options=("waves",),
+    shape=table_shape,
 )

@@ -110,6 +110,12 @@ def steady_state_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstima
 
 _OPTIONS = ("iterations", "versions")
 
+
+def table_shape(p: int, m: int, v: int, options: dict[str, object]) -> tuple[int, int]:
+    """p stages; one continuous 1F1B over iterations x m microbatches."""
+    return p, check_iterations(options.get("iterations", 1)) * m
+
+
 FAMILY = Family(
     name="pipedream",
     summary="asynchronous 1F1B, weight stashing: an update per microbatch, p - s versions on stage s",
@@ -118,6 +124,7 @@ FAMILY = Family(
     formula=steady_state_formula,
     options=_OPTIONS,
     asynchronous=True,
+    shape=table_shape,
 )
 
 FAMILY_2BW = Family(
@@ -128,6 +135,7 @@ FAMILY_2BW = Family(
     formula=steady_state_formula,
     options=_OPTIONS,
     asynchronous=True,
+    shape=table_shape,
 )
 
 FAMILY_FLUSH = Family(

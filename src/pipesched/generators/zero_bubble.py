@@ -13,6 +13,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.generators.base import FormulaEstimate, check_sizes, per_stage_costs
 from pipesched.generators.zb_greedy import Memory, zb_greedy
+from pipesched.limits import check_family_option
 from pipesched.ops import F, I, Op, W
 from pipesched.schedule import Placement, Schedule
 
@@ -115,14 +116,13 @@ def automatic_schedule(
     defaults to what the costs' I leaves for W, 1 - input_frees."""
     check_sizes(p, m)
     per_stage = per_stage_costs(costs, p, name)
-    delay = _number(latency, "latency", 0.0, math.inf, "give the link latency in seconds (or slots), >= 0")
+    delay = float(check_family_option("latency", latency))  # type: ignore[arg-type]
     limit = default_limit if memory_limit is None else _number(
-        memory_limit, "memory_limit", 1.0, math.inf,
+        check_family_option("memory_limit", memory_limit), "memory_limit", 1.0, math.inf,
         "give the activation memory per device in units of M_B (one microbatch's F), at least 1")
     # without costs: W keeps half a microbatch's activations (StageCosts' default input_frees)
     frees = costs.input_frees if costs is not None else DEFAULT_INPUT_FREES
-    weight_share = 1.0 - frees if m_w is None else _number(
-        m_w, "m_w", 0.0, 1.0, "give M_W / M_B, the share of a microbatch's activations W still needs, in [0, 1]")
+    weight_share = 1.0 - frees if m_w is None else float(check_family_option("m_w", m_w))  # type: ignore[arg-type]
     memory = Memory(limit=float(limit), m_w=weight_share)
     tables = tuple(tuple(ops) for ops in zb_greedy(m, per_stage, memory, latency=delay))
     params = {"p": p, "m": m, "memory_limit": limit, "m_w": weight_share, "latency": delay}

@@ -46,7 +46,7 @@ from pathlib import Path
 from pipesched.errors import PipeschedError, invalid, require, shorten, suggest
 from pipesched.io.files import read_text
 from pipesched.io.yaml_text import load_yaml
-from pipesched.limits import MAX_CLUSTER_RANKS, check_count, check_name
+from pipesched.limits import MAX_CLUSTER_RANKS, check_count, check_name, check_rate
 from pipesched.model.devices import load_device
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
 from pipesched.model.units import parse_quantity
@@ -223,5 +223,5 @@ def _link(entry: object, where: str) -> LinkSpec:
     require("bandwidth" in entry, where, entry, "is missing 'bandwidth' (for example 450 GB/s)")
     bandwidth = parse_quantity(entry["bandwidth"], "bandwidth", f"{where}.bandwidth")
     latency = parse_quantity(entry.get("latency", 0.0), "time", f"{where}.latency")
-    require(bandwidth > 0, f"{where}.bandwidth", entry["bandwidth"], "must be > 0")
+    check_rate(f"{where}.bandwidth", bandwidth)
     return LinkSpec(bandwidth=bandwidth, latency=latency)

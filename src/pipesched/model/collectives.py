@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipesched.errors import require
+from pipesched.limits import check_rate
 from pipesched.model.hardware import Cluster
 
 
@@ -41,7 +42,7 @@ class CollectiveLevel:
     def __post_init__(self) -> None:
         require(isinstance(self.ranks, int) and self.ranks >= 1, "ranks", self.ranks, "must be a whole number >= 1")
         require(self.latency >= 0, "latency", self.latency, "must be >= 0 seconds")
-        require(self.bandwidth > 0, "bandwidth", self.bandwidth, "must be > 0 bytes/s (use inf for free links)")
+        check_rate("bandwidth", self.bandwidth, infinite=True)
 
 
 def _half_ring(nbytes: float, level: CollectiveLevel) -> float:

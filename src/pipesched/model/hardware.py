@@ -6,7 +6,14 @@ import math
 from dataclasses import dataclass
 
 from pipesched.errors import require
-from pipesched.limits import MAX_SECONDS, check_amount, check_name
+from pipesched.limits import (
+    MAX_AMOUNT,
+    MAX_SECONDS,
+    MIN_EFFICIENCY,
+    check_amount,
+    check_name,
+    check_rate,
+)
 
 
 @dataclass(frozen=True)
@@ -53,15 +60,18 @@ class DeviceSpec:
     def __post_init__(self) -> None:
         require(bool(self.name), "device name", repr(self.name), "give the device a name")
         check_name("device name", self.name)
-        for field_name in ("peak_flops", "memory_bytes", "memory_bandwidth"):
-            check_amount(f"{self.name}.{field_name}", getattr(self, field_name), above_minimum=True)
+        check_rate(f"{self.name}.peak_flops", self.peak_flops, unit="FLOP/s")
+        check_amount(f"{self.name}.memory_bytes", self.memory_bytes, above_minimum=True, unit="bytes")
+        check_rate(f"{self.name}.memory_bandwidth", self.memory_bandwidth)
+        # the rates the costs divide by are rate x efficiency: at least MIN_RATE x MIN_EFFICIENCY
         for field_name in ("matmul_efficiency", "bandwidth_efficiency"):
             value = getattr(self, field_name)
-            require(isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1,
-                    f"{self.name}.{field_name}", value, "must be in (0, 1]")
+            require(isinstance(value, int | float) and not isinstance(value, bool) and MIN_EFFICIENCY <= value <= 1,
+                    f"{self.name}.{field_name}", value, f"must be in [{MIN_EFFICIENCY:g}, 1]")
         for field_name in ("flash_forward_efficiency", "flash_backward_efficiency"):
             value = getattr(self, field_name)
-            require(0 <= value <= 1, f"{self.name}.{field_name}", value, "must be in [0, 1] (0: unfused attention)")
+            require(value == 0 or MIN_EFFICIENCY <= value <= 1, f"{self.name}.{field_name}", value,
+                    f"must be 0 (unfused attention) or in [{MIN_EFFICIENCY:g}, 1]")
         require((self.flash_forward_efficiency > 0) == (self.flash_backward_efficiency > 0),
                 f"{self.name}.flash_backward_efficiency", self.flash_backward_efficiency,
                 "give both flash efficiencies or neither")
@@ -79,10 +89,11 @@ class DeviceSpec:
             value = getattr(self, field_name)
             require(math.isfinite(value) and value >= 0, f"{self.name}.{field_name}", value,
                     "must be a finite number >= 0")
-        for field_name in ("host_bandwidth", "host_memory_bytes"):
-            value = getattr(self, field_name)
-            require(math.isfinite(value) and value >= 0, f"{self.name}.{field_name}", value,
-                    "must be a finite number >= 0 (0: none)")
+            check_amount(f"{self.name}.{field_name}", value,
+                         limit=MAX_SECONDS if field_name.endswith("_s") else MAX_AMOUNT)
+        check_rate(f"{self.name}.host_bandwidth", self.host_bandwidth, zero=True)  # 0: no host link
+        require(math.isfinite(self.host_memory_bytes) and self.host_memory_bytes >= 0,
+                f"{self.name}.host_memory_bytes", self.host_memory_bytes, "must be a finite number >= 0 (0: none)")
         require(math.isfinite(self.memory_fragmentation) and self.memory_fragmentation >= 1,
                 f"{self.name}.memory_fragmentation", self.memory_fragmentation, "must be a number >= 1")
 
@@ -95,8 +106,7 @@ class LinkSpec:
     latency: float  # seconds
 
     def __post_init__(self) -> None:
-        require(isinstance(self.bandwidth, int | float) and self.bandwidth > 0, "bandwidth", self.bandwidth,
-                "must be > 0 bytes/s (use inf for free links)")
+        check_rate("bandwidth", self.bandwidth, infinite=True)
         require(isinstance(self.latency, int | float) and math.isfinite(self.latency) and 0 <= self.latency <= MAX_SECONDS,
                 "latency", self.latency, f"must be a finite number of seconds in [0, {MAX_SECONDS:g}]")
 

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipesched.errors import require
+from pipesched.errors import PipeschedError, require
+from pipesched.limits import MAX_TRACE_TASKS
 from pipesched.render.style import KIND_LETTERS, KIND_NAMES, TRANSFER_NAMES
 from pipesched.render.waits import dependencies, wait_texts, waited_for
 from pipesched.timeline import Timeline
@@ -38,6 +39,7 @@ FLOW_CATEGORY = "dependency"
 def trace_document(timelines: Sequence[Timeline]) -> dict:
     """The trace as a JSON-ready dict ``{"traceEvents": [...], "otherData": {...}}``."""
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline to trace")
+    check_trace_size(timelines)
     events: list[dict] = []
     next_pid = 1
     flow_ids = iter(range(1, 1 << 62))
@@ -53,6 +55,7 @@ def comparison_trace_document(pairs: Sequence[tuple[Timeline, Timeline]]) -> dic
     """Predicted and measured timelines of each schedule as one trace: process ``2d`` is
     device d's prediction and ``2d + 1`` its measurement (module docstring)."""
     require(len(pairs) >= 1, "timelines", 0, "give at least one predicted and measured pair to trace")
+    check_trace_size([timeline for pair in pairs for timeline in pair])
     events: list[dict] = []
     next_pid = 1
     flow_ids = iter(range(1, 1 << 62))
@@ -65,6 +68,14 @@ def comparison_trace_document(pairs: Sequence[tuple[Timeline, Timeline]]) -> dic
             events.extend(_timeline_events(timeline, pids=pids, flow_ids=flow_ids, suffix=suffix))
         next_pid += 2 * devices
     return _document(events, [t for pair in pairs for t in pair])
+
+
+def check_trace_size(timelines: Sequence[Timeline]) -> None:
+    """Refuse a trace of more than MAX_TRACE_TASKS ops and transfers, before its events are built."""
+    tasks = sum(len(timeline) + len(timeline.transfers) for timeline in timelines)
+    if tasks > MAX_TRACE_TASKS:
+        raise PipeschedError(f"trace={tasks:,} ops and transfers: over the limit of {MAX_TRACE_TASKS:,} one trace "
+                             "draws; trace a smaller table (lower p, m or v), or draw it with --png")
 
 
 def render_comparison_trace(pairs: Sequence[tuple[Timeline, Timeline]]) -> str:

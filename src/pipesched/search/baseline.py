@@ -52,14 +52,16 @@ def _stages(stages: frozenset[int]) -> str:
 
 
 def in_flight_allowed(problem: SynthesisProblem) -> int | None:
-    """Stage-microbatches every device can hold under the cap (None: no cap)."""
+    """Stage-microbatches every device can hold under the cap (None: no cap); at most m, all
+    there are of its one stage (a larger memory limit builds the same table)."""
     if problem.memory_limit is None:
         return None
+    m = problem.num_microbatches
     counts = []
     for s in range(problem.num_stages):
         activation = problem.costs.activation_bytes[s]
         budget = problem.activation_budget(s)
-        counts.append(problem.num_microbatches if activation <= 0 else int(budget // activation))
+        counts.append(m if activation <= 0 else min(m, int(budget // activation)))
     return max(1, min(counts))
 
 

@@ -42,15 +42,17 @@ import numpy as np
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import MAX_SYNTHESIS_OPS
 from pipesched.ops import B, F, I, Op, OpKind, W
 from pipesched.rules import RULES
 from pipesched.simulate.network import Network
 
-# most ops a synthesis problem may have (p x m x ops per stage-microbatch): the solver's
-# model takes about 60 kB per op (12,000 ops: 0.7 GB)
-MAX_OPS = 20_000
 # default time resolution: units the longest op spans when no coarser exact grid exists
 TIME_RESOLUTION = 10_000
+# most units the horizon (every op and transfer one after the other) may span: the solver's
+# times and their sums stay far inside int64 however long the transfers are against the ops
+# (a slow link's delays coarsen the grid instead)
+MAX_TIME_UNITS = 2**50
 # memory: most units one allocation may span (the solver's sums stay far inside int64), and
 # the units of the largest allocation when no common divisor gives fewer
 MAX_MEMORY_UNITS = 2**40
@@ -64,7 +66,8 @@ def check_size(p: int, m: int, *, split_backward: bool) -> None:
     require(p >= 1, "p", p, "needs at least 1 pipeline device")
     require(m >= 1, "m", m, "needs at least 1 microbatch")
     ops = p * m * (3 if split_backward else 2)
-    require(ops <= MAX_OPS, "size", f"p{p} x m{m}", f"{ops:,} ops, over the {MAX_OPS:,} synthesis handles; lower p or m")
+    require(ops <= MAX_SYNTHESIS_OPS, "size", f"p{p} x m{m}",
+            f"{ops:,} ops, over the {MAX_SYNTHESIS_OPS:,} synthesis handles; lower p or m")
 
 
 @dataclass(frozen=True, eq=False)
@@ -303,7 +306,9 @@ class IntegerProblem:
         ops = [x for v in (redone if problem.allow_recompute else seconds).values() for x in v]
         host = [problem.host_transfer(s) for s in range(p)] if problem.allow_offload else []
         values = [x for v in seconds.values() for x in v] + ops + activation + gradient + host
-        unit = time_unit(values, longest=max(ops) or 1.0, resolution=resolution)
+        serial = m * (sum(max(a, b) for kind in problem.kinds for a, b in zip(seconds[kind], redone[kind], strict=True))
+                      + sum(activation) + sum(gradient) + 2 * sum(host))  # every op and transfer in turn
+        unit = max(time_unit(values, longest=max(ops) or 1.0, resolution=resolution), serial / MAX_TIME_UNITS)
 
         def floor_units(x: float) -> int:
             # whole units, rounded down (a value on the grid up to float noise stays exact)

@@ -18,13 +18,13 @@ to see what queueing adds.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import PipeschedError
+from pipesched.limits import MAX_TIMEOUT_S, check_amount
 from pipesched.schedule import Schedule
 from pipesched.search.baseline import Baseline, best_family
 from pipesched.search.cpsat import SolverOutcome, require_solver, solve
@@ -96,6 +96,14 @@ class SynthesisResult:
         """(makespan - lower bound) / makespan."""
         return (self.makespan_s - self.lower_bound_s) / self.makespan_s if self.makespan_s > 0 else 0.0
 
+    @property
+    def speedup_over_baseline(self) -> float | None:
+        """The best built-in family's makespan over this one's (1 when both take no time);
+        None when no family fits."""
+        if self.baseline is None:
+            return None
+        return self.baseline.makespan / self.makespan_s if self.makespan_s > 0 else 1.0
+
     def to_dict(self) -> dict:
         """The JSON form (``pipesched synthesize --json``)."""
         baseline = None
@@ -110,7 +118,7 @@ class SynthesisResult:
             "gap": self.gap,
             "seconds": self.seconds,
             "baseline": baseline,
-            "speedup_over_baseline": self.baseline.makespan / self.makespan_s if self.baseline else None,
+            "speedup_over_baseline": self.speedup_over_baseline,
             "method": self.method,
             "solver_status": self.solver_status,
             "solver_makespan_s": self.solver_makespan_s,
@@ -168,7 +176,7 @@ def synthesize(
     """
     began = time.perf_counter()
     require_solver()
-    require(math.isfinite(time_limit) and time_limit > 0, "time_limit", time_limit, "give a number of seconds > 0")
+    check_amount("time_limit", time_limit, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
     p = costs.num_stages
     if memory_limit is not None:
         limits = (float(memory_limit),) * p if isinstance(memory_limit, int | float) else tuple(map(float, memory_limit))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import MIN_RATE, check_rate
 from pipesched.model.collectives import (
     CollectiveLevel,
     allreduce_seconds,
@@ -141,9 +142,8 @@ class Network:
             value = bad_latency[~(np.isfinite(bad_latency) & (bad_latency >= 0))][0]
             raise PipeschedError(f"latency={value}: must be a finite number >= 0 seconds")
         bad_bandwidth = bandwidth[off_diagonal]
-        if bad_bandwidth.size and not np.all(bad_bandwidth > 0):
-            value = bad_bandwidth[~(bad_bandwidth > 0)][0]
-            raise PipeschedError(f"bandwidth={value}: must be > 0 bytes/s (use inf for free links)")
+        if bad_bandwidth.size and not np.all(bad_bandwidth >= MIN_RATE):
+            check_rate("bandwidth", float(bad_bandwidth[~(bad_bandwidth >= MIN_RATE)][0]), infinite=True)
         # a device never sends to itself: zero cost on the diagonal
         np.fill_diagonal(latency, 0.0)
         np.fill_diagonal(bandwidth, math.inf)
@@ -164,6 +164,9 @@ class Network:
                 values = tuple(float(v) for v in values)
                 bad = [v for v in values if not (v >= 0 and (math.isfinite(v) or field_name == "host_bandwidth"))]
                 require(not bad, field_name, bad[0] if bad else "", "must be numbers >= 0")
+                if field_name == "host_bandwidth":  # 0: no host link
+                    for value in values:
+                        check_rate(field_name, value, infinite=True, zero=True)
                 object.__setattr__(self, field_name, values)
         if self.data_parallel is not None:
             require(len(self.data_parallel.levels) == n, "data_parallel", f"{len(self.data_parallel.levels)} groups",
@@ -210,9 +213,9 @@ class Network:
         """
         require(num_devices >= 1, "devices", num_devices, "must be at least 1")
         require(math.isfinite(latency) and latency >= 0, "latency", latency, "must be a finite number >= 0 seconds")
-        require(bandwidth > 0, "bandwidth", bandwidth, "must be > 0 bytes/s (use inf for free links)")
+        check_rate("bandwidth", bandwidth, infinite=True)
         if host_bandwidth is not None:
-            require(host_bandwidth > 0, "host_bandwidth", host_bandwidth, "must be > 0 bytes/s (use inf for a free link)")
+            check_rate("host_bandwidth", host_bandwidth, infinite=True)
         require(math.isfinite(host_latency) and host_latency >= 0, "host_latency", host_latency,
                 "must be a finite number >= 0 seconds")
         shape = (num_devices, num_devices)

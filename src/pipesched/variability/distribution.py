@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipesched.limits import check_sampled_work
 from pipesched.simulate import run, run_batch
 from pipesched.simulate.graph import TaskGraph
 from pipesched.timeline import ALLREDUCE
@@ -140,6 +141,7 @@ class Distribution:
 
 def monte_carlo(graph: TaskGraph, variability: Variability, *, top_ops: int = 10) -> Distribution:
     """``variability.samples`` iterations of ``graph`` with sampled durations."""
+    check_sampled_work(variability.samples, graph.num_ops + graph.num_transfers)
     sampler = Sampler(graph, variability)
     total = variability.samples
     makespan = np.empty(total)
