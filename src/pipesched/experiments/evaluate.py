@@ -252,6 +252,18 @@ def sim_schedule(point: Point, setup) -> Schedule:
     return point.build_schedule(setup, iterations=STEADY_ITERATIONS if _asynchronous(point) else None)
 
 
+def _monte_carlo(graph, point: Point) -> tuple[Distribution | None, dict[str, float]]:
+    """With the point's variability: the Monte Carlo run of its compiled graph (or of its
+    iterations back to back) and the record's spread fields."""
+    if point.variability is None:
+        return None, {}
+    from pipesched.variability.distribution import monte_carlo
+
+    distribution = monte_carlo(graph, point.variability)
+    time = distribution.time
+    return distribution, {"mean_s": time.mean, "std_s": time.std, "p99_s": time.p99}
+
+
 def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Distribution | None]:
     from pipesched.metrics import communication_per_device, mfu, throughput, training_work
     from pipesched.passes.offload import check_host_memory
@@ -264,13 +276,12 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Dist
     flops = setup.flops_per_iteration(point.m, schedule)
     peaks = setup.peak_flops_per_device(network)
     if in_steady_state(point):
-        if point.variability is not None:
-            raise PipeschedError("variability: Monte Carlo runs of a steady state are not modelled; drop "
-                                 "--steady-state (or the variability options)")
-        from pipesched.simulate.iterations import steady_state
+        from pipesched.simulate.iterations import compile_iterations, run_iterations
 
-        found = steady_state(schedule, costs, network, iterations=STEADY_ITERATIONS, steady=point.steady_state,
-                             contention=point.contention, overlap=point.overlap)
+        compiled = compile_iterations(schedule, costs, network, iterations=STEADY_ITERATIONS,
+                                      steady=point.steady_state, contention=point.contention, overlap=point.overlap)
+        found = run_iterations(compiled)
+        distribution, spread = _monte_carlo(compiled, point)
         timeline, time = found.timeline, found.iteration_time
         samples = point.m * setup.micro_batch_size / time if time > 0 else 0.0
         tokens = samples * setup.seq_len if setup.seq_len else None
@@ -283,20 +294,13 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Dist
             point.family, "sim", time, "s", found.bubble_ratio, max(memory.peak), "bytes",
             throughput_samples_per_s=samples, throughput_tokens_per_s=tokens, mfu=utilization,
             exposed_comm_s=float(exposed.max()) / found.iterations.iterations,
-            out_of_memory=any(memory.out_of_memory), **_steady_fields(point, found),
+            out_of_memory=any(memory.out_of_memory), **_steady_fields(point, found), **spread,
         )
-        return row, timeline, setup.description, None
+        return row, timeline, setup.description, distribution
     graph = compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap)
     timeline = run(graph)
     check_host_memory(timeline.host_memory, str(point.offload))
-    distribution = None
-    spread: dict[str, float] = {}
-    if point.variability is not None:
-        from pipesched.variability.distribution import monte_carlo
-
-        distribution = monte_carlo(graph, point.variability)
-        time = distribution.time
-        spread = {"mean_s": time.mean, "std_s": time.std, "p99_s": time.p99}
+    distribution, spread = _monte_carlo(graph, point)
     samples, tokens = throughput(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len)
     utilization = None
     if flops is not None and peaks is not None:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.errors import PipeschedError
 from pipesched.experiments.evaluate import (
     STEADY_ITERATIONS,
     in_steady_state,
@@ -28,7 +27,7 @@ from pipesched.metrics import Metrics, allreduce_per_device, summarize
 from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
 from pipesched.simulate import Network, compile_graph, run
-from pipesched.simulate.iterations import SteadyState, steady_state
+from pipesched.simulate.iterations import SteadyState, compile_iterations, run_iterations
 from pipesched.timeline import Timeline
 from pipesched.variability.distribution import Distribution, monte_carlo
 
@@ -126,17 +125,16 @@ def simulate_point(point: Point) -> Simulation:
         metrics = summarize(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len,
                             flops_per_iteration=flops, peak_flops=peak_flops)
         return Simulation(point, schedule, setup, network, timeline, metrics, distribution=distribution)
-    if point.variability is not None:
-        raise PipeschedError("variability: Monte Carlo runs of a steady state are not modelled; drop "
-                             "--steady-state (or the variability options)")
-    found = steady_state(schedule, costs, network, iterations=STEADY_ITERATIONS, steady=point.steady_state,
-                         contention=point.contention, overlap=point.overlap)
+    compiled = compile_iterations(schedule, costs, network, iterations=STEADY_ITERATIONS, steady=point.steady_state,
+                                  contention=point.contention, overlap=point.overlap)
+    found = run_iterations(compiled)
+    distribution = monte_carlo(compiled, point.variability) if point.variability is not None else None
     timeline = found.timeline
     whole = summarize(timeline, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len)
     return Simulation(point, found.timeline.schedule, setup, network, timeline,
                       steady_metrics(found, whole, micro_batch_size=setup.micro_batch_size, seq_len=setup.seq_len,
                                      microbatches=point.m, flops_per_iteration=flops, peak_flops=peak_flops),
-                      steady=found)
+                      distribution=distribution, steady=found)
 
 def steady_metrics(found: SteadyState, whole: Metrics, *, micro_batch_size: int, seq_len: int | None,
                    microbatches: int, flops_per_iteration: float | None, peak_flops) -> Metrics:

@@ -67,6 +67,11 @@ class Iterations:
     op_iteration: np.ndarray  # int32 per op row
     transfer_iteration: np.ndarray  # int32 per transfer
 
+    @property
+    def groups(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The iteration of each op and transfer, and their number (``run_batch(groups=...)``)."""
+        return self.op_iteration, self.transfer_iteration, self.iterations
+
 
 @dataclass(frozen=True, eq=False)
 class SteadyState:
@@ -80,10 +85,7 @@ class SteadyState:
     @property
     def iteration_time(self) -> float:
         """The mean iteration between the first and the last (see the module docstring)."""
-        ends = self.iteration_end
-        if len(ends) < 3:
-            return ends[-1] - (ends[0] if len(ends) == 2 else 0.0) if ends else 0.0
-        return (ends[-2] - ends[0]) / (len(ends) - 2)
+        return float(steady_iteration_time(np.asarray(self.iteration_end, np.float64)))
 
     @property
     def busy_per_iteration(self) -> np.ndarray:
@@ -101,6 +103,22 @@ class SteadyState:
         return {"mode": self.iterations.mode, "iterations": self.iterations.iterations,
                 "steady_iteration_time": self.iteration_time, "iteration_end": list(self.iteration_end),
                 "steady_bubble_ratio": self.bubble_ratio, **self.weights.to_dict()}
+
+
+def steady_iteration_time(ends: np.ndarray) -> np.ndarray:
+    """The steady-state iteration time from each iteration's end (the last axis; one row per
+    run): (end of iteration k-2 - end of iteration 0) / (k - 2); with two iterations the
+    second's time, with one its end (see the module docstring).
+
+    >>> steady_iteration_time(np.array([[10.0, 16.0, 22.0, 30.0]])).tolist()
+    [6.0]
+    """
+    k = ends.shape[-1]
+    if k == 0:
+        return np.zeros(ends.shape[:-1])
+    if k < 3:
+        return ends[..., -1] - (ends[..., 0] if k == 2 else 0.0)
+    return (ends[..., -2] - ends[..., 0]) / (k - 2)
 
 
 def compile_iterations(schedule: Schedule, costs: StageCosts, network: Network | None = None, *,
