@@ -114,7 +114,7 @@ class Sampler:
                 if cv == 0:
                     continue
                 self.op_sigma[rows] = math.sqrt(math.log1p(cv * cv))
-            for c, i in sorted({(int(c), int(i)) for c, i in zip(chunk[rows], op_iteration[rows], strict=True)}):
+            for c, i in _distinct(chunk[rows], op_iteration[rows]):
                 group = rows[(chunk[rows] == c) & (op_iteration[rows] == i)]
                 self.op_groups.append((group, _stream(seed, OPS, _kind_code(letter), c, *_in_iteration(i))))
         self.op_table = np.concatenate(tables)
@@ -135,8 +135,7 @@ class Sampler:
         reduces = graph.tr_kind == ALLREDUCE
         sender_chunk = chunk_of[src, graph.tr_stage] if graph.num_transfers else np.zeros(0, np.int64)
         sent = jittered & ~reduces
-        for kind, c, i in sorted({(int(a), int(b), int(x)) for a, b, x in
-                                  zip(graph.tr_kind[sent], sender_chunk[sent], tr_iteration[sent], strict=True)}):
+        for kind, c, i in _distinct(graph.tr_kind[sent], sender_chunk[sent], tr_iteration[sent]):
             group = np.flatnonzero(sent & (graph.tr_kind == kind) & (sender_chunk == c) & (tr_iteration == i))
             index = src[group] * microbatches + (graph.tr_microbatch[group] - i * microbatches)
             self.tr_groups.append((group, index, _stream(seed, MESSAGES, kind, c, *_in_iteration(i)), self.shape))
@@ -188,6 +187,14 @@ class Sampler:
             normal = stream.standard_normal((count, int(np.prod(shape))), dtype=np.float32)
             _lognormal(transfers, normal, rows, index, self.tr_base, self.tr_sigma, none, unslowed)
         return ops, transfers
+
+
+def _distinct(*columns: np.ndarray) -> list[tuple[int, ...]]:
+    """The distinct rows of equally long integer columns, sorted."""
+    if not columns[0].size:
+        return []
+    rows = np.unique(np.stack([np.asarray(c, np.int64) for c in columns], axis=1), axis=0)
+    return [tuple(int(x) for x in row) for row in rows]
 
 
 def _entry_kinds(ops) -> np.ndarray:
