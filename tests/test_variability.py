@@ -426,7 +426,6 @@ def test_the_first_iteration_of_a_steady_state_shares_the_one_iterations_random_
     assert not np.allclose(steady[:, later] / compiled.graph.op_duration[later], steady_factors)
 
 
-@pytest.mark.slow
 def test_compare_with_jitter_ranks_every_family(cli, cost_file):
     result = cli("compare", "-p", "4", "-m", "8", "--stage-costs", cost_file, "--latency", "1e-4",
                  "--bandwidth", "1e9", "--jitter", "0.1", "--samples", "50", "--json")

@@ -246,7 +246,11 @@ class PairVerdict:
 
 
 def interquartile_range(values: Sequence[float]) -> float | None:
-    """p75 - p25 (numpy's linear percentiles); None for fewer than two values."""
+    """p75 - p25 (numpy's linear percentiles); None for fewer than two values.
+
+    >>> interquartile_range([1.0, 2.0, 3.0, 4.0, 5.0])
+    2.0
+    """
     if len(values) < 2:
         return None
     low, high = np.percentile(np.asarray(values, np.float64), (25, 75))
