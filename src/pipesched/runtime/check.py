@@ -12,8 +12,8 @@ Three figures per schedule, one story:
 - predicted p50 / p99: the same simulation, same costs, over ``CHECK_SAMPLES`` Monte Carlo
   iterations in which every op draws its time independently from its stage's repeats,
   each repeat as a factor over their median (median 1: with equal repeats every sample is
-  the prediction). Slow repeats of different ops add up in a sample, so on cores shared
-  with other work p50 lies above the prediction;
+  the prediction). Slow repeats of different ops add up in a sample, so with repeats
+  spread by other work on the cores p50 tends to lie above the prediction;
 - measured: the median step (``runs.median_step``), whose timeline the page draws below.
 
 The ranking. Two schedules' measured medians are told apart when their difference is
