@@ -102,9 +102,7 @@ def main() -> None:
                       f"{row.measured_s * 1e3:12.1f} {row.error:+8.1%} {share:10.3f}", flush=True)
             rows.extend(part.rows)
         report = CheckReport(rows=tuple(rows), link=link, overhead_s=overhead)
-        agrees = "yes" if report.ranking_agrees else "no"
-        print(f"    m={m}: median |error| {report.median_abs_error:.1%}, ranking agrees: {agrees}, "
-              f"Kendall's tau {report.rank_correlation:+.2f}")
+        print(f"    m={m}: median |error| {report.median_abs_error:.1%}; {report.ranking_verdict}")
     print(f"median |error| over {len(errors)} runs: {statistics.median(errors):.1%} "
           f"(max {max(errors):.1%}); over the {len(clean)} runs with cpu share >= 0.97: "
           + (f"{statistics.median(clean):.1%}" if clean else "none"))

@@ -194,7 +194,9 @@ def test_check_command_compares_prediction_and_run(cli, tmp_path):
         assert row["error"] == pytest.approx((row["predicted_s"] - row["measured_s"]) / row["measured_s"])
     assert data["median_abs_error"] == pytest.approx(statistics.median(abs(r["error"]) for r in data["rows"]))
     assert sorted(data["predicted_order"]) == sorted(data["measured_order"]) == ["gpipe", "zb-h1"]
-    assert data["rank_correlation"] == (1.0 if data["ranking_agrees"] else -1.0)
+    # one pair: judged (tau +1 or -1 as it agrees) or too noisy to judge (no tau)
+    assert data["rank_correlation"] == {True: 1.0, False: -1.0, None: None}[data["ranking_agrees"]]
+    assert data["pairs"][0]["judged"] == (data["ranking_agrees"] is not None)
     assert data["latency_s"] > 0 and set(data["per_op_overhead_s"]) == {"pytorch"}
     # the measured spread of the step times beside the distribution the profiled repeats predict
     for row in data["rows"]:

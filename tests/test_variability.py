@@ -27,9 +27,10 @@ from hypothesis import strategies as st
 from cli_helpers import assert_one_line_error
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
-from pipesched.generators import generate
+from pipesched.generators import FAMILIES, generate
 from pipesched.io.stage_costs import save_stage_costs
 from pipesched.simulate import Network, compile_graph, run, run_batch, simulate
+from pipesched.simulate.iterations import compile_iterations, run_iterations
 from pipesched.variability import (
     MAX_SAMPLES,
     Sampler,
@@ -347,3 +348,107 @@ def test_a_bad_repeats_file_is_one_line(cli, cost_file, tmp_path):
                               "--jitter-file", str(path)), "seconds=-1.0")
     with pytest.raises(PipeschedError, match="header"):
         parse_repeats("stage,kind,seconds\n")
+
+
+# --- fused entries and iterations back to back --------------------------------------------
+def test_a_fused_entry_is_drawn_as_one_op_of_its_fused_kind():
+    graph = graph_of("dualpipe")
+    ops = graph.ops
+    fused_letter = "OVERLAP_F_B"
+    fused = graph.schedule.rules.index(fused_letter)
+    tails = ops.tails()
+    heads = (ops.entry_kind == fused) & ~tails
+    assert heads.any() and tails.any()
+    drawn, _ = Sampler(graph, Variability(jitter=((fused_letter, 0.3),), samples=4000, seed=2)).draw(4000)
+    factors = drawn[:, heads] / graph.op_duration[heads]
+    assert factors.mean() == pytest.approx(1.0, abs=0.02)
+    assert factors.std() == pytest.approx(0.3, rel=0.05)
+    # the entry's other parts take no time; every plain op keeps its compiled duration
+    assert np.all(drawn[:, tails] == 0.0)
+    np.testing.assert_array_equal(drawn[:, ~heads], np.broadcast_to(graph.op_duration[~heads], drawn[:, ~heads].shape))
+    # jitter of the forward kind leaves the fused entries, whose first part is a forward, alone
+    forward, _ = Sampler(graph, Variability(jitter=(("F", 0.3),), samples=50, seed=2)).draw(50)
+    np.testing.assert_array_equal(forward[:, heads], np.broadcast_to(graph.op_duration[heads], (50, heads.sum())))
+
+
+@pytest.mark.parametrize("name", ["dualpipe", "dualpipev"])
+def test_the_ops_most_on_the_critical_path_are_table_entries(name):
+    graph = graph_of(name)
+    schedule = graph.schedule
+    result = monte_carlo(graph, Variability(jitter=parse_jitter("0.2"), samples=300, seed=1), top_ops=40)
+    entries = {(str(op), device) for device, table in enumerate(schedule.device_ops) for op in table}
+    named = [(op, device) for op, device, _ in result.critical_ops]
+    assert set(named) <= entries and len(set(named)) == len(named)
+    assert any("OVERLAP_F_B" in op for op, _ in named)
+    # a fused entry is one task of its kind on the path, not one per part
+    kinds = {i.name: i for i in result.influences if i.group == "kind"}
+    assert "OVERLAP_F_B" in kinds
+    parts = {op: share for op, _, share in result.critical_ops}
+    assert all(0.0 < share <= 1.0 for share in parts.values())
+
+
+def _steady_graph(name: str, p: int = 4, m: int = 8):
+    schedule = generate(name, p, m, iterations=4) if FAMILIES[name].asynchronous else generate(name, p, m)
+    costs = random_costs(schedule.num_stages, 5)
+    return compile_iterations(schedule, costs, Network.uniform(p, latency=0.05, bandwidth=20.0), iterations=4)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-v", "pipedream", "pipedream-2bw"])
+def test_a_steady_state_sample_is_the_mean_iteration_between_the_first_and_the_last(name):
+    compiled = _steady_graph(name)
+    graph, k = compiled.graph, compiled.iterations
+    variability = Variability(jitter=parse_jitter("0.2"), random_straggler=(0.2, 1.5), samples=6, seed=3)
+    result = monte_carlo(compiled, variability)
+    ops, transfers = Sampler(graph, variability, iterations=compiled).draw(6)
+    for i in range(6):
+        timeline = run(graph, op_durations=ops[i], transfer_durations=None if transfers is None else transfers[i])
+        # each iteration ends with its last op or transfer, from the run's first start
+        ends = np.zeros(k)
+        np.maximum.at(ends, compiled.op_iteration, timeline.op_end - timeline.origin)
+        np.maximum.at(ends, compiled.transfer_iteration, timeline.transfers.end - timeline.origin)
+        assert result.makespan[i] == pytest.approx((ends[k - 2] - ends[0]) / (k - 2), rel=1e-12)
+    assert result.deterministic == pytest.approx(run_iterations(compiled).iteration_time, rel=1e-12)
+    still = monte_carlo(compiled, Variability(jitter=parse_jitter("0"), samples=3))
+    np.testing.assert_allclose(still.makespan, result.deterministic, rtol=1e-12)
+
+
+def test_the_first_iteration_of_a_steady_state_shares_the_one_iterations_random_numbers():
+    compiled = _steady_graph("1f1b")
+    one = graph_of("1f1b", seed=5)
+    variability = Variability(jitter=parse_jitter("0.3"), random_straggler=(0.3, 2.0), samples=5, seed=4)
+    steady, _ = Sampler(compiled.graph, variability, iterations=compiled).draw(5)
+    single, _ = Sampler(one, variability).draw(5)
+    first = compiled.op_iteration == 0
+    # iteration 0's rows are each device's first ops, in table order: the same factors
+    steady_factors = steady[:, first] / compiled.graph.op_duration[first]
+    np.testing.assert_allclose(steady_factors, single / one.op_duration, rtol=1e-12)
+    later = compiled.op_iteration == 1
+    assert not np.allclose(steady[:, later] / compiled.graph.op_duration[later], steady_factors)
+
+
+def test_compare_with_jitter_ranks_every_family(cli, cost_file):
+    result = cli("compare", "-p", "4", "-m", "8", "--stage-costs", cost_file, "--latency", "1e-4",
+                 "--bandwidth", "1e9", "--jitter", "0.1", "--samples", "50", "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    ranked = {row["schedule"] for row in data["variability"]["rows"]}
+    assert ranked == set(FAMILIES), data.get("skipped")
+
+
+@pytest.mark.parametrize("name", ["dualpipe", "dualpipev", "pipedream", "pipedream-2bw"])
+def test_compare_with_jitter_takes_fused_and_asynchronous_families(cli, cost_file, name):
+    result = cli("compare", "--schedules", f"1f1b,{name}", "-p", "4", "-m", "8", "--stage-costs", cost_file,
+                 "--jitter", "0.1", "--samples", "40", "--json")
+    assert result.code == 0, result
+    rows = json.loads(result.out)["variability"]["rows"]
+    assert {row["schedule"] for row in rows} == {"1f1b", name}
+
+
+def test_simulate_a_steady_state_with_jitter(cli, cost_file):
+    result = cli("simulate", "zb-h1", "-p", "4", "-m", "8", "--stage-costs", cost_file, "--steady-state",
+                 "--jitter", "0", "--samples", "4", "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    spread = data["variability"]
+    assert spread["mean_s"] == pytest.approx(data["steady_state"]["steady_iteration_time"], rel=1e-12)
+    assert spread["deterministic_s"] == pytest.approx(data["iteration_time_s"], rel=1e-12)

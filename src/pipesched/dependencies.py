@@ -58,6 +58,11 @@ class OpArrays:
     def fused(self) -> bool:
         return self.entry_head is not None
 
+    def entry_kinds(self) -> np.ndarray:
+        """The kind of the table entry each row belongs to (rules index): a fused entry's
+        kind on each of its parts' rows, a plain op's own kind."""
+        return self.kind if self.entry_kind is None else self.entry_kind
+
     def tails(self) -> np.ndarray:
         """Rows that are a later part of a fused entry (bool per row)."""
         if self.entry_head is None:
@@ -374,7 +379,7 @@ def _dependencies(schedule: Schedule) -> Dependencies:
 def _raise_problem(schedule: Schedule, ops: OpArrays, code: int, index: int) -> None:
     hint = "run `pipesched validate` on the schedule for the full report"
     if ops.entry_head is not None and code in (MISPLACED, MUTUAL):
-        entry = _entry_of_row(schedule, ops, index)
+        entry = entry_of_row(schedule, ops, index)
         if entry.parts:
             part = entry.parts[index - int(ops.entry_head[index])]
             if code == MUTUAL:
@@ -403,7 +408,7 @@ def _raise_problem(schedule: Schedule, ops: OpArrays, code: int, index: int) -> 
     )
 
 
-def _entry_of_row(schedule: Schedule, ops: OpArrays, row: int):
+def entry_of_row(schedule: Schedule, ops: OpArrays, row: int):
     """The table entry (an Op, fused or plain) that op row ``row`` belongs to."""
     device = int(ops.device[row])
     position = int(ops.device_offsets[device])

@@ -91,19 +91,27 @@ class Source(StrEnum):
     MEASURED = "measured"  # a real run, timed
 
 
-def steady_iteration_time(iteration_end: tuple[float, ...]) -> float:
+def steady_iteration_time(iteration_end):
     """The steady-state iteration of iterations back to back that ended at ``iteration_end``
-    (from the first op's start): the mean iteration between the first (which pays the fill
-    ramp) and the last (whose drain no next iteration fills), (end of iteration k-2 - end of
-    iteration 0) / (k - 2); with two iterations the second's time, with one its own.
+    (from the first op's start; the last axis, one row per run of a batch): the mean
+    iteration between the first (which pays the fill ramp) and the last (whose drain no next
+    iteration fills), (end of iteration k-2 - end of iteration 0) / (k - 2); with two
+    iterations the second's time, with one its own. A float for one run, an array for rows.
 
     >>> steady_iteration_time((10.0, 16.0, 22.0, 30.0))
     6.0
+    >>> steady_iteration_time(np.array([[10.0, 16.0, 22.0, 30.0], [5.0, 9.0, 13.0, 20.0]])).tolist()
+    [6.0, 4.0]
     """
-    ends = iteration_end
-    if len(ends) < 3:
-        return ends[-1] - (ends[0] if len(ends) == 2 else 0.0) if ends else 0.0
-    return (ends[-2] - ends[0]) / (len(ends) - 2)
+    ends = np.asarray(iteration_end, np.float64)
+    k = ends.shape[-1]
+    if k == 0:
+        found = np.zeros(ends.shape[:-1])
+    elif k < 3:
+        found = ends[..., -1] - (ends[..., 0] if k == 2 else 0.0)
+    else:
+        found = (ends[..., -2] - ends[..., 0]) / (k - 2)
+    return float(found) if ends.ndim == 1 else found
 
 
 @dataclass(frozen=True, eq=False)

@@ -51,6 +51,13 @@ def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: 
     return schedule
 
 
+# what each figure of the check table is (pipesched.runtime.check)
+CHECK_LEGEND = ("predicted: every op at the median of its profiled repeats; p50 / p99: the same costs with every op "
+                "drawn independently from its repeats (factors over their median: equal repeats give p50 = predicted); "
+                "measured: the median step, whose timeline --html draws; a pair of schedules is judged when the "
+                "difference of their medians exceeds each one's step-time IQR")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
@@ -222,20 +229,21 @@ def check_command(
     console = output_console()
     table = Table(title=f"prediction check: {model}, p={p}, m={m}, micro-batch {micro_batch_size} x {seq_len}, "
                         f"{dtype}, {backend}")
-    for column in ("schedule", "runtime", "predicted ms", "measured ms", "error",
-                   "predicted p50 / p99 (std) ms", "measured min / median / max (std) ms"):
+    for column in ("schedule", "runtime", "predicted ms", "measured ms", "error", "predicted p50 / p99 (std) ms",
+                   "measured min / max (IQR) ms"):
         table.add_column(column, justify="left" if column in ("schedule", "runtime") else "right")
     for row in report.rows:
         steps = row.measured_spread
         predicted = "-" if row.spread is None else (
             f"{_ms(row.spread.time.p50)} / {_ms(row.spread.time.p99)} ({row.spread.time.std * 1e3:.2f})")
+        iqr = "-" if row.measured_iqr is None else f"{row.measured_iqr * 1e3:.2f}"
         table.add_row(row.schedule.name, row.run.runtime, _ms(row.predicted_s), _ms(row.measured_s), f"{row.error:+.1%}",
-                      predicted, f"{_ms(steps.min)} / {_ms(steps.p50)} / {_ms(steps.max)} ({steps.std * 1e3:.2f})")
+                      predicted, f"{_ms(steps.min)} / {_ms(steps.max)} ({iqr})")
     console.print(table)
-    agrees = "yes" if report.ranking_agrees else "no"
-    console.print(f"median |error| {report.median_abs_error:.1%}; ranking agrees: {agrees}, "
-                  f"Kendall's tau {report.rank_correlation:+.2f} "
-                  f"(predicted {' < '.join(report.predicted_order)}; measured {' < '.join(report.measured_order)})")
+    console.print(CHECK_LEGEND, highlight=False)
+    console.print(f"median |error| {report.median_abs_error:.1%}; {report.ranking_verdict} "
+                  f"(predicted {' < '.join(report.predicted_order)}; measured {' < '.join(report.measured_order)})",
+                  highlight=False)
     overheads = ", ".join(f"{name} {seconds * 1e6:.0f} us" for name, seconds in report.overhead_s.items())
     console.print(f"link {report.link.latency * 1e6:.0f} us, {report.link.bandwidth / 1e9:.2f} GB/s; "
                   f"per-op overhead {overheads}")

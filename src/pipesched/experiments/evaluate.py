@@ -59,7 +59,7 @@ from pipesched.metrics import (
 from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
 from pipesched.simulate import compile_graph, run
-from pipesched.simulate.iterations import SteadyState, steady_state
+from pipesched.simulate.iterations import SteadyState, compile_iterations, run_iterations, steady_state
 from pipesched.simulate.network import Network
 from pipesched.slot_table import one_f_one_b_units
 from pipesched.timeline import Timeline
@@ -296,12 +296,11 @@ def run_sim(point: Point) -> SimRun:
     costs = with_fb_cost(setup.costs_for(schedule), point.fb_cost)
     network = setup.network_for(schedule)
     if in_steady_state(point):
-        if point.variability is not None:
-            raise PipeschedError("variability: Monte Carlo runs of a steady state are not modelled; drop "
-                                 "--steady-state (or the variability options)")
-        found = steady_state(schedule, costs, network, iterations=STEADY_ITERATIONS, steady=point.steady_state,
-                             contention=point.contention, overlap=point.overlap)
-        return SimRun(setup, schedule, network, found.timeline, steady=found)
+        compiled = compile_iterations(schedule, costs, network, iterations=STEADY_ITERATIONS,
+                                      steady=point.steady_state, contention=point.contention, overlap=point.overlap)
+        found = run_iterations(compiled)
+        distribution = monte_carlo(compiled, point.variability) if point.variability is not None else None
+        return SimRun(setup, schedule, network, found.timeline, steady=found, distribution=distribution)
     graph = compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap)
     timeline = run(graph)
     check_host_memory(timeline.host_memory, str(point.offload))

@@ -15,7 +15,7 @@ schedule, the predicted and the measured timeline one above the other on one tim
 (zoom and pan move both), colours every op by how far its measured duration is from the
 predicted one, links each op to its counterpart (hovering one outlines the other), lists
 the largest deviations in a sortable table, and plots the measured step times against the
-prediction.
+prediction, marking the step drawn (a run's median step, whose time it reports).
 """
 
 from __future__ import annotations
@@ -192,6 +192,7 @@ def render_comparison_html(
             "measured": first + 1,
             "timeUnit": scale.unit,
             "predictedTime": predicted.makespan * scale.factor,
+            "measuredTime": measured.makespan * scale.factor,  # the step drawn: the median step of a run
             "steps": [t * scale.factor for t in comparison.step_times],
         })
         sections.append(

@@ -3,8 +3,24 @@
 For each schedule: profile its stages in isolation, simulate it with those costs (plus the
 runtime's per-op overhead and the measured link between ranks), run it for real, and
 compare the predicted iteration time with the measured median step time. The error is
-signed, (predicted - measured) / measured; the ranking agrees when sorting the schedules by
-predicted time gives the same order as sorting them by measured time.
+signed, (predicted - measured) / measured.
+
+Three figures per schedule, one story:
+
+- predicted: the simulation with every op at the median of its profiled repeats (plus the
+  per-op overhead); the timeline the comparison page draws on top;
+- predicted p50 / p99: the same simulation, same costs, over ``CHECK_SAMPLES`` Monte Carlo
+  iterations in which every op draws its time independently from its stage's repeats,
+  each repeat as a factor over their median (median 1: with equal repeats every sample is
+  the prediction). Slow repeats of different ops add up in a sample, so with repeats
+  spread by other work on the cores p50 tends to lie above the prediction;
+- measured: the median step (``runs.median_step``), whose timeline the page draws below.
+
+The ranking. Two schedules' measured medians are told apart when their difference is
+larger than the interquartile range of the step times of each of them: then the pair is
+judged, and it agrees when the predictions order it alike. Kendall's tau is taken over the
+judged pairs; with none judged the verdict is "too noisy to judge" (no tau); a schedule
+measured on one step has no spread, so its pairs are never judged.
 
 The stage profile is taken in the same launch as the run: every rank times the F, I, W and
 B of its own stages in a loop, outside any pipeline, all ranks at once, in rounds between
@@ -54,6 +70,7 @@ from pipesched.runtime.runs import (
 )
 from pipesched.schedule import Schedule
 from pipesched.simulate.graph import TaskGraph
+from pipesched.simulate.network import Network
 from pipesched.timeline import Timeline
 from pipesched.variability.distribution import Distribution, Spread
 
@@ -73,8 +90,13 @@ class CheckRow:
 
     @property
     def measured_spread(self) -> Spread:
-        """The measured step times' spread (p50 is their median)."""
+        """The measured step times' spread (percentiles interpolated between steps)."""
         return Spread.of(np.asarray(self.run.step_times))
+
+    @property
+    def measured_iqr(self) -> float | None:
+        """Interquartile range of the measured step times, seconds (None with one step)."""
+        return interquartile_range(self.run.step_times)
 
     @property
     def predicted_s(self) -> float:
@@ -109,14 +131,48 @@ class CheckReport:
         return tuple(row.schedule.name for row in sorted(self.rows, key=lambda r: r.measured_s))
 
     @property
-    def ranking_agrees(self) -> bool:
-        return self.predicted_order == self.measured_order
+    def pairs(self) -> tuple[PairVerdict, ...]:
+        """Every pair of schedules, judged or too noisy (see the module docstring)."""
+        return tuple(judge_pair(a, b) for k, a in enumerate(self.rows) for b in self.rows[k + 1:])
 
     @property
-    def rank_correlation(self) -> float:
-        """Kendall's tau between predicted and measured times: 1 when every pair of
-        schedules is ordered alike, -1 when every pair is swapped (1 with one schedule)."""
-        return kendall_tau([row.predicted_s for row in self.rows], [row.measured_s for row in self.rows])
+    def judged(self) -> tuple[PairVerdict, ...]:
+        return tuple(pair for pair in self.pairs if pair.judged)
+
+    @property
+    def too_noisy(self) -> bool:
+        """Whether no pair of schedules could be judged (never with one schedule)."""
+        return len(self.rows) > 1 and not self.judged
+
+    @property
+    def ranking_agrees(self) -> bool | None:
+        """Whether the prediction orders every judged pair as measured (None: too noisy)."""
+        if self.too_noisy:
+            return None
+        return all(pair.agrees for pair in self.judged)
+
+    @property
+    def rank_correlation(self) -> float | None:
+        """Kendall's tau over the judged pairs: 1 when each is ordered alike, -1 when each is
+        swapped, a predicted tie counting 0 (1 with one schedule; None when too noisy)."""
+        if self.too_noisy:
+            return None
+        judged = self.judged
+        return sum(pair.concordance for pair in judged) / len(judged) if judged else 1.0
+
+    @property
+    def ranking_verdict(self) -> str:
+        """One line: whether the ranking agrees, over how many pairs, or that it cannot say."""
+        total = len(self.pairs)
+        if total == 0:
+            return "one schedule: no ranking to judge"
+        if self.too_noisy:
+            return (f"too noisy to judge: the measured step times' spread is larger than the difference between "
+                    f"the medians for {'the pair' if total == 1 else f'all {total} pairs'}")
+        judged = len(self.judged)
+        noisy = "" if judged == total else f"; {total - judged} of {total} pairs too noisy to judge"
+        return (f"ranking agrees: {'yes' if self.ranking_agrees else 'no'}, Kendall's tau "
+                f"{self.rank_correlation:+.2f} over {judged} judged pair{'' if judged == 1 else 's'}{noisy}")
 
     def timeline_pairs(self) -> list[tuple[Timeline, Timeline]]:
         """(predicted, measured) per schedule, for overlaid views."""
@@ -128,12 +184,13 @@ class CheckReport:
             "model": model, "p": p, "m": m,
             "rows": [{"schedule": row.schedule.name, "runtime": row.run.runtime, "predicted_s": row.predicted_s,
                       "measured_s": row.measured_s, "error": row.error, "step_times_s": list(row.run.step_times),
-                      "measured_spread": row.measured_spread.to_dict("_s"),
+                      "measured_spread": {**row.measured_spread.to_dict("_s"), "iqr_s": row.measured_iqr},
                       "predicted_distribution": None if row.spread is None else {
                           "samples": row.spread.samples, **row.spread.time.to_dict("_s")}}
                      for row in self.rows],
             "median_abs_error": self.median_abs_error, "ranking_agrees": self.ranking_agrees,
-            "rank_correlation": self.rank_correlation,
+            "rank_correlation": self.rank_correlation, "ranking_verdict": self.ranking_verdict,
+            "pairs": [pair.to_dict() for pair in self.pairs],
             "predicted_order": list(self.predicted_order), "measured_order": list(self.measured_order),
             "latency_s": self.link.latency, "bandwidth_bytes_per_s": self.link.bandwidth,
             "per_op_overhead_s": self.overhead_s,
@@ -146,9 +203,11 @@ class CheckReport:
     def summary_rows(self) -> list[dict[str, object]]:
         """One flat row per schedule, for the comparison page's table (times in ms)."""
         return [{"schedule": row.schedule.name, "runtime": row.run.runtime,
-                 "predicted ms": round(row.predicted_s * 1e3, 3), "measured ms": round(row.measured_s * 1e3, 3),
+                 "predicted ms": round(row.predicted_s * 1e3, 3),
+                 "measured (median step, drawn) ms": round(row.measured_s * 1e3, 3),
                  "error": f"{row.error:+.1%}", "steps": len(row.run.step_times),
                  "step spread ms": round((max(row.run.step_times) - min(row.run.step_times)) * 1e3, 3),
+                 "step IQR ms": "-" if row.measured_iqr is None else round(row.measured_iqr * 1e3, 3),
                  **({} if row.spread is None else {
                      "predicted p50 / p99 ms": f"{row.spread.time.p50 * 1e3:.3f} / {row.spread.time.p99 * 1e3:.3f}",
                      "predicted spread ms": round((row.spread.time.max - row.spread.time.min) * 1e3, 3)})}
@@ -159,23 +218,54 @@ class CheckReport:
         from pipesched.render.views import write_comparison_views
 
         return write_comparison_views(self.comparisons(), html=html, trace=trace, summary=self.summary_rows(),
-                                      title=title)
+                                      title=f"{title}; {self.ranking_verdict}" if title else self.ranking_verdict)
 
 
-def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
-    """Kendall's tau-a of two equally long sequences (pairs tied in either count as 0).
+@dataclass(frozen=True)
+class PairVerdict:
+    """Two schedules' measured medians against the spread of their step times."""
 
-    >>> kendall_tau([1, 2, 3], [10, 30, 20])
-    0.3333333333333333
+    faster: str  # by measured median step time
+    slower: str
+    difference_s: float  # slower's median - faster's median
+    spread_s: float | None  # the larger interquartile range of the two (None: one has one step)
+    concordance: int  # 1: the prediction puts ``faster`` first too, 0: it ties them, -1: it swaps them
+
+    @property
+    def agrees(self) -> bool:
+        return self.concordance == 1
+
+    @property
+    def judged(self) -> bool:
+        """The difference is larger than the spread of either schedule's step times."""
+        return self.spread_s is not None and self.difference_s > self.spread_s
+
+    def to_dict(self) -> dict[str, object]:
+        return {"faster": self.faster, "slower": self.slower, "difference_s": self.difference_s,
+                "spread_s": self.spread_s, "judged": self.judged, "prediction_agrees": self.agrees}
+
+
+def interquartile_range(values: Sequence[float]) -> float | None:
+    """p75 - p25 (numpy's linear percentiles); None for fewer than two values.
+
+    >>> interquartile_range([1.0, 2.0, 3.0, 4.0, 5.0])
+    2.0
     """
-    n = len(a)
-    if n < 2:
-        return 1.0
-    score = 0.0
-    for i in range(n):
-        for j in range(i + 1, n):
-            score += ((a[i] > a[j]) - (a[i] < a[j])) * ((b[i] > b[j]) - (b[i] < b[j]))
-    return score / (n * (n - 1) / 2)
+    if len(values) < 2:
+        return None
+    low, high = np.percentile(np.asarray(values, np.float64), (25, 75))
+    return float(high - low)
+
+
+def judge_pair(a: CheckRow, b: CheckRow) -> PairVerdict:
+    """Whether the measurement tells ``a`` and ``b`` apart, and whether the prediction
+    orders them as measured (see the module docstring)."""
+    faster, slower = (a, b) if a.measured_s <= b.measured_s else (b, a)
+    spreads = (a.measured_iqr, b.measured_iqr)
+    spread = None if None in spreads else max(spreads)
+    concordance = int(np.sign(slower.predicted_s - faster.predicted_s))
+    return PairVerdict(faster.schedule.name, slower.schedule.name, slower.measured_s - faster.measured_s, spread,
+                       concordance)
 
 
 def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: RunOptions | None = None,
@@ -188,8 +278,6 @@ def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options:
     ``overhead_s`` (runtime -> seconds) reuse earlier measurements instead of taking them again.
     ``on_status`` receives status lines while ranks run (see ``launch``).
     """
-    from pipesched.simulate import Network, compile_graph, run
-
     options = options or RunOptions()
     require(len(schedules) >= 1, "schedules", 0, "give at least one schedule")
     num_ranks = schedules[0].num_devices
@@ -211,17 +299,36 @@ def check_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options:
     for schedule, result, used in zip(schedules, runs, runtimes, strict=True):
         assert result.stage_timings is not None
         timings = [median_timing(result.stage_timings[stage]) for stage in range(schedule.num_stages)]
-        costs = add_op_overhead(stage_costs_from_timings(timings, dtype=options.dtype), overheads[used])
-        graph = compile_graph(schedule, costs, network)
-        rows.append(CheckRow(schedule, costs, run(graph), result,
-                             spread=predicted_spread(graph, timings, overhead_s=overheads[used])))
+        found = predict(schedule, timings, network, overhead_s=overheads[used], dtype=options.dtype)
+        rows.append(CheckRow(schedule, found.costs, found.timeline, result, spread=found.spread))
     return CheckReport(rows=tuple(rows), link=link, overhead_s=overheads)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a check predicts for one schedule (see the module docstring)."""
+
+    costs: StageCosts  # the profiled medians plus the per-op overhead
+    timeline: Timeline  # every op at its cost
+    spread: Distribution | None  # the same costs, every op drawn from its repeats (None without repeats)
+
+
+def predict(schedule: Schedule, timings: Sequence[StageTiming], network: Network, *, overhead_s: float = 0.0,
+            dtype: str = "float32", samples: int = CHECK_SAMPLES) -> Prediction:
+    """The prediction and its distribution from one profiled timing per stage: both from
+    one compiled graph, so they share every cost."""
+    from pipesched.simulate import compile_graph, run
+
+    costs = add_op_overhead(stage_costs_from_timings(timings, dtype=dtype), overhead_s)
+    graph = compile_graph(schedule, costs, network)
+    return Prediction(costs, run(graph), predicted_spread(graph, timings, overhead_s=overhead_s, samples=samples))
 
 
 def predicted_spread(graph: TaskGraph, timings: Sequence[StageTiming], *, overhead_s: float = 0.0,
                      samples: int = CHECK_SAMPLES) -> Distribution | None:
     """The prediction's distribution when every op draws its time from its stage's profiled
-    repeats (each plus the per-op overhead, as the costs count them); None without repeats."""
+    repeats (each plus the per-op overhead, as the costs count them), as factors over their
+    median on the graph's own durations; None without repeats."""
     from pipesched.variability.distribution import monte_carlo
     from pipesched.variability.measured import MeasuredFactors
     from pipesched.variability.model import Variability

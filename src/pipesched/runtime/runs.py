@@ -3,15 +3,15 @@ into measured Timelines and step times.
 
 Step time: the makespan of a step's measured timeline (first op start to last op or
 gradient all-reduce end, over all ranks), the same definition as the simulator's
-``Timeline.makespan``. A run reports the median over its measured steps (after warm-up)
-and the timeline of the median step.
+``Timeline.makespan``. A run reports its median step (after warm-up): the measured step
+whose time is the median, the lower of the two middle ones for an even number of steps, so
+the step time reported is the time of the step whose timeline is kept and drawn.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +118,7 @@ class RunResult:
     runtime: str  # "pytorch" or "ours"
     backend: str
     step_times: tuple[float, ...]  # seconds, each measured step
-    timeline: Timeline  # the median step (source "measured", unit "s")
+    timeline: Timeline  # the median step (source "measured", unit "s"; see the module docstring)
     timelines: tuple[Timeline, ...]  # every measured step
     losses: tuple[float, ...]  # per microbatch, last step
     grads: dict[str, np.ndarray] | None = field(default=None, compare=False)
@@ -127,8 +127,8 @@ class RunResult:
 
     @property
     def step_time(self) -> float:
-        """Median step time, seconds."""
-        return float(statistics.median(self.step_times))
+        """The median step's time, seconds (see the module docstring)."""
+        return float(self.step_times[median_step(self.step_times)])
 
     def to_dict(self, model_name: str) -> dict:
         """The JSON shape of ``pipesched run --json``."""
@@ -146,6 +146,17 @@ class RunResult:
     def loss(self) -> float:
         """Mean microbatch loss of the last step."""
         return float(np.mean(self.losses))
+
+
+def median_step(step_times: Sequence[float]) -> int:
+    """The index of the median step: the lower middle one of the steps sorted by time (the
+    first in run order among equal times).
+
+    >>> median_step([5.0, 3.0, 4.0, 9.0])
+    2
+    """
+    require(len(step_times) > 0, "steps", 0, "measure at least one step")
+    return int(np.argsort(np.asarray(step_times, np.float64), kind="stable")[(len(step_times) - 1) // 2])
 
 
 def stage_partition(model: ModelSpec, num_stages: int, partition: Partition | None = None) -> Partition:
@@ -350,7 +361,6 @@ def _assemble(job: RunJob, ranks: list[RankJobResult], options: RunOptions) -> R
         if mismatch is not None:
             raise PipeschedError(f"schedule={schedule.name}: the {job.runtime} runtime ran ops out of table order ({mismatch})")
     times = tuple(t.makespan for t in timelines)
-    median_step = int(np.argsort(times, kind="stable")[(len(times) - 1) // 2])
     losses: dict[int, float] = {}
     grads: dict[str, np.ndarray] | None = {} if options.collect_grads else None
     timings: dict[int, list[StageTiming]] | None = {} if options.profile_repeats else None
@@ -366,7 +376,7 @@ def _assemble(job: RunJob, ranks: list[RankJobResult], options: RunOptions) -> R
         runtime=job.runtime,
         backend=options.backend,
         step_times=times,
-        timeline=timelines[median_step],
+        timeline=timelines[median_step(times)],
         timelines=timelines,
         losses=tuple(losses[mb] for mb in sorted(losses)),
         grads=grads,

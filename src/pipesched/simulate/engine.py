@@ -323,17 +323,22 @@ def last_task(op_end, tr_end):
 
 @njit(cache=True)
 def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, tr_rel_ptr, tr_rel,
-              tr_res_ptr, tr_res, num_resources, op_durations, tr_durations, critical_counts, critical_seconds):
+              tr_res_ptr, tr_res, num_resources, op_durations, tr_durations, critical_counts, critical_seconds,
+              op_group, tr_group, group_end):
     """Iteration time of each row of ``op_durations`` (samples x ops) with the transfer
     durations of the same row of ``tr_durations`` (samples x transfers). When
     ``critical_counts`` (ops + transfers) is not empty, each task's count of samples in
     which it lies on the critical path is added to it, and its duration in those samples to
-    ``critical_seconds``. Returns -1 for a sample whose tables deadlock (never, for a graph
-    that compiled)."""
+    ``critical_seconds``. When ``group_end`` (samples x groups) has columns, each task
+    belongs to group ``op_group[x]`` / ``tr_group[t]`` (the iterations of a steady-state
+    graph) and ``group_end[i, g]`` is set to the last end of a task of group g in sample i,
+    from the sample's first op start. Returns -1 for a sample whose tables deadlock (never,
+    for a graph that compiled)."""
     samples = op_durations.shape[0]
     n = op_durations.shape[1]
     out = np.empty(samples, np.float64)
     count_path = critical_counts.shape[0] > 0
+    groups = group_end.shape[1]
     for i in range(samples):
         duration = op_durations[i]
         sequence, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration)
@@ -348,7 +353,19 @@ def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, 
         finish = op_end.max() if n else 0.0
         if tr_end.shape[0] > 0 and tr_end.max() > finish:
             finish = tr_end.max()
-        out[i] = finish - (op_start.min() if n else 0.0)
+        origin = op_start.min() if n else 0.0
+        out[i] = finish - origin
+        if groups > 0:
+            for g in range(groups):
+                group_end[i, g] = 0.0
+            for x in range(n):
+                g = op_group[x]
+                if op_end[x] - origin > group_end[i, g]:
+                    group_end[i, g] = op_end[x] - origin
+            for t in range(tr_end.shape[0]):
+                g = tr_group[t]
+                if tr_end[t] - origin > group_end[i, g]:
+                    group_end[i, g] = tr_end[t] - origin
         if count_path and n:
             task = last_task(op_end, tr_end)
             while task >= 0:

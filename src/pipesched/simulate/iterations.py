@@ -69,6 +69,11 @@ class Iterations:
     op_iteration: np.ndarray  # int32 per op row
     transfer_iteration: np.ndarray  # int32 per transfer
 
+    @property
+    def groups(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """The iteration of each op and transfer, and their number (``run_batch(groups=...)``)."""
+        return self.op_iteration, self.transfer_iteration, self.iterations
+
 
 @dataclass(frozen=True, eq=False)
 class SteadyState:

@@ -103,15 +103,18 @@ class BatchResult:
     critical_transfers: np.ndarray | None  # int64 (transfers,)
     critical_op_seconds: np.ndarray | None = None  # float64 (ops,): its duration summed over those samples
     critical_transfer_seconds: np.ndarray | None = None  # float64 (transfers,)
+    group_end: np.ndarray | None = None  # float64 (samples, groups): with ``groups``, each group's last end
 
 
 def run_batch(graph: TaskGraph, op_durations: np.ndarray, transfer_durations: np.ndarray | None = None, *,
-              critical: bool = False) -> BatchResult:
+              critical: bool = False, groups: tuple[np.ndarray, np.ndarray, int] | None = None) -> BatchResult:
     """Iteration times of ``graph`` for each row of ``op_durations`` (samples x ops; with
     ``transfer_durations``, samples x transfers, else the compiled transfer durations), in
     one compiled loop; ``critical`` also counts, per task, the samples in which it lies on
-    the critical path (and its duration summed over those samples). Each sample equals
-    ``run`` with the same durations."""
+    the critical path (and its duration summed over those samples). ``groups`` = (group of
+    each op, group of each transfer, number of groups), e.g. the iteration of each task of
+    a steady-state graph: each sample's last end per group too, from its first op's start.
+    Each sample equals ``run`` with the same durations."""
     ops = np.ascontiguousarray(op_durations, dtype=np.float64)
     require(ops.ndim == 2 and ops.shape[1] == graph.num_ops, "op_durations", f"shape {ops.shape}",
             f"give samples x {graph.num_ops} durations")
@@ -130,15 +133,35 @@ def run_batch(graph: TaskGraph, op_durations: np.ndarray, transfer_durations: np
                 "durations must be finite numbers >= 0")
     counts = np.zeros(graph.num_ops + graph.num_transfers if critical else 0, np.int64)
     seconds = np.zeros(counts.shape[0], np.float64)
+    op_group, tr_group, ends = _group_arrays(graph, samples, groups)
     makespan = engine.makespans(graph.queue_rows, graph.queue_offsets, graph.op_queue, graph.pred_ptr, graph.pred_op,
                                 graph.pred_via, graph.tr_rel_ptr, graph.tr_rel, graph.tr_res_ptr, graph.tr_res,
-                                graph.num_resources, ops, np.ascontiguousarray(transfers), counts, seconds)
+                                graph.num_resources, ops, np.ascontiguousarray(transfers), counts, seconds,
+                                op_group, tr_group, ends)
     if samples and makespan.min() < 0:
         raise PipeschedError(_deadlock_message(graph))
+    group_end = ends if groups is not None else None
     if not critical:
-        return BatchResult(makespan, None, None)
+        return BatchResult(makespan, None, None, group_end=group_end)
     n = graph.num_ops
-    return BatchResult(makespan, counts[:n], counts[n:], seconds[:n], seconds[n:])
+    return BatchResult(makespan, counts[:n], counts[n:], seconds[:n], seconds[n:], group_end=group_end)
+
+
+def _group_arrays(graph: TaskGraph, samples: int,
+                  groups: tuple[np.ndarray, np.ndarray, int] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The engine's (op group, transfer group, ends) arrays; no columns without groups."""
+    if groups is None:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((samples, 0))
+    op_group, tr_group, count = groups
+    op_group = np.ascontiguousarray(op_group, np.int64)
+    tr_group = np.ascontiguousarray(tr_group, np.int64)
+    require(op_group.shape == (graph.num_ops,) and tr_group.shape == (graph.num_transfers,), "groups",
+            f"shapes {op_group.shape}, {tr_group.shape}", f"give one group per op ({graph.num_ops}) and per transfer "
+            f"({graph.num_transfers})")
+    for values in (op_group, tr_group):
+        require(not values.size or (values.min() >= 0 and values.max() < count), "groups", count,
+                "every group must be from 0 to the number of groups - 1")
+    return op_group, tr_group, np.zeros((samples, count))
 
 
 def _transfer_table(graph: TaskGraph, start: np.ndarray, end: np.ndarray) -> TransferTable:

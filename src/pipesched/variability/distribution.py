@@ -19,7 +19,12 @@ Figures:
   per stage, device, op kind and link, the mean time its tasks spend on the critical path
   over the mean iteration time (``critical_share``: scaling the group's durations by
   1 + e moves the mean iteration time by about e x critical_share), and the number of its
-  tasks on the path per sample.
+  tasks on the path per sample. A fused entry counts as one task of its fused kind.
+- iterations back to back (a steady state, an asynchronous family's table): the iteration
+  time of a sample is its steady-state iteration (``simulate.iterations``: the mean
+  iteration between the first and the last, from each iteration's end in that sample), its
+  bubble is over that, and the critical shares are of the whole run's critical path over
+  the whole run's mean time.
 
 Why the mean is not below the deterministic iteration time: without channel contention the
 service order is fixed, and the iteration time is a longest path, a maximum of sums of
@@ -38,10 +43,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipesched.dependencies import entry_of_row
 from pipesched.limits import check_sampled_work
 from pipesched.simulate import run, run_batch
 from pipesched.simulate.graph import TaskGraph
-from pipesched.timeline import ALLREDUCE
+from pipesched.simulate.iterations import Iterations
+from pipesched.timeline import ALLREDUCE, steady_iteration_time
 from pipesched.variability.model import Variability
 from pipesched.variability.sampling import Sampler
 
@@ -139,12 +146,20 @@ class Distribution:
         }
 
 
-def monte_carlo(graph: TaskGraph, variability: Variability, *, top_ops: int = 10) -> Distribution:
-    """``variability.samples`` iterations of ``graph`` with sampled durations."""
+def monte_carlo(graph: TaskGraph | Iterations, variability: Variability, *, top_ops: int = 10) -> Distribution:
+    """``variability.samples`` iterations of ``graph`` with sampled durations. Given several
+    iterations back to back (``simulate.iterations``: a steady state, an asynchronous
+    family), each sample's iteration time is its steady-state iteration and its bubble is
+    over that; the critical shares are of the whole run's critical path."""
+    compiled = graph if isinstance(graph, Iterations) else None
+    graph = compiled.graph if compiled is not None else graph
+    groups = compiled.groups if compiled is not None else None
+    rounds = compiled.iterations if compiled is not None else 1
     check_sampled_work(variability.samples, graph.num_ops + graph.num_transfers)
-    sampler = Sampler(graph, variability)
+    sampler = Sampler(graph, variability, iterations=compiled)
     total = variability.samples
-    makespan = np.empty(total)
+    makespan = np.empty(total)  # the iteration time of each sample
+    whole = np.empty(total)  # the whole run's time of each sample (one iteration's without iterations)
     busy = np.empty(total)
     counts = np.zeros(graph.num_ops + graph.num_transfers, np.int64)
     seconds = np.zeros(graph.num_ops + graph.num_transfers)
@@ -154,9 +169,11 @@ def monte_carlo(graph: TaskGraph, variability: Variability, *, top_ops: int = 10
     for first in range(0, total, batch):
         count = min(batch, total - first)
         ops, transfers = sampler.draw(count)
-        result = run_batch(graph, ops, transfers, critical=True)
-        makespan[first:first + count] = result.makespan
-        busy[first:first + count] = ops.sum(axis=1)
+        result = run_batch(graph, ops, transfers, critical=True, groups=groups)
+        whole[first:first + count] = result.makespan
+        makespan[first:first + count] = (result.makespan if groups is None
+                                         else steady_iteration_time(result.group_end))
+        busy[first:first + count] = ops.sum(axis=1) / rounds
         counts += np.concatenate([result.critical_ops, result.critical_transfers])
         seconds += np.concatenate([result.critical_op_seconds, result.critical_transfer_seconds])
         if peaks is not None:
@@ -172,14 +189,34 @@ def monte_carlo(graph: TaskGraph, variability: Variability, *, top_ops: int = 10
                    else np.asarray(peaks, np.float64))
     return Distribution(
         variability=variability,
-        deterministic=deterministic.makespan,
+        deterministic=_deterministic(graph, groups, deterministic.makespan),
         makespan=makespan,
         bubble=bubble,
         peak_memory=peak_memory,
         memory_constant=peaks is None,
-        influences=_influences(graph, counts, seconds, makespan),
-        critical_ops=_top_ops(graph, counts[: graph.num_ops], total, top_ops),
+        influences=_influences(graph, _entries_only(graph, counts), seconds, whole),
+        critical_ops=_top_ops(graph, _entries_only(graph, counts)[: graph.num_ops], total, top_ops),
     )
+
+
+def _deterministic(graph: TaskGraph, groups: tuple[np.ndarray, np.ndarray, int] | None, makespan: float) -> float:
+    """The iteration time with the compiled durations: ``makespan``, or the steady-state
+    iteration of a graph of several iterations."""
+    if groups is None:
+        return makespan
+    ends = run_batch(graph, graph.op_duration[None, :], groups=groups).group_end
+    return float(steady_iteration_time(ends)[0])
+
+
+def _entries_only(graph: TaskGraph, counts: np.ndarray) -> np.ndarray:
+    """Critical-path counts per task with a fused entry counted once, on its first part (its
+    other parts end with it and take no time)."""
+    ops = graph.ops
+    if not ops.fused:
+        return counts
+    counts = counts.copy()
+    counts[: graph.num_ops][ops.tails()] = 0
+    return counts
 
 
 def _memory_is_fixed(graph: TaskGraph) -> bool:
@@ -198,7 +235,7 @@ def _influences(graph: TaskGraph, counts: np.ndarray, seconds: np.ndarray,
     groups: list[tuple[str, np.ndarray, list, np.ndarray, np.ndarray]] = [
         ("stage", ops.stage, list(range(graph.schedule.num_stages)), counts[:n], seconds[:n]),
         ("device", ops.device, list(range(graph.num_devices)), counts[:n], seconds[:n]),
-        ("kind", ops.kind, list(letters), counts[:n], seconds[:n]),
+        ("kind", ops.entry_kinds(), list(letters), counts[:n], seconds[:n]),
     ]
     if graph.num_transfers:
         d = graph.num_devices
@@ -219,15 +256,15 @@ def _influences(graph: TaskGraph, counts: np.ndarray, seconds: np.ndarray,
 
 
 def _top_ops(graph: TaskGraph, counts: np.ndarray, samples: int, top: int) -> tuple[tuple[str, int, float], ...]:
+    """The ``top`` table entries most often on the critical path: (entry, device, share of
+    samples); a fused entry is named whole (``counts`` hold it on its first part)."""
     order = np.argsort(-counts, kind="stable")[:top]
-    schedule, offsets = graph.schedule, graph.ops.device_offsets
     rows = []
     for row in order.tolist():
         if counts[row] == 0:
             break
-        device = int(graph.ops.device[row])
-        rows.append((str(schedule.device_ops[device][row - int(offsets[device])]), device,
-                     float(counts[row] / samples)))
+        entry = entry_of_row(graph.schedule, graph.ops, row)
+        rows.append((str(entry), int(graph.ops.device[row]), float(counts[row] / samples)))
     return tuple(rows)
 
 

@@ -12,14 +12,19 @@ seed see the same randomness where they share an op or a link:
     device d a random straggler                          stream (seed, 4)[sample, d]
 
 (the chunk c of an op is the rank of its stage among the stages its device holds: 1F1B's
-only stage and interleaved 1F1B's first chunk share c = 0). A stream is numpy's SFC64
-generator seeded by that key through a SeedSequence. Each stream is drawn in sample
-order, so the values do not depend on how the samples are cut into batches. A standard
-normal z becomes a lognormal factor ``exp(sigma z - sigma^2 / 2)`` (mean 1), or for a
-measured kind the factor at quantile Phi(z) of the stage's sorted measured factors. Normals
-are drawn in single precision (a relative error of 1e-7 in a factor) and the
-exponentials run as vector loops (``fastmath={"afn"}``): the same seed gives the same
-samples on one machine; another CPU may differ in the last bit of a factor.
+only stage and interleaved 1F1B's first chunk share c = 0; K is the kind's letters as one
+number, ``ord`` of a one-letter kind). A fused entry (``(0F1;1B0)OVERLAP_F_B``) is one op
+of its fused kind, drawn at its first part's microbatch; its other parts take no time.
+Iterations back to back (a steady state, an asynchronous family's table): iteration 0 draws
+from the streams above, iteration i > 0 from the same keys with i appended, each at the
+microbatch's number within its iteration; a random straggler is drawn per iteration. A
+stream is numpy's SFC64 generator seeded by that key through a SeedSequence. Each stream
+is drawn in sample order, so the values do not depend on how the samples are cut into
+batches. A standard normal z becomes a lognormal factor ``exp(sigma z - sigma^2 / 2)``
+(mean 1), or for a measured kind the factor at quantile Phi(z) of the stage's sorted
+measured factors. Normals are drawn in single precision (a relative error of 1e-7 in a
+factor) and the exponentials run as vector loops (``fastmath={"afn"}``): the same seed
+gives the same samples on one machine; another CPU may differ in the last bit of a factor.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import numpy as np
 from numba import njit
 
 from pipesched.simulate.graph import TaskGraph
+from pipesched.simulate.iterations import Iterations
 from pipesched.timeline import ALLREDUCE
 from pipesched.variability.model import Variability
 
@@ -41,24 +47,48 @@ def _stream(seed: int, *key: int) -> np.random.Generator:
     return np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, *key])))
 
 
-class Sampler:
-    """Op and transfer durations of ``graph`` under ``variability``, batch after batch."""
+def _kind_code(letter: str) -> int:
+    """An op kind's letters as one number (``ord`` of a one-letter kind)."""
+    return int.from_bytes(letter.encode(), "big")
 
-    def __init__(self, graph: TaskGraph, variability: Variability) -> None:
+
+def _in_iteration(iteration: int) -> tuple[int, ...]:
+    """The key suffix of an iteration's streams: none for the first."""
+    return (iteration,) if iteration else ()
+
+
+class Sampler:
+    """Op and transfer durations of ``graph`` under ``variability``, batch after batch.
+    ``iterations``: when ``graph`` holds several iterations back to back, which iteration
+    each task belongs to (see the module docstring)."""
+
+    def __init__(self, graph: TaskGraph, variability: Variability, *, iterations: Iterations | None = None) -> None:
         schedule = graph.schedule
         letters = schedule.rules.letters
         variability.check_for(graph.num_devices, letters)
         self.graph, self.variability = graph, variability
         ops, seed = graph.ops, variability.seed
-        devices, microbatches = graph.num_devices, schedule.num_microbatches
+        devices = graph.num_devices
+        if iterations is None:
+            rounds, microbatches = 1, schedule.num_microbatches
+            op_iteration = np.zeros(graph.num_ops, np.int64)
+            tr_iteration = np.zeros(graph.num_transfers, np.int64)
+        else:
+            rounds, microbatches = iterations.iterations, iterations.microbatches
+            op_iteration = iterations.op_iteration.astype(np.int64)
+            tr_iteration = iterations.transfer_iteration.astype(np.int64)
         self.shape = (devices, microbatches)
+        self.rounds = rounds
         chunk_of = _chunks(schedule)
         # --- ops: base durations with the fixed stragglers, then each kind's random part
         device_factor = np.ones(devices)
         for device, factor in variability.stragglers:
             device_factor[device] *= factor
         self.op_base = graph.op_duration * device_factor[ops.device]
-        self.op_device = ops.device.astype(np.int64)
+        # the column of the random-straggler draws each op reads: its iteration's, its device's
+        self.op_slot = op_iteration * devices + ops.device
+        # each op's stream index: its device and its microbatch within its iteration
+        self.op_index = ops.device.astype(np.int64) * microbatches + (ops.microbatch - op_iteration * microbatches)
         n = graph.num_ops
         self.op_sigma = np.zeros(n)
         self.op_offset = np.zeros(n, np.int64)
@@ -66,10 +96,10 @@ class Sampler:
         tables = [np.zeros(0)]
         size = 0
         measured = variability.measured
-        kinds = ops.kind.astype(np.int64)
+        kinds = _entry_kinds(ops)
         chunk = chunk_of[ops.device, ops.stage]
         self.op_groups: list[tuple[np.ndarray, np.random.Generator]] = []
-        for k in np.unique(kinds).tolist():
+        for k in np.unique(kinds[kinds >= 0]).tolist():
             letter = letters[k]
             rows = np.flatnonzero(kinds == k)
             if measured is not None and letter in measured.kinds:
@@ -84,9 +114,9 @@ class Sampler:
                 if cv == 0:
                     continue
                 self.op_sigma[rows] = math.sqrt(math.log1p(cv * cv))
-            for c in np.unique(chunk[rows]).tolist():
-                group = rows[chunk[rows] == c]
-                self.op_groups.append((group, _stream(seed, OPS, ord(letter[0]), c)))
+            for c, i in _distinct(chunk[rows], op_iteration[rows]):
+                group = rows[(chunk[rows] == c) & (op_iteration[rows] == i)]
+                self.op_groups.append((group, _stream(seed, OPS, _kind_code(letter), c, *_in_iteration(i))))
         self.op_table = np.concatenate(tables)
         drawn = np.zeros(n, np.bool_)
         for rows, _ in self.op_groups:
@@ -104,20 +134,21 @@ class Sampler:
         jittered = self.tr_sigma > 0
         reduces = graph.tr_kind == ALLREDUCE
         sender_chunk = chunk_of[src, graph.tr_stage] if graph.num_transfers else np.zeros(0, np.int64)
-        for kind in np.unique(graph.tr_kind[jittered & ~reduces]).tolist():
-            for c in np.unique(sender_chunk[jittered & (graph.tr_kind == kind)]).tolist():
-                group = np.flatnonzero(jittered & (graph.tr_kind == kind) & (sender_chunk == c))
-                index = src[group] * microbatches + graph.tr_microbatch[group]
-                self.tr_groups.append((group, index, _stream(seed, MESSAGES, int(kind), c), self.shape))
-        if np.any(jittered & reduces):
-            group = np.flatnonzero(jittered & reduces)
-            self.tr_groups.append((group, graph.tr_stage[group].astype(np.int64), _stream(seed, ALLREDUCES),
-                                   (schedule.num_stages,)))
+        sent = jittered & ~reduces
+        for kind, c, i in _distinct(graph.tr_kind[sent], sender_chunk[sent], tr_iteration[sent]):
+            group = np.flatnonzero(sent & (graph.tr_kind == kind) & (sender_chunk == c) & (tr_iteration == i))
+            index = src[group] * microbatches + (graph.tr_microbatch[group] - i * microbatches)
+            self.tr_groups.append((group, index, _stream(seed, MESSAGES, kind, c, *_in_iteration(i)), self.shape))
+        for i in np.unique(tr_iteration[jittered & reduces]).tolist():
+            group = np.flatnonzero(jittered & reduces & (tr_iteration == i))
+            self.tr_groups.append((group, graph.tr_stage[group].astype(np.int64),
+                                   _stream(seed, ALLREDUCES, *_in_iteration(i)), (schedule.num_stages,)))
         drawn = np.zeros(graph.num_transfers, np.bool_)
         for rows, *_ in self.tr_groups:
             drawn[rows] = True
         self.tr_fixed = np.flatnonzero(~drawn)
-        self.stragglers = _stream(seed, STRAGGLERS) if variability.random_straggler is not None else None
+        self.stragglers = ([_stream(seed, STRAGGLERS, *_in_iteration(i)) for i in range(rounds)]
+                           if variability.random_straggler is not None else None)
         self.drawn = 0
 
     @property
@@ -129,20 +160,22 @@ class Sampler:
         (count x transfers; None when they are the compiled ones)."""
         graph = self.graph
         devices, microbatches = self.shape
-        slow = np.ones((count, devices))
+        # slow[i, iteration x devices + d]: device d's slowdown in that iteration of sample i
+        slow = np.ones((count, self.rounds * devices))
         if self.stragglers is not None:
             probability, slowdown = self.variability.random_straggler
-            slow[self.stragglers.random((count, devices)) < probability] = slowdown
+            chance = np.hstack([stream.random((count, devices)) for stream in self.stragglers])
+            slow[chance < probability] = slowdown
         ops = np.empty((count, graph.num_ops))
-        _fixed(ops, self.op_fixed, self.op_base, self.op_device, slow)
+        _fixed(ops, self.op_fixed, self.op_base, self.op_slot, slow)
         for rows, stream in self.op_groups:
             normal = stream.standard_normal((count, devices * microbatches), dtype=np.float32)
-            index = self.op_device[rows] * microbatches + graph.ops.microbatch[rows]
+            index = self.op_index[rows]
             if self.op_length[rows[0]] > 0:
                 _measured(ops, normal, rows, index, self.op_base, self.op_offset, self.op_length, self.op_table,
-                          self.op_device, slow)
+                          self.op_slot, slow)
             else:
-                _lognormal(ops, normal, rows, index, self.op_base, self.op_sigma, self.op_device, slow)
+                _lognormal(ops, normal, rows, index, self.op_base, self.op_sigma, self.op_slot, slow)
         self.drawn += count
         if not self.transfers_vary:
             return ops, None
@@ -154,6 +187,20 @@ class Sampler:
             normal = stream.standard_normal((count, int(np.prod(shape))), dtype=np.float32)
             _lognormal(transfers, normal, rows, index, self.tr_base, self.tr_sigma, none, unslowed)
         return ops, transfers
+
+
+def _distinct(*columns: np.ndarray) -> list[tuple[int, ...]]:
+    """The distinct rows of equally long integer columns, sorted."""
+    if not columns[0].size:
+        return []
+    rows = np.unique(np.stack([np.asarray(c, np.int64) for c in columns], axis=1), axis=0)
+    return [tuple(int(x) for x in row) for row in rows]
+
+
+def _entry_kinds(ops) -> np.ndarray:
+    """The kind each op row is drawn as (rules index): its own, its fused entry's for the
+    first part of a fused entry, -1 for the other parts (they take no time)."""
+    return np.where(ops.tails(), -1, ops.entry_kinds().astype(np.int64))
 
 
 def _chunks(schedule) -> np.ndarray:
@@ -170,9 +217,9 @@ def _chunks(schedule) -> np.ndarray:
 
 
 @njit(cache=True, fastmath={"afn"})
-def _lognormal(out, normal, columns, index, base, sigma, device, slow):
+def _lognormal(out, normal, columns, index, base, sigma, slot, slow):
     """out[i, c] for each column c = columns[j]: base[c] x exp(sigma z - sigma^2 / 2) x
-    slow[i, device[c]], z = normal[i, index[j]] (a lognormal factor with mean 1). The
+    slow[i, slot[c]], z = normal[i, index[j]] (a lognormal factor with mean 1). The
     exponentials run as one vector loop per sample."""
     width = columns.shape[0]
     work = np.empty(width)
@@ -189,24 +236,24 @@ def _lognormal(out, normal, columns, index, base, sigma, device, slow):
             work[j] = math.exp(work[j])
         for j in range(width):
             c = columns[j]
-            out[i, c] = base[c] * work[j] * slow[i, device[c]]
+            out[i, c] = base[c] * work[j] * slow[i, slot[c]]
 
 
 @njit(cache=True)
-def _measured(out, normal, columns, index, base, offset, length, table, device, slow):
+def _measured(out, normal, columns, index, base, offset, length, table, slot, slow):
     """out[i, c] for each column c = columns[j]: base[c] x the measured factor at quantile
-    Phi(z) of its sorted table x slow[i, device[c]], z = normal[i, index[j]]."""
+    Phi(z) of its sorted table x slow[i, slot[c]], z = normal[i, index[j]]."""
     root2 = math.sqrt(2.0)
     for i in range(out.shape[0]):
         for j in range(columns.shape[0]):
             c = columns[j]
             k = int(0.5 * (1.0 + math.erf(normal[i, index[j]] / root2)) * length[c])
-            out[i, c] = base[c] * table[offset[c] + min(k, length[c] - 1)] * slow[i, device[c]]
+            out[i, c] = base[c] * table[offset[c] + min(k, length[c] - 1)] * slow[i, slot[c]]
 
 
 @njit(cache=True)
-def _fixed(out, columns, base, device, slow):
-    """out[i, c] = base[c] x slow[i, device[c]] for the columns without a random factor."""
+def _fixed(out, columns, base, slot, slow):
+    """out[i, c] = base[c] x slow[i, slot[c]] for the columns without a random factor."""
     for i in range(out.shape[0]):
         for c in columns:
-            out[i, c] = base[c] * slow[i, device[c]]
+            out[i, c] = base[c] * slow[i, slot[c]]

@@ -528,7 +528,8 @@
     hi += pad;
     var grid = el("g", {}, svg), axis = el("g", {}, svg), marks = el("g", {}, svg);
     var sorted = steps.slice().sort(function (a, b) { return a - b; });
-    var median = sorted.length ? (sorted[(sorted.length - 1) >> 1] + sorted[sorted.length >> 1]) / 2 : null;
+    // the median step: the measured timeline drawn above (its time is the reported one)
+    var median = c.measuredTime;
     function update() {
       var width = svg.clientWidth || 800, plot = Math.max(width - GUTTER - SIDE, 50), k = plot / (hi - lo);
       function x(v) { return GUTTER + (v - lo) * k; }
@@ -545,7 +546,8 @@
       steps.forEach(function (value, i) {
         var dot = el("circle", { cx: x(value), cy: mid + ((i % 5) - 2) * 4, r: 4, "data-step": String(i) }, marks);
         dot.addEventListener("mouseover", function (event) {
-          showTip(event, "step " + (i + 1) + " of " + steps.length, [["schedule", c.name], ["step time", fmt(value) + unit],
+          showTip(event, "step " + (i + 1) + " of " + steps.length + (value === median ? " (the median step, drawn above)" : ""),
+          [["schedule", c.name], ["step time", fmt(value) + unit],
             ["vs predicted", percent(c.predictedTime / value - 1) + " (predicted - measured) / measured"]], null);
         });
         dot.addEventListener("mouseout", hideTip);
