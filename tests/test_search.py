@@ -33,9 +33,11 @@ from pipesched.search.store import (
     APPLICATION_ID,
     BOUNDED,
     EVALUATED,
+    FORMAT,
     INVALID,
     OUT_OF_MEMORY,
     PRUNED,
+    VERSION,
     SearchStore,
 )
 from pipesched.search.sweep import search
@@ -300,7 +302,7 @@ def test_store_refuses_what_it_cannot_read_in_one_line(tmp_path, cli) -> None:
                 fresh=True): "another program's SQLite database",
         variant("our_id_format", f"PRAGMA application_id = {APPLICATION_ID}",
                 "CREATE TABLE format (name TEXT NOT NULL, version INTEGER NOT NULL)",
-                "INSERT INTO format VALUES ('pipesched-search', 1)", fresh=True): "the searches table is missing",
+                f"INSERT INTO format VALUES ('{FORMAT}', {VERSION})", fresh=True): "the searches table is missing",
         variant("other_format", "UPDATE format SET version = 99"): "a search store of format",
         variant("no_points", "DROP TABLE points"): "the points table is missing",
         variant("columns", "ALTER TABLE points ADD COLUMN extra TEXT"): "the points table has other columns",

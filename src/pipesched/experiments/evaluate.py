@@ -59,7 +59,12 @@ from pipesched.metrics import (
 from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
 from pipesched.simulate import compile_graph, run
-from pipesched.simulate.iterations import SteadyState, compile_iterations, run_iterations, steady_state
+from pipesched.simulate.iterations import (
+    SteadyState,
+    compile_iterations,
+    run_iterations,
+    steady_state,
+)
 from pipesched.simulate.network import Network
 from pipesched.slot_table import one_f_one_b_units
 from pipesched.timeline import Timeline
