@@ -102,6 +102,32 @@ NoOverlap = Annotated[bool, typer.Option(
     "--no-overlap", help="blocking runtime: between steps of compute a device sends and receives in one batch and "
                          "waits for all of it (Megatron's non-overlapped p2p)")]
 AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
+# --- real runs (run, check, profile): the sizes this machine runs in seconds ---------------
+RunDevices = Annotated[int | None, typer.Option(
+    "-p", help=f"pipeline devices, one rank each [default: {DEFAULTS.run_p}]")]
+RunMicrobatches = Annotated[int | None, typer.Option("-m", help=f"microbatches [default: {DEFAULTS.run_m}]")]
+RunModel = Annotated[str, typer.Option(
+    "--model", help=f"model preset (tiny, small, ...), config.json or YAML/CSV model file [default: {DEFAULTS.run_model}]",
+    show_default=False)]
+RunMicroBatchSize = Annotated[int, typer.Option(
+    "--micro-batch-size", "-b", help=f"sequences per microbatch [default: {DEFAULTS.run_micro_batch_size}]",
+    show_default=False)]
+RunSeqLen = Annotated[int, typer.Option(
+    "--seq-len", "-s", help=f"tokens per sequence [default: {DEFAULTS.run_seq_len}]", show_default=False)]
+RunDtype = Annotated[str, typer.Option(
+    "--dtype", help=f"runtime dtype: float32, float64 or bfloat16 [default: {DEFAULTS.run_dtype}]",
+    show_default=False)]
+Backend = Annotated[str, typer.Option("--backend", help="gloo (CPU ranks) or nccl (one GPU per rank) [default: gloo]",
+                                      show_default=False)]
+Steps = Annotated[int, typer.Option(
+    "--steps", help=f"measured steps (after warm-up) [default: {DEFAULTS.run_steps}]", show_default=False)]
+Warmup = Annotated[int, typer.Option(
+    "--warmup", help=f"steps run first and not measured [default: {DEFAULTS.run_warmup}]", show_default=False)]
+Runtime = Annotated[str, typer.Option(
+    "--runtime", help="auto (PyTorch's runtime where it can, else ours), pytorch or ours [default: auto]",
+    show_default=False)]
+Timeout = Annotated[float, typer.Option(
+    "--timeout", help=f"seconds before every rank is killed [default: {DEFAULTS.run_timeout:g}]", show_default=False)]
 # --- variability: Monte Carlo over durations (pipesched.variability) ------------------------
 Jitter = Annotated[str | None, typer.Option(
     "--jitter", help="lognormal factors with mean 1 on durations: a CV like 0.1 (every op kind and link), or "
@@ -251,14 +277,17 @@ def workload(
     or a model on a cluster (each unset option from DEFAULTS), with the frozen layers, the
     offload policy and host links asked for."""
     from pipesched.experiments.point import Point
+    from pipesched.experiments.setup import check_partition
 
     check_training(frozen_layers, offload)
+    if partition is not None:
+        check_partition(partition)
     if latency is not None:
         check_amount("latency", latency, limit=MAX_SECONDS, unit="seconds")
     if micro_batch_size is not None:
-        check_count("micro-batch-size", micro_batch_size, MAX_MICRO_BATCH_SIZE)
+        check_count("micro_batch_size", micro_batch_size, MAX_MICRO_BATCH_SIZE)
     if seq_len is not None:
-        check_count("seq-len", seq_len, MAX_SEQ_LEN)
+        check_count("seq_len", seq_len, MAX_SEQ_LEN)
     engine = {"contention": not no_contention, "overlap": not no_overlap, "latency": latency,
               "frozen_layers": frozen_layers or "", "offload": offload or "",
               "host_bandwidth": parse_amount(host_bandwidth, "bandwidth", "host-bandwidth"),

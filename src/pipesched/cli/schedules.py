@@ -210,8 +210,10 @@ def show(
 
 
 def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
-                     settings: list[str] | None = None, frozen_stages: str | None = None) -> Schedule:
-    """A family name generates (p and m default to DEFAULTS'); anything else is read as a
+                     settings: list[str] | None = None, frozen_stages: str | None = None,
+                     default_p: int = DEFAULTS.p, default_m: int = DEFAULTS.m) -> Schedule:
+    """A family name generates (p and m default to ``default_p`` and ``default_m``: the
+    analytical commands' DEFAULTS, or the real runs'); anything else is read as a
     schedule file, which fixes its own sizes. ``--set costs=...`` reaches the families that
     plan with costs (the zero-bubble heuristics). ``frozen_stages`` (text like ``0-3``)
     freezes those stages (``generate(..., frozen=...)``, or ``freeze`` for a file)."""
@@ -222,7 +224,7 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
         options, _, _ = family_options(settings)
         if "costs" in options and "costs" not in get_family(name).options:
             del options["costs"]  # only levels 1 and 2 use them for this family
-        p, m = p if p is not None else DEFAULTS.p, m if m is not None else DEFAULTS.m
+        p, m = p if p is not None else default_p, m if m is not None else default_m
         schedule = generate(name, p, m, v=v, **options)
         if frozen_stages:
             frozen = parse_indices(frozen_stages, field="frozen-stages", count=schedule.num_stages, what="stages")

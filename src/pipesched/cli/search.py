@@ -163,6 +163,7 @@ def _mapper(workers: int | None, ray: bool, ray_address: str | None):
 def _stored(db: str) -> list[SearchResult]:
     from pipesched.search.store import read_rows
 
+    require(not Path(db).is_dir(), "db", db, "is a directory; give the store file of a previous search (--db FILE)")
     require(Path(db).is_file(), "db", db, "no such file; give the store of a previous search (--db FILE)")
     results = [SearchResult(space, tuple(rows), db=db) for space, rows in read_rows(db)]
     require(bool(results), "db", db, "holds no search yet; run one with --db FILE")

@@ -4,6 +4,7 @@ until the new content is complete."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from pipesched.errors import PipeschedError
@@ -52,6 +53,14 @@ def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+def names_a_path(text: str, presets: Iterable[str] = ()) -> bool:
+    """Whether an input naming a preset or a file names something on disk: a file, or a
+    directory that is no preset's name (read_text refuses it as a directory, rather than
+    calling it an unknown preset)."""
+    path = Path(text)
+    return path.is_file() or (path.is_dir() and text not in presets)
 
 
 def read_text(path: str | os.PathLike[str], field: str = "file") -> str:

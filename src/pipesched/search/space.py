@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.point import ZERO_STAGES, Point
+from pipesched.experiments.point import ZERO_STAGES, Point, zero_applies
 from pipesched.experiments.setup import PARTITION_METHODS
 from pipesched.limits import MAX_SEARCH_POINTS
 from pipesched.model.spec import RECOMPUTE_MODES, TrainingSettings
@@ -154,7 +154,7 @@ class SearchSpace:
 
         variants = sum(len(self.chunks) if get_family(family).chunks is None else 1 for family in self.schedules)
         options = len(self.partitions) * len(self.recompute) * variants
-        size = sum(options * sum(1 for zero in self.zero if not zero or layout.dp > 1)
+        size = sum(options * sum(1 for zero in self.zero if zero_applies(zero, layout.dp))
                    * sum(1 for b in self.micro_batch_sizes or _divisors(self.global_batch // layout.dp)
                          if (self.global_batch // layout.dp) % b == 0)
                    for layout in self.layouts())
@@ -169,7 +169,7 @@ class SearchSpace:
                     continue
                 for recompute in self.recompute:
                     for zero in self.zero:
-                        if zero and layout.dp == 1:
+                        if not zero_applies(zero, layout.dp):
                             continue
                         for partition in self.partitions:
                             for family in self.schedules:
@@ -194,7 +194,7 @@ class SearchSpace:
         params = sum(layer.params for layer in layer_costs(model, cluster.devices[0], settings))
         capacity = min(cluster.devices[r].memory_bytes for r in range(devices))
         need = min(params / (layout.tp * layout.pp) * TrainingSettings(
-            optimizer_shards=layout.dp if max(self.zero) and layout.dp > 1 else 1).static_bytes_per_param
+            optimizer_shards=layout.dp if max(self.zero) else 1).static_bytes_per_param
                    for layout in self.layouts())
         if need > capacity:
             raise PipeschedError(
