@@ -95,3 +95,32 @@ def test_the_tensor_parallel_field_has_one_name(cli) -> None:
                           "tensor_parallel=0")
     assert_one_line_error(cli("simulate", "1f1b", "-p", "2", "-m", "4", "-t", "3", "--no-timeline"),
                           "tensor_parallel=3")
+
+
+# --- --memory-limit: bytes (or with a unit) in every command ------------------------------
+def test_memory_limit_is_bytes_with_a_unit_everywhere(cli) -> None:
+    partition = ("partition", "--model", "llama3-8b", "--device", "h100-sxm", "-p", "4", "-t", "1", "--method",
+                 "memory", "--schedule", "1f1b", "-m", "8")
+    with_unit = cli(*partition, "--memory-limit", "40GiB")
+    in_bytes = cli(*partition, "--memory-limit", str(40 * 2**30))
+    assert_one_line_error(with_unit, "memory=40.0 GiB")
+    assert in_bytes.err == with_unit.err
+    fits = cli(*partition, "--memory-limit", "80GiB", "--json")
+    assert fits.code == 0, fits
+    assert json.loads(fits.out)["device_memory_bytes"] == [80 * 2**30] * 4
+    synthesize = cli("synthesize", "-p", "2", "-m", "2", "--model", "tiny", "--cluster", "1x8-h100", "-t", "1",
+                     "--memory-limit", "80GiB", "--time-limit", "2", "--json", "--no-timeline")
+    assert synthesize.code == 0, synthesize
+    assert json.loads(synthesize.out)["memory_limit_bytes"] == [80 * 2**30] * 2
+
+
+def test_activation_limits_have_their_own_name(cli, tmp_path) -> None:
+    path = tmp_path / "gpipe.txt"
+    assert cli("show", "gpipe", "-p", "2", "-m", "4", "-o", str(path)).code == 0
+    assert cli("validate", str(path), "--activation-limit", "4").code == 0
+    assert cli("validate", str(path), "--activation-limit", "3").code == 1
+    assert_one_line_error(cli("validate", str(path), "--memory-limit", "4"), "--memory-limit")
+    shown = cli("show", "zb-v", "-p", "4", "-m", "8", "--set", "activation_limit=6", "--format", "json")
+    assert shown.code == 0, shown
+    assert json.loads(shown.out)["params"]["activation_limit"] == 6
+    assert_one_line_error(cli("show", "zb-v", "-p", "4", "-m", "8", "--set", "memory_limit=6"), "activation_limit")

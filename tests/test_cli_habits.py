@@ -128,7 +128,7 @@ def test_a_long_report_lists_50_violations_and_counts_the_rest(cli, tmp_path):
 
 def test_show_help_examples_are_accepted(cli):
     # hanayo takes its number of waves; a family refuses an option it does not take
-    assert cli("show", "zb-v", "-p", "4", "-m", "8", "--set", "memory_limit=6").code == 0
+    assert cli("show", "zb-v", "-p", "4", "-m", "8", "--set", "activation_limit=6").code == 0
     assert cli("show", "hanayo", "-p", "4", "-m", "8", "--set", "waves=2").code == 0
     refused = cli("show", "1f1b", "-p", "4", "-m", "8", "--set", "waves=2")
     assert refused.code == 2 and "waves" in refused.err

@@ -77,7 +77,7 @@ KNOWN = [
     (Case(("simulate", "1f1b", "-p", "2", "-m", "2", "-b", "0", "--stage-costs", "c.csv"),
           {"c.csv": b"stage,forward,backward_input,backward_weight,activation_bytes,output_bytes\n0,1,1,1,1,1\n"}),
      "micro_batch_size=0: must be at least 1"),
-    (Case(("validate", "s.txt", "--memory-limit", "-1"), _grid("d0: 0F0 0B0\n")), "memory-limit=-1: must be at least 1"),
+    (Case(("validate", "s.txt", "--activation-limit", "-1"), _grid("d0: 0F0 0B0\n")), "activation-limit=-1: must be at least 1"),
     (Case(("costs", "--model", "tiny", "--device", "cpu", "-s", "1000000000")), "seq_len=1000000000: over the limit"),
     (Case(("validate", "s.txt"), _grid("d0: 0F0 " + "9" * 5000 + "F0\n")), "... (5,002 characters)"),
     (Case(("validate", "s.csv"), {"s.csv": b"0F0," + b"x" * 900_000 + b"\n"}), "field larger than field limit"),

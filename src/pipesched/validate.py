@@ -45,7 +45,7 @@ class Violation:
         return f"{self.kind}: {self.message}"
 
 
-def validate(schedule: Schedule, *, memory_limit: int | None = None) -> list[Violation]:
+def validate(schedule: Schedule, *, activation_limit: int | None = None) -> list[Violation]:
     """All violations of ``schedule`` (empty list: valid).
 
     >>> from pipesched.generators import generate
@@ -55,8 +55,8 @@ def validate(schedule: Schedule, *, memory_limit: int | None = None) -> list[Vio
     found = _structure(schedule)
     if not found:
         found += _order(schedule)
-    if memory_limit is not None:
-        found += _memory(schedule, memory_limit)
+    if activation_limit is not None:
+        found += _memory(schedule, activation_limit)
     return found
 
 

@@ -12,17 +12,19 @@ from rich.table import Table
 from pipesched.cli.options import (
     Dtype,
     FrozenLayers,
+    MemoryLimit,
     MicroBatchSize,
     Recompute,
     SeqLen,
     SequenceParallel,
     TensorParallel,
+    parse_memory_limit,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.generators import generate
-from pipesched.limits import MAX_AMOUNT, MAX_DEVICES, MAX_STAGES, check_amount, check_count
+from pipesched.limits import MAX_DEVICES, MAX_STAGES, check_count
 from pipesched.model import (
     LAYER_COLUMNS,
     METHODS,
@@ -229,7 +231,7 @@ def partition(
     microbatches: int = typer.Option(0, "-m", help="microbatches (with --schedule)"),
     from_layout: str | None = typer.Option(None, "--from-layout", help="use this Megatron layout string"),
     show_layout: bool = typer.Option(False, "--layout", help="print the Megatron layout string"),
-    memory_limit: float | None = typer.Option(None, "--memory-limit", help="device memory in GiB (default: the device's)"),
+    memory_limit: MemoryLimit = None,
     micro_batch_size: MicroBatchSize = None,
     seq_len: SeqLen = None,
     recompute: Recompute = None,
@@ -254,8 +256,7 @@ def partition(
     if v is not None:
         check_count("v", v, MAX_STAGES, what="stages")
     check_count("stages", p * (v or 1), MAX_STAGES, what="stages (p x v)")
-    if memory_limit is not None:
-        check_amount("memory-limit", memory_limit, limit=MAX_AMOUNT / GiB, above_minimum=True, unit="GiB")
+    limit = parse_memory_limit(memory_limit)
     spec = load_model(model)
     recompute = recompute or DEFAULTS.recompute
     settings = _settings(micro_batch_size, seq_len, dtype, uniform_mode(recompute) or "none", tensor_parallel,
@@ -276,7 +277,7 @@ def partition(
     given = parse_layout(from_layout, spec.layer_kinds, num_stages=placement.num_stages) if from_layout else None
     modes = None if uniform_mode(recompute) is not None else recompute_modes(recompute, placement.num_stages)
     plan = plan_stages(spec, placement, hardware, settings, method=method, partition=given, schedule=built,
-                       memory_limit=memory_limit * GiB if memory_limit is not None else None, recompute=modes)
+                       memory_limit=limit, recompute=modes)
     layout = format_layout(plan.partition, spec.layer_kinds)
     if as_json:
         typer.echo(_plan_json(plan, layout))

@@ -36,7 +36,8 @@ Devices = Annotated[int | None, typer.Option("-p", help=f"pipeline devices [defa
 Microbatches = Annotated[int | None, typer.Option("-m", help=f"microbatches [default: {DEFAULTS.m}]")]
 Chunks = Annotated[int | None, typer.Option("-v", help="chunks (stages) per device, for families that take it")]
 FamilySettings = Annotated[list[str] | None, typer.Option(
-    "--set", help="family option KEY=VALUE, e.g. memory_limit=6, or FAMILY.KEY=VALUE for one family of a "
+    "--set", help="family option KEY=VALUE, e.g. activation_limit=6 (in-flight activations per device, in units "
+                  "of one stage-microbatch's), or FAMILY.KEY=VALUE for one family of a "
                   "comparison (hanayo.waves=2); costs=F,I,W (slot lengths, e.g. 1,2,1) or costs=FILE.csv sets the "
                   "costs levels 1 and 2 use and the heuristics plan with; fb_cost=R makes an overlapped "
                   "forward-backward pair (a fused op) cost R x (F + B), 0.5 <= R <= 1")]
@@ -77,6 +78,12 @@ Latency = Annotated[float | None, typer.Option(
 Bandwidth = Annotated[str | None, typer.Option(
     "--bandwidth", help="link bandwidth in bytes/s or inf: uniform links with --stage-costs [default: inf], or every "
                         "link of the cluster")]
+MemoryLimit = Annotated[str | None, typer.Option(
+    "--memory-limit", help="bytes per device, or with a unit like 80GiB or 8e10, parameters and optimizer state "
+                           "included [default: the devices' memory; none with --stage-costs]")]
+ActivationLimit = Annotated[int | None, typer.Option(
+    "--activation-limit", help="in-flight stage-microbatches per device (activations held at once, in units of one "
+                               "stage-microbatch's)")]
 NoContention = Annotated[bool, typer.Option("--no-contention", help="transfers never wait for a busy channel")]
 # --- what training does to the table ------------------------------------------------------
 FrozenStages = Annotated[str | None, typer.Option(
@@ -147,13 +154,13 @@ Seed = Annotated[int | None, typer.Option("--seed", help=f"seed of the random st
 
 
 def parse_settings(pairs: list[str] | None) -> dict[str, object]:
-    """``["waves=2", "memory_limit=4"]`` -> {"waves": 2, "memory_limit": 4}; numbers are
+    """``["waves=2", "activation_limit=4"]`` -> {"waves": 2, "activation_limit": 4}; numbers are
     converted, other values stay strings."""
     options: dict[str, object] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise PipeschedError(f"--set={shorten(pair)!r}: write KEY=VALUE, e.g. --set memory_limit=6")
+            raise PipeschedError(f"--set={shorten(pair)!r}: write KEY=VALUE, e.g. --set activation_limit=6")
         options[key.strip().replace("-", "_")] = _number(value.strip())
     return options
 
@@ -220,6 +227,12 @@ def parse_bandwidth(text: str | None) -> float | None:
         raise PipeschedError(f"bandwidth={shorten(text)}: over the limit of {MAX_AMOUNT:g} bytes/s; write inf for "
                              "free links")
     return value
+
+
+def parse_memory_limit(text: str | None) -> float | None:
+    """``--memory-limit`` text (bytes, or with a unit like 80GiB) -> bytes; None when not
+    given."""
+    return parse_amount(text, "bytes", "memory-limit")
 
 
 def parse_amount(text: str | None, quantity: str, field: str) -> float | None:

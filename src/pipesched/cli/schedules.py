@@ -14,6 +14,7 @@ import typer
 
 from pipesched import io
 from pipesched.cli.options import (
+    ActivationLimit,
     Chunks,
     Devices,
     FamilySettings,
@@ -165,7 +166,7 @@ def show(
     Examples:
       pipesched show zb-h1 -p 4 -m 6
       pipesched show interleaved-1f1b -p 4 -m 8 -v 2 --format csv -o sched.csv
-      pipesched show zb-v -p 4 -m 8 --set memory_limit=6 --svg zb-v.svg
+      pipesched show zb-v -p 4 -m 8 --set activation_limit=6 --svg zb-v.svg
       pipesched show zb-h1 -p 4 -m 8 --set costs=1,2,1
     """
     from pipesched.costs import StageCosts
@@ -247,7 +248,7 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
 
 def validate_file(
     path: Annotated[str, typer.Argument(metavar="FILE", help="schedule file: grid text, PyTorch CSV (.csv) or JSON (.json)")],
-    memory_limit: Annotated[int | None, typer.Option("--memory-limit", help="max in-flight stage-microbatches per device")] = None,
+    activation_limit: ActivationLimit = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
 ) -> None:
     """Check a schedule file: exit 0 valid, 1 violations (with the report), 2 unreadable.
@@ -255,12 +256,12 @@ def validate_file(
     \b
     Examples:
       pipesched validate sched.csv
-      pipesched validate sched.csv --memory-limit 11 --json
+      pipesched validate sched.csv --activation-limit 11 --json
     """
-    if memory_limit is not None:
-        check_count("memory-limit", memory_limit, MAX_OPS, what="in-flight stage-microbatches")
+    if activation_limit is not None:
+        check_count("activation-limit", activation_limit, MAX_OPS, what="in-flight stage-microbatches")
     schedule = io.load_schedule(path)
-    violations = validate(schedule, memory_limit=memory_limit)
+    violations = validate(schedule, activation_limit=activation_limit)
     if as_json:
         kinds: dict[str, int] = {}
         for violation in violations:

@@ -19,6 +19,7 @@ from pipesched.cli.options import (
     HostBandwidth,
     HostMemory,
     Latency,
+    MemoryLimit,
     Microbatches,
     MicroBatchSize,
     Model,
@@ -27,6 +28,7 @@ from pipesched.cli.options import (
     SeqLen,
     StageCostsFile,
     TensorParallel,
+    parse_memory_limit,
     workload,
 )
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
@@ -52,10 +54,7 @@ def synthesize_command(
     stage_costs: StageCostsFile = None,
     latency: Latency = None,
     bandwidth: Bandwidth = None,
-    memory_limit: Annotated[str | None, typer.Option(
-        "--memory-limit",
-        help="bytes per device (or with a unit: 80GiB), parameters and optimizer state included [default: the cluster's device memory "
-             "with --model; none with --stage-costs]")] = None,
+    memory_limit: MemoryLimit = None,
     time_limit: Annotated[float, typer.Option("--time-limit", help="seconds for the whole synthesis")] = 10.0,
     backward: Annotated[str, typer.Option("--backward", help="split (I and W ops) or full (one B op)")] = "split",
     allow_recompute: Annotated[bool, typer.Option(
@@ -86,7 +85,7 @@ def synthesize_command(
     if output is not None:
         check_output_path(output)
     views = ViewPaths(png, svg, trace, html).check()
-    limit = _parse_bytes(memory_limit)
+    limit = parse_memory_limit(memory_limit)
     from pipesched.search.problem import check_size
 
     p = p if p is not None else DEFAULTS.p
@@ -113,17 +112,6 @@ def synthesize_command(
         typer.echo(json.dumps({**result.to_dict(), "setup": setup.description}, indent=1))
         return
     _print(result, network, setup.description, timeline_view=not no_timeline)
-
-
-def _parse_bytes(text: str | None) -> float | None:
-    """``--memory-limit`` text (bytes, or with a unit like 80GiB) -> bytes."""
-    if text is None:
-        return None
-    from pipesched.model.units import parse_quantity
-
-    value = parse_quantity(text, "bytes", "memory-limit")
-    require(value > 0, "memory-limit", text, "must be a number of bytes > 0, like 8e10 or 80GiB")
-    return value
 
 
 def _memory(nbytes: float) -> str:

@@ -66,7 +66,7 @@ class Point:
     p: int = DEFAULTS.p  # pipeline devices
     m: int = DEFAULTS.m  # microbatches per iteration
     v: int | None = None  # chunks per device, for families that take it (None: the family's default)
-    options: tuple[tuple[str, object], ...] = ()  # family options, e.g. (("memory_limit", 6),)
+    options: tuple[tuple[str, object], ...] = ()  # family options, e.g. (("activation_limit", 6),)
     schedule: Schedule | None = None  # a given table (a schedule file) instead of a family
     slot_costs: StageCosts | None = None  # F, I, W of levels 1 and 2 (None: 1, 1, 1 slot)
     # level 3: a model on a cluster ...
