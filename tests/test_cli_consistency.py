@@ -124,3 +124,130 @@ def test_activation_limits_have_their_own_name(cli, tmp_path) -> None:
     assert shown.code == 0, shown
     assert json.loads(shown.out)["params"]["activation_limit"] == 6
     assert_one_line_error(cli("show", "zb-v", "-p", "4", "-m", "8", "--set", "memory_limit=6"), "activation_limit")
+
+
+# --- one flag, one meaning, one default ---------------------------------------------------
+# the commands that run a model for real start from the real-run defaults (DEFAULTS.run_*)
+REAL_RUNS = {"run", "check", "profile"}
+# where a flag legitimately reads differently, and why
+EXEMPT = {
+    # search takes each of these as the list of values to try
+    **{flag: ({"search"}, "a list of values to try") for flag in (
+        "--tensor-parallel", "-t", "--dp", "--zero", "--recompute", "--schedules", "-b")},
+    # each command writes its own result to the file it is given
+    **{flag: ({"check", "search", "show", "synthesize", "profile"}, "the command's own result")
+       for flag in ("--html", "--trace", "-o", "--output")},
+    # profile times single ops (untimed repeats first) on a torch device, adds one runtime's
+    # per-op overhead, and writes per-stage costs of its own split
+    **{flag: ({"profile"}, "profiling's op repeats, torch device and stage split")
+       for flag in ("--device", "--partition", "-p", "-v", "--warmup", "--runtime")},
+    # check needs schedules to run (families or files); search lists those to try
+    "--schedules": ({"search", "check"}, "required by check; a list to try in search"),
+}
+
+
+def _commands() -> dict:
+    import typer
+
+    from pipesched.cli import COMMANDS, app
+
+    group = typer.main.get_group(app)
+    context = typer.Context(group)
+    return {name: group.get_command(context, name) for name in COMMANDS}
+
+
+def _signature(param) -> tuple:
+    return (str(param.type_descriptor.annotation), param.is_flag, param.multiple, param.default, param.help)
+
+
+def _options(command) -> list:
+    return [param for param in command.params if param.param_type_name == "option"]
+
+
+def test_every_flag_has_one_type_help_and_default_in_every_command() -> None:
+    from pipesched.defaults import DEFAULTS
+
+    seen: dict[tuple[str, bool], dict[str, tuple]] = {}
+    for name, command in _commands().items():
+        for param in _options(command):
+            for flag in param.opts:
+                exempt, _ = EXEMPT.get(flag, (set(), ""))
+                if name in exempt:
+                    continue
+                seen.setdefault((flag, name in REAL_RUNS), {})[name] = _signature(param)
+    checked = 0
+    for (flag, real), by_command in seen.items():
+        assert len(set(by_command.values())) == 1, (flag, by_command)
+        checked += len(by_command) > 1
+        other = seen.get((flag, not real))
+        if real and other is not None and set(other.values()) != set(by_command.values()):
+            # a real-run flag that differs from the analytical one has its own default
+            param = next(p for p in _commands()[next(iter(by_command))].params if flag in getattr(p, "opts", ()))
+            assert hasattr(DEFAULTS, f"run_{param.name}"), flag
+    assert checked >= 30  # most flags are shared
+
+
+def test_every_default_is_stated_once_in_the_help() -> None:
+    """A flag whose default is a value (not None) says it in its help, as the None ones do:
+    the same text the README's Defaults table gives."""
+    for name, command in _commands().items():
+        for param in _options(command):
+            if not param.is_flag and not param.hidden and param.default not in (
+                    None, (), []) and param.required is False:
+                shown = param.default if not isinstance(param.default, float) else f"{param.default:g}"
+                assert param.show_default is False or "[default: " not in (param.help or ""), (name, param.opts)
+                assert param.show_default is not False or f"[default: {shown}]" in (param.help or ""), \
+                    (name, param.opts, param.help)
+
+
+def test_sequence_parallel_help_states_its_default_once(cli) -> None:
+    for command in ("costs", "partition", "simulate", "compare", "synthesize"):
+        help_text = " ".join(cli(command, "--help").out.split())
+        assert help_text.count("[default: on]") == 1, command
+        assert "[default: sequence-parallel]" not in help_text
+
+
+def test_partition_frozen_layers_help_names_no_option_it_lacks(cli) -> None:
+    help_text = " ".join(cli("partition", "--help").out.split())
+    assert "--stage-costs" not in help_text
+
+
+def test_the_analytical_commands_start_from_the_default_scenario(cli) -> None:
+    costs = cli("costs", "--json")
+    assert costs.code == 0, costs
+    plan = cli("partition", "--json")
+    assert plan.code == 0, plan
+    from pipesched.defaults import DEFAULTS
+
+    assert json.loads(plan.out)["model"] == DEFAULTS.model
+    assert len(json.loads(plan.out)["stages"]) == DEFAULTS.p
+    # partition's -m defaults like every command's: the in-flight memory of DEFAULTS.m microbatches
+    with_m = cli("partition", "--schedule", "1f1b", "-m", str(DEFAULTS.m), "--json")
+    without = cli("partition", "--schedule", "1f1b", "--json")
+    assert with_m.code == 0 and with_m.out == without.out
+
+
+def test_the_default_device_is_the_default_clusters() -> None:
+    from pipesched.defaults import DEFAULTS
+    from pipesched.model import load_cluster
+
+    assert {device.name for device in load_cluster(DEFAULTS.cluster).devices} == {DEFAULTS.device}
+
+
+def test_dtype_and_sequence_parallel_reach_the_simulation(cli) -> None:
+    base = ("simulate", "1f1b", "-p", "2", "-m", "4", "--model", "llama3-8b", "--cluster", "1x8-h100", "--json")
+    plain, fp32, no_sp = (json.loads(cli(*base, *extra).out) for extra in
+                          ((), ("--dtype", "fp32"), ("--no-sequence-parallel",)))
+    assert fp32["iteration_time_s"] > plain["iteration_time_s"]  # fp32 matmuls at half the 16-bit peak
+    assert max(no_sp["peak_memory_bytes"]) > max(plain["peak_memory_bytes"])  # norms' activations not split
+    slower = json.loads(cli(*base, "--matmul-efficiency", "0.35").out)
+    assert slower["iteration_time_s"] > plain["iteration_time_s"]
+    assert_one_line_error(cli(*base, "--matmul-efficiency", "2"), "matmul_efficiency=2")
+
+
+def test_search_takes_t_and_b_as_its_reproduce_line_does(cli, tmp_path) -> None:
+    db = tmp_path / "s.sqlite"
+    result = cli("search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8", "--schedules",
+                 "1f1b", "-t", "2", "-b", "1", "--pipeline", "4", "--partitions", "uniform", "--recompute", "none",
+                 "--db", str(db), "--workers", "1", "--json")
+    assert result.code == 0, result

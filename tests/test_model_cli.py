@@ -91,7 +91,7 @@ def one_line_error(code: int, err: str) -> str:
     (["costs", "--model", "llama3-8b", "--device", "cpu", "-t", "3"], "tensor_parallel=3: must divide num_heads=32"),
     (["costs", "--model", "tiny", "--device", "cpu", "--matmul-efficiency", "2"], "matmul_efficiency=2.0"),
     (["costs", "--model", "missing/config.json", "--device", "cpu"], "no such file"),
-    (["partition", "--model", "tiny", "-p", "2"], "give exactly one of --device"),
+    (["partition", "--model", "tiny", "-p", "2", "--device", "cpu", "--cluster", "1x8-h100"], "give one of --device"),
     (["partition", "--model", "tiny", "--cluster", "huge", "-p", "2"], "known presets: 1x8-h100"),
     (["partition", "--model", "tiny", "--device", "cpu", "-p", "20"], "only 10 layers"),
     (["partition", "--model", "tiny", "--device", "cpu", "-p", "2", "--method", "memory"], "needs --schedule"),
@@ -122,9 +122,9 @@ def test_bad_config_files_give_one_line(run, tmp_path):
 def test_memory_error_states_a_size_that_then_fits(run):
     argv = ["partition", "--model", "llama3-70b", "--cluster", "4x8-h100", "-p", "4", "-t", "8",
             "--seq-len", "4096", "--method", "memory", "--schedule", "gpipe", "-m", "8"]
-    code, _, err = run(*argv, "--memory-limit", "40")
+    code, _, err = run(*argv, "--memory-limit", "40GiB")
     line = one_line_error(code, err)
     smallest = float(line.split("fits is ")[1].split(" GiB")[0])
     assert smallest > 40
-    code, out, _ = run(*argv, "--memory-limit", f"{smallest + 0.01}")
+    code, out, _ = run(*argv, "--memory-limit", f"{smallest + 0.01}GiB")
     assert code == 0 and "NO" not in out

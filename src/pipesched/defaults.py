@@ -22,6 +22,7 @@ class Defaults:
     # the analytical workload and machine
     model: str = "llama3-70b"  # model preset or file
     cluster: str = "4x8-h100"  # cluster preset or file
+    device: str = "h100-sxm"  # device preset of commands that take one device (costs): the cluster's
     micro_batch_size: int = 1  # sequences per microbatch
     seq_len: int = 4096  # tokens per sequence
     tensor_parallel: int = 4  # pipeline device d runs on cluster rank d x t

@@ -5,26 +5,38 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from pipesched.cli.options import (
+    AsJson,
+    BandwidthEfficiency,
+    Chunks,
+    ClusterName,
+    DeviceName,
+    Devices,
     Dtype,
     FrozenLayers,
+    MatmulEfficiency,
     MemoryLimit,
+    Microbatches,
     MicroBatchSize,
+    Model,
     Recompute,
     SeqLen,
     SequenceParallel,
     TensorParallel,
     parse_memory_limit,
+    tuned_cluster,
+    tuned_device,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import PipeschedError, require, shorten
 from pipesched.generators import generate
-from pipesched.limits import MAX_DEVICES, MAX_STAGES, check_count
+from pipesched.limits import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, check_count
 from pipesched.model import (
     LAYER_COLUMNS,
     METHODS,
@@ -39,7 +51,6 @@ from pipesched.model import (
     plan_stages,
 )
 from pipesched.model.freezing import parse_frozen_layers
-from pipesched.model.hardware import DeviceSpec
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.partition import format_layout, parse_layout
 from pipesched.schedule import Placement
@@ -47,42 +58,31 @@ from pipesched.schedule import Placement
 GiB = 2.0**30
 MiB = 2.0**20
 
-MODEL_HELP = "model preset name, Hugging Face config.json, or YAML/CSV model file"
 
 
-def _settings(micro_batch_size: int | None, seq_len: int | None, dtype: str, recompute: str | None,
-              tensor_parallel: int | None, sequence_parallel: bool) -> TrainingSettings:
+def _settings(micro_batch_size: int | None, seq_len: int | None, dtype: str | None, recompute: str | None,
+              tensor_parallel: int | None, sequence_parallel: bool | None) -> TrainingSettings:
     """The training settings the options ask for, each unset one from DEFAULTS."""
     return TrainingSettings(
         micro_batch_size=DEFAULTS.micro_batch_size if micro_batch_size is None else micro_batch_size,
-        seq_len=DEFAULTS.seq_len if seq_len is None else seq_len, dtype=dtype,
+        seq_len=DEFAULTS.seq_len if seq_len is None else seq_len, dtype=dtype or DEFAULTS.dtype,
         recompute=recompute or DEFAULTS.recompute,
         tensor_parallel=DEFAULTS.tensor_parallel if tensor_parallel is None else tensor_parallel,
-        sequence_parallel=sequence_parallel)
-
-
-def _tuned(device: DeviceSpec, matmul_efficiency: float | None, bandwidth_efficiency: float | None) -> DeviceSpec:
-    changes = {}
-    if matmul_efficiency is not None:
-        changes["matmul_efficiency"] = matmul_efficiency
-    if bandwidth_efficiency is not None:
-        changes["bandwidth_efficiency"] = bandwidth_efficiency
-    return dataclasses.replace(device, **changes) if changes else device
+        sequence_parallel=DEFAULTS.sequence_parallel if sequence_parallel is None else sequence_parallel)
 
 
 def costs(
-    model: str = typer.Option(..., "--model", help=MODEL_HELP),
-    device: str = typer.Option(..., "--device", help="device preset (a100-40gb, h100-sxm, cpu, ...)"),
+    model: Model = None,
+    device: DeviceName = None,
     micro_batch_size: MicroBatchSize = None,
     seq_len: SeqLen = None,
     recompute: Recompute = None,
     tensor_parallel: TensorParallel = None,
-    sequence_parallel: SequenceParallel = DEFAULTS.sequence_parallel,
-    dtype: Dtype = DEFAULTS.dtype,
-    matmul_efficiency: float | None = typer.Option(None, "--matmul-efficiency", help="fraction of peak FLOP/s"),
-    bandwidth_efficiency: float | None = typer.Option(None, "--bandwidth-efficiency",
-                                                      help="fraction of memory bandwidth"),
-    as_json: bool = typer.Option(False, "--json", help="print a JSON list of per-layer objects"),
+    sequence_parallel: SequenceParallel = None,
+    dtype: Dtype = None,
+    matmul_efficiency: MatmulEfficiency = None,
+    bandwidth_efficiency: BandwidthEfficiency = None,
+    as_json: AsJson = False,
 ) -> None:
     """Per-layer costs of one microbatch: forward, backward-input, backward-weight seconds,
     activation bytes, parameters and the bytes sent to the next layer.
@@ -91,8 +91,8 @@ def costs(
     Examples:
       pipesched costs --model llama3-8b --device h100-sxm -b 1 -s 4096
     """
-    spec = load_model(model)
-    chip = _tuned(load_device(device), matmul_efficiency, bandwidth_efficiency)
+    spec = load_model(model or DEFAULTS.model)
+    chip = tuned_device(load_device(device or DEFAULTS.device), matmul_efficiency, bandwidth_efficiency)
     settings = _settings(micro_batch_size, seq_len, dtype, recompute, tensor_parallel, sequence_parallel)
     layers = layer_costs(spec, chip, settings)
     if as_json:
@@ -118,14 +118,13 @@ def costs(
 
 def _cluster(device: str | None, cluster: str | None, ranks: int, matmul_efficiency: float | None,
              bandwidth_efficiency: float | None) -> Cluster:
-    if (device is None) == (cluster is None):
-        raise PipeschedError("device/cluster: give exactly one of --device NAME or --cluster NAME|FILE")
-    if device is not None:
-        built = homogeneous_cluster(load_device(device), ranks)
-    else:
-        built = load_cluster(cluster)
-    return dataclasses.replace(
-        built, devices=tuple(_tuned(d, matmul_efficiency, bandwidth_efficiency) for d in built.devices))
+    """One device preset on every rank, or a cluster (neither: the default cluster)."""
+    if device is not None and cluster is not None:
+        raise PipeschedError(f"device={shorten(device)}: not with --cluster; give one of --device NAME or "
+                             "--cluster NAME|FILE")
+    built = homogeneous_cluster(load_device(device), ranks) if device is not None else \
+        load_cluster(cluster or DEFAULTS.cluster)
+    return tuned_cluster(built, matmul_efficiency, bandwidth_efficiency)
 
 
 def _layer_span(kinds: list[str], first_block: int) -> str:
@@ -221,28 +220,28 @@ def _print_plan(plan: StagePlan, layout: str | None) -> None:
 
 
 def partition(
-    model: str = typer.Option(..., "--model", help=MODEL_HELP),
-    device: str | None = typer.Option(None, "--device", help="one device preset for every rank (8 per node, NVLink, 400 Gb/s InfiniBand)"),
-    cluster: str | None = typer.Option(None, "--cluster", help="cluster preset or YAML file"),
-    p: int = typer.Option(..., "-p", help="pipeline ranks"),
-    v: int | None = typer.Option(None, "-v", help="stages (model chunks) per rank [default: 1, or the schedule's]"),
-    method: str = typer.Option("balanced", "--method", help=f"{' | '.join(METHODS)}"),
-    schedule: str | None = typer.Option(None, "--schedule", help="schedule family for in-flight memory"),
-    microbatches: int = typer.Option(0, "-m", help="microbatches (with --schedule)"),
-    from_layout: str | None = typer.Option(None, "--from-layout", help="use this Megatron layout string"),
-    show_layout: bool = typer.Option(False, "--layout", help="print the Megatron layout string"),
+    model: Model = None,
+    device: DeviceName = None,
+    cluster: ClusterName = None,
+    p: Devices = None,
+    v: Chunks = None,
+    method: Annotated[str, typer.Option("--method", help=f"{' | '.join(METHODS)} [default: {DEFAULTS.partition}]",
+                                        show_default=False)] = DEFAULTS.partition,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="schedule family for in-flight memory")] = None,
+    microbatches: Microbatches = None,
+    from_layout: Annotated[str | None, typer.Option("--from-layout", help="use this Megatron layout string")] = None,
+    show_layout: Annotated[bool, typer.Option("--layout", help="print the Megatron layout string")] = False,
     memory_limit: MemoryLimit = None,
     micro_batch_size: MicroBatchSize = None,
     seq_len: SeqLen = None,
     recompute: Recompute = None,
     tensor_parallel: TensorParallel = None,
-    sequence_parallel: SequenceParallel = DEFAULTS.sequence_parallel,
-    dtype: Dtype = DEFAULTS.dtype,
-    matmul_efficiency: float | None = typer.Option(None, "--matmul-efficiency", help="fraction of peak FLOP/s"),
-    bandwidth_efficiency: float | None = typer.Option(None, "--bandwidth-efficiency",
-                                                      help="fraction of memory bandwidth"),
+    sequence_parallel: SequenceParallel = None,
+    dtype: Dtype = None,
+    matmul_efficiency: MatmulEfficiency = None,
+    bandwidth_efficiency: BandwidthEfficiency = None,
     frozen_layers: FrozenLayers = None,
-    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    as_json: AsJson = False,
 ) -> None:
     """Split a model's layers into p x v pipeline stages and show each stage's time and memory
     (frozen layers cost less: the balanced split gives their stages more of them).
@@ -252,12 +251,14 @@ def partition(
       pipesched partition --model llama3-70b --cluster 4x8-h100 -p 8 -t 4 --layout
       pipesched partition --model llama3-8b --device h100-sxm -p 4 -t 1 --method memory --schedule 1f1b -m 8
     """
+    p = DEFAULTS.p if p is None else p
+    microbatches = DEFAULTS.m if microbatches is None else microbatches
     check_count("p", p, MAX_DEVICES, what="pipeline devices")
     if v is not None:
         check_count("v", v, MAX_STAGES, what="stages")
     check_count("stages", p * (v or 1), MAX_STAGES, what="stages (p x v)")
     limit = parse_memory_limit(memory_limit)
-    spec = load_model(model)
+    spec = load_model(model or DEFAULTS.model)
     recompute = recompute or DEFAULTS.recompute
     settings = _settings(micro_batch_size, seq_len, dtype, uniform_mode(recompute) or "none", tensor_parallel,
                          sequence_parallel)
@@ -266,7 +267,7 @@ def partition(
                                        frozen_layers=parse_frozen_layers(frozen_layers, spec.num_cost_layers))
     built = None
     if schedule is not None:
-        require(microbatches >= 1, "m", microbatches, "give the number of microbatches with --schedule (-m M)")
+        check_count("m", microbatches, MAX_MICROBATCHES, what="microbatches")
         built = generate(schedule, p, microbatches, v=v)
         placement = built.placement
     else:

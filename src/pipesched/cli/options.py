@@ -5,6 +5,7 @@ Every default comes from ``pipesched.experiments.DEFAULTS`` (the README's "Defau
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -29,6 +30,7 @@ from pipesched.limits import (
 if TYPE_CHECKING:  # the heavier modules load when options are parsed, not declared
     from pipesched.costs import StageCosts
     from pipesched.experiments.point import Point
+    from pipesched.model.hardware import Cluster, DeviceSpec
     from pipesched.variability.model import Variability
 
 # --- the schedule ------------------------------------------------------------------------
@@ -57,10 +59,19 @@ TensorParallel = Annotated[int | None, typer.Option(
 Recompute = Annotated[str | None, typer.Option(
     "--recompute", help=f"none, selective or full; per stage: full,none,none,selective, or MODE:STAGES items like "
                         f"full:0-3 (one bare MODE for the rest, default none) [default: {DEFAULTS.recompute}]")]
-SequenceParallel = Annotated[bool, typer.Option(
+SequenceParallel = Annotated[bool | None, typer.Option(
     "--sequence-parallel/--no-sequence-parallel",
-    help=f"split norms and dropouts across the tensor-parallel group too [default: {DEFAULTS.sequence_parallel}]")]
-Dtype = Annotated[str, typer.Option("--dtype", help="training dtype of the analytical costs: bf16, fp16 or fp32")]
+    help=f"split norms and dropouts across the tensor-parallel group too "
+         f"[default: {'on' if DEFAULTS.sequence_parallel else 'off'}]")]
+Dtype = Annotated[str | None, typer.Option(
+    "--dtype", help=f"training dtype of the analytical costs: bf16, fp16 or fp32 [default: {DEFAULTS.dtype}]")]
+MatmulEfficiency = Annotated[float | None, typer.Option(
+    "--matmul-efficiency", help="fraction of peak FLOP/s the devices' matmuls reach [default: the device preset's]")]
+BandwidthEfficiency = Annotated[float | None, typer.Option(
+    "--bandwidth-efficiency", help="fraction of memory bandwidth the devices reach [default: the device preset's]")]
+DeviceName = Annotated[str | None, typer.Option(
+    "--device", help=f"device preset (a100-40gb, h100-sxm, cpu, ...) [default: {DEFAULTS.device}, the default "
+                     "cluster's]")]
 DataParallelSize = Annotated[int | None, typer.Option(
     "--dp", help="data-parallel pipeline replicas: replica r runs on cluster ranks r x p x t onwards and every device "
                  "all-reduces its gradients with its peers [default: 1]")]
@@ -72,7 +83,8 @@ PartitionOption = Annotated[str | None, typer.Option(
                         f"'Et*9|(t*10|)*6,t*10L' [default: {DEFAULTS.partition}]")]
 StageCostsFile = Annotated[str | None, typer.Option(
     "--stage-costs",
-    help="CSV of measured per-stage costs: stage,forward,backward_input,backward_weight,activation_bytes,output_bytes")]
+    help="CSV of measured per-stage costs: stage,forward,backward_input,backward_weight,activation_bytes,output_bytes "
+         "(with it, --frozen-layers names cost rows)")]
 Latency = Annotated[float | None, typer.Option(
     "--latency", help="link latency in seconds: uniform links with --stage-costs [default: 0], or every link of the cluster")]
 Bandwidth = Annotated[str | None, typer.Option(
@@ -80,7 +92,7 @@ Bandwidth = Annotated[str | None, typer.Option(
                         "link of the cluster")]
 MemoryLimit = Annotated[str | None, typer.Option(
     "--memory-limit", help="bytes per device, or with a unit like 80GiB or 8e10, parameters and optimizer state "
-                           "included [default: the devices' memory; none with --stage-costs]")]
+                           "included [default: the devices' memory, where known]")]
 ActivationLimit = Annotated[int | None, typer.Option(
     "--activation-limit", help="in-flight stage-microbatches per device (activations held at once, in units of one "
                                "stage-microbatch's)")]
@@ -91,8 +103,7 @@ FrozenStages = Annotated[str | None, typer.Option(
                             "backward when every stage before them is frozen too")]
 FrozenLayers = Annotated[str | None, typer.Option(
     "--frozen-layers", help="layers that do not train: positions in the model's layer list (embedding first, as "
-                            "`pipesched costs` lists them) like 0-39, or a fraction from the front like 0.5; with "
-                            "--stage-costs, cost rows")]
+                            "`pipesched costs` lists them) like 0-39, or a fraction from the front like 0.5")]
 Offload = Annotated[str | None, typer.Option(
     "--offload", help="activation offload to host memory over each device's host link: all, stages like 0-3, or a "
                       "fraction of every stage's microbatches like 0.5")]
@@ -285,10 +296,14 @@ def workload(
     host_bandwidth: str | None = None,
     host_memory: str | None = None,
     steady_state: bool = False,
+    dtype: str | None = None,
+    sequence_parallel: bool | None = None,
+    matmul_efficiency: float | None = None,
+    bandwidth_efficiency: float | None = None,
 ) -> Point:
     """The template point the workload options ask for: a stage-cost file on uniform links,
-    or a model on a cluster (each unset option from DEFAULTS), with the frozen layers, the
-    offload policy and host links asked for."""
+    or a model on a cluster (each unset option from DEFAULTS; the efficiencies replace its
+    devices'), with the frozen layers, the offload policy and host links asked for."""
     from pipesched.experiments.point import Point
     from pipesched.experiments.setup import check_partition
 
@@ -309,7 +324,9 @@ def workload(
               "steady_state": steady_state}
     if stage_costs is not None:
         model_options = {"--model": model, "--cluster": cluster, "--tensor-parallel": tensor_parallel,
-                         "--recompute": recompute, "--partition": partition}
+                         "--recompute": recompute, "--partition": partition, "--dtype": dtype,
+                         "--sequence-parallel": sequence_parallel, "--matmul-efficiency": matmul_efficiency,
+                         "--bandwidth-efficiency": bandwidth_efficiency}
         given = [name for name, value in model_options.items() if value is not None]
         if given:
             raise PipeschedError(f"{given[0].lstrip('-')}={model_options[given[0]]}: not with --stage-costs; "
@@ -321,7 +338,9 @@ def workload(
                      seq_len=seq_len or DEFAULTS.seq_len, bandwidth=parse_bandwidth(bandwidth), **engine)
     return Point(
         model=model or DEFAULTS.model,
-        cluster=cluster or DEFAULTS.cluster,
+        cluster=tuned_cluster(cluster or DEFAULTS.cluster, matmul_efficiency, bandwidth_efficiency),
+        dtype=dtype or DEFAULTS.dtype,
+        sequence_parallel=DEFAULTS.sequence_parallel if sequence_parallel is None else sequence_parallel,
         micro_batch_size=micro_batch_size if micro_batch_size is not None else DEFAULTS.micro_batch_size,
         seq_len=seq_len if seq_len is not None else DEFAULTS.seq_len,
         tp=tensor_parallel if tensor_parallel is not None else DEFAULTS.tensor_parallel,
@@ -330,6 +349,27 @@ def workload(
         bandwidth=parse_bandwidth(bandwidth),
         **engine,
     )
+
+
+def tuned_device(device: DeviceSpec, matmul_efficiency: float | None,
+                 bandwidth_efficiency: float | None) -> DeviceSpec:
+    """``device`` with the efficiencies given (None: its own)."""
+    changes = {name: value for name, value in (("matmul_efficiency", matmul_efficiency),
+                                               ("bandwidth_efficiency", bandwidth_efficiency)) if value is not None}
+    return dataclasses.replace(device, **changes) if changes else device
+
+
+def tuned_cluster(cluster: str | Cluster, matmul_efficiency: float | None,
+                  bandwidth_efficiency: float | None) -> str | Cluster:
+    """The cluster (a name or file, or a Cluster) with every device's efficiencies given;
+    the name itself when none is given."""
+    if matmul_efficiency is None and bandwidth_efficiency is None:
+        return cluster
+    from pipesched.model import load_cluster
+
+    built = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    return dataclasses.replace(built, devices=tuple(tuned_device(device, matmul_efficiency, bandwidth_efficiency)
+                                                    for device in built.devices))
 
 
 def variability_options(*, jitter: str | None = None, jitter_file: str | None = None,

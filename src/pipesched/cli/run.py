@@ -10,8 +10,10 @@ import typer
 from rich.table import Table
 
 from pipesched.cli.options import (
+    AsJson,
     Backend,
     Chunks,
+    FamilySettings,
     RunDevices,
     RunDtype,
     RunMicrobatches,
@@ -35,8 +37,6 @@ from pipesched.io.files import check_output_path
 from pipesched.model import load_model
 from pipesched.schedule import Schedule
 
-Settings = Annotated[list[str] | None, typer.Option("--set", help="family option KEY=VALUE")]
-AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK, hang:RANK or kill:RANK (tests)")]
 
 _RUNTIME_NAMES = {"pytorch": "PyTorch _PipelineScheduleRuntime", "ours": "pipesched executor"}
@@ -63,7 +63,7 @@ def run_command(
     p: RunDevices = None,
     m: RunMicrobatches = None,
     v: Chunks = None,
-    family_settings: Settings = None,
+    family_settings: FamilySettings = None,
     model: RunModel = DEFAULTS.run_model,
     backend: Backend = "gloo",
     steps: Steps = DEFAULTS.run_steps,

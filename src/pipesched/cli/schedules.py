@@ -15,6 +15,7 @@ import typer
 from pipesched import io
 from pipesched.cli.options import (
     ActivationLimit,
+    AsJson,
     Chunks,
     Devices,
     FamilySettings,
@@ -40,7 +41,7 @@ GiB = 2.0**30
 def list_command(
     what: Annotated[str, typer.Argument(metavar="[families|models|devices|clusters]",
                                         help="what to list")] = "families",
-    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of objects")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """List the schedule families (with their options and constraints), or the built-in
     models, devices or clusters that --model, --device and --cluster take by name.
@@ -249,7 +250,7 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
 def validate_file(
     path: Annotated[str, typer.Argument(metavar="FILE", help="schedule file: grid text, PyTorch CSV (.csv) or JSON (.json)")],
     activation_limit: ActivationLimit = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """Check a schedule file: exit 0 valid, 1 violations (with the report), 2 unreadable.
 

@@ -62,11 +62,13 @@ def search_command(
     gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None,
     schedules: Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: every synchronous family; name pipedream or pipedream-2bw to search them too]")] = None,
     tensor_parallel: Annotated[str | None, typer.Option(
-        "--tensor-parallel", help="tensor-parallel degrees to try [default: every divisor of the node size]")] = None,
+        "--tensor-parallel", "-t", help="tensor-parallel degrees to try, like 2,4 (one value fixes it, as -t does in "
+                                        "the other commands) [default: every divisor of the node size]")] = None,
     pipeline: Annotated[str | None, typer.Option("--pipeline", help="pipeline sizes p to try [default: all]")] = None,
     dp: Annotated[str | None, typer.Option("--dp", help="data-parallel sizes to try [default: all]")] = None,
     micro_batch_sizes: Annotated[str | None, typer.Option(
-        "--micro-batch-sizes", help="micro-batch sizes to try [default: every divisor of the batch per pipeline]")] = None,
+        "--micro-batch-sizes", "-b", help="micro-batch sizes to try, like 1,2 (one value fixes it, as -b does in the "
+                                          "other commands) [default: every divisor of the batch per pipeline]")] = None,
     chunks: Annotated[str | None, typer.Option(
         "--chunks", help=f"chunks v per device for the families that take it [default: {_listed('chunks')}]")] = None,
     partitions: Annotated[str | None, typer.Option(

@@ -14,11 +14,14 @@ from pipesched import io
 from pipesched.cli.options import (
     AsJson,
     Bandwidth,
+    BandwidthEfficiency,
     ClusterName,
     Devices,
+    Dtype,
     HostBandwidth,
     HostMemory,
     Latency,
+    MatmulEfficiency,
     MemoryLimit,
     Microbatches,
     MicroBatchSize,
@@ -26,6 +29,7 @@ from pipesched.cli.options import (
     PartitionOption,
     Recompute,
     SeqLen,
+    SequenceParallel,
     StageCostsFile,
     TensorParallel,
     parse_memory_limit,
@@ -51,6 +55,10 @@ def synthesize_command(
     tensor_parallel: TensorParallel = None,
     recompute: Recompute = None,
     partition: PartitionOption = None,
+    dtype: Dtype = None,
+    sequence_parallel: SequenceParallel = None,
+    matmul_efficiency: MatmulEfficiency = None,
+    bandwidth_efficiency: BandwidthEfficiency = None,
     stage_costs: StageCostsFile = None,
     latency: Latency = None,
     bandwidth: Bandwidth = None,
@@ -92,7 +100,8 @@ def synthesize_command(
     m = m if m is not None else DEFAULTS.m
     check_size(p, m, split_backward=backward == "split")
     setup = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
+                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition, dtype=dtype, sequence_parallel=sequence_parallel,
+                     matmul_efficiency=matmul_efficiency, bandwidth_efficiency=bandwidth_efficiency,
                      stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, host_bandwidth=host_bandwidth,
                      host_memory=host_memory).setup()
     # costs and links depend only on the placement: one stage per device
