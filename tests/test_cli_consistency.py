@@ -251,3 +251,81 @@ def test_search_takes_t_and_b_as_its_reproduce_line_does(cli, tmp_path) -> None:
                  "1f1b", "-t", "2", "-b", "1", "--pipeline", "4", "--partitions", "uniform", "--recompute", "none",
                  "--db", str(db), "--workers", "1", "--json")
     assert result.code == 0, result
+
+
+# --- one JSON shape per result, one meaning per key -----------------------------------------
+def _kind(value: object) -> str:
+    """What a JSON value is: a per-device list, a number, a flag, text or an object."""
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float) or value is None:
+        return "number"
+    return type(value).__name__
+
+
+def _flat(data: object, into: dict[str, set[str]], command: str, seen: dict) -> None:
+    """Every key of ``data`` (nested objects and lists of objects too) with its kind; a
+    search's ``space`` lists the values each axis tries, as its flags do, and is left out."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "space":
+                continue
+            if value is not None:
+                into.setdefault(key, set()).add(_kind(value))
+                seen.setdefault(key, {}).setdefault(_kind(value), command)
+            _flat(value, into, command, seen)
+    elif isinstance(data, list):
+        for value in data:
+            _flat(value, into, command, seen)
+
+
+def test_every_json_key_has_one_kind_and_one_meaning(cli, tmp_path) -> None:
+    sizes = ("-p", "4", "-m", "8", "--model", "llama3-8b", "--cluster", "1x8-h100", "-t", "2")
+    outputs = {
+        "simulate": cli("simulate", "1f1b", *sizes, "--json"),
+        "compare": cli("compare", "--schedules", "1f1b,zb-h1", *sizes, "--json"),
+        "search": cli("search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8",
+                      "--schedules", "1f1b", "-t", "2", "--pipeline", "4", "--dp", "1", "-b", "1",
+                      "--partitions", "balanced", "--recompute", "selective", "--zero", "0",
+                      "--db", str(tmp_path / "s.sqlite"), "--workers", "1", "--json"),
+        "synthesize": cli("synthesize", *sizes, "--time-limit", "2", "--no-timeline", "--json"),
+        "costs": cli("costs", "--model", "llama3-8b", "--device", "h100-sxm", "-t", "2", "--json"),
+        "partition": cli("partition", *sizes, "--json"),
+    }
+    data = {}
+    for command, result in outputs.items():
+        assert result.code == 0, (command, result)
+        data[command] = json.loads(result.out)
+        assert isinstance(data[command], dict), command  # one object per command
+    kinds: dict[str, set[str]] = {}
+    seen: dict = {}
+    for command, value in data.items():
+        _flat(value, kinds, command, seen)
+    mixed = {key: seen[key] for key, found in kinds.items() if len(found) > 1}
+    assert not mixed, mixed
+    # the same point, read three ways: the same seconds, bytes and rates under the same keys
+    simulated = data["simulate"]
+    (record,) = [r for r in data["compare"]["records"] if r["schedule"] == "1f1b" and r["level"] == "sim"]
+    (search,) = data["search"]["searches"]
+    best = search["best"]
+    for key in ("iteration_time_s", "max_peak_memory_bytes", "throughput_tokens_per_s", "mfu"):
+        assert record[key] == pytest.approx(simulated[key]), key
+        assert best[key] == pytest.approx(simulated[key]), key
+    assert simulated["max_peak_memory_bytes"] == max(simulated["peak_memory_bytes"])
+    assert simulated["any_out_of_memory"] == any(simulated["out_of_memory"]) == record["any_out_of_memory"]
+    assert data["costs"]["model"] == "llama3-8b" and data["costs"]["device"] == "h100-sxm"
+    assert data["costs"]["layers"][0]["name"] == "embedding"
+
+
+def test_search_json_has_one_shape_run_or_shown(cli, tmp_path) -> None:
+    db = str(tmp_path / "s.sqlite")
+    ran = cli("search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8", "--schedules",
+              "1f1b", "-t", "2", "--pipeline", "4", "--partitions", "balanced", "--recompute", "selective",
+              "--db", db, "--workers", "1", "--json")
+    shown = cli("search", "--db", db, "--show", "--json")
+    assert ran.code == 0 and shown.code == 0, (ran, shown)
+    first, stored = json.loads(ran.out), json.loads(shown.out)
+    assert set(first) == set(stored) == {"db", "searches"}
+    assert stored["searches"][0]["best"] == first["searches"][0]["best"]

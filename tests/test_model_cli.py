@@ -25,7 +25,9 @@ def test_costs_json_has_the_layer_columns(run):
     code, out, _ = run("costs", "--model", "tiny", "--device", "cpu", "--micro-batch-size", "2",
                        "--seq-len", "128", "-t", "1", "--recompute", "none", "--no-sequence-parallel", "--json")
     assert code == 0
-    rows = json.loads(out)
+    data = json.loads(out)
+    assert (data["model"], data["device"], data["seq_len"], data["micro_batch_size"]) == ("tiny", "cpu", 128, 2)
+    rows = data["layers"]
     expected = layer_costs(load_model("tiny"), load_device("cpu"), TrainingSettings(micro_batch_size=2, seq_len=128))
     assert [row["name"] for row in rows] == [layer.name for layer in expected]
     for row, layer in zip(rows, expected, strict=True):
@@ -45,7 +47,7 @@ def test_costs_reads_an_hf_config(run):
     code, out, _ = run("costs", "--model", str(EXAMPLES / "llama3_8b_config.json"), "--device", "h100-sxm",
                        "--json")
     assert code == 0
-    assert len(json.loads(out)) == 34
+    assert len(json.loads(out)["layers"]) == 34
 
 
 def test_partition_table_and_layout(run):

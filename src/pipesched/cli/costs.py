@@ -98,7 +98,10 @@ def costs(
     if as_json:
         rows = [{column: getattr(layer, column) for column in LAYER_COLUMNS}
                 | {"flops": layer.flops, "kind": layer.kind} for layer in layers]
-        typer.echo(json.dumps(rows, indent=1))
+        typer.echo(json.dumps({"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
+                               "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
+                               "recompute": settings.recompute, "dtype": settings.dtype,
+                               "sequence_parallel": settings.sequence_parallel, "layers": rows}, indent=1))
         return
     table = Table(title=f"{spec.name} on {chip.name}: b={settings.micro_batch_size} s={settings.seq_len} "
                         f"t={settings.tensor_parallel} recompute={settings.recompute}")

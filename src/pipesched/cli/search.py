@@ -111,7 +111,7 @@ def search_command(
         results = _stored(db)
         _write_files(results, csv=csv, html=html)
         if as_json:
-            typer.echo(json.dumps([r.to_dict(top=top or None) for r in results], indent=1))
+            typer.echo(json.dumps(_store_json(db, results, top), indent=1))
             return
         for result in results:
             print_result(result, top=top)
@@ -147,9 +147,15 @@ def search_command(
             bar.close()
     _write_files([result], csv=csv, html=html)
     if as_json:
-        typer.echo(json.dumps(result.to_dict(top=top or None), indent=1))
+        typer.echo(json.dumps(_store_json(db, [result], top), indent=1))
         return
     print_result(result, top=top)
+
+
+def _store_json(db: str, results: list[SearchResult], top: int) -> dict:
+    """The one JSON shape of ``search --json`` and ``search --show --json``: the store and
+    its searches (a search run now: the one it ran)."""
+    return {"db": db, "searches": [result.to_dict(top=top or None) for result in results]}
 
 
 def _mapper(workers: int | None, ray: bool, ray_address: str | None):

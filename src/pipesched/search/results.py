@@ -23,6 +23,9 @@ from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, P
 # the columns of ``--json`` rows, in order (CSV adds the rest of StoredRow)
 JSON_COLUMNS = ("schedule", "dp", "tp", "pp", "v", "micro_batch_size", "m", "recompute", "partition", "zero",
                 "iteration_time_s", "throughput_tokens_per_s", "mfu", "peak_memory_bytes", "fits")
+# the JSON keys of StoredRow fields whose own name means something else in the other
+# commands' JSON (README "JSON output"): the worst device's peak
+JSON_KEYS = {"peak_memory_bytes": "max_peak_memory_bytes"}
 
 
 def ranked(rows: Sequence[StoredRow]) -> list[StoredRow]:
@@ -62,7 +65,7 @@ def json_row(row: StoredRow) -> dict:
     """A row as ``--json`` prints it."""
     values = asdict(row)
     values["fits"] = row.status == EVALUATED
-    return {name: values[name] for name in JSON_COLUMNS}
+    return {JSON_KEYS.get(name, name): values[name] for name in JSON_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -116,11 +119,11 @@ class SearchResult:
             "best": json_row(self.best) if self.best is not None else None,
             "rows": [json_row(r) for r in shown],
             "points": len(self.rows),
-            "evaluated": self.count(EVALUATED),
-            "out_of_memory": self.count(OUT_OF_MEMORY),
-            "pruned": self.count(PRUNED),
-            "invalid": self.count(INVALID),
-            "unfinished": self.count(BOUNDED),
+            "evaluated_points": self.count(EVALUATED),
+            "out_of_memory_points": self.count(OUT_OF_MEMORY),
+            "pruned_points": self.count(PRUNED),
+            "invalid_points": self.count(INVALID),
+            "unfinished_points": self.count(BOUNDED),
             "seconds": self.seconds,
             "pareto_front": [json_row(r) for r in self.front],
             "space": self.space,
