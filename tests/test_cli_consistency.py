@@ -329,3 +329,29 @@ def test_search_json_has_one_shape_run_or_shown(cli, tmp_path) -> None:
     first, stored = json.loads(ran.out), json.loads(shown.out)
     assert set(first) == set(stored) == {"db", "searches"}
     assert stored["searches"][0]["best"] == first["searches"][0]["best"]
+
+
+# --- narrow terminals keep names and numbers whole ------------------------------------------
+@pytest.mark.parametrize("columns", ["100", "80"])
+def test_compare_and_search_keep_names_and_numbers_whole_on_a_narrow_terminal(cli, tmp_path, monkeypatch,
+                                                                             columns) -> None:
+    sizes = ("-p", "4", "-m", "8", "--model", "llama3-8b", "--cluster", "1x8-h100", "-t", "2")
+    data = json.loads(cli("compare", "--schedules", "hanayo,pipedream-2bw,interleaved-1f1b", *sizes, "--json").out)
+    db = str(tmp_path / "s.sqlite")
+    searched = cli("search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8", "--schedules",
+                   "interleaved-1f1b", "-t", "2", "--partitions", "balanced", "--recompute", "selective", "--db", db,
+                   "--workers", "1", "--json")
+    rows = json.loads(searched.out)["searches"][0]["rows"]
+    monkeypatch.setenv("COLUMNS", columns)
+    compared = cli("compare", "--schedules", "hanayo,pipedream-2bw,interleaved-1f1b", *sizes)
+    shown = cli("search", "--db", db, "--show", "--top", "5")
+    for result in (compared, shown):
+        assert result.code == 0, result
+        assert "…" not in result.out
+    words = set(compared.out.split())
+    for record in data["records"]:
+        assert record["schedule"] in words
+        if record["level"] == "sim":
+            assert f"{record['iteration_time_s']:.4g}" in words
+    for row in rows[:5]:
+        assert row["schedule"] in shown.out.split() and f"{row['iteration_time_s']:.4f}" in shown.out.split()

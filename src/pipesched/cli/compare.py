@@ -53,6 +53,7 @@ from pipesched.cli.options import (
     workload,
 )
 from pipesched.cli.output import console as output_console
+from pipesched.cli.output import print_whole
 from pipesched.cli.progress import LateProgress
 from pipesched.cli.training import print_freeze_plan
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
@@ -214,7 +215,11 @@ def print_comparison(result: Comparison) -> None:
             rank = f"{r.rank}" + (f" *(was {r.previous_rank})" if r.rank_changed else "")
             cells += [_time(r.iteration_time, r.time_unit), f"{r.bubble_ratio:.3f}", memory, rank]
         table.add_row(*cells)
-    console.print(table)
+    # on a narrow console: the bubbles of the earlier levels go first, then their memory, then
+    # the last level's bubble (each level's column k of 4 after the schedule's)
+    earlier = range(len(result.levels) - 1)
+    print_whole(console, table, [*(2 + 4 * k for k in earlier), *(3 + 4 * k for k in earlier),
+                                 2 + 4 * (len(result.levels) - 1)])
     if len(result.levels) > 1:
         changes = result.rank_changes()
         if changes:

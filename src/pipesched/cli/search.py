@@ -22,6 +22,8 @@ from rich.progress import (
 from rich.table import Table
 
 from pipesched.cli.options import AsJson, ClusterName, Model, SeqLen, split_names
+from pipesched.cli.output import console as output_console
+from pipesched.cli.output import print_whole
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.io.files import check_output_path, write_atomic
@@ -229,6 +231,8 @@ def _row_cells(rank: int, row: StoredRow) -> list[str]:
 
 _HEADER = ("rank", "schedule", "v", "dp", "tp", "pp", "b", "m", "recompute", "partition", "zero", "time (s)",
            "tokens/s", "MFU", "peak memory")
+# the columns a narrow console drops first (the "best" line's command reproduces them)
+_DROPPABLE = tuple(_HEADER.index(name) for name in ("partition", "recompute", "MFU", "zero"))
 
 
 def _table(title: str, rows: list[tuple[int, StoredRow]]) -> Table:
@@ -242,20 +246,20 @@ def _table(title: str, rows: list[tuple[int, StoredRow]]) -> Table:
 
 def print_result(result: SearchResult, *, top: int) -> None:
     """The ranking, the Pareto front, the counts and why points were left out."""
-    console = Console() if Console().is_terminal else Console(width=170)
+    console = output_console()
     space = result.space
     shown = list(result.ranked) if top == 0 else list(result.ranked[:top])
     total = len(result.rows)
     console.print(f"search: {space['model']} on {space['cluster']}, global batch {space['global_batch']} x "
                   f"{space['seq_len']} tokens; {total:,} points", highlight=False)
     if shown:
-        console.print(_table(f"the {len(shown)} fastest configurations that fit (then the least memory-hungry that "
-                             "do not)", list(enumerate(shown, start=1))))
+        print_whole(console, _table(f"the {len(shown)} fastest configurations that fit (then the least memory-hungry "
+                                    "that do not)", list(enumerate(shown, start=1))), _DROPPABLE)
     front = result.front
     ranks = {row.key: k for k, row in enumerate(result.ranked, start=1)}
     if front:
-        console.print(_table("Pareto front: iteration time against peak memory (none is both faster and smaller)",
-                             [(ranks[row.key], row) for row in front]))
+        print_whole(console, _table("Pareto front: iteration time against peak memory (none is both faster and "
+                                    "smaller)", [(ranks[row.key], row) for row in front]), _DROPPABLE)
     counts = (f"{result.count(EVALUATED):,} evaluated (simulated, fit in memory), {result.count(OUT_OF_MEMORY):,} out "
               f"of memory, {result.count(PRUNED):,} pruned by the bound, {result.count(INVALID):,} invalid")
     unfinished = total - sum(result.count(s) for s in (EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID))
