@@ -355,3 +355,76 @@ def test_compare_and_search_keep_names_and_numbers_whole_on_a_narrow_terminal(cl
             assert f"{record['iteration_time_s']:.4g}" in words
     for row in rows[:5]:
         assert row["schedule"] in shown.out.split() and f"{row['iteration_time_s']:.4f}" in shown.out.split()
+
+
+# --- small things a careful user notices ----------------------------------------------------
+def test_counts_read_in_the_right_number(cli, tmp_path) -> None:
+    from pipesched.wording import counted
+
+    one = tmp_path / "one.txt"
+    assert cli("show", "1f1b", "-p", "2", "-m", "1", "-o", str(one)).code == 0
+    assert "(2 devices, 2 stages, 1 microbatch, 4 ops)" in cli("validate", str(one)).out
+    broken = tmp_path / "broken.txt"
+    broken.write_text("d0: 0F0\n")
+    report = cli("validate", str(broken))
+    assert report.code == 1 and report.out.splitlines()[0].endswith(": 1 violation")
+    assert (counted(1, "microbatch"), counted(2, "microbatch"), counted(0, "op")) == (
+        "1 microbatch", "2 microbatches", "0 ops")
+
+
+def test_a_missing_op_names_the_closest_complete_set_and_counts_the_rest(cli, tmp_path) -> None:
+    from pipesched.rules import RULES
+
+    broken = tmp_path / "broken.txt"
+    broken.write_text("d0: 0F0\n")
+    (line,) = [text for text in cli("validate", str(broken)).out.splitlines() if "missing:" in text]
+    # every set of kinds a training stage-microbatch may run holds F: 0F0 alone is short of each
+    others = len(RULES.accepted_for("trains")) - 2
+    assert line.strip() == f"missing: 0B0 is missing (or 0I0 and 0W0, or {others} other complete sets)"
+
+
+def test_times_keep_their_trailing_zeros() -> None:
+    from pipesched.wording import significant
+
+    # four significant digits, whatever the value: a column of times reads alike
+    for value in (3.9, 3.11, 3.257, 0.05, 12.5, 1234.5):
+        text = significant(value)
+        assert len(text.replace(".", "").lstrip("0")) == 4 or float(text) >= 1000, text
+        assert float(text) == pytest.approx(value, rel=5e-4)
+
+
+def test_compare_prints_times_with_their_trailing_zeros(cli, tmp_path) -> None:
+    costs = tmp_path / "c.csv"  # 0.3 s ops on free links: an iteration of whole tenths, 3.9 s or so
+    costs.write_text("stage,forward,backward_input,backward_weight,activation_bytes,output_bytes\n"
+                     "0,0.3,0.3,0.3,1,0\n")
+    result = cli("compare", "--schedules", "gpipe", "-p", "2", "-m", "2", "--stage-costs", str(costs),
+                 "--levels", "sim", "--json")
+    seconds = json.loads(result.out)["records"][0]["iteration_time_s"]
+    text = cli("compare", "--schedules", "gpipe", "-p", "2", "-m", "2", "--stage-costs", str(costs), "--levels", "sim")
+    assert f"{seconds:#.4g}" in text.out.split()
+
+
+def test_every_command_says_wrote_on_stderr_for_every_file(cli, tmp_path) -> None:
+    grid = tmp_path / "s.txt"
+    shown = cli("show", "1f1b", "-p", "2", "-m", "2", "-o", str(grid))
+    assert shown.code == 0 and f"wrote {grid}" in shown.err and "wrote" not in shown.out
+    svg = tmp_path / "s.svg"
+    drawn = cli("simulate", "1f1b", "-p", "2", "-m", "2", "--no-timeline", "--svg", str(svg))
+    assert f"wrote {svg}" in drawn.err and "wrote" not in drawn.out
+    made = tmp_path / "synth.csv"
+    synthesized = cli("synthesize", "-p", "2", "-m", "2", "--model", "tiny", "--cluster", "1x8-h100", "-t", "1",
+                      "--time-limit", "2", "--no-timeline", "-o", str(made))
+    assert synthesized.code == 0 and f"wrote {made}" in synthesized.err and "wrote" not in synthesized.out
+
+
+def test_no_table_title_names_a_unit_none_of_its_cells_has(cli) -> None:
+    result = cli("simulate", "1f1b", "-p", "2", "-m", "4", "--recompute", "full,none", "--no-timeline")
+    assert result.code == 0, result
+    assert "training work per device" in result.out and "training work per device (GiB)" not in result.out
+
+
+@pytest.mark.parametrize("costs", ["0,0,0", "1,0,1", "0,1,1"])
+def test_zero_slot_costs_are_refused(cli, costs) -> None:
+    for command in (("show", "1f1b"), ("compare", "--schedules", "1f1b", "--levels", "formula,table")):
+        assert_one_line_error(cli(*command, "-p", "2", "-m", "2", "--set", f"costs={costs}"), f"costs='{costs}'",
+                              "> 0")

@@ -121,7 +121,7 @@ def test_a_long_report_lists_50_violations_and_counts_the_rest(cli, tmp_path):
     result = cli("validate", str(path))
     assert result.code == 1
     lines = result.out.splitlines()
-    assert lines[0].endswith("399 violation(s)")  # one per incomplete stage-microbatch: F and B of 399
+    assert lines[0].endswith("399 violations")  # one per incomplete stage-microbatch: F and B of 399
     assert "  ... and 349 more: 349 missing" in lines
     assert len(result.out) < 10_000
 

@@ -61,6 +61,7 @@ from pipesched.compare import LEVELS, Comparison, compare, family_points
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError
 from pipesched.experiments.freeze_plan import evaluate_freeze_plan, load_freeze_plan
+from pipesched.wording import significant
 
 GiB = 2.0**30
 LEVEL_TITLES = {"formula": "formula (slots)", "table": "table (slots)", "sim": "simulated (s)"}
@@ -176,7 +177,7 @@ def compare_command(
 
 
 def _time(value: float, unit: str) -> str:
-    return f"{value:.4g}" if unit == "s" else f"{value:g}"
+    return significant(value) if unit == "s" else f"{value:g}"
 
 
 def _memory(value: float, unit: str) -> str:
@@ -256,7 +257,7 @@ def print_paired(result: Comparison, console: Console) -> None:
         table.add_column(column, justify="left" if column == "schedule" else "right")
     for k, name in enumerate(paired.names):
         after = paired.beats_next[k]
-        table.add_row(str(k + 1), name, f"{paired.mean[k]:.4g}", f"{paired.p99[k]:.4g}", f"{paired.fastest[k]:.1%}",
+        table.add_row(str(k + 1), name, significant(paired.mean[k]), significant(paired.p99[k]), f"{paired.fastest[k]:.1%}",
                       "-" if after is None else f"{after:.1%}")
     console.print(table)
     console.print(f"the order of the schedules differs from the order by mean in {paired.flip_share:.1%} of the samples")

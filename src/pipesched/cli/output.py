@@ -4,6 +4,7 @@ goes to a file or a pipe (rich would otherwise squeeze them into 80 columns)."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -70,3 +71,9 @@ def _share(table: Table, room: int) -> None:
     wanted = sum(line - word for word, line in extents) or 1
     for column, (word, line) in zip(table.columns, extents, strict=True):
         column.width = min(line, word + spare * (line - word) // wanted)
+
+
+def wrote(path: object, note: str = "") -> None:
+    """Say that a file was written: ``wrote PATH`` (and a note), on stderr, the one place every
+    command says it."""
+    print(f"wrote {path}{note}", file=sys.stderr)

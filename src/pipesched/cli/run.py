@@ -27,6 +27,7 @@ from pipesched.cli.options import (
     split_names,
 )
 from pipesched.cli.output import console as output_console
+from pipesched.cli.output import wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
@@ -169,12 +170,13 @@ def profile_command(
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
         return
-    typer.echo(f"wrote {target}" + (f" ({summary['partition']})" if "partition" in summary else ""))
-    typer.echo(f"wrote {repeats_path} (every timed repeat: simulate --jitter-file {repeats_path})")
+    wrote(target, f" ({summary['partition']})" if "partition" in summary else "")
+    wrote(repeats_path, f" (every timed repeat: simulate --jitter-file {repeats_path})")
     if "per_op_overhead_s" in summary:
         typer.echo(f"per-op overhead of the {runtime} runtime: {summary['per_op_overhead_s'] * 1e6:.0f} us (included)")
     if link:
-        typer.echo(f"wrote {link_path}; simulate with --stage-costs FILE --latency {summary['latency_s']:.6g} "
+        wrote(link_path)
+        typer.echo(f"simulate with --stage-costs {target} --latency {summary['latency_s']:.6g} "
                    f"--bandwidth {summary['bandwidth_bytes_per_s']:.6g}")
 
 
@@ -224,7 +226,7 @@ def check_command(
     with StatusLine(f"check {', '.join(names)}") as status:
         report = check_schedules(built, load_model(model), options=options, runtime=runtime, on_status=status)
     for path in report.write_views(html=html, trace=trace, title=f"prediction check: {model}, p={p}, m={m}"):
-        typer.echo(f"wrote {path}", err=True)
+        wrote(path)
     if as_json:
         typer.echo(json.dumps(report.to_dict(model=model, p=p, m=m), indent=1))
         return

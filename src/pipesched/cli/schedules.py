@@ -23,13 +23,14 @@ from pipesched.cli.options import (
     Microbatches,
     family_options,
 )
-from pipesched.cli.output import console
+from pipesched.cli.output import console, wrote
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.io.files import check_output_path, write_atomic
 from pipesched.limits import MAX_OPS, check_count
 from pipesched.validate import REPORTED_VIOLATIONS, format_report, validate
+from pipesched.wording import counted
 
 if TYPE_CHECKING:
     from pipesched.schedule import Schedule
@@ -188,7 +189,7 @@ def show(
         views.write([slot_table(schedule, slots)], title=f"{schedule.name}: idealized slot table")
     text = io.dumps(schedule, fmt)
     if output is not None:
-        write_atomic(output, text)
+        wrote(write_atomic(output, text))
         return
     sys.stdout.write(text)
     if fmt == "grid":
@@ -281,8 +282,8 @@ def validate_file(
         sys.stdout.write(format_report(schedule, violations) + "\n")
         raise typer.Exit(1)
     sys.stdout.write(
-        f"{path}: valid ({schedule.num_devices} devices, {schedule.num_stages} stages, "
-        f"{schedule.num_microbatches} microbatches, {schedule.num_ops} ops)\n"
+        f"{path}: valid ({counted(schedule.num_devices, 'device')}, {counted(schedule.num_stages, 'stage')}, "
+        f"{counted(schedule.num_microbatches, 'microbatch')}, {counted(schedule.num_ops, 'op')})\n"
     )
 
 

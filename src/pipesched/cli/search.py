@@ -23,13 +23,14 @@ from rich.table import Table
 
 from pipesched.cli.options import AsJson, ClusterName, Model, SeqLen, split_names
 from pipesched.cli.output import console as output_console
-from pipesched.cli.output import print_whole
+from pipesched.cli.output import print_whole, wrote
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.io.files import check_output_path, write_atomic
 from pipesched.search.results import SearchResult, simulate_command
 from pipesched.search.space import SearchSpace
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
+from pipesched.wording import counted
 
 GiB = 2.0**30
 MAX_WORKERS = 1024
@@ -181,14 +182,12 @@ def _stored(db: str) -> list[SearchResult]:
 
 
 def _write_files(results: list[SearchResult], *, csv: str | None, html: str | None) -> None:
-    console = Console(stderr=True)
     if csv is not None:
-        console.print(f"wrote {write_atomic(csv, ''.join(r.to_csv() for r in results), 'csv')}", highlight=False)
+        wrote(write_atomic(csv, ''.join(r.to_csv() for r in results), 'csv'))
     if html is not None:
         from pipesched.render.search_page import render_search_html
 
-        page = render_search_html(results[-1])
-        console.print(f"wrote {write_atomic(html, page, 'html')}", highlight=False)
+        wrote(write_atomic(html, render_search_html(results[-1]), 'html'))
 
 
 class _ProgressBar:
@@ -276,8 +275,8 @@ def print_result(result: SearchResult, *, top: int) -> None:
                       highlight=False, markup=False, soft_wrap=True)
     best = result.best
     if best is not None:
-        console.print(f"best: {best.schedule}, dp {best.dp} x pp {best.pp} x tp {best.tp}, {best.m} microbatches of "
-                      f"{best.micro_batch_size}: {best.iteration_time_s:.4f} s, {best.throughput_tokens_per_s:,.0f} "
+        console.print(f"best: {best.schedule}, dp {best.dp} x pp {best.pp} x tp {best.tp}, "
+                      f"{counted(best.m, 'microbatch')} of {best.micro_batch_size}: {best.iteration_time_s:.4f} s, {best.throughput_tokens_per_s:,.0f} "
                       f"tokens/s; reproduce with\n  {simulate_command(space, best)}", highlight=False, markup=False,
                       soft_wrap=True)
     else:

@@ -224,7 +224,7 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
     console.print(devices)
     training = training_columns(metrics.training, timeline)
     if training:
-        work = Table(title="training work per device (GiB)")
+        work = Table(title="training work per device")
         work.add_column("device", justify="right")
         for column in training:
             work.add_column(column, justify="right")

@@ -35,6 +35,7 @@ from pipesched.cli.options import (
     parse_memory_limit,
     workload,
 )
+from pipesched.cli.output import wrote
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
@@ -115,7 +116,7 @@ def synthesize_command(
     result = synthesize(costs, network, m, memory_limit=limit, split_backward=backward == "split",
                         allow_recompute=allow_recompute, allow_offload=allow_offload, time_limit=time_limit)
     if output is not None:
-        io.save_schedule(result.schedule, output)
+        wrote(io.save_schedule(result.schedule, output))
     views.write([result.timeline], title=f"synthesized, p={p}, m={m}: {setup.description}")
     if as_json:
         typer.echo(json.dumps({**result.to_dict(), "setup": setup.description}, indent=1))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pipesched.cli.output import wrote
 from pipesched.io.files import check_output_path
 
 if TYPE_CHECKING:  # rich and numpy load with the commands that draw
@@ -43,20 +44,15 @@ class ViewPaths:
         return any(getattr(self, f) is not None for f in ("png", "svg", "trace", "html"))
 
     def write(self, timelines: Sequence[Timeline], *, comparison: Sequence[Mapping[str, object]] | None = None,
-              title: str = "", console: Console | None = None,
-              distributions: Sequence[Mapping[str, object]] | None = None) -> None:
+              title: str = "", distributions: Sequence[Mapping[str, object]] | None = None) -> None:
         if not self.any:
             return
         from pipesched.render.views import write_views
 
         written = write_views(timelines, png=self.png, svg=self.svg, trace=self.trace, html=self.html,
                               comparison=comparison, title=title, distributions=distributions)
-        if console is None:
-            from rich.console import Console
-
-            console = Console(stderr=True)
         for path in written:
-            console.print(f"wrote {path}", highlight=False, markup=False)
+            wrote(path)
 
 
 def print_timeline(timeline: Timeline, console: Console) -> None:
