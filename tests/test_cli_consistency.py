@@ -107,7 +107,7 @@ def test_memory_limit_is_bytes_with_a_unit_everywhere(cli) -> None:
     assert in_bytes.err == with_unit.err
     fits = cli(*partition, "--memory-limit", "80GiB", "--json")
     assert fits.code == 0, fits
-    assert json.loads(fits.out)["device_memory_bytes"] == [80 * 2**30] * 4
+    assert json.loads(fits.out)["memory_capacity_bytes"] == [80 * 2**30] * 4
     synthesize = cli("synthesize", "-p", "2", "-m", "2", "--model", "tiny", "--cluster", "1x8-h100", "-t", "1",
                      "--memory-limit", "80GiB", "--time-limit", "2", "--json", "--no-timeline")
     assert synthesize.code == 0, synthesize
@@ -292,8 +292,11 @@ def test_every_json_key_has_one_kind_and_one_meaning(cli, tmp_path) -> None:
                       "--db", str(tmp_path / "s.sqlite"), "--workers", "1", "--json"),
         "synthesize": cli("synthesize", *sizes, "--time-limit", "2", "--no-timeline", "--json"),
         "costs": cli("costs", "--model", "llama3-8b", "--device", "h100-sxm", "-t", "2", "--json"),
-        "partition": cli("partition", *sizes, "--json"),
+        "partition": cli("partition", *sizes, "--schedule", "1f1b", "--json"),
     }
+    grid = tmp_path / "s.txt"
+    assert cli("show", "1f1b", "-p", "4", "-m", "8", "-o", str(grid)).code == 0
+    outputs["validate"] = cli("validate", str(grid), "--json")
     data = {}
     for command, result in outputs.items():
         assert result.code == 0, (command, result)
@@ -317,6 +320,9 @@ def test_every_json_key_has_one_kind_and_one_meaning(cli, tmp_path) -> None:
     assert simulated["any_out_of_memory"] == any(simulated["out_of_memory"]) == record["any_out_of_memory"]
     assert data["costs"]["model"] == "llama3-8b" and data["costs"]["device"] == "h100-sxm"
     assert data["costs"]["layers"][0]["name"] == "embedding"
+    assert (data["validate"]["p"], data["validate"]["m"]) == (simulated["p"], simulated["m"])
+    assert data["validate"]["num_stages"] == simulated["num_stages"]
+    assert len(data["partition"]["peak_memory_bytes"]) == len(data["partition"]["memory_capacity_bytes"]) == 4
 
 
 def test_search_json_has_one_shape_run_or_shown(cli, tmp_path) -> None:

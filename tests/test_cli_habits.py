@@ -105,7 +105,7 @@ def test_validate_json_reports_a_valid_file_and_the_violations_of_a_broken_one(c
     result = cli("validate", str(good), "--json")
     assert result.code == 0
     data = json.loads(result.out)
-    assert data["valid"] and (data["devices"], data["stages"], data["microbatches"], data["ops"]) == (2, 2, 2, 8)
+    assert data["valid"] and (data["p"], data["num_stages"], data["m"], data["num_ops"]) == (2, 2, 2, 8)
     broken = tmp_path / "broken.txt"
     broken.write_text("d0: 0F0 0F1 0B0\nd1: 1F0 1B0 1F1 1B1\n")
     result = cli("validate", str(broken), "--json")

@@ -166,8 +166,8 @@ def _plan_json(plan: StagePlan, layout: str) -> str:
     return json.dumps({
         "model": plan.model.name, "method": plan.method, "sizes": list(plan.partition.sizes),
         "layout": layout, "bottleneck_s": plan.bottleneck_s, "stages": stages,
-        "device_peak_bytes": list(plan.device_peak_bytes) if plan.device_peak_bytes is not None else None,
-        "device_memory_bytes": list(plan.device_memory),
+        "peak_memory_bytes": list(plan.device_peak_bytes) if plan.device_peak_bytes is not None else None,
+        "memory_capacity_bytes": list(plan.device_memory),
     }, indent=1)
 
 

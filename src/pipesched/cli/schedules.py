@@ -269,8 +269,8 @@ def validate_file(
         for violation in violations:
             kinds[violation.kind] = kinds.get(violation.kind, 0) + 1
         typer.echo(json.dumps({
-            "file": path, "valid": not violations, "name": schedule.name, "devices": schedule.num_devices,
-            "stages": schedule.num_stages, "microbatches": schedule.num_microbatches, "ops": schedule.num_ops,
+            "file": path, "valid": not violations, "schedule": schedule.name, "p": schedule.num_devices,
+            "m": schedule.num_microbatches, "num_stages": schedule.num_stages, "num_ops": schedule.num_ops,
             "violation_count": len(violations), "violations_by_kind": kinds,
             "violations": [{"kind": v.kind, "message": v.message, "ops": [str(op) for op in v.ops],
                             "device": v.device} for v in violations[:REPORTED_VIOLATIONS]],
