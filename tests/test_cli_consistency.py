@@ -434,3 +434,16 @@ def test_zero_slot_costs_are_refused(cli, costs) -> None:
     for command in (("show", "1f1b"), ("compare", "--schedules", "1f1b", "--levels", "formula,table")):
         assert_one_line_error(cli(*command, "-p", "2", "-m", "2", "--set", f"costs={costs}"), f"costs='{costs}'",
                               "> 0")
+
+
+def test_the_library_starts_from_the_commands_defaults() -> None:
+    import dataclasses
+
+    from pipesched.defaults import DEFAULTS
+    from pipesched.model import TrainingSettings
+
+    settings = TrainingSettings()
+    for field in dataclasses.fields(DEFAULTS):
+        if hasattr(settings, field.name):
+            assert getattr(settings, field.name) == getattr(DEFAULTS, field.name), field.name
+    assert settings.tensor_parallel == DEFAULTS.tensor_parallel and settings.seq_len == DEFAULTS.seq_len

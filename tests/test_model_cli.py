@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipesched.model import LAYER_COLUMNS, TrainingSettings, layer_costs, load_device, load_model
+from model_helpers import one_device
+from pipesched.model import LAYER_COLUMNS, layer_costs, load_device, load_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -28,7 +29,7 @@ def test_costs_json_has_the_layer_columns(run):
     data = json.loads(out)
     assert (data["model"], data["device"], data["seq_len"], data["micro_batch_size"]) == ("tiny", "cpu", 128, 2)
     rows = data["layers"]
-    expected = layer_costs(load_model("tiny"), load_device("cpu"), TrainingSettings(micro_batch_size=2, seq_len=128))
+    expected = layer_costs(load_model("tiny"), load_device("cpu"), one_device(micro_batch_size=2, seq_len=128))
     assert [row["name"] for row in rows] == [layer.name for layer in expected]
     for row, layer in zip(rows, expected, strict=True):
         assert set(LAYER_COLUMNS) <= set(row)

@@ -309,7 +309,7 @@ def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, 
 
     >>> from pipesched.model import load_cluster, load_model
     >>> costs = build_stage_costs(load_model("llama3-8b"), Placement.one_per_device(4),
-    ...                           load_cluster("1x8-h100"), TrainingSettings(seq_len=4096))
+    ...                           load_cluster("1x8-h100"), TrainingSettings(tensor_parallel=2))
     >>> costs.num_stages
     4
     """
