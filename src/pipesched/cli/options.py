@@ -91,7 +91,7 @@ Bandwidth = Annotated[str | None, typer.Option(
     "--bandwidth", help="link bandwidth in bytes/s or inf: uniform links with --stage-costs [default: inf], or every "
                         "link of the cluster")]
 MemoryLimit = Annotated[str | None, typer.Option(
-    "--memory-limit", help="bytes per device, or with a unit like 80GiB or 8e10, parameters and optimizer state "
+    "--memory-limit", help="bytes per device like 8e10, or with a unit like 80GiB, parameters and optimizer state "
                            "included [default: the devices' memory, where known]")]
 ActivationLimit = Annotated[int | None, typer.Option(
     "--activation-limit", help="in-flight stage-microbatches per device (activations held at once, in units of one "
