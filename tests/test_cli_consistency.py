@@ -447,3 +447,20 @@ def test_the_library_starts_from_the_commands_defaults() -> None:
         if hasattr(settings, field.name):
             assert getattr(settings, field.name) == getattr(DEFAULTS, field.name), field.name
     assert settings.tensor_parallel == DEFAULTS.tensor_parallel and settings.seq_len == DEFAULTS.seq_len
+
+
+def test_search_takes_the_dtype_and_sequence_parallel_and_reproduces_them(cli, tmp_path) -> None:
+    base = ("search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8", "--schedules", "1f1b",
+            "-t", "2", "--pipeline", "4", "-b", "1", "--partitions", "balanced", "--recompute", "selective",
+            "--zero", "0", "--workers", "1")
+    plain = cli(*base, "--db", str(tmp_path / "a.sqlite"), "--json")
+    changed = cli(*base, "--db", str(tmp_path / "b.sqlite"), "--dtype", "fp32", "--no-sequence-parallel", "--json")
+    assert plain.code == 0 and changed.code == 0, (plain, changed)
+    fast, slow = (json.loads(r.out)["searches"][0]["best"] for r in (plain, changed))
+    assert slow["iteration_time_s"] > fast["iteration_time_s"]  # fp32 matmuls at half the 16-bit peak
+    text = cli(*base, "--db", str(tmp_path / "b.sqlite"), "--dtype", "fp32", "--no-sequence-parallel")
+    command = text.out.split("reproduce with")[1].split()
+    assert "--dtype" in command and "--no-sequence-parallel" in command
+    simulated = json.loads(cli(*command[1:command.index("results")] if "results" in command else command[1:],
+                               "--json").out)
+    assert simulated["iteration_time_s"] == slow["iteration_time_s"]

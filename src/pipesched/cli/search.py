@@ -21,7 +21,15 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from pipesched.cli.options import AsJson, ClusterName, Model, SeqLen, split_names
+from pipesched.cli.options import (
+    AsJson,
+    ClusterName,
+    Dtype,
+    Model,
+    SeqLen,
+    SequenceParallel,
+    split_names,
+)
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_whole, wrote
 from pipesched.defaults import DEFAULTS
@@ -62,6 +70,8 @@ def search_command(
         "--global-batch", "-g", help=f"sequences per iteration, all data-parallel pipelines together "
                                      f"[default: {DEFAULTS.global_batch}]")] = None,
     seq_len: SeqLen = None,
+    dtype: Dtype = None,
+    sequence_parallel: SequenceParallel = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None,
     schedules: Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: every synchronous family; name pipedream or pipedream-2bw to search them too]")] = None,
     tensor_parallel: Annotated[str | None, typer.Option(
@@ -129,6 +139,7 @@ def search_command(
         import_ray("--ray" if ray else "--ray-address")  # before anything is written
     given = {
         "model": model, "cluster": cluster, "global_batch": global_batch, "seq_len": seq_len, "gpus": gpus,
+        "dtype": dtype, "sequence_parallel": sequence_parallel,
         "schedules": tuple(split_names(schedules)) if schedules is not None else None,
         "chunks": _numbers("chunks", chunks) or None,
         "partitions": tuple(split_names(partitions)) if partitions is not None else None,

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from pipesched.defaults import DEFAULTS
 from pipesched.experiments.point import Point
 from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
 
@@ -149,7 +150,9 @@ def row_point(space: dict, row: StoredRow) -> Point:
     """The experiment point of a stored row of a search of ``space``."""
     return Point(row.schedule, p=row.pp, m=row.m, v=row.v, model=space["model"], cluster=space["cluster"],
                  dp=row.dp, tp=row.tp, micro_batch_size=row.micro_batch_size, seq_len=space["seq_len"],
-                 recompute=row.recompute, partition=row.partition, zero=row.zero)
+                 recompute=row.recompute, partition=row.partition, zero=row.zero,
+                 dtype=space.get("dtype", DEFAULTS.dtype),
+                 sequence_parallel=space.get("sequence_parallel", DEFAULTS.sequence_parallel))
 
 
 def simulate_command(space: dict, row: StoredRow) -> str:
@@ -157,4 +160,13 @@ def simulate_command(space: dict, row: StoredRow) -> str:
     chunks = f" -v {row.v}" if row.v is not None else ""
     return (f"pipesched simulate {row.schedule} -p {row.pp} -m {row.m}{chunks} --model {shlex.quote(space['model'])} "
             f"--cluster {shlex.quote(space['cluster'])} -t {row.tp} --dp {row.dp} --zero {row.zero} -b {row.micro_batch_size} "
-            f"-s {space['seq_len']} --recompute {row.recompute} --partition {row.partition}")
+            f"-s {space['seq_len']} --recompute {row.recompute} --partition {row.partition}{_training(space)}")
+
+
+def _training(space: dict) -> str:
+    """The dtype and sequence-parallel flags of a search that did not take the defaults."""
+    dtype = space.get("dtype", DEFAULTS.dtype)
+    sequence_parallel = space.get("sequence_parallel", DEFAULTS.sequence_parallel)
+    return ((f" --dtype {dtype}" if dtype != DEFAULTS.dtype else "")
+            + ("" if sequence_parallel == DEFAULTS.sequence_parallel else
+               " --sequence-parallel" if sequence_parallel else " --no-sequence-parallel"))

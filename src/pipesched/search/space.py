@@ -26,7 +26,7 @@ from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import ZERO_STAGES, Point, zero_applies
 from pipesched.experiments.setup import PARTITION_METHODS
 from pipesched.limits import MAX_SEARCH_POINTS
-from pipesched.model.spec import RECOMPUTE_MODES, TrainingSettings
+from pipesched.model.spec import DTYPE_BYTES, RECOMPUTE_MODES, TrainingSettings
 
 GiB = 2.0**30
 # the largest global batch a search takes (sequences per iteration)
@@ -52,6 +52,8 @@ class SearchSpace:
     cluster: str = DEFAULTS.cluster
     global_batch: int = DEFAULTS.global_batch  # G, sequences per iteration
     seq_len: int = DEFAULTS.seq_len  # tokens per sequence
+    dtype: str = DEFAULTS.dtype  # training dtype of the analytical costs
+    sequence_parallel: bool = DEFAULTS.sequence_parallel  # norms and dropouts split over the tensor-parallel group
     gpus: int | None = None  # devices used, the cluster's first (None: all)
     schedules: tuple[str, ...] = ()  # families (empty: every synchronous one)
     chunks: tuple[int, ...] = (2, 4)  # v for the families that take it
@@ -90,6 +92,9 @@ class SearchSpace:
             require(value in RECOMPUTE_MODES, "recompute", value, f"choose from {', '.join(RECOMPUTE_MODES)}")
         for value in self.zero:
             require(value in ZERO_STAGES, "zero", value, "choose from 0, 1")
+        require(self.dtype in DTYPE_BYTES, "dtype", self.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
+        require(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel,
+                "must be true or false")
         for name in ("partitions", "recompute", "zero"):
             values = tuple(dict.fromkeys(getattr(self, name)))
             require(len(values) >= 1, name, "''", "give at least one value")
@@ -178,7 +183,8 @@ class SearchSpace:
                                     points.append(Point(
                                         family, p=layout.pp, m=per_replica // b, v=v, model=self.model,
                                         cluster=self.cluster, dp=layout.dp, tp=layout.tp, micro_batch_size=b,
-                                        seq_len=self.seq_len, recompute=recompute, partition=partition, zero=zero))
+                                        seq_len=self.seq_len, recompute=recompute, partition=partition, zero=zero,
+                                        dtype=self.dtype, sequence_parallel=self.sequence_parallel))
         # runs of one pipeline size and microbatch count: a worker builds each schedule once
         return sorted(points, key=lambda point: (point.p, point.m))
 
