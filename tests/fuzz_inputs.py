@@ -359,7 +359,7 @@ def flag_cases(draw) -> Case:
         argv = ["partition", "--model", "llama3-8b", "--device", "h100-sxm", "-p", p,
                 "-v", v, "--memory-limit", _flag(draw, ("40GiB", "80GiB"))]
         if draw(st.booleans()):
-            argv += ["--from-layout", draw(st.sampled_from(("Et*15|t*17L", "t*99999999999", "(t|)*99999999999",
+            argv += ["--partition", draw(st.sampled_from(("Et*15|t*17L", "t*99999999999", "(t|)*99999999999",
                                                             "(tt|)*" + "9" * 5000, "E|" * 9000, "Et*3|(tt|)*29,m|L")))]
     elif command == "list":
         argv = ["list", draw(st.sampled_from(("families", "models", "devices", "clusters", "model", "x" * 300))),

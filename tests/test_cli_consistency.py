@@ -99,7 +99,7 @@ def test_the_tensor_parallel_field_has_one_name(cli) -> None:
 
 # --- --memory-limit: bytes (or with a unit) in every command ------------------------------
 def test_memory_limit_is_bytes_with_a_unit_everywhere(cli) -> None:
-    partition = ("partition", "--model", "llama3-8b", "--device", "h100-sxm", "-p", "4", "-t", "1", "--method",
+    partition = ("partition", "--model", "llama3-8b", "--device", "h100-sxm", "-p", "4", "-t", "1", "--partition",
                  "memory", "--schedule", "1f1b", "-m", "8")
     with_unit = cli(*partition, "--memory-limit", "40GiB")
     in_bytes = cli(*partition, "--memory-limit", str(40 * 2**30))

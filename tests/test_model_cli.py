@@ -62,7 +62,7 @@ def test_partition_table_and_layout(run):
 
 def test_partition_from_layout_and_json(run):
     code, out, _ = run("partition", "--model", "tiny", "--device", "cpu", "-p", "2",
-                       "--from-layout", "Et*5|t*3L", "--seq-len", "64", "--json")
+                       "--partition", "Et*5|t*3L", "--seq-len", "64", "--json")
     assert code == 0
     plan = json.loads(out)
     assert plan["sizes"] == [6, 4] and plan["layout"] == "Et*5|t*3L" and plan["method"] == "given"
@@ -71,7 +71,7 @@ def test_partition_from_layout_and_json(run):
 
 def test_partition_memory_method_with_a_schedule(run):
     code, out, _ = run("partition", "--model", "llama3-70b", "--cluster", str(EXAMPLES / "cluster_4x8_h100.yaml"),
-                       "-p", "4", "-t", "8", "--seq-len", "4096", "--method", "memory", "--schedule", "1f1b",
+                       "-p", "4", "-t", "8", "--seq-len", "4096", "--partition", "memory", "--schedule", "1f1b",
                        "-m", "8")
     assert code == 0
     assert "in flight" in out and "peak memory per pipeline rank" in out and "NO" not in out
@@ -97,10 +97,10 @@ def one_line_error(code: int, err: str) -> str:
     (["partition", "--model", "tiny", "-p", "2", "--device", "cpu", "--cluster", "1x8-h100"], "give one of --device"),
     (["partition", "--model", "tiny", "--cluster", "huge", "-p", "2"], "known presets: 1x8-h100"),
     (["partition", "--model", "tiny", "--device", "cpu", "-p", "20"], "only 10 layers"),
-    (["partition", "--model", "tiny", "--device", "cpu", "-p", "2", "--method", "memory"], "needs --schedule"),
-    (["partition", "--model", "tiny", "--device", "cpu", "-p", "2", "--from-layout", "Et*4|t*3L"],
+    (["partition", "--model", "tiny", "--device", "cpu", "-p", "2", "--partition", "memory"], "needs --schedule"),
+    (["partition", "--model", "tiny", "--device", "cpu", "-p", "2", "--partition", "Et*4|t*3L"],
      "has 7 't' layers, the model has 8"),
-    (["partition", "--model", "llama3-70b", "--device", "h100-sxm", "-p", "4", "--method", "memory",
+    (["partition", "--model", "llama3-70b", "--device", "h100-sxm", "-p", "4", "--partition", "memory",
       "--schedule", "1f1b", "-m", "8"], "the smallest memory that fits is"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(run, argv, message):
@@ -124,7 +124,7 @@ def test_bad_config_files_give_one_line(run, tmp_path):
 
 def test_memory_error_states_a_size_that_then_fits(run):
     argv = ["partition", "--model", "llama3-70b", "--cluster", "4x8-h100", "-p", "4", "-t", "8",
-            "--seq-len", "4096", "--method", "memory", "--schedule", "gpipe", "-m", "8"]
+            "--seq-len", "4096", "--partition", "memory", "--schedule", "gpipe", "-m", "8"]
     code, _, err = run(*argv, "--memory-limit", "40GiB")
     line = one_line_error(code, err)
     smallest = float(line.split("fits is ")[1].split(" GiB")[0])

@@ -24,6 +24,7 @@ from pipesched.cli.options import (
     Microbatches,
     MicroBatchSize,
     Model,
+    PartitionOption,
     Recompute,
     SeqLen,
     SequenceParallel,
@@ -35,6 +36,7 @@ from pipesched.cli.options import (
 from pipesched.cli.output import console as output_console
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require, shorten
+from pipesched.experiments.setup import check_partition
 from pipesched.generators import generate
 from pipesched.limits import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, check_count
 from pipesched.model import (
@@ -228,11 +230,9 @@ def partition(
     cluster: ClusterName = None,
     p: Devices = None,
     v: Chunks = None,
-    method: Annotated[str, typer.Option("--method", help=f"{' | '.join(METHODS)} [default: {DEFAULTS.partition}]",
-                                        show_default=False)] = DEFAULTS.partition,
+    partition: PartitionOption = None,
     schedule: Annotated[str | None, typer.Option("--schedule", help="schedule family for in-flight memory")] = None,
     microbatches: Microbatches = None,
-    from_layout: Annotated[str | None, typer.Option("--from-layout", help="use this Megatron layout string")] = None,
     show_layout: Annotated[bool, typer.Option("--layout", help="print the Megatron layout string")] = False,
     memory_limit: MemoryLimit = None,
     micro_batch_size: MicroBatchSize = None,
@@ -252,7 +252,7 @@ def partition(
     \b
     Examples:
       pipesched partition --model llama3-70b --cluster 4x8-h100 -p 8 -t 4 --layout
-      pipesched partition --model llama3-8b --device h100-sxm -p 4 -t 1 --method memory --schedule 1f1b -m 8
+      pipesched partition --model llama3-8b --device h100-sxm -p 4 -t 1 --partition memory --schedule 1f1b -m 8
     """
     p = DEFAULTS.p if p is None else p
     microbatches = DEFAULTS.m if microbatches is None else microbatches
@@ -262,6 +262,10 @@ def partition(
     check_count("stages", p * (v or 1), MAX_STAGES, what="stages (p x v)")
     limit = parse_memory_limit(memory_limit)
     spec = load_model(model or DEFAULTS.model)
+    # a method, or a Megatron layout string that fixes the stages (the one --partition of every command)
+    partition = partition or DEFAULTS.partition
+    check_partition(partition, spec.layer_kinds)
+    method, layout_text = (partition, None) if partition in METHODS else (DEFAULTS.partition, partition)
     recompute = recompute or DEFAULTS.recompute
     settings = _settings(micro_batch_size, seq_len, dtype, uniform_mode(recompute) or "none", tensor_parallel,
                          sequence_parallel)
@@ -274,11 +278,11 @@ def partition(
         built = generate(schedule, p, microbatches, v=v)
         placement = built.placement
     else:
-        require(method != "memory", "method", method, "needs --schedule NAME and -m M for the in-flight counts")
+        require(method != "memory", "partition", method, "needs --schedule NAME and -m M for the in-flight counts")
         placement = Placement.looped(p, v or 1)
     hardware = _cluster(device, cluster, placement.num_devices * settings.tensor_parallel, matmul_efficiency,
                         bandwidth_efficiency)
-    given = parse_layout(from_layout, spec.layer_kinds, num_stages=placement.num_stages) if from_layout else None
+    given = None if layout_text is None else parse_layout(layout_text, spec.layer_kinds, num_stages=placement.num_stages)
     modes = None if uniform_mode(recompute) is not None else recompute_modes(recompute, placement.num_stages)
     plan = plan_stages(spec, placement, hardware, settings, method=method, partition=given, schedule=built,
                        memory_limit=limit, recompute=modes)
