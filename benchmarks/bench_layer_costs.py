@@ -92,7 +92,8 @@ def gpt_layer(hidden: int) -> ModelSpec:
 
 def layer_tflops(device: DeviceSpec, hidden: int, seq: int) -> tuple[float, float, float, float]:
     """(forward ms, backward ms, forward TFLOP/s, backward TFLOP/s) of one GPT block, b=1."""
-    block = layer_costs(gpt_layer(hidden), device, TrainingSettings(seq_len=seq))[1]
+    block = layer_costs(gpt_layer(hidden), device, TrainingSettings(seq_len=seq, tensor_parallel=1, recompute="none",
+                                                                    sequence_parallel=False))[1]
     useful = 24 * seq * hidden**2 + 4 * seq**2 * hidden
     backward = block.backward_input_s + block.backward_weight_s
     return block.forward_s * 1e3, backward * 1e3, useful / block.forward_s / TFLOP, 2 * useful / backward / TFLOP

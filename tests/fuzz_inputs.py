@@ -176,7 +176,7 @@ def schedule_cases(draw) -> Case:
     elif command == "validate-json":
         argv = ("validate", name, "--json")
     elif command == "validate-memory":
-        argv = ("validate", name, "--memory-limit", draw(hostile_numbers()))
+        argv = ("validate", name, "--activation-limit", draw(hostile_numbers()))
     elif command == "show":
         argv = ("show", name)
     elif command == "show-out":
@@ -344,7 +344,7 @@ def flag_cases(draw) -> Case:
         argv = ["show", family, "-p", p, "-m", m] + (["-v", v] if draw(st.booleans()) else [])
     elif command == "show-set":
         argv = ["show", draw(st.sampled_from(("zb-h1", "zb-v", "zb-h2", "hanayo"))), "-p", p, "-m", m, "--set",
-                f"{draw(st.sampled_from(('memory_limit', 'costs', 'waves', 'x')))}={draw(hostile_numbers())}"]
+                f"{draw(st.sampled_from(('activation_limit', 'costs', 'waves', 'x')))}={draw(hostile_numbers())}"]
     elif command == "simulate":
         argv = ["simulate", family, "-p", p, "-m", m, "--no-timeline", "--json", "-b", _flag(draw, ("1", "2")),
                 "-s", _flag(draw, ("512", "4096")), "-t", _flag(draw, ("1", "2", "4"))]
@@ -357,9 +357,9 @@ def flag_cases(draw) -> Case:
                 "--matmul-efficiency", _flag(draw, ("0.5", "1"))]
     elif command == "partition":
         argv = ["partition", "--model", "llama3-8b", "--device", "h100-sxm", "-p", p,
-                "-v", v, "--memory-limit", _flag(draw, ("40", "80"))]
+                "-v", v, "--memory-limit", _flag(draw, ("40GiB", "80GiB"))]
         if draw(st.booleans()):
-            argv += ["--from-layout", draw(st.sampled_from(("Et*15|t*17L", "t*99999999999", "(t|)*99999999999",
+            argv += ["--partition", draw(st.sampled_from(("Et*15|t*17L", "t*99999999999", "(t|)*99999999999",
                                                             "(tt|)*" + "9" * 5000, "E|" * 9000, "Et*3|(tt|)*29,m|L")))]
     elif command == "list":
         argv = ["list", draw(st.sampled_from(("families", "models", "devices", "clusters", "model", "x" * 300))),

@@ -105,7 +105,7 @@ def test_validate_json_reports_a_valid_file_and_the_violations_of_a_broken_one(c
     result = cli("validate", str(good), "--json")
     assert result.code == 0
     data = json.loads(result.out)
-    assert data["valid"] and (data["devices"], data["stages"], data["microbatches"], data["ops"]) == (2, 2, 2, 8)
+    assert data["valid"] and (data["p"], data["num_stages"], data["m"], data["num_ops"]) == (2, 2, 2, 8)
     broken = tmp_path / "broken.txt"
     broken.write_text("d0: 0F0 0F1 0B0\nd1: 1F0 1B0 1F1 1B1\n")
     result = cli("validate", str(broken), "--json")
@@ -121,14 +121,14 @@ def test_a_long_report_lists_50_violations_and_counts_the_rest(cli, tmp_path):
     result = cli("validate", str(path))
     assert result.code == 1
     lines = result.out.splitlines()
-    assert lines[0].endswith("399 violation(s)")  # one per incomplete stage-microbatch: F and B of 399
+    assert lines[0].endswith("399 violations")  # one per incomplete stage-microbatch: F and B of 399
     assert "  ... and 349 more: 349 missing" in lines
     assert len(result.out) < 10_000
 
 
 def test_show_help_examples_are_accepted(cli):
     # hanayo takes its number of waves; a family refuses an option it does not take
-    assert cli("show", "zb-v", "-p", "4", "-m", "8", "--set", "memory_limit=6").code == 0
+    assert cli("show", "zb-v", "-p", "4", "-m", "8", "--set", "activation_limit=6").code == 0
     assert cli("show", "hanayo", "-p", "4", "-m", "8", "--set", "waves=2").code == 0
     refused = cli("show", "1f1b", "-p", "4", "-m", "8", "--set", "waves=2")
     assert refused.code == 2 and "waves" in refused.err

@@ -206,8 +206,8 @@ def test_a_schedule_file_takes_no_family_option(cli, tmp_path):
     costs = tmp_path / "costs.csv"
     costs.write_text(COSTS.replace("3,1,1,1,2e9,1e6\n", "").replace("2,1,1,1,2e9,1e6\n", ""), encoding="utf-8")
     for command in (("simulate", str(good), "--stage-costs", str(costs)), ("show", str(good))):
-        assert_one_line_error(cli(*command, "--set", "memory_limit=3"), "memory_limit=3", "schedule file",
-                              "drop --set memory_limit")
+        assert_one_line_error(cli(*command, "--set", "activation_limit=3"), "activation_limit=3", "schedule file",
+                              "drop --set activation_limit")
     # the slot costs are no family's option: show draws a file's slot table with them ...
     assert cli("show", str(good), "--set", "costs=1,2,1").code == 0
     # ... but simulate costs the ops from the workload: only a family that plans with slot

@@ -54,7 +54,7 @@ def test_show_takes_the_published_variants_options(cli) -> None:
     assert automatic.code == 0 and '"latency": 0.5, "m": 8, "m_w": 0.25' in automatic.out
     assert_one_line_error(cli("show", "chimera", "--set", "forward_doubling=yes"), "forward_doubling=yes")
     assert_one_line_error(cli("show", "zb-1p", "--set", "m_w=2"), "m_w=2")
-    assert_one_line_error(cli("show", "zb-1p", "--set", "memory_limit=0"), "memory_limit=0")
+    assert_one_line_error(cli("show", "zb-1p", "--set", "activation_limit=0"), "activation_limit=0")
     assert_one_line_error(cli("show", "hanayo", "-v", "4", "--set", "waves=3"), "waves=3")
 
 
@@ -68,8 +68,8 @@ def test_validate_exit_codes(cli, tmp_path) -> None:
     assert result.code == 1 and "deadlock" in result.out and "<-- ERROR HERE" in result.out
     over = tmp_path / "gpipe.csv"
     io.save_schedule(generate("gpipe", 2, 4), over)
-    assert cli("validate", str(over), "--memory-limit", "4").code == 0
-    assert cli("validate", str(over), "--memory-limit", "2").code == 1
+    assert cli("validate", str(over), "--activation-limit", "4").code == 0
+    assert cli("validate", str(over), "--activation-limit", "2").code == 1
     bad = tmp_path / "bad.txt"
     bad.write_text("d0: 0F0 0B0\nd1: 1F0 1Z0\n")
     assert_one_line_error(cli("validate", str(bad)), "bad.txt:2:9", "1Z0")

@@ -63,7 +63,7 @@ def test_options_that_size_the_table_are_bounded_before_it_is_built(cli, tmp_pat
 
 @pytest.mark.parametrize(("option", "value"), [
     ("waves", 0), ("waves", 2.5), ("waves", MAX_WAVES + 1), ("iterations", 0), ("iterations", MAX_ITERATIONS + 1),
-    ("versions", -1), ("memory_limit", 1e308), ("latency", 1e308), ("latency", -1), ("m_w", 2),
+    ("versions", -1), ("activation_limit", 1e308), ("latency", 1e308), ("latency", -1), ("m_w", 2),
     ("forward_doubling", 2), ("fused", "yes"),
 ])
 def test_out_of_bounds_option_values_are_refused_by_show_and_compare_alike(cli, option, value):
@@ -79,10 +79,10 @@ def test_out_of_bounds_option_values_are_refused_by_show_and_compare_alike(cli, 
 
 
 def test_compare_takes_the_options_of_families_with_dashes_in_their_names(cli):
-    shown = cli("show", "zb-h1", "-p", "4", "-m", "8", "--set", "memory_limit=4")
+    shown = cli("show", "zb-h1", "-p", "4", "-m", "8", "--set", "activation_limit=4")
     assert shown.code == 0, shown.err
     slot_makespan = float(shown.out.split("# slot makespan ", 1)[1].split()[0])
-    for setting in ("zb-h1.memory_limit=4", "zb-h1.memory-limit=4"):
+    for setting in ("zb-h1.activation_limit=4", "zb-h1.activation-limit=4"):
         compared = cli("compare", "--schedules", "zb-h1", "-p", "4", "-m", "8", "--levels", "table", "--json",
                        "--set", setting)
         assert compared.code == 0, compared.err

@@ -166,8 +166,8 @@ def test_megatron_interleaved_warm_up():
 def test_one_stage_heuristic_with_equal_costs_is_as_good_as_the_handcrafted_table(name, p, m):
     handcrafted = generate(name, p, m)
     limit = max(inflight_per_device(handcrafted))
-    heuristic = generate(name, p, m, memory_limit=limit)
-    assert validate(heuristic, memory_limit=limit) == []
+    heuristic = generate(name, p, m, activation_limit=limit)
+    assert validate(heuristic, activation_limit=limit) == []
     assert heuristic.params["heuristic"] is True
     assert table_metrics(heuristic).makespan <= table_metrics(handcrafted).makespan
 
@@ -176,14 +176,14 @@ def test_one_stage_heuristic_with_equal_costs_is_as_good_as_the_handcrafted_tabl
 def test_zb_h1_heuristic_uses_the_costs(costs):
     handcrafted = generate("zb-h1", 6, 24)
     heuristic = generate("zb-h1", 6, 24, costs=costs)
-    assert validate(heuristic, memory_limit=6) == []
+    assert validate(heuristic, activation_limit=6) == []
     assert table_metrics(heuristic, costs).makespan <= table_metrics(handcrafted, costs).makespan
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 5])
 def test_zb_h1_heuristic_trades_bubble_for_memory(limit):
-    schedule = generate("zb-h1", 4, 12, memory_limit=limit)
-    assert validate(schedule, memory_limit=limit) == []
+    schedule = generate("zb-h1", 4, 12, activation_limit=limit)
+    assert validate(schedule, activation_limit=limit) == []
     assert max(inflight_per_device(schedule)) <= limit
     if limit == 1:
         # one microbatch at a time on every device: F, I, W in turn
@@ -197,25 +197,25 @@ def test_heuristics_take_per_stage_costs():
         activation_bytes=[1] * p, output_bytes=[0] * p,
     )
     schedule = generate("zb-h2", p, 12, costs=stage_costs)
-    assert validate(schedule, memory_limit=2 * p - 1) == []
+    assert validate(schedule, activation_limit=2 * p - 1) == []
     v_costs = StageCosts(
         forward=[1, 2] * p, backward_input=[2, 1] * p, backward_weight=[1] * (2 * p),
         activation_bytes=[1] * (2 * p), output_bytes=[0] * (2 * p),
     )
-    assert validate(generate("zb-v", p, 12, costs=v_costs), memory_limit=2 * p) == []
+    assert validate(generate("zb-v", p, 12, costs=v_costs), activation_limit=2 * p) == []
 
 
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (6, 12), (8, 32)])
 def test_zb_v_heuristic_at_1f1b_memory_is_as_good_as_the_handcrafted_table(p, m):
-    heuristic = generate("zb-v", p, m, memory_limit=2 * p)
-    assert validate(heuristic, memory_limit=2 * p) == []
+    heuristic = generate("zb-v", p, m, activation_limit=2 * p)
+    assert validate(heuristic, activation_limit=2 * p) == []
     assert table_metrics(heuristic).makespan <= table_metrics(generate("zb-v", p, m)).makespan
 
 
 @pytest.mark.parametrize("limit", [2, 3, 5, 7])
-def test_zb_v_heuristic_keeps_a_lower_memory_limit(limit):
-    schedule = generate("zb-v", 4, 8, memory_limit=limit)
-    assert validate(schedule, memory_limit=limit) == []
+def test_zb_v_heuristic_keeps_a_lower_activation_limit(limit):
+    schedule = generate("zb-v", 4, 8, activation_limit=limit)
+    assert validate(schedule, activation_limit=limit) == []
     assert max(inflight_per_device(schedule)) <= limit
 
 
@@ -252,10 +252,10 @@ def test_formulas_at_p4_m8():
         (lambda: generate("interleaved-1f1b", 1, 8), "p=1: needs at least 2 pipeline devices"),
         (lambda: generate("zb-h1", 4, 0), "m=0: needs at least 1 microbatch"),
         (lambda: generate("zb-v", 4, 8, v=3), "v=3: zb-v always uses 2 stage(s) per device"),
-        (lambda: generate("zb-h1", 4, 8, memory_limit=0), "memory_limit=0: too small for zb-h1 to make progress; the smallest that works here is 1"),
-        (lambda: generate("zb-v", 4, 8, memory_limit=1), "memory_limit=1: too small for zb-v to make progress; the smallest that works here is 2"),
-        (lambda: generate("zb-h2", 4, 8, memory_limit=2.5), "memory_limit=2.5: give a whole number"),
-        (lambda: generate("v-half", 4, 8, memory_limit=4), "option=memory_limit: v-half does not take it"),
+        (lambda: generate("zb-h1", 4, 8, activation_limit=0), "activation_limit=0: too small for zb-h1 to make progress; the smallest that works here is 1"),
+        (lambda: generate("zb-v", 4, 8, activation_limit=1), "activation_limit=1: too small for zb-v to make progress; the smallest that works here is 2"),
+        (lambda: generate("zb-h2", 4, 8, activation_limit=2.5), "activation_limit=2.5: give a whole number"),
+        (lambda: generate("v-half", 4, 8, activation_limit=4), "option=activation_limit: v-half does not take it"),
         (lambda: generate("zb-h1", 4, 8, costs=StageCosts.slots(f=-1)), "forward[stage 0]=-1.0: must be a finite number >= 0"),
         (lambda: generate("zb-v", 4, 8, costs=StageCosts.uniform(4)), "costs=4 stages: zb-v here has 8 stages"),
         (lambda: generate("zb-h1", 4, 8, costs="fast"), "costs=str: give a StageCosts"),

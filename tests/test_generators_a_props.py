@@ -134,13 +134,13 @@ def stage_costs(draw, num_stages: int) -> StageCosts:
 
 @SETTINGS
 @given(p=st.integers(2, 12), m=st.integers(1, 48), data=st.data())
-def test_one_stage_heuristic_keeps_its_memory_limit(p, m, data):
+def test_one_stage_heuristic_keeps_its_activation_limit(p, m, data):
     name = data.draw(st.sampled_from(["zb-h1", "zb-h2"]))
     limit = data.draw(st.integers(1, 2 * p + 2))
     costs = data.draw(st.one_of(st.none(), UNEVEN_COSTS, stage_costs(p)))
-    schedule = generate(name, p, m, costs=costs, memory_limit=limit)
+    schedule = generate(name, p, m, costs=costs, activation_limit=limit)
     check_table(schedule, split=True)
-    assert validate(schedule, memory_limit=limit) == []
+    assert validate(schedule, activation_limit=limit) == []
     assert max(inflight_per_device(schedule)) <= limit
 
 
@@ -167,12 +167,12 @@ def test_zb_v_with_uneven_costs_stays_within_the_documented_bounds(p, m, costs):
 
 @SETTINGS
 @given(p=st.integers(2, 10), m=st.integers(1, 40), data=st.data())
-def test_zb_v_heuristic_keeps_its_memory_limit(p, m, data):
+def test_zb_v_heuristic_keeps_its_activation_limit(p, m, data):
     limit = data.draw(st.integers(2, 2 * p + 2))
     costs = data.draw(st.one_of(st.none(), UNEVEN_COSTS, stage_costs(2 * p)))
-    schedule = generate("zb-v", p, m, costs=costs, memory_limit=limit)
+    schedule = generate("zb-v", p, m, costs=costs, activation_limit=limit)
     check_table(schedule, split=True)
-    assert validate(schedule, memory_limit=limit) == []
+    assert validate(schedule, activation_limit=limit) == []
 
 
 @SETTINGS

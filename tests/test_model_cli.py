@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipesched.model import LAYER_COLUMNS, TrainingSettings, layer_costs, load_device, load_model
+from model_helpers import one_device
+from pipesched.model import LAYER_COLUMNS, layer_costs, load_device, load_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -25,8 +26,10 @@ def test_costs_json_has_the_layer_columns(run):
     code, out, _ = run("costs", "--model", "tiny", "--device", "cpu", "--micro-batch-size", "2",
                        "--seq-len", "128", "-t", "1", "--recompute", "none", "--no-sequence-parallel", "--json")
     assert code == 0
-    rows = json.loads(out)
-    expected = layer_costs(load_model("tiny"), load_device("cpu"), TrainingSettings(micro_batch_size=2, seq_len=128))
+    data = json.loads(out)
+    assert (data["model"], data["device"], data["seq_len"], data["micro_batch_size"]) == ("tiny", "cpu", 128, 2)
+    rows = data["layers"]
+    expected = layer_costs(load_model("tiny"), load_device("cpu"), one_device(micro_batch_size=2, seq_len=128))
     assert [row["name"] for row in rows] == [layer.name for layer in expected]
     for row, layer in zip(rows, expected, strict=True):
         assert set(LAYER_COLUMNS) <= set(row)
@@ -45,7 +48,7 @@ def test_costs_reads_an_hf_config(run):
     code, out, _ = run("costs", "--model", str(EXAMPLES / "llama3_8b_config.json"), "--device", "h100-sxm",
                        "--json")
     assert code == 0
-    assert len(json.loads(out)) == 34
+    assert len(json.loads(out)["layers"]) == 34
 
 
 def test_partition_table_and_layout(run):
@@ -59,7 +62,7 @@ def test_partition_table_and_layout(run):
 
 def test_partition_from_layout_and_json(run):
     code, out, _ = run("partition", "--model", "tiny", "--device", "cpu", "-p", "2",
-                       "--from-layout", "Et*5|t*3L", "--seq-len", "64", "--json")
+                       "--partition", "Et*5|t*3L", "--seq-len", "64", "--json")
     assert code == 0
     plan = json.loads(out)
     assert plan["sizes"] == [6, 4] and plan["layout"] == "Et*5|t*3L" and plan["method"] == "given"
@@ -68,7 +71,7 @@ def test_partition_from_layout_and_json(run):
 
 def test_partition_memory_method_with_a_schedule(run):
     code, out, _ = run("partition", "--model", "llama3-70b", "--cluster", str(EXAMPLES / "cluster_4x8_h100.yaml"),
-                       "-p", "4", "-t", "8", "--seq-len", "4096", "--method", "memory", "--schedule", "1f1b",
+                       "-p", "4", "-t", "8", "--seq-len", "4096", "--partition", "memory", "--schedule", "1f1b",
                        "-m", "8")
     assert code == 0
     assert "in flight" in out and "peak memory per pipeline rank" in out and "NO" not in out
@@ -91,13 +94,13 @@ def one_line_error(code: int, err: str) -> str:
     (["costs", "--model", "llama3-8b", "--device", "cpu", "-t", "3"], "tensor_parallel=3: must divide num_heads=32"),
     (["costs", "--model", "tiny", "--device", "cpu", "--matmul-efficiency", "2"], "matmul_efficiency=2.0"),
     (["costs", "--model", "missing/config.json", "--device", "cpu"], "no such file"),
-    (["partition", "--model", "tiny", "-p", "2"], "give exactly one of --device"),
+    (["partition", "--model", "tiny", "-p", "2", "--device", "cpu", "--cluster", "1x8-h100"], "give one of --device"),
     (["partition", "--model", "tiny", "--cluster", "huge", "-p", "2"], "known presets: 1x8-h100"),
     (["partition", "--model", "tiny", "--device", "cpu", "-p", "20"], "only 10 layers"),
-    (["partition", "--model", "tiny", "--device", "cpu", "-p", "2", "--method", "memory"], "needs --schedule"),
-    (["partition", "--model", "tiny", "--device", "cpu", "-p", "2", "--from-layout", "Et*4|t*3L"],
+    (["partition", "--model", "tiny", "--device", "cpu", "-p", "2", "--partition", "memory"], "needs --schedule"),
+    (["partition", "--model", "tiny", "--device", "cpu", "-p", "2", "--partition", "Et*4|t*3L"],
      "has 7 't' layers, the model has 8"),
-    (["partition", "--model", "llama3-70b", "--device", "h100-sxm", "-p", "4", "--method", "memory",
+    (["partition", "--model", "llama3-70b", "--device", "h100-sxm", "-p", "4", "--partition", "memory",
       "--schedule", "1f1b", "-m", "8"], "the smallest memory that fits is"),
 ])
 def test_bad_input_gives_one_line_and_exit_2(run, argv, message):
@@ -121,10 +124,10 @@ def test_bad_config_files_give_one_line(run, tmp_path):
 
 def test_memory_error_states_a_size_that_then_fits(run):
     argv = ["partition", "--model", "llama3-70b", "--cluster", "4x8-h100", "-p", "4", "-t", "8",
-            "--seq-len", "4096", "--method", "memory", "--schedule", "gpipe", "-m", "8"]
-    code, _, err = run(*argv, "--memory-limit", "40")
+            "--seq-len", "4096", "--partition", "memory", "--schedule", "gpipe", "-m", "8"]
+    code, _, err = run(*argv, "--memory-limit", "40GiB")
     line = one_line_error(code, err)
     smallest = float(line.split("fits is ")[1].split(" GiB")[0])
     assert smallest > 40
-    code, out, _ = run(*argv, "--memory-limit", f"{smallest + 0.01}")
+    code, out, _ = run(*argv, "--memory-limit", f"{smallest + 0.01}GiB")
     assert code == 0 and "NO" not in out

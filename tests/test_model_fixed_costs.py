@@ -8,9 +8,9 @@ import math
 
 import pytest
 
+from model_helpers import one_device
 from pipesched.generators import generate
 from pipesched.model import (
-    TrainingSettings,
     build_stage_costs,
     homogeneous_cluster,
     layer_costs,
@@ -22,7 +22,7 @@ from pipesched.schedule import Placement
 from pipesched.simulate import Network, simulate
 
 H100 = load_device("h100-sxm")
-SETTINGS = TrainingSettings(seq_len=2048)
+SETTINGS = one_device(seq_len=2048)
 MODEL = load_model("gpt3-1.3b")
 
 
@@ -63,11 +63,11 @@ def test_a_gpt_block_keeps_its_weight_matmuls_output_gradients_for_w():
     # dW = X^T dY needs dY of QKV (3h), projection (h), MLP up (4h) and down (h): 18 s b h bytes in bf16
     b, s = 2, 2048
     h = MODEL.hidden_size
-    block = layer_costs(MODEL, H100, TrainingSettings(micro_batch_size=b, seq_len=s))[1]
+    block = layer_costs(MODEL, H100, one_device(micro_batch_size=b, seq_len=s))[1]
     assert math.isclose(block.kept_for_w_bytes, 18 * s * b * h)
     # W's inputs (14 s b h) plus these gradients: a deferred W holds nearly all of a microbatch's activations
     assert math.isclose(block.weight_input_bytes, 14 * s * b * h)
-    embedding = layer_costs(MODEL, H100, TrainingSettings(micro_batch_size=b, seq_len=s))[0]
+    embedding = layer_costs(MODEL, H100, one_device(micro_batch_size=b, seq_len=s))[0]
     assert embedding.kept_for_w_bytes == embedding.output_bytes  # its whole backward is W
 
 
@@ -94,7 +94,7 @@ def test_zero_bubble_memory_relative_to_1f1b_counts_the_gradients_kept_for_w():
     # selective recompute keeps what a FlashAttention layer keeps (34 s b h): W's inputs
     # (14) and the output gradients I leaves for W (18) are then nearly all of it
     p = 4
-    settings = TrainingSettings(seq_len=2048, recompute="selective")
+    settings = one_device(seq_len=2048, recompute="selective")
     costs = build_stage_costs(MODEL, Placement.one_per_device(p), homogeneous_cluster(H100, p), settings,
                               method="uniform")
     without = dataclasses.replace(costs, kept_for_w_bytes=None)

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from model_helpers import one_device
 from pipesched.model import (
     LinkSpec,
     ModelSpec,
@@ -34,7 +35,7 @@ def test_gpt3_175b_flops_match_megatron_without_recompute(tensor_parallel):
     model = load_model("gpt3-175b")
     b, m, s = 2, 8, 2048
     depth, h, v = model.num_layers, model.hidden_size, model.vocab_size
-    settings = TrainingSettings(micro_batch_size=b, seq_len=s, tensor_parallel=tensor_parallel)
+    settings = one_device(micro_batch_size=b, seq_len=s, tensor_parallel=tensor_parallel)
     expected = 72 * (b * m) * s * depth * h**2 * (1 + s / (6 * h) + v / (12 * depth * h))
     assert close(model_flops_per_iteration(model, settings, m), expected)
 
@@ -45,7 +46,7 @@ def test_gpt3_175b_flops_match_megatron_with_full_recompute():
     model = load_model("gpt3-175b")
     b, m, s = 1, 16, 2048
     depth, h, v = model.num_layers, model.hidden_size, model.vocab_size
-    settings = TrainingSettings(micro_batch_size=b, seq_len=s, recompute="full")
+    settings = one_device(micro_batch_size=b, seq_len=s, recompute="full")
     expected = 96 * (b * m) * s * depth * h**2 * (1 + s / (6 * h) + v / (16 * depth * h))
     assert close(hardware_flops_per_iteration(model, settings, m), expected)
     # model FLOPs (what MFU counts) leave the recompute out: the paper's model-FLOPs formula
@@ -57,8 +58,8 @@ def test_selective_recompute_adds_the_attention_core_forward():
     model = load_model("gpt3-13b")
     b, s = 1, 4096
     depth, h = model.num_layers, model.hidden_size
-    plain = hardware_flops_per_iteration(model, TrainingSettings(micro_batch_size=b, seq_len=s), 1)
-    chosen = TrainingSettings(micro_batch_size=b, seq_len=s, recompute="selective")
+    plain = hardware_flops_per_iteration(model, one_device(micro_batch_size=b, seq_len=s), 1)
+    chosen = one_device(micro_batch_size=b, seq_len=s, recompute="selective")
     selective = hardware_flops_per_iteration(model, chosen, 1)
     assert close(selective - plain, depth * 4 * b * s**2 * h)  # scores + context matmuls again
     assert close(model_flops_per_iteration(model, chosen, 1), plain)
@@ -72,9 +73,9 @@ def block(model: ModelSpec, settings: TrainingSettings):
 def test_gpt_block_activations_match_korthikanti(b, s):
     model = load_model("gpt3-175b")
     h, a = model.hidden_size, model.num_heads
-    none = block(model, TrainingSettings(micro_batch_size=b, seq_len=s))
-    selective = block(model, TrainingSettings(micro_batch_size=b, seq_len=s, recompute="selective"))
-    full = block(model, TrainingSettings(micro_batch_size=b, seq_len=s, recompute="full"))
+    none = block(model, one_device(micro_batch_size=b, seq_len=s))
+    selective = block(model, one_device(micro_batch_size=b, seq_len=s, recompute="selective"))
+    full = block(model, one_device(micro_batch_size=b, seq_len=s, recompute="full"))
     assert close(none.activation_bytes, s * b * h * (34 + 5 * a * s / h))
     assert close(selective.activation_bytes, s * b * h * 34)
     assert close(full.activation_bytes, 2 * s * b * h)
@@ -84,7 +85,7 @@ def test_gpt_block_activations_match_korthikanti(b, s):
 def test_tensor_parallel_activations_match_korthikanti(t):
     model = load_model("gpt3-175b")
     b, s, h, a, v = 1, 2048, model.hidden_size, model.num_heads, model.vocab_size
-    plain = TrainingSettings(micro_batch_size=b, seq_len=s, tensor_parallel=t)
+    plain = one_device(micro_batch_size=b, seq_len=s, tensor_parallel=t)
     sequence = dataclasses.replace(plain, sequence_parallel=True)
     assert close(block(model, plain).activation_bytes, s * b * h * (10 + 24 / t + 5 * a * s / (h * t)))
     assert close(block(model, sequence).activation_bytes, s * b * h / t * (34 + 5 * a * s / h))
@@ -100,7 +101,7 @@ def test_gqa_gated_mlp_forward_flops_by_hand():
                + 4 * b * s * s * a * d  # scores and context
                + 2 * b * s * a * d * h  # projection
                + 3 * 2 * b * s * h * f)  # gate, up, down
-    cost = block(model, TrainingSettings(micro_batch_size=b, seq_len=s))
+    cost = block(model, one_device(micro_batch_size=b, seq_len=s))
     assert close(cost.flops, 3 * forward)  # forward + input gradients + weight gradients
 
 
@@ -111,7 +112,7 @@ def test_moe_flops_count_active_experts_and_router():
     attention = 2 * b * s * h * (a + 2 * k) * d + 4 * b * s * s * a * d + 2 * b * s * a * d * h
     experts = model.experts_per_token * 3 * 2 * b * s * h * f
     router = 2 * b * s * h * model.num_experts
-    cost = block(model, TrainingSettings(micro_batch_size=b, seq_len=s))
+    cost = block(model, one_device(micro_batch_size=b, seq_len=s))
     assert close(cost.flops, 3 * (attention + experts + router))
     # all 8 experts' weights are held, 2 are run
     dense_mlp = 3 * h * f
@@ -119,7 +120,7 @@ def test_moe_flops_count_active_experts_and_router():
 
 
 def test_backward_is_about_twice_forward_and_split_between_input_and_weight():
-    cost = block(load_model("gpt3-13b"), TrainingSettings(micro_batch_size=4, seq_len=2048))
+    cost = block(load_model("gpt3-13b"), one_device(micro_batch_size=4, seq_len=2048))
     backward = cost.backward_input_s + cost.backward_weight_s
     assert 1.8 < backward / cost.forward_s < 2.3
     # I also carries the attention score/context gradients and the elementwise backward
@@ -128,15 +129,15 @@ def test_backward_is_about_twice_forward_and_split_between_input_and_weight():
 
 def test_full_recompute_adds_a_forward_to_the_input_gradient():
     model = load_model("gpt3-13b")
-    none = block(model, TrainingSettings(seq_len=2048))
-    full = block(model, TrainingSettings(seq_len=2048, recompute="full"))
+    none = block(model, one_device(seq_len=2048))
+    full = block(model, one_device(seq_len=2048, recompute="full"))
     assert close(full.backward_input_s, none.backward_input_s + none.forward_s)
     assert close(full.backward_weight_s, none.backward_weight_s)
 
 
 def test_roofline_large_matmuls_are_compute_bound():
     model = load_model("gpt3-175b")
-    settings = TrainingSettings(micro_batch_size=1, seq_len=2048)
+    settings = one_device(micro_batch_size=1, seq_len=2048)
     cost = block(model, settings)
     matmul_floor = (cost.flops / 3) / (H100.peak_flops * H100.matmul_efficiency)
     assert matmul_floor <= cost.forward_s < 1.2 * matmul_floor
@@ -148,7 +149,7 @@ def test_small_layers_are_memory_bound():
     # on the plain roofline (no tiles, no fixed cost per kernel, unfused attention) a tiny
     # layer's forward is all memory time: half the bandwidth, twice the time
     model = load_model("tiny")
-    settings = TrainingSettings(micro_batch_size=1, seq_len=128)
+    settings = one_device(micro_batch_size=1, seq_len=128)
     plain = dataclasses.replace(H100, sm_count=1, matmul_tiles=((1, 1),), kernel_overhead_s=0.0,
                                 flash_forward_efficiency=0.0, flash_backward_efficiency=0.0)
     slow_memory = dataclasses.replace(plain, memory_bandwidth=H100.memory_bandwidth / 2)
@@ -158,7 +159,7 @@ def test_small_layers_are_memory_bound():
 
 def test_tensor_parallel_all_reduces_use_the_link():
     model = load_model("llama3-70b")
-    settings = TrainingSettings(micro_batch_size=1, seq_len=4096, tensor_parallel=8)
+    settings = one_device(micro_batch_size=1, seq_len=4096, tensor_parallel=8)
     fast = layer_costs(model, H100, settings, tp_link=LinkSpec(bandwidth=float("inf"), latency=0.0))[1]
     link = LinkSpec(bandwidth=100e9, latency=10e-6)
     slow = layer_costs(model, H100, settings, tp_link=link)[1]
@@ -171,8 +172,8 @@ def test_tensor_parallel_all_reduces_use_the_link():
 
 def test_tensor_parallel_splits_compute_and_parameters():
     model = load_model("llama3-70b")
-    one = block(model, TrainingSettings(seq_len=4096))
-    eight = layer_costs(model, H100, TrainingSettings(seq_len=4096, tensor_parallel=8),
+    one = block(model, one_device(seq_len=4096))
+    eight = layer_costs(model, H100, one_device(seq_len=4096, tensor_parallel=8),
                         tp_link=LinkSpec(bandwidth=float("inf"), latency=0.0))[1]
     assert close(eight.flops * 8, one.flops)
     norms = 2 * model.hidden_size  # replicated on every rank
@@ -181,7 +182,7 @@ def test_tensor_parallel_splits_compute_and_parameters():
 
 
 def test_lm_head_is_heavy_and_embedding_has_no_input_gradient():
-    costs = layer_costs(load_model("llama3-8b"), H100, TrainingSettings(seq_len=4096))
+    costs = layer_costs(load_model("llama3-8b"), H100, one_device(seq_len=4096))
     embedding, first, head = costs[0], costs[1], costs[-1]
     assert head.forward_s > first.forward_s  # 128k-vocabulary projection + cross-entropy
     assert head.output_bytes == 0
@@ -191,6 +192,6 @@ def test_lm_head_is_heavy_and_embedding_has_no_input_gradient():
 
 
 def test_parameter_bytes_default_to_mixed_precision_adam():
-    settings = TrainingSettings()
+    settings = one_device()
     assert settings.static_bytes_per_param == 18
-    assert TrainingSettings(optimizer_bytes=0, grad_bytes=2).static_bytes_per_param == 4
+    assert one_device(optimizer_bytes=0, grad_bytes=2).static_bytes_per_param == 4

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from model_helpers import one_device
 from pipesched.errors import PipeschedError
 from pipesched.model import (
     DEVICES,
@@ -49,7 +50,7 @@ def block(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings):
 def test_flop_counts_are_the_closed_form_on_every_device(device):
     # the time model never touches the useful work: 3 x (24 b s h^2 + 4 b s^2 h) per block
     b, s, h = 2, 2048, 2048
-    cost = block(gpt(h), device, TrainingSettings(micro_batch_size=b, seq_len=s))
+    cost = block(gpt(h), device, one_device(micro_batch_size=b, seq_len=s))
     assert math.isclose(cost.flops, 3 * (24 * b * s * h**2 + 4 * b * s**2 * h), rel_tol=1e-12)
 
 
@@ -86,19 +87,19 @@ def test_causal_flash_attention_visits_half_the_tiles_and_keeps_no_scores_in_mem
 
 def test_fused_attention_makes_long_sequences_cheap_and_ignores_selective_recompute():
     model = gpt(2048, dropout=True)
-    fused = block(model, H100, TrainingSettings(seq_len=8192))
+    fused = block(model, H100, one_device(seq_len=8192))
     unfused = block(model, dataclasses.replace(H100, flash_forward_efficiency=0.0, flash_backward_efficiency=0.0),
-                    TrainingSettings(seq_len=8192))
+                    one_device(seq_len=8192))
     assert fused.forward_s < 0.75 * unfused.forward_s  # no s x s scores, softmax or dropout in memory
-    selective = block(model, H100, TrainingSettings(seq_len=8192, recompute="selective"))
+    selective = block(model, H100, one_device(seq_len=8192, recompute="selective"))
     assert selective.backward_input_s == fused.backward_input_s  # the flash backward recomputes anyway
-    plain_selective = block(model, PLAIN, TrainingSettings(seq_len=8192, recompute="selective"))
-    assert plain_selective.backward_input_s > block(model, PLAIN, TrainingSettings(seq_len=8192)).backward_input_s
+    plain_selective = block(model, PLAIN, one_device(seq_len=8192, recompute="selective"))
+    assert plain_selective.backward_input_s > block(model, PLAIN, one_device(seq_len=8192)).backward_input_s
 
 
 def test_every_kernel_pays_the_fixed_cost_once():
     model = load_model("tiny")
-    settings = TrainingSettings(seq_len=128)
+    settings = one_device(seq_len=128)
     free = dataclasses.replace(H100, kernel_overhead_s=0.0)
     extra = block(model, H100, settings).forward_s - block(model, free, settings).forward_s
     # norm, QKV, fused attention, projection, residual, norm, MLP up, activation, MLP down, residual
@@ -107,7 +108,7 @@ def test_every_kernel_pays_the_fixed_cost_once():
 
 def test_w_adds_each_weight_gradient_into_the_existing_one():
     h, s = 4096, 2048
-    settings = TrainingSettings(seq_len=s)
+    settings = one_device(seq_len=s)
     fused = dataclasses.replace(H200, grad_accumulation_traffic=0.0)
     extra = block(gpt(h), H200, settings).backward_weight_s - block(gpt(h), fused, settings).backward_weight_s
     weights = 12 * h * h  # QKV 3h^2, projection h^2, MLP 8h^2 (bf16, read both and write one)
@@ -116,7 +117,7 @@ def test_w_adds_each_weight_gradient_into_the_existing_one():
 
 
 def useful_tflops(device: DeviceSpec, h: int, s: int) -> tuple[float, float]:
-    cost = block(gpt(h), device, TrainingSettings(seq_len=s))
+    cost = block(gpt(h), device, one_device(seq_len=s))
     useful = 24 * s * h * h + 4 * s * s * h
     return useful / cost.forward_s / 1e12, 2 * useful / (cost.backward_input_s + cost.backward_weight_s) / 1e12
 

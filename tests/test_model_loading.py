@@ -9,13 +9,13 @@ import math
 
 import pytest
 
+from model_helpers import one_device
 from pipesched.errors import PipeschedError
 from pipesched.model import (
     DEVICES,
     LAYER_COLUMNS,
     MODELS,
     ModelSpec,
-    TrainingSettings,
     cluster_presets,
     layer_costs,
     load_cluster,
@@ -32,7 +32,7 @@ PUBLISHED_PARAMS = {
 
 
 def model_params(model: ModelSpec) -> float:
-    costs = layer_costs(model, load_device("h100-sxm"), TrainingSettings(seq_len=128))
+    costs = layer_costs(model, load_device("h100-sxm"), one_device(seq_len=128))
     total = sum(layer.params for layer in costs)
     if model.tied_embeddings:
         total -= model.vocab_size * model.hidden_size  # the head's copy of the shared matrix
@@ -43,7 +43,7 @@ def model_params(model: ModelSpec) -> float:
 def test_every_model_preset_loads_and_costs(name):
     model = load_model(name)
     assert model.name == name
-    costs = layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=256))
+    costs = layer_costs(model, load_device("cpu"), one_device(seq_len=256))
     assert len(costs) == model.num_layers + 2
     assert all(layer.forward_s > 0 and layer.backward_input_s + layer.backward_weight_s > 0 for layer in costs)
 
@@ -150,11 +150,11 @@ def test_bad_shapes_are_rejected(tmp_path):
     with pytest.raises(PipeschedError, match="num_kv_heads=3: must divide num_heads=32"):
         load_model(write_json(tmp_path / "c.json", dict(LLAMA_CONFIG, num_key_value_heads=3)))
     with pytest.raises(PipeschedError, match="micro_batch_size=0"):
-        TrainingSettings(micro_batch_size=0)
+        one_device(micro_batch_size=0)
     with pytest.raises(PipeschedError, match="recompute=some"):
-        TrainingSettings(recompute="some")
+        one_device(recompute="some")
     with pytest.raises(PipeschedError, match="tensor_parallel=3: must divide num_heads=32"):
-        layer_costs(load_model("llama3-8b"), load_device("h100-sxm"), TrainingSettings(tensor_parallel=3))
+        layer_costs(load_model("llama3-8b"), load_device("h100-sxm"), one_device(tensor_parallel=3))
 
 
 def test_yaml_model_shape(tmp_path):
@@ -169,7 +169,7 @@ def test_yaml_model_shape(tmp_path):
 
 
 def costs_csv(model: ModelSpec) -> str:
-    costs = layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=64))
+    costs = layer_costs(model, load_device("cpu"), one_device(seq_len=64))
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=LAYER_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -184,8 +184,8 @@ def test_measured_csv_round_trip(tmp_path):
     measured = load_model(str(path))
     assert measured.name == "tiny_profile"
     assert measured.layer_kinds == ("E",) + ("t",) * 8 + ("L",)
-    original = layer_costs(load_model("tiny"), load_device("cpu"), TrainingSettings(seq_len=64))
-    again = layer_costs(measured, load_device("h100-sxm"), TrainingSettings())  # used as given
+    original = layer_costs(load_model("tiny"), load_device("cpu"), one_device(seq_len=64))
+    again = layer_costs(measured, load_device("h100-sxm"), one_device())  # used as given
     assert [(x.name, x.forward_s, x.params) for x in again] == [(x.name, x.forward_s, x.params) for x in original]
 
 
@@ -201,7 +201,7 @@ def test_measured_yaml_scales_to_other_devices(tmp_path):
         " activation_bytes: 10, params: 100, output_bytes: 0}\n", encoding="utf-8")
     model = load_model(str(path))
     assert model.layer_kinds == ("E", "t", "L")
-    h100 = layer_costs(model, load_device("h100-sxm"), TrainingSettings())
+    h100 = layer_costs(model, load_device("h100-sxm"), one_device())
     assert math.isclose(h100[1].forward_s, 0.01 * 312 / 989)
 
 

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from model_helpers import one_device
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.model import (
-    TrainingSettings,
     build_stage_costs,
     homogeneous_cluster,
     layer_costs,
@@ -116,7 +116,7 @@ def test_balanced_beats_uniform_with_a_heavy_head(name, p):
     model = load_model(name)
     cluster = load_cluster("1x8-h100")
     placement = Placement.one_per_device(p)
-    settings = TrainingSettings(seq_len=4096)
+    settings = one_device(seq_len=4096)
     balanced = plan_stages(model, placement, cluster, settings, method="balanced")
     even = plan_stages(model, placement, cluster, settings, method="uniform")
     assert balanced.bottleneck_s < 0.99 * even.bottleneck_s
@@ -127,9 +127,9 @@ def test_heterogeneous_devices_get_work_by_speed():
     model = load_model("llama3-8b")
     cluster = load_cluster("mixed-h100-a100")
     placement = Placement.one_per_device(16)
-    plan = plan_stages(model, placement, cluster, TrainingSettings(seq_len=2048), method="uniform")
+    plan = plan_stages(model, placement, cluster, one_device(seq_len=2048), method="uniform")
     assert [d.name for d in plan.devices[:2]] == ["h100-sxm", "h100-sxm"] and plan.devices[-1].name == "a100-80gb"
-    two = plan_stages(model, Placement.one_per_device(2), _two_kinds(), TrainingSettings(seq_len=2048))
+    two = plan_stages(model, Placement.one_per_device(2), _two_kinds(), one_device(seq_len=2048))
     fast, slow = two.partition.sizes
     assert fast > slow  # the H100 stage takes more blocks than the A100 stage
 
@@ -144,7 +144,7 @@ def _two_kinds():
 
 def test_stage_costs_sum_the_layers():
     model = load_model("small")
-    settings = TrainingSettings(seq_len=256)
+    settings = one_device(seq_len=256)
     cluster = homogeneous_cluster(load_device("cpu"), 4)
     plan = plan_stages(model, Placement.looped(2, 2), homogeneous_cluster(load_device("cpu"), 2), settings)
     costs = plan.costs
@@ -164,7 +164,7 @@ def test_stage_costs_sum_the_layers():
 def test_boundary_sends_follow_the_links():
     model = load_model("llama3-8b")
     cluster = load_cluster("4x8-h100")
-    settings = TrainingSettings(seq_len=4096, tensor_parallel=8)
+    settings = one_device(seq_len=4096, tensor_parallel=8)
     plan = plan_stages(model, Placement.one_per_device(4), cluster, settings, method="uniform")
     assert plan.ranks == (0, 8, 16, 24)  # one node per pipeline rank
     hidden = 4096 * 4096 * 2
@@ -172,7 +172,7 @@ def test_boundary_sends_follow_the_links():
     one_send = cluster.inter_node.transfer_time(hidden) + load_device("h100-sxm").transfer_setup_s
     assert plan.send_s == pytest.approx((one_send, 2 * one_send, 2 * one_send, one_send))
     with pytest.raises(PipeschedError, match="spans two nodes"):
-        plan_stages(model, Placement.one_per_device(2), cluster, TrainingSettings(tensor_parallel=12))
+        plan_stages(model, Placement.one_per_device(2), cluster, one_device(tensor_parallel=12))
     with pytest.raises(PipeschedError, match="has 32 devices"):
         plan_stages(model, Placement.one_per_device(8), cluster, settings)
 
@@ -207,7 +207,7 @@ def test_partition_and_simulate_give_the_same_device_peaks(cli):
 def test_memory_method_fits_and_reports_the_smallest_memory():
     model = load_model("llama3-70b")
     cluster = load_cluster("4x8-h100")
-    settings = TrainingSettings(seq_len=4096, tensor_parallel=8)
+    settings = one_device(seq_len=4096, tensor_parallel=8)
     schedule = generate("1f1b", 4, 8)
     plan = plan_stages(model, schedule.placement, cluster, settings, method="memory", schedule=schedule)
     balanced = plan_stages(model, schedule.placement, cluster, settings, method="balanced", schedule=schedule)

@@ -163,7 +163,7 @@ def test_profile_command_writes_layer_costs(cli, tmp_path):
     result = cli("profile", "--model", "tiny", "-s", "16", "--repeats", "3", "--warmup", "1", "--no-link",
                  "-o", str(target))
     assert result.code == 0, result.err
-    assert f"wrote {target}" in result.out
+    assert f"wrote {target}" in result.err
     model = load_model(str(target))
     assert [layer.name for layer in model.measured] == list(MODEL.layer_names)
 

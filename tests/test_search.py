@@ -361,6 +361,10 @@ def test_read_only_stores_are_shown_and_refused_for_a_search_in_one_line(tmp_pat
     with _read_only(folder):
         assert_one_line_error(cli("search", *TINY_STORE, "--db", str(folder / "new.sqlite")), "read-only")
     assert db.read_bytes() == before and [path.name for path in folder.iterdir()] == ["s.sqlite"]
+def _search(result) -> dict:
+    """The one search a ``search --json`` ran."""
+    (search,) = json.loads(result.out)["searches"]
+    return search
 
 
 def test_store_keeps_several_searches_and_shows_them(tmp_path, cli) -> None:
@@ -371,13 +375,13 @@ def test_store_keeps_several_searches_and_shows_them(tmp_path, cli) -> None:
     assert first.code == 0, first
     again = cli(*base, "--global-batch", "8", "--json")
     second = cli(*base, "--global-batch", "16", "--json")
-    assert json.loads(again.out)["rows"] == json.loads(first.out)["rows"]
-    assert json.loads(second.out)["space"]["global_batch"] == 16
+    assert _search(again)["rows"] == _search(first)["rows"]
+    assert _search(second)["space"]["global_batch"] == 16
     shown = cli("search", "--db", str(db), "--show", "--json")
     assert shown.code == 0, shown
-    stored = json.loads(shown.out)
+    stored = json.loads(shown.out)["searches"]
     assert [s["space"]["global_batch"] for s in stored] == [8, 16]
-    assert stored[0]["best"] == json.loads(first.out)["best"]
+    assert stored[0]["best"] == _search(first)["best"]
     text = cli("search", "--db", str(db), "--show", "--top", "3")
     assert text.code == 0 and text.out.count("global batch") == 2 and "best: " in text.out
     csv_path = tmp_path / "rows.csv"
@@ -396,21 +400,22 @@ def test_search_json_and_html(tmp_path, cli) -> None:
                  "--recompute", "selective,full", "--db", str(tmp_path / "s.sqlite"), "--json", "--top", "5",
                  "--html", str(page))
     assert result.code == 0, result
-    data = json.loads(result.out)
-    assert set(data) >= {"best", "rows", "evaluated", "pruned", "out_of_memory", "invalid", "seconds",
-                         "pareto_front"}
+    data = _search(result)
+    assert set(data) >= {"best", "rows", "evaluated_points", "pruned_points", "out_of_memory_points",
+                         "invalid_points", "seconds", "pareto_front"}
     assert len(data["rows"]) == 5
     for row in data["rows"]:
         assert set(row) >= {"schedule", "dp", "tp", "pp", "v", "micro_batch_size", "m", "recompute",
-                            "iteration_time_s", "throughput_tokens_per_s", "mfu", "hfu", "peak_memory_bytes", "fits"}
+                            "iteration_time_s", "throughput_tokens_per_s", "mfu", "hfu", "max_peak_memory_bytes", "fits"}
     assert data["rows"][0] == data["best"] and data["best"]["fits"]
     times = [row["iteration_time_s"] for row in data["rows"] if row["fits"]]
     assert times == sorted(times)
     assert data["rows"][0]["throughput_tokens_per_s"] == pytest.approx(8 * 4096 / times[0])
-    assert data["evaluated"] + data["pruned"] + data["out_of_memory"] + data["invalid"] == data["points"]
+    assert (data["evaluated_points"] + data["pruned_points"] + data["out_of_memory_points"] + data["invalid_points"]
+            == data["points"])
     html = page.read_text()
     assert html.count('class="front"') == len(data["pareto_front"]) and 'class="best"' in html
-    assert html.count("<circle") >= data["evaluated"] and '"timelines":[{' in html
+    assert html.count("<circle") >= data["evaluated_points"] and '"timelines":[{' in html
 
 
 def test_best_of_the_default_scenario_beats_compare_and_simulate_reproduces_it(tmp_path, cli) -> None:
@@ -419,12 +424,12 @@ def test_best_of_the_default_scenario_beats_compare_and_simulate_reproduces_it(t
     result = cli("search", "--tensor-parallel", "4,8", "--recompute", "selective", "--partitions", "balanced",
                  "--micro-batch-sizes", "1", "--db", str(tmp_path / "default.sqlite"), "--json")
     assert result.code == 0, result
-    best = json.loads(result.out)["best"]
+    best = _search(result)["best"]
     compared = cli("compare", "--levels", "sim", "--json")
     assert compared.code == 0
     # the flushed schedules (the asynchronous ones train on stale weights: searched when named)
-    fitting = [r["iteration_time"] for r in json.loads(compared.out)["records"]
-               if not r["out_of_memory"] and not r["asynchronous"]]
+    fitting = [r["iteration_time_s"] for r in json.loads(compared.out)["records"]
+               if not r["any_out_of_memory"] and not r["asynchronous"]]
     assert best["iteration_time_s"] <= min(fitting)
     args = ["simulate", best["schedule"], "-p", str(best["pp"]), "-m", str(best["m"]), "-t", str(best["tp"]),
             "--dp", str(best["dp"]), "--zero", str(best["zero"]), "-b", str(best["micro_batch_size"]),
@@ -433,7 +438,7 @@ def test_best_of_the_default_scenario_beats_compare_and_simulate_reproduces_it(t
         args += ["-v", str(best["v"])]
     simulated = json.loads(cli(*args).out)
     assert simulated["iteration_time_s"] == best["iteration_time_s"]
-    assert max(simulated["peak_memory_bytes"]) == best["peak_memory_bytes"]
+    assert max(simulated["peak_memory_bytes"]) == simulated["max_peak_memory_bytes"] == best["max_peak_memory_bytes"]
     assert simulated["throughput_tokens_per_s"] == pytest.approx(best["throughput_tokens_per_s"])
 
 

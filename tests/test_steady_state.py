@@ -166,7 +166,7 @@ def test_compare_shows_async_families_beside_the_others(cli, tmp_path):
     records = {(r["schedule"], r["level"]): r for r in json.loads(result.out)["records"]}
     assert records["pipedream", "sim"]["staleness"] == 3 and records["pipedream", "sim"]["weight_versions"] == 4
     assert records["pipedream-flush", "sim"]["staleness"] is None
-    assert records["pipedream", "table"]["iteration_time"] < records["1f1b", "table"]["iteration_time"]
+    assert records["pipedream", "table"]["iteration_time_slots"] < records["1f1b", "table"]["iteration_time_slots"]
     text = cli("compare", "-p", "4", "-m", "8", "--stage-costs", str(costs), "--schedules", "pipedream,1f1b")
     assert "pipedream (async)" in text.out and "staleness 3 updates" in text.out
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cli_helpers import assert_one_line_error
+from model_helpers import one_device
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.experiments import Point
@@ -20,7 +21,7 @@ from pipesched.experiments.simulation import simulate_point
 from pipesched.generators import FAMILIES, generate
 from pipesched.io import dumps, loads
 from pipesched.metrics import offload_exposed, training_work
-from pipesched.model import TrainingSettings, build_stage_costs, load_cluster, load_model
+from pipesched.model import build_stage_costs, load_cluster, load_model
 from pipesched.model.freezing import parse_frozen_layers
 from pipesched.model.recompute import recompute_modes
 from pipesched.ops import B, F, I, O, Op, R, W
@@ -198,7 +199,7 @@ def test_frozen_stages_round_trip_through_grid_text_and_json():
 def test_frozen_layers_cost_what_they_still_run():
     model, cluster = load_model("llama3-8b"), load_cluster("1x8-h100")
     placement = Placement.one_per_device(4)
-    settings = TrainingSettings(seq_len=4096, tensor_parallel=2)
+    settings = one_device(seq_len=4096, tensor_parallel=2)
     plain = build_stage_costs(model, placement, cluster, settings, method="uniform")
     costs = build_stage_costs(model, placement, cluster, dataclasses.replace(settings, frozen_layers=tuple(range(17))),
                               method="uniform")
@@ -361,7 +362,7 @@ def test_recompute_per_stage_matches_the_global_setting_when_all_stages_agree():
     model, cluster = load_model("llama3-8b"), load_cluster("1x8-h100")
     placement = Placement.one_per_device(4)
     for mode in ("none", "selective", "full"):
-        settings = TrainingSettings(seq_len=4096, tensor_parallel=2, recompute=mode)
+        settings = one_device(seq_len=4096, tensor_parallel=2, recompute=mode)
         assert build_stage_costs(model, placement, cluster, settings, recompute=(mode,) * 4) == \
             build_stage_costs(model, placement, cluster, settings)
     # and through a point at every level, with the per-stage text
@@ -373,7 +374,7 @@ def test_recompute_per_stage_matches_the_global_setting_when_all_stages_agree():
 
 def test_recompute_per_stage_moves_forward_time_into_the_backward_and_frees_memory():
     model, cluster = load_model("llama3-8b"), load_cluster("1x8-h100")
-    settings = TrainingSettings(seq_len=4096, tensor_parallel=2)
+    settings = one_device(seq_len=4096, tensor_parallel=2)
     placement = Placement.one_per_device(4)
     none = build_stage_costs(model, placement, cluster, settings, method="uniform")
     mixed = build_stage_costs(model, placement, cluster, settings, method="uniform",

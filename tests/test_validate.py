@@ -80,14 +80,14 @@ def test_cycle_excludes_devices_that_only_wait_on_it() -> None:
     assert "device 2" not in message
 
 
-def test_memory_limit() -> None:
+def test_activation_limit() -> None:
     gpipe = io.dumps(generate("gpipe", 2, 4))
-    assert kinds(gpipe, memory_limit=4) == []
-    violations = validate(io.loads(gpipe), memory_limit=3)
+    assert kinds(gpipe, activation_limit=4) == []
+    violations = validate(io.loads(gpipe), activation_limit=3)
     assert [v.kind for v in violations] == [MEMORY, MEMORY]
     assert violations[0].ops == (Op.parse("0F3"),)
     one_f_one_b = io.dumps(generate("1f1b", 2, 4))
-    assert kinds(one_f_one_b, memory_limit=2) == []
+    assert kinds(one_f_one_b, activation_limit=2) == []
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ def test_memory_accounting_follows_the_paper():
     p, m = 6, 24
     full = generate("zb-2p", p, m, m_w=1.0)
     assert max(table_metrics(full).peak_inflight) <= 2 * p
-    assert validate(full, memory_limit=2 * p) == []
+    assert validate(full, activation_limit=2 * p) == []
     half = generate("zb-2p", p, m, m_w=0.5)
     assert max(table_metrics(half).peak_inflight) > 2 * p
     assert generate("zb-2p", p, m).params["m_w"] == 0.5  # default: 1 - input_frees of F = I = W = 1
@@ -97,7 +97,7 @@ def test_a_slow_link_changes_the_table():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"memory_limit": 0.5}, "memory_limit=0.5: give the activation memory per device in units of M_B"),
+        ({"activation_limit": 0.5}, "activation_limit=0.5: give the activation memory per device in units of M_B"),
         ({"m_w": 1.5}, "m_w=1.5: give M_W / M_B"),
         ({"latency": -1}, "latency=-1: give the link latency"),
         ({"latency": "fast"}, "latency=fast: give the link latency"),

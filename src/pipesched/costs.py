@@ -310,9 +310,10 @@ class StageCosts:
             values = [float(part) for part in parts]
         except ValueError:
             values = []
-        if len(values) != 3 or not all(math.isfinite(v) and v >= 0 for v in values):
+        # every op takes time: a zero-length op would make a table's makespan and bubbles meaningless
+        if len(values) != 3 or not all(math.isfinite(v) and v > 0 for v in values):
             raise PipeschedError(
-                f"costs={str(text)[:40]!r}: give F,I,W slot lengths like 1,1,1 or 1,2,1 (numbers >= 0), "
+                f"costs={str(text)[:40]!r}: give F,I,W slot lengths like 1,1,1 or 1,2,1 (numbers > 0), "
                 "or a stage-cost CSV file"
             )
         for kind, value in zip("FIW", values, strict=True):  # a slot is a duration: bounded like one

@@ -6,7 +6,7 @@ start from one scenario: Llama-3-70B on 4 nodes of 8 H100 (NVLink inside a node,
 parallelism 4 (sequence parallel, selective recompute), m = 32 microbatches of one
 4096-token sequence, bf16. Real runs (run, check, profile) execute a model on this
 machine's CPU ranks or GPUs: they start from the ``tiny`` model with 64-token sequences in
-float32, sizes a laptop runs in seconds; run takes p and m as given (check: 2 and 8).
+float32 on p = 2 ranks with m = 8 microbatches, sizes a laptop runs in seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class Defaults:
     # the analytical workload and machine
     model: str = "llama3-70b"  # model preset or file
     cluster: str = "4x8-h100"  # cluster preset or file
+    device: str = "h100-sxm"  # device preset of commands that take one device (costs): the cluster's
     micro_batch_size: int = 1  # sequences per microbatch
     seq_len: int = 4096  # tokens per sequence
     tensor_parallel: int = 4  # pipeline device d runs on cluster rank d x t
@@ -38,10 +39,15 @@ class Defaults:
     top: int = 10  # configurations printed
     steady_iterations: int = 4  # iterations run back to back for a steady state (--steady-state, PipeDream)
     # real runs on this machine
+    run_p: int = 2  # ranks (pipeline devices) of run and check
+    run_m: int = 8  # microbatches per step of run and check
     run_model: str = "tiny"  # model preset or file of run, check and profile
     run_seq_len: int = 64  # tokens per sequence
     run_micro_batch_size: int = 2  # sequences per microbatch
     run_dtype: str = "float32"  # the runtime's dtype (float32, float64 or bfloat16)
+    run_steps: int = 5  # measured steps of a real run (after warm-up)
+    run_warmup: int = 2  # steps run first and not measured
+    run_timeout: float = 600.0  # seconds a real run may take before every rank is killed
 
 
 DEFAULTS = Defaults()

@@ -264,8 +264,8 @@ FAMILY_OPTIONS: dict[str, OptionBound] = {
                             f"give a whole number of weight versions per stage in 1..{MAX_DEVICES:,}"),
     # no table holds more stage-microbatches than it has ops; the least that works depends on
     # the family, which checks it
-    "memory_limit": OptionBound("amount", 0, MAX_OPS, "give the activation memory per device in units of M_B "
-                                f"(one microbatch's F), at most {MAX_OPS:,}"),
+    "activation_limit": OptionBound("amount", 0, MAX_OPS, "give the activation memory per device in units of M_B "
+                                    f"(one microbatch's F), at most {MAX_OPS:,}"),
     "latency": OptionBound("amount", 0, _LONGEST_MESSAGE_S,
                            f"give the link latency in seconds (or slots), in [0, {_LONGEST_MESSAGE_S:g}]"),
     "m_w": OptionBound("amount", 0, 1, "give M_W / M_B, the share of a microbatch's activations W still needs, "

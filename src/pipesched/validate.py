@@ -19,6 +19,7 @@ from pipesched.ops import Op, OpKind
 from pipesched.ordering import walk
 from pipesched.rules import TRAINS, Rules
 from pipesched.schedule import Schedule
+from pipesched.wording import counted
 
 # Violation kinds
 OUT_OF_RANGE = "out-of-range"
@@ -46,7 +47,7 @@ class Violation:
         return f"{self.kind}: {self.message}"
 
 
-def validate(schedule: Schedule, *, memory_limit: int | None = None) -> list[Violation]:
+def validate(schedule: Schedule, *, activation_limit: int | None = None) -> list[Violation]:
     """All violations of ``schedule`` (empty list: valid).
 
     >>> from pipesched.generators import generate
@@ -56,8 +57,8 @@ def validate(schedule: Schedule, *, memory_limit: int | None = None) -> list[Vio
     found = _structure(schedule)
     if not found:
         found += _order(schedule)
-    if memory_limit is not None:
-        found += _memory(schedule, memory_limit)
+    if activation_limit is not None:
+        found += _memory(schedule, activation_limit)
     return found
 
 
@@ -159,10 +160,12 @@ def _completeness(counts: Counter, stage: int, mb: int, rules: Rules, role: str 
             f"({', '.join(map(str, ops(present)))}); run {rules.describe_complete(role)}",
             ops(present))]
     # the closest complete set first; the others as alternatives
+    # (the others, with offload ops or a split backward, counted after the next closest)
     options = [ops(kinds - present) for kinds in sorted(candidates, key=lambda kinds: len(kinds - present))]
-    text = " and ".join(map(str, options[0]))
-    text += "".join(f" (or {' and '.join(map(str, option))})" for option in options[1:])
-    text += " is missing"
+    text = " and ".join(map(str, options[0])) + (" is missing" if len(options[0]) == 1 else " are missing")
+    if len(options) > 1:
+        text += f" (or {' and '.join(map(str, options[1]))}"
+        text += f", or {counted(len(options) - 2, 'other complete set')})" if len(options) > 2 else ")"
     # ops present beyond what every complete set has say which set this one was meant to be
     specific = ops(present - frozenset.intersection(*rules.complete_for(role)))
     if specific:
@@ -217,7 +220,7 @@ def format_report(schedule: Schedule, violations: list[Violation]) -> str:
     """The violations (the first REPORTED_VIOLATIONS, then a count of the rest by kind),
     then the table with the ops involved marked ``>op<``."""
     shown = violations[:REPORTED_VIOLATIONS]
-    lines = [f"{schedule.name}: {len(violations)} violation(s)"]
+    lines = [f"{schedule.name}: {counted(len(violations), 'violation')}"]
     lines += [f"  {v}" for v in shown]
     if len(violations) > len(shown):
         rest = Counter(v.kind for v in violations[len(shown):])

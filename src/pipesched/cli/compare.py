@@ -13,10 +13,12 @@ from rich.table import Table
 from pipesched.cli.options import (
     AsJson,
     Bandwidth,
+    BandwidthEfficiency,
     Chunks,
     ClusterName,
     DataParallelSize,
     Devices,
+    Dtype,
     FamilySettings,
     FreezePlan,
     FrozenLayers,
@@ -25,6 +27,7 @@ from pipesched.cli.options import (
     Jitter,
     JitterFile,
     Latency,
+    MatmulEfficiency,
     Microbatches,
     MicroBatchSize,
     Model,
@@ -37,6 +40,7 @@ from pipesched.cli.options import (
     Samples,
     Seed,
     SeqLen,
+    SequenceParallel,
     SlowLink,
     StageCostsFile,
     SteadyStateFlag,
@@ -49,12 +53,14 @@ from pipesched.cli.options import (
     workload,
 )
 from pipesched.cli.output import console as output_console
+from pipesched.cli.output import print_whole
 from pipesched.cli.progress import LateProgress
 from pipesched.cli.training import freeze_plan_option, report_freeze_plan
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.compare import LEVELS, RANKING, Comparison, compare, family_points
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError
+from pipesched.wording import significant
 
 GiB = 2.0**30
 LEVEL_TITLES = {"formula": "formula (slots)", "table": "table (slots)", "sim": "simulated (s)"}
@@ -74,6 +80,10 @@ def compare_command(
     tensor_parallel: TensorParallel = None,
     recompute: Recompute = None,
     partition: PartitionOption = None,
+    dtype: Dtype = None,
+    sequence_parallel: SequenceParallel = None,
+    matmul_efficiency: MatmulEfficiency = None,
+    bandwidth_efficiency: BandwidthEfficiency = None,
     dp: DataParallelSize = None,
     zero: ZeroStage = None,
     stage_costs: StageCostsFile = None,
@@ -133,7 +143,8 @@ def compare_command(
         raise PipeschedError(f"levels={levels!r}: give at least one of {', '.join(LEVELS)}")
     names = split_names(schedules) if schedules else None
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
+                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition, dtype=dtype, sequence_parallel=sequence_parallel,
+                     matmul_efficiency=matmul_efficiency, bandwidth_efficiency=bandwidth_efficiency,
                      dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
                      no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
                      host_bandwidth=host_bandwidth, host_memory=host_memory, steady_state=steady_state)
@@ -164,7 +175,7 @@ def compare_command(
 
 
 def _time(value: float, unit: str) -> str:
-    return f"{value:.4g}" if unit == "s" else f"{value:g}"
+    return significant(value) if unit == "s" else f"{value:g}"
 
 
 def _memory(value: float, unit: str) -> str:
@@ -210,7 +221,11 @@ def print_comparison(result: Comparison) -> None:
                 cells.append("-" if r.mfu is None else f"{r.mfu:.1%} / {r.hfu:.1%}")
             cells += [memory, rank]
         table.add_row(*cells)
-    console.print(table)
+    # on a narrow console: the bubbles of the earlier levels go first, then their memory, then
+    # the last level's bubble (each level's column k of 4 after the schedule's)
+    earlier = range(len(result.levels) - 1)
+    print_whole(console, table, [*(2 + 4 * k for k in earlier), *(3 + 4 * k for k in earlier),
+                                 2 + 4 * (len(result.levels) - 1)])
     console.print(f"rank: {RANKING}", highlight=False)
     if len(result.levels) > 1:
         changes = result.rank_changes()
@@ -248,7 +263,7 @@ def print_paired(result: Comparison, console: Console) -> None:
         table.add_column(column, justify="left" if column == "schedule" else "right")
     for k, name in enumerate(paired.names):
         after = paired.beats_next[k]
-        table.add_row(str(k + 1), name, f"{paired.mean[k]:.4g}", f"{paired.p99[k]:.4g}", f"{paired.fastest[k]:.1%}",
+        table.add_row(str(k + 1), name, significant(paired.mean[k]), significant(paired.p99[k]), f"{paired.fastest[k]:.1%}",
                       "-" if after is None else f"{after:.1%}")
     console.print(table)
     console.print(f"the order of the schedules differs from the order by mean in {paired.flip_share:.1%} of the samples")

@@ -5,24 +5,40 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from pipesched.cli.options import (
+    AsJson,
+    BandwidthEfficiency,
+    Chunks,
+    ClusterName,
+    DeviceName,
+    Devices,
     Dtype,
     FrozenLayers,
+    MatmulEfficiency,
+    MemoryLimit,
+    Microbatches,
     MicroBatchSize,
+    Model,
+    PartitionOption,
     Recompute,
     SeqLen,
     SequenceParallel,
     TensorParallel,
+    parse_memory_limit,
+    tuned_cluster,
+    tuned_device,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import PipeschedError, require, shorten
+from pipesched.experiments.setup import check_partition
 from pipesched.generators import generate
-from pipesched.limits import MAX_AMOUNT, MAX_DEVICES, MAX_STAGES, check_amount, check_count
+from pipesched.limits import MAX_DEVICES, MAX_MICROBATCHES, MAX_STAGES, check_count
 from pipesched.model import (
     LAYER_COLUMNS,
     METHODS,
@@ -37,7 +53,6 @@ from pipesched.model import (
     plan_stages,
 )
 from pipesched.model.freezing import parse_frozen_layers
-from pipesched.model.hardware import DeviceSpec
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.partition import format_layout, parse_layout
 from pipesched.schedule import Placement
@@ -45,42 +60,31 @@ from pipesched.schedule import Placement
 GiB = 2.0**30
 MiB = 2.0**20
 
-MODEL_HELP = "model preset name, Hugging Face config.json, or YAML/CSV model file"
 
 
-def _settings(micro_batch_size: int | None, seq_len: int | None, dtype: str, recompute: str | None,
-              tensor_parallel: int | None, sequence_parallel: bool) -> TrainingSettings:
+def _settings(micro_batch_size: int | None, seq_len: int | None, dtype: str | None, recompute: str | None,
+              tensor_parallel: int | None, sequence_parallel: bool | None) -> TrainingSettings:
     """The training settings the options ask for, each unset one from DEFAULTS."""
     return TrainingSettings(
         micro_batch_size=DEFAULTS.micro_batch_size if micro_batch_size is None else micro_batch_size,
-        seq_len=DEFAULTS.seq_len if seq_len is None else seq_len, dtype=dtype,
+        seq_len=DEFAULTS.seq_len if seq_len is None else seq_len, dtype=dtype or DEFAULTS.dtype,
         recompute=recompute or DEFAULTS.recompute,
         tensor_parallel=DEFAULTS.tensor_parallel if tensor_parallel is None else tensor_parallel,
-        sequence_parallel=sequence_parallel)
-
-
-def _tuned(device: DeviceSpec, matmul_efficiency: float | None, bandwidth_efficiency: float | None) -> DeviceSpec:
-    changes = {}
-    if matmul_efficiency is not None:
-        changes["matmul_efficiency"] = matmul_efficiency
-    if bandwidth_efficiency is not None:
-        changes["bandwidth_efficiency"] = bandwidth_efficiency
-    return dataclasses.replace(device, **changes) if changes else device
+        sequence_parallel=DEFAULTS.sequence_parallel if sequence_parallel is None else sequence_parallel)
 
 
 def costs(
-    model: str = typer.Option(..., "--model", help=MODEL_HELP),
-    device: str = typer.Option(..., "--device", help="device preset (a100-40gb, h100-sxm, cpu, ...)"),
+    model: Model = None,
+    device: DeviceName = None,
     micro_batch_size: MicroBatchSize = None,
     seq_len: SeqLen = None,
     recompute: Recompute = None,
     tensor_parallel: TensorParallel = None,
-    sequence_parallel: SequenceParallel = DEFAULTS.sequence_parallel,
-    dtype: Dtype = DEFAULTS.dtype,
-    matmul_efficiency: float | None = typer.Option(None, "--matmul-efficiency", help="fraction of peak FLOP/s"),
-    bandwidth_efficiency: float | None = typer.Option(None, "--bandwidth-efficiency",
-                                                      help="fraction of memory bandwidth"),
-    as_json: bool = typer.Option(False, "--json", help="print a JSON list of per-layer objects"),
+    sequence_parallel: SequenceParallel = None,
+    dtype: Dtype = None,
+    matmul_efficiency: MatmulEfficiency = None,
+    bandwidth_efficiency: BandwidthEfficiency = None,
+    as_json: AsJson = False,
 ) -> None:
     """Per-layer costs of one microbatch: forward, backward-input, backward-weight seconds,
     activation bytes, parameters and the bytes sent to the next layer.
@@ -89,14 +93,17 @@ def costs(
     Examples:
       pipesched costs --model llama3-8b --device h100-sxm -b 1 -s 4096
     """
-    spec = load_model(model)
-    chip = _tuned(load_device(device), matmul_efficiency, bandwidth_efficiency)
+    spec = load_model(model or DEFAULTS.model)
+    chip = tuned_device(load_device(device or DEFAULTS.device), matmul_efficiency, bandwidth_efficiency)
     settings = _settings(micro_batch_size, seq_len, dtype, recompute, tensor_parallel, sequence_parallel)
     layers = layer_costs(spec, chip, settings)
     if as_json:
         rows = [{column: getattr(layer, column) for column in LAYER_COLUMNS}
                 | {"flops": layer.flops, "kind": layer.kind} for layer in layers]
-        typer.echo(json.dumps(rows, indent=1))
+        typer.echo(json.dumps({"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
+                               "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
+                               "recompute": settings.recompute, "dtype": settings.dtype,
+                               "sequence_parallel": settings.sequence_parallel, "layers": rows}, indent=1))
         return
     table = Table(title=f"{spec.name} on {chip.name}: b={settings.micro_batch_size} s={settings.seq_len} "
                         f"t={settings.tensor_parallel} recompute={settings.recompute}")
@@ -116,14 +123,13 @@ def costs(
 
 def _cluster(device: str | None, cluster: str | None, ranks: int, matmul_efficiency: float | None,
              bandwidth_efficiency: float | None) -> Cluster:
-    if (device is None) == (cluster is None):
-        raise PipeschedError("device/cluster: give exactly one of --device NAME or --cluster NAME|FILE")
-    if device is not None:
-        built = homogeneous_cluster(load_device(device), ranks)
-    else:
-        built = load_cluster(cluster)
-    return dataclasses.replace(
-        built, devices=tuple(_tuned(d, matmul_efficiency, bandwidth_efficiency) for d in built.devices))
+    """One device preset on every rank, or a cluster (neither: the default cluster)."""
+    if device is not None and cluster is not None:
+        raise PipeschedError(f"device={shorten(device)}: not with --cluster; give one of --device NAME or "
+                             "--cluster NAME|FILE")
+    built = homogeneous_cluster(load_device(device), ranks) if device is not None else \
+        load_cluster(cluster or DEFAULTS.cluster)
+    return tuned_cluster(built, matmul_efficiency, bandwidth_efficiency)
 
 
 def _layer_span(kinds: list[str], first_block: int) -> str:
@@ -162,8 +168,8 @@ def _plan_json(plan: StagePlan, layout: str) -> str:
     return json.dumps({
         "model": plan.model.name, "method": plan.method, "sizes": list(plan.partition.sizes),
         "layout": layout, "bottleneck_s": plan.bottleneck_s, "stages": stages,
-        "device_peak_bytes": list(plan.device_peak_bytes) if plan.device_peak_bytes is not None else None,
-        "device_memory_bytes": list(plan.device_memory),
+        "peak_memory_bytes": list(plan.device_peak_bytes) if plan.device_peak_bytes is not None else None,
+        "memory_capacity_bytes": list(plan.device_memory),
     }, indent=1)
 
 
@@ -219,28 +225,26 @@ def _print_plan(plan: StagePlan, layout: str | None) -> None:
 
 
 def partition(
-    model: str = typer.Option(..., "--model", help=MODEL_HELP),
-    device: str | None = typer.Option(None, "--device", help="one device preset for every rank (8 per node, NVLink, 400 Gb/s InfiniBand)"),
-    cluster: str | None = typer.Option(None, "--cluster", help="cluster preset or YAML file"),
-    p: int = typer.Option(..., "-p", help="pipeline ranks"),
-    v: int | None = typer.Option(None, "-v", help="stages (model chunks) per rank [default: 1, or the schedule's]"),
-    method: str = typer.Option("balanced", "--method", help=f"{' | '.join(METHODS)}"),
-    schedule: str | None = typer.Option(None, "--schedule", help="schedule family for in-flight memory"),
-    microbatches: int = typer.Option(0, "-m", help="microbatches (with --schedule)"),
-    from_layout: str | None = typer.Option(None, "--from-layout", help="use this Megatron layout string"),
-    show_layout: bool = typer.Option(False, "--layout", help="print the Megatron layout string"),
-    memory_limit: float | None = typer.Option(None, "--memory-limit", help="device memory in GiB (default: the device's)"),
+    model: Model = None,
+    device: DeviceName = None,
+    cluster: ClusterName = None,
+    p: Devices = None,
+    v: Chunks = None,
+    partition: PartitionOption = None,
+    schedule: Annotated[str | None, typer.Option("--schedule", help="schedule family for in-flight memory")] = None,
+    microbatches: Microbatches = None,
+    show_layout: Annotated[bool, typer.Option("--layout", help="print the Megatron layout string")] = False,
+    memory_limit: MemoryLimit = None,
     micro_batch_size: MicroBatchSize = None,
     seq_len: SeqLen = None,
     recompute: Recompute = None,
     tensor_parallel: TensorParallel = None,
-    sequence_parallel: SequenceParallel = DEFAULTS.sequence_parallel,
-    dtype: Dtype = DEFAULTS.dtype,
-    matmul_efficiency: float | None = typer.Option(None, "--matmul-efficiency", help="fraction of peak FLOP/s"),
-    bandwidth_efficiency: float | None = typer.Option(None, "--bandwidth-efficiency",
-                                                      help="fraction of memory bandwidth"),
+    sequence_parallel: SequenceParallel = None,
+    dtype: Dtype = None,
+    matmul_efficiency: MatmulEfficiency = None,
+    bandwidth_efficiency: BandwidthEfficiency = None,
     frozen_layers: FrozenLayers = None,
-    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    as_json: AsJson = False,
 ) -> None:
     """Split a model's layers into p x v pipeline stages and show each stage's time and memory
     (frozen layers cost less: the balanced split gives their stages more of them).
@@ -248,15 +252,20 @@ def partition(
     \b
     Examples:
       pipesched partition --model llama3-70b --cluster 4x8-h100 -p 8 -t 4 --layout
-      pipesched partition --model llama3-8b --device h100-sxm -p 4 -t 1 --method memory --schedule 1f1b -m 8
+      pipesched partition --model llama3-8b --device h100-sxm -p 4 -t 1 --partition memory --schedule 1f1b -m 8
     """
+    p = DEFAULTS.p if p is None else p
+    microbatches = DEFAULTS.m if microbatches is None else microbatches
     check_count("p", p, MAX_DEVICES, what="pipeline devices")
     if v is not None:
         check_count("v", v, MAX_STAGES, what="stages")
     check_count("stages", p * (v or 1), MAX_STAGES, what="stages (p x v)")
-    if memory_limit is not None:
-        check_amount("memory-limit", memory_limit, limit=MAX_AMOUNT / GiB, above_minimum=True, unit="GiB")
-    spec = load_model(model)
+    limit = parse_memory_limit(memory_limit)
+    spec = load_model(model or DEFAULTS.model)
+    # a method, or a Megatron layout string that fixes the stages (the one --partition of every command)
+    partition = partition or DEFAULTS.partition
+    check_partition(partition, spec.layer_kinds)
+    method, layout_text = (partition, None) if partition in METHODS else (DEFAULTS.partition, partition)
     recompute = recompute or DEFAULTS.recompute
     settings = _settings(micro_batch_size, seq_len, dtype, uniform_mode(recompute) or "none", tensor_parallel,
                          sequence_parallel)
@@ -265,18 +274,18 @@ def partition(
                                        frozen_layers=parse_frozen_layers(frozen_layers, spec.num_cost_layers))
     built = None
     if schedule is not None:
-        require(microbatches >= 1, "m", microbatches, "give the number of microbatches with --schedule (-m M)")
+        check_count("m", microbatches, MAX_MICROBATCHES, what="microbatches")
         built = generate(schedule, p, microbatches, v=v)
         placement = built.placement
     else:
-        require(method != "memory", "method", method, "needs --schedule NAME and -m M for the in-flight counts")
+        require(method != "memory", "partition", method, "needs --schedule NAME and -m M for the in-flight counts")
         placement = Placement.looped(p, v or 1)
     hardware = _cluster(device, cluster, placement.num_devices * settings.tensor_parallel, matmul_efficiency,
                         bandwidth_efficiency)
-    given = parse_layout(from_layout, spec.layer_kinds, num_stages=placement.num_stages) if from_layout else None
+    given = None if layout_text is None else parse_layout(layout_text, spec.layer_kinds, num_stages=placement.num_stages)
     modes = None if uniform_mode(recompute) is not None else recompute_modes(recompute, placement.num_stages)
     plan = plan_stages(spec, placement, hardware, settings, method=method, partition=given, schedule=built,
-                       memory_limit=memory_limit * GiB if memory_limit is not None else None, recompute=modes)
+                       memory_limit=limit, recompute=modes)
     layout = format_layout(plan.partition, spec.layer_kinds)
     if as_json:
         typer.echo(_plan_json(plan, layout))

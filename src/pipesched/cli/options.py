@@ -5,6 +5,7 @@ Every default comes from ``pipesched.experiments.DEFAULTS`` (the README's "Defau
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +32,7 @@ from pipesched.limits import (
 if TYPE_CHECKING:  # the heavier modules load when options are parsed, not declared
     from pipesched.costs import StageCosts
     from pipesched.experiments.point import Point
+    from pipesched.model.hardware import Cluster, DeviceSpec
     from pipesched.variability.model import Variability
 
 # --- the schedule ------------------------------------------------------------------------
@@ -38,7 +40,8 @@ Devices = Annotated[int | None, typer.Option("-p", help=f"pipeline devices [defa
 Microbatches = Annotated[int | None, typer.Option("-m", help=f"microbatches [default: {DEFAULTS.m}]")]
 Chunks = Annotated[int | None, typer.Option("-v", help="chunks (stages) per device, for families that take it")]
 FamilySettings = Annotated[list[str] | None, typer.Option(
-    "--set", help="family option KEY=VALUE, e.g. memory_limit=6, or FAMILY.KEY=VALUE for one family of a "
+    "--set", help="family option KEY=VALUE, e.g. activation_limit=6 (in-flight activations per device, in units "
+                  "of one stage-microbatch's), or FAMILY.KEY=VALUE for one family of a "
                   "comparison (hanayo.waves=2); costs=F,I,W (slot lengths, e.g. 1,2,1) or costs=FILE.csv sets the "
                   "costs levels 1 and 2 use and the heuristics plan with; fb_cost=R makes an overlapped "
                   "forward-backward pair (a fused op) cost R x (F + B), 0.5 <= R <= 1")]
@@ -58,10 +61,19 @@ TensorParallel = Annotated[int | None, typer.Option(
 Recompute = Annotated[str | None, typer.Option(
     "--recompute", help=f"none, selective or full; per stage: full,none,none,selective, or MODE:STAGES items like "
                         f"full:0-3 (one bare MODE for the rest, default none) [default: {DEFAULTS.recompute}]")]
-SequenceParallel = Annotated[bool, typer.Option(
+SequenceParallel = Annotated[bool | None, typer.Option(
     "--sequence-parallel/--no-sequence-parallel",
-    help=f"split norms and dropouts across the tensor-parallel group too [default: {DEFAULTS.sequence_parallel}]")]
-Dtype = Annotated[str, typer.Option("--dtype", help="training dtype of the analytical costs: bf16, fp16 or fp32")]
+    help=f"split norms and dropouts across the tensor-parallel group too "
+         f"[default: {'on' if DEFAULTS.sequence_parallel else 'off'}]")]
+Dtype = Annotated[str | None, typer.Option(
+    "--dtype", help=f"training dtype of the analytical costs: bf16, fp16 or fp32 [default: {DEFAULTS.dtype}]")]
+MatmulEfficiency = Annotated[float | None, typer.Option(
+    "--matmul-efficiency", help="fraction of peak FLOP/s the devices' matmuls reach [default: the device preset's]")]
+BandwidthEfficiency = Annotated[float | None, typer.Option(
+    "--bandwidth-efficiency", help="fraction of memory bandwidth the devices reach [default: the device preset's]")]
+DeviceName = Annotated[str | None, typer.Option(
+    "--device", help=f"device preset (a100-40gb, h100-sxm, cpu, ...) [default: {DEFAULTS.device}, the default "
+                     "cluster's]")]
 DataParallelSize = Annotated[int | None, typer.Option(
     "--dp", help="data-parallel pipeline replicas: replica r runs on cluster ranks r x p x t onwards and every device "
                  "all-reduces its gradients with its peers [default: 1]")]
@@ -73,12 +85,19 @@ PartitionOption = Annotated[str | None, typer.Option(
                         f"'Et*9|(t*10|)*6,t*10L' [default: {DEFAULTS.partition}]")]
 StageCostsFile = Annotated[str | None, typer.Option(
     "--stage-costs",
-    help="CSV of measured per-stage costs: stage,forward,backward_input,backward_weight,activation_bytes,output_bytes")]
+    help="CSV of measured per-stage costs: stage,forward,backward_input,backward_weight,activation_bytes,output_bytes "
+         "(with it, --frozen-layers names cost rows)")]
 Latency = Annotated[float | None, typer.Option(
     "--latency", help="link latency in seconds: uniform links with --stage-costs [default: 0], or every link of the cluster")]
 Bandwidth = Annotated[str | None, typer.Option(
     "--bandwidth", help="link bandwidth in bytes/s or inf: uniform links with --stage-costs [default: inf], or every "
                         "link of the cluster")]
+MemoryLimit = Annotated[str | None, typer.Option(
+    "--memory-limit", help="bytes per device like 8e10, or with a unit like 80GiB, parameters and optimizer state "
+                           "included [default: the devices' memory, where known]")]
+ActivationLimit = Annotated[int | None, typer.Option(
+    "--activation-limit", help="in-flight stage-microbatches per device (activations held at once, in units of one "
+                               "stage-microbatch's)")]
 NoContention = Annotated[bool, typer.Option("--no-contention", help="transfers never wait for a busy channel")]
 # --- what training does to the table ------------------------------------------------------
 FrozenStages = Annotated[str | None, typer.Option(
@@ -86,8 +105,7 @@ FrozenStages = Annotated[str | None, typer.Option(
                             "backward when every stage before them is frozen too")]
 FrozenLayers = Annotated[str | None, typer.Option(
     "--frozen-layers", help="layers that do not train: positions in the model's layer list (embedding first, as "
-                            "`pipesched costs` lists them) like 0-39, or a fraction from the front like 0.5; with "
-                            "--stage-costs, cost rows")]
+                            "`pipesched costs` lists them) like 0-39, or a fraction from the front like 0.5")]
 Offload = Annotated[str | None, typer.Option(
     "--offload", help="activation offload to host memory over each device's host link: all, stages like 0-3, or a "
                       "fraction of every stage's microbatches like 0.5")]
@@ -104,6 +122,32 @@ NoOverlap = Annotated[bool, typer.Option(
     "--no-overlap", help="blocking runtime: between steps of compute a device sends and receives in one batch and "
                          "waits for all of it (Megatron's non-overlapped p2p)")]
 AsJson = Annotated[bool, typer.Option("--json", help="print the result as JSON")]
+# --- real runs (run, check, profile): the sizes this machine runs in seconds ---------------
+RunDevices = Annotated[int | None, typer.Option(
+    "-p", help=f"pipeline devices, one rank each [default: {DEFAULTS.run_p}]")]
+RunMicrobatches = Annotated[int | None, typer.Option("-m", help=f"microbatches [default: {DEFAULTS.run_m}]")]
+RunModel = Annotated[str, typer.Option(
+    "--model", help=f"model preset (tiny, small, ...), config.json or YAML/CSV model file [default: {DEFAULTS.run_model}]",
+    show_default=False)]
+RunMicroBatchSize = Annotated[int, typer.Option(
+    "--micro-batch-size", "-b", help=f"sequences per microbatch [default: {DEFAULTS.run_micro_batch_size}]",
+    show_default=False)]
+RunSeqLen = Annotated[int, typer.Option(
+    "--seq-len", "-s", help=f"tokens per sequence [default: {DEFAULTS.run_seq_len}]", show_default=False)]
+RunDtype = Annotated[str, typer.Option(
+    "--dtype", help=f"runtime dtype: float32, float64 or bfloat16 [default: {DEFAULTS.run_dtype}]",
+    show_default=False)]
+Backend = Annotated[str, typer.Option("--backend", help="gloo (CPU ranks) or nccl (one GPU per rank) [default: gloo]",
+                                      show_default=False)]
+Steps = Annotated[int, typer.Option(
+    "--steps", help=f"measured steps (after warm-up) [default: {DEFAULTS.run_steps}]", show_default=False)]
+Warmup = Annotated[int, typer.Option(
+    "--warmup", help=f"steps run first and not measured [default: {DEFAULTS.run_warmup}]", show_default=False)]
+Runtime = Annotated[str, typer.Option(
+    "--runtime", help="auto (PyTorch's runtime where it can, else ours), pytorch or ours [default: auto]",
+    show_default=False)]
+Timeout = Annotated[float, typer.Option(
+    "--timeout", help=f"seconds before every rank is killed [default: {DEFAULTS.run_timeout:g}]", show_default=False)]
 # --- variability: Monte Carlo over durations (pipesched.variability) ------------------------
 Jitter = Annotated[str | None, typer.Option(
     "--jitter", help="lognormal factors with mean 1 on durations: a CV like 0.1 (every op kind and link), or "
@@ -123,23 +167,23 @@ Seed = Annotated[int | None, typer.Option("--seed", help=f"seed of the random st
 
 
 def parse_settings(pairs: list[str] | None) -> dict[str, object]:
-    """``["waves=2", "memory_limit=4"]`` -> {"waves": 2, "memory_limit": 4}; numbers are
+    """``["waves=2", "activation_limit=4"]`` -> {"waves": 2, "activation_limit": 4}; numbers are
     converted, other values stay strings."""
     options: dict[str, object] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise PipeschedError(f"--set={shorten(pair)!r}: write KEY=VALUE, e.g. --set memory_limit=6")
+            raise PipeschedError(f"--set={shorten(pair)!r}: write KEY=VALUE, e.g. --set activation_limit=6")
         options[option_key(key)] = _number(value.strip())
     return options
 
 
 def option_key(key: str) -> str:
     """An option's key as the families name it: dashes in the option's name read as
-    underscores (``memory-limit``); a ``FAMILY.`` prefix keeps the family's own name.
+    underscores (``activation-limit``); a ``FAMILY.`` prefix keeps the family's own name.
 
-    >>> option_key("zb-h1.memory-limit"), option_key(" m-w ")
-    ('zb-h1.memory_limit', 'm_w')
+    >>> option_key("zb-h1.activation-limit"), option_key(" m-w ")
+    ('zb-h1.activation_limit', 'm_w')
     """
     family, dot, option = key.strip().rpartition(".")
     return f"{family}{dot}{option.replace('-', '_')}"
@@ -209,6 +253,12 @@ def parse_bandwidth(text: str | None) -> float | None:
     return check_rate("bandwidth", value, infinite=True)
 
 
+def parse_memory_limit(text: str | None) -> float | None:
+    """``--memory-limit`` text (bytes, or with a unit like 80GiB) -> bytes; None when not
+    given."""
+    return parse_amount(text, "bytes", "memory-limit")
+
+
 def parse_amount(text: str | None, quantity: str, field: str) -> float | None:
     """``--host-bandwidth`` / ``--host-memory`` text (a number, or with a unit) -> base
     units, > 0; None when not given."""
@@ -259,19 +309,26 @@ def workload(
     host_bandwidth: str | None = None,
     host_memory: str | None = None,
     steady_state: bool = False,
+    dtype: str | None = None,
+    sequence_parallel: bool | None = None,
+    matmul_efficiency: float | None = None,
+    bandwidth_efficiency: float | None = None,
 ) -> Point:
     """The template point the workload options ask for: a stage-cost file on uniform links,
-    or a model on a cluster (each unset option from DEFAULTS), with the frozen layers, the
-    offload policy and host links asked for."""
+    or a model on a cluster (each unset option from DEFAULTS; the efficiencies replace its
+    devices'), with the frozen layers, the offload policy and host links asked for."""
     from pipesched.experiments.point import Point
+    from pipesched.experiments.setup import check_partition
 
     check_training(frozen_layers, offload)
+    if partition is not None:
+        check_partition(partition)
     if latency is not None:
         check_amount("latency", latency, limit=MAX_SECONDS, unit="seconds")
     if micro_batch_size is not None:
-        check_count("micro-batch-size", micro_batch_size, MAX_MICRO_BATCH_SIZE)
+        check_count("micro_batch_size", micro_batch_size, MAX_MICRO_BATCH_SIZE)
     if seq_len is not None:
-        check_count("seq-len", seq_len, MAX_SEQ_LEN)
+        check_count("seq_len", seq_len, MAX_SEQ_LEN)
     engine = {"contention": not no_contention, "overlap": not no_overlap, "latency": latency,
               "frozen_layers": frozen_layers or "", "offload": offload or "",
               "host_bandwidth": parse_amount(host_bandwidth, "bandwidth", "host-bandwidth"),
@@ -280,7 +337,9 @@ def workload(
               "steady_state": steady_state}
     if stage_costs is not None:
         model_options = {"--model": model, "--cluster": cluster, "--tensor-parallel": tensor_parallel,
-                         "--recompute": recompute, "--partition": partition}
+                         "--recompute": recompute, "--partition": partition, "--dtype": dtype,
+                         "--sequence-parallel": sequence_parallel, "--matmul-efficiency": matmul_efficiency,
+                         "--bandwidth-efficiency": bandwidth_efficiency}
         given = [name for name, value in model_options.items() if value is not None]
         if given:
             raise PipeschedError(f"{given[0].lstrip('-')}={model_options[given[0]]}: not with --stage-costs; "
@@ -292,7 +351,9 @@ def workload(
                      seq_len=seq_len or DEFAULTS.seq_len, bandwidth=parse_bandwidth(bandwidth), **engine)
     return Point(
         model=model or DEFAULTS.model,
-        cluster=cluster or DEFAULTS.cluster,
+        cluster=tuned_cluster(cluster or DEFAULTS.cluster, matmul_efficiency, bandwidth_efficiency),
+        dtype=dtype or DEFAULTS.dtype,
+        sequence_parallel=DEFAULTS.sequence_parallel if sequence_parallel is None else sequence_parallel,
         micro_batch_size=micro_batch_size if micro_batch_size is not None else DEFAULTS.micro_batch_size,
         seq_len=seq_len if seq_len is not None else DEFAULTS.seq_len,
         tp=tensor_parallel if tensor_parallel is not None else DEFAULTS.tensor_parallel,
@@ -301,6 +362,27 @@ def workload(
         bandwidth=parse_bandwidth(bandwidth),
         **engine,
     )
+
+
+def tuned_device(device: DeviceSpec, matmul_efficiency: float | None,
+                 bandwidth_efficiency: float | None) -> DeviceSpec:
+    """``device`` with the efficiencies given (None: its own)."""
+    changes = {name: value for name, value in (("matmul_efficiency", matmul_efficiency),
+                                               ("bandwidth_efficiency", bandwidth_efficiency)) if value is not None}
+    return dataclasses.replace(device, **changes) if changes else device
+
+
+def tuned_cluster(cluster: str | Cluster, matmul_efficiency: float | None,
+                  bandwidth_efficiency: float | None) -> str | Cluster:
+    """The cluster (a name or file, or a Cluster) with every device's efficiencies given;
+    the name itself when none is given."""
+    if matmul_efficiency is None and bandwidth_efficiency is None:
+        return cluster
+    from pipesched.model import load_cluster
+
+    built = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    return dataclasses.replace(built, devices=tuple(tuned_device(device, matmul_efficiency, bandwidth_efficiency)
+                                                    for device in built.devices))
 
 
 def variability_options(*, jitter: str | None = None, jitter_file: str | None = None,

@@ -9,42 +9,45 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pipesched.cli.options import split_names
+from pipesched.cli.options import (
+    AsJson,
+    Backend,
+    Chunks,
+    FamilySettings,
+    RunDevices,
+    RunDtype,
+    RunMicrobatches,
+    RunMicroBatchSize,
+    RunModel,
+    RunSeqLen,
+    Runtime,
+    Steps,
+    Timeout,
+    Warmup,
+    split_names,
+)
 from pipesched.cli.output import console as output_console
+from pipesched.cli.output import wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import require
 from pipesched.generators import FAMILIES
 from pipesched.io.files import check_outputs
 from pipesched.model import load_model
 from pipesched.schedule import Schedule
 
-ModelOption = Annotated[str, typer.Option("--model", help="model preset (tiny, small, ...), YAML shape or config.json")]
-MicroBatchSize = Annotated[int, typer.Option("--micro-batch-size", "-b", help="sequences per microbatch")]
-SeqLen = Annotated[int, typer.Option("--seq-len", "-s", help="tokens per sequence")]
-DtypeOption = Annotated[str, typer.Option("--dtype", help="runtime dtype: float32, float64 or bfloat16")]
-Backend = Annotated[str, typer.Option("--backend", help="gloo (CPU ranks) or nccl (one GPU per rank)")]
-Steps = Annotated[int, typer.Option("--steps", help="measured steps (after warm-up)")]
-Warmup = Annotated[int, typer.Option("--warmup", help="steps run first and not measured")]
-Runtime = Annotated[str, typer.Option("--runtime", help="auto (PyTorch's runtime where it can, else ours), pytorch or ours")]
-Timeout = Annotated[float, typer.Option("--timeout", help="seconds before every rank is killed")]
-Settings = Annotated[list[str] | None, typer.Option("--set", help="family option KEY=VALUE")]
-AsJson = Annotated[bool, typer.Option("--json", help="print one JSON object")]
 Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK, hang:RANK or kill:RANK (tests)")]
 
 _RUNTIME_NAMES = {"pytorch": "PyTorch _PipelineScheduleRuntime", "ours": "pipesched executor"}
 
 
 def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: list[str] | None) -> Schedule:
-    if name not in FAMILIES and any(ch in name for ch in "./\\"):
-        for flag, value in (("p", p), ("m", m), ("v", v)):
-            if value is not None:
-                raise PipeschedError(f"{flag}={value}: a schedule file fixes its own sizes; drop -{flag}")
-    require(p is not None or name not in FAMILIES, "p", None, "give the number of ranks with -p")
-    require(m is not None or name not in FAMILIES, "m", None, "give the number of microbatches with -m")
-    schedule = load_or_generate(name, p=p or 0, m=m or 0, v=v, settings=settings)
+    """A family at the real-run sizes (-p and -m, else DEFAULTS.run_p and run_m), or a
+    schedule file at its own."""
+    schedule = load_or_generate(name, p=p, m=m, v=v, settings=settings, default_p=DEFAULTS.run_p,
+                                default_m=DEFAULTS.run_m)
     from pipesched.runtime.runs import check_runnable
 
     check_runnable(schedule)  # before a model is built or a rank started
@@ -65,19 +68,19 @@ def _ms(seconds: float) -> str:
 # --- run -----------------------------------------------------------------------------------
 def run_command(
     schedule_name: Annotated[str, typer.Argument(metavar="SCHEDULE|FILE", help="schedule family or schedule file")],
-    p: Annotated[int | None, typer.Option("-p", help="ranks (pipeline devices)")] = None,
-    m: Annotated[int | None, typer.Option("-m", help="microbatches")] = None,
-    v: Annotated[int | None, typer.Option("-v", help="chunks (stages) per device, for families that take it")] = None,
-    family_settings: Settings = None,
-    model: ModelOption = DEFAULTS.run_model,
+    p: RunDevices = None,
+    m: RunMicrobatches = None,
+    v: Chunks = None,
+    family_settings: FamilySettings = None,
+    model: RunModel = DEFAULTS.run_model,
     backend: Backend = "gloo",
-    steps: Steps = 5,
-    warmup: Warmup = 2,
+    steps: Steps = DEFAULTS.run_steps,
+    warmup: Warmup = DEFAULTS.run_warmup,
     runtime: Runtime = "auto",
-    micro_batch_size: MicroBatchSize = DEFAULTS.run_micro_batch_size,
-    seq_len: SeqLen = DEFAULTS.run_seq_len,
-    dtype: DtypeOption = DEFAULTS.run_dtype,
-    timeout: Timeout = 300.0,
+    micro_batch_size: RunMicroBatchSize = DEFAULTS.run_micro_batch_size,
+    seq_len: RunSeqLen = DEFAULTS.run_seq_len,
+    dtype: RunDtype = DEFAULTS.run_dtype,
+    timeout: Timeout = DEFAULTS.run_timeout,
     as_json: AsJson = False,
     png: Png = None,
     svg: Svg = None,
@@ -135,12 +138,12 @@ def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
 
 # --- profile -------------------------------------------------------------------------------
 def profile_command(
-    model: ModelOption = DEFAULTS.run_model,
+    model: RunModel = DEFAULTS.run_model,
     output: Annotated[str, typer.Option("-o", "--output", help="cost file to write: CSV per layer, or per stage with -p; .yaml: a per-layer model file headed by how it was measured; every repeat goes to FILE.repeats.csv")] = "costs.csv",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
-    micro_batch_size: MicroBatchSize = DEFAULTS.run_micro_batch_size,
-    seq_len: SeqLen = DEFAULTS.run_seq_len,
-    dtype: DtypeOption = DEFAULTS.run_dtype,
+    micro_batch_size: RunMicroBatchSize = DEFAULTS.run_micro_batch_size,
+    seq_len: RunSeqLen = DEFAULTS.run_seq_len,
+    dtype: RunDtype = DEFAULTS.run_dtype,
     repeats: Annotated[int, typer.Option("--repeats", help="timed repeats per op (the median is the cost; every repeat goes to FILE.repeats.csv)")] = 10,
     warmup: Annotated[int, typer.Option("--warmup", help="untimed repeats first")] = 3,
     ranks: Annotated[int, typer.Option("--ranks", help="ranks timing at once, each on its own core or GPU (load the machine as a run with that many ranks does)")] = 1,
@@ -174,30 +177,32 @@ def profile_command(
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
         return
-    typer.echo(f"wrote {target}" + (f" ({summary['partition']})" if "partition" in summary else ""))
-    typer.echo(f"wrote {repeats_path} (every timed repeat: simulate --jitter-file {repeats_path})")
+    wrote(target, f" ({summary['partition']})" if "partition" in summary else "")
+    wrote(repeats_path, f" (every timed repeat: simulate --jitter-file {repeats_path})")
     if "per_op_overhead_s" in summary:
         typer.echo(f"per-op overhead of the {runtime} runtime: {summary['per_op_overhead_s'] * 1e6:.0f} us (included)")
     if link:
-        typer.echo(f"wrote {link_path}; simulate with --stage-costs FILE --latency {summary['latency_s']:.6g} "
+        wrote(link_path)
+        typer.echo(f"simulate with --stage-costs {target} --latency {summary['latency_s']:.6g} "
                    f"--bandwidth {summary['bandwidth_bytes_per_s']:.6g}")
 
 
 # --- check ---------------------------------------------------------------------------------
 def check_command(
-    schedules: Annotated[str, typer.Option("--schedules", help="comma-separated families, e.g. gpipe,1f1b,zb-h1")],
-    p: Annotated[int, typer.Option("-p", help="ranks (pipeline devices)")] = 2,
-    m: Annotated[int, typer.Option("-m", help="microbatches")] = 8,
-    v: Annotated[int | None, typer.Option("-v", help="chunks per device, for families that take it")] = None,
-    model: ModelOption = DEFAULTS.run_model,
+    schedules: Annotated[str, typer.Option(
+        "--schedules", help="comma-separated families or schedule files, e.g. gpipe,1f1b,zb-h1")],
+    p: RunDevices = None,
+    m: RunMicrobatches = None,
+    v: Chunks = None,
+    model: RunModel = DEFAULTS.run_model,
     backend: Backend = "gloo",
-    steps: Steps = 5,
-    warmup: Warmup = 2,
+    steps: Steps = DEFAULTS.run_steps,
+    warmup: Warmup = DEFAULTS.run_warmup,
     runtime: Runtime = "auto",
-    micro_batch_size: MicroBatchSize = DEFAULTS.run_micro_batch_size,
-    seq_len: SeqLen = DEFAULTS.run_seq_len,
-    dtype: DtypeOption = DEFAULTS.run_dtype,
-    timeout: Timeout = 600.0,
+    micro_batch_size: RunMicroBatchSize = DEFAULTS.run_micro_batch_size,
+    seq_len: RunSeqLen = DEFAULTS.run_seq_len,
+    dtype: RunDtype = DEFAULTS.run_dtype,
+    timeout: Timeout = DEFAULTS.run_timeout,
     as_json: AsJson = False,
     trace: Annotated[str | None, typer.Option("--trace", help="write both timelines of every schedule as one Perfetto trace: two processes per device")] = None,
     html: Annotated[str | None, typer.Option("--html", help="write the comparison page: predicted over measured timelines, deviations, step times")] = None,
@@ -217,12 +222,16 @@ def check_command(
     require(len(names) >= 1, "schedules", schedules, "give at least one schedule family")
     built = [_schedule(name, p, m, v if FAMILIES.get(name) is not None and FAMILIES[name].takes_v else None, None)
              for name in names]
+    p, m = built[0].num_devices, built[0].num_microbatches
+    for schedule in built[1:]:
+        require(schedule.num_devices == p, "schedules", schedule.name,
+                f"has {schedule.num_devices} devices and {built[0].name} {p}; compare schedules of one size")
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
                          steps=steps, warmup=warmup, timeout_s=timeout)
     with StatusLine(f"check {', '.join(names)}") as status:
         report = check_schedules(built, load_model(model), options=options, runtime=runtime, on_status=status)
     for path in report.write_views(html=html, trace=trace, title=f"prediction check: {model}, p={p}, m={m}"):
-        typer.echo(f"wrote {path}", err=True)
+        wrote(path)
     if as_json:
         typer.echo(json.dumps(report.to_dict(model=model, p=p, m=m), indent=1))
         return

@@ -14,6 +14,8 @@ import typer
 
 from pipesched import io
 from pipesched.cli.options import (
+    ActivationLimit,
+    AsJson,
     Chunks,
     Devices,
     FamilySettings,
@@ -28,6 +30,7 @@ from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.io.files import Output
 from pipesched.limits import MAX_OPS, check_count
 from pipesched.validate import REPORTED_VIOLATIONS, format_report, require_valid, validate
+from pipesched.wording import counted
 
 if TYPE_CHECKING:
     from pipesched.schedule import Schedule
@@ -43,7 +46,7 @@ GiB = 2.0**30
 def list_command(
     what: Annotated[str, typer.Argument(metavar="[families|models|devices|clusters]",
                                         help="what to list")] = "families",
-    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list of objects")] = False,
+    as_json: AsJson = False,
 ) -> None:
     """List the schedule families (with their options and constraints), or the built-in
     models, devices or clusters that --model, --device and --cluster take by name.
@@ -173,7 +176,7 @@ def show(
     Examples:
       pipesched show zb-h1 -p 4 -m 6
       pipesched show interleaved-1f1b -p 4 -m 8 -v 2 --format csv -o sched.csv
-      pipesched show zb-v -p 4 -m 8 --set memory_limit=6 --svg zb-v.svg
+      pipesched show zb-v -p 4 -m 8 --set activation_limit=6 --svg zb-v.svg
       pipesched show zb-h1 -p 4 -m 8 --set costs=1,2,1
     """
     from pipesched.costs import StageCosts
@@ -237,8 +240,10 @@ def carried_partition(schedule: Schedule) -> str | None:
 
 
 def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
-                     settings: list[str] | None = None, frozen_stages: str | None = None) -> Schedule:
-    """A family name generates (p and m default to DEFAULTS'); anything else is read as a
+                     settings: list[str] | None = None, frozen_stages: str | None = None,
+                     default_p: int = DEFAULTS.p, default_m: int = DEFAULTS.m) -> Schedule:
+    """A family name generates (p and m default to ``default_p`` and ``default_m``: the
+    analytical commands' DEFAULTS, or the real runs'); anything else is read as a
     schedule file, which fixes its own sizes. ``--set costs=...`` reaches the families that
     plan with costs (the zero-bubble heuristics); a file takes none of the families' options,
     and must be a valid schedule. ``frozen_stages`` (text like ``0-3``) freezes those stages
@@ -250,7 +255,7 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
         options, _, _ = family_options(settings)
         if "costs" in options and "costs" not in get_family(name).options:
             del options["costs"]  # only levels 1 and 2 use them for this family
-        p, m = p if p is not None else DEFAULTS.p, m if m is not None else DEFAULTS.m
+        p, m = p if p is not None else default_p, m if m is not None else default_m
         schedule = generate(name, p, m, v=v, **options)
         if frozen_stages:
             frozen = parse_indices(frozen_stages, field="frozen-stages", count=schedule.num_stages, what="stages")
@@ -278,27 +283,27 @@ def load_or_generate(name: str, *, p: int | None, m: int | None, v: int | None,
 
 def validate_file(
     path: Annotated[str, typer.Argument(metavar="FILE", help="schedule file: grid text, PyTorch CSV (.csv) or JSON (.json)")],
-    memory_limit: Annotated[int | None, typer.Option("--memory-limit", help="max in-flight stage-microbatches per device")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="print the result as one JSON object")] = False,
+    activation_limit: ActivationLimit = None,
+    as_json: AsJson = False,
 ) -> None:
     """Check a schedule file: exit 0 valid, 1 violations (with the report), 2 unreadable.
 
     \b
     Examples:
       pipesched validate sched.csv
-      pipesched validate sched.csv --memory-limit 11 --json
+      pipesched validate sched.csv --activation-limit 11 --json
     """
-    if memory_limit is not None:
-        check_count("memory-limit", memory_limit, MAX_OPS, what="in-flight stage-microbatches")
+    if activation_limit is not None:
+        check_count("activation-limit", activation_limit, MAX_OPS, what="in-flight stage-microbatches")
     schedule = io.load_schedule(path)
-    violations = validate(schedule, memory_limit=memory_limit)
+    violations = validate(schedule, activation_limit=activation_limit)
     if as_json:
         kinds: dict[str, int] = {}
         for violation in violations:
             kinds[violation.kind] = kinds.get(violation.kind, 0) + 1
         typer.echo(json.dumps({
-            "file": path, "valid": not violations, "name": schedule.name, "devices": schedule.num_devices,
-            "stages": schedule.num_stages, "microbatches": schedule.num_microbatches, "ops": schedule.num_ops,
+            "file": path, "valid": not violations, "schedule": schedule.name, "p": schedule.num_devices,
+            "m": schedule.num_microbatches, "num_stages": schedule.num_stages, "num_ops": schedule.num_ops,
             "violation_count": len(violations), "violations_by_kind": kinds,
             "violations": [{"kind": v.kind, "message": v.message, "ops": [str(op) for op in v.ops],
                             "device": v.device} for v in violations[:REPORTED_VIOLATIONS]],
@@ -310,8 +315,8 @@ def validate_file(
         sys.stdout.write(format_report(schedule, violations) + "\n")
         raise typer.Exit(1)
     sys.stdout.write(
-        f"{path}: valid ({schedule.num_devices} devices, {schedule.num_stages} stages, "
-        f"{schedule.num_microbatches} microbatches, {schedule.num_ops} ops)\n"
+        f"{path}: valid ({counted(schedule.num_devices, 'device')}, {counted(schedule.num_stages, 'stage')}, "
+        f"{counted(schedule.num_microbatches, 'microbatch')}, {counted(schedule.num_ops, 'op')})\n"
     )
 
 

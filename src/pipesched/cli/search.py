@@ -20,7 +20,17 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from pipesched.cli.options import AsJson, ClusterName, Model, SeqLen, split_names
+from pipesched.cli.options import (
+    AsJson,
+    ClusterName,
+    Dtype,
+    Model,
+    SeqLen,
+    SequenceParallel,
+    split_names,
+)
+from pipesched.cli.output import console as output_console
+from pipesched.cli.output import print_whole, wrote
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.io.files import Output, check_outputs, write_all
@@ -28,6 +38,7 @@ from pipesched.limits import MAX_WORKERS, check_count
 from pipesched.search.results import SearchResult, simulate_command
 from pipesched.search.space import SearchSpace
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
+from pipesched.wording import counted
 
 GiB = 2.0**30
 
@@ -58,14 +69,18 @@ def search_command(
         "--global-batch", "-g", help=f"sequences per iteration, all data-parallel pipelines together "
                                      f"[default: {DEFAULTS.global_batch}]")] = None,
     seq_len: SeqLen = None,
+    dtype: Dtype = None,
+    sequence_parallel: SequenceParallel = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None,
     schedules: Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: every synchronous family; name pipedream or pipedream-2bw to search them too]")] = None,
     tensor_parallel: Annotated[str | None, typer.Option(
-        "--tensor-parallel", help="tensor-parallel degrees to try [default: every divisor of the node size]")] = None,
+        "--tensor-parallel", "-t", help="tensor-parallel degrees to try, like 2,4 (one value fixes it, as -t does in "
+                                        "the other commands) [default: every divisor of the node size]")] = None,
     pipeline: Annotated[str | None, typer.Option("--pipeline", help="pipeline sizes p to try [default: all]")] = None,
     dp: Annotated[str | None, typer.Option("--dp", help="data-parallel sizes to try [default: all]")] = None,
     micro_batch_sizes: Annotated[str | None, typer.Option(
-        "--micro-batch-sizes", help="micro-batch sizes to try [default: every divisor of the batch per pipeline]")] = None,
+        "--micro-batch-sizes", "-b", help="micro-batch sizes to try, like 1,2 (one value fixes it, as -b does in the "
+                                          "other commands) [default: every divisor of the batch per pipeline]")] = None,
     chunks: Annotated[str | None, typer.Option(
         "--chunks", help=f"chunks v per device for the families that take it [default: {_listed('chunks')}]")] = None,
     partitions: Annotated[str | None, typer.Option(
@@ -108,7 +123,7 @@ def search_command(
         results = _stored(db)
         _write_files(results, csv=csv, html=html)
         if as_json:
-            typer.echo(json.dumps([r.to_dict(top=top or None) for r in results], indent=1))
+            typer.echo(json.dumps(_store_json(db, results, top), indent=1))
             return
         for result in results:
             print_result(result, top=top)
@@ -123,6 +138,7 @@ def search_command(
         require_ray("--ray" if ray else "--ray-address")  # before anything is written
     given = {
         "model": model, "cluster": cluster, "global_batch": global_batch, "seq_len": seq_len, "gpus": gpus,
+        "dtype": dtype, "sequence_parallel": sequence_parallel,
         "schedules": tuple(split_names(schedules)) if schedules is not None else None,
         "chunks": _numbers("chunks", chunks) or None,
         "partitions": tuple(split_names(partitions)) if partitions is not None else None,
@@ -145,9 +161,15 @@ def search_command(
             bar.close()
     _write_files([result], csv=csv, html=html)
     if as_json:
-        typer.echo(json.dumps(result.to_dict(top=top or None), indent=1))
+        typer.echo(json.dumps(_store_json(db, [result], top), indent=1))
         return
     print_result(result, top=top)
+
+
+def _store_json(db: str, results: list[SearchResult], top: int) -> dict:
+    """The one JSON shape of ``search --json`` and ``search --show --json``: the store and
+    its searches (a search run now: the one it ran)."""
+    return {"db": db, "searches": [result.to_dict(top=top or None) for result in results]}
 
 
 def _mapper(workers: int | None, ray: bool, ray_address: str | None):
@@ -163,6 +185,7 @@ def _mapper(workers: int | None, ray: bool, ray_address: str | None):
 def _stored(db: str) -> list[SearchResult]:
     from pipesched.search.store import read_rows
 
+    require(not Path(db).is_dir(), "db", db, "is a directory; give the store file of a previous search (--db FILE)")
     require(Path(db).is_file(), "db", db, "no such file; give the store of a previous search (--db FILE)")
     results = [SearchResult(space, tuple(rows), db=db) for space, rows in read_rows(db)]
     require(bool(results), "db", db, "holds no search yet; run one with --db FILE")
@@ -178,9 +201,8 @@ def _write_files(results: list[SearchResult], *, csv: str | None, html: str | No
         from pipesched.render.search_page import render_search_html
 
         outputs.append(Output(html, render_search_html(results[-1]), "html"))
-    console = Console(stderr=True)
     for path in write_all(outputs):
-        console.print(f"wrote {path}", highlight=False)
+        wrote(path)
 
 
 class _ProgressBar:
@@ -227,6 +249,8 @@ def _share(value: float | None) -> str:
 
 _HEADER = ("rank", "schedule", "v", "dp", "tp", "pp", "b", "m", "recompute", "partition", "zero", "time (s)",
            "tokens/s", "MFU", "HFU", "peak memory")
+# the columns a narrow console drops first (the "best" line's command reproduces them)
+_DROPPABLE = tuple(_HEADER.index(name) for name in ("partition", "recompute", "HFU", "MFU", "zero"))
 
 
 def _table(title: str, rows: list[tuple[int, StoredRow]]) -> Table:
@@ -240,20 +264,20 @@ def _table(title: str, rows: list[tuple[int, StoredRow]]) -> Table:
 
 def print_result(result: SearchResult, *, top: int) -> None:
     """The ranking, the Pareto front, the counts and why points were left out."""
-    console = Console() if Console().is_terminal else Console(width=170)
+    console = output_console()
     space = result.space
     shown = list(result.ranked) if top == 0 else list(result.ranked[:top])
     total = len(result.rows)
     console.print(f"search: {space['model']} on {space['cluster']}, global batch {space['global_batch']} x "
                   f"{space['seq_len']} tokens; {total:,} points", highlight=False)
     if shown:
-        console.print(_table(f"the {len(shown)} fastest configurations that fit (then the least memory-hungry that "
-                             "do not)", list(enumerate(shown, start=1))))
+        print_whole(console, _table(f"the {len(shown)} fastest configurations that fit (then the least memory-hungry "
+                                    "that do not)", list(enumerate(shown, start=1))), _DROPPABLE)
     front = result.front
     ranks = {row.key: k for k, row in enumerate(result.ranked, start=1)}
     if front:
-        console.print(_table("Pareto front: iteration time against peak memory (none is both faster and smaller)",
-                             [(ranks[row.key], row) for row in front]))
+        print_whole(console, _table("Pareto front: iteration time against peak memory (none is both faster and "
+                                    "smaller)", [(ranks[row.key], row) for row in front]), _DROPPABLE)
     counts = (f"{result.count(EVALUATED):,} evaluated (simulated, fit in memory), {result.count(OUT_OF_MEMORY):,} out "
               f"of memory, {result.count(PRUNED):,} pruned by the bound, {result.count(INVALID):,} invalid")
     unfinished = total - sum(result.count(s) for s in (EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID))
@@ -270,8 +294,8 @@ def print_result(result: SearchResult, *, top: int) -> None:
                       highlight=False, markup=False, soft_wrap=True)
     best = result.best
     if best is not None:
-        console.print(f"best: {best.schedule}, dp {best.dp} x pp {best.pp} x tp {best.tp}, {best.m} microbatches of "
-                      f"{best.micro_batch_size}: {best.iteration_time_s:.4f} s, {best.throughput_tokens_per_s:,.0f} "
+        console.print(f"best: {best.schedule}, dp {best.dp} x pp {best.pp} x tp {best.tp}, "
+                      f"{counted(best.m, 'microbatch')} of {best.micro_batch_size}: {best.iteration_time_s:.4f} s, {best.throughput_tokens_per_s:,.0f} "
                       f"tokens/s; reproduce with\n  {simulate_command(space, best)}", highlight=False, markup=False,
                       soft_wrap=True)
     else:

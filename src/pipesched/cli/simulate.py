@@ -13,10 +13,12 @@ from rich.table import Table
 from pipesched.cli.options import (
     AsJson,
     Bandwidth,
+    BandwidthEfficiency,
     Chunks,
     ClusterName,
     DataParallelSize,
     Devices,
+    Dtype,
     FamilySettings,
     FreezePlan,
     FrozenLayers,
@@ -25,6 +27,7 @@ from pipesched.cli.options import (
     Jitter,
     JitterFile,
     Latency,
+    MatmulEfficiency,
     Microbatches,
     MicroBatchSize,
     Model,
@@ -37,6 +40,7 @@ from pipesched.cli.options import (
     Samples,
     Seed,
     SeqLen,
+    SequenceParallel,
     SlowLink,
     StageCostsFile,
     SteadyStateFlag,
@@ -74,6 +78,10 @@ def simulate_command(
     tensor_parallel: TensorParallel = None,
     recompute: Recompute = None,
     partition: PartitionOption = None,
+    dtype: Dtype = None,
+    sequence_parallel: SequenceParallel = None,
+    matmul_efficiency: MatmulEfficiency = None,
+    bandwidth_efficiency: BandwidthEfficiency = None,
     dp: DataParallelSize = None,
     zero: ZeroStage = None,
     stage_costs: StageCostsFile = None,
@@ -133,7 +141,8 @@ def simulate_command(
                              "the workload (--model or --stage-costs), and this schedule does not plan with slot "
                              "costs; drop --set costs")
     point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
+                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition, dtype=dtype, sequence_parallel=sequence_parallel,
+                     matmul_efficiency=matmul_efficiency, bandwidth_efficiency=bandwidth_efficiency,
                      dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
                      no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
                      host_bandwidth=host_bandwidth, host_memory=host_memory, steady_state=steady_state).replace(fb_cost=fb_cost)
@@ -222,7 +231,7 @@ def _print(result: Simulation, *, timeline_view: bool = True) -> None:
     console.print(devices)
     training = training_columns(metrics.training, timeline)
     if training:
-        work = Table(title="training work per device (GiB)")
+        work = Table(title="training work per device")
         work.add_column("device", justify="right")
         for column in training:
             work.add_column(column, justify="right")

@@ -13,19 +13,25 @@ from pipesched import io
 from pipesched.cli.options import (
     AsJson,
     Bandwidth,
+    BandwidthEfficiency,
     ClusterName,
     Devices,
+    Dtype,
     HostBandwidth,
     HostMemory,
     Latency,
+    MatmulEfficiency,
+    MemoryLimit,
     Microbatches,
     MicroBatchSize,
     Model,
     PartitionOption,
     Recompute,
     SeqLen,
+    SequenceParallel,
     StageCostsFile,
     TensorParallel,
+    parse_memory_limit,
     workload,
 )
 from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
@@ -49,13 +55,14 @@ def synthesize_command(
     tensor_parallel: TensorParallel = None,
     recompute: Recompute = None,
     partition: PartitionOption = None,
+    dtype: Dtype = None,
+    sequence_parallel: SequenceParallel = None,
+    matmul_efficiency: MatmulEfficiency = None,
+    bandwidth_efficiency: BandwidthEfficiency = None,
     stage_costs: StageCostsFile = None,
     latency: Latency = None,
     bandwidth: Bandwidth = None,
-    memory_limit: Annotated[str | None, typer.Option(
-        "--memory-limit",
-        help="bytes per device (or with a unit: 80GiB), parameters and optimizer state included [default: the cluster's device memory "
-             "with --model; none with --stage-costs]")] = None,
+    memory_limit: MemoryLimit = None,
     time_limit: Annotated[float, typer.Option("--time-limit", help="seconds for the whole synthesis")] = 10.0,
     backward: Annotated[str, typer.Option("--backward", help="split (I and W ops) or full (one B op)")] = "split",
     allow_recompute: Annotated[bool, typer.Option(
@@ -89,14 +96,15 @@ def synthesize_command(
             require(not (allowed and io.output_format(output) == "csv"), "output", output,
                     f"PyTorch's CSV cannot carry the {what} {flag} may choose; write .json or .txt")
     views = ViewPaths(png, svg, trace, html).check(("output", output))
-    limit = _parse_bytes(memory_limit)
+    limit = parse_memory_limit(memory_limit)
     from pipesched.search.problem import check_size
 
     p = p if p is not None else DEFAULTS.p
     m = m if m is not None else DEFAULTS.m
     check_size(p, m, split_backward=backward == "split")
     setup = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition,
+                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition, dtype=dtype, sequence_parallel=sequence_parallel,
+                     matmul_efficiency=matmul_efficiency, bandwidth_efficiency=bandwidth_efficiency,
                      stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, host_bandwidth=host_bandwidth,
                      host_memory=host_memory).setup()
     # costs and links depend only on the placement: one stage per device
@@ -120,17 +128,6 @@ def synthesize_command(
         typer.echo(json.dumps({**result.to_dict(), "partition": layout, "setup": setup.description}, indent=1))
         return
     _print(result, network, setup.description, timeline_view=not no_timeline)
-
-
-def _parse_bytes(text: str | None) -> float | None:
-    """``--memory-limit`` text (bytes, or with a unit like 80GiB) -> bytes."""
-    if text is None:
-        return None
-    from pipesched.model.units import parse_quantity
-
-    value = parse_quantity(text, "bytes", "memory-limit")
-    require(value > 0, "memory-limit", text, "must be a number of bytes > 0, like 8e10 or 80GiB")
-    return value
 
 
 def _memory(nbytes: float) -> str:

@@ -44,7 +44,7 @@ def training_columns(training: TrainingWork | None, timeline: Timeline) -> dict[
                                 for d in devices]
         columns["host link s"] = [f"{training.host_link_busy_s[d]:.4g}" for d in devices]
         columns["offload exposed s"] = [f"{training.offload_exposed_s[d]:.4g}" for d in devices]
-        columns["host peak"] = [f"{training.host_peak_bytes[d] / GiB:.2f}" for d in devices]
+        columns["host peak GiB"] = [f"{training.host_peak_bytes[d] / GiB:.2f}" for d in devices]
     return columns
 
 

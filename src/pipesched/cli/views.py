@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pipesched.cli.output import wrote
 from pipesched.io.files import Output, check_outputs, write_all
 
 if TYPE_CHECKING:  # rich and numpy load with the commands that draw
@@ -44,27 +45,19 @@ class ViewPaths:
         return any(getattr(self, f) is not None for f in ("png", "svg", "trace", "html"))
 
     def write(self, timelines: Sequence[Timeline], *, comparison: Sequence[Mapping[str, object]] | None = None,
-              title: str = "", console: Console | None = None,
-              distributions: Sequence[Mapping[str, object]] | None = None, others: Sequence[Output] = ()) -> None:
+              title: str = "", distributions: Sequence[Mapping[str, object]] | None = None,
+              others: Sequence[Output] = ()) -> None:
         """Draw the views asked for and write them with the command's ``others`` files, all
-        or none; say on stderr which views were written."""
+        or none; say on stderr which files were written."""
         views: list[Output] = []
         if self.any:
             from pipesched.render.views import render_views
 
             views = render_views(timelines, png=self.png, svg=self.svg, trace=self.trace, html=self.html,
                                  comparison=comparison, title=title, distributions=distributions)
-        if not views and not others:
-            return
-        written = write_all([*others, *views])[len(others):]
-        if not written:
-            return
-        if console is None:
-            from rich.console import Console
-
-            console = Console(stderr=True)
+        written = write_all([*others, *views]) if views or others else []
         for path in written:
-            console.print(f"wrote {path}", highlight=False, markup=False)
+            wrote(path)
 
 
 def print_timeline(timeline: Timeline, console: Console) -> None:

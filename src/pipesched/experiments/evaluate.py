@@ -113,9 +113,17 @@ class LevelResult:
         return self.previous_rank is not None and self.previous_rank != self.rank
 
     def to_dict(self) -> dict:
-        """The flat fields (training work per device is ``training``'s own dict)."""
-        flat = {name: value for name, value in asdict(self).items() if name != "training"}
-        return {**flat, "rank_changed": self.rank_changed}
+        """The flat fields under the JSON keys every command shares (README "JSON output":
+        the unit in the key, ``max_`` for the worst device, ``any_`` for some device); the
+        training work per device is ``training``'s own dict."""
+        flat = {name: value for name, value in asdict(self).items()
+                if name not in ("training", "time_unit", "memory_unit")}
+        seconds = self.time_unit == "s"
+        keys = {"iteration_time": "iteration_time_s" if seconds else "iteration_time_slots",
+                "peak_memory": "max_peak_memory_bytes" if self.memory_unit == "bytes" else "peak_activation_units",
+                "exposed_comm_s": "max_exposed_comm_s", "host_peak_memory": "max_host_peak_memory_bytes",
+                "out_of_memory": "any_out_of_memory"}
+        return {keys.get(name, name): value for name, value in flat.items()} | {"rank_changed": self.rank_changed}
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,25 @@ if TYPE_CHECKING:
 ZERO_STAGES = (0, 1)  # ZeRO stages of the optimizer state a point may take
 
 
+# the names errors give a point's fields: TrainingSettings' and the flags' (--tensor-parallel)
+_FIELD_NAMES = {"tp": "tensor_parallel"}
+
+
+def zero_applies(zero: int, dp: int) -> bool:
+    """Whether ZeRO stage ``zero`` can shard the optimizer state over ``dp`` data-parallel
+    replicas: stage 0 always (nothing is sharded), stage 1 only over two or more."""
+    return zero == 0 or dp > 1
+
+
+def check_zero(zero: int, dp: int) -> None:
+    """Refuse a ZeRO stage the data-parallel size cannot take (see ``zero_applies``)."""
+    require(zero in ZERO_STAGES, "zero", zero,
+            "choose 0 (every data-parallel rank keeps the optimizer state) or 1 (sharded over them)")
+    require(zero_applies(zero, dp), "zero", zero,
+            f"ZeRO-1 shards the optimizer state over data-parallel replicas, and dp={dp}; give --dp 2 or more, "
+            "or zero 0")
+
+
 @dataclass(frozen=True)
 class Point:
     """One experiment (see the module docstring). Every field has the commands' default."""
@@ -47,7 +66,7 @@ class Point:
     p: int = DEFAULTS.p  # pipeline devices
     m: int = DEFAULTS.m  # microbatches per iteration
     v: int | None = None  # chunks per device, for families that take it (None: the family's default)
-    options: tuple[tuple[str, object], ...] = ()  # family options, e.g. (("memory_limit", 6),)
+    options: tuple[tuple[str, object], ...] = ()  # family options, e.g. (("activation_limit", 6),)
     schedule: Schedule | None = None  # a given table (a schedule file) instead of a family
     slot_costs: StageCosts | None = None  # F, I, W of levels 1 and 2 (None: 1, 1, 1 slot)
     # level 3: a model on a cluster ...
@@ -92,16 +111,15 @@ class Point:
             object.__setattr__(self, "m", self.schedule.num_microbatches)
         for name in ("p", "m", "dp", "tp", "micro_batch_size", "seq_len"):
             value = getattr(self, name)
-            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value,
-                    "must be a whole number >= 1")
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, _FIELD_NAMES.get(name, name),
+                    value, "must be a whole number >= 1")
         check_recompute(self.recompute)
         if isinstance(self.frozen_layers, list):
             object.__setattr__(self, "frozen_layers", tuple(self.frozen_layers))
         for name in ("host_bandwidth", "host_memory"):
             value = getattr(self, name)
             require(value is None or value > 0, name, value, "must be > 0 (bytes/s, bytes)")
-        require(self.zero in ZERO_STAGES, "zero", self.zero,
-                "choose 0 (every data-parallel rank keeps the optimizer state) or 1 (sharded over them)")
+        check_zero(self.zero, self.dp)
         if self.stage_costs is not None:
             require(self.zero == 0, "zero", self.zero,
                     "a stage-cost file does not say which of its static bytes are optimizer state; give a model "

@@ -27,23 +27,41 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pipesched.costs import StageCosts
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import PipeschedError, require, shorten, suggest
 from pipesched.indices import format_indices
 from pipesched.limits import check_rate
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
+from pipesched.model.stages import METHODS
 from pipesched.model.transformer import hardware_flops_per_iteration, model_flops_per_iteration
 from pipesched.partition import format_layout
+from pipesched.partition.layout import LETTERS, parse_layout
 from pipesched.schedule import Placement, Schedule
 from pipesched.simulate.network import DataParallel, Network
 
-PARTITION_METHODS = ("uniform", "balanced", "memory")
+PARTITION_METHODS = METHODS  # a partitioner's method, or a Megatron layout string
+_WORD = re.compile(r"[A-Za-z_-]+")
+
+
+def check_partition(partition: str, layer_kinds: str | None = None) -> None:
+    """``partition`` is a partition method or a Megatron layout string (read against the
+    model's ``layer_kinds`` when given, naming the problem of a bad one); a word that is no
+    layout (letters other than the layout's) is an unknown method, and the closest is named."""
+    if partition in PARTITION_METHODS:
+        return
+    if _WORD.fullmatch(partition) and not set(partition) <= set(LETTERS):
+        raise PipeschedError(f"partition={shorten(partition)!r}: unknown partition method"
+                             f"{suggest(partition, PARTITION_METHODS)}; choose {', '.join(PARTITION_METHODS)}, or a "
+                             "Megatron layout string like 'Et*9|(t*10|)*6,t*10L'")
+    if layer_kinds is not None:
+        parse_layout(partition, layer_kinds)
 
 
 def describe_model_setup(model: str, cluster: str, settings: TrainingSettings, *, measured: bool,
@@ -147,10 +165,7 @@ class SimulationSetup:
         ``host_bandwidth`` / ``host_memory`` replace every device's host link; with
         ``data_parallel`` > 1 the pipeline is one of that many replicas."""
         check_links(latency, bandwidth)
-        if partition not in PARTITION_METHODS:
-            from pipesched.partition import parse_layout
-
-            parse_layout(partition, model.layer_kinds)  # a bad layout string fails here, naming the problem
+        check_partition(partition, model.layer_kinds)
         return cls(
             description=description or f"{model.name} on {cluster.name}",
             model=model,

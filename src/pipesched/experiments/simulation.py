@@ -64,12 +64,14 @@ class Simulation:
             "mfu": metrics.mfu,
             "hfu": metrics.hfu,
             "peak_memory_bytes": list(metrics.peak_memory),
+            "max_peak_memory_bytes": max(metrics.peak_memory),
             "memory_capacity_bytes": list(timeline.memory.capacity) if timeline.memory.capacity else None,
             "host_peak_memory_bytes": list(training.host_peak_bytes),
             "host_memory_capacity_bytes": (list(timeline.host_memory.capacity)
                                            if timeline.host_memory is not None and timeline.host_memory.capacity
                                            else None),
             "out_of_memory": list(metrics.out_of_memory),
+            "any_out_of_memory": any(metrics.out_of_memory),
             "exposed_comm_s": list(metrics.exposed_comm),
             "hidden_comm_s": list(metrics.hidden_comm),
             "critical_path": {

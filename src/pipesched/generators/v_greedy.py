@@ -275,7 +275,7 @@ class _Pass:
         return max(dev.free_at for dev in self.devices)
 
 
-def v_greedy(p: int, m: int, costs: StageCosts, memory_limit: int) -> list[list[Op]] | None:
+def v_greedy(p: int, m: int, costs: StageCosts, activation_limit: int) -> list[list[Op]] | None:
     """Per-device op orders of the best schedule the heuristic finds; None when every
     policy gets stuck."""
     best: tuple[float, float, list[list[Op]]] | None = None
@@ -285,7 +285,7 @@ def v_greedy(p: int, m: int, costs: StageCosts, memory_limit: int) -> list[list[
             previous_bubble = None
             # re-run with the bubbles just found as allowances while the worst bubble shrinks
             while True:
-                attempt = _Pass(p, m, costs, memory_limit, fill_f=fill_f, fill_i=fill_i, allowance=allowance)
+                attempt = _Pass(p, m, costs, activation_limit, fill_f=fill_f, fill_i=fill_i, allowance=allowance)
                 try:
                     tables = attempt.run()
                 except Infeasible:

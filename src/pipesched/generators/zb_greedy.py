@@ -4,7 +4,7 @@ ICLR 2024, section 3.1), as a pure function.
 It lays the table microbatch by microbatch while tracking when each op would end, with
 per-stage F, I, W costs, a link latency between neighbouring stages, and the paper's memory
 accounting: a stage-microbatch holds M_B from its F until its I, and M_W (what W still needs)
-from its I until its W; a device may hold at most ``memory_limit`` (in units of M_B).
+from its I until its W; a device may hold at most ``activation_limit`` (in units of M_B).
 
 - microbatch 0: every device runs F0; then, from the last device back, a device adds warm-up
   forwards while they end before the first input gradient can arrive and memory allows
@@ -118,7 +118,7 @@ class _Pass:
         while dev.held + self._delta[kind] > self.memory.limit:
             if not self.owes_w(device):
                 raise PipeschedError(
-                    f"memory_limit={self.memory.limit:g}: too small for the next {kind.value} on "
+                    f"activation_limit={self.memory.limit:g}: too small for the next {kind.value} on "
                     f"device {device}; give at least 1 (one microbatch's M_B)"
                 )
             self.put(device, W)

@@ -15,10 +15,10 @@ from pipesched.schedule import Schedule
 
 
 def zb_h1(p: int, m: int, *, costs: StageCosts | None = None,
-          memory_limit: int | None = None) -> Schedule:
+          activation_limit: int | None = None) -> Schedule:
     """Device d: p-d warm-up forwards, then I / (W) / F, holding at most p microbatches.
 
-    With ``costs`` (per-stage F/I/W) or ``memory_limit`` (in-flight stage-microbatches per
+    With ``costs`` (per-stage F/I/W) or ``activation_limit`` (in-flight stage-microbatches per
     device, default p) the zero-bubble heuristic builds the table instead.
 
     >>> [str(op) for op in zb_h1(2, 3).device_ops[1]]
@@ -26,15 +26,15 @@ def zb_h1(p: int, m: int, *, costs: StageCosts | None = None,
     """
     return one_stage_schedule(
         "zb-h1", p, m, warmup=[p - d for d in range(p)], delay=list(range(p)), default_limit=p,
-        costs=costs, memory_limit=memory_limit
+        costs=costs, activation_limit=activation_limit
     )
 
 
 FAMILY = Family(
     name="zb-h1",
     summary="zero bubble, 1F1B memory: split backward, W deferred into the drain",
-    constraints="p >= 2, m >= 1; memory_limit >= 1",
+    constraints="p >= 2, m >= 1; activation_limit >= 1",
     build=lambda p, m, *, v=None, **options: zb_h1(p, m, **options),
     formula=zb_h1_formula,
-    options=("costs", "memory_limit"),
+    options=("costs", "activation_limit"),
 )

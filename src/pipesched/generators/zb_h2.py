@@ -14,10 +14,10 @@ from pipesched.schedule import Schedule
 
 
 def zb_h2(p: int, m: int, *, costs: StageCosts | None = None,
-          memory_limit: int | None = None) -> Schedule:
+          activation_limit: int | None = None) -> Schedule:
     """Device d: 2(p-d)-1 warm-up forwards, then I / (W) / F, holding at most 2p-1.
 
-    With ``costs`` (per-stage F/I/W) or ``memory_limit`` (in-flight stage-microbatches per
+    With ``costs`` (per-stage F/I/W) or ``activation_limit`` (in-flight stage-microbatches per
     device, default 2p-1) the zero-bubble heuristic builds the table instead.
 
     >>> [str(op) for op in zb_h2(2, 3).device_ops[0]]
@@ -26,15 +26,15 @@ def zb_h2(p: int, m: int, *, costs: StageCosts | None = None,
     return one_stage_schedule(
         "zb-h2", p, m, warmup=[2 * (p - d) - 1 for d in range(p)], delay=[2 * d for d in range(p)],
         default_limit=2 * p - 1,
-        costs=costs, memory_limit=memory_limit,
+        costs=costs, activation_limit=activation_limit,
     )
 
 
 FAMILY = Family(
     name="zb-h2",
     summary="zero bubble inside each device's span, with up to 2p-1 microbatches in flight",
-    constraints="p >= 2, m >= 1; memory_limit >= 1",
+    constraints="p >= 2, m >= 1; activation_limit >= 1",
     build=lambda p, m, *, v=None, **options: zb_h2(p, m, **options),
     formula=zb_h2_formula,
-    options=("costs", "memory_limit"),
+    options=("costs", "activation_limit"),
 )

@@ -13,7 +13,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators.base import Family, FormulaEstimate, check_sizes, per_stage_costs
 from pipesched.generators.v_greedy import v_greedy
-from pipesched.generators.zero_bubble import check_memory_limit
+from pipesched.generators.zero_bubble import check_activation_limit
 from pipesched.ops import F, I, Op, OpKind, W
 from pipesched.schedule import Placement, Schedule
 
@@ -68,8 +68,8 @@ def handcrafted_zb_v(p: int, m: int) -> tuple[tuple[Op, ...], ...]:
 
 
 def zb_v(p: int, m: int, *, costs: StageCosts | None = None,
-         memory_limit: int | None = None) -> Schedule:
-    """The handcrafted ZB-V; with ``costs`` (per stage of the 2p) or ``memory_limit``
+         activation_limit: int | None = None) -> Schedule:
+    """The handcrafted ZB-V; with ``costs`` (per stage of the 2p) or ``activation_limit``
     (in-flight stage-microbatches per device, default 2p) the zero-bubble V heuristic
     builds the table instead.
 
@@ -78,21 +78,21 @@ def zb_v(p: int, m: int, *, costs: StageCosts | None = None,
     """
     check_sizes(p, m)
     placement = Placement.vshape(p)
-    if costs is None and memory_limit is None:
+    if costs is None and activation_limit is None:
         return Schedule("zb-v", placement, m, handcrafted_zb_v(p, m), params={"p": p, "m": m})
-    limit = 2 * p if memory_limit is None else memory_limit
+    limit = 2 * p if activation_limit is None else activation_limit
     # device 0 holds both chunks of the first microbatch until its up-chunk backward: the V
     # needs two in flight; below 2p the heuristic trades bubble for memory
-    check_memory_limit(limit, 2, "zb-v")
+    check_activation_limit(limit, 2, "zb-v")
     tables = v_greedy(p, m, per_stage_costs(costs, 2 * p, "zb-v"), limit)
     if tables is None:
         raise PipeschedError(
-            f"memory_limit={limit}: the zb-v heuristic found no schedule for p={p}, m={m}; "
+            f"activation_limit={limit}: the zb-v heuristic found no schedule for p={p}, m={m}; "
             f"raise the limit or use v-half / v-min for less memory"
         )
     return Schedule(
         "zb-v", placement, m, tuple(tuple(ops) for ops in tables),
-        params={"p": p, "m": m, "memory_limit": limit, "heuristic": True},
+        params={"p": p, "m": m, "activation_limit": limit, "heuristic": True},
     )
 
 
@@ -119,9 +119,9 @@ def zb_v_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
 FAMILY = Family(
     name="zb-v",
     summary="zero bubble on a V placement (2 chunks per device) with 1F1B's memory",
-    constraints="p >= 2, m >= 1; memory_limit >= 2",
+    constraints="p >= 2, m >= 1; activation_limit >= 2",
     build=lambda p, m, *, v=None, **options: zb_v(p, m, **options),
     formula=zb_v_formula,
     chunks=2,
-    options=("costs", "memory_limit"),
+    options=("costs", "activation_limit"),
 )

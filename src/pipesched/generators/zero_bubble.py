@@ -18,18 +18,18 @@ from pipesched.ops import F, I, Op, W
 from pipesched.schedule import Placement, Schedule
 
 
-def check_memory_limit(memory_limit: int, smallest: int, family: str) -> None:
+def check_activation_limit(activation_limit: int, smallest: int, family: str) -> None:
     """A memory limit must be a whole number of stage-microbatches the heuristic can use."""
     require(
-        isinstance(memory_limit, int) and not isinstance(memory_limit, bool),
-        "memory_limit",
-        memory_limit,
+        isinstance(activation_limit, int) and not isinstance(activation_limit, bool),
+        "activation_limit",
+        activation_limit,
         "give a whole number of in-flight stage-microbatches per device",
     )
     require(
-        memory_limit >= smallest,
-        "memory_limit",
-        memory_limit,
+        activation_limit >= smallest,
+        "activation_limit",
+        activation_limit,
         f"too small for {family} to make progress; the smallest that works here is {smallest}",
     )
 
@@ -67,22 +67,22 @@ def one_stage_schedule(
     delay: list[int],
     default_limit: int,
     costs: StageCosts | None,
-    memory_limit: int | None,
+    activation_limit: int | None,
 ) -> Schedule:
     """ZB-H1 / ZB-H2: the handcrafted table, or the heuristic when costs or a memory limit
     are given (the handcrafted tables assume F = I = W and their own memory)."""
     check_sizes(p, m)
-    if costs is None and memory_limit is None:
+    if costs is None and activation_limit is None:
         tables = handcrafted_tables(p, m, warmup=warmup, delay=delay)
         params: dict[str, object] = {"p": p, "m": m}
     else:
-        limit = default_limit if memory_limit is None else memory_limit
+        limit = default_limit if activation_limit is None else activation_limit
         # one in flight always works: F, I, W of a microbatch before the next F
-        check_memory_limit(limit, 1, name)
+        check_activation_limit(limit, 1, name)
         # memory in stage-microbatches: F takes one, W gives it back (M_W = M_B)
         memory = Memory(limit=limit, m_w=1.0)
         tables = tuple(tuple(ops) for ops in zb_greedy(m, per_stage_costs(costs, p, name), memory))
-        params = {"p": p, "m": m, "memory_limit": limit, "heuristic": True}
+        params = {"p": p, "m": m, "activation_limit": limit, "heuristic": True}
     return Schedule(name, Placement.one_per_device(p), m, tables, params=params)
 
 
@@ -108,7 +108,7 @@ def automatic_schedule(
     default_limit: int,
     costs: StageCosts | None,
     latency: object,
-    memory_limit: object | None,
+    activation_limit: object | None,
     m_w: object | None,
 ) -> Schedule:
     """ZB-1p / ZB-2p: the paper's heuristic on the stage costs, the link latency and a memory
@@ -117,15 +117,15 @@ def automatic_schedule(
     check_sizes(p, m)
     per_stage = per_stage_costs(costs, p, name)
     delay = float(check_family_option("latency", latency))  # type: ignore[arg-type]
-    limit = default_limit if memory_limit is None else _number(
-        check_family_option("memory_limit", memory_limit), "memory_limit", 1.0, math.inf,
+    limit = default_limit if activation_limit is None else _number(
+        check_family_option("activation_limit", activation_limit), "activation_limit", 1.0, math.inf,
         "give the activation memory per device in units of M_B (one microbatch's F), at least 1")
     # without costs: W keeps half a microbatch's activations (StageCosts' default input_frees)
     frees = costs.input_frees if costs is not None else DEFAULT_INPUT_FREES
     weight_share = 1.0 - frees if m_w is None else float(check_family_option("m_w", m_w))  # type: ignore[arg-type]
     memory = Memory(limit=float(limit), m_w=weight_share)
     tables = tuple(tuple(ops) for ops in zb_greedy(m, per_stage, memory, latency=delay))
-    params = {"p": p, "m": m, "memory_limit": limit, "m_w": weight_share, "latency": delay}
+    params = {"p": p, "m": m, "activation_limit": limit, "m_w": weight_share, "latency": delay}
     return Schedule(name, Placement.one_per_device(p), m, tables, params=params)
 
 

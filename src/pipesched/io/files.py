@@ -125,6 +125,14 @@ def _umask() -> int:
     return current
 
 
+def names_a_path(text: str, presets: Iterable[str] = ()) -> bool:
+    """Whether an input naming a preset or a file names something on disk: a file, or a
+    directory that is no preset's name (read_text refuses it as a directory, rather than
+    calling it an unknown preset)."""
+    path = Path(text)
+    return path.is_file() or (path.is_dir() and text not in presets)
+
+
 def read_text(path: str | os.PathLike[str], field: str = "file") -> str:
     """Read a UTF-8 text input file of at most MAX_INPUT_BYTES, with a one-line error when
     that is impossible (a device or pipe is read only up to the limit too)."""

@@ -44,7 +44,7 @@ from importlib import resources
 from pathlib import Path
 
 from pipesched.errors import PipeschedError, invalid, require, shorten, suggest
-from pipesched.io.files import read_text
+from pipesched.io.files import names_a_path, read_text
 from pipesched.io.yaml_text import load_yaml
 from pipesched.limits import MAX_CLUSTER_RANKS, check_count, check_name, check_rate
 from pipesched.model.devices import load_device
@@ -85,7 +85,7 @@ def load_cluster(name_or_path: str) -> Cluster:
     32
     """
     path = Path(name_or_path)
-    if name_or_path.endswith((".yaml", ".yml")) or path.is_file():
+    if name_or_path.endswith((".yaml", ".yml")) or names_a_path(name_or_path, cluster_presets()):
         return parse_cluster(read_text(path, "cluster"), source=str(path))
     if name_or_path in cluster_presets():
         text = (_preset_dir() / f"{name_or_path}.yaml").read_text(encoding="utf-8")

@@ -43,7 +43,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from pipesched.errors import PipeschedError, invalid, require, shorten
-from pipesched.io.files import read_text
+from pipesched.io.files import names_a_path, read_text
 from pipesched.io.json_text import load_json
 from pipesched.io.yaml_text import load_yaml
 from pipesched.limits import (
@@ -55,7 +55,7 @@ from pipesched.limits import (
     parse_float,
 )
 from pipesched.model.devices import load_device
-from pipesched.model.presets import model_preset
+from pipesched.model.presets import MODELS, model_preset
 from pipesched.model.spec import EMBEDDING, LOSS, TRANSFORMER, LayerCost, ModelSpec
 
 # The measured-layer columns, in file order (the profiler writes exactly these).
@@ -76,14 +76,17 @@ _LEARNED_POSITIONS = {"gpt2", "gpt_bigcode", "opt", "gpt_neo", "gptj"}
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A model preset by name, or a config.json / YAML / CSV file.
+    """A model preset by name, or a config.json / YAML / CSV file (or a folder holding a
+    config.json).
 
     >>> load_model("tiny").num_layers
     8
     """
     path = Path(name_or_path)
+    if path.is_dir() and (path / "config.json").is_file() and name_or_path not in MODELS:
+        path = path / "config.json"  # a Hugging Face model folder
     suffix = path.suffix.lower()
-    if suffix in (".json", ".yaml", ".yml", ".csv") or path.is_file():
+    if suffix in (".json", ".yaml", ".yml", ".csv") or names_a_path(str(path), MODELS):
         text = read_text(path, "model")
         if suffix == ".csv":
             return parse_layer_csv(text, name=path.stem)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.limits import (
     MAX_CLUSTER_RANKS,
@@ -213,12 +214,13 @@ class TrainingSettings:
     = 18 bytes per parameter (Megatron without a distributed optimizer; with it,
     ``optimizer_shards`` = d splits the 12 bytes over the data-parallel ranks)."""
 
-    micro_batch_size: int = 1  # b, sequences per microbatch
-    seq_len: int = 2048  # s, tokens per sequence
-    dtype: str = "bf16"  # activation and matmul dtype: bf16, fp16 or fp32 (fp32 matmuls at half the 16-bit peak)
-    recompute: str = "none"  # none | selective (attention core) | full (whole layer, keeps its input); per stage: see pipesched.model.recompute
-    tensor_parallel: int = 1  # t, ranks that split every layer (Megatron tensor parallelism)
-    sequence_parallel: bool = False  # also split norms/dropouts along the sequence (Korthikanti)
+    # the commands' defaults (pipesched.defaults), tensor parallelism included
+    micro_batch_size: int = DEFAULTS.micro_batch_size  # b, sequences per microbatch
+    seq_len: int = DEFAULTS.seq_len  # s, tokens per sequence
+    dtype: str = DEFAULTS.dtype  # activation and matmul dtype: bf16, fp16 or fp32 (fp32 matmuls at half the 16-bit peak)
+    recompute: str = DEFAULTS.recompute  # none | selective (attention core) | full (whole layer, keeps its input); per stage: see pipesched.model.recompute
+    tensor_parallel: int = DEFAULTS.tensor_parallel  # t, ranks that split every layer (Megatron tensor parallelism)
+    sequence_parallel: bool = DEFAULTS.sequence_parallel  # also split norms/dropouts along the sequence (Korthikanti)
     weight_bytes: float = WEIGHT_BYTES_PER_PARAM  # bytes per parameter for the working weights
     grad_bytes: float = GRAD_BYTES_PER_PARAM  # bytes per parameter for the gradient (what data parallel all-reduces)
     optimizer_bytes: float = OPTIMIZER_BYTES_PER_PARAM  # bytes per parameter for optimizer state (fp32 master + Adam m, v)

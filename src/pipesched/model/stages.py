@@ -89,21 +89,35 @@ def pipeline_ranks(placement: Placement, cluster: Cluster, tensor_parallel: int,
     ranks at stride p t (``data_parallel_groups``).
     """
     needed = data_parallel * placement.num_devices * tensor_parallel
-    if data_parallel == 1:
-        require(cluster.num_devices >= needed, "cluster", cluster.name,
-                f"has {cluster.num_devices} devices; the pipeline needs {placement.num_devices} x "
-                f"tensor_parallel {tensor_parallel} = {needed}")
-    else:
-        require(cluster.num_devices >= needed, "cluster", cluster.name,
-                f"has {cluster.num_devices} devices; {data_parallel} data-parallel pipelines need {data_parallel} x "
-                f"{placement.num_devices} x tensor_parallel {tensor_parallel} = {needed}; use a bigger cluster or "
-                "lower dp, p or t")
+    replicas = f"{data_parallel} data-parallel pipelines need {data_parallel} x " if data_parallel > 1 else \
+        "the pipeline needs "
+    require(cluster.num_devices >= needed, "cluster", cluster.name,
+            f"has {cluster.num_devices} devices; {replicas}{placement.num_devices} x tensor_parallel "
+            f"{tensor_parallel} = {needed}; {fitting_sizes(cluster, placement.num_devices, tensor_parallel, data_parallel)}")
     for first in range(0, needed, tensor_parallel):
         group = range(first, first + tensor_parallel)
         require(all(cluster.node_of[r] == cluster.node_of[first] for r in group), "tensor_parallel",
                 tensor_parallel, f"group of pipeline rank {first // tensor_parallel % placement.num_devices} spans "
                 "two nodes; use a degree that divides the node size")
     return tuple(device * tensor_parallel for device in range(placement.num_devices))
+
+
+def fitting_sizes(cluster: Cluster, p: int, tensor_parallel: int, data_parallel: int = 1) -> str:
+    """What to give instead of a pipeline that needs more devices than ``cluster`` has: the
+    largest pipeline (-p) at this tensor-parallel degree, and the largest degree (-t, one
+    that divides the node size) at this pipeline size, each with ``data_parallel`` replicas."""
+    node_size = cluster.node_of.count(cluster.node_of[0])
+    replicas = f" --dp {data_parallel}" if data_parallel > 1 else ""
+    fits = []
+    largest_p = cluster.num_devices // (data_parallel * tensor_parallel)
+    if largest_p >= 1:
+        fits.append(f"-p {largest_p} -t {tensor_parallel}{replicas}")
+    degrees = [t for t in range(1, node_size + 1) if node_size % t == 0 and data_parallel * p * t <= cluster.num_devices]
+    if degrees:
+        fits.append(f"-p {p} -t {degrees[-1]}{replicas}")
+    if not fits:
+        return "use a bigger cluster or lower dp"
+    return "give " + " or ".join(fits)
 
 
 def data_parallel_groups(placement: Placement, cluster: Cluster, tensor_parallel: int,
@@ -294,7 +308,7 @@ def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, 
 
     >>> from pipesched.model import load_cluster, load_model
     >>> costs = build_stage_costs(load_model("llama3-8b"), Placement.one_per_device(4),
-    ...                           load_cluster("1x8-h100"), TrainingSettings(seq_len=4096))
+    ...                           load_cluster("1x8-h100"), TrainingSettings(tensor_parallel=2))
     >>> costs.num_stages
     4
     """

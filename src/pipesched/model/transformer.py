@@ -479,7 +479,7 @@ def layer_params(model: ModelSpec) -> list[float]:
     >>> round(sum(layer_params(load_model("llama3-8b"))) / 1e9, 2)
     8.03
     """
-    return [layer.params for layer in layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=1))]
+    return [layer.params for layer in layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=1, tensor_parallel=1))]
 
 
 def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:

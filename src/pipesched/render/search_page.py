@@ -76,7 +76,7 @@ def _label(row: StoredRow) -> str:
 def _table_row(row: StoredRow) -> dict:
     values = json_row(row)
     values["peak_memory_gib"] = round(row.peak_memory_bytes / GiB, 2)
-    del values["peak_memory_bytes"], values["fits"]
+    del values["max_peak_memory_bytes"], values["fits"]
     return values
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import (
     MAX_MICRO_BATCH_SIZE,
@@ -50,14 +51,14 @@ PROFILE_WARMUP = 3  # untimed repeats before the profile phase's timed ones
 class RunOptions:
     """How schedules are run for real."""
 
-    micro_batch_size: int = 2  # b, sequences per microbatch
-    seq_len: int = 64  # s, tokens per sequence
-    dtype: str = "float32"  # runtime dtype: float32, float64 or bfloat16
+    micro_batch_size: int = DEFAULTS.run_micro_batch_size  # b, sequences per microbatch
+    seq_len: int = DEFAULTS.run_seq_len  # s, tokens per sequence
+    dtype: str = DEFAULTS.run_dtype  # runtime dtype: float32, float64 or bfloat16
     backend: str = "gloo"  # gloo (CPU ranks) or nccl (one GPU per rank)
-    steps: int = 5  # measured steps
-    warmup: int = 2  # steps run first and not measured
+    steps: int = DEFAULTS.run_steps  # measured steps
+    warmup: int = DEFAULTS.run_warmup  # steps run first and not measured
     seed: int = 0  # weights and data
-    timeout_s: float = 300.0  # the whole launch, seconds; then every rank is killed
+    timeout_s: float = DEFAULTS.run_timeout  # the whole launch, seconds; then every rank is killed
     threads: int = 1  # torch threads per rank
     pin_cpus: bool = True  # pin rank r to core r when the machine has a core per rank
     collect_grads: bool = False  # return the gradients of the last step (tests)

@@ -37,7 +37,7 @@ class Baseline:
 
     @property
     def label(self) -> str:
-        """``zb-h1`` or ``zb-h1 (memory_limit=4, costs, stage checkpoints 0-7)``."""
+        """``zb-h1`` or ``zb-h1 (activation_limit=4, costs, stage checkpoints 0-7)``."""
         shown = [f"{k}={v}" if k != "costs" else k for k, v in self.options.items()]
         if self.evaluation.plan.recompute:
             shown.append(f"stage checkpoints {_stages(self.evaluation.plan.recompute)}")
@@ -74,8 +74,8 @@ def candidates(problem: SynthesisProblem) -> list[tuple[str, dict[str, object], 
         if family.asynchronous:
             continue  # no flushed iteration to compare with
         variants: list[dict[str, object]] = [{}]
-        if "costs" in family.options and "memory_limit" in family.options:
-            variants.append({"costs": problem.costs, **({"memory_limit": limit} if limit is not None else {})})
+        if "costs" in family.options and "activation_limit" in family.options:
+            variants.append({"costs": problem.costs, **({"activation_limit": limit} if limit is not None else {})})
         for options in variants:
             try:
                 schedule = generate(name, p, m, **options)

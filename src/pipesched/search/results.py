@@ -17,13 +17,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from pipesched.defaults import DEFAULTS
 from pipesched.experiments.point import Point
 from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
 
 # the columns of ``--json`` rows, in order (CSV adds the rest of StoredRow)
 JSON_COLUMNS = ("schedule", "dp", "tp", "pp", "v", "micro_batch_size", "m", "recompute", "partition", "zero",
-                "iteration_time_s", "throughput_tokens_per_s", "mfu", "hfu", "peak_memory_bytes",
-                "fits")
+                "iteration_time_s", "throughput_tokens_per_s", "mfu", "hfu", "peak_memory_bytes", "fits")
+# the JSON keys of StoredRow fields whose own name means something else in the other
+# commands' JSON (README "JSON output"): the worst device's peak
+JSON_KEYS = {"peak_memory_bytes": "max_peak_memory_bytes"}
 
 
 def ranked(rows: Sequence[StoredRow]) -> list[StoredRow]:
@@ -63,7 +66,7 @@ def json_row(row: StoredRow) -> dict:
     """A row as ``--json`` prints it."""
     values = asdict(row)
     values["fits"] = row.status == EVALUATED
-    return {name: values[name] for name in JSON_COLUMNS}
+    return {JSON_KEYS.get(name, name): values[name] for name in JSON_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -117,11 +120,11 @@ class SearchResult:
             "best": json_row(self.best) if self.best is not None else None,
             "rows": [json_row(r) for r in shown],
             "points": len(self.rows),
-            "evaluated": self.count(EVALUATED),
-            "out_of_memory": self.count(OUT_OF_MEMORY),
-            "pruned": self.count(PRUNED),
-            "invalid": self.count(INVALID),
-            "unfinished": self.count(BOUNDED),
+            "evaluated_points": self.count(EVALUATED),
+            "out_of_memory_points": self.count(OUT_OF_MEMORY),
+            "pruned_points": self.count(PRUNED),
+            "invalid_points": self.count(INVALID),
+            "unfinished_points": self.count(BOUNDED),
             "seconds": self.seconds,
             "pareto_front": [json_row(r) for r in self.front],
             "space": self.space,
@@ -147,7 +150,9 @@ def row_point(space: dict, row: StoredRow) -> Point:
     """The experiment point of a stored row of a search of ``space``."""
     return Point(row.schedule, p=row.pp, m=row.m, v=row.v, model=space["model"], cluster=space["cluster"],
                  dp=row.dp, tp=row.tp, micro_batch_size=row.micro_batch_size, seq_len=space["seq_len"],
-                 recompute=row.recompute, partition=row.partition, zero=row.zero)
+                 recompute=row.recompute, partition=row.partition, zero=row.zero,
+                 dtype=space.get("dtype", DEFAULTS.dtype),
+                 sequence_parallel=space.get("sequence_parallel", DEFAULTS.sequence_parallel))
 
 
 def simulate_command(space: dict, row: StoredRow) -> str:
@@ -155,4 +160,13 @@ def simulate_command(space: dict, row: StoredRow) -> str:
     chunks = f" -v {row.v}" if row.v is not None else ""
     return (f"pipesched simulate {row.schedule} -p {row.pp} -m {row.m}{chunks} --model {shlex.quote(space['model'])} "
             f"--cluster {shlex.quote(space['cluster'])} -t {row.tp} --dp {row.dp} --zero {row.zero} -b {row.micro_batch_size} "
-            f"-s {space['seq_len']} --recompute {row.recompute} --partition {row.partition}")
+            f"-s {space['seq_len']} --recompute {row.recompute} --partition {row.partition}{_training(space)}")
+
+
+def _training(space: dict) -> str:
+    """The dtype and sequence-parallel flags of a search that did not take the defaults."""
+    dtype = space.get("dtype", DEFAULTS.dtype)
+    sequence_parallel = space.get("sequence_parallel", DEFAULTS.sequence_parallel)
+    return ((f" --dtype {dtype}" if dtype != DEFAULTS.dtype else "")
+            + ("" if sequence_parallel == DEFAULTS.sequence_parallel else
+               " --sequence-parallel" if sequence_parallel else " --no-sequence-parallel"))

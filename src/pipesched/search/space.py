@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass
 
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.point import ZERO_STAGES, Point
+from pipesched.experiments.point import ZERO_STAGES, Point, zero_applies
 from pipesched.experiments.setup import PARTITION_METHODS
 from pipesched.limits import MAX_SEARCH_POINTS
-from pipesched.model.spec import RECOMPUTE_MODES, TrainingSettings
+from pipesched.model.spec import DTYPE_BYTES, RECOMPUTE_MODES, TrainingSettings
 
 GiB = 2.0**30
 # the largest global batch a search takes (sequences per iteration)
@@ -52,6 +52,8 @@ class SearchSpace:
     cluster: str = DEFAULTS.cluster
     global_batch: int = DEFAULTS.global_batch  # G, sequences per iteration
     seq_len: int = DEFAULTS.seq_len  # tokens per sequence
+    dtype: str = DEFAULTS.dtype  # training dtype of the analytical costs
+    sequence_parallel: bool = DEFAULTS.sequence_parallel  # norms and dropouts split over the tensor-parallel group
     gpus: int | None = None  # devices used, the cluster's first (None: all)
     schedules: tuple[str, ...] = ()  # families (empty: every synchronous one)
     chunks: tuple[int, ...] = (2, 4)  # v for the families that take it
@@ -90,6 +92,9 @@ class SearchSpace:
             require(value in RECOMPUTE_MODES, "recompute", value, f"choose from {', '.join(RECOMPUTE_MODES)}")
         for value in self.zero:
             require(value in ZERO_STAGES, "zero", value, "choose from 0, 1")
+        require(self.dtype in DTYPE_BYTES, "dtype", self.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
+        require(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel,
+                "must be true or false")
         for name in ("partitions", "recompute", "zero"):
             values = tuple(dict.fromkeys(getattr(self, name)))
             require(len(values) >= 1, name, "''", "give at least one value")
@@ -154,7 +159,7 @@ class SearchSpace:
 
         variants = sum(len(self.chunks) if get_family(family).takes_v else 1 for family in self.schedules)
         options = len(self.partitions) * len(self.recompute) * variants
-        size = sum(options * sum(1 for zero in self.zero if not zero or layout.dp > 1)
+        size = sum(options * sum(1 for zero in self.zero if zero_applies(zero, layout.dp))
                    * sum(1 for b in self.micro_batch_sizes or _divisors(self.global_batch // layout.dp)
                          if (self.global_batch // layout.dp) % b == 0)
                    for layout in self.layouts())
@@ -169,7 +174,7 @@ class SearchSpace:
                     continue
                 for recompute in self.recompute:
                     for zero in self.zero:
-                        if zero and layout.dp == 1:
+                        if not zero_applies(zero, layout.dp):
                             continue
                         for partition in self.partitions:
                             for family in self.schedules:
@@ -178,7 +183,8 @@ class SearchSpace:
                                     points.append(Point(
                                         family, p=layout.pp, m=per_replica // b, v=v, model=self.model,
                                         cluster=self.cluster, dp=layout.dp, tp=layout.tp, micro_batch_size=b,
-                                        seq_len=self.seq_len, recompute=recompute, partition=partition, zero=zero))
+                                        seq_len=self.seq_len, recompute=recompute, partition=partition, zero=zero,
+                                        dtype=self.dtype, sequence_parallel=self.sequence_parallel))
         # runs of one pipeline size and microbatch count: a worker builds each schedule once
         return sorted(points, key=lambda point: (point.p, point.m))
 
@@ -194,7 +200,7 @@ class SearchSpace:
         params = sum(layer.params for layer in layer_costs(model, cluster.devices[0], settings))
         capacity = min(cluster.devices[r].memory_bytes for r in range(devices))
         need = min(params / (layout.tp * layout.pp) * TrainingSettings(
-            optimizer_shards=layout.dp if max(self.zero) and layout.dp > 1 else 1).static_bytes_per_param
+            optimizer_shards=layout.dp if max(self.zero) else 1).static_bytes_per_param
                    for layout in self.layouts())
         if need > capacity:
             raise PipeschedError(
