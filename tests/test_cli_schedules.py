@@ -96,7 +96,7 @@ def test_show_and_compare_name_their_slot_units_and_agree_on_them(cli) -> None:
     compared = json.loads(cli("compare", "--schedules", "zb-v", "-p", "4", "-m", "8", "--levels", "table",
                               "--json").out)
     record = compared["records"][0]
-    assert record["iteration_time"] == chunk_slots / 2 and record["peak_memory"] == 4.0
-    assert record["memory_unit"] == "1F1B-stage activations"
+    # the key names the unit: slots and activations of a 1F1B stage
+    assert record["iteration_time_slots"] == chunk_slots / 2 and record["peak_activation_units"] == 4.0
     printed = cli("compare", "--schedules", "zb-v", "-p", "4", "-m", "8", "--levels", "table").out
     assert "slots: time of a 1F1B stage op" in printed

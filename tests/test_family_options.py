@@ -87,7 +87,7 @@ def test_compare_takes_the_options_of_families_with_dashes_in_their_names(cli):
                        "--set", setting)
         assert compared.code == 0, compared.err
         [row] = json.loads(compared.out)["records"]
-        assert row["iteration_time"] == slot_makespan
+        assert row["iteration_time_slots"] == slot_makespan
 
 
 # The largest table each family may generate along each axis the readers bound: the most
@@ -128,4 +128,4 @@ def test_slot_costs_reach_compare_as_they_reach_show(cli, name):
                    "--set", "costs=1,2,1")
     assert compared.code == 0, compared.err
     [row] = json.loads(compared.out)["records"]
-    assert row["iteration_time"] == formula_makespan
+    assert row["iteration_time_slots"] == formula_makespan

@@ -126,7 +126,7 @@ def test_profile_command_writes_stage_costs(cli, tmp_path):
     result = cli("profile", "--model", "tiny", "-s", "16", "--repeats", "2", "--warmup", "1", "--no-link",
                  "-p", "2", "-v", "2", "-o", str(target))
     assert result.code == 0, result.err
-    assert "(3|2|2|3)" in result.out and "per-op overhead of the ours runtime" in result.out
+    assert "(3|2|2|3)" in result.err and "per-op overhead of the ours runtime" in result.out  # "wrote" lines on stderr
     costs = parse_stage_costs(target.read_text(), num_stages=4)
     assert costs.backward is not None and all(f > 0 for f in costs.forward)
     # every repeat is kept beside the costs, counted as they are (the per-op overhead included)

@@ -164,6 +164,6 @@ def test_the_synthesis_baseline_plans_under_a_roomy_cap_within_the_option_bounds
     costs = StageCosts.uniform(p, activation_bytes=1.0, output_bytes=1.0)
     problem = SynthesisProblem(costs, Network.uniform(p, latency=0.0, bandwidth=1e9), m, memory_limit=(8e10,) * p)
     assert in_flight_allowed(problem) == m  # a stage holds at most its m microbatches
-    planned = [(name, options) for name, options, _ in candidates(problem) if "memory_limit" in options]
+    planned = [(name, options) for name, options, _ in candidates(problem) if "activation_limit" in options]
     assert {name for name, _ in planned} >= {"zb-h1", "zb-1p"}
-    assert all(options["memory_limit"] == m for _, options in planned)
+    assert all(options["activation_limit"] == m for _, options in planned)

@@ -102,7 +102,8 @@ def table_metrics(schedule: Schedule, costs: StageCosts | None = None, *,
         idle_per_device=tuple(float(x) for x in idle),
         peak_inflight=tuple(peaks),
         # half-size microbatches (Chimera's backward halving) hold half the activations each
-        activation_units=max(peaks) * one_f_one_b_units(schedule) * schedule.microbatch_fraction,
+        # x one_f_one_b_units (p / S), multiplied before dividing as the closed forms count it
+        activation_units=max(peaks) * schedule.num_devices / schedule.num_stages * schedule.microbatch_fraction,
     )
 
 
