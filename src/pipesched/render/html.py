@@ -321,7 +321,7 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
         "idle": np.round(timeline.idle_per_device() * scale.factor, digits).tolist(),
         # iterations back to back: when each ended; the view opens on one steady iteration
         "iterationEnd": ends,
-        "home": [ends[0], ends[1]] if len(ends) >= 3 else [0, round(span, digits)],
+        "home": _steady_window(ends, span, digits),
         "critical": {"ops": path.row[~path.is_transfer].tolist(), "transfers": path.row[path.is_transfer].tolist()},
         # idle gaps of the compute streams and the time of each BUBBLE_PARTS part in them
         "gaps": {
@@ -391,6 +391,20 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
                 "capacity": None if host.capacity is None else [round(c / divisor, 4) for c in host.capacity],
             }
     return data
+
+
+# of a steady state's window, the margin shown on each side of one steady iteration
+STEADY_MARGIN = 0.03
+
+
+def _steady_window(ends: Sequence[float], span: float, digits: int) -> list[float]:
+    """The time range a panel opens on: the whole timeline, or of iterations back to back the
+    second one (the first steady iteration: the first pays the fill ramp), with a margin that
+    shows the dashed iteration ends at its sides."""
+    if len(ends) < 3:
+        return [0.0, round(span, digits)]
+    margin = STEADY_MARGIN * (ends[1] - ends[0])
+    return [round(max(0.0, ends[0] - margin), digits), round(min(span, ends[1] + margin), digits)]
 
 
 def metrics_table_html(summaries: Sequence[Summary]) -> str:

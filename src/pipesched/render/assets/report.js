@@ -565,7 +565,7 @@
       if (memory.oom[d] && caps) {
         // the part above the capacity, in red
         var above = "mabove-" + index + "-" + d;
-        el("rect", { x: -1e9, width: 2e9, y: 0, height: y(caps[d]) }, el("clipPath", { id: above }, el("defs", {}, svg)));
+        el("rect", { x: -t.makespan, width: 3 * t.makespan, y: 0, height: y(caps[d]) }, el("clipPath", { id: above }, el("defs", {}, svg)));
         el("polyline", { points: points.join(" "), stroke: data.oomColor, "clip-path": "url(#" + above + ")", "class": "over-capacity",
                          "data-over-capacity": d }, scaled);
       }
