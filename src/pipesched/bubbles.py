@@ -66,26 +66,26 @@ def bubble_breakdown(timeline: Timeline) -> BubbleBreakdown:
     head = timeline.op_entry.astype(np.int64) if timeline.op_entry is not None else np.arange(len(timeline))
     begin, finish = timeline.origin, timeline.origin + timeline.makespan
     table = timeline.transfers
-    gaps: list[tuple[int, float, float, int]] = []
+    # (device, start, end, row ending it or -1, is it the device's warm-up or cool-down)
+    gaps: list[tuple[int, float, float, int, bool]] = []
     for device in range(timeline.num_devices):
         rows = timeline.rows_of_device(device)
         # the busy union: a gap opens wherever an op starts after every earlier op ended
         reached = begin
-        for row in rows.tolist():
+        for k, row in enumerate(rows.tolist()):
             start = float(timeline.op_start[row])
             if start > reached:
-                gaps.append((device, reached, start, row))
+                gaps.append((device, reached, start, row, k == 0))
             reached = max(reached, float(timeline.op_end[row]))
         if finish > reached:
-            gaps.append((device, reached, finish, -1))
+            gaps.append((device, reached, finish, -1, True))
     device = np.array([g[0] for g in gaps], np.int64)
     start = np.array([g[1] for g in gaps], np.float64)
     end = np.array([g[2] for g in gaps], np.float64)
     row = np.array([g[3] for g in gaps], np.int64)
     parts = np.zeros((len(gaps), len(BUBBLE_PARTS)))
-    for k, (d, g0, g1, r) in enumerate(gaps):
-        first = r >= 0 and g0 == begin
-        if r < 0 or first:
+    for k, (_, g0, g1, r, edge) in enumerate(gaps):
+        if edge:
             parts[k, WARMUP_COOLDOWN] = g1 - g0
             continue
         r = int(head[r])

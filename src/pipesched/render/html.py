@@ -28,6 +28,7 @@ from importlib import resources
 
 import numpy as np
 
+from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.errors import require
 from pipesched.render.pairing import Comparison, deviations
 from pipesched.render.style import (
@@ -45,11 +46,16 @@ from pipesched.render.style import (
     memory_scale,
     time_scale,
 )
-from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
-from pipesched.render.summary import Summary, bubble_parts_text, op_chunks, report_headline, summarize
-from pipesched.simulate.critical import critical_path
+from pipesched.render.summary import (
+    Summary,
+    bubble_parts_text,
+    op_chunks,
+    report_headline,
+    summarize,
+)
 from pipesched.render.terminal import format_cell
 from pipesched.render.waits import WAIT_NAMES, waited_for
+from pipesched.simulate.critical import critical_path
 from pipesched.timeline import Timeline
 
 # no request may leave the page: everything it needs is inline
