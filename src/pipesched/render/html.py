@@ -416,7 +416,8 @@ def _steady_window(ends: Sequence[float], span: float, digits: int) -> list[floa
 def metrics_table_html(summaries: Sequence[Summary]) -> str:
     """The key metrics, one row per timeline; sortable in the page (``data-value``)."""
     header = ("schedule", "level", "devices", "stages", "microbatches", "ops", "iteration time",
-              "bubble", "bubble / work", "bubble from", "peak memory")
+              "bubble", "bubble / work", "bubble from", "critical path: compute + comm",
+              "comm exposed / hidden (sum of devices)", "peak memory")
     rows = []
     for s in summaries:
         scale = time_scale(s.unit, s.iteration_time)
@@ -427,10 +428,18 @@ def metrics_table_html(summaries: Sequence[Summary]) -> str:
             (s.microbatches, f"{s.microbatches:g}"), (s.ops, s.ops),
             (repr(s.iteration_time), scale.format(s.iteration_time)), (repr(s.bubble_ratio), f"{s.bubble_ratio:.1%}"),
             (repr(s.bubble_over_work), f"{s.bubble_over_work:.1%}"),
-            (repr(max(s.bubble_parts, default=0.0)), bubble_parts_text(s)), memory,
+            (repr(max(s.bubble_parts, default=0.0)), bubble_parts_text(s)),
+            (repr(s.critical_comm), f"{scale.format(s.critical_compute)} + {_format_time(s.unit, s.critical_comm)}"),
+            (repr(s.exposed_comm), f"{_format_time(s.unit, s.exposed_comm)} / {_format_time(s.unit, s.hidden_comm)}"),
+            memory,
         ]
         rows.append(cells)
     return _sortable_table("metrics", header, rows, row_data=[f"timeline-{k}" for k in range(len(summaries))])
+
+
+def _format_time(unit: str, time: float) -> str:
+    """A time in the unit that suits its own size (``2.61 ms`` beside a ``3.9 s`` iteration)."""
+    return time_scale(unit, time).format(time, digits=3)
 
 
 def comparison_table_html(rows: Sequence[Mapping[str, object]], *, row_data: Sequence[str] | None = None) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 
 from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.metrics import bubble_over_work, bubble_ratio, iteration_microbatches
+from pipesched.metrics import summarize as timeline_metrics
 from pipesched.render.style import format_memory, time_scale
 from pipesched.timeline import Timeline
 
@@ -39,6 +40,10 @@ class Summary:
     memory_unit: str | None  # "bytes" or "stage-microbatches"
     out_of_memory: bool  # some device's peak exceeds its capacity
     bubble_parts: tuple[float, ...] = ()  # share of the idle time of each BUBBLE_PARTS part
+    critical_compute: float = 0.0  # time the critical path spends in ops (whole timeline)
+    critical_comm: float = 0.0  # and in transfers
+    exposed_comm: float = 0.0  # communication no compute hides, summed over devices, one iteration
+    hidden_comm: float = 0.0  # communication under compute, summed over devices, one iteration
 
     def headline(self) -> str:
         """One line for a title: ``iteration 33 slots · bubble 27.3% · peak memory 4 ...``
@@ -59,6 +64,7 @@ class Summary:
 
 def summarize(timeline: Timeline) -> Summary:
     memory = timeline.memory
+    figures = timeline_metrics(timeline)
     return Summary(
         name=timeline.schedule.name,
         source=timeline.source,
@@ -77,6 +83,10 @@ def summarize(timeline: Timeline) -> Summary:
         memory_unit=memory.unit if memory is not None else None,
         out_of_memory=bool(memory is not None and any(memory.out_of_memory)),
         bubble_parts=tuple(bubble_breakdown(timeline).shares().values()),
+        critical_compute=figures.critical_path_compute,
+        critical_comm=figures.critical_path_comm,
+        exposed_comm=float(sum(figures.exposed_comm)),
+        hidden_comm=float(sum(figures.hidden_comm)),
     )
 
 
