@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
+from pipesched.costs import StageCosts
 from pipesched.generators import generate
+from pipesched.metrics import offload_exposed
+from pipesched.passes.offload import OffloadPolicy, offload
+from pipesched.simulate import Network, simulate
 from pipesched.slot_table import slot_table
 from render_timelines import simulated
 
@@ -36,3 +42,17 @@ def test_parts_sum_to_idle_time(family: str) -> None:
     table = timeline.transfers
     flying = sum(float(table.end[t] - table.start[t]) for t in range(len(table)))
     assert found.totals[2] <= flying
+
+
+def test_memory_waits_are_the_exposed_reloads() -> None:
+    # 1F1B offloading stages 0 and 1 over a slow host link: backwards wait for their reloads
+    schedule = offload(generate("1f1b", 4, 8), OffloadPolicy(stages=(0, 1)))
+    costs = StageCosts.uniform(4, forward=1.0, backward_input=1.0, backward_weight=1.0, output_bytes=1.0,
+                               activation_bytes=2.0)
+    network = dataclasses.replace(Network.uniform(4, latency=0.05, bandwidth=2.0), host_bandwidth=(0.5,) * 4,
+                                  host_latency=(0.0,) * 4)
+    timeline = simulate(schedule, costs, network)
+    found = bubble_breakdown(timeline)
+    assert found.totals[3] > 0
+    assert found.totals[3] == pytest.approx(float(offload_exposed(timeline).sum()))
+    assert found.idle == pytest.approx(float(timeline.idle_per_device().sum()))

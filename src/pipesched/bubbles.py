@@ -8,8 +8,9 @@ that ends it and the cause of that op's start (``pipesched.render.waits``):
 - warm-up and cool-down: before the device's first op, after its last one;
 - exposed communication: the part of a gap during which the transfer that carries the
   op's input (activation or gradient from another device) is in flight;
-- memory waits: a gap ended by an op that waited for its activations to be reloaded from
-  host memory (an ``R`` op);
+- memory waits: in a gap ended by an op that waited for its activations to be reloaded
+  from host memory (an ``R`` op), the part after its other input was there (the time
+  ``metrics.offload_exposed`` counts);
 - dependency stalls: the rest (waiting for a producing op that has not ended yet).
 
 The four parts of every gap sum to its length, so the parts of a timeline sum to its total
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.ops import KIND_INDEX, R
-from pipesched.render.waits import WAIT_DEPENDENCY, WAIT_TRANSFER, waited_for
+from pipesched.render.waits import WAIT_DEPENDENCY, WAIT_TRANSFER, dependencies, waited_for
 from pipesched.timeline import Timeline
 
 # the parts of a bubble, in the order of BubbleBreakdown.parts' columns
@@ -63,6 +64,7 @@ class BubbleBreakdown:
 def bubble_breakdown(timeline: Timeline) -> BubbleBreakdown:
     """The idle gaps of ``timeline`` and their parts (module docstring)."""
     waits = waited_for(timeline)
+    deps = dependencies(timeline)
     head = timeline.op_entry.astype(np.int64) if timeline.op_entry is not None else np.arange(len(timeline))
     begin, finish = timeline.origin, timeline.origin + timeline.makespan
     table = timeline.transfers
@@ -95,7 +97,15 @@ def bubble_breakdown(timeline: Timeline) -> BubbleBreakdown:
             parts[k, EXPOSED_COMMUNICATION] = flying
             parts[k, DEPENDENCY_STALL] = (g1 - g0) - flying
         elif cause == WAIT_DEPENDENCY and int(timeline.op_kind[ref]) == _R:
-            parts[k, MEMORY_WAIT] = g1 - g0
+            # waiting for the reload only once its other input (from the stage after) is there
+            other = g0
+            carried = int(deps.carried[r])
+            if carried >= 0:
+                delivery = int(deps.delivery[r])
+                other = max(other, float(table.end[delivery] if delivery >= 0 else timeline.op_end[carried]))
+            memory = max(0.0, g1 - min(other, g1))
+            parts[k, MEMORY_WAIT] = memory
+            parts[k, DEPENDENCY_STALL] = (g1 - g0) - memory
         else:
             parts[k, DEPENDENCY_STALL] = g1 - g0
     return BubbleBreakdown(device, start, end, row, parts)
