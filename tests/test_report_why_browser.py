@@ -42,7 +42,11 @@ def report(tmp_path_factory):
         steady_state(generate("pipedream", 4, 8, iterations=4), StageCosts.slots().broadcast(4)).timeline,
     ]
     path = tmp_path_factory.mktemp("why") / "report.html"
-    comparison = [{"schedule": t.schedule.name, "time": float(t.iteration_time)} for t in timelines]
+    # as wide as the default compare's: 20 columns of three levels
+    columns = [f"{level} {what}" for level in ("formula", "table", "sim")
+               for what in ("time (slots)", "bubble", "act.", "rank", "staleness", "weight versions", "MFU")]
+    comparison = [{"schedule": t.schedule.name, **{c: 0.123456 * (k + 1) for c in columns[:20]},
+                   "rank changes": "table: 11 -> 12; sim: 12 -> 6"} for k, t in enumerate(timelines)]
     write_views(timelines, html=path, comparison=comparison)
     return path, timelines
 
@@ -75,6 +79,11 @@ def test_main_report_answers_why(report) -> None:
                     assert page.locator(f"#timeline-{index} [data-iteration-end]").count() == timeline.iterations
                 else:
                     assert (x0, x1) == pytest.approx((0.0, timeline.makespan * scale), rel=1e-4)
+            # the tables fit their boxes at 1600 px
+            for table in ("metrics", "comparison"):
+                width, box = page.evaluate(f"[document.getElementById('{table}-table').scrollWidth, "
+                                           f"document.getElementById('{table}-table').parentNode.clientWidth]")
+                assert width <= box, table
             # one time axis for all: every panel of a unit ends at the longest makespan of that unit
             page.locator("#share-axis").check()
             page.wait_for_timeout(150)
