@@ -1,11 +1,17 @@
 """The HTML report: one self-contained page (styles, script and data inlined; nothing is
 fetched), for one or several timelines.
 
-The page holds a sortable metrics table, the comparison table when given, and per timeline
-an interactive chart (wheel or buttons to zoom, drag to pan; hovering an op shows its
-stage, microbatch, start, end, duration and what it waited for; a thin row per device
-host link with its activation offloads and reloads) with the memory curves (and, dashed,
-the host memory each device's offloads hold)
+The page opens with a headline (the fastest schedule that fits) and a table of contents,
+then a sortable metrics table (with each bubble's breakdown, ``pipesched.bubbles``) and the
+comparison table when given, whose rows link to the timelines and whose sorting reorders
+them; per timeline an interactive chart on its own time axis (a steady state opens on one
+steady iteration; a toggle puts every panel on one axis; ctrl+wheel or buttons to zoom, drag
+to pan, shift+drag to measure a window; hovering an op shows its stage, microbatch, start,
+end, duration and what it waited for, hovering an idle gap what the gap waited for; a search
+box lights up ops by kind, stage, microbatch or device in every panel; a toggle marks the
+critical path, listed under the chart; a thin row per device host link with its activation
+offloads and reloads) with the memory curves (and, dashed, the host memory each device's
+offloads hold)
 under it. Tables are built here with every label escaped; the charts are drawn in the page
 from one compact JSON blob (columns of numbers, not one object per op), so 8 schedules of
 p=16, m=64 stay near 2 MB.
@@ -241,7 +247,7 @@ def render_comparison_html(
         })
         sections.append(
             f'<section class="comparison" data-comparison="{k}"><h2>{escape(predicted.schedule.name)}</h2>'
-            '<p class="hint">Top: predicted; bottom: measured, on one time axis (wheel or + / − to zoom, '
+            '<p class="hint">Top: predicted; bottom: measured, on one time axis (ctrl+wheel or + / − to zoom, '
             "drag to pan, double-click to reset). Hover an op to outline its counterpart.</p>"
             f'<div class="pair" id="pair-{k}"></div>'
             f"<h3>Largest deviations</h3>{_deviation_table(k, predicted, found, scale, shown)}"
