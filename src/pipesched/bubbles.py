@@ -63,49 +63,60 @@ class BubbleBreakdown:
 
 def bubble_breakdown(timeline: Timeline) -> BubbleBreakdown:
     """The idle gaps of ``timeline`` and their parts (module docstring)."""
-    waits = waited_for(timeline)
-    deps = dependencies(timeline)
-    head = timeline.op_entry.astype(np.int64) if timeline.op_entry is not None else np.arange(len(timeline))
     begin, finish = timeline.origin, timeline.origin + timeline.makespan
+    device, start, end, row, edge = _gaps(timeline, begin, finish)
+    parts = np.zeros((len(start), len(BUBBLE_PARTS)))
+    length = end - start
+    parts[edge, WARMUP_COOLDOWN] = length[edge]
+    inner = ~edge
+    waits = waited_for(timeline)
+    head = timeline.op_entry.astype(np.int64) if timeline.op_entry is not None else np.arange(len(timeline))
+    ending = head[np.where(inner, row, 0)]
+    cause = np.where(inner, waits.cause[ending], -1)
+    ref = np.maximum(waits.ref[ending].astype(np.int64), 0)
     table = timeline.transfers
-    # (device, start, end, row ending it or -1, is it the device's warm-up or cool-down)
-    gaps: list[tuple[int, float, float, int, bool]] = []
+    # exposed communication: the part of the gap in which the awaited transfer flies
+    carried_in = cause == WAIT_TRANSFER
+    flying = np.zeros(len(start))
+    if carried_in.any():
+        t = ref[carried_in]
+        flying[carried_in] = np.clip(np.minimum(end[carried_in], table.end[t])
+                                     - np.maximum(start[carried_in], table.start[t]), 0.0, None)
+    # memory waits: the part after the op's other input (from the stage after) was there
+    on_op = cause == WAIT_DEPENDENCY  # ref is an op row (a transfer row for WAIT_TRANSFER)
+    reload = on_op & (timeline.op_kind[np.where(on_op, ref, 0)] == _R)
+    memory = np.zeros(len(start))
+    if reload.any():
+        deps = dependencies(timeline)
+        waiting = ending[reload]
+        carried, delivery = deps.carried[waiting], deps.delivery[waiting]
+        arrived = np.where(delivery >= 0, table.end[np.maximum(delivery, 0)] if len(table) else -np.inf,
+                           timeline.op_end[np.maximum(carried, 0)])
+        other = np.where(carried >= 0, np.maximum(start[reload], arrived), start[reload])
+        memory[reload] = np.clip(end[reload] - other, 0.0, None)
+    parts[inner, EXPOSED_COMMUNICATION] = flying[inner]
+    parts[inner, MEMORY_WAIT] = memory[inner]
+    parts[inner, DEPENDENCY_STALL] = length[inner] - flying[inner] - memory[inner]
+    return BubbleBreakdown(device, start, end, row, parts)
+
+
+def _gaps(timeline: Timeline, begin: float, finish: float):
+    """Per gap of every device's compute stream: device, start, end, the row that ends it
+    (-1 for the cool-down) and whether it is the device's warm-up or cool-down."""
+    found = []
     for device in range(timeline.num_devices):
         rows = timeline.rows_of_device(device)
+        starts, ends = timeline.op_start[rows], timeline.op_end[rows]
         # the busy union: a gap opens wherever an op starts after every earlier op ended
-        reached = begin
-        for k, row in enumerate(rows.tolist()):
-            start = float(timeline.op_start[row])
-            if start > reached:
-                gaps.append((device, reached, start, row, k == 0))
-            reached = max(reached, float(timeline.op_end[row]))
-        if finish > reached:
-            gaps.append((device, reached, finish, -1, True))
-    device = np.array([g[0] for g in gaps], np.int64)
-    start = np.array([g[1] for g in gaps], np.float64)
-    end = np.array([g[2] for g in gaps], np.float64)
-    row = np.array([g[3] for g in gaps], np.int64)
-    parts = np.zeros((len(gaps), len(BUBBLE_PARTS)))
-    for k, (_, g0, g1, r, edge) in enumerate(gaps):
-        if edge:
-            parts[k, WARMUP_COOLDOWN] = g1 - g0
-            continue
-        r = int(head[r])
-        cause, ref = int(waits.cause[r]), int(waits.ref[r])
-        if cause == WAIT_TRANSFER:
-            flying = max(0.0, min(g1, float(table.end[ref])) - max(g0, float(table.start[ref])))
-            parts[k, EXPOSED_COMMUNICATION] = flying
-            parts[k, DEPENDENCY_STALL] = (g1 - g0) - flying
-        elif cause == WAIT_DEPENDENCY and int(timeline.op_kind[ref]) == _R:
-            # waiting for the reload only once its other input (from the stage after) is there
-            other = g0
-            carried = int(deps.carried[r])
-            if carried >= 0:
-                delivery = int(deps.delivery[r])
-                other = max(other, float(table.end[delivery] if delivery >= 0 else timeline.op_end[carried]))
-            memory = max(0.0, g1 - min(other, g1))
-            parts[k, MEMORY_WAIT] = memory
-            parts[k, DEPENDENCY_STALL] = (g1 - g0) - memory
-        else:
-            parts[k, DEPENDENCY_STALL] = g1 - g0
-    return BubbleBreakdown(device, start, end, row, parts)
+        reached = np.maximum.accumulate(np.concatenate(([begin], ends)))
+        opens = starts > reached[:-1]
+        first = np.zeros(len(rows), np.bool_)
+        first[:1] = True
+        found.append((np.full(int(opens.sum()), device), reached[:-1][opens], starts[opens], rows[opens], first[opens]))
+        if finish > reached[-1]:
+            found.append((np.array([device]), reached[-1:], np.array([finish]), np.array([-1]), np.array([True])))
+    if not found:
+        return (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.bool_))
+    device, start, end, row, edge = (np.concatenate(column) for column in zip(*found, strict=True))
+    return (device.astype(np.int64), start.astype(np.float64), end.astype(np.float64), row.astype(np.int64),
+            edge.astype(np.bool_))
