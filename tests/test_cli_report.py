@@ -40,3 +40,17 @@ def test_show_html_is_the_same_report(cli, tmp_path) -> None:
     headline = unescape(re.search(r'id="report-headline">([^<]*)<', text).group(1))
     makespan = re.search(r"makespan (\d+)", result.out).group(1)
     assert headline.startswith(f"dualpipev: iteration {makespan} slots · bubble ")
+
+
+def test_simulate_html_has_the_rates_the_terminal_prints(cli, tmp_path) -> None:
+    html = tmp_path / "sim.html"
+    result = cli("simulate", "1f1b", "-p", "8", "-m", "16", "--html", str(html), "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    text = html.read_text()
+    section = text[text.index('<section id="comparison">'):text.index("</section>", text.index('id="comparison"'))]
+    cells = [unescape(c) for c in re.findall(r"<td[^>]*>([^<]*)</td>", section)]
+    assert cells == ["1f1b", f"{data['throughput_samples_per_s']:.4g}", f"{round(data['throughput_tokens_per_s']):,}",
+                     f"{100 * data['mfu']:.1f}%", f"{100 * data['hfu']:.1f}%"]
+    # and the critical path and the exposed and hidden communication in the metrics
+    assert "critical path: compute + comm" in text and "comm exposed / hidden" in text

@@ -97,10 +97,12 @@ def render_html(
         '<section id="metrics"><h2>Metrics</h2>' + metrics_table_html(summaries) + _definitions() + "</section>",
     ]
     if comparison:
-        contents.append(("comparison", "Comparison"))
+        # several schedules side by side, or one schedule's figures (simulate's rates)
+        name = "Comparison" if len(comparison) > 1 else "Figures"
+        contents.append(("comparison", name))
         links = [f"timeline-{panel_of[str(row.get('schedule'))]}" if str(row.get("schedule")) in panel_of else ""
                  for row in comparison]
-        sections.append('<section id="comparison"><h2>Comparison</h2>'
+        sections.append(f'<section id="comparison"><h2>{name}</h2>'
                         + comparison_table_html(comparison, row_data=links) + "</section>")
     if distributions:
         contents.append(("distributions", "Iteration time distributions"))
