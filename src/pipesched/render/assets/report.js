@@ -245,7 +245,7 @@
     return what + opText(t, ref) + " on d" + ops.device[ref] + ", ended at " + fmtTime(ops.end[ref], unit);
   }
   function opTip(t, row) {
-    var ops = t.ops, unit = " " + t.timeUnit;
+    var ops = t.ops;
     var rows = [
       ["schedule", t.name + (t.links ? " (" + t.source + ")" : "")],
       ["device", "d" + ops.device[row]],
@@ -260,8 +260,8 @@
       var other = data.timelines[t.pairWith], partner = t.links[row];
       if (partner >= 0) {
         var o = other.ops;
-        rows.push([other.source + " start", fmt(o.start[partner]) + unit]);
-        rows.push([other.source + " duration", fmt(o.end[partner] - o.start[partner]) + unit]);
+        rows.push([other.source + " start", fmtTime(o.start[partner], t.timeUnit)]);
+        rows.push([other.source + " duration", fmtTime(o.end[partner] - o.start[partner], t.timeUnit)]);
       } else {
         rows.push([other.source, "no counterpart"]);
       }
