@@ -169,11 +169,25 @@ def simulate_command(
     if result.distribution is not None:
         plots = [{"name": schedule.name, "samples": result.distribution.makespan,
                   "deterministic": result.distribution.deterministic}]
-    views.write([result.timeline], title=f"{schedule.name}: {result.setup.description}", distributions=plots)
+    views.write([result.timeline], title=f"{schedule.name}: {result.setup.description}", distributions=plots,
+                comparison=[_rates_row(result)])
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
         return
     _print(result, timeline_view=not no_timeline)
+
+
+def _rates_row(result: Simulation) -> dict[str, object]:
+    """The figures the terminal prints beside the report's metrics: throughput and MFU / HFU."""
+    metrics = result.metrics
+    tokens = metrics.throughput_tokens_per_s
+    return {
+        "schedule": result.schedule.name,
+        "throughput (samples/s)": f"{metrics.throughput_samples_per_s:,.4g}",
+        "throughput (tokens/s)": "-" if tokens is None else f"{tokens:,.0f}",
+        "MFU": "-" if metrics.mfu is None else f"{metrics.mfu:.1%}",
+        "HFU": "-" if metrics.hfu is None else f"{metrics.hfu:.1%}",
+    }
 
 
 def _print(result: Simulation, *, timeline_view: bool = True) -> None:

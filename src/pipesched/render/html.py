@@ -1,11 +1,17 @@
 """The HTML report: one self-contained page (styles, script and data inlined; nothing is
 fetched), for one or several timelines.
 
-The page holds a sortable metrics table, the comparison table when given, and per timeline
-an interactive chart (wheel or buttons to zoom, drag to pan; hovering an op shows its
-stage, microbatch, start, end, duration and what it waited for; a thin row per device
-host link with its activation offloads and reloads) with the memory curves (and, dashed,
-the host memory each device's offloads hold)
+The page opens with a headline (the fastest schedule that fits) and a table of contents,
+then a sortable metrics table (with each bubble's breakdown, ``pipesched.bubbles``) and the
+comparison table when given, whose rows link to the timelines and whose sorting reorders
+them; per timeline an interactive chart on its own time axis (a steady state opens on one
+steady iteration; a toggle puts every panel on one axis; ctrl+wheel or buttons to zoom, drag
+to pan, shift+drag to measure a window; hovering an op shows its stage, microbatch, start,
+end, duration and what it waited for, hovering an idle gap what the gap waited for; a search
+box lights up ops by kind, stage, microbatch or device in every panel; a toggle marks the
+critical path, listed under the chart; a thin row per device host link with its activation
+offloads and reloads) with the memory curves (and, dashed, the host memory each device's
+offloads hold)
 under it. Tables are built here with every label escaped; the charts are drawn in the page
 from one compact JSON blob (columns of numbers, not one object per op), so 8 schedules of
 p=16, m=64 stay near 2 MB.
@@ -28,6 +34,7 @@ from importlib import resources
 
 import numpy as np
 
+from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.errors import require
 from pipesched.render.pairing import Comparison, deviations
 from pipesched.render.style import (
@@ -39,13 +46,22 @@ from pipesched.render.style import (
     TRANSFER_COLORS,
     TRANSFER_NAMES,
     TimeScale,
+    chunk_shade,
     format_memory,
+    lighten,
     memory_scale,
     time_scale,
 )
-from pipesched.render.summary import Summary, op_chunks, summarize
+from pipesched.render.summary import (
+    Summary,
+    bubble_parts_text,
+    op_chunks,
+    report_headline,
+    summarize,
+)
 from pipesched.render.terminal import format_cell
 from pipesched.render.waits import WAIT_NAMES, waited_for
+from pipesched.simulate.critical import critical_path
 from pipesched.timeline import Timeline
 
 # no request may leave the page: everything it needs is inline
@@ -68,25 +84,60 @@ def render_html(
     summaries = [summarize(t) for t in timelines]
     heading = title or "pipeline schedule report: " + ", ".join(s.name for s in summaries)
     data = _base_data()
-    data["timelines"] = [timeline_data(t, s) for t, s in zip(timelines, summaries, strict=True)]
+    # one display unit per base unit (slots or seconds), so panels can share one time axis
+    scales = {unit: time_scale(unit, max(t.makespan for t in timelines if t.unit == unit))
+              for unit in {t.unit for t in timelines}}
+    data["timelines"] = [timeline_data(t, s, scale=scales[t.unit])
+                         for t, s in zip(timelines, summaries, strict=True)]
+    panel_of = {s.name: k for k, s in reversed(list(enumerate(summaries)))}
+    contents = [("metrics", "Metrics")]
     sections = [
-        f"<header><h1>{escape(heading)}</h1>{_legend(timelines)}</header>",
-        "<section><h2>Metrics</h2>" + metrics_table_html(summaries) + _definitions() + "</section>",
+        f'<header><h1>{escape(heading)}</h1><p class="report-headline" id="report-headline">'
+        f"{escape(report_headline(summaries))}</p>{_legend(timelines)}</header>",
+        '<section id="metrics"><h2>Metrics</h2>' + metrics_table_html(summaries) + _definitions() + "</section>",
     ]
     if comparison:
-        sections.append("<section><h2>Comparison</h2>" + comparison_table_html(comparison) + "</section>")
+        # several schedules side by side, or one schedule's figures (simulate's rates)
+        name = "Comparison" if len(comparison) > 1 else "Figures"
+        contents.append(("comparison", name))
+        links = [f"timeline-{panel_of[str(row.get('schedule'))]}" if str(row.get("schedule")) in panel_of else ""
+                 for row in comparison]
+        sections.append(f'<section id="comparison"><h2>{name}</h2>'
+                        + comparison_table_html(comparison, row_data=links) + "</section>")
     if distributions:
+        contents.append(("distributions", "Iteration time distributions"))
         data["distributions"] = distribution_data(distributions)
         sections.append(
-            '<section><h2>Iteration time distributions</h2><p class="hint">Monte Carlo samples per schedule on one '
-            "time axis: bars count the samples, the dashed line is the deterministic iteration time, the solid "
-            'line the mean, the red one p99; hover a bar for its range.</p><div id="distributions"></div></section>')
+            '<section id="distributions-section"><h2>Iteration time distributions</h2><p class="hint">Monte Carlo '
+            "samples per schedule on one time axis: bars count the samples, the dashed line is the deterministic "
+            "iteration time, the solid line the mean, the red one p99; hover a bar for its range.</p>"
+            '<div id="distributions"></div></section>')
+    contents.append(("timelines-section", "Timelines"))
     sections.append(
-        '<section><h2>Timelines</h2><p class="hint">Wheel or + / − to zoom, drag to pan, '
-        "double-click to reset; hover an op for its details.</p>"
-        '<div id="timelines"></div></section>'
+        '<section id="timelines-section"><h2>Timelines</h2><p class="hint">Each panel has its own time axis '
+        "(a steady state shows one steady iteration, its iteration ends dashed). Ctrl+wheel or + / − to zoom "
+        "around what is visible, drag to pan, shift+drag to measure a time window, double-click to reset; "
+        "hover an op or an idle gap for what it waited for, click an op to pin its microbatch.</p>"
+        + _timeline_tools() + '<div id="timelines"></div></section>'
     )
+    sections.insert(1, _contents(contents, summaries))
     return _page(heading, sections, data)
+
+
+def _contents(contents: Sequence[tuple[str, str]], summaries: Sequence[Summary]) -> str:
+    """The table of contents: the sections, then a link to every schedule's panel."""
+    sections = "".join(f'<li><a href="#{anchor}">{escape(name)}</a></li>' for anchor, name in contents)
+    panels = "".join(f'<a href="#timeline-{k}">{escape(s.name)}</a>' for k, s in enumerate(summaries))
+    return f'<nav class="contents" aria-label="contents"><ul>{sections}</ul><p class="panel-links">{panels}</p></nav>'
+
+
+def _timeline_tools() -> str:
+    return ('<div class="timeline-tools" id="timeline-tools">'
+            '<label>find <input type="search" id="op-search" placeholder="mb 3, F, stage 2, dev 1" '
+            'aria-label="find ops by kind, stage, microbatch or device"></label>'
+            '<span id="search-count" class="hint" aria-live="polite"></span>'
+            '<label><input type="checkbox" id="share-axis"> one time axis for all panels</label>'
+            '<label><input type="checkbox" id="show-critical"> critical path</label></div>')
 
 
 def _page(heading: str, sections: Sequence[str], data: dict) -> str:
@@ -111,6 +162,7 @@ def _base_data() -> dict:
         "kinds": {"letters": KIND_LETTERS, "names": KIND_NAMES, "colors": KIND_COLORS},
         "transferKinds": {"names": TRANSFER_NAMES, "colors": TRANSFER_COLORS},
         "waitNames": WAIT_NAMES,
+        "bubbleParts": BUBBLE_PARTS,
         "idleColor": IDLE_COLOR,
         "oomColor": OOM_COLOR,
     }
@@ -197,7 +249,7 @@ def render_comparison_html(
         })
         sections.append(
             f'<section class="comparison" data-comparison="{k}"><h2>{escape(predicted.schedule.name)}</h2>'
-            '<p class="hint">Top: predicted; bottom: measured, on one time axis (wheel or + / − to zoom, '
+            '<p class="hint">Top: predicted; bottom: measured, on one time axis (ctrl+wheel or + / − to zoom, '
             "drag to pan, double-click to reset). Hover an op to outline its counterpart.</p>"
             f'<div class="pair" id="pair-{k}"></div>'
             f"<h3>Largest deviations</h3>{_deviation_table(k, predicted, found, scale, shown)}"
@@ -268,6 +320,9 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
     waits = waited_for(timeline)
     table = timeline.transfers
     fused = np.flatnonzero(timeline.box_kind != timeline.op_kind).tolist()
+    path = critical_path(timeline)
+    gaps = bubble_breakdown(timeline)
+    ends = [round(e * scale.factor, digits) for e in timeline.iteration_end]
     data = {
         "name": summary.name,
         "source": summary.source,
@@ -278,6 +333,18 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
         "devices": timeline.num_devices,
         "chunks": chunks.tolist(),
         "idle": np.round(timeline.idle_per_device() * scale.factor, digits).tolist(),
+        # iterations back to back: when each ended; the view opens on one steady iteration
+        "iterationEnd": ends,
+        "home": _steady_window(ends, span, digits),
+        "critical": {"ops": path.row[~path.is_transfer].tolist(), "transfers": path.row[path.is_transfer].tolist()},
+        # idle gaps of the compute streams and the time of each BUBBLE_PARTS part in them
+        "gaps": {
+            "device": gaps.device.tolist(),
+            "start": times(gaps.start),
+            "end": times(gaps.end),
+            "row": gaps.row.tolist(),
+            "parts": np.round(gaps.parts * scale.factor, digits).tolist(),
+        },
         # a fused op's text (its parts', ``(0F3;7B1)OVERLAP_F_B``) by the row of its first part
         "fused": {str(row): str(timeline.entry(row)) for row in fused},
         "ops": {
@@ -340,10 +407,25 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
     return data
 
 
+# of a steady state's window, the margin shown on each side of one steady iteration
+STEADY_MARGIN = 0.03
+
+
+def _steady_window(ends: Sequence[float], span: float, digits: int) -> list[float]:
+    """The time range a panel opens on: the whole timeline, or of iterations back to back the
+    second one (the first steady iteration: the first pays the fill ramp), with a margin that
+    shows the dashed iteration ends at its sides."""
+    if len(ends) < 3:
+        return [0.0, round(span, digits)]
+    margin = STEADY_MARGIN * (ends[1] - ends[0])
+    return [round(max(0.0, ends[0] - margin), digits), round(min(span, ends[1] + margin), digits)]
+
+
 def metrics_table_html(summaries: Sequence[Summary]) -> str:
     """The key metrics, one row per timeline; sortable in the page (``data-value``)."""
     header = ("schedule", "level", "devices", "stages", "microbatches", "ops", "iteration time",
-              "bubble", "bubble / work", "peak memory")
+              "bubble", "bubble / work", "bubble from", "critical path: compute + comm",
+              "comm exposed / hidden (sum of devices)", "peak memory")
     rows = []
     for s in summaries:
         scale = time_scale(s.unit, s.iteration_time)
@@ -353,14 +435,24 @@ def metrics_table_html(summaries: Sequence[Summary]) -> str:
             (s.name, s.name), (s.source, s.source), (s.devices, s.devices), (s.stages, s.stages),
             (s.microbatches, f"{s.microbatches:g}"), (s.ops, s.ops),
             (repr(s.iteration_time), scale.format(s.iteration_time)), (repr(s.bubble_ratio), f"{s.bubble_ratio:.1%}"),
-            (repr(s.bubble_over_work), f"{s.bubble_over_work:.1%}"), memory,
+            (repr(s.bubble_over_work), f"{s.bubble_over_work:.1%}"),
+            (repr(max(s.bubble_parts, default=0.0)), bubble_parts_text(s)),
+            (repr(s.critical_comm), f"{scale.format(s.critical_compute)} + {_format_time(s.unit, s.critical_comm)}"),
+            (repr(s.exposed_comm), f"{_format_time(s.unit, s.exposed_comm)} / {_format_time(s.unit, s.hidden_comm)}"),
+            memory,
         ]
         rows.append(cells)
-    return _sortable_table("metrics", header, rows)
+    return _sortable_table("metrics", header, rows, row_data=[f"timeline-{k}" for k in range(len(summaries))])
 
 
-def comparison_table_html(rows: Sequence[Mapping[str, object]]) -> str:
-    """Any flat rows (column -> value), columns in first-seen order; sortable."""
+def _format_time(unit: str, time: float) -> str:
+    """A time in the unit that suits its own size (``2.61 ms`` beside a ``3.9 s`` iteration)."""
+    return time_scale(unit, time).format(time, digits=3)
+
+
+def comparison_table_html(rows: Sequence[Mapping[str, object]], *, row_data: Sequence[str] | None = None) -> str:
+    """Any flat rows (column -> value), columns in first-seen order; sortable; ``row_data``
+    links each row (``_sortable_table``)."""
     columns: list[str] = []
     for row in rows:
         columns.extend(key for key in row if key not in columns)
@@ -372,7 +464,7 @@ def comparison_table_html(rows: Sequence[Mapping[str, object]]) -> str:
             sort_key = repr(float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else format_cell(value)
             cells.append((sort_key, format_cell(value)))
         body.append(cells)
-    return _sortable_table("comparison", columns, body)
+    return _sortable_table("comparison", columns, body, row_data=row_data)
 
 
 def _sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tuple[object, object]]], *,
@@ -392,15 +484,23 @@ def _sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tu
 
 
 def _legend(timelines: Sequence[Timeline]) -> str:
-    """Swatches of the op kinds and transfer kinds that appear in ``timelines``."""
-    kinds = sorted({int(k) for t in timelines for k in np.unique(t.op_kind)})
+    """Swatches of every op kind drawn in ``timelines`` (a fused pair's kind too), each
+    kind's chunk shades where a device holds several chunks, and the transfer kinds."""
+    kinds = sorted({int(k) for t in timelines for k in np.unique(t.box_kind[t.drawn()])})
+    chunks = max((int(op_chunks(t)[1].max(initial=1)) for t in timelines), default=1)
     transfer_kinds = sorted({int(k) for t in timelines for k in np.unique(t.transfers.kind)})
-    items = [f'<span class="swatch" style="background:{KIND_COLORS[k]}"></span>'
-             f"{KIND_LETTERS[k]} {escape(KIND_NAMES[k])}" for k in kinds]
-    items += [f'<span class="swatch" style="background:{TRANSFER_COLORS[k]}"></span>'
-              f"{escape(TRANSFER_NAMES[k])} transfer" for k in transfer_kinds]
-    items.append(f'<span class="swatch" style="background:{IDLE_COLOR}"></span>idle')
-    return '<p class="legend">' + "".join(f"<span>{item}</span>" for item in items) + "</p>"
+    items = []
+    for k in kinds:
+        shades = "".join(f'<span class="swatch" style="background:{lighten(KIND_COLORS[k], chunk_shade(c, chunks))}"'
+                         f' title="chunk {c}"></span>' for c in range(chunks))
+        items.append(f'<span data-kind="{escape(KIND_NAMES[k], quote=True)}">{shades}'
+                     f"{escape(KIND_LETTERS[k])} {escape(KIND_NAMES[k])}</span>")
+    items += [f'<span><span class="swatch" style="background:{TRANSFER_COLORS[k]}"></span>'
+              f"{escape(TRANSFER_NAMES[k])} transfer</span>" for k in transfer_kinds]
+    items.append(f'<span><span class="swatch" style="background:{IDLE_COLOR}"></span>idle</span>')
+    if chunks > 1:
+        items.append(f'<span class="hint">shades: a device\'s chunks 0 to {chunks - 1}, later chunks lighter</span>')
+    return '<p class="legend">' + "".join(items) + "</p>"
 
 
 def _definitions() -> str:

@@ -7,11 +7,14 @@ while the drawing spans every iteration."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.metrics import bubble_over_work, bubble_ratio, iteration_microbatches
+from pipesched.metrics import summarize as timeline_metrics
 from pipesched.render.style import format_memory, time_scale
 from pipesched.timeline import Timeline
 
@@ -36,6 +39,11 @@ class Summary:
     peak_memory: float | None  # worst device; None without a memory trace
     memory_unit: str | None  # "bytes" or "stage-microbatches"
     out_of_memory: bool  # some device's peak exceeds its capacity
+    bubble_parts: tuple[float, ...] = ()  # share of the idle time of each BUBBLE_PARTS part
+    critical_compute: float = 0.0  # time the critical path spends in ops (whole timeline)
+    critical_comm: float = 0.0  # and in transfers
+    exposed_comm: float = 0.0  # communication no compute hides, summed over devices, one iteration
+    hidden_comm: float = 0.0  # communication under compute, summed over devices, one iteration
 
     def headline(self) -> str:
         """One line for a title: ``iteration 33 slots · bubble 27.3% · peak memory 4 ...``
@@ -56,6 +64,7 @@ class Summary:
 
 def summarize(timeline: Timeline) -> Summary:
     memory = timeline.memory
+    figures = timeline_metrics(timeline)
     return Summary(
         name=timeline.schedule.name,
         source=timeline.source,
@@ -73,7 +82,44 @@ def summarize(timeline: Timeline) -> Summary:
         peak_memory=max(memory.peak) if memory is not None and memory.peak else None,
         memory_unit=memory.unit if memory is not None else None,
         out_of_memory=bool(memory is not None and any(memory.out_of_memory)),
+        bubble_parts=tuple(bubble_breakdown(timeline).shares().values()),
+        critical_compute=figures.critical_path_compute,
+        critical_comm=figures.critical_path_comm,
+        exposed_comm=float(sum(figures.exposed_comm)),
+        hidden_comm=float(sum(figures.hidden_comm)),
     )
+
+
+def report_headline(summaries: Sequence[Summary], *, baseline: str = "1f1b") -> str:
+    """One sentence for the top of a report: the fastest schedule that fits in memory and
+    how much faster it is than ``baseline`` (else than the slowest that fits), e.g.
+    ``fastest that fits: zb-v 3.368 s, 13.6% faster than 1f1b``; of one schedule its own
+    headline (``Summary.headline``)."""
+    if len(summaries) == 1:
+        return f"{summaries[0].name}: {summaries[0].headline()}"
+    fitting = [s for s in summaries if not s.out_of_memory]
+    if not fitting:
+        return f"no schedule fits in memory ({len(summaries)} out of memory)"
+    best = min(fitting, key=lambda s: s.iteration_time)
+    scale = time_scale(best.unit, best.iteration_time)
+    text = f"fastest that fits: {best.name} {scale.format(best.iteration_time)}"
+    same_unit = [s for s in fitting if s.unit == best.unit and s is not best]
+    other = next((s for s in same_unit if s.name == baseline), None)
+    if other is None and same_unit:
+        other = max(same_unit, key=lambda s: s.iteration_time)
+    if other is not None and other.iteration_time > 0:
+        text += f", {1 - best.iteration_time / other.iteration_time:.1%} faster than {other.name}"
+    out = len(summaries) - len(fitting)
+    if out:
+        text += f"; {out} of {len(summaries)} out of memory"
+    return text
+
+
+def bubble_parts_text(summary: Summary) -> str:
+    """The bubble's parts as shares of the idle time, largest first, parts under 0.5% left
+    out: ``dependency stalls 61% · warm-up and cool-down 32% · exposed communication 7%``."""
+    parts = sorted(zip(summary.bubble_parts, BUBBLE_PARTS, strict=True), reverse=True)
+    return " · ".join(f"{name} {share:.0%}" for share, name in parts if share >= 0.005) or "-"
 
 
 def op_chunks(timeline: Timeline) -> tuple[np.ndarray, np.ndarray]:

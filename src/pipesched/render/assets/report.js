@@ -11,7 +11,7 @@
 
   // layout, pixels
   var GUTTER = 64;        // device and link names, left of the plot
-  var SIDE = 74;          // idle share and memory peaks, right of the plot
+  var SIDE = 96;          // idle share and memory peaks, right of the plot
   var ROW = 24;           // one device row
   var LINK_ROW = 11;      // one channel row
   var BOX = 0.78;         // op box height, fraction of ROW
@@ -20,6 +20,7 @@
   var MAX_LABELS = 1500;  // box labels drawn per chart at once
   var STEPS_HEIGHT = 64;  // step-time plot height
   var DIST_HEIGHT = 56;   // one distribution plot's height
+  var MIN_TRANSFER = 1.5; // pixels: the least drawn width of a transfer, however short
   var charts = [];        // drawn timeline charts by timeline index (their op boxes)
 
   function el(name, attrs, parent) {
@@ -37,6 +38,22 @@
   }
   function fmt(value) {
     return Number(value.toPrecision(6)).toString();
+  }
+  // seconds per display unit of a time in seconds; slots have none
+  var SECONDS = { s: 1, ms: 1e-3, us: 1e-6 };
+  function short(value) {
+    return Number(value.toPrecision(3)).toString();
+  }
+  // a time in the display unit ``unit`` as "15.3 ms", in the unit that suits its size
+  function fmtTime(value, unit) {
+    if (!(unit in SECONDS)) return short(value) + " " + unit;
+    var seconds = value * SECONDS[unit], size = Math.abs(seconds);
+    if (size >= 1 || size === 0) return short(seconds) + " s";
+    if (size >= 1e-3) return short(seconds * 1e3) + " ms";
+    return short(seconds * 1e6) + " us";
+  }
+  function fmtMemory(value, unit) {
+    return short(value) + " " + unit;
   }
   function lighten(hex, amount) {
     var out = "#";
@@ -96,6 +113,7 @@
           return ascending ? order : -order;
         });
         rows.forEach(function (row) { body.appendChild(row); });
+        reorderPanels(rows);
       }
       th.addEventListener("click", sort);
       th.addEventListener("keydown", function (event) {
@@ -103,35 +121,88 @@
       });
     });
   }
+  // the panels follow the order of a sorted table whose rows link to them
+  function reorderPanels(rows) {
+    var box = document.getElementById("timelines");
+    if (!box) return;
+    rows.forEach(function (row) {
+      var link = row.getAttribute("data-link"), panel = link && link.indexOf("timeline-") === 0 ? document.getElementById(link) : null;
+      if (panel && panel.parentNode === box) box.appendChild(panel);
+    });
+  }
   document.querySelectorAll("table.sortable").forEach(makeSortable);
+  document.querySelectorAll('tr[data-link^="timeline-"]').forEach(function (row) {
+    row.classList.add("linked-row");
+    row.title = "show its timeline";
+    row.addEventListener("click", function () {
+      var panel = document.getElementById(row.getAttribute("data-link"));
+      if (panel) { panel.scrollIntoView({ block: "start" }); panel.classList.add("flash"); setTimeout(function () { panel.classList.remove("flash"); }, 900); }
+    });
+  });
 
-  // ---- shared views: charts in the same time unit zoom and pan together ---------------
+  // ---- views: each panel has its own time range; a compared pair shares one; "one time
+  // axis" puts every panel of a unit on one range ------------------------------------------
   var views = {};
-  function viewFor(t) {
-    var key = t.view || t.unit;
-    if (!views[key]) views[key] = { x0: 0, x1: 0, full: 0, charts: [] };
+  var groups = {};         // time unit -> views that share a range when ``sharing``
+  var sharing = false;
+  function viewFor(t, index) {
+    var key = t.view || "timeline-" + index;
+    if (!views[key]) {
+      var home = t.view ? [0, t.makespan || 1] : (t.home || [0, t.makespan || 1]);
+      views[key] = { x0: home[0], x1: home[1], full: 0, home: home, charts: [] };
+      if (!t.view) {
+        var group = groups[t.timeUnit] || (groups[t.timeUnit] = { views: [], full: 0 });
+        group.views.push(views[key]);
+        group.full = Math.max(group.full, t.makespan || 1);
+        views[key].group = group;
+      }
+    }
     var view = views[key];
     view.full = Math.max(view.full, t.makespan || 1);
-    view.x1 = view.full;
+    if (t.view) { view.home = [0, view.full]; view.x1 = view.full; }
     return view;
   }
-  function setView(view, x0, x1) {
-    var span = Math.max(x1 - x0, view.full * 1e-6);
-    if (span >= view.full) { x0 = 0; span = view.full; }
-    x0 = Math.min(Math.max(x0, 0), view.full - span);
-    view.x0 = x0;
-    view.x1 = x0 + span;
-    if (!view.pending) {
-      view.pending = true;
-      requestAnimationFrame(function () {
-        view.pending = false;
-        view.charts.forEach(function (chart) { chart.update(); });
-      });
-    }
+  function redraw(view) {
+    if (view.pending) return;
+    view.pending = true;
+    requestAnimationFrame(function () {
+      view.pending = false;
+      view.charts.forEach(function (chart) { chart.update(); });
+    });
   }
+  function setView(view, x0, x1) {
+    var shared = sharing && view.group;
+    var full = shared ? view.group.full : view.full;
+    var span = Math.max(x1 - x0, full * 1e-6);
+    if (span >= full) { x0 = 0; span = full; }
+    x0 = Math.min(Math.max(x0, 0), full - span);
+    (shared ? view.group.views : [view]).forEach(function (v) {
+      v.x0 = x0;
+      v.x1 = x0 + span;
+      redraw(v);
+    });
+  }
+  function resetView(view) {
+    if (sharing && view.group) setView(view, 0, view.group.full);
+    else setView(view, view.home[0], view.home[1]);
+  }
+  // zoom around the middle of what is visible, or around ``center``
   function zoom(view, factor, center) {
     var mid = center === undefined ? (view.x0 + view.x1) / 2 : center;
     setView(view, mid - (mid - view.x0) * factor, mid + (view.x1 - mid) * factor);
+  }
+  function pan(view, fraction) {
+    var shift = (view.x1 - view.x0) * fraction;
+    setView(view, view.x0 + shift, view.x1 + shift);
+  }
+  function shareAxis(on) {
+    sharing = on;
+    Object.keys(groups).forEach(function (unit) {
+      groups[unit].views.forEach(function (v) {
+        if (on) { v.x0 = 0; v.x1 = groups[unit].full; } else { v.x0 = v.home[0]; v.x1 = v.home[1]; }
+        redraw(v);
+      });
+    });
   }
 
   // ---- tooltip ------------------------------------------------------------------------
@@ -162,34 +233,35 @@
   function hideTip() { tooltip.hidden = true; }
 
   function waitText(t, row) {
-    var ops = t.ops, code = ops.cause[row], ref = ops.ref[row], unit = " " + t.timeUnit;
+    var ops = t.ops, code = ops.cause[row], ref = ops.ref[row], unit = t.timeUnit;
     if (code === 0) return "nothing: it starts the iteration";
     if (code === 2) {
       var tr = t.transfers;
       return data.transferKinds.names[tr.kind[ref]] + " transfer of microbatch " + tr.microbatch[ref] +
         " from d" + tr.src[ref] + " to d" + tr.dst[ref] + " (" + (t.channels[tr.channel[ref]] || "") +
-        "), arrived at " + fmt(tr.end[ref]) + unit;
+        "), arrived at " + fmtTime(tr.end[ref], unit);
     }
     var what = code === 1 ? "its input " : "the device: previous op ";
-    return what + opText(t, ref) + " on d" + ops.device[ref] + ", ended at " + fmt(ops.end[ref]) + unit;
+    return what + opText(t, ref) + " on d" + ops.device[ref] + ", ended at " + fmtTime(ops.end[ref], unit);
   }
   function opTip(t, row) {
-    var ops = t.ops, unit = " " + t.timeUnit;
+    var ops = t.ops;
     var rows = [
       ["schedule", t.name + (t.links ? " (" + t.source + ")" : "")],
       ["device", "d" + ops.device[row]],
       ["stage", String(ops.stage[row])],
       ["microbatch", String(ops.microbatch[row])],
-      ["start", fmt(ops.start[row]) + unit],
-      ["end", fmt(ops.end[row]) + unit],
-      ["duration", fmt(ops.end[row] - ops.start[row]) + unit]
+      ["start", fmtTime(ops.start[row], t.timeUnit)],
+      ["end", fmtTime(ops.end[row], t.timeUnit)],
+      ["duration", fmtTime(ops.end[row] - ops.start[row], t.timeUnit)]
     ];
+    if (t.onPath && t.onPath.ops[row]) rows.push(["critical path", "on it"]);
     if (t.links) {
       var other = data.timelines[t.pairWith], partner = t.links[row];
       if (partner >= 0) {
         var o = other.ops;
-        rows.push([other.source + " start", fmt(o.start[partner]) + unit]);
-        rows.push([other.source + " duration", fmt(o.end[partner] - o.start[partner]) + unit]);
+        rows.push([other.source + " start", fmtTime(o.start[partner], t.timeUnit)]);
+        rows.push([other.source + " duration", fmtTime(o.end[partner] - o.start[partner], t.timeUnit)]);
       } else {
         rows.push([other.source, "no counterpart"]);
       }
@@ -198,38 +270,40 @@
     return { title: opText(t, row) + " · " + data.kinds.names[ops.kind[row]], rows: rows, wait: waitText(t, row) };
   }
   function transferTip(t, row) {
-    var tr = t.transfers, unit = " " + t.timeUnit;
+    var tr = t.transfers, unit = t.timeUnit;
     var rows = [
       ["schedule", t.name],
       ["route", "d" + tr.src[row] + " → d" + tr.dst[row] + " on " + (t.channels[tr.channel[row]] || "")],
       ["stage", String(tr.stage[row])],
       ["microbatch", tr.microbatch[row] < 0 ? "all" : String(tr.microbatch[row])],
       ["bytes", formatBytes(tr.bytes[row])],
-      ["start", fmt(tr.start[row]) + unit],
-      ["end", fmt(tr.end[row]) + unit],
-      ["duration", fmt(tr.end[row] - tr.start[row]) + unit]
+      ["start", fmtTime(tr.start[row], unit)],
+      ["end", fmtTime(tr.end[row], unit)],
+      ["duration", fmtTime(tr.end[row] - tr.start[row], unit)]
     ];
     return { title: data.transferKinds.names[tr.kind[row]] + " transfer", rows: rows, wait: null };
   }
   function formatBytes(value) {
     var units = [["TiB", 1099511627776], ["GiB", 1073741824], ["MiB", 1048576], ["KiB", 1024]];
-    for (var i = 0; i < units.length; i++) if (value >= units[i][1]) return fmt(value / units[i][1]) + " " + units[i][0];
-    return fmt(value) + " B";
+    for (var i = 0; i < units.length; i++) if (value >= units[i][1]) return short(value / units[i][1]) + " " + units[i][0];
+    return short(value) + " B";
   }
 
   // ---- one timeline chart -------------------------------------------------------------
   function drawTimeline(t, index, container) {
     var panel = html("div", "panel", undefined, container);
     panel.setAttribute("data-timeline", String(index));
+    if (!t.view) panel.id = "timeline-" + index;
     var head = html("div", "panel-head", undefined, panel);
     html("h3", "", t.name, head);
     html("span", "headline", (t.links ? (t.source === "measured" ? "measured" : "predicted (" + t.source + ")") : t.source) +
       " · " + t.headline, head);
     var tools = html("span", "tools", undefined, head);
-    var view = viewFor(t);
+    var view = viewFor(t, index);
     [["−", "zoom out", function () { zoom(view, 1.6); }],
      ["+", "zoom in", function () { zoom(view, 1 / 1.6); }],
-     ["reset", "show the whole iteration", function () { setView(view, 0, view.full); }]
+     ["reset", t.iterationEnd && t.iterationEnd.length >= 3 ? "show one steady iteration" : "show the whole iteration",
+      function () { resetView(view); }]
     ].forEach(function (spec) {
       var button = html("button", "", spec[0], tools);
       button.type = "button";
@@ -257,15 +331,28 @@
     var labels = el("g", {}, clipped);
     var side = el("g", {}, svg);
 
-    // device rows: idle bar, name, idle share
+    // device rows: idle gaps (or one idle bar), name, idle share
+    var gaps = t.gaps;
+    if (gaps) {
+      for (var g = 0; g < gaps.start.length; g++) {
+        el("rect", { x: gaps.start[g], width: Math.max(gaps.end[g] - gaps.start[g], 0), y: gaps.device[g] * ROW + ROW * (1 - BOX) / 2,
+                     height: ROW * BOX, fill: data.idleColor, "data-gap": index + ":" + g }, idleBars);
+      }
+    }
     for (var d = 0; d < t.devices; d++) {
       var y = d * ROW;
-      el("rect", { x: 0, y: y + ROW * (1 - BOX) / 2, width: t.makespan, height: ROW * BOX, fill: data.idleColor }, idleBars);
+      if (!gaps) el("rect", { x: 0, y: y + ROW * (1 - BOX) / 2, width: t.makespan, height: ROW * BOX, fill: data.idleColor }, idleBars);
       var name = el("text", { x: GUTTER - 8, y: y + ROW / 2 + 4, "text-anchor": "end", "class": "row-label" }, svg);
       name.textContent = "d" + d;
       var idle = el("text", { y: y + ROW / 2 + 4, "class": "side-label" }, side);
       idle.textContent = Math.round(100 * t.idle[d] / (t.makespan || 1)) + "% idle";
     }
+    // iterations back to back: a dashed line where each ended
+    (t.iterationEnd || []).forEach(function (end, k) {
+      var line = el("line", { x1: end, x2: end, y1: 0, y2: t.devices * ROW, "class": "iteration-end", "data-iteration-end": String(k) }, scaled);
+      var note = el("title", {}, line);
+      note.textContent = "iteration " + (k + 1) + " ends at " + fmtTime(end, t.timeUnit);
+    });
     // op boxes, in time units horizontally (the group is scaled), pixels vertically
     var ops = t.ops, opNodes = new Array(ops.start.length);
     hosts.forEach(function (device, k) {
@@ -284,6 +371,11 @@
         "data-op": index + ":" + row
       }, scaled);
     }
+    // the critical path: its ops and transfers, looked up by row
+    t.onPath = { ops: {}, transfers: {} };
+    if (t.critical) {
+      t.critical.ops.forEach(function (r) { t.onPath.ops[r] = true; if (opNodes[r]) opNodes[r].classList.add("on-path"); });
+    }
     // link rows: one per channel, transfers coloured by what they carry
     var tr = t.transfers, transferNodes = new Array(tr.start.length);
     channels.forEach(function (channel, k) {
@@ -297,6 +389,12 @@
         y: linkTop + lane * LINK_ROW + 2, height: LINK_ROW - 4, fill: data.transferKinds.colors[tr.kind[j]],
         "data-transfer": index + ":" + j
       }, scaled);
+    }
+    if (t.critical) {
+      t.critical.transfers.forEach(function (r) {
+        t.onPath.transfers[r] = true;
+        if (transferNodes[r]) transferNodes[r].classList.add("on-path");
+      });
     }
     var axis = el("g", {}, svg);
 
@@ -314,6 +412,15 @@
       // thin white edges between boxes once a typical box is a few pixels wide
       var typical = ops.start.length ? (ops.end[0] - ops.start[0]) * k : 0;
       svg.classList.toggle("edged", typical >= 4);
+      if (k !== chart.k) {
+        // a transfer is drawn at least MIN_TRANSFER pixels wide, however short it is
+        chart.k = k;
+        for (var j = 0; j < transferNodes.length; j++) {
+          transferNodes[j].setAttribute("width", Math.max(tr.end[j] - tr.start[j], MIN_TRANSFER / k));
+        }
+      }
+      svg.setAttribute("data-x0", String(view.x0));
+      svg.setAttribute("data-x1", String(view.x1));
       drawLabels(k);
       drawAxis(axis, grid, view, k, plot, plotHeight, t.timeUnit);
     };
@@ -349,6 +456,17 @@
         var counterpart = t.links && t.links[row] >= 0 && charts[t.pairWith] ? charts[t.pairWith].opNodes[t.links[row]] : null;
         if (counterpart) { counterpart.classList.add("linked"); marked.push(counterpart); }
         showTip(event, tip.title, tip.rows, tip.wait);
+      } else if (target.hasAttribute("data-gap")) {
+        var gap = Number(target.getAttribute("data-gap").split(":")[1]);
+        var tip3 = gapTip(t, gap);
+        var next = gaps.row[gap];
+        if (next >= 0) {
+          var why = ops.cause[next] === 2 ? transferNodes[ops.ref[next]] : ops.cause[next] ? opNodes[ops.ref[next]] : null;
+          if (why) { why.classList.add("cause"); marked.push(why); }
+          opNodes[next].classList.add("hovered");
+          marked.push(opNodes[next]);
+        }
+        showTip(event, tip3.title, tip3.rows, tip3.wait);
       } else if (target.hasAttribute("data-transfer")) {
         var tip2 = transferTip(t, Number(target.getAttribute("data-transfer").split(":")[1]));
         target.classList.add("hovered");
@@ -360,10 +478,17 @@
     });
     svg.addEventListener("mousemove", function (event) { if (!tooltip.hidden) moveTip(event); });
     svg.addEventListener("mouseleave", function () { unmark(); hideTip(); });
-    attachZoom(svg, view);
+    // click an op to pin its microbatch (the search box then finds it in every panel)
+    svg.addEventListener("click", function (event) {
+      if (!event.target.hasAttribute("data-op") || svg.getAttribute("data-dragged") === "true") return;
+      var row = Number(event.target.getAttribute("data-op").split(":")[1]);
+      pinMicrobatch(ops.microbatch[row]);
+    });
+    attachZoom(svg, view, function (a, b) { measureWindow(t, panel, a, b); });
     view.charts.push(chart);
 
     if (t.memory && !t.links) drawMemory(t, index, panel, view);  // a compared pair stays adjacent
+    if (t.critical && !t.links) listCriticalPath(t, panel);
     return chart;
   }
 
@@ -402,8 +527,14 @@
     var showCaps = caps && Math.min.apply(null, caps) < 1.25 * top;
     if (showCaps) top = Math.max(top, Math.max.apply(null, caps));
     top *= 1.08;
+    var oomDevices = [];
+    memory.oom.forEach(function (oom, d) { if (oom) oomDevices.push("d" + d); });
     var title = html("p", "memory-title", "memory in use per device (" + memory.unit + ")" + (showCaps ? "; dashed: capacity" : "") +
-      (host ? "; dotted: host memory of offloaded activations" : ""), panel);
+      (host ? "; dotted: host memory of offloaded activations" : "") + "; hover for the values at a time", panel);
+    if (oomDevices.length) {
+      var oomNote = html("span", "oom-note", " out of memory: " + oomDevices.join(", ") + " (red above the capacity)", title);
+      oomNote.setAttribute("data-oom", oomDevices.join(","));
+    }
     title.setAttribute("data-memory", String(index));
     var height = MEMORY + AXIS;
     var svg = el("svg", { "class": "chart", height: height, role: "img" }, panel);
@@ -430,13 +561,14 @@
         points.push(times[i] + "," + y(values[i]));
       }
       if (times.length) points.push(t.makespan + "," + y(values[values.length - 1]));
-      var line = el("polyline", { points: points.join(" "), stroke: memory.oom[d] ? data.oomColor : deviceColor(d, t.devices), "data-memory-device": d }, scaled);
-      line.addEventListener("mouseover", function (event) {
-        var rows = [["schedule", t.name], ["peak", fmt(memory.peak[d]) + " " + memory.unit]];
-        if (caps) rows.push(["capacity", fmt(caps[d]) + " " + memory.unit]);
-        showTip(event, "memory of d" + d + (memory.oom[d] ? " (out of memory)" : ""), rows, null);
-      });
-      line.addEventListener("mouseout", hideTip);
+      el("polyline", { points: points.join(" "), stroke: deviceColor(d, t.devices), "data-memory-device": d }, scaled);
+      if (memory.oom[d] && caps) {
+        // the part above the capacity, in red
+        var above = "mabove-" + index + "-" + d;
+        el("rect", { x: -t.makespan, width: 3 * t.makespan, y: 0, height: y(caps[d]) }, el("clipPath", { id: above }, el("defs", {}, svg)));
+        el("polyline", { points: points.join(" "), stroke: data.oomColor, "clip-path": "url(#" + above + ")", "class": "over-capacity",
+                         "data-over-capacity": d }, scaled);
+      }
       if (showCaps) {
         el("polyline", { "class": "capacity", points: "0," + y(caps[d]) + " " + t.makespan + "," + y(caps[d]), stroke: data.oomColor }, scaled);
       }
@@ -449,19 +581,37 @@
         points.push(times[i] + "," + y(values[i]));
       }
       if (times.length) points.push(t.makespan + "," + y(values[values.length - 1]));
-      var line = el("polyline", { "class": "host-memory", points: points.join(" "), stroke: deviceColor(d, t.devices),
-                                  "data-host-memory-device": d }, scaled);
-      line.addEventListener("mouseover", function (event) {
-        var rows = [["schedule", t.name], ["peak", fmt(host.peak[d]) + " " + memory.unit]];
-        if (host.capacity) rows.push(["host memory", fmt(host.capacity[d]) + " " + memory.unit]);
-        showTip(event, "host memory of d" + d + "'s offloaded activations", rows, null);
-      });
-      line.addEventListener("mouseout", hideTip);
+      el("polyline", { "class": "host-memory", points: points.join(" "), stroke: deviceColor(d, t.devices),
+                       "data-host-memory-device": d }, scaled);
     });
+    // the value of every device's memory at the time under the cursor
+    function valueAt(times, values, time) {
+      var lo = 0, hi = times.length - 1, found = -1;
+      while (lo <= hi) { var mid = (lo + hi) >> 1; if (times[mid] <= time) { found = mid; lo = mid + 1; } else hi = mid - 1; }
+      return found < 0 ? 0 : values[found];
+    }
+    var cursor = el("line", { "class": "memory-cursor", y1: 0, y2: MEMORY, x1: -10, x2: -10 }, svg);
+    svg.addEventListener("mousemove", function (event) {
+      var box = svg.getBoundingClientRect(), plot = Math.max(box.width - GUTTER - SIDE, 50);
+      var px = event.clientX - box.left;
+      if (px < GUTTER || px > GUTTER + plot) { hideTip(); cursor.setAttribute("x1", -10); cursor.setAttribute("x2", -10); return; }
+      var time = view.x0 + (px - GUTTER) / plot * (view.x1 - view.x0);
+      cursor.setAttribute("x1", px);
+      cursor.setAttribute("x2", px);
+      var rows = memory.times.map(function (times, d) {
+        var value = valueAt(times, memory.values[d], time);
+        var text = fmtMemory(value, memory.unit) + " (peak " + fmtMemory(memory.peak[d], memory.unit) + ")";
+        if (caps && value > caps[d]) text += " over " + fmtMemory(caps[d], memory.unit);
+        if (host && host.peak[d]) text += ", host " + fmtMemory(valueAt(host.times[d], host.values[d], time), memory.unit);
+        return ["d" + d, text];
+      });
+      showTip(event, "memory at " + fmtTime(time, t.timeUnit), rows, caps ? "capacity " + fmtMemory(Math.min.apply(null, caps), memory.unit) : null);
+    });
+    svg.addEventListener("mouseleave", function () { cursor.setAttribute("x1", -10); cursor.setAttribute("x2", -10); });
     // right of the plot: the peak, and which colour is which end of the device range
     var side = el("g", {}, svg);
     var peaks = el("text", { y: 14, "class": "side-label" }, side);
-    peaks.textContent = "peak " + fmt(Math.max.apply(null, memory.peak)) + " " + memory.unit;
+    peaks.textContent = "peak " + fmtMemory(Math.max.apply(null, memory.peak), memory.unit);
     [0, t.devices - 1].forEach(function (d, k) {
       if (k === 1 && d === 0) return;
       var key = el("text", { y: 32 + 14 * k, "class": "side-label" }, side);
@@ -484,37 +634,176 @@
     view.charts.push(chart);
   }
 
-  // ---- wheel zoom, drag pan, double-click reset ---------------------------------------
-  function attachZoom(svg, view) {
+  // ---- ctrl+wheel zoom (the wheel alone scrolls the page), drag pan, shift+drag measure,
+  // double-click reset; + - w s a d 0 on the hovered panel ------------------------------------
+  var hoveredView = null;
+  function attachZoom(svg, view, onWindow) {
+    function plotWidth() {
+      return Math.max(svg.getBoundingClientRect().width - GUTTER - SIDE, 50);
+    }
     function timeAt(clientX) {
       var box = svg.getBoundingClientRect();
-      var plot = Math.max(box.width - GUTTER - SIDE, 50);
-      return view.x0 + (clientX - box.left - GUTTER) / plot * (view.x1 - view.x0);
+      return view.x0 + (clientX - box.left - GUTTER) / plotWidth() * (view.x1 - view.x0);
     }
     svg.addEventListener("wheel", function (event) {
+      if (!event.ctrlKey && !event.metaKey) return;
       event.preventDefault();
       var factor = Math.exp(Math.max(-1, Math.min(1, event.deltaY / 300)));
       zoom(view, factor, timeAt(event.clientX));
     }, { passive: false });
-    var drag = null;
+    svg.addEventListener("mouseenter", function () { hoveredView = view; });
+    svg.addEventListener("mouseleave", function () { if (hoveredView === view) hoveredView = null; });
+    var drag = null, band = null;
     svg.addEventListener("mousedown", function (event) {
       if (event.button !== 0) return;
-      drag = { x: event.clientX, x0: view.x0, x1: view.x1 };
-      svg.classList.add("dragging");
+      event.preventDefault();
+      drag = { x: event.clientX, x0: view.x0, x1: view.x1, measure: event.shiftKey && !!onWindow, t0: timeAt(event.clientX) };
+      svg.setAttribute("data-dragged", "false");
+      if (drag.measure) band = el("rect", { "class": "window", y: 0, height: svg.getAttribute("height") - AXIS, width: 0 }, svg);
+      else svg.classList.add("dragging");
     });
     window.addEventListener("mousemove", function (event) {
       if (!drag) return;
+      if (Math.abs(event.clientX - drag.x) > 3) svg.setAttribute("data-dragged", "true");
       var box = svg.getBoundingClientRect();
-      var plot = Math.max(box.width - GUTTER - SIDE, 50);
-      var shift = (event.clientX - drag.x) / plot * (drag.x1 - drag.x0);
+      if (drag.measure) {
+        var a = Math.min(drag.x, event.clientX) - box.left, b = Math.max(drag.x, event.clientX) - box.left;
+        band.setAttribute("x", Math.max(a, GUTTER));
+        band.setAttribute("width", Math.max(0, Math.min(b, GUTTER + plotWidth()) - Math.max(a, GUTTER)));
+        return;
+      }
+      var shift = (event.clientX - drag.x) / plotWidth() * (drag.x1 - drag.x0);
       setView(view, drag.x0 - shift, drag.x1 - shift);
     });
-    window.addEventListener("mouseup", function () {
+    window.addEventListener("mouseup", function (event) {
+      if (drag && drag.measure) {
+        var t1 = timeAt(event.clientX);
+        if (band) band.remove();
+        band = null;
+        if (Math.abs(event.clientX - drag.x) > 3) onWindow(Math.min(drag.t0, t1), Math.max(drag.t0, t1));
+      }
       drag = null;
       svg.classList.remove("dragging");
     });
-    svg.addEventListener("dblclick", function () { setView(view, 0, view.full); });
+    svg.addEventListener("dblclick", function () { resetView(view); });
   }
+  document.addEventListener("keydown", function (event) {
+    if (!hoveredView || event.ctrlKey || event.metaKey || event.altKey) return;
+    if (event.target && /^(INPUT|TEXTAREA|SELECT)$/.test(event.target.tagName)) return;
+    var actions = {
+      "+": function () { zoom(hoveredView, 1 / 1.6); }, "=": function () { zoom(hoveredView, 1 / 1.6); },
+      "w": function () { zoom(hoveredView, 1 / 1.6); }, "-": function () { zoom(hoveredView, 1.6); },
+      "s": function () { zoom(hoveredView, 1.6); }, "a": function () { pan(hoveredView, -0.2); },
+      "d": function () { pan(hoveredView, 0.2); }, "0": function () { resetView(hoveredView); }
+    };
+    if (actions[event.key]) { event.preventDefault(); actions[event.key](); }
+  });
+
+  // ---- why: idle gaps, the critical path, busy and idle time in a window ------------------
+  function gapTip(t, gap) {
+    var gaps = t.gaps, row = gaps.row[gap], unit = t.timeUnit, rows = [["schedule", t.name], ["device", "d" + gaps.device[gap]]];
+    var length = gaps.end[gap] - gaps.start[gap];
+    gaps.parts[gap].forEach(function (value, k) { if (value > 0) rows.push([data.bubbleParts[k], fmtTime(value, unit)]); });
+    rows.push(["from", fmtTime(gaps.start[gap], unit) + " to " + fmtTime(gaps.end[gap], unit)]);
+    var wait;
+    if (row < 0) wait = "nothing: the device's last op has ended (cool-down)";
+    else wait = waitText(t, row) + ", before " + opText(t, row);
+    var title = "idle " + fmtTime(length, unit) + (row < 0 ? ", cool-down" : gaps.parts[gap][0] > 0 ? ", warm-up" : "");
+    var ops = t.ops;
+    if (row >= 0 && ops.cause[row] === 2) {
+      var tr = t.transfers, ref = ops.ref[row];
+      title += ", waiting for the " + tr.src[ref] + "->" + tr.dst[ref] + " " + data.transferKinds.names[tr.kind[ref]] + " of mb " + tr.microbatch[ref];
+    } else if (row >= 0 && ops.cause[row] === 1) {
+      title += ", waiting for " + opText(t, ops.ref[row]) + " on d" + ops.device[ops.ref[row]];
+    }
+    return { title: title, rows: rows, wait: wait };
+  }
+  function listCriticalPath(t, panel) {
+    var box = html("details", "critical-list", undefined, panel);
+    var ops = t.ops, tr = t.transfers, unit = t.timeUnit, items = [];
+    t.critical.ops.forEach(function (r) { items.push([ops.start[r], opText(t, r) + " on d" + ops.device[r], ops.end[r]]); });
+    t.critical.transfers.forEach(function (r) {
+      items.push([tr.start[r], data.transferKinds.names[tr.kind[r]] + " transfer of mb " + tr.microbatch[r] + " d" + tr.src[r] + "->d" + tr.dst[r], tr.end[r]]);
+    });
+    items.sort(function (a, b) { return a[0] - b[0]; });
+    var compute = 0, comm = 0;
+    t.critical.ops.forEach(function (r) { compute += ops.end[r] - ops.start[r]; });
+    t.critical.transfers.forEach(function (r) { comm += tr.end[r] - tr.start[r]; });
+    html("summary", "", "critical path: " + t.critical.ops.length + " ops (" + fmtTime(compute, unit) + ") and " +
+      t.critical.transfers.length + " transfers (" + fmtTime(comm, unit) + ")", box);
+    var list = html("ol", "", undefined, box);
+    items.forEach(function (item) { html("li", "", item[1] + ": " + fmtTime(item[0], unit) + " – " + fmtTime(item[2], unit), list); });
+  }
+  // busy time per op kind and idle time of every device's compute stream in [a, b]
+  function measureWindow(t, panel, a, b) {
+    var ops = t.ops, busy = {}, total = 0, unit = t.timeUnit;
+    for (var row = 0; row < ops.start.length; row++) {
+      if (t.onHost && t.onHost[row]) continue;
+      var overlap = Math.min(ops.end[row], b) - Math.max(ops.start[row], a);
+      if (overlap <= 0) continue;
+      var name = data.kinds.letters[ops.kind[row]];
+      busy[name] = (busy[name] || 0) + overlap;
+      total += overlap;
+    }
+    var span = (b - a) * t.devices;
+    var box = panel.querySelector(".window-stats") || html("p", "window-stats", undefined, panel);
+    panel.insertBefore(box, panel.querySelector("svg"));
+    var parts = Object.keys(busy).sort().map(function (k) {
+      return k + " " + fmtTime(busy[k], unit) + " (" + (100 * busy[k] / span).toFixed(1) + "%)";
+    });
+    parts.push("idle " + fmtTime(span - total, unit) + " (" + (100 * (span - total) / span).toFixed(1) + "%)");
+    box.textContent = "window " + fmtTime(a, unit) + " – " + fmtTime(b, unit) + " × " + t.devices + " devices: " + parts.join(" · ");
+    box.setAttribute("data-busy", JSON.stringify(busy));
+    box.setAttribute("data-idle", String(span - total));
+  }
+
+  // ---- search: ops by kind, stage, microbatch, device, in every panel ---------------------
+  var searchBox = document.getElementById("op-search");
+  function parseQuery(text) {
+    var query = {}, words = text.trim().toLowerCase().replace(/[,;]/g, " ").split(/\s+/).filter(Boolean);
+    var fields = { mb: "microbatch", microbatch: "microbatch", m: "microbatch", stage: "stage", s: "stage",
+                   dev: "device", device: "device", d: "device" };
+    for (var i = 0; i < words.length; i++) {
+      var word = words[i], glued = /^([a-z]+)(\d+)$/.exec(word), op = /^(\d+)([a-z])(\d+)$/.exec(word);
+      if (fields[word] && i + 1 < words.length && /^\d+$/.test(words[i + 1])) { query[fields[word]] = Number(words[++i]); continue; }
+      if (glued && fields[glued[1]]) { query[fields[glued[1]]] = Number(glued[2]); continue; }
+      if (op) { query.stage = Number(op[1]); query.kind = op[2]; query.microbatch = Number(op[3]); continue; }
+      query.kind = word;
+    }
+    return query;
+  }
+  function kindMatches(kind, word) {
+    var letter = data.kinds.letters[kind].toLowerCase(), name = data.kinds.names[kind].toLowerCase();
+    return letter === word || name === word || name.split(/[ ()]+/)[0] === word;
+  }
+  function runSearch() {
+    var text = searchBox ? searchBox.value : "";
+    var query = parseQuery(text), empty = !text.trim(), found = 0, panels = 0;
+    document.body.classList.toggle("searching", !empty);
+    charts.forEach(function (chart, index) {
+      if (!chart) return;
+      var ops = data.timelines[index].ops, here = 0;
+      for (var row = 0; row < chart.opNodes.length; row++) {
+        var hit = !empty && (query.microbatch === undefined || ops.microbatch[row] === query.microbatch) &&
+          (query.stage === undefined || ops.stage[row] === query.stage) &&
+          (query.device === undefined || ops.device[row] === query.device) &&
+          (query.kind === undefined || kindMatches(ops.kind[row], query.kind));
+        chart.opNodes[row].classList.toggle("match", hit);
+        if (hit) here++;
+      }
+      found += here;
+      if (here) panels++;
+    });
+    var count = document.getElementById("search-count");
+    if (count) count.textContent = empty ? "" : found + " ops in " + panels + " panels";
+  }
+  function pinMicrobatch(microbatch) {
+    if (!searchBox) return;
+    var text = "mb " + microbatch;
+    searchBox.value = searchBox.value === text ? "" : text;
+    runSearch();
+  }
+  if (searchBox) searchBox.addEventListener("input", runSearch);
 
   // ---- measured step times against the prediction --------------------------------------
   function drawSteps(c, container) {
@@ -620,6 +909,10 @@
   } else {
     data.timelines.forEach(function (t, index) { drawTimeline(t, index, container); });
   }
+  var share = document.getElementById("share-axis");
+  if (share) share.addEventListener("change", function () { shareAxis(share.checked); });
+  var critical = document.getElementById("show-critical");
+  if (critical) critical.addEventListener("change", function () { document.body.classList.toggle("show-critical", critical.checked); });
   if (data.distributions) stepPlots.push(drawDistributions(data.distributions, document.getElementById("distributions")));
   Object.keys(views).forEach(function (key) {
     var view = views[key];
