@@ -16,13 +16,13 @@ def test_compare_html_headline_and_bubble_breakdown(cli, tmp_path) -> None:
                  "--json", "--html", str(html))
     assert result.code == 0, result
     records = json.loads(result.out)["records"]
-    fitting = [r for r in records if not r["out_of_memory"]]
-    best = min(fitting, key=lambda r: r["iteration_time"])
+    fitting = [r for r in records if not r["any_out_of_memory"]]
+    best = min(fitting, key=lambda r: r["iteration_time_s"])
     baseline = next(r for r in records if r["schedule"] == "1f1b")
-    faster = 1 - best["iteration_time"] / baseline["iteration_time"]
+    faster = 1 - best["iteration_time_s"] / baseline["iteration_time_s"]
     text = html.read_text()
     headline = unescape(re.search(r'id="report-headline">([^<]*)<', text).group(1))
-    assert headline == (f"fastest that fits: {best['schedule']} {best['iteration_time']:.4g} s, {faster:.1%} faster "
+    assert headline == (f"fastest that fits: {best['schedule']} {best['iteration_time_s']:.4g} s, {faster:.1%} faster "
                         f"than 1f1b; {len(records) - len(fitting)} of {len(records)} out of memory")
     # the metrics and comparison rows link to their panels, one per schedule each
     assert text.count('<tr data-link="timeline-') == 2 * len(records)

@@ -115,7 +115,7 @@ def test_the_largest_table_a_family_generates_is_read_back_by_validate(cli, tmp_
     assert "valid" in checked.out
     stages, microbatches = (stages_and_microbatches(name, p, m, options) if options
                             else (generate(name, 2, 4).num_stages, m))
-    assert f"{stages} stages, {microbatches} microbatches" in checked.out
+    assert f"{stages:,} stages, {microbatches:,} microbatches" in checked.out
 
 
 @pytest.mark.parametrize("name", ["1f1b", "zb-h1"])

@@ -570,12 +570,12 @@ def test_search_on_a_local_ray_from_the_command_line(tmp_path) -> None:
     out, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
     assert "Traceback" not in err and "pipesched: error" not in err
-    on_ray = json.loads(out)
+    (on_ray,) = json.loads(out)["searches"]
     with SearchStore.open(tmp_path / "one.sqlite") as store:
         alone = search(SearchSpace(model="llama3-8b", cluster="1x8-h100", global_batch=8, schedules=("1f1b",),
                                    partitions=("balanced",), recompute=("selective",), tensor_parallel=(4,)),
                        store=store)
-    assert on_ray["points"] == len(alone.rows) == 4 and on_ray["evaluated"] == alone.count(EVALUATED)
+    assert on_ray["points"] == len(alone.rows) == 4 and on_ray["evaluated_points"] == alone.count(EVALUATED)
     assert on_ray["best"]["iteration_time_s"] == alone.best.iteration_time_s
 
 
@@ -726,7 +726,7 @@ def test_two_searches_started_together_on_a_new_store(tmp_path) -> None:
     outputs = [process.communicate(timeout=300) for process in processes]
     for process, (_, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err
-    first, second = (json.loads(out) for out, _ in outputs)
+    (first,), (second,) = (json.loads(out)["searches"] for out, _ in outputs)
     assert first["rows"] == second["rows"] and first["points"] == 4
     with SearchStore.open(db) as store:
         (search_id, _), = store.searches()

@@ -204,7 +204,7 @@ def test_every_label_shows_the_steady_state_iteration_and_the_users_m(cli, tmp_p
     assert f"bubble {data['bubble_ratio']:.1%}" in header
     assert f"{family}: p=4, m=8," in text
     page = (tmp_path / "r.html").read_text()
-    row = re.search(r'id="metrics-table">.*?<tbody><tr>(.*?)</tr>', page).group(1)
+    row = re.search(r'id="metrics-table">.*?<tbody><tr[^>]*>(.*?)</tr>', page).group(1)
     values = re.findall(r'data-value="([^"]*)"', row)
     assert float(values[4]) == 8 and float(values[6]) == pytest.approx(time)
     assert float(values[7]) == pytest.approx(data["bubble_ratio"])
