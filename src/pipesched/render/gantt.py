@@ -76,6 +76,8 @@ COLLECTION_LIMIT = 100_000
 # height of a box within its row (rows are 1 data unit apart)
 _BOX = 0.78
 _TRANSFER_BOX = 0.6
+# a device's memory capacity line (red is only for memory above it)
+CAPACITY_COLOR = "#333333"
 # inches: the narrowest a transfer is drawn (1.44 pt in SVG, 3 px in a 150 dpi PNG)
 MIN_TRANSFER_WIDTH = 0.02
 # legend: inches per row, and per entry: the patch and gaps plus ~0.062 in per 8 pt character
@@ -343,7 +345,7 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
                 axes.fill_between(xs, line, np.minimum(ys, line), step="post", color=OOM_COLOR, alpha=0.8,
                                   linewidth=0, gid=f"over-capacity-d{device}")
         if show_capacity and capacities is not None:
-            axes.axhline(base - 0.85 * capacities[device] / top, color=OOM_COLOR, linewidth=0.6, linestyle="--")
+            axes.axhline(base - 0.85 * capacities[device] / top, color=CAPACITY_COLOR, linewidth=0.6, linestyle="--")
         host = timeline.host_memory
         if host is not None and host.values[device].size and host.peak[device] > 0:
             times = (np.asarray(host.times[device], np.float64) - timeline.origin) * scale.factor
@@ -363,7 +365,7 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
     if timeline.host_memory is not None:
         note += "; dashed grey: host memory of offloaded activations"
     if show_capacity:
-        note += "; dashed red: capacity"
+        note += "; dashed: capacity"
     axes.set_title(note, loc="left", fontsize=8, color="#333333")
     short = [d for d, oom in enumerate(memory.out_of_memory) if oom]
     if short:

@@ -102,7 +102,7 @@ def grid_view(timeline: Timeline, *, width: int, color: bool = True) -> Group:
     >>> print("\\n".join(line.rstrip() for line in out.get().splitlines()))
         0   1   2   3   4   5   6   7   8
     d0  0F0 0F1 ·   ·   0B0──── ·   0B1────
-    d1  ·   1F0 1B0──── 1F1 1B1────
+    d1  ·   1F0 1B0──── 1F1 1B1──── ·   ·
      F  forward   B  backward (full)  · idle
     """
     require(width >= 24, "width", width, "the terminal grid needs at least 24 columns")
@@ -157,7 +157,8 @@ def _bands(timeline: Timeline, slots: int) -> list[tuple[int, float]]:
 def _grid_band(timeline: Timeline, rows: np.ndarray, texts: list[str], first: float, last: float, per_slot: int,
                chunk: np.ndarray, chunks: np.ndarray, *, color: bool) -> Text:
     """One device's ops between slots ``first`` and ``last`` (from the origin), ``per_slot``
-    columns a slot; idle columns blank but for a ``·`` where an idle slot starts."""
+    columns a slot; idle columns blank but for a ``·`` where an idle slot starts (to the
+    band's end)."""
     origin = timeline.origin
     bar = Text()
     at = 0  # columns written
@@ -177,6 +178,8 @@ def _grid_band(timeline: Timeline, rows: np.ndarray, texts: list[str], first: fl
         if stop - begin > 1:
             bar.append(" ")
         at = stop
+    idle = "".join(IDLE_CELL if column % per_slot == 0 else " " for column in range(at, round((last - first) * per_slot)))
+    bar.append(idle, style="dim")
     return bar
 
 
