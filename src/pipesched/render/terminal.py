@@ -123,7 +123,8 @@ def grid_view(timeline: Timeline, *, width: int, color: bool = True) -> Group:
         for name, mine in rows:
             line = Text()
             line.append(name.ljust(label_width), style="bold" if name[0] == "d" else "dim")
-            line.append_text(_grid_band(timeline, mine, texts, first, last, per_slot, chunk, chunks, color=color))
+            line.append_text(_grid_band(timeline, _overlapping(timeline, mine, first, last), texts, first, last,
+                                        per_slot, chunk, chunks, color=color))
             lines.append(line)
     lines.append(_legend(timeline))
     return Group(*lines)
@@ -152,6 +153,14 @@ def _bands(timeline: Timeline, slots: int) -> list[tuple[int, float]]:
         last = free[0] if free else first + slots
         bands.append((first, float(last)))
         first = last
+
+
+def _overlapping(timeline: Timeline, rows: np.ndarray, first: float, last: float) -> np.ndarray:
+    """The rows (one stream's ops in start order, none overlapping) that run between slots
+    ``first`` and ``last``: found by bisection, so a long table's bands cost their own ops."""
+    start = timeline.op_start[rows] - timeline.origin
+    end = timeline.op_end[rows] - timeline.origin
+    return rows[np.searchsorted(end, first, side="right"):np.searchsorted(start, last, side="left")]
 
 
 def _grid_band(timeline: Timeline, rows: np.ndarray, texts: list[str], first: float, last: float, per_slot: int,
@@ -260,10 +269,16 @@ def _axis(timeline: Timeline, label_width: int, columns: int) -> Text:
 
 
 def _legend(timeline: Timeline) -> Text:
+    """Each op kind present in each of its chunk shades present (darkest: a device's lowest
+    stage), then idle."""
     legend = Text()
-    present = sorted({int(k) for k in np.unique(timeline.box_kind)})
-    for kind in present:
-        legend.append(f" {KIND_MARKS[kind]} ", style=f"bold {LABEL_ON_KIND} on {KIND_COLORS[kind]}")
+    chunk, chunks = op_chunks(timeline)
+    shades = {(int(k), int(c), int(n)) for k, c, n in
+              np.unique(np.stack([timeline.box_kind, chunk, chunks[timeline.op_device]], 1), axis=0).tolist()}
+    for kind in sorted({k for k, _, _ in shades}):
+        for _, c, n in sorted(shade for shade in shades if shade[0] == kind):
+            legend.append(f" {KIND_MARKS[kind]} ", style=f"bold {LABEL_ON_KIND} on "
+                                                         f"{lighten(KIND_COLORS[kind], chunk_shade(c, n))}")
         legend.append(f" {KIND_NAMES[kind]}  ")
     legend.append(f"{IDLE_CELL} idle", style="dim")
     return legend
