@@ -262,7 +262,7 @@ def test_wait_reason_names_the_event_that_released_the_op() -> None:
     named = by_event(events)
     ops = [e for e in named.values() if e["cat"] != "transfer"]
     for op in ops:
-        ref = op["args"]["waited for event"]
+        ref = op["args"].get("waited for event")
         if ref is None:
             assert op["args"]["waited for"].startswith("nothing") and op["ts"] == 0
             continue

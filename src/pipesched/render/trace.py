@@ -9,9 +9,9 @@ Layout in the viewer:
 - every op and transfer names itself in ``args.event`` (``op 12``: op row 12, ``transfer
   3``; prefixed ``t1 `` and so on for the second timeline of a trace), says whether it is on
   the critical path (``args.critical``) and, for an op, what it waited for: in words
-  (``waited for``) and as the event that released it (``waited for event``); a transfer
-  names the op that produced its data and the op that consumes it (``producer``,
-  ``consumer``);
+  (``waited for``) and as the event that released it (``waited for event``, absent for the
+  ops that start the iteration); a transfer names the op that produced its data and the op
+  that consumes it (``producer``, ``consumer``; absent for an all-reduce);
 - flow arrows (``ph: s`` then ``ph: f``, same ``id``, bound to the enclosing slices), by
   category: ``send`` from each producing op to its transfer, ``dependency`` from each
   transfer to the op that receives it (a timeline without transfers, the slot table, gets
@@ -228,7 +228,7 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], critical_pid: i
                 "kind": KIND_LETTERS[kind],
                 "critical": critical_ops[row],
                 "waited for": wait_words[row],
-                "waited for event": waited_event[row],
+                **({"waited for event": waited_event[row]} if waited_event[row] is not None else {}),
             },
         })
 
@@ -252,8 +252,8 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], critical_pid: i
             "args": {"event": transfer_ids[row], "src device": src, "dst device": dst, "stage": int(table.stage[row]),
                      "microbatch": microbatch, "bytes": float(table.nbytes[row]),
                      "critical": critical_transfers[row],
-                     "producer": op_ids[producer] if producer >= 0 else None,
-                     "consumer": op_ids[consumer] if consumer >= 0 else None},
+                     **({"producer": op_ids[producer]} if producer >= 0 else {}),
+                     **({"consumer": op_ids[consumer]} if consumer >= 0 else {})},
         })
 
     ops = _Slices(names, op_pid, op_tid, starts, ends)
