@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -106,8 +107,6 @@ ANSI = r"\x1b\[[0-9;]*m"
 
 
 def test_show_on_a_terminal_prints_the_time_aligned_grid_within_columns(cli, monkeypatch) -> None:
-    import re
-
     monkeypatch.setenv("FORCE_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.delenv("NO_COLOR", raising=False)
@@ -121,8 +120,6 @@ def test_show_on_a_terminal_prints_the_time_aligned_grid_within_columns(cli, mon
 
 
 def test_show_with_no_color_draws_the_grid_without_colour(cli, monkeypatch) -> None:
-    import re
-
     monkeypatch.setenv("FORCE_COLOR", "1")
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.setenv("COLUMNS", "100")

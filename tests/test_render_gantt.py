@@ -7,12 +7,14 @@ import struct
 import xml.etree.ElementTree as ET
 
 import pytest
+from matplotlib.colors import to_hex
 
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.ops import B, F, Op
 from pipesched.render import gantt
 from pipesched.render.gantt import gantt_figure, render_gantt
+from pipesched.render.style import KIND_NAMES, OOM_COLOR, device_color
 from pipesched.schedule import Placement, Schedule
 from pipesched.slot_table import slot_table
 from render_timelines import GIB, simulated, split_backward, with_transfers
@@ -171,10 +173,6 @@ def test_short_transfers_are_drawn_at_least_one_unit_wide() -> None:
 
 
 def test_legend_lists_every_colour_drawn_with_its_kind_and_chunk() -> None:
-    from matplotlib.colors import to_hex
-
-    from pipesched.render.style import KIND_NAMES
-
     timeline = slot_table(generate("dualpipev", 4, 8))
     built = gantt_figure([timeline])
     legend = built.figure.legends[0]
@@ -196,10 +194,6 @@ def test_legend_lists_every_colour_drawn_with_its_kind_and_chunk() -> None:
 
 
 def test_memory_keeps_device_colours_and_reds_only_what_is_over_capacity() -> None:
-    from matplotlib.colors import to_hex
-
-    from pipesched.render.style import OOM_COLOR, device_color
-
     # 1F1B holds 4, 3, 2, 1 stage-microbatches of 2 GiB over 10 GiB static: 18, 16, 14, 12 GiB
     timeline = with_transfers(generate("1f1b", 4, 8), capacity=15 * GIB)
     assert timeline.memory.out_of_memory == (True, True, False, False)

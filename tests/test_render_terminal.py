@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import re
 
 import pytest
 from rich.console import Console
@@ -95,8 +96,6 @@ def test_comparison_columns_are_not_markup() -> None:
 def grid_tokens(lines: list[str]) -> dict[str, list[tuple[int, int]]]:
     """Each op token of a plain grid (text, then GRID_FILL to its extent, then a space):
     its text -> [(column from the row's start, columns with the space after it)]."""
-    import re
-
     found: dict[str, list[tuple[int, int]]] = {}
     for line in lines:
         if not re.match(r"d\d+ ", line):

@@ -13,6 +13,7 @@ import pytest
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.render.trace import render_trace
+from pipesched.simulate import critical_path
 from pipesched.slot_table import slot_table
 from render_timelines import GIB, simulated, split_backward, with_transfers
 
@@ -238,8 +239,6 @@ def test_fused_ops_flows_bind_to_the_drawn_box() -> None:
 
 
 def test_critical_flag_and_track_follow_the_critical_path() -> None:
-    from pipesched.simulate import critical_path
-
     timeline = simulated(generate("1f1b", 4, 8))
     path = critical_path(timeline)
     events = check_format(load([timeline]))
