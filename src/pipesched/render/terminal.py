@@ -172,24 +172,26 @@ def _grid_band(timeline: Timeline, rows: np.ndarray, texts: list[str], first: fl
     bar = Text()
     at = 0  # columns written
     for row in rows.tolist():
+        # the op's part inside the band, at least one column
         start = max(float(timeline.op_start[row]) - origin, first)
         end = min(float(timeline.op_end[row]) - origin, last)
-        if end <= start and not (timeline.op_end[row] == timeline.op_start[row] and first <= start < last):
-            continue
         begin = max(round((start - first) * per_slot), at)
         stop = max(round((end - first) * per_slot), begin + 1)
-        bar.append("".join(IDLE_CELL if column % per_slot == 0 else " " for column in range(at, begin)), style="dim")
-        kind = int(timeline.box_kind[row])
-        several = int(chunks[timeline.op_device[row]]) > 1
-        fill = lighten(KIND_COLORS[kind], chunk_shade(int(chunk[row]), int(chunks[timeline.op_device[row]])))
-        bar.append(_token(texts[row], op_label(timeline, row, several_stages=several), KIND_MARKS[kind],
+        bar.append(_idle(at, begin, per_slot), style="dim")
+        kind, shades = int(timeline.box_kind[row]), int(chunks[timeline.op_device[row]])
+        fill = lighten(KIND_COLORS[kind], chunk_shade(int(chunk[row]), shades))
+        bar.append(_token(texts[row], op_label(timeline, row, several_stages=shades > 1), KIND_MARKS[kind],
                           stop - begin, color=color), style=f"bold {LABEL_ON_KIND} on {fill}" if color else "bold")
         if stop - begin > 1:
             bar.append(" ")
         at = stop
-    idle = "".join(IDLE_CELL if column % per_slot == 0 else " " for column in range(at, round((last - first) * per_slot)))
-    bar.append(idle, style="dim")
+    bar.append(_idle(at, round((last - first) * per_slot), per_slot), style="dim")
     return bar
+
+
+def _idle(begin: int, stop: int, per_slot: int) -> str:
+    """Idle columns ``begin`` to ``stop`` of a band: blank, a ``·`` where a slot starts."""
+    return "".join(IDLE_CELL if column % per_slot == 0 else " " for column in range(begin, stop))
 
 
 def _token(text: str, short: str, mark: str, columns: int, *, color: bool) -> str:
