@@ -215,6 +215,8 @@ def test_each_transfer_has_a_flow_from_its_producer_and_to_its_consumer() -> Non
         assert transfer["args"]["producer"] == producer["args"]["event"]
         assert transfer["args"]["consumer"] == consumer["args"]["event"]
         assert producer["ts"] + producer["dur"] <= transfer["ts"] + 1e-3 <= consumer["ts"] + 1e-3
+    # each arrow is named after what it carries to
+    assert all(s["name"] == f"sends {bound(threads, f)['name']}" for s, f in flow_pairs(events, "send"))
 
 
 def test_ops_flow_to_the_later_ops_of_their_device_that_need_them() -> None:

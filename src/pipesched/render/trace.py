@@ -74,8 +74,10 @@ def trace_document(timelines: Sequence[Timeline]) -> dict:
 
 
 def comparison_trace_document(pairs: Sequence[tuple[Timeline, Timeline]]) -> dict:
-    """Predicted and measured timelines of each schedule as one trace: process ``2d`` is
-    device d's prediction and ``2d + 1`` its measurement (module docstring)."""
+    """Predicted and measured timelines of each schedule as one trace: per schedule, from
+    its first process ``k``, process ``k + 2d`` is device d's prediction and ``k + 2d + 1``
+    its measurement, then the prediction's and the measurement's critical paths (module
+    docstring)."""
     require(len(pairs) >= 1, "timelines", 0, "give at least one predicted and measured pair to trace")
     check_trace_size([timeline for pair in pairs for timeline in pair])
     events: list[dict] = []
@@ -236,13 +238,14 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], critical_pid: i
     t_starts = [stamp(t) for t in table.start.tolist()]
     t_ends = [stamp(t) for t in table.end.tolist()]
     critical_transfers = transfer_critical.tolist()
+    transfer_names = [f"{TRANSFER_NAMES[kind]} mb{mb}" if mb >= 0 else TRANSFER_NAMES[kind]
+                      for kind, mb in zip(table.kind.tolist(), table.microbatch.tolist(), strict=True)]
     for row in range(len(table)):
         src, dst = int(table.src_device[row]), int(table.dst_device[row])
         microbatch = int(table.microbatch[row])
-        what = TRANSFER_NAMES[int(table.kind[row])]
         producer, consumer = int(deps.producer[row]), int(deps.consumer[row])
         events.append({
-            "name": f"{what} mb{microbatch}" if microbatch >= 0 else what,
+            "name": transfer_names[row],
             "cat": "transfer",
             "ph": "X",
             "ts": t_starts[row],
@@ -256,21 +259,22 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], critical_pid: i
                      **({"consumer": op_ids[consumer]} if consumer >= 0 else {})},
         })
 
-    ops = _Slices(names, op_pid, op_tid, starts, ends)
-    sends = _Slices(names, [pid_of[d] for d in table.src_device.tolist()], transfer_tid, t_starts, t_ends)
+    ops = _Slices(names, op_ids, op_pid, op_tid, starts, ends)
+    sends = _Slices(transfer_names, transfer_ids, [pid_of[d] for d in table.src_device.tolist()], transfer_tid,
+                    t_starts, t_ends)
     events += _flows(timeline, deps, ops, sends, flow_ids)
-    events += _critical_track(timeline, path, critical_pid, names, op_ids, transfer_ids, starts, ends,
-                              t_starts, t_ends, suffix)
+    events += _critical_track(timeline, path, critical_pid, ops, sends, suffix)
     events += _counters(timeline, pid_of, stamp)
     return events
 
 
 @dataclass(frozen=True)
 class _Slices:
-    """Where each op (or transfer) row sits in the trace: its name, process, thread, start
-    and end in microseconds."""
+    """Where each op (or transfer) row sits in the trace: its name, event name
+    (``args.event``), process, thread, start and end in microseconds."""
 
     name: list[str]
+    event: list[str]
     pid: list[int]
     tid: list[int]
     start: list[float]
@@ -320,25 +324,18 @@ def _flows(timeline: Timeline, deps, ops: _Slices, sends: _Slices, flow_ids) -> 
     return events
 
 
-def _critical_track(timeline: Timeline, path, pid: int, names, op_ids, transfer_ids, starts, ends,
-                    t_starts, t_ends, suffix: str) -> list[dict]:
+def _critical_track(timeline: Timeline, path, pid: int, ops: _Slices, sends: _Slices, suffix: str) -> list[dict]:
     """The critical path's tasks, in time order, on the one thread of process ``pid``; each
-    names the op or transfer it repeats (``args.event``)."""
-    table = timeline.transfers
+    names the op or transfer it repeats (``args.event``) and the device it ran on."""
     events = [_meta("process_name", pid, 0, name=f"{timeline.schedule.name} · critical path{suffix}"),
               _meta("process_sort_index", pid, 0, sort_index=pid),
               _meta("thread_name", pid, COMPUTE_TID, name="critical path")]
     for is_transfer, row in zip(path.is_transfer.tolist(), path.row.tolist(), strict=True):
-        if is_transfer:
-            what = TRANSFER_NAMES[int(table.kind[row])]
-            name, event, start, end = f"{what} mb{int(table.microbatch[row])}", transfer_ids[row], t_starts[row], t_ends[row]
-            device = int(table.src_device[row])
-        else:
-            name, event, start, end = names[row], op_ids[row], starts[row], ends[row]
-            device = int(timeline.op_device[row])
-        events.append({"name": name, "cat": CRITICAL_CATEGORY, "ph": "X", "ts": start,
-                       "dur": round(end - start, 3), "pid": pid, "tid": COMPUTE_TID,
-                       "args": {"event": event, "device": device}})
+        where, device = ((sends, int(timeline.transfers.src_device[row])) if is_transfer
+                         else (ops, int(timeline.op_device[row])))
+        events.append({"name": where.name[row], "cat": CRITICAL_CATEGORY, "ph": "X", "ts": where.start[row],
+                       "dur": round(where.end[row] - where.start[row], 3), "pid": pid, "tid": COMPUTE_TID,
+                       "args": {"event": where.event[row], "device": device}})
     return events
 
 
