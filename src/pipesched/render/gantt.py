@@ -172,7 +172,8 @@ def _legend_entries(timelines: Sequence[Timeline]) -> list[tuple[str, str]]:
         label = f"{KIND_MARKS[kind]}  {KIND_NAMES[kind]}"
         if chunks > 1:
             label += f" · {chunk_names(chunks)[chunk]}"
-        if (color, label) not in entries:
+        # a first chunk's colour is its kind's own: listed once, under its first label
+        if color not in {known for known, _ in entries}:
             entries.append((color, label))
     entries += [(TRANSFER_COLORS[k], f"{TRANSFER_NAMES[k]} transfer") for k in _transfer_kinds_present(timelines)]
     entries.append((IDLE_COLOR, "idle"))

@@ -60,11 +60,11 @@ def chunk_names(chunks: int) -> tuple[str, ...]:
     is the device's lowest stage, drawn darkest).
 
     >>> chunk_names(2)
-    ('chunk 1', 'chunk 2')
+    ('chunk 1 of 2', 'chunk 2 of 2')
     """
     if chunks <= 1:
         return ("",)
-    return tuple(f"chunk {c + 1}" for c in range(chunks))
+    return tuple(f"chunk {c + 1} of {chunks}" for c in range(chunks))
 
 
 def lighten(color: str, amount: float) -> str:
