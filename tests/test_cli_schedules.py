@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -100,3 +101,40 @@ def test_show_and_compare_name_their_slot_units_and_agree_on_them(cli) -> None:
     assert record["iteration_time_slots"] == chunk_slots / 2 and record["peak_activation_units"] == 4.0
     printed = cli("compare", "--schedules", "zb-v", "-p", "4", "-m", "8", "--levels", "table").out
     assert "slots: time of a 1F1B stage op" in printed
+
+
+ANSI = r"\x1b\[[0-9;]*m"
+
+
+def test_show_on_a_terminal_prints_the_time_aligned_grid_within_columns(cli, monkeypatch) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    result = cli("show", "dualpipev", "-p", "4", "-m", "8")
+    assert result.code == 0, result
+    assert re.search(r"\x1b\[[0-9;]*4\dm|\x1b\[[0-9;]*48;", result.out)  # op backgrounds
+    lines = [re.sub(ANSI, "", line) for line in result.out.splitlines()]
+    assert all(len(line) <= 80 for line in lines)
+    assert "time-aligned" in lines[0] and "(0F7;7B3)OVERLAP_F_B" not in result.out
+    assert lines[-1].startswith("# formula:")  # the summary lines stay
+
+
+def test_show_with_no_color_draws_the_grid_without_colour(cli, monkeypatch) -> None:
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "100")
+    result = cli("show", "dualpipev", "-p", "4", "-m", "8")
+    assert result.code == 0, result
+    assert not re.search(r"\x1b\[[0-9;]*(3|4)\dm|\x1b\[[0-9;]*(38|48);", result.out)
+    assert "0F7&7B3────" in re.sub(ANSI, "", result.out)
+
+
+def test_show_to_a_pipe_or_with_format_grid_keeps_the_grid_text(cli, monkeypatch) -> None:
+    from pipesched import io
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    piped = cli("show", "dualpipev", "-p", "4", "-m", "8")
+    assert piped.code == 0 and piped.out.startswith(io.dumps(generate("dualpipev", 4, 8), "grid"))
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    explicit = cli("show", "dualpipev", "-p", "4", "-m", "8", "--format", "grid")
+    assert explicit.out == piped.out

@@ -7,12 +7,14 @@ import struct
 import xml.etree.ElementTree as ET
 
 import pytest
+from matplotlib.colors import to_hex
 
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.ops import B, F, Op
 from pipesched.render import gantt
 from pipesched.render.gantt import gantt_figure, render_gantt
+from pipesched.render.style import KIND_NAMES, OOM_COLOR, device_color
 from pipesched.schedule import Placement, Schedule
 from pipesched.slot_table import slot_table
 from render_timelines import GIB, simulated, split_backward, with_transfers
@@ -132,3 +134,74 @@ def test_names_are_drawn_as_plain_text_not_math() -> None:
     assert png_size(render_gantt([odd], fmt="png", title=title, dpi=50))[0] == 700
     built = gantt_figure([odd], title=title)
     assert built.figure.axes[0].get_title(loc="left") == name
+
+
+def svg_boxes(data: bytes, link: str) -> dict[int, tuple[float, float]]:
+    """Width and height (SVG units) of each box linked ``#<link>-<row>``."""
+    root = ET.fromstring(data)
+    out = {}
+    for anchor in root.iter("{http://www.w3.org/2000/svg}a"):
+        href = anchor.get("{http://www.w3.org/1999/xlink}href", "")
+        found = re.fullmatch(rf"#{link}-(\d+)", href)
+        if not found:
+            continue
+        path = next(anchor.iter("{http://www.w3.org/2000/svg}path"))
+        numbers = [float(x) for x in re.findall(r"-?\d+(?:\.\d+)?(?:e-?\d+)?", path.get("d"))]
+        xs, ys = numbers[0::2], numbers[1::2]
+        out[int(found.group(1))] = (max(xs) - min(xs), max(ys) - min(ys))
+    return out
+
+
+def test_short_transfers_are_drawn_at_least_one_unit_wide() -> None:
+    # 0.1 us transfers in a panel of about 20 ms: a ten-thousandth of a pixel at their length
+    timeline = with_transfers(generate("1f1b", 4, 8), comm=1e-7)
+    data = render_gantt([timeline], fmt="svg")
+    widths = svg_boxes(data, "transfer-0")
+    assert len(widths) == len(timeline.transfers)
+    assert min(width for width, _ in widths.values()) >= 1.0  # SVG units (1 pt); PNG pixels below
+    built = gantt_figure([timeline])
+    collection = next(c for axes in built.figure.axes for c in axes.collections if c.get_gid() == "transfers-0")
+    built.figure.set_dpi(150)
+    axes = next(axes for axes in built.figure.axes if collection in axes.collections)
+    for path in collection.get_paths():
+        pixels = axes.transData.transform(path.vertices)
+        assert pixels[:, 0].max() - pixels[:, 0].min() >= 1.5
+    # every link row says how busy it is: short transfers never read as unused
+    texts = [t.get_text() for axes in built.figure.axes for t in axes.texts]
+    busy = [t for t in texts if t.endswith("busy")]
+    assert len(busy) == len(set(timeline.transfers.channel.tolist())) and "0.0% busy" not in busy
+
+
+def test_legend_lists_every_colour_drawn_with_its_kind_and_chunk() -> None:
+    timeline = slot_table(generate("dualpipev", 4, 8))
+    built = gantt_figure([timeline])
+    legend = built.figure.legends[0]
+    entries = {to_hex(patch.get_facecolor()): text.get_text()
+               for patch, text in zip(legend.get_patches(), legend.get_texts(), strict=True)}
+    ops = next(c for axes in built.figure.axes for c in axes.collections if c.get_gid() == "ops-0")
+    drawn = {to_hex(color) for color in ops.get_facecolors()}
+    assert drawn <= set(entries) and len(drawn) == len(entries) - 1  # and idle
+    # independently: each device's chunk is the rank of the stage among its stages
+    present = set()
+    for device, ops_of in enumerate(timeline.schedule.device_ops):
+        stages = sorted({atom.stage for op in ops_of for atom in op.atoms})
+        for row in timeline.rows_of_device(device).tolist():
+            present.add((int(timeline.box_kind[row]), stages.index(int(timeline.op_stage[row])) + 1))
+    labels = set(entries.values())
+    for kind, chunk in present:
+        assert any(KIND_NAMES[kind] in label and f"chunk {chunk}" in label for label in labels), (kind, chunk)
+    assert any("overlapped forward + backward" in label for label in labels)
+
+
+def test_memory_keeps_device_colours_and_reds_only_what_is_over_capacity() -> None:
+    # 1F1B holds 4, 3, 2, 1 stage-microbatches of 2 GiB over 10 GiB static: 18, 16, 14, 12 GiB
+    timeline = with_transfers(generate("1f1b", 4, 8), capacity=15 * GIB)
+    assert timeline.memory.out_of_memory == (True, True, False, False)
+    built = gantt_figure([timeline])
+    axes = built.figure.axes[1]
+    lines = [line for line in axes.get_lines() if line.get_linestyle() == "-"]
+    assert [to_hex(line.get_color()) for line in lines] == [device_color(d) for d in range(4)]
+    assert OOM_COLOR not in {to_hex(line.get_color()) for line in lines}
+    over = sorted(c.get_gid() for c in axes.collections if (c.get_gid() or "").startswith("over-capacity"))
+    assert over == ["over-capacity-d0", "over-capacity-d1"]
+    assert "out of memory: d0, d1" in axes.get_title(loc="right")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import re
 
 import pytest
 from rich.console import Console
@@ -90,3 +91,73 @@ def test_comparison_table_takes_any_columns() -> None:
 def test_comparison_columns_are_not_markup() -> None:
     text = "\n".join(plain(comparison_table([{"[bold]x[/]": 1, "[/]": "y"}]), 80))
     assert "[bold]x[/]" in text and "[/]" in text
+
+
+def grid_tokens(lines: list[str]) -> dict[str, list[tuple[int, int]]]:
+    """Each op token of a plain grid (text, then GRID_FILL to its extent, then a space):
+    its text -> [(column from the row's start, columns with the space after it)]."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for line in lines:
+        if not re.match(r"d\d+ ", line):
+            continue
+        body = line[line.index(" "):].lstrip(" ")
+        offset = len(line) - len(body)
+        for match in re.finditer(r"([^\s·─]+)─*", body):
+            found.setdefault(match.group(1), []).append((offset + match.start(), len(match.group(0)) + 1))
+    return found
+
+
+def test_grid_columns_follow_time() -> None:
+    from pipesched.costs import StageCosts
+
+    # 1 + 2 slots for F and B, 3 for a fused pair (F + B), W and I 1 each
+    timeline = slot_table(generate("dualpipev", 4, 8), StageCosts.slots())
+    lines = plain(terminal.grid_view(timeline, width=400, color=False), 400)
+    tokens = grid_tokens(lines)
+    slot = tokens["0F0"][0][1]  # a 1-slot forward's columns: one slot
+    first = tokens["0F0"][0][0]  # where time 0 is
+    drawn = timeline.drawn()
+    checked = 0
+    for row in range(len(timeline)):
+        if not drawn[row]:
+            continue
+        text = "&".join(str(op) for op in timeline.entry(row).atoms)
+        ((column, columns),) = tokens[text]
+        start, end = timeline.op_start[row] - timeline.origin, timeline.op_end[row] - timeline.origin
+        assert column == first + start * slot and columns == (end - start) * slot, text
+        checked += 1
+    assert checked == int(drawn.sum()) and any("&" in text for text in tokens)
+    # equal durations, equal widths: every F, I, W one slot, every B two, every fused pair three
+    widths = {text[1] if "&" not in text else "&": {w for _, w in places} for text, places in tokens.items()}
+    assert widths == {"F": {slot}, "I": {slot}, "W": {slot}, "B": {2 * slot}, "&": {3 * slot}}
+
+
+@pytest.mark.parametrize("width", [24, 40, 80, 133])
+def test_grid_wraps_in_time_bands_within_the_width(width: int) -> None:
+    timeline = slot_table(generate("dualpipev", 4, 8))
+    lines = plain(terminal.grid_view(timeline, width=width, color=False), width)
+    assert all(len(line) <= width for line in lines)
+    # 54 slots of 4 columns: bands of at most (width - 4) // 4 slots
+    assert sum(1 for line in lines if line.startswith("d0 ")) >= 54 // ((width - 4) // 4)
+    # every device row of every band covers its band's slots, no more
+    rows = [line for line in lines if line.startswith("d")]
+    axes = [line for line in lines if line.lstrip()[:1].isdigit()]
+    assert len(rows) == 4 * len(axes)
+    if width >= 80:
+        # wide enough for bands to end at slot boundaries no op runs across: every op once, whole
+        tokens = grid_tokens(lines)
+        expected = ["&".join(str(op) for op in timeline.entry(row).atoms) for row in
+                    range(len(timeline)) if timeline.drawn()[row]]
+        assert sorted(tokens) == sorted(expected) and all(len(places) == 1 for places in tokens.values())
+
+
+def test_grid_colours_ops_by_kind() -> None:
+    timeline = slot_table(generate("zb-h1", 2, 2))
+    console = Console(width=80, color_system="truecolor", highlight=False)
+    with console.capture() as out:
+        console.print(terminal.grid_view(timeline, width=80))
+    text = out.get()
+    for kind in (0, 1, 2):  # F, I, W
+        red, green, blue = (int(style.KIND_COLORS[kind][i:i + 2], 16) for i in (1, 3, 5))
+        assert f"48;2;{red};{green};{blue}m" in text
+    assert terminal.GRID_FILL not in text

@@ -169,8 +169,11 @@ def show(
     html: Html = None,
 ) -> None:
     """Generate a schedule and print it as a table (or write it as grid text, CSV or JSON).
-    --png/--svg/--trace/--html draw its idealized slot table (F = I = W = 1 slot, or the
-    lengths --set costs=F,I,W gives). --frozen-stages generates it for those frozen stages.
+    On a terminal the table is time-aligned (every slot the same columns, cut into bands at
+    the terminal's width, coloured by op kind unless NO_COLOR); to a pipe, with -o or with
+    --format grid it is the grid text. --png/--svg/--trace/--html draw its idealized slot
+    table (F = I = W = 1 slot, or the lengths --set costs=F,I,W gives). --frozen-stages
+    generates it for those frozen stages.
 
     \b
     Examples:
@@ -183,6 +186,8 @@ def show(
     from pipesched.slot_table import slot_table
 
     views = ViewPaths(png, svg, trace, html).check(("output", output))
+    # on a terminal, with no --format or -o: the time-aligned grid instead of the grid text
+    terminal = console() if output is None and fmt is None else None
     fmt = io.output_format(output, fmt) if output is not None else fmt or "grid"
     if fmt not in io.FORMATS:
         raise PipeschedError(f"format={shorten(fmt)!r}: unknown; choose one of {', '.join(io.FORMATS)}")
@@ -192,14 +197,31 @@ def show(
     if fb_cost is not None:
         slots = dataclasses.replace(slots, fb_cost=fb_cost, forward_backward=None)
     text = io.dumps(schedule, fmt)
-    if output is None and fmt == "grid":
-        text += _grid_summary(name, schedule, slots, costs, options, v)
+    summary = _grid_summary(name, schedule, slots, costs, options, v) if output is None and fmt == "grid" else ""
+    aligned = terminal is not None and terminal.is_terminal
     # every output is made before any is written: the files all or none, then stdout
-    timelines = [slot_table(schedule, slots)] if views.any else []
+    timelines = [slot_table(schedule, slots)] if views.any or aligned else []
     views.write(timelines, title=f"{schedule.name}: idealized slot table",
                 others=[Output(output, text)] if output is not None else ())
-    if output is None:
-        sys.stdout.write(text)
+    if aligned and terminal is not None:
+        _print_aligned(terminal, timelines[0], summary)
+    elif output is None:
+        sys.stdout.write(text + summary)
+
+
+def _print_aligned(terminal, timeline, summary: str) -> None:
+    """The time-aligned grid of a slot table on the terminal, in colour unless NO_COLOR,
+    and the summary lines wrapped between words at the terminal's width."""
+    from rich.text import Text
+
+    from pipesched.render.terminal import grid_view
+
+    terminal.print(Text(f"{timeline.schedule.name}: time-aligned slot table (`--format grid` or a pipe prints "
+                        "the grid text)", style="bold"))
+    terminal.print(grid_view(timeline, width=max(terminal.width, 24),
+                             color=terminal.color_system is not None and not terminal.no_color))
+    for line in summary.splitlines():
+        terminal.print(Text(line), highlight=False)
 
 
 def _grid_summary(name: str, schedule: Schedule, slots, costs, options: dict[str, object], v: int | None) -> str:

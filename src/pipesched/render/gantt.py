@@ -8,6 +8,13 @@ one host-memory curve per device that offloads, dashed, on the same scale). Boxe
 are labelled with the microbatch (``F3``), or the op text (``5F3``) on devices holding
 several stages, when wide enough. Timelines in the same unit share the time axis.
 
+What is drawn is what the legend lists: every op kind present (an overlapped
+forward-backward pair too) in each chunk shade present, every transfer kind. A transfer is
+drawn at least MIN_TRANSFER_WIDTH wide (about 3 px at 150 dpi, over one SVG unit), so
+microsecond transfers stay visible in a panel seconds long; each link row says how busy the
+link is. Memory curves keep their device's colour (``style.device_color``); only the
+memory above a device's capacity is red, and the panel names the devices out of memory.
+
 Boxes are drawn as one PolyCollection per panel (one compound path per colour beyond
 COLLECTION_LIMIT boxes), so p=16, m=64 draws in about a second and a million ops in tens
 of seconds. In SVG every op box is wrapped in a link ``#op-<panel>-<row>`` (and transfers
@@ -35,7 +42,9 @@ from pipesched.render.style import (
     TRANSFER_COLORS,
     TRANSFER_NAMES,
     TimeScale,
+    chunk_names,
     chunk_shade,
+    device_color,
     lighten,
     memory_scale,
     op_label,
@@ -67,6 +76,14 @@ COLLECTION_LIMIT = 100_000
 # height of a box within its row (rows are 1 data unit apart)
 _BOX = 0.78
 _TRANSFER_BOX = 0.6
+# a device's memory capacity line (red is only for memory above it)
+CAPACITY_COLOR = "#333333"
+# inches: the narrowest a transfer is drawn (1.44 pt in SVG, 3 px in a 150 dpi PNG)
+MIN_TRANSFER_WIDTH = 0.02
+# legend: inches per row, and per entry: the patch and gaps plus ~0.062 in per 8 pt character
+LEGEND_ROW = 0.2
+LEGEND_ENTRY = 0.45
+LEGEND_CHARACTER = 0.062
 
 
 @dataclass(frozen=True)
@@ -98,7 +115,10 @@ def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float
         if timeline.memory is not None:
             blocks.append((index, "memory", 0.3, MEMORY_ROW * timeline.num_devices, 0.55))
     top = 0.55 if title else 0.1
-    bottom = 0.4  # the legend
+    legend = _legend_entries(timelines)
+    widest = LEGEND_ENTRY + LEGEND_CHARACTER * max(len(label) for _, label in legend)
+    columns = max(1, min(len(legend), int((width - 0.4) // widest)))
+    bottom = 0.2 + LEGEND_ROW * -(-len(legend) // columns)
     height = top + sum(above + rows + below for _, _, above, rows, below in blocks) + bottom
     figure = Figure(figsize=(width, height))
     if title:
@@ -132,14 +152,32 @@ def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float
         labels += drawn[2]
         axes.set_xlim(0, _span(timelines, timeline.unit) * scale.factor)
 
-    handles = [Patch(facecolor=KIND_COLORS[k], label=f"{KIND_MARKS[k]}  {KIND_NAMES[k]}")
-               for k in _kinds_present(timelines)]
-    handles += [Patch(facecolor=TRANSFER_COLORS[k], label=f"{TRANSFER_NAMES[k]} transfer")
-                for k in _transfer_kinds_present(timelines)]
-    handles.append(Patch(facecolor=IDLE_COLOR, label="idle"))
+    handles = [Patch(facecolor=color, label=label) for color, label in legend]
     figure.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.05 / height),
-                  ncol=len(handles), fontsize=8, frameon=False)
+                  ncol=columns, fontsize=8, frameon=False)
     return GanttFigure(figure, op_boxes, transfer_boxes, labels)
+
+
+def _legend_entries(timelines: Sequence[Timeline]) -> list[tuple[str, str]]:
+    """(colour, label) of everything drawn: each op kind in each chunk shade present (the
+    colours ``_op_colors`` gives), each transfer kind, idle; memory colours are per device."""
+    combos: set[tuple[int, int, int]] = set()
+    for timeline in timelines:
+        chunk, chunks = op_chunks(timeline)
+        combos |= set(map(tuple, np.unique(np.stack([timeline.box_kind, chunk, chunks[timeline.op_device]], 1)
+                                           .astype(np.int64), axis=0).tolist()))
+    entries: list[tuple[str, str]] = []
+    for kind, chunk, chunks in sorted(combos):
+        color = lighten(KIND_COLORS[kind], chunk_shade(chunk, chunks))
+        label = f"{KIND_MARKS[kind]}  {KIND_NAMES[kind]}"
+        if chunks > 1:
+            label += f" · {chunk_names(chunks)[chunk]}"
+        # a first chunk's colour is its kind's own: listed once, under its first label
+        if color not in {known for known, _ in entries}:
+            entries.append((color, label))
+    entries += [(TRANSFER_COLORS[k], f"{TRANSFER_NAMES[k]} transfer") for k in _transfer_kinds_present(timelines)]
+    entries.append((IDLE_COLOR, "idle"))
+    return entries
 
 
 def render_gantt(timelines: Sequence[Timeline], *, fmt: str, title: str = "", dpi: int = 150) -> bytes:
@@ -192,8 +230,11 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
         lane = np.zeros(max(channels) + 1)
         lane[channels] = [link_y[c] for c in channels]
         transfer_palette = np.array([to_rgba(c) for c in TRANSFER_COLORS])
+        # microsecond transfers in a long panel: widened to MIN_TRANSFER_WIDTH, no edge
+        t1 = np.maximum(t1, t0 + MIN_TRANSFER_WIDTH / inches_per_unit)
         _draw_boxes(axes, _rectangles(t0, t1, lane[table.channel], 0.5 * _TRANSFER_BOX), transfer_palette,
-                    table.kind.astype(np.int64), gid=f"transfers-{index}", link=f"transfer-{index}", edge=_edge_width(t1 - t0, inches_per_unit))
+                    table.kind.astype(np.int64), gid=f"transfers-{index}", link=f"transfer-{index}", edge=0.0)
+        _annotate_link_use(axes, timeline, channels, link_y)
     if len(table) or hosts:
         axes.axhline(devices - 0.5, color="#999999", linewidth=0.5)
 
@@ -228,6 +269,32 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
     axes.set_title(summary.name, loc="left", fontsize=10, fontweight="bold", parse_math=False)
     axes.set_title(f"{summary.source} · {summary.headline()}", loc="right", fontsize=9, color="#333333")
     return len(timeline), len(table), labels
+
+
+def _annotate_link_use(axes: Axes, timeline: Timeline, channels: list[int], link_y: dict[int, float]) -> None:
+    """Right of each link row: the share of the iteration its transfers keep the link busy
+    (overlapping transfers counted once), so a link of short transfers does not read as unused."""
+    table = timeline.transfers
+    span = timeline.makespan
+    for channel in channels:
+        mine = np.flatnonzero(table.channel == channel)
+        share = _union_length(table.start[mine], table.end[mine]) / span if span > 0 else 0.0
+        # a link in use never reads as 0.0%
+        text = f"{share:.1%} busy" if share >= 0.0005 or share == 0 else "<0.1% busy"
+        axes.annotate(text, xy=(1.0, link_y[channel]),
+                      xycoords=("axes fraction", "data"), xytext=(4, 0), textcoords="offset points", va="center",
+                      fontsize=5.5, color="#555555")
+
+
+def _union_length(start: np.ndarray, end: np.ndarray) -> float:
+    """Total length covered by intervals [start, end) (overlaps counted once)."""
+    order = np.argsort(start, kind="stable")
+    covered, reach = 0.0, -np.inf
+    for low, high in zip(start[order].tolist(), end[order].tolist(), strict=True):
+        if high > reach:
+            covered += high - max(low, reach)
+            reach = high
+    return covered
 
 
 def _draw_labels(axes: Axes, timeline: Timeline, x0: np.ndarray, x1: np.ndarray, y: np.ndarray,
@@ -267,15 +334,19 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
         times = (np.asarray(memory.times[device], np.float64) - timeline.origin) * scale.factor
         values = np.asarray(memory.values[device], np.float64)
         base = device + 0.45
+        color = device_color(device)
         if times.size:
             xs = np.append(times, max(end, float(times[-1])))
             ys = base - 0.85 * np.append(values, values[-1]) / top
-            oom = memory.out_of_memory[device]
-            color = OOM_COLOR if oom else "#5b6f8a"
             axes.fill_between(xs, base, ys, step="post", color=color, alpha=0.35, linewidth=0)
             axes.step(xs, ys, where="post", color=color, linewidth=0.8)
+            if capacities is not None and memory.out_of_memory[device]:
+                # only what is over the capacity is red (rows grow upwards: smaller y is more)
+                line = base - 0.85 * capacities[device] / top
+                axes.fill_between(xs, line, np.minimum(ys, line), step="post", color=OOM_COLOR, alpha=0.8,
+                                  linewidth=0, gid=f"over-capacity-d{device}")
         if show_capacity and capacities is not None:
-            axes.axhline(base - 0.85 * capacities[device] / top, color=OOM_COLOR, linewidth=0.6, linestyle="--")
+            axes.axhline(base - 0.85 * capacities[device] / top, color=CAPACITY_COLOR, linewidth=0.6, linestyle="--")
         host = timeline.host_memory
         if host is not None and host.values[device].size and host.peak[device] > 0:
             times = (np.asarray(host.times[device], np.float64) - timeline.origin) * scale.factor
@@ -297,6 +368,10 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
     if show_capacity:
         note += "; dashed: capacity"
     axes.set_title(note, loc="left", fontsize=8, color="#333333")
+    short = [d for d, oom in enumerate(memory.out_of_memory) if oom]
+    if short:
+        axes.set_title(f"out of memory: {', '.join(f'd{d}' for d in short)} (red: above capacity)", loc="right",
+                       fontsize=8, fontweight="bold", color=OOM_COLOR)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -376,10 +451,6 @@ def _span(timelines: Sequence[Timeline], unit: str) -> float:
 def _shared_scales(timelines: Sequence[Timeline]) -> dict[str, TimeScale]:
     """One display unit per time unit, chosen from the longest timeline in that unit."""
     return {t.unit: time_scale(t.unit, _span(timelines, t.unit)) for t in timelines}
-
-
-def _kinds_present(timelines: Sequence[Timeline]) -> list[int]:
-    return sorted({int(k) for t in timelines for k in np.unique(t.box_kind)})
 
 
 def _transfer_kinds_present(timelines: Sequence[Timeline]) -> list[int]:

@@ -28,6 +28,11 @@ HOST_MEMORY_COLOR = "#5d6d7e"  # host memory curves: the offload colour
 TRANSFER_COLORS: tuple[str, ...] = ("#5fb3b0", "#e3b52f", "#9d7cc1")
 TRANSFER_NAMES: tuple[str, ...] = TRANSFER_KIND_NAMES
 
+# one colour per device (memory curves), cycling beyond ten devices: apart from the red of
+# out-of-memory, which only marks memory above a device's capacity
+DEVICE_COLORS: tuple[str, ...] = ("#4c78a8", "#54a24b", "#b279a2", "#9d755d", "#f58518", "#72b7b2", "#8c6d31",
+                                  "#7f7f7f", "#17becf", "#bcbd22")
+
 IDLE_COLOR = "#ececec"
 OOM_COLOR = "#c0392b"
 # text drawn on a box of each kind (white reads on every fill)
@@ -39,6 +44,27 @@ def op_label(timeline: Timeline, row: int, *, several_stages: bool) -> str:
     several stages; a fused op's parts joined by ``&`` (``F3&B1``, ``0F3&7B1``)."""
     entry = timeline.entry(row) if timeline.op_entry is not None else timeline.op(row)
     return "&".join(str(op) if several_stages else f"{op.kind}{op.microbatch}" for op in entry.atoms)
+
+
+def device_color(device: int) -> str:
+    """The colour of ``device`` in every view (its memory curve).
+
+    >>> device_color(0) == device_color(len(DEVICE_COLORS))
+    True
+    """
+    return DEVICE_COLORS[device % len(DEVICE_COLORS)]
+
+
+def chunk_names(chunks: int) -> tuple[str, ...]:
+    """What the legend calls each chunk shade of a device holding ``chunks`` stages (chunk 1
+    is the device's lowest stage, drawn darkest).
+
+    >>> chunk_names(2)
+    ('chunk 1 of 2', 'chunk 2 of 2')
+    """
+    if chunks <= 1:
+        return ("",)
+    return tuple(f"chunk {c + 1} of {chunks}" for c in range(chunks))
 
 
 def lighten(color: str, amount: float) -> str:

@@ -4,10 +4,23 @@ Layout in the viewer:
 - one process per device (``pid``), named ``<schedule> · device <d>``;
 - in it, thread 1 ``compute`` with one complete event (``ph: X``) per op, and one thread
   per communication channel the device sends on, with one complete event per transfer;
-- flow arrows (``ph: s`` then ``ph: f``, same ``id``, bound to the enclosing slices) from
-  each transfer to the op that receives it; a timeline without transfers (the slot table)
-  gets them from each producing op to its consumer on another device instead;
-- a counter track (``ph: C``) ``memory`` per device when the timeline has a memory trace.
+- after the devices, one process ``<schedule> · critical path`` whose one thread repeats
+  the ops and transfers of the critical path (``simulate.critical_path``) in time order;
+- every op and transfer names itself in ``args.event`` (``op 12``: op row 12, ``transfer
+  3``; prefixed ``t1 `` and so on for the second timeline of a trace), says whether it is on
+  the critical path (``args.critical``) and, for an op, what it waited for: in words
+  (``waited for``) and as the event that released it (``waited for event``, absent for the
+  ops that start the iteration); a transfer names the op that produced its data and the op
+  that consumes it (``producer``, ``consumer``; absent for an all-reduce);
+- flow arrows (``ph: s`` then ``ph: f``, same ``id``, bound to the enclosing slices), by
+  category: ``send`` from each producing op to its transfer, ``dependency`` from each
+  transfer to the op that receives it (a timeline without transfers, the slot table, gets
+  ``dependency`` flows from each producing op to its consumer on another device instead),
+  and ``same device`` from an op to a later op on its own device that needs its output
+  (F to its backward, I to W, F to an offload, an offload to its reload);
+- counter tracks (``ph: C``) ``memory`` per device when the timeline has a memory trace,
+  ``memory capacity`` beside it when the device's capacity is known, and an instant event
+  (``ph: i``) ``out of memory`` each time a device's memory passes its capacity.
 
 A prediction and a measurement of the same schedule (``comparison_trace_document``) go in
 one file as two processes per device, side by side in the viewer: ``<schedule> · device
@@ -21,19 +34,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_TRACE_TASKS
 from pipesched.render.style import KIND_LETTERS, KIND_NAMES, TRANSFER_NAMES
-from pipesched.render.waits import dependencies, wait_texts, waited_for
+from pipesched.render.waits import WAIT_NONE, WAIT_TRANSFER, dependencies, wait_texts, waited_for
+from pipesched.simulate.critical import critical_path
 from pipesched.timeline import Timeline
 
 # microseconds per timeline unit
 MICROSECONDS = {"s": 1e6, "slot": 1000.0}
 COMPUTE_TID = 1
+# flow categories: a transfer (or a cross-device input) to its consumer, a producing op to
+# its transfer, an op to the later op of its own device that needs its output
 FLOW_CATEGORY = "dependency"
+SEND_CATEGORY = "send"
+LOCAL_CATEGORY = "same device"
+CRITICAL_CATEGORY = "critical path"
 
 
 def trace_document(timelines: Sequence[Timeline]) -> dict:
@@ -43,30 +63,36 @@ def trace_document(timelines: Sequence[Timeline]) -> dict:
     events: list[dict] = []
     next_pid = 1
     flow_ids = iter(range(1, 1 << 62))
-    for timeline in timelines:
+    several = len(timelines) > 1
+    for index, timeline in enumerate(timelines):
         require(timeline.unit in MICROSECONDS, "unit", timeline.unit, "timeline unit must be 's' or 'slot'")
         pids = [next_pid + d for d in range(timeline.num_devices)]
-        events.extend(_timeline_events(timeline, pids=pids, flow_ids=flow_ids))
-        next_pid += timeline.num_devices
+        events.extend(_timeline_events(timeline, pids=pids, critical_pid=next_pid + timeline.num_devices,
+                                       flow_ids=flow_ids, prefix=f"t{index} " if several else ""))
+        next_pid += timeline.num_devices + 1
     return _document(events, timelines)
 
 
 def comparison_trace_document(pairs: Sequence[tuple[Timeline, Timeline]]) -> dict:
-    """Predicted and measured timelines of each schedule as one trace: process ``2d`` is
-    device d's prediction and ``2d + 1`` its measurement (module docstring)."""
+    """Predicted and measured timelines of each schedule as one trace: per schedule, from
+    its first process ``k``, process ``k + 2d`` is device d's prediction and ``k + 2d + 1``
+    its measurement, then the prediction's and the measurement's critical paths (module
+    docstring)."""
     require(len(pairs) >= 1, "timelines", 0, "give at least one predicted and measured pair to trace")
     check_trace_size([timeline for pair in pairs for timeline in pair])
     events: list[dict] = []
     next_pid = 1
     flow_ids = iter(range(1, 1 << 62))
+    tags = iter(range(2 * len(pairs)))
     for predicted, measured in pairs:
         for timeline in (predicted, measured):
             require(timeline.unit in MICROSECONDS, "unit", timeline.unit, "timeline unit must be 's' or 'slot'")
         devices = max(predicted.num_devices, measured.num_devices)
         for side, (timeline, suffix) in enumerate(((predicted, " · predicted"), (measured, " · measured"))):
             pids = [next_pid + 2 * d + side for d in range(timeline.num_devices)]
-            events.extend(_timeline_events(timeline, pids=pids, flow_ids=flow_ids, suffix=suffix))
-        next_pid += 2 * devices
+            events.extend(_timeline_events(timeline, pids=pids, critical_pid=next_pid + 2 * devices + side,
+                                           flow_ids=flow_ids, suffix=suffix, prefix=f"t{next(tags)} "))
+        next_pid += 2 * devices + 2
     return _document(events, [t for pair in pairs for t in pair])
 
 
@@ -104,9 +130,11 @@ def render_trace(timelines: Sequence[Timeline]) -> str:
     return json.dumps(trace_document(timelines), separators=(",", ":"))
 
 
-def _timeline_events(timeline: Timeline, *, pids: Sequence[int], flow_ids, suffix: str = "") -> list[dict]:
+def _timeline_events(timeline: Timeline, *, pids: Sequence[int], critical_pid: int, flow_ids, suffix: str = "",
+                     prefix: str = "") -> list[dict]:
     """The events of one timeline, device d in process ``pids[d]`` named ``<schedule> ·
-    device <d><suffix>``."""
+    device <d><suffix>``, its critical path in process ``critical_pid``; event names in
+    ``args.event`` start with ``prefix``."""
     per_unit = MICROSECONDS[timeline.unit]
     origin = timeline.origin
 
@@ -159,8 +187,20 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], flow_ids, suffi
     transfer_tid = [threads[(s, c, lane)] for s, c, lane in
                     zip(table.src_device.tolist(), table.channel.tolist(), transfer_lane.tolist(), strict=True)]
 
+    path = critical_path(timeline)
+    op_critical = np.zeros(len(timeline), bool)
+    op_critical[path.row[~path.is_transfer]] = True
+    transfer_critical = np.zeros(len(table), bool)
+    transfer_critical[path.row[path.is_transfer]] = True
+    op_ids = [f"{prefix}op {row}" for row in range(len(timeline))]
+    transfer_ids = [f"{prefix}transfer {row}" for row in range(len(table))]
+    deps = dependencies(timeline)
+
     # ops: one complete event each, in row order
-    waits = wait_texts(timeline, waited_for(timeline))
+    waits = waited_for(timeline)
+    wait_words = wait_texts(timeline, waits)
+    waited_event = [None if code == WAIT_NONE else (transfer_ids if code == WAIT_TRANSFER else op_ids)[ref]
+                    for code, ref in zip(waits.cause.tolist(), waits.ref.tolist(), strict=True)]
     kinds, stages, microbatches = (timeline.box_kind.tolist(), timeline.op_stage.tolist(),
                                    timeline.op_microbatch.tolist())
     # the op text of each row, 2F0 as everywhere in pipesched; a fused op's first part
@@ -172,6 +212,7 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], flow_ids, suffi
     op_pid = [pid_of[d] for d in timeline.op_device.tolist()]
     starts = [stamp(t) for t in timeline.op_start.tolist()]
     ends = [stamp(t) for t in timeline.op_end.tolist()]
+    critical_ops = op_critical.tolist()
     for row in range(len(timeline)):
         kind = kinds[row]
         events.append({
@@ -183,68 +224,126 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], flow_ids, suffi
             "pid": op_pid[row],
             "tid": op_tid[row],
             "args": {
+                "event": op_ids[row],
                 "stage": stages[row],
                 "microbatch": microbatches[row],
                 "kind": KIND_LETTERS[kind],
-                "waited for": waits[row],
+                "critical": critical_ops[row],
+                "waited for": wait_words[row],
+                **({"waited for event": waited_event[row]} if waited_event[row] is not None else {}),
             },
         })
 
     # transfers: one complete event each, on the sender's channel thread
     t_starts = [stamp(t) for t in table.start.tolist()]
     t_ends = [stamp(t) for t in table.end.tolist()]
+    critical_transfers = transfer_critical.tolist()
+    transfer_names = [f"{TRANSFER_NAMES[kind]} mb{mb}" if mb >= 0 else TRANSFER_NAMES[kind]
+                      for kind, mb in zip(table.kind.tolist(), table.microbatch.tolist(), strict=True)]
     for row in range(len(table)):
         src, dst = int(table.src_device[row]), int(table.dst_device[row])
         microbatch = int(table.microbatch[row])
-        what = TRANSFER_NAMES[int(table.kind[row])]
+        producer, consumer = int(deps.producer[row]), int(deps.consumer[row])
         events.append({
-            "name": f"{what} mb{microbatch}" if microbatch >= 0 else what,
+            "name": transfer_names[row],
             "cat": "transfer",
             "ph": "X",
             "ts": t_starts[row],
             "dur": round(t_ends[row] - t_starts[row], 3),
             "pid": pid_of[src],
             "tid": transfer_tid[row],
-            "args": {"src device": src, "dst device": dst, "stage": int(table.stage[row]),
-                     "microbatch": microbatch, "bytes": float(table.nbytes[row])},
+            "args": {"event": transfer_ids[row], "src device": src, "dst device": dst, "stage": int(table.stage[row]),
+                     "microbatch": microbatch, "bytes": float(table.nbytes[row]),
+                     "critical": critical_transfers[row],
+                     **({"producer": op_ids[producer]} if producer >= 0 else {}),
+                     **({"consumer": op_ids[consumer]} if consumer >= 0 else {})},
         })
 
-    events += _flows(timeline, names, pid_of, op_tid, transfer_tid, starts, ends, t_starts, t_ends, flow_ids)
+    ops = _Slices(names, op_ids, op_pid, op_tid, starts, ends)
+    sends = _Slices(transfer_names, transfer_ids, [pid_of[d] for d in table.src_device.tolist()], transfer_tid,
+                    t_starts, t_ends)
+    events += _flows(timeline, deps, ops, sends, flow_ids)
+    events += _critical_track(timeline, path, critical_pid, ops, sends, suffix)
     events += _counters(timeline, pid_of, stamp)
     return events
 
 
-def _flows(timeline, names, pid_of, op_tid, transfer_tid, starts, ends, t_starts, t_ends, flow_ids) -> list[dict]:
+@dataclass(frozen=True)
+class _Slices:
+    """Where each op (or transfer) row sits in the trace: its name, event name
+    (``args.event``), process, thread, start and end in microseconds."""
+
+    name: list[str]
+    event: list[str]
+    pid: list[int]
+    tid: list[int]
+    start: list[float]
+    end: list[float]
+
+    def middle(self, row: int) -> float:
+        return (self.start[row] + self.end[row]) / 2
+
+
+def _flows(timeline: Timeline, deps, ops: _Slices, sends: _Slices, flow_ids) -> list[dict]:
     """Flow arrows, each an ``s`` inside the sending slice and an ``f`` inside the receiving
-    op (timestamps at slice middles so they bind to the enclosing slice unambiguously)."""
-    deps = dependencies(timeline)
-    op_pid = [pid_of[d] for d in timeline.op_device.tolist()]
-    pairs: list[tuple[int, int, float, int]] = []  # (send pid, send tid, send ts, consumer row)
+    one (timestamps at slice middles so they bind to the enclosing slice unambiguously).
+    Arrows start and end on the drawn slice of a fused op: the row of its first part."""
+    head = (timeline.op_entry.astype(np.int64) if timeline.op_entry is not None
+            else np.arange(len(timeline), dtype=np.int64))
+    device = timeline.op_device
+    # (category, sender slices, sender row, receiver slices, receiver row, flow name)
+    arrows: list[tuple[str, _Slices, int, _Slices, int, str]] = []
     if len(timeline.transfers):
-        for transfer, row in enumerate(deps.consumer.tolist()):
-            if row >= 0:
-                src = int(timeline.transfers.src_device[transfer])
-                ts = (t_starts[transfer] + t_ends[transfer]) / 2
-                pairs.append((pid_of[src], transfer_tid[transfer], ts, row))
+        for transfer, (producer, consumer) in enumerate(zip(deps.producer.tolist(), deps.consumer.tolist(),
+                                                            strict=True)):
+            if producer >= 0:
+                arrows.append((SEND_CATEGORY, ops, int(head[producer]), sends, transfer,
+                               f"sends {sends.name[transfer]}"))
+            if consumer >= 0:
+                arrows.append((FLOW_CATEGORY, sends, transfer, ops, int(head[consumer]),
+                               f"to {ops.name[int(head[consumer])]}"))
     else:
-        device = timeline.op_device
         crossing = np.flatnonzero((deps.carried >= 0) & (device[np.maximum(deps.carried, 0)] != device))
         for row, producer in zip(crossing.tolist(), deps.carried[crossing].tolist(), strict=True):
-            pairs.append((op_pid[producer], op_tid[producer], (starts[producer] + ends[producer]) / 2, row))
+            arrows.append((FLOW_CATEGORY, ops, int(head[producer]), ops, int(head[row]),
+                           f"to {ops.name[int(head[row])]}"))
+    for inputs in (deps.local, deps.carried):
+        near = np.flatnonzero((inputs >= 0) & (device[np.maximum(inputs, 0)] == device)
+                              & (head[np.maximum(inputs, 0)] != head))
+        for row, producer in zip(near.tolist(), inputs[near].tolist(), strict=True):
+            arrows.append((LOCAL_CATEGORY, ops, int(head[producer]), ops, int(head[row]),
+                           f"to {ops.name[int(head[row])]}"))
     events = []
-    for pid, tid, ts, row in sorted(pairs, key=lambda pair: pair[3]):
+    for category, sender, source, receiver, target, name in arrows:
         flow = next(flow_ids)
-        name = f"to {names[row]}"
-        events.append({"name": name, "cat": FLOW_CATEGORY, "ph": "s", "id": flow,
-                       "ts": round(ts, 3), "pid": pid, "tid": tid})
-        events.append({"name": name, "cat": FLOW_CATEGORY, "ph": "f", "bp": "e", "id": flow,
-                       "ts": round((starts[row] + ends[row]) / 2, 3), "pid": op_pid[row], "tid": op_tid[row]})
+        events.append({"name": name, "cat": category, "ph": "s", "id": flow,
+                       "ts": round(sender.middle(source), 3), "pid": sender.pid[source], "tid": sender.tid[source]})
+        events.append({"name": name, "cat": category, "ph": "f", "bp": "e", "id": flow,
+                       "ts": round(receiver.middle(target), 3), "pid": receiver.pid[target],
+                       "tid": receiver.tid[target]})
+    return events
+
+
+def _critical_track(timeline: Timeline, path, pid: int, ops: _Slices, sends: _Slices, suffix: str) -> list[dict]:
+    """The critical path's tasks, in time order, on the one thread of process ``pid``; each
+    names the op or transfer it repeats (``args.event``) and the device it ran on."""
+    events = [_meta("process_name", pid, 0, name=f"{timeline.schedule.name} · critical path{suffix}"),
+              _meta("process_sort_index", pid, 0, sort_index=pid),
+              _meta("thread_name", pid, COMPUTE_TID, name="critical path")]
+    for is_transfer, row in zip(path.is_transfer.tolist(), path.row.tolist(), strict=True):
+        where, device = ((sends, int(timeline.transfers.src_device[row])) if is_transfer
+                         else (ops, int(timeline.op_device[row])))
+        events.append({"name": where.name[row], "cat": CRITICAL_CATEGORY, "ph": "X", "ts": where.start[row],
+                       "dur": round(where.end[row] - where.start[row], 3), "pid": pid, "tid": COMPUTE_TID,
+                       "args": {"event": where.event[row], "device": device}})
     return events
 
 
 def _counters(timeline, pid_of, stamp) -> list[dict]:
     """Memory in use per device, one counter sample per step of the memory trace; host
-    memory of offloaded activations likewise, as the counter ``host memory``."""
+    memory of offloaded activations likewise, as the counter ``host memory``. Where a
+    device's capacity is known: a ``memory capacity`` counter (at the start and the end) and
+    an ``out of memory`` instant each time its memory rises past the capacity."""
     events = []
     for name, memory in (("memory", timeline.memory), ("host memory", timeline.host_memory)):
         if memory is None:
@@ -254,6 +353,23 @@ def _counters(timeline, pid_of, stamp) -> list[dict]:
             for time, value in zip(np.asarray(times).tolist(), np.asarray(values).tolist(), strict=True):
                 events.append({"name": name, "ph": "C", "ts": stamp(time), "pid": pid_of[device],
                                "args": {key: value}})
+    memory = timeline.memory
+    if memory is None or memory.capacity is None:
+        return events
+    end = stamp(timeline.origin + timeline.makespan)
+    for device, capacity in enumerate(memory.capacity):
+        pid = pid_of[device]
+        events += [{"name": "memory capacity", "ph": "C", "ts": ts, "pid": pid, "args": {memory.unit: capacity}}
+                   for ts in (0.0, end)]
+        values = np.asarray(memory.values[device], np.float64)
+        over = values > capacity
+        passes = np.flatnonzero(over & ~np.concatenate([[False], over[:-1]]))
+        times = np.asarray(memory.times[device], np.float64)
+        for step in passes.tolist():
+            events.append({"name": "out of memory", "cat": "memory", "ph": "i", "s": "p",
+                           "ts": stamp(float(times[step])), "pid": pid, "tid": COMPUTE_TID,
+                           "args": {memory.unit: float(values[step]), "capacity": capacity,
+                                    "over by": float(values[step] - capacity)}})
     return events
 
 

@@ -46,13 +46,15 @@ class Dependencies:
     is the other one (F(s) for I/B(s), or R(s) when its activations were offloaded; I(s) for
     W(s); F(s) for an offload O(s), O(s) for its reload R(s)). ``consumer[t]`` is the op row that
     transfer row t feeds (-1 for all-reduces), ``delivery[r]`` the transfer that brought row
-    r its carried input (-1 when none did: same device, or no transfers recorded).
+    r its carried input (-1 when none did: same device, or no transfers recorded);
+    ``producer[t]`` the op row whose output transfer row t carries (-1 for all-reduces).
     """
 
     carried: np.ndarray
     local: np.ndarray
     consumer: np.ndarray
     delivery: np.ndarray
+    producer: np.ndarray
 
 
 def dependencies(timeline: Timeline) -> Dependencies:
@@ -93,13 +95,16 @@ def dependencies(timeline: Timeline) -> Dependencies:
     t_stage = table.stage.astype(np.int64)
     t_mb = table.microbatch.astype(np.int64)
     consumer = np.full(len(table), -1, np.int64)
+    producer = np.full(len(table), -1, np.int64)
     activation, gradient = table.kind == ACTIVATION, table.kind == GRADIENT
     consumer[activation] = lookup(t_stage + 1, _F, t_mb)[activation]
     consumer[gradient] = backward_of(t_stage - 1, t_mb)[gradient]
+    producer[activation] = lookup(t_stage, _F, t_mb)[activation]
+    producer[gradient] = backward_of(t_stage, t_mb)[gradient]
     delivery = np.full(len(timeline), -1, np.int64)
     fed = consumer >= 0
     delivery[consumer[fed]] = np.flatnonzero(fed)
-    return Dependencies(carried, local, consumer, delivery)
+    return Dependencies(carried, local, consumer, delivery, producer)
 
 
 def waited_for(timeline: Timeline) -> Waits:
