@@ -157,7 +157,8 @@ def comparison_page(tmp_path_factory):
         predicted = simulated(generate(family, 2, 4))
         measured = measured_like(predicted, seed=len(comparisons))
         steps = tuple(measured.makespan * f for f in (0.97, 1.0, 1.04, 1.1, 0.99))
-        comparisons.append(Comparison(predicted, measured, steps))
+        comparisons.append(Comparison(predicted, measured, steps, predicted_p50=predicted.makespan * 1.03,
+                                      predicted_p99=predicted.makespan * 1.12))
     path = tmp_path_factory.mktemp("check") / "check.html"
     write_comparison_views(comparisons, html=path, summary=[{"schedule": c.predicted.schedule.name} for c in comparisons])
     return path, comparisons
@@ -232,6 +233,8 @@ def test_comparison_page_in_chromium(comparison_page) -> None:
             page.wait_for_timeout(150)
             assert page.locator('[data-op="2:0"]').bounding_box()["width"] == pytest.approx(other, abs=0.5)
 
+            check_page_colours_band_and_tables(page, comparisons)
+
             ARTIFACTS.mkdir(exist_ok=True)
             page.hover(f'[data-op="0:{row}"]')
             page.screenshot(path=str(ARTIFACTS / "check.png"), full_page=True)
@@ -239,3 +242,63 @@ def test_comparison_page_in_chromium(comparison_page) -> None:
             browser.close()
     assert problems == []
     assert set(requests) == {url}
+
+
+def check_page_colours_band_and_tables(page, comparisons) -> None:
+    """The comparison page's legend, op colours, step band, kind table and parting op."""
+    from pipesched.render.pairing import PARTING_SHARE, deviations
+    from pipesched.render.style import KIND_COLORS, KIND_NAMES, TRANSFER_NAMES
+
+    page.wait_for_selector("body[data-check-ready=true]", timeout=5_000)
+    legend = page.locator("header .legend").first.inner_text()
+    drawn = [t for c in comparisons for t in (c.predicted, c.measured)]
+    for kind in {int(k) for t in drawn for k in np.unique(t.box_kind)}:
+        assert KIND_NAMES[kind] in legend
+    for kind in {int(k) for t in drawn for k in np.unique(t.transfers.kind)}:
+        assert f"{TRANSFER_NAMES[kind]} transfer" in legend
+    # every op is filled with its kind's colour (first chunk: the colour itself), not its deviation
+    predicted = comparisons[0].predicted
+    fills = page.locator('[data-op^="0:"]').evaluate_all("nodes => nodes.map(n => n.getAttribute('fill'))")
+    assert fills == [KIND_COLORS[int(k)] for k in predicted.box_kind]
+    # the fill toggle colours by deviation, and back
+    page.locator("#deviation-fill").check()
+    assert page.locator('[data-op="0:0"]').get_attribute("fill").startswith("rgb(")
+    page.locator("#deviation-fill").uncheck()
+    assert page.locator('[data-op="0:0"]').get_attribute("fill") == KIND_COLORS[int(predicted.box_kind[0])]
+    for k, comparison in enumerate(comparisons):
+        # the step band runs from the prediction's p50 to its p99, with a legend
+        band = page.locator(f"#steps-{k} .steps-band")
+        assert band.count() == 1
+        scale = 1e3  # the pair's unit is ms
+        assert float(band.get_attribute("data-p50")) == pytest.approx(comparison.predicted_p50 * scale, rel=1e-5)
+        assert float(band.get_attribute("data-p99")) == pytest.approx(comparison.predicted_p99 * scale, rel=1e-5)
+        box = band.bounding_box()
+        p50_line = page.locator(f"#steps-{k} .predicted-p50").bounding_box()
+        assert box["x"] - 0.5 <= p50_line["x"] <= box["x"] + box["width"] + 0.5
+        legend_text = page.locator(f"#steps-{k} .steps-legend").inner_text()
+        assert "predicted p50" in legend_text and "p99" in legend_text and "measured step" in legend_text
+        # one row per op kind of the prediction, its mean error (measured - predicted) / predicted
+        found = deviations(comparison.predicted, comparison.measured)
+        kinds = page.locator(f"#kinds-{k}-table tbody tr")
+        assert kinds.count() == len(np.unique(comparison.predicted.op_kind))
+        for r in range(kinds.count()):
+            cells = kinds.nth(r).locator("td")
+            name = cells.nth(0).get_attribute("data-value")
+            kind = KIND_NAMES.index(name)
+            rows = [x for x in range(len(comparison.predicted)) if comparison.predicted.op_kind[x] == kind]
+            shares = [((comparison.measured.op_end[found.partner[x]] - comparison.measured.op_start[found.partner[x]])
+                       / (comparison.predicted.op_end[x] - comparison.predicted.op_start[x])) - 1 for x in rows]
+            assert int(cells.nth(1).get_attribute("data-value")) == len(rows)
+            assert float(cells.nth(2).get_attribute("data-value")) == pytest.approx(np.mean(shares))
+            assert float(cells.nth(3).get_attribute("data-value")) == pytest.approx(np.median(shares))
+        # the parting op: the earliest predicted start whose measured start is off by more than the share
+        span = comparison.predicted.makespan
+        off = [x for x in range(len(comparison.predicted))
+               if abs((comparison.measured.op_start[found.partner[x]] - comparison.measured.origin)
+                      - (comparison.predicted.op_start[x] - comparison.predicted.origin)) > PARTING_SHARE * span]
+        parted = page.locator(f'[data-op^="{2 * k}:"].parting')
+        if off:
+            first = min(off, key=lambda x: (comparison.predicted.op_start[x], x))
+            assert parted.count() == 1 and parted.get_attribute("data-op") == f"{2 * k}:{first}"
+        else:
+            assert parted.count() == 0

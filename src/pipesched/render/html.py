@@ -29,7 +29,7 @@ from importlib import resources
 import numpy as np
 
 from pipesched.errors import require
-from pipesched.render.pairing import Comparison, deviations
+from pipesched.render.pairing import PARTING_SHARE, Comparison, deviations, kind_errors
 from pipesched.render.style import (
     IDLE_COLOR,
     KIND_COLORS,
@@ -89,19 +89,20 @@ def render_html(
     return _page(heading, sections, data)
 
 
-def _page(heading: str, sections: Sequence[str], data: dict) -> str:
+def _page(heading: str, sections: Sequence[str], data: dict, *, scripts: Sequence[str] = ("report.js",),
+          styles: Sequence[str] = ("report.css",)) -> str:
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_POLICY}">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{escape(heading)}</title>",
-        f"<style>{_asset('report.css')}</style>",
+        *(f"<style>{_asset(name)}</style>" for name in styles),
         "</head><body>",
         *sections,
         '<div id="tooltip" role="tooltip" hidden></div>',
         f'<script type="application/json" id="report-data">{script_json(data)}</script>',
-        f"<script>{_asset('report.js')}</script>",
+        *(f"<script>{_asset(name)}</script>" for name in scripts),
         "</body></html>",
     ])
 
@@ -167,10 +168,11 @@ def render_comparison_html(
     data = _base_data()
     data["timelines"] = []
     data["comparisons"] = []
-    sections = [f"<header><h1>{escape(heading)}</h1>{_legend([c.predicted for c in comparisons])}"
-                f"{_deviation_legend()}</header>"]
+    drawn = [t for c in comparisons for t in (c.predicted, c.measured)]
+    sections = [f"<header><h1>{escape(heading)}</h1>{_legend(drawn)}{_deviation_legend()}</header>"]
     if summary:
-        sections.append("<section><h2>Predicted and measured</h2>" + comparison_table_html(summary) + "</section>")
+        sections.append("<section><h2>Predicted and measured</h2>" + comparison_table_html(summary)
+                        + f'<p class="note">{escape(PREDICTED_NOTE)}</p></section>')
     for k, comparison in enumerate(comparisons):
         predicted, measured = comparison.predicted, comparison.measured
         scale = time_scale(predicted.unit, max(predicted.makespan, measured.makespan))
@@ -186,29 +188,85 @@ def render_comparison_html(
             entry.update(view=f"pair-{k}", pairWith=first + 1 - side, links=links.tolist(),
                          deviation=[None if math.isnan(x) else float(x) for x in shades])
             data["timelines"].append(entry)
+        parting = found.parting(predicted.makespan)
         data["comparisons"].append({
             "name": predicted.schedule.name,
             "predicted": first,
             "measured": first + 1,
             "timeUnit": scale.unit,
             "predictedTime": predicted.makespan * scale.factor,
+            "predictedP50": None if comparison.predicted_p50 is None else comparison.predicted_p50 * scale.factor,
+            "predictedP99": None if comparison.predicted_p99 is None else comparison.predicted_p99 * scale.factor,
             "measuredTime": measured.makespan * scale.factor,  # the step drawn: the median step of a run
             "steps": [t * scale.factor for t in comparison.step_times],
+            "parting": parting,  # predicted row where the timelines first part, -1 if they never do
+            "partingWith": -1 if parting < 0 else int(found.partner[parting]),
         })
         sections.append(
             f'<section class="comparison" data-comparison="{k}"><h2>{escape(predicted.schedule.name)}</h2>'
+            f"{_figures_note(comparison, scale)}"
             '<p class="hint">Top: predicted; bottom: measured, on one time axis (wheel or + / − to zoom, '
             "drag to pan, double-click to reset). Hover an op to outline its counterpart.</p>"
+            f"{_parting_note(predicted, found, parting, scale)}{_lanes_note(measured)}"
             f'<div class="pair" id="pair-{k}"></div>'
-            f"<h3>Largest deviations</h3>{_deviation_table(k, predicted, found, scale, shown)}"
+            f"<h3>Error per op kind</h3>{_kind_table(k, predicted, found, scale)}"
+            f'<h3>Largest deviations</h3><div class="deviations">'
+            f"{_deviation_table(k, predicted, found, scale, shown)}</div>"
             f'<h3>Step times</h3><div class="steps" id="steps-{k}"></div></section>'
         )
-    return _page(heading, sections, data)
+    return _page(heading, sections, data, scripts=("report.js", "check.js"), styles=("report.css", "pages.css"))
+
+
+# what the page's two predictions are (runtime/check.py predict)
+PREDICTED_NOTE = ("predicted: the simulation with every op at the median of its profiled repeats (the timeline drawn "
+                  "on top); predicted p50 / p99: the same costs over Monte Carlo iterations in which every op draws "
+                  "its time from its profiled repeats; measured: the median step (the timeline drawn below). "
+                  "Every difference on this page is measured − predicted, positive when the run is slower than "
+                  "predicted, relative ones over the prediction.")
+
+
+def _figures_note(comparison: Comparison, scale: TimeScale) -> str:
+    predicted, measured = comparison.predicted.makespan, comparison.measured.makespan
+    parts = [f"predicted {scale.format(predicted)} (every op at its median cost)"]
+    if comparison.predicted_p50 is not None and comparison.predicted_p99 is not None:
+        parts.append(f"predicted p50 {scale.format(comparison.predicted_p50)} and p99 "
+                     f"{scale.format(comparison.predicted_p99)} (every op drawn from its profiled repeats)")
+    parts.append(f"measured {scale.format(measured)} (the median step), {measured / predicted - 1:+.1%} "
+                 "against the prediction")
+    return f'<p class="figures">{escape("; ".join(parts))}.</p>'
+
+
+def _parting_note(predicted: Timeline, found, parting: int, scale: TimeScale) -> str:
+    share = f"{PARTING_SHARE:.0%} of the predicted iteration"
+    if parting < 0:
+        return f'<p class="parting-note">The timelines never part: every measured start is within {share}.</p>'
+    off = float(found.start[parting])
+    return (f'<p class="parting-note">The timelines first part at {escape(str(predicted.op(parting)))} on '
+            f"d{int(predicted.op_device[parting])}: predicted start {scale.format(found.predicted_start[parting])}, "
+            f"measured {scale.format(found.measured_start[parting])} ({scale.format(abs(off))} "
+            f"{'later' if off > 0 else 'earlier'}, more than {share}); both boxes are outlined dashed.</p>")
+
+
+def _lanes_note(measured: Timeline) -> str:
+    if len(measured.transfers):
+        return ('<p class="hint">The measured timeline\'s communication lanes are the transfers the run recorded.</p>')
+    return ('<p class="hint lanes-note">The measured timeline records no transfers (the run times its ops only), '
+            "so it has no communication lanes.</p>")
+
+
+def _kind_table(k: int, predicted: Timeline, found, scale: TimeScale) -> str:
+    """Per op kind: how many ops, the mean and median of (measured - predicted) / predicted
+    duration, and the summed difference."""
+    header = ("op kind", "ops", "mean error", "median error", f"summed Δ duration ({scale.unit})")
+    rows = [[(KIND_NAMES[e.kind], f"{KIND_LETTERS[e.kind]} {KIND_NAMES[e.kind]}"), (e.count, f"{e.count:,}"),
+             (repr(e.mean), f"{e.mean:+.1%}"), (repr(e.median), f"{e.median:+.1%}"),
+             (repr(e.total), f"{e.total * scale.factor:+.4g}")] for e in kind_errors(predicted, found)]
+    return _sortable_table(f"kinds-{k}", header, rows)
 
 
 def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown: int) -> str:
     """The ``shown`` ops whose measured duration is farthest from the prediction, largest
-    first; the Δ duration column sorts by size, either sign."""
+    first; the Δ duration column sorts by size, either sign. Δ = measured - predicted."""
     unit = scale.unit
     header = ("op", "device", f"predicted start ({unit})", f"measured start ({unit})", f"Δ start ({unit})",
               f"predicted duration ({unit})", f"measured duration ({unit})", f"Δ duration ({unit})", "Δ duration %")
@@ -236,8 +294,10 @@ def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown:
 
 
 def _deviation_legend() -> str:
-    return ('<p class="legend deviation-legend"><span>measured duration vs predicted:</span>'
-            '<span class="gradient" aria-hidden="true"></span><span>−50% (faster) … +50% (slower)</span></p>')
+    return ('<p class="legend deviation-legend"><span>ops keep their kind\'s colour; the outline tells the measured '
+            'duration against the predicted one (measured − predicted, over predicted):</span>'
+            '<span class="gradient" aria-hidden="true"></span><span>−50% (faster than predicted) … +50% (slower)'
+            '</span><label><input type="checkbox" id="deviation-fill"> fill ops by deviation</label></p>')
 
 
 def script_json(data: object) -> str:

@@ -517,11 +517,14 @@
   }
 
   // ---- measured step times against the prediction --------------------------------------
+  // the measured steps (dots, the median step marked), the deterministic prediction (dashed)
+  // and the prediction's Monte Carlo p50 (solid) and p50-p99 band; measured - predicted
+  // everywhere, positive when the run is slower
   function drawSteps(c, container) {
-    var steps = c.steps, unit = " " + c.timeUnit;
+    var steps = c.steps, unit = " " + c.timeUnit, band = c.predictedP50 !== null && c.predictedP50 !== undefined;
     var svg = el("svg", { "class": "chart steps-plot", height: STEPS_HEIGHT + AXIS, role: "img" }, container);
     svg.setAttribute("aria-label", "measured step times of " + c.name);
-    var values = steps.concat([c.predictedTime]);
+    var values = steps.concat([c.predictedTime]).concat(band ? [c.predictedP50, c.predictedP99] : []);
     var lo = Math.min.apply(null, values), hi = Math.max.apply(null, values);
     var pad = Math.max((hi - lo) * 0.15, hi * 0.02, 1e-9);
     lo = Math.max(0, lo - pad);
@@ -530,25 +533,44 @@
     var sorted = steps.slice().sort(function (a, b) { return a - b; });
     // the median step: the measured timeline drawn above (its time is the reported one)
     var median = c.measuredTime;
+    var legend = html("div", "steps-legend", undefined, container);
+    function short(v) { return Number(v.toPrecision(4)).toString(); }
+    [["dot", "measured step"], ["median", "median step " + short(median) + unit + " (drawn above)"],
+     ["pred", "predicted " + short(c.predictedTime) + unit + " (every op at its median cost)"]]
+      .concat(band ? [["p50", "predicted p50 " + short(c.predictedP50) + unit],
+                      ["band", "predicted p50 – p99 (" + short(c.predictedP50) + " – " + short(c.predictedP99) + unit +
+                       ", every op drawn from its profiled repeats)"]] : [])
+      .forEach(function (spec) {
+        var item = html("span", "", undefined, legend);
+        html("span", "key " + spec[0], undefined, item);
+        item.appendChild(document.createTextNode(spec[1]));
+      });
+    if (!band) html("span", "", "no predicted p50 – p99: the profile kept no repeats", legend);
     function update() {
       var width = svg.clientWidth || 800, plot = Math.max(width - GUTTER - SIDE, 50), k = plot / (hi - lo);
       function x(v) { return GUTTER + (v - lo) * k; }
       marks.textContent = "";
       var mid = STEPS_HEIGHT / 2;
+      if (band) {
+        var rect = el("rect", { "class": "steps-band", x: x(c.predictedP50), y: 4, height: STEPS_HEIGHT - 8,
+                                width: Math.max(x(c.predictedP99) - x(c.predictedP50), 1) }, marks);
+        rect.setAttribute("data-p50", fmt(c.predictedP50));
+        rect.setAttribute("data-p99", fmt(c.predictedP99));
+        el("line", { "class": "predicted-p50", x1: x(c.predictedP50), x2: x(c.predictedP50), y1: 4, y2: STEPS_HEIGHT - 4 }, marks);
+      }
       if (sorted.length) {
         el("line", { "class": "steps-range", x1: x(sorted[0]), x2: x(sorted[sorted.length - 1]), y1: mid, y2: mid }, marks);
         el("line", { "class": "steps-median", x1: x(median), x2: x(median), y1: mid - 14, y2: mid + 14 }, marks);
       }
       var line = el("line", { "class": "predicted-line", x1: x(c.predictedTime), x2: x(c.predictedTime), y1: 4, y2: STEPS_HEIGHT - 4 }, marks);
       line.setAttribute("data-predicted", fmt(c.predictedTime));
-      var label = el("text", { x: x(c.predictedTime) + 4, y: 12, "class": "side-label" }, marks);
-      label.textContent = "predicted " + fmt(c.predictedTime) + unit;
       steps.forEach(function (value, i) {
         var dot = el("circle", { cx: x(value), cy: mid + ((i % 5) - 2) * 4, r: 4, "data-step": String(i) }, marks);
         dot.addEventListener("mouseover", function (event) {
-          showTip(event, "step " + (i + 1) + " of " + steps.length + (value === median ? " (the median step, drawn above)" : ""),
-          [["schedule", c.name], ["step time", fmt(value) + unit],
-            ["vs predicted", percent(c.predictedTime / value - 1) + " (predicted - measured) / measured"]], null);
+          var rows = [["schedule", c.name], ["step time", fmt(value) + unit],
+            ["measured vs predicted", percent(value / c.predictedTime - 1) + " (measured − predicted) / predicted"]];
+          if (band) rows.push(["vs predicted p50", percent(value / c.predictedP50 - 1)]);
+          showTip(event, "step " + (i + 1) + " of " + steps.length + (value === median ? " (the median step, drawn above)" : ""), rows, null);
         });
         dot.addEventListener("mouseout", hideTip);
       });
