@@ -302,3 +302,65 @@ def check_page_colours_band_and_tables(page, comparisons) -> None:
             assert parted.count() == 1 and parted.get_attribute("data-op") == f"{2 * k}:{first}"
         else:
             assert parted.count() == 0
+
+
+def _open_page(playwright, path, problems):
+    executable = str(CHROMIUM) if CHROMIUM.exists() else shutil.which("chromium")
+    browser = playwright.chromium.launch(executable_path=executable)
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-ready=true]", timeout=15_000)
+    return browser, page
+
+
+@pytest.mark.slow
+def test_search_page_in_chromium(tmp_path, cli) -> None:
+    import json
+
+    from pipesched.render.search_page import SEARCH_COLUMNS
+    from pipesched.search.results import JSON_COLUMNS
+
+    sync_playwright = browser_or_fail()
+    path = tmp_path / "search.html"
+    result = cli("search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--global-batch", "8",
+                 "--schedules", "1f1b,zb-v,interleaved-1f1b", "--chunks", "2", "--partitions", "balanced",
+                 "--recompute", "selective,full", "--db", str(tmp_path / "s.sqlite"), "--json", "--html", str(path))
+    assert result.code == 0, result
+    found = json.loads(result.out)
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser, page = _open_page(playwright, path, problems)
+        try:
+            # readable headers, never the raw keys; throughput with thousands separators, MFU in percent
+            headers = page.locator("#ranked-table th").all_inner_texts()
+            assert [h.strip() for h in headers] == [header for _, header, _ in SEARCH_COLUMNS]
+            assert not set(headers) & (set(JSON_COLUMNS) - {"schedule", "recompute", "partition"})
+            best = found["best"]
+            first = page.locator("#ranked-table tbody tr").first
+            assert f"{best['throughput_tokens_per_s']:,.0f}" in first.inner_text()
+            assert f"{best['mfu']:.1%}" in first.inner_text()
+            # dots coloured by family (one colour per family), the ones out of memory hollow
+            fills = page.locator("svg.pareto circle.front").evaluate_all(
+                "nodes => nodes.map(n => n.getAttribute('fill'))")
+            families = page.locator("svg.pareto circle.front").evaluate_all(
+                "nodes => nodes.map(n => n.getAttribute('data-key'))")
+            assert len(fills) == len(found["pareto_front"]) and len(set(fills)) > 1
+            assert page.locator("svg.pareto circle.oom").count() >= 1
+            assert page.locator("svg.pareto circle.oom").first.get_attribute("fill") == "none"
+            # a click on a dot selects its row in the table and its timeline
+            dot = page.locator("svg.pareto circle.front").last
+            key = dot.get_attribute("data-key")
+            dot.click()
+            selected = page.locator("tr.selected")
+            assert selected.count() >= 1 and all(
+                k == key for k in selected.evaluate_all("rows => rows.map(r => r.getAttribute('data-key'))"))
+            keys = json.loads(page.locator("#report-data").text_content())["timelineKeys"]
+            assert key in keys and page.locator(".panel.selected").get_attribute("data-timeline") == str(keys.index(key))
+            assert len(families) == len(set(families))
+            page.screenshot(path=str(ARTIFACTS / "search.png"), full_page=False)
+        finally:
+            browser.close()
+    assert problems == []
+

@@ -436,13 +436,13 @@ def comparison_table_html(rows: Sequence[Mapping[str, object]]) -> str:
 
 
 def _sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tuple[object, object]]], *,
-                    row_data: Sequence[str] | None = None) -> str:
+                    row_data: Sequence[str] | None = None, row_attribute: str = "data-link") -> str:
     """A table whose header cells sort it (report.js); each cell is (sort key, shown text);
-    ``row_data`` gives each row a ``data-link`` attribute."""
+    ``row_data`` gives each row a ``row_attribute`` attribute."""
     head = "".join(f'<th scope="col" tabindex="0">{escape(str(h))}</th>' for h in header)
     links = row_data if row_data is not None else [None] * len(rows)
     body = "".join(
-        ("<tr>" if link is None else f'<tr data-link="{escape(link, quote=True)}">')
+        ("<tr>" if link is None else f'<tr {row_attribute}="{escape(link, quote=True)}">')
         + "".join(f'<td data-value="{escape(str(key), quote=True)}">{escape(str(text))}</td>'
                   for key, text in row) + "</tr>"
         for row, link in zip(rows, links, strict=True)

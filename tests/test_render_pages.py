@@ -1,0 +1,68 @@
+"""The check, search and distribution pages' figures, without a browser (the pages
+themselves run in tests/test_report_browser.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from pipesched.generators import generate
+from pipesched.render.pairing import PARTING_SHARE, deviations, kind_errors
+from render_timelines import measured_like, simulated, split_backward
+
+
+@pytest.fixture(scope="module")
+def pair():
+    predicted = simulated(split_backward(generate("1f1b", 2, 4)))
+    return predicted, measured_like(predicted, seed=5)
+
+
+def test_kind_errors_are_measured_minus_predicted_over_predicted(pair) -> None:
+    predicted, measured = pair
+    found = deviations(predicted, measured)
+    by_op = {}
+    for row in range(len(predicted)):
+        other = next(r for r in range(len(measured)) if measured.op(r) == predicted.op(row)
+                     and measured.op_device[r] == predicted.op_device[row])
+        share = ((measured.op_end[other] - measured.op_start[other])
+                 / (predicted.op_end[row] - predicted.op_start[row]) - 1)
+        by_op.setdefault(int(predicted.op_kind[row]), []).append(share)
+    errors = kind_errors(predicted, found)
+    assert [e.kind for e in errors] == sorted(by_op)
+    for e in errors:
+        assert e.count == len(by_op[e.kind])
+        assert e.mean == pytest.approx(np.mean(by_op[e.kind]))
+        assert e.median == pytest.approx(np.median(by_op[e.kind]))
+
+
+def test_the_timelines_part_at_the_first_op_off_by_the_share(pair) -> None:
+    predicted, measured = pair
+    found = deviations(predicted, measured)
+    span = predicted.makespan
+    starts = {(int(measured.op_device[r]), str(measured.op(r))): measured.op_start[r] - measured.origin
+              for r in range(len(measured))}
+    off = [row for row in range(len(predicted))
+           if abs(starts[(int(predicted.op_device[row]), str(predicted.op(row)))]
+                  - (predicted.op_start[row] - predicted.origin)) > PARTING_SHARE * span]
+    expected = min(off, key=lambda row: (predicted.op_start[row], row)) if off else -1
+    assert found.parting(span) == expected
+    # a timeline never parts from itself
+    assert deviations(predicted, predicted).parting(span) == -1
+
+
+def test_timelines_are_sampled_along_the_front() -> None:
+    from pipesched.render.search_page import sampled_front
+    from pipesched.search.store import EVALUATED, StoredRow
+
+    front = [StoredRow(f"k{i}", "1f1b", None, 1, 1, 2, 1, 4, "none", "balanced", 0, EVALUATED,
+                       peak_memory_bytes=float(i), iteration_time_s=10.0 - i) for i in range(11)]
+    best = front[-1]
+    shown = sampled_front(front, best, count=6)
+    # the best, then five points evenly spaced over the other ten (positions 0, 2, 4, 7, 9 of 0..9)
+    assert shown[0] is best
+    positions = [front.index(row) for row in shown[1:]]
+    spacing = [b - a for a, b in itertools.pairwise(positions)]
+    assert positions[0] == 0 and positions[-1] == 9 and max(spacing) - min(spacing) <= 1
+    assert sampled_front(front[:3], front[2], count=6) == [front[2], front[0], front[1]]
