@@ -66,3 +66,27 @@ def test_timelines_are_sampled_along_the_front() -> None:
     spacing = [b - a for a, b in itertools.pairwise(positions)]
     assert positions[0] == 0 and positions[-1] == 9 and max(spacing) - min(spacing) <= 1
     assert sampled_front(front[:3], front[2], count=6) == [front[2], front[0], front[1]]
+
+
+def test_distribution_data_tells_who_beats_the_next_and_how_often_the_order_flips() -> None:
+    from pipesched.render.html import distribution_data
+
+    rng = np.random.default_rng(1)
+    common = rng.lognormal(0, 0.05, 300)  # common random numbers: sample i of each together
+    samples = {"a": 1.0 * common * rng.lognormal(0, 0.03, 300), "b": 1.02 * common * rng.lognormal(0, 0.03, 300),
+               "c": 1.05 * common * rng.lognormal(0, 0.03, 300)}
+    data = distribution_data([{"name": n, "samples": x, "deterministic": float(np.median(x))}
+                              for n, x in samples.items()])
+    rows = {row["name"]: row for row in data["rows"]}
+    assert rows["a"]["next"] == "b" and rows["b"]["next"] == "c" and rows["c"]["next"] is None
+    assert rows["a"]["fasterThanNext"] == pytest.approx(np.mean(samples["a"] < samples["b"]))
+    assert rows["b"]["fasterThanNext"] == pytest.approx(np.mean(samples["b"] < samples["c"]))
+    stacked = np.vstack([samples["a"], samples["b"], samples["c"]])
+    in_order = np.all(np.diff(stacked, axis=0) >= 0, axis=0)
+    assert data["orderDiffers"] == pytest.approx(1 - in_order.mean())
+    best = stacked.argmin(axis=0)
+    assert rows["a"]["fastest"] == pytest.approx(np.mean(best == 0))
+    # unequal sample counts: no pairing, only what was given
+    lone = distribution_data([{"name": "a", "samples": samples["a"], "deterministic": 1.0, "fastest": 0.5},
+                              {"name": "b", "samples": samples["b"][:10], "deterministic": 1.0}])
+    assert lone["orderDiffers"] is None and lone["rows"][0]["fastest"] == 0.5 and lone["rows"][0]["next"] is None

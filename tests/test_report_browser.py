@@ -133,6 +133,7 @@ def test_report_in_chromium(report) -> None:
             for name in ("deterministic", "mean", "p99"):
                 assert page.locator(f".dist-{name}").count() == len(distributions)
             page.mouse.move(10, 10)
+            check_distribution_axes(page, distributions)
 
             page.get_by_role("button", name="reset").first.click()
             page.wait_for_timeout(100)
@@ -144,6 +145,29 @@ def test_report_in_chromium(report) -> None:
     assert problems == []
     assert set(requests) == {url}
     assert (ARTIFACTS / "report.png").stat().st_size > 20_000
+
+
+def check_distribution_axes(page, distributions) -> None:
+    """Every distribution plot has its own time axis and a count axis up to the tallest bar of
+    the page; each says how often it beats the next, and the page how often the order flips."""
+    samples = [np.asarray(d["samples"]) for d in distributions]
+    edges = np.linspace(min(min(x.min() for x in samples), *(d["deterministic"] for d in distributions)),
+                        max(max(x.max() for x in samples), *(d["deterministic"] for d in distributions)), 41)
+    tallest = max(int(np.histogram(x, bins=edges)[0].max()) for x in samples)
+    for k in range(len(distributions)):
+        plot = page.locator(f'[data-distribution="{k}"] svg')
+        text = plot.text_content()
+        assert plot.locator(".tick").count() >= 2 and "time (ms)" in text
+        counts = [int(c) for c in plot.locator("[data-count]").evaluate_all(
+            "nodes => nodes.map(n => n.getAttribute('data-count'))")]
+        assert counts[0] == 0 and counts[-1] == tallest and "samples" in text
+    by_mean = sorted(range(len(samples)), key=lambda k: samples[k].mean())
+    first, second = (samples[k] for k in by_mean)
+    beats = float(np.mean(first < second))
+    heading = page.locator(f'[data-distribution="{by_mean[0]}"] h3').inner_text()
+    assert f"faster than {distributions[by_mean[1]]['name']} in {100 * beats:.1f}% of samples" in heading
+    flips = float(np.mean(second < first))
+    assert f"differs from the order by mean in {flips:.1%} of the samples" in page.locator(".order-note").inner_text()
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,7 @@ from pipesched.render.summary import Summary, op_chunks, summarize
 from pipesched.render.terminal import format_cell
 from pipesched.render.waits import WAIT_NAMES, waited_for
 from pipesched.timeline import Timeline
+from pipesched.variability.distribution import paired_comparison
 
 # no request may leave the page: everything it needs is inline
 CONTENT_POLICY = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -79,8 +80,9 @@ def render_html(
         data["distributions"] = distribution_data(distributions)
         sections.append(
             '<section><h2>Iteration time distributions</h2><p class="hint">Monte Carlo samples per schedule on one '
-            "time axis: bars count the samples, the dashed line is the deterministic iteration time, the solid "
-            'line the mean, the red one p99; hover a bar for its range.</p><div id="distributions"></div></section>')
+            "time axis: bars count the samples (the axis on the left), the dashed line is the deterministic "
+            "iteration time, the solid line the mean, the red one p99; hover a bar for its range.</p>"
+            + _order_note(data["distributions"]) + '<div id="distributions"></div></section>')
     sections.append(
         '<section><h2>Timelines</h2><p class="hint">Wheel or + / − to zoom, drag to pan, '
         "double-click to reset; hover an op for its details.</p>"
@@ -123,7 +125,11 @@ DISTRIBUTION_BINS = 40
 
 def distribution_data(distributions: Sequence[Mapping[str, object]], *, bins: int = DISTRIBUTION_BINS) -> dict:
     """Histograms of every schedule's samples on common bins, with their deterministic
-    time, mean, p50, p99 and the share of samples in which each is fastest."""
+    time, mean, p50, p99, the share of samples in which each is fastest and in which each is
+    faster than the next by mean, and the share of samples whose order of the schedules
+    differs from the order by mean (``variability.distribution.paired_comparison``, as the
+    terminal prints them; samples on common random numbers, so sample i of each belong
+    together; without equal sample counts, the given ``fastest`` only)."""
     samples = [np.asarray(d["samples"], np.float64) for d in distributions]
     lo = min(float(x.min()) for x in samples)
     hi = max(max(float(x.max()) for x in samples), *(float(d["deterministic"]) for d in distributions))
@@ -132,20 +138,38 @@ def distribution_data(distributions: Sequence[Mapping[str, object]], *, bins: in
         hi = lo + max(abs(lo) * 1e-6, 1e-12)
     scale = time_scale("s", hi)
     edges = np.linspace(lo, hi, bins + 1)
+    names = [str(d["name"]) for d in distributions]
+    paired = (paired_comparison(names, samples)
+              if len(samples) > 1 and len({x.size for x in samples}) == 1 and len(set(names)) == len(names) else None)
+    rank = {name: k for k, name in enumerate(paired.names)} if paired is not None else {}
     rows = []
-    for d, values in zip(distributions, samples, strict=True):
+    for d, name, values in zip(distributions, names, samples, strict=True):
         counts, _ = np.histogram(values, bins=edges)
+        k = rank.get(name)
+        fastest = paired.fastest[k] if k is not None else d.get("fastest")
         rows.append({
-            "name": str(d["name"]),
+            "name": name,
             "samples": int(values.size),
             "counts": counts.tolist(),
             "deterministic": float(d["deterministic"]) * scale.factor,
             "mean": float(values.mean()) * scale.factor,
             "p50": float(np.percentile(values, 50)) * scale.factor,
             "p99": float(np.percentile(values, 99)) * scale.factor,
-            "fastest": None if d.get("fastest") is None else float(d["fastest"]),
+            "fastest": None if fastest is None else float(fastest),
+            # share of samples faster than the schedule ranked next by mean, and that one's name
+            "fasterThanNext": None if k is None or paired.beats_next[k] is None else float(paired.beats_next[k]),
+            "next": None if k is None or k + 1 >= len(paired.names) else paired.names[k + 1],
         })
-    return {"unit": scale.unit, "edges": (edges * scale.factor).tolist(), "rows": rows}
+    return {"unit": scale.unit, "edges": (edges * scale.factor).tolist(), "rows": rows,
+            "orderDiffers": None if paired is None else paired.flip_share}
+
+
+def _order_note(data: dict) -> str:
+    share = data["orderDiffers"]
+    if share is None:
+        return ""
+    return (f'<p class="order-note">The order of the schedules differs from the order by mean in {share:.1%} '
+            "of the samples.</p>")
 
 
 # deviations shown per schedule in the comparison page's table

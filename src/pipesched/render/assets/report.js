@@ -581,6 +581,7 @@
   }
 
   // ---- Monte Carlo iteration times, one histogram per schedule on one axis ---------------
+  // each plot with its own time axis (all on the same bins) and a count axis on the left
   function drawDistributions(d, container) {
     var edges = d.edges, lo = edges[0], hi = edges[edges.length - 1], unit = " " + d.unit;
     var peak = Math.max.apply(null, d.rows.map(function (r) { return Math.max.apply(null, r.counts); })) || 1;
@@ -588,19 +589,24 @@
     d.rows.forEach(function (r, k) {
       var box = html("div", "distribution", undefined, container);
       box.setAttribute("data-distribution", String(k));
-      html("h3", "", r.name + ": mean " + fmt(r.mean) + unit + ", p99 " + fmt(r.p99) + unit +
-           (r.fastest === null ? ", " : ", fastest in " + (100 * r.fastest).toFixed(1) + "% of ") + r.samples + " samples", box);
-      var last = k === d.rows.length - 1;
-      var svg = el("svg", { "class": "chart distribution-plot", height: DIST_HEIGHT + (last ? AXIS : 4), role: "img" }, box);
+      var ahead = r.fasterThanNext === null || r.fasterThanNext === undefined ? "" :
+        "; faster than " + r.next + " in " + (100 * r.fasterThanNext).toFixed(1) + "% of samples";
+      function short(v) { return Number(v.toPrecision(4)).toString(); }
+      html("h3", "", r.name + ": mean " + short(r.mean) + unit + ", p99 " + short(r.p99) + unit +
+           (r.fastest === null ? ", " : ", fastest in " + (100 * r.fastest).toFixed(1) + "% of ") + r.samples + " samples" +
+           ahead, box);
+      var svg = el("svg", { "class": "chart distribution-plot", height: DIST_HEIGHT + AXIS, role: "img" }, box);
       svg.setAttribute("aria-label", "iteration time distribution of " + r.name);
-      var grid = el("g", {}, svg), axis = el("g", {}, svg), marks = el("g", {}, svg);
+      var grid = el("g", {}, svg), axis = el("g", {}, svg), counts = el("g", { "class": "count-axis" }, svg), marks = el("g", {}, svg);
+      function barHeight(count) { return (DIST_HEIGHT - 6) * count / peak; }
       function update() {
         var width = svg.clientWidth || 800, plot = Math.max(width - GUTTER - SIDE, 50), k2 = plot / (hi - lo);
         function x(v) { return GUTTER + (v - lo) * k2; }
         marks.textContent = "";
+        counts.textContent = "";
         r.counts.forEach(function (count, b) {
           if (!count) return;
-          var h = (DIST_HEIGHT - 6) * count / peak;
+          var h = barHeight(count);
           var bar = el("rect", { "class": "bin", x: x(edges[b]), y: DIST_HEIGHT - h, width: Math.max(x(edges[b + 1]) - x(edges[b]) - 1, 1),
                                  height: h, "data-bin": String(b) }, marks);
           bar.addEventListener("mouseover", function (event) {
@@ -613,7 +619,19 @@
           var line = el("line", { "class": "dist-" + spec[0], x1: x(spec[1]), x2: x(spec[1]), y1: 2, y2: DIST_HEIGHT }, marks);
           line.setAttribute("data-value", fmt(spec[1]));
         });
-        if (last) drawAxis(axis, grid, { x0: lo, x1: hi }, k2, plot, DIST_HEIGHT, d.unit);
+        // the count axis: 0, half the tallest bar of the page, the tallest
+        el("line", { x1: GUTTER, x2: GUTTER, y1: DIST_HEIGHT - barHeight(peak), y2: DIST_HEIGHT, stroke: "#8c959f" }, counts);
+        [0, Math.round(peak / 2), peak].forEach(function (value, i) {
+          if (i === 1 && (value === 0 || value === peak)) return;
+          var y = DIST_HEIGHT - barHeight(value);
+          el("line", { x1: GUTTER - 4, x2: GUTTER, y1: y, y2: y, stroke: "#8c959f" }, counts);
+          var label = el("text", { x: GUTTER - 6, y: y + 3.5, "text-anchor": "end", "class": "side-label", "data-count": String(value) }, counts);
+          label.textContent = String(value);
+        });
+        var title = el("text", { x: 14, y: DIST_HEIGHT / 2, "text-anchor": "middle", "class": "side-label",
+                                 transform: "rotate(-90 14 " + DIST_HEIGHT / 2 + ")" }, counts);
+        title.textContent = "samples";
+        drawAxis(axis, grid, { x0: lo, x1: hi }, k2, plot, DIST_HEIGHT, d.unit);
       }
       update();
       updates.push(update);
