@@ -90,3 +90,30 @@ def test_distribution_data_tells_who_beats_the_next_and_how_often_the_order_flip
     lone = distribution_data([{"name": "a", "samples": samples["a"], "deterministic": 1.0, "fastest": 0.5},
                               {"name": "b", "samples": samples["b"][:10], "deterministic": 1.0}])
     assert lone["orderDiffers"] is None and lone["rows"][0]["fastest"] == 0.5 and lone["rows"][0]["next"] is None
+
+
+def _measured_run(pair, steps):
+    import dataclasses
+
+    from pipesched.timeline import MeasuredInfo
+
+    _, measured = pair
+    waits = np.full(len(measured), 1e-4)
+    info = MeasuredInfo(runtime="ours", backend="gloo", partition="1|1", dtype="float32", micro_batch_size=1,
+                        seq_len=16, step=1, op_wait_s=waits, op_cpu_s=waits, step_times_s=steps)
+    return dataclasses.replace(measured, measured=info)
+
+
+def test_a_run_page_shows_its_steps_and_says_what_the_measurement_lacks(pair) -> None:
+    from pipesched.render.html import render_html
+
+    timeline = _measured_run(pair, (0.012, 0.011, 0.0135, 0.0118))
+    page = render_html([timeline])
+    section = page[page.index('<section class="measured">'):]
+    section = section[:section.index("</section>")]
+    assert section.count("<circle data-step=") == 4
+    # the median step is the lower middle one of an even count, as the run reports it
+    assert "median 11.8 ms" in section and "spread 2.5 ms" in section
+    assert "no memory curves" in section and "no communication lanes" in section
+    per_device = [1e-4 * 1e3 * int((timeline.op_device == d).sum()) for d in range(timeline.num_devices)]
+    assert all(f"d{d} {w:.4g} ms" in section for d, w in enumerate(per_device))

@@ -46,6 +46,7 @@ from pipesched.render.style import (
 from pipesched.render.summary import Summary, op_chunks, summarize
 from pipesched.render.terminal import format_cell
 from pipesched.render.waits import WAIT_NAMES, waited_for
+from pipesched.runtime.runs import median_step
 from pipesched.timeline import Timeline
 from pipesched.variability.distribution import paired_comparison
 
@@ -76,6 +77,7 @@ def render_html(
     ]
     if comparison:
         sections.append("<section><h2>Comparison</h2>" + comparison_table_html(comparison) + "</section>")
+    sections.extend(measured_section(t) for t in timelines if t.measured is not None)
     if distributions:
         data["distributions"] = distribution_data(distributions)
         sections.append(
@@ -92,7 +94,7 @@ def render_html(
 
 
 def _page(heading: str, sections: Sequence[str], data: dict, *, scripts: Sequence[str] = ("report.js",),
-          styles: Sequence[str] = ("report.css",)) -> str:
+          styles: Sequence[str] = ("report.css", "pages.css")) -> str:
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -172,6 +174,82 @@ def _order_note(data: dict) -> str:
             "of the samples.</p>")
 
 
+# the step-time strip of a measured run, pixels
+STRIP_WIDTH, STRIP_HEIGHT, STRIP_LEFT, STRIP_RIGHT = 880, 70, 16, 16
+
+
+def measured_section(timeline: Timeline) -> str:
+    """A measured timeline's run: the spread of its steps drawn (the step shown marked), and
+    what the measurement holds beside the op times and what it lacks."""
+    info = timeline.measured
+    steps = np.asarray(info.step_times_s or (timeline.makespan,), np.float64)
+    scale = time_scale("s", float(steps.max()))
+    median = float(steps[median_step(steps)])  # the run's median step (the lower middle one of an even count)
+    low, high = np.percentile(steps, (25, 75))
+    figures = (f"{len(steps)} measured step{'' if len(steps) == 1 else 's'}: "
+               + ", ".join(f"{t * scale.factor:.4g}" for t in steps) + f" {scale.unit}; median {scale.format(median)}, "
+               f"spread {scale.format(float(steps.max() - steps.min()))} "
+               f"({(steps.max() - steps.min()) / median:.1%} of the median), IQR {scale.format(float(high - low))}; "
+               f"the timeline drawn is step {info.step + 1}, {scale.format(timeline.makespan)}.")
+    waits = np.asarray(info.op_wait_s, np.float64)
+    waited = ([float(waits[timeline.op_device == d].sum()) for d in range(timeline.num_devices)]
+              if len(waits) == len(timeline) else [])
+    holds = []
+    if len(timeline.transfers):
+        holds.append(f"communication lanes: the {len(timeline.transfers)} replica all-reduce"
+                     f"{'' if len(timeline.transfers) == 1 else 's'} the run timed; point-to-point sends and receives "
+                     "are not timed apart from the ops")
+    else:
+        holds.append("no communication lanes: the run times point-to-point sends and receives only inside the ops "
+                     "that wait for them")
+    if waited:
+        holds.append("time ops waited for their inputs inside their spans: "
+                     + ", ".join(f"d{d} {scale.format(w)}" for d, w in enumerate(waited)))
+    if timeline.memory is None:
+        holds.append("no memory curves: the run does not record memory")
+    return (f'<section class="measured"><h2>Measured run: {escape(timeline.schedule.name)}</h2>'
+            f'<p class="figures">{escape(figures)}</p>{_strip_svg(steps, timeline.makespan, scale)}'
+            '<ul class="measured-notes">' + "".join(f"<li>{escape(h)}</li>" for h in holds) + "</ul></section>")
+
+
+def _strip_svg(steps: np.ndarray, drawn: float, scale: TimeScale) -> str:
+    """Each step a dot on a time axis, the step drawn ringed, the median a bar."""
+    lo, hi = float(steps.min()), float(steps.max())
+    pad = max((hi - lo) * 0.1, hi * 0.01, 1e-12)
+    lo, hi = lo - pad, hi + pad
+    width = STRIP_WIDTH - STRIP_LEFT - STRIP_RIGHT
+
+    def x(value: float) -> float:
+        return STRIP_LEFT + (value - lo) / (hi - lo) * width
+
+    parts = [f'<svg class="step-strip" viewBox="0 0 {STRIP_WIDTH} {STRIP_HEIGHT}" width="100%" role="img" '
+             'aria-label="measured step times" xmlns="http://www.w3.org/2000/svg">',
+             f'<line x1="{STRIP_LEFT}" x2="{STRIP_LEFT + width}" y1="40" y2="40" stroke="#8c959f"/>']
+    step = 10 ** math.floor(math.log10((hi - lo) * scale.factor / 5))
+    for factor in (1, 2, 5, 10):
+        if (hi - lo) * scale.factor / (step * factor) <= 6:
+            step *= factor
+            break
+    tick = math.ceil(lo * scale.factor / step) * step
+    while tick <= hi * scale.factor:
+        px = x(tick / scale.factor)
+        parts.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="40" y2="44" stroke="#8c959f"/><text x="{px:.1f}" y="56" '
+                     f'text-anchor="middle" font-size="11" fill="#57606a">{tick:.4g}</text>')
+        tick += step
+    parts.append(f'<text x="{STRIP_LEFT + width / 2:.0f}" y="68" text-anchor="middle" font-size="11" '
+                 f'fill="#57606a">step time ({scale.unit})</text>')
+    median = float(steps[median_step(steps)])
+    parts.append(f'<line class="step-median" x1="{x(median):.1f}" x2="{x(median):.1f}" y1="14" y2="40" '
+                 'stroke="#1f2328" stroke-width="2"/>')
+    for k, value in enumerate(steps.tolist()):
+        ring = ' stroke="#c0392b" stroke-width="2"' if value == drawn else ""
+        parts.append(f'<circle data-step="{k}" cx="{x(value):.1f}" cy="{27 + (k % 3 - 1) * 6}" r="5" fill="#3274b5" '
+                     f'fill-opacity="0.75"{ring}><title>step {k + 1}: {value * scale.factor:.4g} {scale.unit}'
+                     f"{' (drawn below)' if value == drawn else ''}</title></circle>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 # deviations shown per schedule in the comparison page's table
 DEVIATIONS_SHOWN = 50
 
@@ -238,7 +316,7 @@ def render_comparison_html(
             f"{_deviation_table(k, predicted, found, scale, shown)}</div>"
             f'<h3>Step times</h3><div class="steps" id="steps-{k}"></div></section>'
         )
-    return _page(heading, sections, data, scripts=("report.js", "check.js"), styles=("report.css", "pages.css"))
+    return _page(heading, sections, data, scripts=("report.js", "check.js"))
 
 
 # what the page's two predictions are (runtime/check.py predict)

@@ -69,7 +69,7 @@ def render_search_html(result: SearchResult, *, top: int = 20) -> str:
                         "+ / − to zoom, drag to pan, double-click to reset; hover an op for its details. "
                         + escape(", ".join(f"{k + 1}: {_label(row)}" for k, row in enumerate(shown))) + "</p>"
                         '<div id="timelines"></div></section>')
-    return _page(heading, sections, data, scripts=("report.js", "search.js"), styles=("report.css", "pages.css"))
+    return _page(heading, sections, data, scripts=("report.js", "search.js"))
 
 
 def sampled_front(front: Sequence[StoredRow], best: StoredRow | None, count: int = MAX_TIMELINES) -> list[StoredRow]:
