@@ -324,7 +324,8 @@ PREDICTED_NOTE = ("predicted: the simulation with every op at the median of its 
                   "on top); predicted p50 / p99: the same costs over Monte Carlo iterations in which every op draws "
                   "its time from its profiled repeats; measured: the median step (the timeline drawn below). "
                   "Every difference on this page is measured − predicted, positive when the run is slower than "
-                  "predicted, relative ones over the prediction.")
+                  "predicted, relative ones over the prediction (the terminal's and --json's error is the "
+                  "prediction's: (predicted − measured) / measured).")
 
 
 def _figures_note(comparison: Comparison, scale: TimeScale) -> str:
