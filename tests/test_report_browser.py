@@ -388,3 +388,36 @@ def test_search_page_in_chromium(tmp_path, cli) -> None:
             browser.close()
     assert problems == []
 
+
+
+def test_run_page_in_chromium(tmp_path) -> None:
+    """A measured run's page (run --html): no console error, every step drawn, the median
+    step (the lower middle one) marked, and the missing memory said."""
+    import dataclasses
+
+    from pipesched.render.html import render_html
+    from pipesched.timeline import MeasuredInfo
+    from render_timelines import measured_like
+
+    sync_playwright = browser_or_fail()
+    measured = measured_like(simulated(generate("1f1b", 2, 4)), seed=2)
+    steps = (measured.makespan * 1.1, measured.makespan, measured.makespan * 0.9, measured.makespan * 1.3)
+    waits = np.zeros(len(measured))
+    info = MeasuredInfo(runtime="ours", backend="gloo", partition="1|1", dtype="float32", micro_batch_size=1,
+                        seq_len=16, step=1, op_wait_s=waits, op_cpu_s=waits, step_times_s=steps)
+    path = tmp_path / "run.html"
+    path.write_text(render_html([dataclasses.replace(measured, measured=info)]))
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser, page = _open_page(playwright, path, problems)
+        try:
+            section = page.locator("section.measured")
+            assert section.locator("circle[data-step]").count() == len(steps)
+            median = sorted(steps)[(len(steps) - 1) // 2]
+            assert f"median {median * 1e3:.4g} ms" in section.inner_text()
+            assert "no memory curves" in section.inner_text()
+            # the step drawn (step 2, the median here) is ringed
+            assert section.locator('circle[data-step="1"]').get_attribute("stroke") == "#c0392b"
+        finally:
+            browser.close()
+    assert problems == []

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from html import escape
 
+from pipesched.experiments.simulation import simulate_point
 from pipesched.render.html import _base_data, _legend, _page, _sortable_table, timeline_data
 from pipesched.render.summary import summarize
 from pipesched.search.results import SearchResult, json_row, row_point, simulate_command
@@ -32,8 +33,6 @@ WIDTH, HEIGHT, MARGIN = 880, 400, (24, 20, 52, 70)  # margins: top, right, botto
 
 def render_search_html(result: SearchResult, *, top: int = 20) -> str:
     """The page (see the module docstring) as text."""
-    from pipesched.experiments.simulation import simulate_point
-
     space = result.space
     heading = (f"search: {space['model']} on {space['cluster']}, global batch {space['global_batch']} x "
                f"{space['seq_len']} tokens")
