@@ -10,12 +10,20 @@ under it. Tables are built here with every label escaped; the charts are drawn i
 from one compact JSON blob (columns of numbers, not one object per op), so 8 schedules of
 p=16, m=64 stay near 2 MB.
 
-The comparison page (``render_comparison_html``, ``pipesched check --html``) puts, per
-schedule, the predicted and the measured timeline one above the other on one time axis
-(zoom and pan move both), colours every op by how far its measured duration is from the
-predicted one, links each op to its counterpart (hovering one outlines the other), lists
-the largest deviations in a sortable table, and plots the measured step times against the
-prediction, marking the step drawn (a run's median step, whose time it reports).
+The comparison page (``render_comparison_html``, ``pipesched check --html``; check.js) puts,
+per schedule, the predicted and the measured timeline one above the other on one time axis
+(zoom and pan move both), keeps every op in its kind's colour and outlines it by how far its
+measured duration is from the predicted one (a toggle fills by it instead), links each op to
+its counterpart (hovering one outlines the other), outlines the op where the timelines first
+part (``Deviations.parting``), tables the error per op kind and the largest deviations, and
+plots the measured step times against the prediction and its Monte Carlo p50-p99 band,
+marking the step drawn (a run's median step, whose time it reports). Every difference is
+measured - predicted (positive: slower than predicted), relative ones over the prediction.
+
+A measured timeline in the report (``run --html``) adds its run's steps and what the
+measurement lacks (``measured_section``); Monte Carlo distributions (``compare --jitter
+--html``) each get a time axis and a count axis, and the pairwise figures the terminal
+prints (``distribution_data``).
 """
 
 from __future__ import annotations
