@@ -117,3 +117,24 @@ def test_a_run_page_shows_its_steps_and_says_what_the_measurement_lacks(pair) ->
     assert "no memory curves" in section and "no communication lanes" in section
     per_device = [1e-4 * 1e3 * int((timeline.op_device == d).sum()) for d in range(timeline.num_devices)]
     assert all(f"d{d} {w:.4g} ms" in section for d, w in enumerate(per_device))
+
+
+def test_compare_jitter_page_carries_the_terminals_pairwise_figures(cli, tmp_path) -> None:
+    import json
+    import re
+
+    page = tmp_path / "jitter.html"
+    result = cli("compare", "--schedules", "1f1b,zb-v,gpipe", "-p", "4", "-m", "8", "--jitter", "0.1",
+                 "--samples", "200", "--json", "--html", str(page))
+    assert result.code == 0, result
+    paired = json.loads(result.out)["variability"]
+    text = page.read_text()
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S)[1])
+    shown = data["distributions"]
+    assert shown["orderDiffers"] == pytest.approx(paired["ranking_flip_share"])
+    assert f"{paired['ranking_flip_share']:.1%} of the samples" in text
+    rows = {row["name"]: row for row in shown["rows"]}
+    for row in paired["rows"]:
+        assert rows[row["schedule"]]["fasterThanNext"] == (
+            None if row["faster_than_next"] is None else pytest.approx(row["faster_than_next"]))
+        assert rows[row["schedule"]]["fastest"] == pytest.approx(row["fastest_probability"])
