@@ -41,7 +41,8 @@ def render_search_html(result: SearchResult, *, top: int = 20) -> str:
     shown = sampled_front(front, best)
     timelines = [simulate_point(row_point(space, row)).timeline for row in shown]
     data = _base_data()
-    data["timelines"] = [timeline_data(t, summarize(t)) for t in timelines]
+    data["timelines"] = [timeline_data(t, summarize(t)) | {"name": f"{k + 1}. {_label(row)}"}
+                         for k, (t, row) in enumerate(zip(timelines, shown, strict=True))]
     data["timelineKeys"] = [row.key for row in shown]  # the configuration each timeline draws
     counts = (f"{len(result.rows):,} points: {result.count(EVALUATED):,} evaluated, {result.count(OUT_OF_MEMORY):,} "
               f"out of memory, {result.count(PRUNED):,} pruned by the bound, {result.count(INVALID):,} invalid.")
@@ -65,8 +66,8 @@ def render_search_html(result: SearchResult, *, top: int = 20) -> str:
         sections.append("<section><h2>Pareto front</h2>" + search_table("front", front) + "</section>")
     if timelines:
         sections.append('<section><h2>Timelines: the best and points along the front</h2><p class="hint">Wheel or '
-                        "+ / − to zoom, drag to pan, double-click to reset; hover an op for its details. "
-                        + escape(", ".join(f"{k + 1}: {_label(row)}" for k, row in enumerate(shown))) + "</p>"
+                        "+ / − to zoom, drag to pan, double-click to reset; hover an op for its details; "
+                        "click a dot above to outline its timeline.</p>"
                         '<div id="timelines"></div></section>')
     return _page(heading, sections, data, scripts=("report.js", "search.js"))
 
