@@ -564,7 +564,7 @@ def _sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tu
 
 def _legend(timelines: Sequence[Timeline]) -> str:
     """Swatches of the op kinds and transfer kinds that appear in ``timelines``."""
-    kinds = sorted({int(k) for t in timelines for k in np.unique(t.op_kind)})
+    kinds = sorted({int(k) for t in timelines for k in np.unique(t.box_kind)})  # as drawn: a fused pair is one box
     transfer_kinds = sorted({int(k) for t in timelines for k in np.unique(t.transfers.kind)})
     items = [f'<span class="swatch" style="background:{KIND_COLORS[k]}"></span>'
              f"{KIND_LETTERS[k]} {escape(KIND_NAMES[k])}" for k in kinds]
