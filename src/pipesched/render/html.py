@@ -182,6 +182,23 @@ def _order_note(data: dict) -> str:
             "of the samples.</p>")
 
 
+def nice_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
+    """Round tick values (1, 2 or 5 times a power of ten apart, at most about ``count``
+    intervals) from at or below ``lo`` to at or above ``hi``.
+
+    >>> nice_ticks(113.2, 129.5)
+    [110, 115, 120, 125, 130]
+    """
+    span = hi - lo if hi > lo else abs(hi) or 1.0
+    step = 10 ** math.floor(math.log10(span / count))
+    for factor in (1, 2, 5, 10):
+        if span / (step * factor) <= count:
+            step *= factor
+            break
+    first = math.floor(lo / step) * step
+    return [first + k * step for k in range(math.ceil((hi - first) / step) + 1)]
+
+
 # the step-time strip of a measured run, pixels
 STRIP_WIDTH, STRIP_HEIGHT, STRIP_LEFT, STRIP_RIGHT = 880, 70, 16, 16
 
@@ -233,17 +250,12 @@ def _strip_svg(steps: np.ndarray, drawn: float, scale: TimeScale) -> str:
     parts = [f'<svg class="step-strip" viewBox="0 0 {STRIP_WIDTH} {STRIP_HEIGHT}" width="100%" role="img" '
              'aria-label="measured step times" xmlns="http://www.w3.org/2000/svg">',
              f'<line x1="{STRIP_LEFT}" x2="{STRIP_LEFT + width}" y1="40" y2="40" stroke="#8c959f"/>']
-    step = 10 ** math.floor(math.log10((hi - lo) * scale.factor / 5))
-    for factor in (1, 2, 5, 10):
-        if (hi - lo) * scale.factor / (step * factor) <= 6:
-            step *= factor
-            break
-    tick = math.ceil(lo * scale.factor / step) * step
-    while tick <= hi * scale.factor:
+    for tick in nice_ticks(lo * scale.factor, hi * scale.factor):
         px = x(tick / scale.factor)
+        if not STRIP_LEFT <= px <= STRIP_LEFT + width:
+            continue
         parts.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="40" y2="44" stroke="#8c959f"/><text x="{px:.1f}" y="56" '
                      f'text-anchor="middle" font-size="11" fill="#57606a">{tick:.4g}</text>')
-        tick += step
     parts.append(f'<text x="{STRIP_LEFT + width / 2:.0f}" y="68" text-anchor="middle" font-size="11" '
                  f'fill="#57606a">step time ({scale.unit})</text>')
     median = float(steps[median_step(steps)])

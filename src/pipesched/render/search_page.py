@@ -14,12 +14,18 @@ page, like the report (``render.html``), with
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from html import escape
 
 from pipesched.experiments.simulation import simulate_point
-from pipesched.render.html import _base_data, _legend, _page, _sortable_table, timeline_data
+from pipesched.render.html import (
+    _base_data,
+    _legend,
+    _page,
+    _sortable_table,
+    nice_ticks,
+    timeline_data,
+)
 from pipesched.render.summary import summarize
 from pipesched.search.results import SearchResult, json_row, row_point, simulate_command
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
@@ -156,18 +162,6 @@ def _label(row: StoredRow) -> str:
             f"{row.m}, recompute {row.recompute}, {row.partition} partition, ZeRO-{row.zero}")
 
 
-def _ticks(lo: float, hi: float, count: int = 6) -> list[float]:
-    """Round tick values covering [lo, hi]."""
-    span = hi - lo if hi > lo else abs(hi) or 1.0
-    step = 10 ** math.floor(math.log10(span / count))
-    for factor in (1, 2, 5, 10):
-        if span / (step * factor) <= count:
-            step *= factor
-            break
-    first = math.floor(lo / step) * step
-    return [first + k * step for k in range(math.ceil((hi - first) / step) + 1)]
-
-
 def _time_of(row: StoredRow) -> float | None:
     """Where a dot sits: the simulated iteration time, or for a configuration never simulated
     (out of memory before it) its lower bound."""
@@ -194,9 +188,9 @@ def pareto_svg(rows: Sequence[StoredRow], front: Sequence[StoredRow], best: Stor
     # the axes reach the configurations out of memory up to half the capacity past it
     reach = OOM_REACH * (capacity / GiB if capacity else max(memory))
     over = [row for row in over if row.peak_memory_bytes / GiB <= reach and _time_of(row) <= OOM_REACH * max(times)]
-    x_ticks = _ticks(min(memory), max(memory + ([capacity / GiB] if capacity else [])
+    x_ticks = nice_ticks(min(memory), max(memory + ([capacity / GiB] if capacity else [])
                                       + [row.peak_memory_bytes / GiB for row in over]))
-    y_ticks = _ticks(min(times + [_time_of(row) for row in over]), max(times + [_time_of(row) for row in over]))
+    y_ticks = nice_ticks(min(times + [_time_of(row) for row in over]), max(times + [_time_of(row) for row in over]))
     top, right, bottom, left = MARGIN
     plot_w, plot_h = WIDTH - left - right, HEIGHT - top - bottom
 
