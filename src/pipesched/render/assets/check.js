@@ -31,8 +31,11 @@
     var ops = t.ops;
     return lighten(data.kinds.colors[ops.kind[row]], chunkShade(ops.chunk[row], t.chunks[ops.device[row]]));
   }
+  // every op box by its "timeline:row" key, looked up once
+  var boxes = {};
+  document.querySelectorAll("rect[data-op]").forEach(function (rect) { boxes[rect.getAttribute("data-op")] = rect; });
   function node(index, row) {
-    return document.querySelector('[data-op="' + index + ":" + row + '"]');
+    return boxes[index + ":" + row] || null;
   }
 
   // fill: the op kind (or the deviation); stroke: the deviation, wider the farther it is
