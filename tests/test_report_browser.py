@@ -383,6 +383,7 @@ def test_search_page_in_chromium(tmp_path, cli) -> None:
             keys = json.loads(page.locator("#report-data").text_content())["timelineKeys"]
             assert key in keys and page.locator(".panel.selected").get_attribute("data-timeline") == str(keys.index(key))
             assert len(families) == len(set(families))
+            ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "search.png"), full_page=False)
         finally:
             browser.close()
