@@ -184,7 +184,11 @@ def test_check_reports_the_drawn_median_step_and_a_verdict(cli, tmp_path):
     shown = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
                                  page.read_text(), re.S)[1])["comparisons"]
     medians, spreads = [], []
-    for comparison in shown:
+    text = page.read_text()
+    for k, comparison in enumerate(shown):
+        # the prediction's p50-p99 band and the error per op kind are on the page
+        assert 0 < comparison["predictedP50"] <= comparison["predictedP99"]
+        assert f'id="kinds-{k}-table"' in text
         steps = comparison["steps"]
         assert len(steps) == 4 and comparison["measuredTime"] == statistics.median_low(steps)
         medians.append(comparison["measuredTime"])

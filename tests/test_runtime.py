@@ -281,7 +281,11 @@ def test_run_command_json(cli, tmp_path):
     assert views["png"].read_bytes().startswith(b"\x89PNG") and "<svg" in views["svg"].read_text()
     trace_ops = [e for e in json.loads(views["trace"].read_text())["traceEvents"] if e["ph"] == "X"]
     assert len(trace_ops) >= 2 * 3 * 3  # every op of both ranks (and any all-reduce)
-    assert '"source":"measured"' in views["html"].read_text()
+    page = views["html"].read_text()
+    assert '"source":"measured"' in page
+    # the run's steps drawn, and what the measurement lacks said
+    assert "Measured run: zb-h1" in page and page.count("<circle data-step=") == 2
+    assert "no memory curves" in page
     data = json.loads(result.out)
     assert data["schedule"] == "zb-h1" and data["runtime"] == "pytorch" and data["backend"] == "gloo"
     assert len(data["step_times_s"]) == 2 and data["step_time_s"] > 0

@@ -145,6 +145,7 @@ class MeasuredInfo:
     step: int  # which measured step of the run
     op_wait_s: np.ndarray  # per op row: time spent waiting for its inputs inside the op's span
     op_cpu_s: np.ndarray  # per op row: CPU time the op's thread got during the op
+    step_times_s: tuple[float, ...] = ()  # every measured step of the run, seconds (this one among them)
 
 
 @dataclass(frozen=True, eq=False)

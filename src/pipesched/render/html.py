@@ -16,12 +16,20 @@ under it. Tables are built here with every label escaped; the charts are drawn i
 from one compact JSON blob (columns of numbers, not one object per op), so 8 schedules of
 p=16, m=64 stay near 2 MB.
 
-The comparison page (``render_comparison_html``, ``pipesched check --html``) puts, per
-schedule, the predicted and the measured timeline one above the other on one time axis
-(zoom and pan move both), colours every op by how far its measured duration is from the
-predicted one, links each op to its counterpart (hovering one outlines the other), lists
-the largest deviations in a sortable table, and plots the measured step times against the
-prediction, marking the step drawn (a run's median step, whose time it reports).
+The comparison page (``render_comparison_html``, ``pipesched check --html``; check.js) puts,
+per schedule, the predicted and the measured timeline one above the other on one time axis
+(zoom and pan move both), keeps every op in its kind's colour and outlines it by how far its
+measured duration is from the predicted one (a toggle fills by it instead), links each op to
+its counterpart (hovering one outlines the other), outlines the op where the timelines first
+part (``Deviations.parting``), tables the error per op kind and the largest deviations, and
+plots the measured step times against the prediction and its Monte Carlo p50-p99 band,
+marking the step drawn (a run's median step, whose time it reports). Every difference is
+measured - predicted (positive: slower than predicted), relative ones over the prediction.
+
+A measured timeline in the report (``run --html``) adds its run's steps and what the
+measurement lacks (``measured_section``); Monte Carlo distributions (``compare --jitter
+--html``) each get a time axis and a count axis, and the pairwise figures the terminal
+prints (``distribution_data``).
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import numpy as np
 
 from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.errors import require
-from pipesched.render.pairing import Comparison, deviations
+from pipesched.render.pairing import PARTING_SHARE, Comparison, deviations, kind_errors
 from pipesched.render.style import (
     IDLE_COLOR,
     KIND_COLORS,
@@ -61,8 +69,10 @@ from pipesched.render.summary import (
 )
 from pipesched.render.terminal import format_cell
 from pipesched.render.waits import WAIT_NAMES, waited_for
+from pipesched.runtime.runs import median_step
 from pipesched.simulate.critical import critical_path
 from pipesched.timeline import Timeline
+from pipesched.variability.distribution import paired_comparison
 
 # no request may leave the page: everything it needs is inline
 CONTENT_POLICY = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -104,14 +114,15 @@ def render_html(
                  for row in comparison]
         sections.append(f'<section id="comparison"><h2>{name}</h2>'
                         + comparison_table_html(comparison, row_data=links) + "</section>")
+    sections.extend(measured_section(t) for t in timelines if t.measured is not None)
     if distributions:
         contents.append(("distributions", "Iteration time distributions"))
         data["distributions"] = distribution_data(distributions)
         sections.append(
             '<section id="distributions-section"><h2>Iteration time distributions</h2><p class="hint">Monte Carlo '
-            "samples per schedule on one time axis: bars count the samples, the dashed line is the deterministic "
-            "iteration time, the solid line the mean, the red one p99; hover a bar for its range.</p>"
-            '<div id="distributions"></div></section>')
+            "samples per schedule on one time axis: bars count the samples (the axis on the left), the dashed line "
+            "is the deterministic iteration time, the solid line the mean, the red one p99; hover a bar for its "
+            "range.</p>" + _order_note(data["distributions"]) + '<div id="distributions"></div></section>')
     contents.append(("timelines-section", "Timelines"))
     sections.append(
         '<section id="timelines-section"><h2>Timelines</h2><p class="hint">Each panel has its own time axis '
@@ -140,19 +151,20 @@ def _timeline_tools() -> str:
             '<label><input type="checkbox" id="show-critical"> critical path</label></div>')
 
 
-def _page(heading: str, sections: Sequence[str], data: dict) -> str:
+def _page(heading: str, sections: Sequence[str], data: dict, *, scripts: Sequence[str] = ("report.js",),
+          styles: Sequence[str] = ("report.css", "pages.css")) -> str:
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{CONTENT_POLICY}">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{escape(heading)}</title>",
-        f"<style>{_asset('report.css')}</style>",
+        *(f"<style>{_asset(name)}</style>" for name in styles),
         "</head><body>",
         *sections,
         '<div id="tooltip" role="tooltip" hidden></div>',
         f'<script type="application/json" id="report-data">{script_json(data)}</script>',
-        f"<script>{_asset('report.js')}</script>",
+        *(f"<script>{_asset(name)}</script>" for name in scripts),
         "</body></html>",
     ])
 
@@ -174,7 +186,11 @@ DISTRIBUTION_BINS = 40
 
 def distribution_data(distributions: Sequence[Mapping[str, object]], *, bins: int = DISTRIBUTION_BINS) -> dict:
     """Histograms of every schedule's samples on common bins, with their deterministic
-    time, mean, p50, p99 and the share of samples in which each is fastest."""
+    time, mean, p50, p99, the share of samples in which each is fastest and in which each is
+    faster than the next by mean, and the share of samples whose order of the schedules
+    differs from the order by mean (``variability.distribution.paired_comparison``, as the
+    terminal prints them; samples on common random numbers, so sample i of each belong
+    together; without equal sample counts, the given ``fastest`` only)."""
     samples = [np.asarray(d["samples"], np.float64) for d in distributions]
     lo = min(float(x.min()) for x in samples)
     hi = max(max(float(x.max()) for x in samples), *(float(d["deterministic"]) for d in distributions))
@@ -183,20 +199,126 @@ def distribution_data(distributions: Sequence[Mapping[str, object]], *, bins: in
         hi = lo + max(abs(lo) * 1e-6, 1e-12)
     scale = time_scale("s", hi)
     edges = np.linspace(lo, hi, bins + 1)
+    names = [str(d["name"]) for d in distributions]
+    paired = (paired_comparison(names, samples)
+              if len(samples) > 1 and len({x.size for x in samples}) == 1 and len(set(names)) == len(names) else None)
+    rank = {name: k for k, name in enumerate(paired.names)} if paired is not None else {}
     rows = []
-    for d, values in zip(distributions, samples, strict=True):
+    for d, name, values in zip(distributions, names, samples, strict=True):
         counts, _ = np.histogram(values, bins=edges)
+        k = rank.get(name)
+        fastest = paired.fastest[k] if k is not None else d.get("fastest")
         rows.append({
-            "name": str(d["name"]),
+            "name": name,
             "samples": int(values.size),
             "counts": counts.tolist(),
             "deterministic": float(d["deterministic"]) * scale.factor,
             "mean": float(values.mean()) * scale.factor,
             "p50": float(np.percentile(values, 50)) * scale.factor,
             "p99": float(np.percentile(values, 99)) * scale.factor,
-            "fastest": None if d.get("fastest") is None else float(d["fastest"]),
+            "fastest": None if fastest is None else float(fastest),
+            # share of samples faster than the schedule ranked next by mean, and that one's name
+            "fasterThanNext": None if k is None or paired.beats_next[k] is None else float(paired.beats_next[k]),
+            "next": None if k is None or k + 1 >= len(paired.names) else paired.names[k + 1],
         })
-    return {"unit": scale.unit, "edges": (edges * scale.factor).tolist(), "rows": rows}
+    return {"unit": scale.unit, "edges": (edges * scale.factor).tolist(), "rows": rows,
+            "orderDiffers": None if paired is None else paired.flip_share}
+
+
+def _order_note(data: dict) -> str:
+    share = data["orderDiffers"]
+    if share is None:
+        return ""
+    return (f'<p class="order-note">The order of the schedules differs from the order by mean in {share:.1%} '
+            "of the samples.</p>")
+
+
+def nice_ticks(lo: float, hi: float, count: int = 6) -> list[float]:
+    """Round tick values (1, 2 or 5 times a power of ten apart, at most about ``count``
+    intervals) from at or below ``lo`` to at or above ``hi``.
+
+    >>> nice_ticks(113.2, 129.5)
+    [110, 115, 120, 125, 130]
+    """
+    span = hi - lo if hi > lo else abs(hi) or 1.0
+    step = 10 ** math.floor(math.log10(span / count))
+    for factor in (1, 2, 5, 10):
+        if span / (step * factor) <= count:
+            step *= factor
+            break
+    first = math.floor(lo / step) * step
+    return [first + k * step for k in range(math.ceil((hi - first) / step) + 1)]
+
+
+# the step-time strip of a measured run, pixels
+STRIP_WIDTH, STRIP_HEIGHT, STRIP_LEFT, STRIP_RIGHT = 880, 70, 16, 16
+
+
+def measured_section(timeline: Timeline) -> str:
+    """A measured timeline's run: the spread of its steps drawn (the step shown marked), and
+    what the measurement holds beside the op times and what it lacks."""
+    info = timeline.measured
+    steps = np.asarray(info.step_times_s or (timeline.makespan,), np.float64)
+    scale = time_scale("s", float(steps.max()))
+    median = float(steps[median_step(steps)])  # the run's median step (the lower middle one of an even count)
+    low, high = np.percentile(steps, (25, 75))
+    figures = (f"{len(steps)} measured step{'' if len(steps) == 1 else 's'}: "
+               + ", ".join(f"{t * scale.factor:.4g}" for t in steps) + f" {scale.unit}; median {scale.format(median)}, "
+               f"spread {scale.format(float(steps.max() - steps.min()))} "
+               f"({(steps.max() - steps.min()) / median:.1%} of the median), IQR {scale.format(float(high - low))}; "
+               f"the timeline drawn is step {info.step + 1}, {scale.format(timeline.makespan)}.")
+    waits = np.asarray(info.op_wait_s, np.float64)
+    waited = ([float(waits[timeline.op_device == d].sum()) for d in range(timeline.num_devices)]
+              if len(waits) == len(timeline) else [])
+    holds = []
+    if len(timeline.transfers):
+        holds.append(f"communication lanes: the {len(timeline.transfers)} replica all-reduce"
+                     f"{'' if len(timeline.transfers) == 1 else 's'} the run timed; point-to-point sends and receives "
+                     "are not timed apart from the ops")
+    else:
+        holds.append("no communication lanes: the run times point-to-point sends and receives only inside the ops "
+                     "that wait for them")
+    if waited:
+        holds.append("time ops waited for their inputs inside their spans: "
+                     + ", ".join(f"d{d} {scale.format(w)}" for d, w in enumerate(waited)))
+    if timeline.memory is None:
+        holds.append("no memory curves: the run does not record memory")
+    return (f'<section class="measured"><h2>Measured run: {escape(timeline.schedule.name)}</h2>'
+            f'<p class="figures">{escape(figures)}</p>{_strip_svg(steps, timeline.makespan, scale)}'
+            '<ul class="measured-notes">' + "".join(f"<li>{escape(h)}</li>" for h in holds) + "</ul></section>")
+
+
+def _strip_svg(steps: np.ndarray, drawn: float, scale: TimeScale) -> str:
+    """Each step a dot on a time axis, the step drawn ringed, the median a bar."""
+    lo, hi = float(steps.min()), float(steps.max())
+    pad = max((hi - lo) * 0.1, hi * 0.01, 1e-12)
+    lo, hi = lo - pad, hi + pad
+    width = STRIP_WIDTH - STRIP_LEFT - STRIP_RIGHT
+
+    def x(value: float) -> float:
+        return STRIP_LEFT + (value - lo) / (hi - lo) * width
+
+    parts = [f'<svg class="step-strip" viewBox="0 0 {STRIP_WIDTH} {STRIP_HEIGHT}" width="100%" role="img" '
+             'aria-label="measured step times" xmlns="http://www.w3.org/2000/svg">',
+             f'<line x1="{STRIP_LEFT}" x2="{STRIP_LEFT + width}" y1="40" y2="40" stroke="#8c959f"/>']
+    for tick in nice_ticks(lo * scale.factor, hi * scale.factor):
+        px = x(tick / scale.factor)
+        if not STRIP_LEFT <= px <= STRIP_LEFT + width:
+            continue
+        parts.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="40" y2="44" stroke="#8c959f"/><text x="{px:.1f}" y="56" '
+                     f'text-anchor="middle" font-size="11" fill="#57606a">{tick:.4g}</text>')
+    parts.append(f'<text x="{STRIP_LEFT + width / 2:.0f}" y="68" text-anchor="middle" font-size="11" '
+                 f'fill="#57606a">step time ({scale.unit})</text>')
+    median = float(steps[median_step(steps)])
+    parts.append(f'<line class="step-median" x1="{x(median):.1f}" x2="{x(median):.1f}" y1="14" y2="40" '
+                 'stroke="#1f2328" stroke-width="2"/>')
+    for k, value in enumerate(steps.tolist()):
+        ring = ' stroke="#c0392b" stroke-width="2"' if value == drawn else ""
+        parts.append(f'<circle data-step="{k}" cx="{x(value):.1f}" cy="{27 + (k % 3 - 1) * 6}" r="5" fill="#3274b5" '
+                     f'fill-opacity="0.75"{ring}><title>step {k + 1}: {value * scale.factor:.4g} {scale.unit}'
+                     f"{' (drawn below)' if value == drawn else ''}</title></circle>")
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 # deviations shown per schedule in the comparison page's table
@@ -219,10 +341,11 @@ def render_comparison_html(
     data = _base_data()
     data["timelines"] = []
     data["comparisons"] = []
-    sections = [f"<header><h1>{escape(heading)}</h1>{_legend([c.predicted for c in comparisons])}"
-                f"{_deviation_legend()}</header>"]
+    drawn = [t for c in comparisons for t in (c.predicted, c.measured)]
+    sections = [f"<header><h1>{escape(heading)}</h1>{_legend(drawn)}{_deviation_legend()}</header>"]
     if summary:
-        sections.append("<section><h2>Predicted and measured</h2>" + comparison_table_html(summary) + "</section>")
+        sections.append("<section><h2>Predicted and measured</h2>" + comparison_table_html(summary)
+                        + f'<p class="note">{escape(PREDICTED_NOTE)}</p></section>')
     for k, comparison in enumerate(comparisons):
         predicted, measured = comparison.predicted, comparison.measured
         scale = time_scale(predicted.unit, max(predicted.makespan, measured.makespan))
@@ -238,29 +361,86 @@ def render_comparison_html(
             entry.update(view=f"pair-{k}", pairWith=first + 1 - side, links=links.tolist(),
                          deviation=[None if math.isnan(x) else float(x) for x in shades])
             data["timelines"].append(entry)
+        parting = found.parting(predicted.makespan)
         data["comparisons"].append({
             "name": predicted.schedule.name,
             "predicted": first,
             "measured": first + 1,
             "timeUnit": scale.unit,
             "predictedTime": predicted.makespan * scale.factor,
+            "predictedP50": None if comparison.predicted_p50 is None else comparison.predicted_p50 * scale.factor,
+            "predictedP99": None if comparison.predicted_p99 is None else comparison.predicted_p99 * scale.factor,
             "measuredTime": measured.makespan * scale.factor,  # the step drawn: the median step of a run
             "steps": [t * scale.factor for t in comparison.step_times],
+            "parting": parting,  # predicted row where the timelines first part, -1 if they never do
+            "partingWith": -1 if parting < 0 else int(found.partner[parting]),
         })
         sections.append(
             f'<section class="comparison" data-comparison="{k}"><h2>{escape(predicted.schedule.name)}</h2>'
+            f"{_figures_note(comparison, scale)}"
             '<p class="hint">Top: predicted; bottom: measured, on one time axis (ctrl+wheel or + / − to zoom, '
             "drag to pan, double-click to reset). Hover an op to outline its counterpart.</p>"
+            f"{_parting_note(predicted, found, parting, scale)}{_lanes_note(measured)}"
             f'<div class="pair" id="pair-{k}"></div>'
-            f"<h3>Largest deviations</h3>{_deviation_table(k, predicted, found, scale, shown)}"
+            f"<h3>Error per op kind</h3>{_kind_table(k, predicted, found, scale)}"
+            f'<h3>Largest deviations</h3><div class="deviations">'
+            f"{_deviation_table(k, predicted, found, scale, shown)}</div>"
             f'<h3>Step times</h3><div class="steps" id="steps-{k}"></div></section>'
         )
-    return _page(heading, sections, data)
+    return _page(heading, sections, data, scripts=("report.js", "check.js"))
+
+
+# what the page's two predictions are (runtime/check.py predict)
+PREDICTED_NOTE = ("predicted: the simulation with every op at the median of its profiled repeats (the timeline drawn "
+                  "on top); predicted p50 / p99: the same costs over Monte Carlo iterations in which every op draws "
+                  "its time from its profiled repeats; measured: the median step (the timeline drawn below). "
+                  "Every difference on this page is measured − predicted, positive when the run is slower than "
+                  "predicted, relative ones over the prediction (the terminal's and --json's error is the "
+                  "prediction's: (predicted − measured) / measured).")
+
+
+def _figures_note(comparison: Comparison, scale: TimeScale) -> str:
+    predicted, measured = comparison.predicted.makespan, comparison.measured.makespan
+    parts = [f"predicted {scale.format(predicted)} (every op at its median cost)"]
+    if comparison.predicted_p50 is not None and comparison.predicted_p99 is not None:
+        parts.append(f"predicted p50 {scale.format(comparison.predicted_p50)} and p99 "
+                     f"{scale.format(comparison.predicted_p99)} (every op drawn from its profiled repeats)")
+    parts.append(f"measured {scale.format(measured)} (the median step), {measured / predicted - 1:+.1%} "
+                 "against the prediction")
+    return f'<p class="figures">{escape("; ".join(parts))}.</p>'
+
+
+def _parting_note(predicted: Timeline, found, parting: int, scale: TimeScale) -> str:
+    share = f"{PARTING_SHARE:.0%} of the predicted iteration"
+    if parting < 0:
+        return f'<p class="parting-note">The timelines never part: every measured start is within {share}.</p>'
+    off = float(found.start[parting])
+    return (f'<p class="parting-note">The timelines first part at {escape(str(predicted.op(parting)))} on '
+            f"d{int(predicted.op_device[parting])}: predicted start {scale.format(found.predicted_start[parting])}, "
+            f"measured {scale.format(found.measured_start[parting])} ({scale.format(abs(off))} "
+            f"{'later' if off > 0 else 'earlier'}, more than {share}); both boxes are outlined dashed.</p>")
+
+
+def _lanes_note(measured: Timeline) -> str:
+    if len(measured.transfers):
+        return ('<p class="hint">The measured timeline\'s communication lanes are the transfers the run recorded.</p>')
+    return ('<p class="hint lanes-note">The measured timeline records no transfers (the run times its ops only), '
+            "so it has no communication lanes.</p>")
+
+
+def _kind_table(k: int, predicted: Timeline, found, scale: TimeScale) -> str:
+    """Per op kind: how many ops, the mean and median of (measured - predicted) / predicted
+    duration, and the summed difference."""
+    header = ("op kind", "ops", "mean error", "median error", f"summed Δ duration ({scale.unit})")
+    rows = [[(KIND_NAMES[e.kind], f"{KIND_LETTERS[e.kind]} {KIND_NAMES[e.kind]}"), (e.count, f"{e.count:,}"),
+             (repr(e.mean), f"{e.mean:+.1%}"), (repr(e.median), f"{e.median:+.1%}"),
+             (repr(e.total), f"{e.total * scale.factor:+.4g}")] for e in kind_errors(predicted, found)]
+    return _sortable_table(f"kinds-{k}", header, rows)
 
 
 def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown: int) -> str:
     """The ``shown`` ops whose measured duration is farthest from the prediction, largest
-    first; the Δ duration column sorts by size, either sign."""
+    first; the Δ duration column sorts by size, either sign. Δ = measured - predicted."""
     unit = scale.unit
     header = ("op", "device", f"predicted start ({unit})", f"measured start ({unit})", f"Δ start ({unit})",
               f"predicted duration ({unit})", f"measured duration ({unit})", f"Δ duration ({unit})", "Δ duration %")
@@ -288,8 +468,10 @@ def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown:
 
 
 def _deviation_legend() -> str:
-    return ('<p class="legend deviation-legend"><span>measured duration vs predicted:</span>'
-            '<span class="gradient" aria-hidden="true"></span><span>−50% (faster) … +50% (slower)</span></p>')
+    return ('<p class="legend deviation-legend"><span>ops keep their kind\'s colour; the outline tells the measured '
+            'duration against the predicted one (measured − predicted, over predicted):</span>'
+            '<span class="gradient" aria-hidden="true"></span><span>−50% (faster than predicted) … +50% (slower)'
+            '</span><label><input type="checkbox" id="deviation-fill"> fill ops by deviation</label></p>')
 
 
 def script_json(data: object) -> str:
@@ -468,13 +650,13 @@ def comparison_table_html(rows: Sequence[Mapping[str, object]], *, row_data: Seq
 
 
 def _sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tuple[object, object]]], *,
-                    row_data: Sequence[str] | None = None) -> str:
+                    row_data: Sequence[str] | None = None, row_attribute: str = "data-link") -> str:
     """A table whose header cells sort it (report.js); each cell is (sort key, shown text);
-    ``row_data`` gives each row a ``data-link`` attribute."""
+    ``row_data`` gives each row a ``row_attribute`` attribute."""
     head = "".join(f'<th scope="col" tabindex="0">{escape(str(h))}</th>' for h in header)
     links = row_data if row_data is not None else [None] * len(rows)
     body = "".join(
-        ("<tr>" if link is None else f'<tr data-link="{escape(link, quote=True)}">')
+        ("<tr>" if link is None else f'<tr {row_attribute}="{escape(link, quote=True)}">')
         + "".join(f'<td data-value="{escape(str(key), quote=True)}">{escape(str(text))}</td>'
                   for key, text in row) + "</tr>"
         for row, link in zip(rows, links, strict=True)

@@ -9,6 +9,8 @@ with a simulation that begins at 0.
 
 Deviation of an op: ``duration`` = measured duration - predicted duration (the op's own
 error); ``start`` = measured start - predicted start (what the ops before it accumulated).
+One sign everywhere: measured - predicted, positive when the run is slower than predicted;
+relative figures are over the prediction.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ import numpy as np
 from pipesched.errors import require
 from pipesched.timeline import Timeline
 
+# the timelines part at the first op whose measured start is off its predicted start by
+# more than this share of the predicted iteration time
+PARTING_SHARE = 0.05
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -29,6 +35,10 @@ class Comparison:
     predicted: Timeline
     measured: Timeline
     step_times: tuple[float, ...] = ()  # seconds, every measured step
+    # seconds: the prediction's Monte Carlo p50 and p99 (every op drawn from its profiled
+    # repeats), beside the deterministic prediction ``predicted.makespan``; None without repeats
+    predicted_p50: float | None = None
+    predicted_p99: float | None = None
 
     def __post_init__(self) -> None:
         require(self.predicted.schedule.name == self.measured.schedule.name, "measured",
@@ -61,6 +71,41 @@ class Deviations:
         rows = np.flatnonzero(self.partner >= 0)
         order = np.lexsort((rows, -np.abs(self.duration[rows])))
         return rows[order][:count]
+
+
+    def parting(self, span: float, share: float = PARTING_SHARE) -> int:
+        """The predicted row, earliest by predicted start (ties: row order), whose measured
+        start is off its predicted start by more than ``share`` x ``span``; -1 if none."""
+        off = np.flatnonzero((self.partner >= 0) & (np.abs(np.nan_to_num(self.start)) > share * span))
+        if not len(off):
+            return -1
+        return int(off[np.lexsort((off, self.predicted_start[off]))][0])
+
+
+@dataclass(frozen=True)
+class KindError:
+    """The duration error of one op kind: measured - predicted over predicted, per op."""
+
+    kind: int  # ops.KIND_ORDER position
+    count: int  # ops of the kind with a counterpart and a predicted duration above 0
+    mean: float  # mean relative error
+    median: float  # median relative error
+    total: float  # measured - predicted duration summed over the kind's ops (timeline unit)
+
+
+def kind_errors(predicted: Timeline, found: Deviations) -> list[KindError]:
+    """Per op kind of the prediction (its ``op_kind``), in kind order, how far the measured
+    durations are from the predicted ones."""
+    relative = found.relative
+    rows = []
+    for kind in np.unique(predicted.op_kind).tolist():
+        mine = (predicted.op_kind == kind) & (found.partner >= 0)
+        shares = relative[mine & ~np.isnan(relative)]
+        if not len(shares):
+            continue
+        rows.append(KindError(int(kind), len(shares), float(shares.mean()), float(np.median(shares)),
+                              float(np.nansum(found.duration[mine]))))
+    return rows
 
 
 def _keys(timeline: Timeline, sizes: tuple[int, int, int]) -> np.ndarray:

@@ -2,20 +2,30 @@
 page, like the report (``render.html``), with
 
 - the Pareto front of iteration time against peak memory, drawn: every evaluated
-  configuration a dot (hover: its configuration and figures), the front joined, the best
-  ringed, the device memory a dashed line;
-- the best configurations and the front as sortable tables;
-- the simulated timelines of the best configuration and the other points of the front,
-  zoomable as in the report.
+  configuration a dot coloured by its family (hover: its configuration and figures; click:
+  its row in the tables and its timeline, when drawn, are selected), the configurations out
+  of memory hollow and grey (at their simulated time, or the bound when they were never
+  simulated), the front joined, the best ringed, the device memory a dashed line;
+- the best configurations and the front as sortable tables with readable headers, numbers
+  with thousands separators and utilizations as percentages;
+- the simulated timelines of the best configuration and of points sampled evenly along the
+  front (from the least memory to the fastest), zoomable as in the report.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from html import escape
 
-from pipesched.render.html import _base_data, _legend, _page, comparison_table_html, timeline_data
+from pipesched.experiments.simulation import simulate_point
+from pipesched.render.html import (
+    _base_data,
+    _legend,
+    _page,
+    _sortable_table,
+    nice_ticks,
+    timeline_data,
+)
 from pipesched.render.summary import summarize
 from pipesched.search.results import SearchResult, json_row, row_point, simulate_command
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
@@ -29,42 +39,121 @@ WIDTH, HEIGHT, MARGIN = 880, 400, (24, 20, 52, 70)  # margins: top, right, botto
 
 def render_search_html(result: SearchResult, *, top: int = 20) -> str:
     """The page (see the module docstring) as text."""
-    from pipesched.experiments.simulation import simulate_point
-
     space = result.space
     heading = (f"search: {space['model']} on {space['cluster']}, global batch {space['global_batch']} x "
                f"{space['seq_len']} tokens")
     front = result.front
     best = result.best
-    shown = [best] if best is not None else []
-    shown += [row for row in front if row is not best][: MAX_TIMELINES - len(shown)]
+    shown = sampled_front(front, best)
     timelines = [simulate_point(row_point(space, row)).timeline for row in shown]
     data = _base_data()
-    data["timelines"] = [timeline_data(t, summarize(t)) for t in timelines]
+    data["timelines"] = [timeline_data(t, summarize(t)) | {"name": f"{k + 1}. {_label(row)}"}
+                         for k, (t, row) in enumerate(zip(timelines, shown, strict=True))]
+    data["timelineKeys"] = [row.key for row in shown]  # the configuration each timeline draws
     counts = (f"{len(result.rows):,} points: {result.count(EVALUATED):,} evaluated, {result.count(OUT_OF_MEMORY):,} "
               f"out of memory, {result.count(PRUNED):,} pruned by the bound, {result.count(INVALID):,} invalid.")
     sections = [f"<header><h1>{escape(heading)}</h1><p class=\"note\">{escape(counts)}</p>"
                 + (_legend(timelines) if timelines else "") + "</header>"]
     if best is not None:
-        sections.append(f"<p class=\"note\">Best: {escape(_label(best))}, {best.iteration_time_s:.4f} s, "
+        sections.append(f"<p class=\"figures\">Best: {escape(_label(best))}, {best.iteration_time_s:.4f} s, "
                         f"{best.throughput_tokens_per_s:,.0f} tokens/s. Reproduce with "
                         f"<code>{escape(simulate_command(space, best))}</code></p>")
-    sections.append("<section><h2>Iteration time against peak memory</h2>" + pareto_svg(result.rows, front, best)
-                    + '<p class="hint">Each dot is a configuration that was simulated (hover for it); the line joins '
-                      "the Pareto front, the ring marks the fastest that fits, the dashed line is the device "
-                      "memory.</p></section>")
+    sections.append("<section><h2>Iteration time against peak memory</h2>" + family_legend(result.rows)
+                    + pareto_svg(result.rows, front, best)
+                    + '<p class="hint">Each dot is a configuration, coloured by its family (hover for it, click to '
+                      "select its row and timeline); hollow grey ones do not fit in memory (at their simulated time, "
+                      "or their lower bound when never simulated); the line joins the Pareto front, the ring marks "
+                      "the fastest that fits, the dashed line is the device memory.</p></section>")
     ranked = [row for row in result.ranked if row.status == EVALUATED][:top]
     if ranked:
-        sections.append("<section><h2>Fastest configurations that fit</h2>"
-                        + comparison_table_html([_table_row(r) for r in ranked]) + "</section>")
-    if front:
-        sections.append("<section><h2>Pareto front</h2>" + comparison_table_html([_table_row(r) for r in front])
+        sections.append("<section><h2>Fastest configurations that fit</h2>" + search_table("ranked", ranked)
                         + "</section>")
+    if front:
+        sections.append("<section><h2>Pareto front</h2>" + search_table("front", front) + "</section>")
     if timelines:
-        sections.append('<section><h2>Timelines: the best and the front</h2><p class="hint">Wheel or + / − to '
-                        "zoom, drag to pan, double-click to reset; hover an op for its details.</p>"
+        sections.append('<section><h2>Timelines: the best and points along the front</h2><p class="hint">Wheel or '
+                        "+ / − to zoom, drag to pan, double-click to reset; hover an op for its details; "
+                        "click a dot above to outline its timeline.</p>"
                         '<div id="timelines"></div></section>')
-    return _page(heading, sections, data)
+    return _page(heading, sections, data, scripts=("report.js", "search.js"))
+
+
+def sampled_front(front: Sequence[StoredRow], best: StoredRow | None, count: int = MAX_TIMELINES) -> list[StoredRow]:
+    """The best configuration, then up to ``count - 1`` points of the front evenly spaced by
+    position along it (its least-memory end and its fastest end included)."""
+    shown = [best] if best is not None else []
+    others = [row for row in front if row is not best]
+    wanted = count - len(shown)
+    if wanted <= 0 or not others:
+        return shown
+    if len(others) <= wanted:
+        return shown + others
+    picks = sorted({round(k * (len(others) - 1) / (wanted - 1)) for k in range(wanted)}) if wanted > 1 else [0]
+    return shown + [others[k] for k in picks]
+
+
+# (column of ``json_row``, header, how its value is shown)
+def _percent(value: object) -> str:
+    return "-" if value is None else f"{float(value):.1%}"
+
+
+def _count(value: object) -> str:
+    return "-" if value is None else f"{float(value):,.0f}"
+
+
+def _plain(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+SEARCH_COLUMNS = (
+    ("schedule", "schedule", _plain),
+    ("v", "chunks", _plain),
+    ("dp", "DP", _plain),
+    ("tp", "TP", _plain),
+    ("pp", "PP", _plain),
+    ("micro_batch_size", "micro-batch", _plain),
+    ("m", "microbatches", _plain),
+    ("recompute", "recompute", _plain),
+    ("partition", "partition", _plain),
+    ("zero", "ZeRO", _plain),
+    ("iteration_time_s", "iteration s", lambda v: "-" if v is None else f"{float(v):,.4f}"),
+    ("throughput_tokens_per_s", "tokens/s", _count),
+    ("mfu", "MFU", _percent),
+    ("hfu", "HFU", _percent),
+    ("peak_memory_bytes", "peak memory GiB", lambda v: "-" if v is None else f"{float(v) / GiB:,.2f}"),
+)
+
+
+def search_table(name: str, rows: Sequence[StoredRow]) -> str:
+    """Rows of a search, sortable, each row carrying its configuration's key."""
+    body = []
+    for row in rows:
+        values = json_row(row)
+        body.append([("" if values[key] is None else repr(values[key]) if isinstance(values[key], int | float)
+                      else str(values[key]), show(values[key])) for key, _, show in SEARCH_COLUMNS])
+    return _sortable_table(name, [header for _, header, _ in SEARCH_COLUMNS], body,
+                           row_data=[row.key for row in rows], row_attribute="data-key")
+
+
+# dot colours of the families, in order of first appearance (then repeating)
+FAMILY_PALETTE = ("#3274b5", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
+                  "#ff9da7", "#4e79a7")
+OOM_DOT = "#8c959f"
+# configurations out of memory drawn up to this factor of the capacity (and of the slowest fitting time)
+OOM_REACH = 1.5
+
+
+def family_colors(rows: Sequence[StoredRow]) -> dict[str, str]:
+    """A colour per family, in sorted family order."""
+    families = sorted({row.schedule for row in rows})
+    return {family: FAMILY_PALETTE[k % len(FAMILY_PALETTE)] for k, family in enumerate(families)}
+
+
+def family_legend(rows: Sequence[StoredRow]) -> str:
+    items = [f'<span><span class="dot" style="background:{color}"></span>{escape(family)}</span>'
+             for family, color in family_colors(rows).items()]
+    items.append(f'<span><span class="dot" style="border:1.5px solid {OOM_DOT}"></span>out of memory</span>')
+    return '<p class="family-legend">' + "".join(items) + "</p>"
 
 
 def _label(row: StoredRow) -> str:
@@ -73,39 +162,35 @@ def _label(row: StoredRow) -> str:
             f"{row.m}, recompute {row.recompute}, {row.partition} partition, ZeRO-{row.zero}")
 
 
-def _table_row(row: StoredRow) -> dict:
-    values = json_row(row)
-    values["peak_memory_gib"] = round(row.peak_memory_bytes / GiB, 2)
-    del values["max_peak_memory_bytes"], values["fits"]
-    return values
-
-
-def _ticks(lo: float, hi: float, count: int = 6) -> list[float]:
-    """Round tick values covering [lo, hi]."""
-    span = hi - lo if hi > lo else abs(hi) or 1.0
-    step = 10 ** math.floor(math.log10(span / count))
-    for factor in (1, 2, 5, 10):
-        if span / (step * factor) <= count:
-            step *= factor
-            break
-    first = math.floor(lo / step) * step
-    return [first + k * step for k in range(math.ceil((hi - first) / step) + 1)]
+def _time_of(row: StoredRow) -> float | None:
+    """Where a dot sits: the simulated iteration time, or for a configuration never simulated
+    (out of memory before it) its lower bound."""
+    return row.iteration_time_s if row.iteration_time_s is not None else row.bound_s
 
 
 def pareto_svg(rows: Sequence[StoredRow], front: Sequence[StoredRow], best: StoredRow | None) -> str:
-    """The scatter of evaluated configurations, x peak memory (GiB), y iteration time (s)."""
+    """The scatter of configurations, x peak memory (GiB), y iteration time (s)."""
     evaluated = [row for row in rows if row.status == EVALUATED]
     if not evaluated:
         return '<p class="note">No configuration fits in memory: nothing to draw.</p>'
+    over = [row for row in rows if row.status == OUT_OF_MEMORY and row.peak_memory_bytes is not None
+            and _time_of(row) is not None]
     if len(evaluated) > MAX_DOTS:
         step = len(evaluated) / MAX_DOTS
         sample = [evaluated[int(k * step)] for k in range(MAX_DOTS)]
         evaluated = list({row.key: row for row in (*sample, *front)}.values())
+    if len(over) > MAX_DOTS:
+        over = [over[int(k * len(over) / MAX_DOTS)] for k in range(MAX_DOTS)]
+    colors = family_colors(rows)
     capacity = min((row.capacity_bytes for row in rows if row.capacity_bytes), default=None)
     memory = [row.peak_memory_bytes / GiB for row in evaluated]
     times = [row.iteration_time_s for row in evaluated]
-    x_ticks = _ticks(min(memory), max(memory + ([capacity / GiB] if capacity else [])))
-    y_ticks = _ticks(min(times), max(times))
+    # the axes reach the configurations out of memory up to half the capacity past it
+    reach = OOM_REACH * (capacity / GiB if capacity else max(memory))
+    over = [row for row in over if row.peak_memory_bytes / GiB <= reach and _time_of(row) <= OOM_REACH * max(times)]
+    x_ticks = nice_ticks(min(memory), max(memory + ([capacity / GiB] if capacity else [])
+                                      + [row.peak_memory_bytes / GiB for row in over]))
+    y_ticks = nice_ticks(min(times + [_time_of(row) for row in over]), max(times + [_time_of(row) for row in over]))
     top, right, bottom, left = MARGIN
     plot_w, plot_h = WIDTH - left - right, HEIGHT - top - bottom
 
@@ -115,13 +200,17 @@ def pareto_svg(rows: Sequence[StoredRow], front: Sequence[StoredRow], best: Stor
     def y(seconds: float) -> float:
         return top + plot_h - (seconds - y_ticks[0]) / (y_ticks[-1] - y_ticks[0] or 1.0) * plot_h
 
+    def inside(row: StoredRow) -> bool:
+        gib, seconds = row.peak_memory_bytes / GiB, _time_of(row)
+        return x_ticks[0] <= gib <= x_ticks[-1] and y_ticks[0] <= seconds <= y_ticks[-1]
+
     parts = [f'<svg class="pareto" viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" role="img" '
              'aria-label="iteration time against peak memory" xmlns="http://www.w3.org/2000/svg">',
              '<rect x="0" y="0" width="100%" height="100%" fill="#fff"/>']
     for value in x_ticks:
         parts.append(f'<line x1="{x(value):.1f}" x2="{x(value):.1f}" y1="{top}" y2="{top + plot_h}" stroke="#eceff2"/>'
                      f'<text x="{x(value):.1f}" y="{top + plot_h + 16}" text-anchor="middle" font-size="11" '
-                     f'fill="#57606a">{value:g}</text>')
+                     f'fill="#57606a">{value:,g}</text>')
     for value in y_ticks:
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#eceff2"/>'
                      f'<text x="{left - 6}" y="{y(value) + 4:.1f}" text-anchor="end" font-size="11" '
@@ -133,11 +222,20 @@ def pareto_svg(rows: Sequence[StoredRow], front: Sequence[StoredRow], best: Stor
     if capacity:
         parts.append(f'<line x1="{x(capacity / GiB):.1f}" x2="{x(capacity / GiB):.1f}" y1="{top}" '
                      f'y2="{top + plot_h}" stroke="#c0392b" stroke-dasharray="5 4"/>')
+    # out of memory: hollow grey, only where they fall inside the axes of the configurations that fit
+    for row in over:
+        if inside(row):
+            simulated = row.iteration_time_s is not None
+            parts.append(f'<circle class="oom" data-key="{escape(row.key, quote=True)}" cx="{x(row.peak_memory_bytes / GiB):.1f}" '
+                         f'cy="{y(_time_of(row)):.1f}" r="2.8" fill="none" stroke="{OOM_DOT}" stroke-opacity="0.7">'
+                         f"<title>out of memory{'' if simulated else ' (at its lower bound)'}: "
+                         f"{escape(_label(row))}; {escape(row.reason)}</title></circle>")
     on_front = {row.key for row in front}
     for row, gib, seconds in zip(evaluated, memory, times, strict=True):
         if row.key in on_front:
             continue
-        parts.append(f'<circle cx="{x(gib):.1f}" cy="{y(seconds):.1f}" r="2.6" fill="#8c959f" fill-opacity="0.55">'
+        parts.append(f'<circle data-key="{escape(row.key, quote=True)}" cx="{x(gib):.1f}" cy="{y(seconds):.1f}" '
+                     f'r="3" fill="{colors[row.schedule]}" fill-opacity="0.6">'
                      f"<title>{escape(_tip(row))}</title></circle>")
     if front:
         path = []
@@ -146,19 +244,22 @@ def pareto_svg(rows: Sequence[StoredRow], front: Sequence[StoredRow], best: Stor
             if k:
                 path.append(f"{px:.1f},{y(front[k - 1].iteration_time_s):.1f}")
             path.append(f"{px:.1f},{py:.1f}")
-        parts.append(f'<polyline points="{" ".join(path)}" fill="none" stroke="#0969da" stroke-width="1.6"/>')
+        parts.append(f'<polyline points="{" ".join(path)}" fill="none" stroke="#1f2328" stroke-width="1.2" '
+                     'stroke-opacity="0.7"/>')
         for row in front:
-            parts.append(f'<circle class="front" cx="{x(row.peak_memory_bytes / GiB):.1f}" '
-                         f'cy="{y(row.iteration_time_s):.1f}" r="4.2" fill="#0969da">'
+            parts.append(f'<circle class="front" data-key="{escape(row.key, quote=True)}" '
+                         f'cx="{x(row.peak_memory_bytes / GiB):.1f}" cy="{y(row.iteration_time_s):.1f}" r="5" '
+                         f'fill="{colors[row.schedule]}" stroke="#1f2328" stroke-width="1">'
                          f"<title>{escape(_tip(row))}</title></circle>")
     if best is not None:
         parts.append(f'<circle class="best" cx="{x(best.peak_memory_bytes / GiB):.1f}" '
-                     f'cy="{y(best.iteration_time_s):.1f}" r="8" fill="none" stroke="#c0392b" stroke-width="2">'
-                     f"<title>best: {escape(_tip(best))}</title></circle>")
+                     f'cy="{y(best.iteration_time_s):.1f}" r="9" fill="none" stroke="#c0392b" stroke-width="2" '
+                     f'pointer-events="none"><title>best: {escape(_tip(best))}</title></circle>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _tip(row: StoredRow) -> str:
-    return (f"{_label(row)}: {row.iteration_time_s:.4f} s, {row.throughput_tokens_per_s:,.0f} tokens/s, "
-            f"peak {row.peak_memory_bytes / GiB:.1f} GiB")
+    utilization = "" if row.mfu is None else f", MFU {row.mfu:.1%}"
+    return (f"{_label(row)}: {row.iteration_time_s:,.4f} s, {row.throughput_tokens_per_s:,.0f} tokens/s{utilization}, "
+            f"peak {row.peak_memory_bytes / GiB:,.1f} GiB")

@@ -362,6 +362,9 @@ def _assemble(job: RunJob, ranks: list[RankJobResult], options: RunOptions) -> R
         if mismatch is not None:
             raise PipeschedError(f"schedule={schedule.name}: the {job.runtime} runtime ran ops out of table order ({mismatch})")
     times = tuple(t.makespan for t in timelines)
+    # each step's timeline knows the run's other steps (the HTML report shows their spread)
+    timelines = tuple(dataclasses.replace(t, measured=dataclasses.replace(t.measured, step_times_s=times))
+                      for t in timelines)
     losses: dict[int, float] = {}
     grads: dict[str, np.ndarray] | None = {} if options.collect_grads else None
     timings: dict[int, list[StageTiming]] | None = {} if options.profile_repeats else None

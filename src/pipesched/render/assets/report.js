@@ -806,11 +806,14 @@
   if (searchBox) searchBox.addEventListener("input", runSearch);
 
   // ---- measured step times against the prediction --------------------------------------
+  // the measured steps (dots, the median step marked), the deterministic prediction (dashed)
+  // and the prediction's Monte Carlo p50 (solid) and p50-p99 band; measured - predicted
+  // everywhere, positive when the run is slower
   function drawSteps(c, container) {
-    var steps = c.steps, unit = " " + c.timeUnit;
+    var steps = c.steps, unit = " " + c.timeUnit, band = c.predictedP50 !== null && c.predictedP50 !== undefined;
     var svg = el("svg", { "class": "chart steps-plot", height: STEPS_HEIGHT + AXIS, role: "img" }, container);
     svg.setAttribute("aria-label", "measured step times of " + c.name);
-    var values = steps.concat([c.predictedTime]);
+    var values = steps.concat([c.predictedTime]).concat(band ? [c.predictedP50, c.predictedP99] : []);
     var lo = Math.min.apply(null, values), hi = Math.max.apply(null, values);
     var pad = Math.max((hi - lo) * 0.15, hi * 0.02, 1e-9);
     lo = Math.max(0, lo - pad);
@@ -819,25 +822,44 @@
     var sorted = steps.slice().sort(function (a, b) { return a - b; });
     // the median step: the measured timeline drawn above (its time is the reported one)
     var median = c.measuredTime;
+    var legend = html("div", "steps-legend", undefined, container);
+    function short(v) { return Number(v.toPrecision(4)).toString(); }
+    [["dot", "measured step"], ["median", "median step " + short(median) + unit + " (drawn above)"],
+     ["pred", "predicted " + short(c.predictedTime) + unit + " (every op at its median cost)"]]
+      .concat(band ? [["p50", "predicted p50 " + short(c.predictedP50) + unit],
+                      ["band", "predicted p50 – p99 (" + short(c.predictedP50) + " – " + short(c.predictedP99) + unit +
+                       ", every op drawn from its profiled repeats)"]] : [])
+      .forEach(function (spec) {
+        var item = html("span", "", undefined, legend);
+        html("span", "key " + spec[0], undefined, item);
+        item.appendChild(document.createTextNode(spec[1]));
+      });
+    if (!band) html("span", "", "no predicted p50 – p99: the profile kept no repeats", legend);
     function update() {
       var width = svg.clientWidth || 800, plot = Math.max(width - GUTTER - SIDE, 50), k = plot / (hi - lo);
       function x(v) { return GUTTER + (v - lo) * k; }
       marks.textContent = "";
       var mid = STEPS_HEIGHT / 2;
+      if (band) {
+        var rect = el("rect", { "class": "steps-band", x: x(c.predictedP50), y: 4, height: STEPS_HEIGHT - 8,
+                                width: Math.max(x(c.predictedP99) - x(c.predictedP50), 1) }, marks);
+        rect.setAttribute("data-p50", fmt(c.predictedP50));
+        rect.setAttribute("data-p99", fmt(c.predictedP99));
+        el("line", { "class": "predicted-p50", x1: x(c.predictedP50), x2: x(c.predictedP50), y1: 4, y2: STEPS_HEIGHT - 4 }, marks);
+      }
       if (sorted.length) {
         el("line", { "class": "steps-range", x1: x(sorted[0]), x2: x(sorted[sorted.length - 1]), y1: mid, y2: mid }, marks);
         el("line", { "class": "steps-median", x1: x(median), x2: x(median), y1: mid - 14, y2: mid + 14 }, marks);
       }
       var line = el("line", { "class": "predicted-line", x1: x(c.predictedTime), x2: x(c.predictedTime), y1: 4, y2: STEPS_HEIGHT - 4 }, marks);
       line.setAttribute("data-predicted", fmt(c.predictedTime));
-      var label = el("text", { x: x(c.predictedTime) + 4, y: 12, "class": "side-label" }, marks);
-      label.textContent = "predicted " + fmt(c.predictedTime) + unit;
       steps.forEach(function (value, i) {
         var dot = el("circle", { cx: x(value), cy: mid + ((i % 5) - 2) * 4, r: 4, "data-step": String(i) }, marks);
         dot.addEventListener("mouseover", function (event) {
-          showTip(event, "step " + (i + 1) + " of " + steps.length + (value === median ? " (the median step, drawn above)" : ""),
-          [["schedule", c.name], ["step time", fmt(value) + unit],
-            ["vs predicted", percent(c.predictedTime / value - 1) + " (predicted - measured) / measured"]], null);
+          var rows = [["schedule", c.name], ["step time", fmt(value) + unit],
+            ["measured vs predicted", percent(value / c.predictedTime - 1) + " (measured − predicted) / predicted"]];
+          if (band) rows.push(["vs predicted p50", percent(value / c.predictedP50 - 1)]);
+          showTip(event, "step " + (i + 1) + " of " + steps.length + (value === median ? " (the median step, drawn above)" : ""), rows, null);
         });
         dot.addEventListener("mouseout", hideTip);
       });
@@ -848,6 +870,7 @@
   }
 
   // ---- Monte Carlo iteration times, one histogram per schedule on one axis ---------------
+  // each plot with its own time axis (all on the same bins) and a count axis on the left
   function drawDistributions(d, container) {
     var edges = d.edges, lo = edges[0], hi = edges[edges.length - 1], unit = " " + d.unit;
     var peak = Math.max.apply(null, d.rows.map(function (r) { return Math.max.apply(null, r.counts); })) || 1;
@@ -855,19 +878,24 @@
     d.rows.forEach(function (r, k) {
       var box = html("div", "distribution", undefined, container);
       box.setAttribute("data-distribution", String(k));
-      html("h3", "", r.name + ": mean " + fmt(r.mean) + unit + ", p99 " + fmt(r.p99) + unit +
-           (r.fastest === null ? ", " : ", fastest in " + (100 * r.fastest).toFixed(1) + "% of ") + r.samples + " samples", box);
-      var last = k === d.rows.length - 1;
-      var svg = el("svg", { "class": "chart distribution-plot", height: DIST_HEIGHT + (last ? AXIS : 4), role: "img" }, box);
+      var ahead = r.fasterThanNext === null || r.fasterThanNext === undefined ? "" :
+        "; faster than " + r.next + " in " + (100 * r.fasterThanNext).toFixed(1) + "% of samples";
+      function short(v) { return Number(v.toPrecision(4)).toString(); }
+      html("h3", "", r.name + ": mean " + short(r.mean) + unit + ", p99 " + short(r.p99) + unit +
+           (r.fastest === null ? ", " : ", fastest in " + (100 * r.fastest).toFixed(1) + "% of ") + r.samples + " samples" +
+           ahead, box);
+      var svg = el("svg", { "class": "chart distribution-plot", height: DIST_HEIGHT + AXIS, role: "img" }, box);
       svg.setAttribute("aria-label", "iteration time distribution of " + r.name);
-      var grid = el("g", {}, svg), axis = el("g", {}, svg), marks = el("g", {}, svg);
+      var grid = el("g", {}, svg), axis = el("g", {}, svg), counts = el("g", { "class": "count-axis" }, svg), marks = el("g", {}, svg);
+      function barHeight(count) { return (DIST_HEIGHT - 6) * count / peak; }
       function update() {
         var width = svg.clientWidth || 800, plot = Math.max(width - GUTTER - SIDE, 50), k2 = plot / (hi - lo);
         function x(v) { return GUTTER + (v - lo) * k2; }
         marks.textContent = "";
+        counts.textContent = "";
         r.counts.forEach(function (count, b) {
           if (!count) return;
-          var h = (DIST_HEIGHT - 6) * count / peak;
+          var h = barHeight(count);
           var bar = el("rect", { "class": "bin", x: x(edges[b]), y: DIST_HEIGHT - h, width: Math.max(x(edges[b + 1]) - x(edges[b]) - 1, 1),
                                  height: h, "data-bin": String(b) }, marks);
           bar.addEventListener("mouseover", function (event) {
@@ -880,7 +908,19 @@
           var line = el("line", { "class": "dist-" + spec[0], x1: x(spec[1]), x2: x(spec[1]), y1: 2, y2: DIST_HEIGHT }, marks);
           line.setAttribute("data-value", fmt(spec[1]));
         });
-        if (last) drawAxis(axis, grid, { x0: lo, x1: hi }, k2, plot, DIST_HEIGHT, d.unit);
+        // the count axis: 0, half the tallest bar of the page, the tallest
+        el("line", { x1: GUTTER, x2: GUTTER, y1: DIST_HEIGHT - barHeight(peak), y2: DIST_HEIGHT, stroke: "#8c959f" }, counts);
+        [0, Math.round(peak / 2), peak].forEach(function (value, i) {
+          if (i === 1 && (value === 0 || value === peak)) return;
+          var y = DIST_HEIGHT - barHeight(value);
+          el("line", { x1: GUTTER - 4, x2: GUTTER, y1: y, y2: y, stroke: "#8c959f" }, counts);
+          var label = el("text", { x: GUTTER - 6, y: y + 3.5, "text-anchor": "end", "class": "side-label", "data-count": String(value) }, counts);
+          label.textContent = String(value);
+        });
+        var title = el("text", { x: 14, y: DIST_HEIGHT / 2, "text-anchor": "middle", "class": "side-label",
+                                 transform: "rotate(-90 14 " + DIST_HEIGHT / 2 + ")" }, counts);
+        title.textContent = "samples";
+        drawAxis(axis, grid, { x0: lo, x1: hi }, k2, plot, DIST_HEIGHT, d.unit);
       }
       update();
       updates.push(update);

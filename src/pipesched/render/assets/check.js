@@ -1,0 +1,73 @@
+// pipesched comparison page (check --html), after report.js has drawn the timelines: ops keep
+// their kind's colour (chunk shades as in the report) and are outlined by how far their measured
+// duration is from the predicted one (measured - predicted, over predicted; purple faster, red
+// slower); a checkbox fills them by that deviation instead. The op where the two timelines first
+// part is outlined dashed in both.
+(function () {
+  "use strict";
+
+  var data = JSON.parse(document.getElementById("report-data").textContent);
+  var FASTER = [123, 50, 148], NEUTRAL = [217, 221, 226], SLOWER = [192, 57, 43];
+  var FULL = 0.5;      // |deviation| drawn at full strength
+  var QUIET = 0.05;    // |deviation| below this gets no outline
+
+  function lighten(hex, amount) {
+    var out = "#";
+    for (var i = 1; i < 7; i += 2) {
+      var c = parseInt(hex.substr(i, 2), 16);
+      var mixed = Math.round(c + (255 - c) * amount);
+      out += (mixed < 16 ? "0" : "") + mixed.toString(16);
+    }
+    return out;
+  }
+  function chunkShade(chunk, chunks) {
+    return chunks <= 1 ? 0 : 0.45 * chunk / (chunks - 1);
+  }
+  function ramp(relative) {
+    var f = Math.max(-1, Math.min(1, relative / FULL)), end = f < 0 ? FASTER : SLOWER, a = Math.abs(f);
+    return "rgb(" + NEUTRAL.map(function (c, i) { return Math.round(c + (end[i] - c) * a); }).join(",") + ")";
+  }
+  function kindColor(t, row) {
+    var ops = t.ops;
+    return lighten(data.kinds.colors[ops.kind[row]], chunkShade(ops.chunk[row], t.chunks[ops.device[row]]));
+  }
+  // every op box by its "timeline:row" key, looked up once
+  var boxes = {};
+  document.querySelectorAll("rect[data-op]").forEach(function (rect) { boxes[rect.getAttribute("data-op")] = rect; });
+  function node(index, row) {
+    return boxes[index + ":" + row] || null;
+  }
+
+  // fill: the op kind (or the deviation); stroke: the deviation, wider the farther it is
+  function paint(byDeviation) {
+    data.timelines.forEach(function (t, index) {
+      if (!t.deviation) return;
+      for (var row = 0; row < t.ops.start.length; row++) {
+        var rect = node(index, row), relative = t.deviation[row];
+        if (!rect) continue;
+        var known = relative !== null && relative !== undefined;
+        rect.setAttribute("fill", byDeviation ? (known ? ramp(relative) : "#b8bec6") : kindColor(t, row));
+        rect.setAttribute("data-deviation", known ? String(relative) : "");
+        if (!byDeviation && known && Math.abs(relative) >= QUIET) {
+          rect.style.stroke = ramp(relative);
+          rect.style.strokeWidth = String(1 + 2 * Math.min(1, Math.abs(relative) / FULL));
+        } else {
+          rect.style.stroke = "";
+          rect.style.strokeWidth = "";
+        }
+      }
+    });
+  }
+
+  var toggle = document.getElementById("deviation-fill");
+  paint(toggle && toggle.checked);
+  if (toggle) toggle.addEventListener("change", function () { paint(toggle.checked); });
+
+  (data.comparisons || []).forEach(function (c) {
+    if (c.parting < 0) return;
+    [node(c.predicted, c.parting), c.partingWith >= 0 ? node(c.measured, c.partingWith) : null].forEach(function (rect) {
+      if (rect) rect.classList.add("parting");
+    });
+  });
+  document.body.setAttribute("data-check-ready", "true");
+})();
