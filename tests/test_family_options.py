@@ -16,6 +16,7 @@ from pipesched.limits import (
     MAX_ITERATIONS,
     MAX_MICROBATCHES,
     MAX_STAGES,
+    MAX_V_HEURISTIC_DEVICES,
     MAX_WAVES,
 )
 
@@ -129,3 +130,13 @@ def test_slot_costs_reach_compare_as_they_reach_show(cli, name):
     assert compared.code == 0, compared.err
     [row] = json.loads(compared.out)["records"]
     assert row["iteration_time_slots"] == formula_makespan
+
+
+def test_the_zb_v_heuristic_is_bounded_in_devices_and_the_handcrafted_table_is_not(cli) -> None:
+    # the heuristic's warm-up sweeps grow with p squared: over its bound it is refused at once
+    refused = cli("show", "zb-v", "-p", str(MAX_V_HEURISTIC_DEVICES + 1), "-m", "8", "--set", "activation_limit=600")
+    assert_one_line_error(refused, f"p={MAX_V_HEURISTIC_DEVICES + 1}", "zb-v heuristic")
+    # the handcrafted ZB-V builds only the microbatches it keeps: p = 1024 with m = 8 (a V
+    # that would need 2p - 1 = 2047 microbatches to fill) has 3 x 2p x m ops
+    schedule = generate("zb-v", 1024, 8)
+    assert schedule.num_ops == 3 * 2 * 1024 * 8

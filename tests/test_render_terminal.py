@@ -7,6 +7,7 @@ import re
 
 import pytest
 from rich.console import Console
+from rich.style import Style
 
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
@@ -153,6 +154,10 @@ def test_grid_wraps_in_time_bands_within_the_width(width: int) -> None:
 
 def test_grid_colours_ops_by_kind() -> None:
     timeline = slot_table(generate("zb-h1", 2, 2))
+    # rich caches combined styles with the codes of the first console that drew them (an
+    # in-process `show` on a 16-colour terminal, earlier in the suite): start afresh
+    Style.parse.cache_clear()
+    Style._add.cache_clear()
     console = Console(width=80, color_system="truecolor", highlight=False)
     with console.capture() as out:
         console.print(terminal.grid_view(timeline, width=80))

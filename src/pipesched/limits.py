@@ -66,6 +66,9 @@ MIN_EFFICIENCY = 1e-3  # the least share of its peak rate a device reaches (matm
 # --- family options (--set KEY=VALUE) -------------------------------------------------------
 MAX_WAVES = MAX_STAGES // 2  # Hanayo's waves (2 chunks each; its 2 x waves x p stages are bounded too)
 MAX_ITERATIONS = 64  # iterations one table or graph strings together (asynchronous tables, steady states)
+# devices the zero-bubble V heuristic plans (zb-v with costs or an activation limit): its
+# warm-up sweeps are quadratic in p (about 2 s at 256 devices, 30 s at 1,024)
+MAX_V_HEURISTIC_DEVICES = 256
 
 # --- experiments ----------------------------------------------------------------------------
 MAX_SAMPLES = 100_000  # Monte Carlo iterations of one run (--samples)
@@ -127,6 +130,7 @@ LIMITS = (
     ("MIN_EFFICIENCY", MIN_EFFICIENCY, "the least matmul or bandwidth efficiency of a device"),
     ("MAX_WAVES", MAX_WAVES, "Hanayo waves (--set waves)"),
     ("MAX_ITERATIONS", MAX_ITERATIONS, "iterations strung together (--set iterations, steady state)"),
+    ("MAX_V_HEURISTIC_DEVICES", MAX_V_HEURISTIC_DEVICES, "devices the zb-v heuristic plans (with costs or activation_limit)"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),
     ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout or a solver's time limit"),
     ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),

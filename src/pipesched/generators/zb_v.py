@@ -14,6 +14,7 @@ from pipesched.errors import PipeschedError
 from pipesched.generators.base import Family, FormulaEstimate, check_sizes, per_stage_costs
 from pipesched.generators.v_greedy import v_greedy
 from pipesched.generators.zero_bubble import check_activation_limit
+from pipesched.limits import MAX_V_HEURISTIC_DEVICES, check_count
 from pipesched.ops import F, I, Op, OpKind, W
 from pipesched.schedule import Placement, Schedule
 
@@ -43,8 +44,10 @@ def handcrafted_zb_v(p: int, m: int) -> tuple[tuple[Op, ...], ...]:
             run(F, up)
             run(I, up)
             run(W, up)
-        # steady state: F/I/W of the down chunk, then of the up chunk
-        while counts[F, up] < counts[F, down] or counts[F, down] < n:
+        # steady state: F/I/W of the down chunk, then of the up chunk; once every count has
+        # reached m, every later op is of a microbatch the table drops (with m << p the
+        # V is filled for 2p - 1), so the rest is not built
+        while (counts[F, up] < counts[F, down] or counts[F, down] < n) and min(counts.values()) < m:
             if counts[F, down] < n:
                 run(F, down)
             run(I, down)
@@ -52,6 +55,9 @@ def handcrafted_zb_v(p: int, m: int) -> tuple[tuple[Op, ...], ...]:
             run(F, up)
             run(I, up)
             run(W, up)
+        if min(counts.values()) >= m:
+            tables.append(tuple(op for op in ops if op.microbatch < m))
+            continue
         # cool-down: input gradients first, W deferred to the end
         w_down, w_up = counts[I, down], counts[I, up]
         for _ in range(d):
@@ -84,6 +90,8 @@ def zb_v(p: int, m: int, *, costs: StageCosts | None = None,
     # device 0 holds both chunks of the first microbatch until its up-chunk backward: the V
     # needs two in flight; below 2p the heuristic trades bubble for memory
     check_activation_limit(limit, 2, "zb-v")
+    check_count("p", p, MAX_V_HEURISTIC_DEVICES, what="devices the zb-v heuristic plans (drop --set costs and "
+                "activation_limit for the handcrafted ZB-V)")
     tables = v_greedy(p, m, per_stage_costs(costs, 2 * p, "zb-v"), limit)
     if tables is None:
         raise PipeschedError(

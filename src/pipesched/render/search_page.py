@@ -120,7 +120,7 @@ SEARCH_COLUMNS = (
     ("throughput_tokens_per_s", "tokens/s", _count),
     ("mfu", "MFU", _percent),
     ("hfu", "HFU", _percent),
-    ("peak_memory_bytes", "peak memory GiB", lambda v: "-" if v is None else f"{float(v) / GiB:,.2f}"),
+    ("max_peak_memory_bytes", "peak memory GiB", lambda v: "-" if v is None else f"{float(v) / GiB:,.2f}"),
 )
 
 

@@ -11,18 +11,7 @@
   var FULL = 0.5;      // |deviation| drawn at full strength
   var QUIET = 0.05;    // |deviation| below this gets no outline
 
-  function lighten(hex, amount) {
-    var out = "#";
-    for (var i = 1; i < 7; i += 2) {
-      var c = parseInt(hex.substr(i, 2), 16);
-      var mixed = Math.round(c + (255 - c) * amount);
-      out += (mixed < 16 ? "0" : "") + mixed.toString(16);
-    }
-    return out;
-  }
-  function chunkShade(chunk, chunks) {
-    return chunks <= 1 ? 0 : 0.45 * chunk / (chunks - 1);
-  }
+  var lighten = window.pipeschedColors.lighten, chunkShade = window.pipeschedColors.chunkShade;
   function ramp(relative) {
     var f = Math.max(-1, Math.min(1, relative / FULL)), end = f < 0 ? FASTER : SLOWER, a = Math.abs(f);
     return "rgb(" + NEUTRAL.map(function (c, i) { return Math.round(c + (end[i] - c) * a); }).join(",") + ")";

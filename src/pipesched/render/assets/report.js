@@ -966,5 +966,7 @@
       stepPlots.forEach(function (update) { update(); });
     });
   });
+  // the colour helpers the page's other scripts (check.js) share
+  window.pipeschedColors = { lighten: lighten, chunkShade: chunkShade };
   document.body.setAttribute("data-ready", "true");
 })();
