@@ -28,12 +28,21 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 MODEL = load_model("tiny")
 OPTIONS = RunOptions(micro_batch_size=1, seq_len=8, dtype="float32", steps=1, warmup=1, timeout_s=120)
-FAMILIES = ("1f1b", "dualpipe")  # plain point-to-point, and replicas with their all-reduces
+# per runtime, the families run: plain point-to-point; replicas with their all-reduces; a V
+# whose turn stays on one rank (no message there)
+FAMILIES = {"ours": ("1f1b", "dualpipe"), "pytorch": ("zb-v",)}
+CASES = [(runtime, index) for runtime, names in FAMILIES.items() for index in range(len(names))]
 
 
 @pytest.fixture(scope="module")
-def runs():
-    return run_schedules([generate(name, 2, 4) for name in FAMILIES], MODEL, options=OPTIONS, runtime="ours")
+def launched():
+    return {runtime: run_schedules([generate(name, 2, 4) for name in names], MODEL, options=OPTIONS, runtime=runtime)
+            for runtime, names in FAMILIES.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(launched):
+    return launched["ours"]
 
 
 def _row_of(timeline, device: int, op) -> int:
@@ -42,9 +51,10 @@ def _row_of(timeline, device: int, op) -> int:
     return int(rows[0])
 
 
-@pytest.mark.parametrize("index", range(len(FAMILIES)), ids=FAMILIES)
-def test_every_message_is_a_transfer_between_its_producer_and_its_consumers(runs, index):
-    result = runs[index]
+@pytest.mark.parametrize(("runtime", "index"), CASES, ids=[f"{r}-{FAMILIES[r][i]}" for r, i in CASES])
+def test_every_message_is_a_transfer_between_its_producer_and_its_consumers(launched, runtime, index):
+    result = launched[runtime][index]
+    assert result.runtime == runtime
     schedule, timeline = result.schedule, result.timeline
     table = timeline.transfers
     sent = messages(schedule)

@@ -421,8 +421,7 @@ def _lanes_text(measured: Timeline) -> str:
     reduces = int(np.count_nonzero(table.kind == ALLREDUCE))
     plain = len(table) - reduces
     if not len(table):
-        return ("no communication lanes: the run recorded no transfers (PyTorch's runtime times its sends and "
-                "receives only inside the ops that wait for them)")
+        return "no communication lanes: no message or all-reduce crossed between the run's ranks"
     parts = []
     if plain:
         parts.append(f"{plain} point-to-point transfer{'' if plain == 1 else 's'}, each from its send posted on the "

@@ -6,7 +6,9 @@ names, and the gradient all-reduce between the replicas. Each rank walks its act
 the communication pass (``pipesched.passes.communication``): receives are posted early and
 waited on by the op that consumes them, sends go out right after the op that produced them
 and are waited on at the end of the step, and a replicated stage's all-reduce is posted
-after its last weight-gradient op here and waited on at the end.
+after its last weight-gradient op here and waited on at the end. The recorder notes every
+message when its send is posted and when its consumer's wait for it returns
+(``pipesched.runtime.measure``: the measured timeline's point-to-point transfers).
 
 The compute of each op is ``stage_ops``' (PyTorch's semantics). The loss is divided by the
 number of microbatches before the backward, so gradients are those of the mean loss.
