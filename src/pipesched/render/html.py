@@ -424,11 +424,11 @@ def _lanes_text(measured: Timeline) -> str:
         return "no communication lanes: no message or all-reduce crossed between the run's ranks"
     parts = []
     if plain:
-        parts.append(f"{plain} point-to-point transfer{'' if plain == 1 else 's'}, each from its send posted on the "
-                     "sender to its receive taken on the receiver (so it also holds the time the data waited there)")
+        parts.append(f"{plain} point-to-point transfer{'' if plain == 1 else 's'} (each from its send posted on the "
+                     "sender to its receive taken on the receiver, so it also holds any time the data waited there)")
     if reduces:
         parts.append(f"{reduces} replica all-reduce{'' if reduces == 1 else 's'}")
-    return "communication lanes: the " + " and the ".join(parts) + " the run recorded"
+    return "communication lanes: the run recorded " + " and ".join(parts)
 
 
 def _lanes_note(measured: Timeline) -> str:
