@@ -71,7 +71,7 @@ from pipesched.render.terminal import format_cell
 from pipesched.render.waits import WAIT_NAMES, waited_for
 from pipesched.runtime.runs import median_step
 from pipesched.simulate.critical import critical_path
-from pipesched.timeline import Timeline
+from pipesched.timeline import ALLREDUCE, Timeline
 from pipesched.variability.distribution import paired_comparison
 
 # no request may leave the page: everything it needs is inline
@@ -271,13 +271,7 @@ def measured_section(timeline: Timeline) -> str:
     waited = ([float(waits[timeline.op_device == d].sum()) for d in range(timeline.num_devices)]
               if len(waits) == len(timeline) else [])
     holds = []
-    if len(timeline.transfers):
-        holds.append(f"communication lanes: the {len(timeline.transfers)} replica all-reduce"
-                     f"{'' if len(timeline.transfers) == 1 else 's'} the run timed; point-to-point sends and receives "
-                     "are not timed apart from the ops")
-    else:
-        holds.append("no communication lanes: the run times point-to-point sends and receives only inside the ops "
-                     "that wait for them")
+    holds.append(_lanes_text(timeline))
     if waited:
         holds.append("time ops waited for their inputs inside their spans: "
                      + ", ".join(f"d{d} {scale.format(w)}" for d, w in enumerate(waited)))
@@ -421,11 +415,27 @@ def _parting_note(predicted: Timeline, found, parting: int, scale: TimeScale) ->
             f"{'later' if off > 0 else 'earlier'}, more than {share}); both boxes are outlined dashed.</p>")
 
 
+def _lanes_text(measured: Timeline) -> str:
+    """What a measured timeline's communication lanes hold (runtime/measure.py records them)."""
+    table = measured.transfers
+    reduces = int(np.count_nonzero(table.kind == ALLREDUCE))
+    plain = len(table) - reduces
+    if not len(table):
+        return "no communication lanes: no message or all-reduce crossed between the run's ranks"
+    parts = []
+    if plain:
+        parts.append(f"{plain} point-to-point transfer{'' if plain == 1 else 's'} (each from its send posted on the "
+                     "sender to its receive taken on the receiver, so it also holds any time the data waited there)")
+    if reduces:
+        parts.append(f"{reduces} replica all-reduce{'' if reduces == 1 else 's'}")
+    return "communication lanes: the run recorded " + " and ".join(parts)
+
+
 def _lanes_note(measured: Timeline) -> str:
+    """The check page's line on the measured timeline's lanes, drawn under its compute rows."""
     if len(measured.transfers):
-        return ('<p class="hint">The measured timeline\'s communication lanes are the transfers the run recorded.</p>')
-    return ('<p class="hint lanes-note">The measured timeline records no transfers (the run times its ops only), '
-            "so it has no communication lanes.</p>")
+        return f'<p class="hint lanes-note">The measured timeline\'s {escape(_lanes_text(measured))}.</p>'
+    return f'<p class="hint lanes-note">The measured timeline has {escape(_lanes_text(measured))}.</p>'
 
 
 def _kind_table(k: int, predicted: Timeline, found, scale: TimeScale) -> str:

@@ -6,7 +6,9 @@ names, and the gradient all-reduce between the replicas. Each rank walks its act
 the communication pass (``pipesched.passes.communication``): receives are posted early and
 waited on by the op that consumes them, sends go out right after the op that produced them
 and are waited on at the end of the step, and a replicated stage's all-reduce is posted
-after its last weight-gradient op here and waited on at the end.
+after its last weight-gradient op here and waited on at the end. The recorder notes every
+message when its send is posted and when its consumer's wait for it returns
+(``pipesched.runtime.measure``: the measured timeline's point-to-point transfers).
 
 The compute of each op is ``stage_ops``' (PyTorch's semantics). The loss is divided by the
 number of microbatches before the backward, so gradients are those of the mean loss.
@@ -56,7 +58,7 @@ class RankSetup:
 class _StepState:
     forwarded: dict[tuple[int, int], Forwarded] = field(default_factory=dict)  # (stage, mb) -> F's state
     produced: dict[Message, object] = field(default_factory=dict)
-    pending: dict[Message, tuple[object, object]] = field(default_factory=dict)  # (work, buffer)
+    pending: dict[Message, tuple[object, object, int]] = field(default_factory=dict)  # (work, buffer, sender)
     sends: list[tuple[object, object]] = field(default_factory=list)
     reduces: list[tuple[int, int, list, tuple, int]] = field(default_factory=list)  # replica gradient exchanges
     losses: dict[int, object] = field(default_factory=dict)
@@ -127,13 +129,14 @@ class Executor:
                 self._post_reduce(action.stage, state)
             elif isinstance(action, Send):
                 tensor = state.produced.pop(action.message)
+                setup.recorder.sent(action.message, action.peer, tensor.numel() * tensor.element_size())
                 work = dist.isend(tensor, action.peer, tag=self._tag(action.message))
                 state.sends.append((work, tensor))
             else:
                 assert isinstance(action, Recv)
                 buffer = torch.empty(setup.boundary_shape, dtype=setup.dtype, device=setup.device)
                 work = dist.irecv(buffer, action.peer, tag=self._tag(action.message))
-                state.pending[action.message] = (work, buffer)
+                state.pending[action.message] = (work, buffer, action.peer)
         for work, _ in state.sends:
             work.wait()
         self._finish_reduces(state)
@@ -146,12 +149,15 @@ class Executor:
         return message.tag(self.num_stages, self.num_microbatches)
 
     def _take(self, message: Message, state: _StepState) -> tuple[object, int]:
-        """The tensor ``message`` carries and the ns spent waiting for it."""
+        """The tensor ``message`` carries and the ns spent waiting for it; a message from
+        another rank is recorded as received once the wait returns."""
         if message in state.pending:
-            work, buffer = state.pending.pop(message)
-            begun = self.setup.recorder.now()
+            work, buffer, sender = state.pending.pop(message)
+            recorder = self.setup.recorder
+            begun = recorder.now()
             work.wait()
-            return buffer, self.setup.recorder.now() - begun
+            recorder.received(message, sender)
+            return buffer, recorder.now() - begun
         return state.produced.pop(message), 0
 
     def _compute(self, op: Op, state: _StepState) -> None:

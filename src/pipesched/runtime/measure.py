@@ -11,6 +11,13 @@ apart (``Timeline.measured.op_wait_s``). The last stage's forward includes the l
 ``Timeline.measured.op_cpu_s`` is the CPU time the op's thread got during the op: on a CPU
 rank (one torch thread) it falls short of the op's duration exactly when other processes
 took the core, which ``cpu_share`` sums up.
+
+Every point-to-point message is recorded on both ends on the same host clock: the sender
+notes when it posted the send, the receiver when its wait for the receive returned (at once
+when the data had already arrived). A measured transfer spans the two, posted on the sender
+to received on the receiver: its end is when the receiver took the data, which can be later
+than when the data arrived, and it includes the time the sender's message waited for the
+receiver. On a GPU rank both are host times, as the input waits are.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ import numpy as np
 from pipesched.ops import KIND_INDEX, KIND_ORDER, Op
 from pipesched.schedule import Schedule
 from pipesched.timeline import ALLREDUCE, MeasuredInfo, Source, Timeline, TransferTable
+
+# a message's key on both of its ends: (kind, producing stage, microbatch, sender, receiver)
+MessageKey = tuple[int, int, int, int, int]
 
 
 @dataclass
@@ -41,6 +51,10 @@ class RankStep:
     # gradient all-reduces of replicated stages: (stage, partner device, posted, finished)
     reduces: list[tuple[int, int, int, int]] = field(default_factory=list)
     reduce_bytes: list[float] = field(default_factory=list)
+    # point-to-point messages this rank sent: (key, when the send was posted, bytes)
+    sends: list[tuple[MessageKey, int, int]] = field(default_factory=list)
+    # messages this rank received: (key, when its wait for the receive returned)
+    receives: list[tuple[MessageKey, int]] = field(default_factory=list)
 
     def ops(self) -> list[Op]:
         return [Op(s, KIND_ORDER[k], mb) for s, k, mb in zip(self.stage, self.kind, self.microbatch, strict=True)]
@@ -72,6 +86,16 @@ class HostRecorder:
 
     def now(self) -> int:
         return time.perf_counter_ns()
+
+    def sent(self, message: tuple[int, int, int], peer: int, nbytes: int) -> None:
+        """``message`` (kind, producing stage, microbatch) is being posted to ``peer`` now."""
+        kind, stage, microbatch = message
+        self.step.sends.append(((kind, stage, microbatch, self.device, peer), time.perf_counter_ns(), nbytes))
+
+    def received(self, message: tuple[int, int, int], peer: int) -> None:
+        """``message`` from ``peer`` is in this rank's hands now."""
+        kind, stage, microbatch = message
+        self.step.receives.append(((kind, stage, microbatch, peer, self.device), time.perf_counter_ns()))
 
     def finish(self) -> RankStep:
         return self.step
@@ -114,8 +138,42 @@ def measured_timeline(schedule: Schedule, ranks: list[RankStep], *, info: Measur
         op_microbatch=column("microbatch", np.int32),
         op_start=(column("start_ns", np.int64) - origin).astype(np.float64) * to_s,
         op_end=(column("end_ns", np.int64) - origin).astype(np.float64) * to_s,
-        transfers=_reduce_table(ordered, origin),
+        transfers=transfer_table(ordered, origin),
         measured=info,
+    )
+
+
+def transfer_table(ranks: list[RankStep], origin: int) -> TransferTable:
+    """The step's transfers, seconds from ``origin`` (ns): every point-to-point message, from
+    its send posted on the sender to its receive completed on the receiver (the module
+    docstring), on channel ``"a->b"`` as simulated transfers are, in the order the senders
+    posted them (device by device); then the replica all-reduces (``_reduce_table``)."""
+    received = {key: done for rank in ranks for key, done in rank.receives}
+    sends = [(key, posted, nbytes) for rank in ranks for key, posted, nbytes in rank.sends]
+    reduces = _reduce_table(ranks, origin)
+    if not sends:
+        return reduces
+    links = sorted({(key[3], key[4]) for key, _, _ in sends})
+    channel_of = {link: k for k, link in enumerate(links)}
+    n = len(sends)
+
+    def column(index: int, dtype: type) -> np.ndarray:
+        return np.fromiter((key[index] for key, _, _ in sends), dtype, n)
+
+    start = np.fromiter((posted for _, posted, _ in sends), np.int64, n)
+    end = np.fromiter((received[key] for key, _, _ in sends), np.int64, n)
+    return TransferTable(
+        src_device=np.concatenate([column(3, np.int32), reduces.src_device]),
+        dst_device=np.concatenate([column(4, np.int32), reduces.dst_device]),
+        kind=np.concatenate([column(0, np.int8), reduces.kind]),
+        stage=np.concatenate([column(1, np.int32), reduces.stage]),
+        microbatch=np.concatenate([column(2, np.int32), reduces.microbatch]),
+        nbytes=np.concatenate([np.fromiter((b for _, _, b in sends), np.float64, n), reduces.nbytes]),
+        start=np.concatenate([(start - origin).astype(np.float64) * 1e-9, reduces.start]),
+        end=np.concatenate([(end - origin).astype(np.float64) * 1e-9, reduces.end]),
+        channel=np.concatenate([np.fromiter((channel_of[(key[3], key[4])] for key, _, _ in sends), np.int32, n),
+                                reduces.channel + len(links)]).astype(np.int32),
+        channel_names=tuple(f"{a}->{b}" for a, b in links) + reduces.channel_names,
     )
 
 

@@ -6,7 +6,11 @@ PyTorch places every stage on exactly one rank, so schedules with replicated sta
 (Chimera, DualPipe) are out of its reach; ``pytorch_limitation`` says why for a given
 schedule. Op timing wraps PipelineStage's three compute entry points
 (``forward_one_chunk``, ``backward_one_chunk``, ``backward_weight_one_chunk``): they run
-after PyTorch has waited for the op's input, so an op's time is its compute alone.
+after PyTorch has waited for the op's input, so an op's time is its compute alone. The
+point-to-point messages are recorded as the executor records them
+(``pipesched.runtime.measure``): a send when PipelineStage hands its send ops to be posted
+(``get_fwd_send_ops``, ``get_bwd_send_ops``), a receive when its consumer starts, right after
+PyTorch's wait for it returned.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pipesched.runtime.measure import RankStep
 from pipesched.runtime.torch_import import require_torch
 from pipesched.runtime.torch_model import lm_loss
 from pipesched.schedule import Schedule
+from pipesched.timeline import ACTIVATION, GRADIENT
 
 torch = require_torch()
 from torch.distributed.pipelining import PipelineStage  # noqa: E402 - needs the guarded torch import
@@ -80,6 +85,27 @@ class _Hooks:
         self.setup.recorder.end(op, begun, wait_ns=self.waited_ns)
         self.waited_ns = 0
 
+    def remote(self, stage: int) -> int | None:
+        """The rank of ``stage`` when it is not this one (PyTorch places each stage once)."""
+        device = self.setup.schedule.placement.device(stage, 0)
+        return None if device == self.setup.rank else device
+
+    def received(self, kind: int, stage: int, microbatch: int) -> None:
+        """The op about to run read ``kind`` of ``microbatch`` from ``stage``: recorded as
+        received when that stage is on another rank (PyTorch waited for it just before)."""
+        peer = self.remote(stage)
+        if peer is not None:
+            self.setup.recorder.received((kind, stage, microbatch), peer)
+
+    def sent(self, kind: int, stage: int, microbatch: int, to_stage: int, ops: list) -> None:
+        """``ops`` (PyTorch's P2POps carrying the message) are about to be posted."""
+        if not ops:
+            return
+        peer = self.remote(to_stage)
+        if peer is not None:
+            nbytes = sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
+            self.setup.recorder.sent((kind, stage, microbatch), peer, nbytes)
+
     def timed_wait(self, original):
         """Wrap PyTorch's ``_wait_batch_p2p`` to count the time an op waits for its input."""
         recorder = self.setup.recorder
@@ -106,6 +132,8 @@ class TimedStage(PipelineStage):
         return [op for op in super()._get_init_p2p_neighbors_ops() if op.group_peer != self.group_rank]
 
     def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):
+        if not self.is_first:
+            self.hooks.received(ACTIVATION, self.stage_index - 1, fwd_chunk_id)
         begun = self.hooks.begin()
         output = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
         self.hooks.end(Op(self.stage_index, F, fwd_chunk_id), begun)
@@ -113,10 +141,22 @@ class TimedStage(PipelineStage):
         return output
 
     def backward_one_chunk(self, bwd_chunk_id, loss=None, full_backward=True, last_backward=False):
+        if not self.is_last:
+            self.hooks.received(GRADIENT, self.stage_index + 1, bwd_chunk_id)
         begun = self.hooks.begin()
         super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
                                    last_backward=last_backward)
         self.hooks.end(Op(self.stage_index, B if full_backward else I, bwd_chunk_id), begun)
+
+    def get_fwd_send_ops(self, fwd_chunk_id):
+        ops = super().get_fwd_send_ops(fwd_chunk_id)
+        self.hooks.sent(ACTIVATION, self.stage_index, fwd_chunk_id, self.stage_index + 1, ops)
+        return ops
+
+    def get_bwd_send_ops(self, bwd_chunk_id):
+        ops = super().get_bwd_send_ops(bwd_chunk_id)
+        self.hooks.sent(GRADIENT, self.stage_index, bwd_chunk_id, self.stage_index - 1, ops)
+        return ops
 
     def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
         begun = self.hooks.begin()
