@@ -352,7 +352,7 @@ def test_search_page_in_chromium(tmp_path, cli) -> None:
                  "--schedules", "1f1b,zb-v,interleaved-1f1b", "--chunks", "2", "--partitions", "balanced",
                  "--recompute", "selective,full", "--db", str(tmp_path / "s.sqlite"), "--json", "--html", str(path))
     assert result.code == 0, result
-    found = json.loads(result.out)
+    (found,) = json.loads(result.out)["searches"]
     problems: list[str] = []
     with sync_playwright() as playwright:
         browser, page = _open_page(playwright, path, problems)
