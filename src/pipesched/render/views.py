@@ -22,21 +22,10 @@ from pipesched.timeline import Timeline
 PathLike = str | os.PathLike[str]
 
 
-def write_views(
-    timelines: Sequence[Timeline],
-    *,
-    png: PathLike | None = None,
-    svg: PathLike | None = None,
-    trace: PathLike | None = None,
-    html: PathLike | None = None,
-    comparison: Sequence[Mapping[str, object]] | None = None,
-    title: str = "",
-    distributions: Sequence[Mapping[str, object]] | None = None,
-) -> list[Path]:
-    """Render the requested views of ``timelines`` (see ``render_views``) and write them
-    all or none; returns the paths written, in the order png, svg, trace, html."""
-    return write_all(render_views(timelines, png=png, svg=svg, trace=trace, html=html, comparison=comparison,
-                                  title=title, distributions=distributions))
+def write_views(timelines: Sequence[Timeline], **views: object) -> list[Path]:
+    """Render the requested views of ``timelines`` (``render_views``' keyword options) and
+    write them all or none; returns the paths written, in the order png, svg, trace, html."""
+    return write_all(render_views(timelines, **views))  # type: ignore[arg-type]
 
 
 def render_views(
