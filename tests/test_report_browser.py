@@ -328,14 +328,16 @@ def check_page_colours_band_and_tables(page, comparisons) -> None:
             assert parted.count() == 0
 
 
-def _open_page(playwright, path, problems):
+def open_page(playwright, path, problems, *, timeout_ms: int = 15_000):
+    """Chromium at 1600 x 1000 on the page at ``path``, once its script is ready; console
+    errors and page errors go to ``problems``. Returns (browser, page): close the browser."""
     executable = str(CHROMIUM) if CHROMIUM.exists() else shutil.which("chromium")
     browser = playwright.chromium.launch(executable_path=executable)
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
     page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
     page.on("pageerror", lambda error: problems.append(str(error)))
     page.goto(path.as_uri())
-    page.wait_for_selector("body[data-ready=true]", timeout=15_000)
+    page.wait_for_selector("body[data-ready=true]", timeout=timeout_ms)
     return browser, page
 
 
@@ -355,7 +357,7 @@ def test_search_page_in_chromium(tmp_path, cli) -> None:
     (found,) = json.loads(result.out)["searches"]
     problems: list[str] = []
     with sync_playwright() as playwright:
-        browser, page = _open_page(playwright, path, problems)
+        browser, page = open_page(playwright, path, problems)
         try:
             # readable headers, never the raw keys; throughput with thousands separators, MFU in percent
             headers = page.locator("#ranked-table th").all_inner_texts()
@@ -410,7 +412,7 @@ def test_run_page_in_chromium(tmp_path) -> None:
     path.write_text(render_html([dataclasses.replace(measured, measured=info)]))
     problems: list[str] = []
     with sync_playwright() as playwright:
-        browser, page = _open_page(playwright, path, problems)
+        browser, page = open_page(playwright, path, problems)
         try:
             section = page.locator("section.measured")
             assert section.locator("circle[data-step]").count() == len(steps)

@@ -6,8 +6,6 @@ enough to see, idle gaps that say what they waited for, sorting that reorders th
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
@@ -19,7 +17,7 @@ from pipesched.simulate import Network, simulate
 from pipesched.simulate.critical import critical_path
 from pipesched.simulate.iterations import steady_state
 from render_timelines import GIB, simulated
-from test_report_browser import ARTIFACTS, CHROMIUM, browser_or_fail
+from test_report_browser import ARTIFACTS, browser_or_fail, open_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -54,16 +52,10 @@ def report(tmp_path_factory):
 def test_main_report_answers_why(report) -> None:
     sync_playwright = browser_or_fail()
     path, timelines = report
-    executable = str(CHROMIUM) if CHROMIUM.exists() else shutil.which("chromium")
     problems: list[str] = []
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=executable)
+        browser, page = open_page(playwright, path, problems, timeout_ms=30_000)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1000})
-            page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
-            page.on("pageerror", lambda error: problems.append(str(error)))
-            page.goto(path.as_uri())
-            page.wait_for_selector("body[data-ready=true]", timeout=30_000)
 
             # each panel's axis ends at its own makespan; the steady state at its second iteration
             seconds = [t for t in timelines if t.unit == "s"]

@@ -8,6 +8,7 @@ timelines of a million ops are normal.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipesched.errors import require
 from pipesched.ops import Op
 from pipesched.schedule import Schedule
 
@@ -89,6 +91,17 @@ class Source(StrEnum):
     TABLE = "table"  # level 2: the idealized slot table
     SIMULATED = "simulated"  # level 3: the communication-aware simulation
     MEASURED = "measured"  # a real run, timed
+
+
+def median_step(step_times: Sequence[float]) -> int:
+    """The index of the median step: the lower middle one of the steps sorted by time (the
+    first in run order among equal times).
+
+    >>> median_step([5.0, 3.0, 4.0, 9.0])
+    2
+    """
+    require(len(step_times) > 0, "steps", 0, "measure at least one step")
+    return int(np.argsort(np.asarray(step_times, np.float64), kind="stable")[(len(step_times) - 1) // 2])
 
 
 def steady_iteration_time(iteration_end):

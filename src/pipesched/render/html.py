@@ -69,9 +69,8 @@ from pipesched.render.summary import (
 )
 from pipesched.render.terminal import format_cell
 from pipesched.render.waits import WAIT_NAMES, waited_for
-from pipesched.runtime.runs import median_step
 from pipesched.simulate.critical import critical_path
-from pipesched.timeline import ALLREDUCE, Timeline
+from pipesched.timeline import ALLREDUCE, Timeline, median_step
 from pipesched.variability.distribution import paired_comparison
 
 # no request may leave the page: everything it needs is inline
@@ -278,11 +277,11 @@ def measured_section(timeline: Timeline) -> str:
     if timeline.memory is None:
         holds.append("no memory curves: the run does not record memory")
     return (f'<section class="measured"><h2>Measured run: {escape(timeline.schedule.name)}</h2>'
-            f'<p class="figures">{escape(figures)}</p>{_strip_svg(steps, timeline.makespan, scale)}'
+            f'<p class="figures">{escape(figures)}</p>{_strip_svg(steps, median, timeline.makespan, scale)}'
             '<ul class="measured-notes">' + "".join(f"<li>{escape(h)}</li>" for h in holds) + "</ul></section>")
 
 
-def _strip_svg(steps: np.ndarray, drawn: float, scale: TimeScale) -> str:
+def _strip_svg(steps: np.ndarray, median: float, drawn: float, scale: TimeScale) -> str:
     """Each step a dot on a time axis, the step drawn ringed, the median a bar."""
     lo, hi = float(steps.min()), float(steps.max())
     pad = max((hi - lo) * 0.1, hi * 0.01, 1e-12)
@@ -303,7 +302,6 @@ def _strip_svg(steps: np.ndarray, drawn: float, scale: TimeScale) -> str:
                      f'text-anchor="middle" font-size="11" fill="#57606a">{tick:.4g}</text>')
     parts.append(f'<text x="{STRIP_LEFT + width / 2:.0f}" y="68" text-anchor="middle" font-size="11" '
                  f'fill="#57606a">step time ({scale.unit})</text>')
-    median = float(steps[median_step(steps)])
     parts.append(f'<line class="step-median" x1="{x(median):.1f}" x2="{x(median):.1f}" y1="14" y2="40" '
                  'stroke="#1f2328" stroke-width="2"/>')
     for k, value in enumerate(steps.tolist()):

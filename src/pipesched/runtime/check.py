@@ -14,7 +14,7 @@ Three figures per schedule, one story:
   each repeat as a factor over their median (median 1: with equal repeats every sample is
   the prediction). Slow repeats of different ops add up in a sample, so with repeats
   spread by other work on the cores p50 tends to lie above the prediction;
-- measured: the median step (``runs.median_step``), whose timeline the page draws below.
+- measured: the median step (``timeline.median_step``), whose timeline the page draws below.
 
 The ranking. Two schedules' measured medians are told apart when their difference is
 larger than the interquartile range of the step times of each of them: then the pair is

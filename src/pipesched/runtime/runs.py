@@ -36,7 +36,7 @@ from pipesched.runtime.launch import Fault, LaunchSpec, StatusCallback, launch
 from pipesched.runtime.measure import RankStep, measured_timeline, order_mismatch
 from pipesched.runtime.profile import ELEMENT_BYTES, StageTiming
 from pipesched.schedule import Schedule
-from pipesched.timeline import MeasuredInfo, Timeline
+from pipesched.timeline import MeasuredInfo, Timeline, median_step
 from pipesched.validate import validate
 
 BACKENDS = ("gloo", "nccl")
@@ -147,17 +147,6 @@ class RunResult:
     def loss(self) -> float:
         """Mean microbatch loss of the last step."""
         return float(np.mean(self.losses))
-
-
-def median_step(step_times: Sequence[float]) -> int:
-    """The index of the median step: the lower middle one of the steps sorted by time (the
-    first in run order among equal times).
-
-    >>> median_step([5.0, 3.0, 4.0, 9.0])
-    2
-    """
-    require(len(step_times) > 0, "steps", 0, "measure at least one step")
-    return int(np.argsort(np.asarray(step_times, np.float64), kind="stable")[(len(step_times) - 1) // 2])
 
 
 def stage_partition(model: ModelSpec, num_stages: int, partition: Partition | None = None) -> Partition:
