@@ -29,11 +29,13 @@ from numba import njit
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
+from pipesched.limits import MAX_GRID_CELLS
 from pipesched.rules import AT_START, ROLES, STREAMS, Rules
 from pipesched.schedule import Schedule
 from pipesched.timeline import TRANSFER_KIND_NAMES
 
 NO_MESSAGE = -1
+_NO_STEPS = np.zeros(0, np.int32)  # the step column of a table whose rules read no step
 T = TypeVar("T")
 
 
@@ -50,6 +52,13 @@ class OpArrays:
     # entry each row belongs to (itself for a plain op), and that entry's kind (rules index)
     entry_head: np.ndarray | None = None  # int32
     entry_kind: np.ndarray | None = None  # int8
+    # each row's step index (``Op.step``); None when the rules read no step (all 0)
+    step: np.ndarray | None = None  # int32
+
+    @property
+    def num_steps(self) -> int:
+        """Steps per stage-microbatch the rows span (1 without steps)."""
+        return 1 if self.step is None or not len(self) else int(self.step.max()) + 1
 
     def __len__(self) -> int:
         return int(self.stage.shape[0])
@@ -76,6 +85,7 @@ class RuleArrays:
 
     need_count: np.ndarray  # int64 (K,)
     need_offset: np.ndarray  # int64 (K, N): stage offset of each need
+    need_step_offset: np.ndarray  # int64 (K, N): step offset of each need (Op.step)
     need_alternatives: np.ndarray  # int64 (K, N, A): kind indices, first present wins; -1 pads
     need_message: np.ndarray  # int64 (K, N): transfer kind code (timeline.ACTIVATION...) or -1
     complete_masks: np.ndarray  # int64 (C,): bit k set = kind k in that complete set
@@ -89,6 +99,7 @@ class RuleArrays:
     role_whole: np.ndarray  # float64 (roles, K)
     role_input_part: np.ndarray  # float64 (roles, K)
     role_kept: np.ndarray  # float64 (roles, K)
+    role_per_step: np.ndarray  # float64 (roles, K): coefficient of step x M_B
     role_at_start: np.ndarray  # bool (roles, K)
     role_host: np.ndarray  # float64 (roles, K): coefficient of M_B in host memory
     role_host_at_start: np.ndarray  # bool (roles, K)
@@ -111,6 +122,8 @@ def memory_deltas(schedule: Schedule, ops: OpArrays, costs: StageCosts) -> tuple
     activation = np.asarray(costs.activation_bytes, np.float64)[ops.stage]
     role = role_index(schedule.roles)[ops.stage] if schedule.frozen else 0
     delta = (arrays.role_whole[role, kinds] + arrays.role_input_part[role, kinds] * costs.input_frees) * activation
+    if ops.step is not None:
+        delta += arrays.role_per_step[role, kinds] * ops.step * activation
     if costs.kept_for_w_bytes is not None:
         delta += arrays.role_kept[role, kinds] * np.asarray(costs.kept_for_w_bytes, np.float64)[ops.stage]
     return delta, arrays.role_at_start[role, kinds]
@@ -126,12 +139,14 @@ def rule_arrays(rules: Rules) -> RuleArrays:
     alternatives = max((len(need.kinds) for rule in rules for need in rule.needs), default=1)
     count = np.zeros(kinds, np.int64)
     offset = np.zeros((kinds, needs), np.int64)
+    step_offset = np.zeros((kinds, needs), np.int64)
     alt = np.full((kinds, needs, alternatives), -1, np.int64)
     message = np.full((kinds, needs), NO_MESSAGE, np.int64)
     for k, rule in enumerate(rules):
         count[k] = len(rule.needs)
         for j, need in enumerate(rule.needs):
             offset[k, j] = need.offset
+            step_offset[k, j] = need.step_offset
             for a, kind in enumerate(need.kinds):
                 alt[k, j, a] = index[kind]
             if need.message is not None:
@@ -150,6 +165,7 @@ def rule_arrays(rules: Rules) -> RuleArrays:
     arrays = RuleArrays(
         need_count=count,
         need_offset=offset,
+        need_step_offset=step_offset,
         need_alternatives=alt,
         need_message=message,
         complete_masks=masks,
@@ -162,6 +178,7 @@ def rule_arrays(rules: Rules) -> RuleArrays:
         role_whole=per_role(lambda e: e.whole).astype(np.float64),
         role_input_part=per_role(lambda e: e.input_part).astype(np.float64),
         role_kept=per_role(lambda e: e.kept).astype(np.float64),
+        role_per_step=per_role(lambda e: e.per_step).astype(np.float64),
         role_at_start=per_role(lambda e: e.at == AT_START).astype(np.bool_),
         role_host=per_role(lambda e: e.host).astype(np.float64),
         role_host_at_start=per_role(lambda e: e.host_at == AT_START).astype(np.bool_),
@@ -216,10 +233,25 @@ def _op_arrays(schedule: Schedule) -> OpArrays:
     if n and (stage.max() > too_big or microbatch.max() > too_big):
         raise PipeschedError(f"schedule={schedule.name}: a stage or microbatch index over {too_big:,}")
     device = np.repeat(np.arange(schedule.num_devices, dtype=np.int32), lengths)
-    ops = OpArrays(device, stage.astype(np.int32), kind, microbatch.astype(np.int32), offsets)
+    step = _steps(schedule, rows, n) if schedule.rules.stepped else None
+    ops = OpArrays(device, stage.astype(np.int32), kind, microbatch.astype(np.int32), offsets, step=step)
     if not fused:
         return ops
     return _with_entries(schedule, ops)
+
+
+def _steps(schedule: Schedule, rows, n: int) -> np.ndarray:
+    """Each row's step (``Op.step``), bounded so that the index of (stage, microbatch, step,
+    kind) stays within ``limits.MAX_GRID_CELLS``."""
+    step = np.fromiter((op.step for op in itertools.chain.from_iterable(rows)), np.int64, n)
+    if n and step.min() < 0:
+        raise PipeschedError(f"step={int(step.min())}: an op's step index is 0 or more")
+    cells = schedule.num_stages * schedule.num_microbatches * len(schedule.rules)
+    most = max(MAX_GRID_CELLS // max(cells, 1), 1)
+    if n and step.max() >= most:
+        raise PipeschedError(f"step={int(step.max())}: at most {most - 1} for a table of {schedule.num_stages} stages "
+                             f"and {schedule.num_microbatches} microbatches; run fewer steps")
+    return step.astype(np.int32)
 
 
 def _with_entries(schedule: Schedule, ops: OpArrays) -> OpArrays:
@@ -239,7 +271,7 @@ def _with_entries(schedule: Schedule, ops: OpArrays) -> OpArrays:
             row += count
         else:
             row += 1
-    return OpArrays(ops.device, ops.stage, ops.kind, ops.microbatch, ops.device_offsets, head, entry_kind)
+    return OpArrays(ops.device, ops.stage, ops.kind, ops.microbatch, ops.device_offsets, head, entry_kind, ops.step)
 
 
 # problems the index check reports: (code, op row or stage-microbatch index)
@@ -247,13 +279,15 @@ OK, OUT_OF_RANGE, DUPLICATE, MISPLACED, INCOMPLETE, MUTUAL = range(6)
 
 
 @njit(cache=True)
-def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replicas, route, accepted_masks,
-               stage_role):
-    """row_of[(stage * m + mb) * K + kind] -> op row (-1 if absent), and the first problem:
-    an op out of range, off its placement's device, a duplicate, or a stage-microbatch whose
-    kinds are not exactly one of the sets its stage's role accepts."""
+def _index_ops(device, stage, kind, microbatch, step, num_steps, num_stages, m, num_kinds, replicas, route,
+               accepted_masks, stage_role):
+    """row_of[((stage * m + mb) * steps + step) * K + kind] -> op row (-1 if absent), and the
+    first problem: an op out of range, off its placement's device, a duplicate, or a
+    stage-microbatch whose kinds (over all its steps) are not exactly one of the sets its
+    stage's role accepts. ``step`` is empty when every op is at step 0 (``num_steps`` 1)."""
     n = stage.shape[0]
-    row_of = np.full(num_stages * m * num_kinds, -1, np.int32)
+    stepped = step.shape[0] > 0
+    row_of = np.full(num_stages * m * num_steps * num_kinds, -1, np.int32)
     for x in range(n):
         s = stage[x]
         mb = microbatch[x]
@@ -262,14 +296,18 @@ def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replic
         if replicas[route[mb], s] != device[x]:
             return row_of, MISPLACED, x
         key = (s * m + mb) * num_kinds + kind[x]
+        if stepped:
+            key = ((s * m + mb) * num_steps + step[x]) * num_kinds + kind[x]
         if row_of[key] >= 0:
             return row_of, DUPLICATE, x
         row_of[key] = x
     for sm in range(num_stages * m):
         mask = 0
-        for k in range(num_kinds):
-            if row_of[sm * num_kinds + k] >= 0:
-                mask |= 1 << k
+        for t in range(num_steps):
+            base = (sm * num_steps + t) * num_kinds
+            for k in range(num_kinds):
+                if row_of[base + k] >= 0:
+                    mask |= 1 << k
         matched = False
         masks = accepted_masks[stage_role[sm // m]]
         for c in range(masks.shape[0]):
@@ -281,11 +319,13 @@ def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replic
 
 
 @njit(cache=True)
-def _need_rows(stage, kind, microbatch, row_of, num_stages, m, num_kinds,
-               need_count, need_offset, need_alternatives):
-    """(n, N) rows of each op's needs; -1 where a need lies outside the model or is absent."""
+def _need_rows(stage, kind, microbatch, step, num_steps, row_of, num_stages, m, num_kinds,
+               need_count, need_offset, need_step_offset, need_alternatives):
+    """(n, N) rows of each op's needs; -1 where a need lies outside the model (or before
+    step 0) or is absent. ``step`` is empty when every op is at step 0."""
     n = stage.shape[0]
     width = need_offset.shape[1]
+    stepped = step.shape[0] > 0
     rows = np.full((n, width), -1, np.int32)
     for x in range(n):
         k = kind[x]
@@ -294,6 +334,11 @@ def _need_rows(stage, kind, microbatch, row_of, num_stages, m, num_kinds,
             if s < 0 or s >= num_stages:
                 continue
             base = (s * m + microbatch[x]) * num_kinds
+            if stepped:
+                t = step[x] + need_step_offset[k, j]
+                if t < 0 or t >= num_steps:
+                    continue
+                base = ((s * m + microbatch[x]) * num_steps + t) * num_kinds
             for a in range(need_alternatives.shape[2]):
                 alt = need_alternatives[k, j, a]
                 if alt < 0:
@@ -316,8 +361,9 @@ def need_rows(stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray, *, nu
     inside = (stage >= 0) & (stage < num_stages) & (microbatch >= 0)
     rows = np.flatnonzero(inside)
     row_of[(stage[rows].astype(np.int64) * m + microbatch[rows]) * k + kind[rows]] = rows
-    return _need_rows(stage.astype(np.int64), kind.astype(np.int64), microbatch.astype(np.int64), row_of,
-                      num_stages, m, k, arrays.need_count, arrays.need_offset, arrays.need_alternatives)
+    return _need_rows(stage.astype(np.int64), kind.astype(np.int64), microbatch.astype(np.int64), _NO_STEPS, 1,
+                      row_of, num_stages, m, k, arrays.need_count, arrays.need_offset, arrays.need_step_offset,
+                      arrays.need_alternatives)
 
 
 @dataclass(frozen=True, eq=False)
@@ -360,12 +406,14 @@ def _dependencies(schedule: Schedule) -> Dependencies:
     m, num_stages, k = schedule.num_microbatches, schedule.num_stages, len(rules)
     replicas = np.asarray(schedule.placement.replicas, dtype=np.int64)
     route = np.asarray(schedule.route, dtype=np.int64)
-    row_of, code, index = _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, num_stages, m, k,
-                                     replicas, route, arrays.accepted_masks, role_index(schedule.roles))
+    step = _NO_STEPS if ops.step is None else ops.step
+    row_of, code, index = _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, step, ops.num_steps,
+                                     num_stages, m, k, replicas, route, arrays.accepted_masks,
+                                     role_index(schedule.roles))
     if code != OK:
         _raise_problem(schedule, ops, int(code), int(index))
-    rows = _need_rows(ops.stage, ops.kind, ops.microbatch, row_of, num_stages, m, k,
-                      arrays.need_count, arrays.need_offset, arrays.need_alternatives)
+    rows = _need_rows(ops.stage, ops.kind, ops.microbatch, step, ops.num_steps, row_of, num_stages, m, k,
+                      arrays.need_count, arrays.need_offset, arrays.need_step_offset, arrays.need_alternatives)
     if ops.entry_head is not None:
         inside = (rows >= 0) & (ops.entry_head[np.maximum(rows, 0)] == ops.entry_head[:, None])
         if inside.any():
@@ -395,6 +443,8 @@ def _raise_problem(schedule: Schedule, ops: OpArrays, code: int, index: int) -> 
             f"stage_microbatch={stage},{mb}: needs {schedule.rules.describe_complete(schedule.roles[stage])}; {hint}"
         )
     text = f"{int(ops.stage[index])}{schedule.rules.letters[int(ops.kind[index])]}{int(ops.microbatch[index])}"
+    if ops.step is not None and ops.step[index]:
+        text += f".{int(ops.step[index])}"
     if code == OUT_OF_RANGE:
         raise PipeschedError(
             f"op={text}: stage or microbatch out of range (stages 0..{schedule.num_stages - 1}, "

@@ -51,7 +51,8 @@ OVERLAP_F_B = OpKind.OVERLAP_F_B
 KIND_ORDER: tuple[OpKind, ...] = (F, I, W, B, O, R, OVERLAP_F_B)
 KIND_INDEX: dict[OpKind, int] = {kind: index for index, kind in enumerate(KIND_ORDER)}
 
-_OP_TEXT = re.compile(r"^(\d+)([FIWBOR])(\d+)$")
+# an optional ".STEP" suffix: the step index of a stepped kind's op (a decode step), absent at 0
+_OP_TEXT = re.compile(r"^(\d+)([FIWBOR])(\d+)(?:\.(\d+))?$")
 _FUSED_TEXT = re.compile(r"^\(([^()]*)\)([A-Z_]+)$")
 # a fused op's stage and microbatch: it has neither, its parts have them (PyTorch writes -1)
 NO_INDEX = -1
@@ -59,6 +60,10 @@ NO_INDEX = -1
 
 class Op(NamedTuple):
     """One compute op: (stage, kind, microbatch). Its text form is ``f"{stage}{kind}{mb}"``.
+
+    ``step`` is a third coordinate for kinds that run several times per stage-microbatch (a
+    decode step of a request: step t appends the t-th token); 0 for every training kind, and
+    then absent from the text. A step op's text is ``f"{stage}{kind}{mb}.{step}"``.
 
     A fused op (kind ``OVERLAP_F_B``) is one entry of a device's table made of ``parts``,
     plain ops of that device that run at once; it has no stage or microbatch of its own
@@ -71,21 +76,25 @@ class Op(NamedTuple):
     >>> pair = Op.fused(Op(0, F, 1), Op(1, B, 0))
     >>> str(pair), Op.parse(str(pair)) == pair
     ('(0F1;1B0)OVERLAP_F_B', True)
+    >>> str(Op(2, F, 0, step=3)), Op.parse("2F0.3").step
+    ('2F0.3', 3)
     """
 
     stage: int
     kind: OpKind
     microbatch: int
     parts: tuple[Op, ...] = ()
+    step: int = 0
 
     def __repr__(self) -> str:
         fields = f"stage={self.stage!r}, kind={self.kind!r}, microbatch={self.microbatch!r}"
-        return f"Op({fields}{f', parts={self.parts!r}' if self.parts else ''})"
+        extra = f", parts={self.parts!r}" if self.parts else ""
+        return f"Op({fields}{extra}{f', step={self.step!r}' if self.step else ''})"
 
     def __str__(self) -> str:
         if self.parts:
             return f"({';'.join(map(str, self.parts))}){self.kind}"
-        return f"{self.stage}{self.kind}{self.microbatch}"
+        return f"{self.stage}{self.kind}{self.microbatch}{f'.{self.step}' if self.step else ''}"
 
     @property
     def atoms(self) -> tuple[Op, ...]:
@@ -109,7 +118,8 @@ class Op(NamedTuple):
         token = text.strip()
         match = _OP_TEXT.match(token)
         if match is not None:
-            return cls(int(match.group(1)), OpKind(match.group(2)), int(match.group(3)))
+            step = int(match.group(4)) if match.group(4) else 0
+            return cls(int(match.group(1)), OpKind(match.group(2)), int(match.group(3)), step=step)
         fused = _FUSED_TEXT.match(token)
         if fused is not None and fused.group(2) in _FUSED_KINDS:
             parts = tuple(cls.parse(part) for part in fused.group(1).split(";"))

@@ -113,16 +113,21 @@ def stage_roles(num_stages: int, frozen: frozenset[int] | set[int] | tuple[int, 
 class Need(NamedTuple):
     """One input of an op: the op of ``kinds`` (the first the schedule has) on stage
     ``stage + offset`` of the same microbatch; ``message`` names what crosses the boundary
-    when that op runs on another device (None: a same-stage input, always local)."""
+    when that op runs on another device (None: a same-stage input, always local).
+    ``step_offset``: the input is the op of step ``step + step_offset`` (-1: the previous
+    decode step of the same request); a step before 0 is no need."""
 
     offset: int
     kinds: tuple[OpKind, ...]
     message: str | None = None
+    step_offset: int = 0
 
 
 class MemoryEffect(NamedTuple):
-    """Device bytes = ``whole`` x M_B + ``input_part`` x input_frees x M_B + ``kept`` x K, at
-    ``at``; host bytes = ``host`` x M_B, at ``host_at`` (an offload's copy in host memory)."""
+    """Device bytes = ``whole`` x M_B + ``input_part`` x input_frees x M_B + ``kept`` x K +
+    ``per_step`` x step x M_B, at ``at``; host bytes = ``host`` x M_B, at ``host_at`` (an
+    offload's copy in host memory). ``per_step`` grows with the op's step index (``Op.step``):
+    with M_B one token's KV cache, the op that ends a request at step t frees t tokens'."""
 
     whole: float = 0.0
     input_part: float = 0.0
@@ -130,14 +135,17 @@ class MemoryEffect(NamedTuple):
     kept: float = 0.0
     host: float = 0.0
     host_at: str = AT_END
+    per_step: float = 0.0
 
-    def bytes(self, activation: float, input_frees: float, kept_for_w: float = 0.0) -> float:
-        return (self.whole + self.input_part * input_frees) * activation + self.kept * kept_for_w
+    def bytes(self, activation: float, input_frees: float, kept_for_w: float = 0.0, step: int = 0) -> float:
+        return ((self.whole + self.input_part * input_frees + self.per_step * step) * activation
+                + self.kept * kept_for_w)
 
     def plus(self, other: MemoryEffect) -> MemoryEffect:
         """Both effects as one, at this effect's times."""
         return MemoryEffect(self.whole + other.whole, self.input_part + other.input_part, self.at,
-                            self.kept + other.kept, self.host + other.host, self.host_at)
+                            self.kept + other.kept, self.host + other.host, self.host_at,
+                            self.per_step + other.per_step)
 
 
 @dataclass(frozen=True)
@@ -213,6 +221,13 @@ class Rules:
     def fused_kinds(self) -> frozenset[OpKind]:
         """The kinds whose ops are made of parts (never stored as an op row)."""
         return frozenset(rule.kind for rule in self.kinds if rule.fused)
+
+    @cached_property
+    def stepped(self) -> bool:
+        """Whether some kind reads the step coordinate (``Op.step``): a need on another step,
+        or a memory effect that grows per step. Only then are a table's steps read."""
+        return any(need.step_offset != 0 for rule in self.kinds for need in rule.needs) or \
+            any(rule.memory.per_step != 0 for rule in self.kinds)
 
     @cached_property
     def max_needs(self) -> int:

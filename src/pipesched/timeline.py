@@ -25,9 +25,10 @@ if TYPE_CHECKING:
     from pipesched.simulate.critical import CriticalPath
     from pipesched.simulate.network import Network
 
-# Transfer kinds stored in TransferTable.kind
-ACTIVATION, GRADIENT, ALLREDUCE = 0, 1, 2
-TRANSFER_KIND_NAMES = ("activation", "gradient", "allreduce")
+# Transfer kinds stored in TransferTable.kind; an all-to-all is one transfer per pair of
+# its group (``pipesched.simulate.collective``)
+ACTIVATION, GRADIENT, ALLREDUCE, ALL_TO_ALL = 0, 1, 2, 3
+TRANSFER_KIND_NAMES = ("activation", "gradient", "allreduce", "all-to-all")
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,6 +195,8 @@ class Timeline:
     # several iterations back to back (``pipesched.simulate.iterations``): when each ended,
     # from the origin; empty for one iteration
     iteration_end: tuple[float, ...] = ()
+    # each row's step index (``Op.step``: a decode step); None when every op is at step 0
+    op_step: np.ndarray | None = None  # int32
 
     def __len__(self) -> int:
         return int(self.op_start.shape[0])

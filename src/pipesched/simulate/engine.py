@@ -33,6 +33,10 @@ arrived and each of its resources has finished the task before it there (per-res
 task that set its start (a data predecessor or the previous task on a resource): following
 it back from the last task to end gives the critical path.
 
+Release times. An op may carry a release time (``TaskGraph.op_release``: a request that
+arrives at t): it starts no earlier, in both passes. A graph without them passes an empty
+array and runs the same loop as before.
+
 Task ids in ``binder``: op rows are 0..N-1, transfer t is N + t, -1 is the start of the
 iteration. ``makespans`` runs both passes for a batch of duration vectors in one compiled
 loop (Monte Carlo, what-ifs): nothing is lowered again.
@@ -43,16 +47,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# no release times: every op may start at time 0 (the default of every graph)
+NO_RELEASE = np.zeros(0, np.float64)
+
 
 @njit(cache=True)
-def _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
+def _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release):
     """Run the queues with free communication (the slot table's semantics: an op starts
-    when its queue is free and its data predecessors have ended).
+    when its queue is free, its data predecessors have ended and its release time has come;
+    ``release`` empty: no release times).
 
     Returns (sequence, end, count): the ops in the order they were evaluated (a dependency
     order), each op's end time, and how many ops could run (fewer than all: deadlock).
     """
     n = duration.shape[0]
+    released = release.shape[0] > 0
     num_queues = queue_offsets.shape[0] - 1
     pos = queue_offsets[:-1].copy()
     stop = queue_offsets[1:].copy()
@@ -79,6 +88,8 @@ def _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
         while pos[q] < stop[q]:
             x = queue_rows[pos[q]]
             start = free[q]
+            if released and release[x] > start:
+                start = release[x]
             blocked = -1
             for e in range(pred_ptr[x], pred_ptr[x + 1]):
                 p = pred_op[e]
@@ -168,24 +179,24 @@ def merge_order(sequence, end, queue_rows, queue_offsets):
     return order
 
 
-def completion_order(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
+def completion_order(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release=NO_RELEASE):
     """The global service order: ops by (completion time with free communication, sequence).
 
     The sequence (the walk's dependency order) breaks ties, so an op of zero duration still
     comes after the op it depends on. Returns (order, count); count < number of ops when the
-    tables deadlock.
+    tables deadlock. ``release``: each op's release time (empty: none).
     """
-    sequence, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration)
+    sequence, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release)
     if count < duration.shape[0]:
         return sequence[:count], count
     return merge_order(sequence, end, queue_rows, queue_offsets), count
 
 
-def free_ends(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
+def free_ends(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release=NO_RELEASE):
     """End time of every op with free communication (the first pass alone, the slot
     table's run), and how many ops could run (fewer than all: deadlock). With the same
     durations no run with links ends any op earlier (the engine is monotone)."""
-    _, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration)
+    _, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release)
     return end, count
 
 
@@ -220,12 +231,15 @@ def transfer_order(order, tr_rel_ptr, tr_rel):
 
 @njit(cache=True)
 def sweep(order, op_queue, pred_ptr, pred_op, pred_via, op_duration,
-          tr_order, tr_key, tr_rel_ptr, tr_rel, tr_res_ptr, tr_res, tr_duration, num_resources):
-    """Start and end of every op and transfer, visiting tasks in the global service order.
+          tr_order, tr_key, tr_rel_ptr, tr_rel, tr_res_ptr, tr_res, tr_duration, num_resources, release):
+    """Start and end of every op and transfer, visiting tasks in the global service order;
+    an op starts no earlier than its release time (``release`` empty: none; a release that
+    sets the start binds the op to the start of the iteration, -1).
 
     Returns (op_start, op_end, tr_start, tr_end, binder).
     """
     n = op_duration.shape[0]
+    released = release.shape[0] > 0
     num_transfers = tr_duration.shape[0]
     free_at = np.zeros(num_resources, np.float64)
     owner = np.full(num_resources, -1, np.int64)
@@ -241,6 +255,9 @@ def sweep(order, op_queue, pred_ptr, pred_op, pred_via, op_duration,
         q = op_queue[x]
         start = free_at[q]
         bind = owner[q]
+        if released and release[x] > start:
+            start = release[x]
+            bind = -1
         for e in range(pred_ptr[x], pred_ptr[x + 1]):
             t = pred_via[e]
             if t >= 0:
@@ -324,7 +341,7 @@ def last_task(op_end, tr_end):
 @njit(cache=True)
 def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, tr_rel_ptr, tr_rel,
               tr_res_ptr, tr_res, num_resources, op_durations, tr_durations, critical_counts, critical_seconds,
-              op_group, tr_group, group_end):
+              op_group, tr_group, group_end, release):
     """Iteration time of each row of ``op_durations`` (samples x ops) with the transfer
     durations of the same row of ``tr_durations`` (samples x transfers). When
     ``critical_counts`` (ops + transfers) is not empty, each task's count of samples in
@@ -332,8 +349,8 @@ def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, 
     ``critical_seconds``. When ``group_end`` (samples x groups) has columns, each task
     belongs to group ``op_group[x]`` / ``tr_group[t]`` (the iterations of a steady-state
     graph) and ``group_end[i, g]`` is set to the last end of a task of group g in sample i,
-    from the sample's first op start. Returns -1 for a sample whose tables deadlock (never,
-    for a graph that compiled)."""
+    from the sample's first op start. ``release``: each op's release time (empty: none).
+    Returns -1 for a sample whose tables deadlock (never, for a graph that compiled)."""
     samples = op_durations.shape[0]
     n = op_durations.shape[1]
     out = np.empty(samples, np.float64)
@@ -341,7 +358,7 @@ def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, 
     groups = group_end.shape[1]
     for i in range(samples):
         duration = op_durations[i]
-        sequence, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration)
+        sequence, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release)
         if count < n:
             out[i] = -1.0
             continue
@@ -349,7 +366,7 @@ def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, 
         tr_ord, tr_key = transfer_order(order, tr_rel_ptr, tr_rel)
         op_start, op_end, _tr_start, tr_end, binder = sweep(
             order, op_queue, pred_ptr, pred_op, pred_via, duration, tr_ord, tr_key, tr_rel_ptr, tr_rel,
-            tr_res_ptr, tr_res, tr_durations[i], num_resources)
+            tr_res_ptr, tr_res, tr_durations[i], num_resources, release)
         finish = op_end.max() if n else 0.0
         if tr_end.shape[0] > 0 and tr_end.max() > finish:
             finish = tr_end.max()

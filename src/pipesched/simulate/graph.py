@@ -78,6 +78,7 @@ the schedule, only on the parameters a device holds, which the memory trace alre
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,6 +97,7 @@ from pipesched.passes.communication import AllReduces, allreduces, messages
 from pipesched.rules import COMPUTE, HOST_TRANSFER, ROLES, STREAMS
 from pipesched.schedule import Schedule
 from pipesched.simulate.blocking import blocking_program
+from pipesched.simulate.engine import NO_RELEASE
 from pipesched.simulate.network import Network
 from pipesched.timeline import ALLREDUCE
 
@@ -138,6 +140,18 @@ class TaskGraph:
     host_at_start: np.ndarray | None = None  # bool, like memory_at_start
     side_queues: int = 0  # queues beyond one compute queue per device (host links)
     blocking_steps: str | None = None  # without overlap: "op" or "pair" batches (simulate.blocking)
+    # earliest start of each op, in costs.unit (a request that arrives at t); None: all 0
+    op_release: np.ndarray | None = None  # float64
+
+    @property
+    def release(self) -> np.ndarray:
+        """The engine's release array: one time per op, or empty when no op waits for one."""
+        return NO_RELEASE if self.op_release is None else self.op_release
+
+    def with_release(self, release: np.ndarray) -> TaskGraph:
+        """This graph with op ``x`` not starting before ``release[x]`` (one time per op row,
+        finite and >= 0)."""
+        return dataclasses.replace(self, op_release=_checked(release, self.num_ops, "release"))
 
     @property
     def offloads(self) -> bool:
@@ -158,7 +172,8 @@ class TaskGraph:
 
     @property
     def num_messages(self) -> int:
-        return int(np.count_nonzero(self.tr_kind != ALLREDUCE))
+        """Point-to-point messages (activations, gradients): the first transfers."""
+        return int(np.count_nonzero(self.tr_kind < ALLREDUCE))
 
     def durations_of(self, op_durations: np.ndarray | None = None,
                      transfer_durations: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -280,7 +295,7 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     rel = np.concatenate([sent.producer, reduces.after[released]]).astype(np.int32)
     rel_ptr = np.zeros(m_count + r_count + 1, np.int64)
     np.cumsum(np.concatenate([np.ones(m_count, np.int64), released.sum(axis=1)]), out=rel_ptr[1:])
-    res_ptr, res, num_resources = _message_resources(network, sent.src, sent.dst, contention, num_devices)
+    res_ptr, res, num_resources = link_resources(network, sent.src, sent.dst, contention, num_devices)
     if r_count:
         res_ptr, res, num_resources = _with_collective_resources(res_ptr, res, network, reduces, contention, overlap)
     op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices, num_resources)
@@ -504,7 +519,7 @@ def _with_collective_resources(res_ptr: np.ndarray, res: np.ndarray, network: Ne
     return ptr, np.concatenate([res, flat]).astype(np.int32), total
 
 
-def _message_resources(network: Network, src: np.ndarray, dst: np.ndarray, contention: bool,
+def link_resources(network: Network, src: np.ndarray, dst: np.ndarray, contention: bool,
                        num_devices: int) -> tuple[np.ndarray, np.ndarray, int]:
     """CSR of the channels each message holds, in the order it claims them (a blocking
     runtime's messages hold no compute stream: they block through their batches,

@@ -41,13 +41,13 @@ def run(graph: TaskGraph, *, op_durations: np.ndarray | None = None,
     durations, transfer = graph.durations_of(op_durations, transfer_durations)
     n = graph.num_ops
     order, count = engine.completion_order(graph.queue_rows, graph.queue_offsets, graph.pred_ptr,
-                                           graph.pred_op, durations)
+                                           graph.pred_op, durations, graph.release)
     if count < n:
         raise PipeschedError(_deadlock_message(graph))
     tr_order, tr_key = engine.transfer_order(order, graph.tr_rel_ptr, graph.tr_rel)
     op_start, op_end, tr_start, tr_end, binder = engine.sweep(
         order, graph.op_queue, graph.pred_ptr, graph.pred_op, graph.pred_via, durations, tr_order, tr_key,
-        graph.tr_rel_ptr, graph.tr_rel, graph.tr_res_ptr, graph.tr_res, transfer, graph.num_resources,
+        graph.tr_rel_ptr, graph.tr_rel, graph.tr_res_ptr, graph.tr_res, transfer, graph.num_resources, graph.release,
     )
     del order, tr_order, tr_key
     chain = np.zeros(0, np.int64)
@@ -91,6 +91,7 @@ def run(graph: TaskGraph, *, op_durations: np.ndarray | None = None,
             blocking_steps=graph.blocking_steps,
         ),
         op_entry=ops.entry_head,
+        op_step=ops.step,
     )
 
 
@@ -137,7 +138,7 @@ def run_batch(graph: TaskGraph, op_durations: np.ndarray, transfer_durations: np
     makespan = engine.makespans(graph.queue_rows, graph.queue_offsets, graph.op_queue, graph.pred_ptr, graph.pred_op,
                                 graph.pred_via, graph.tr_rel_ptr, graph.tr_rel, graph.tr_res_ptr, graph.tr_res,
                                 graph.num_resources, ops, np.ascontiguousarray(transfers), counts, seconds,
-                                op_group, tr_group, ends)
+                                op_group, tr_group, ends, graph.release)
     if samples and makespan.min() < 0:
         raise PipeschedError(_deadlock_message(graph))
     group_end = ends if groups is not None else None
