@@ -23,9 +23,9 @@ KIND_NAMES: tuple[str, ...] = ("forward", "backward (input)", "backward (weight)
                                "offload to host", "reload from host", "overlapped forward + backward")
 HOST_MEMORY_COLOR = "#5d6d7e"  # host memory curves: the offload colour
 
-# index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce): teal, gold
-# and purple, apart from every op colour and its lighter chunk shades
-TRANSFER_COLORS: tuple[str, ...] = ("#5fb3b0", "#e3b52f", "#9d7cc1")
+# index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce,
+# all-to-all): teal, gold, purple and slate, apart from every op colour and its lighter shades
+TRANSFER_COLORS: tuple[str, ...] = ("#5fb3b0", "#e3b52f", "#9d7cc1", "#607d8b")
 TRANSFER_NAMES: tuple[str, ...] = TRANSFER_KIND_NAMES
 
 # one colour per device (memory curves), cycling beyond ten devices: apart from the red of
