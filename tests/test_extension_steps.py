@@ -17,7 +17,8 @@ from pipesched.errors import PipeschedError
 from pipesched.ops import F, Op
 from pipesched.rules import ACTIVATION, AT_START, RULES, KindRule, MemoryEffect, Need
 from pipesched.schedule import Placement, Schedule
-from pipesched.simulate import compile_graph, run
+from pipesched.simulate import Network, compile_graph, run
+from pipesched.validate import validate
 
 D, E = "D", "E"  # toy kinds: a decode step, the end of a request
 DECODE = KindRule(D, "decode step", needs=(Need(-1, (D,), ACTIVATION), Need(0, (D, F), step_offset=-1)),
@@ -85,8 +86,26 @@ def test_decode_times_and_kv_cache_peak_by_hand():
     assert timeline.op_step is not None and sorted(set(timeline.op_step.tolist())) == [0, 1, 2]
 
 
+def test_decode_steps_send_their_hidden_state_over_the_link():
+    network = Network.uniform(2, latency=0.5, bandwidth=float("inf"))
+    timeline = run(compile_graph(decode_table(), toy_costs(), network))
+    got = {str(op): (float(s), float(e)) for (_, op), s, e in
+           zip(decode_table().ops(), timeline.op_start, timeline.op_end, strict=True)}
+    # every op of stage 1 waits 0.5 more for its input from stage 0: 1F0 [2.5,4.5], 1F1 [4.5,6.5],
+    # then the decode steps back to back from 6.5 (each input arrived by then): the last ends at 10.5
+    assert got["1F0"] == (2.5, 4.5) and got["1D0.1"] == (6.5, 7.5) and got["1D1.2"] == (9.5, 10.5)
+    assert len(timeline.transfers) == 2 + 2 * STEPS  # prefill and decode activations of both requests
+    assert timeline.makespan == 10.5
+
+
+def test_the_validator_reads_steps():
+    assert validate(decode_table()) == []
+    problems = validate(decode_table(swap=True))
+    assert problems and "runs 0D0.2 (position 2) before 0D0.1 (position 4)" in problems[0].message
+
+
 def test_a_step_before_its_previous_step_deadlocks():
-    with pytest.raises(PipeschedError, match="schedule=toy decode"):
+    with pytest.raises(PipeschedError, match=r"schedule=toy decode: local-order: device 0 runs 0D0\.2"):
         run(compile_graph(decode_table(swap=True), toy_costs()))
 
 

@@ -39,6 +39,12 @@ stage's backward starts from the loss. Every stage-microbatch runs exactly one o
 ``complete`` sets of kinds: {F, B} or {F, I, W}, plus, all or none, each of the
 ``optional`` groups: {O, R}, an activation offload and its reload.
 
+Steps. A kind may run several times per stage-microbatch, at steps 1, 2, ... (``Op.step``:
+a decode step of a request). A need with ``step_offset`` -1 reads the previous step of the
+same microbatch (on the stage its ``offset`` says), and a memory effect's ``per_step`` part
+grows with the step. The default table has no such kind; a table that has one is
+``stepped``, and completeness then counts a stage-microbatch's kinds over all its steps.
+
 Offload. O(s, mb) needs F(s, mb) and moves its activations to host memory (device bytes
 freed when it ends, host bytes taken when it starts); R(s, mb) needs O(s, mb) and brings
 them back (device bytes taken when it starts, host bytes freed when it ends). The backward

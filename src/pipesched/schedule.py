@@ -258,14 +258,14 @@ class Schedule:
             return tuple(dict.fromkeys(outside))
         found = []
         for need in self.rules[op.kind].needs:
-            stage = op.stage + need.offset
-            if not 0 <= stage < self.num_stages:
+            stage, step = op.stage + need.offset, op.step + need.step_offset
+            if not 0 <= stage < self.num_stages or step < 0:
                 continue
             kinds = need.kinds
             kind = kinds[0]
             if len(kinds) > 1:
-                kind = next((k for k in kinds if Op(stage, k, op.microbatch) in self.op_set), kind)
-            found.append(Op(stage, kind, op.microbatch))
+                kind = next((k for k in kinds if Op(stage, k, op.microbatch, step=step) in self.op_set), kind)
+            found.append(Op(stage, kind, op.microbatch, step=step))
         return tuple(found)
 
     def with_ops(self, device_ops: tuple[tuple[Op, ...], ...], *, name: str | None = None,

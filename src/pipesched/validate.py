@@ -126,9 +126,11 @@ def _structure(schedule: Schedule) -> list[Violation]:
     for op, count in sorted(counts.items()):
         if count > 1:
             found.append(Violation(DUPLICATE, f"{op} appears {count} times", (op,)))
+    # completeness counts kinds per stage-microbatch, over all its steps (decode steps)
+    kinds = Counter(Op(op.stage, op.kind, op.microbatch) for op in counts) if schedule.rules.stepped else counts
     for stage in range(schedule.num_stages):
         for mb in range(schedule.num_microbatches):
-            found += _completeness(counts, stage, mb, schedule.rules, schedule.roles[stage])
+            found += _completeness(kinds, stage, mb, schedule.rules, schedule.roles[stage])
     return found
 
 
