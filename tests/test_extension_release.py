@@ -10,6 +10,8 @@ import pytest
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
+from pipesched.ops import F, Op
+from pipesched.schedule import Placement, Schedule
 from pipesched.simulate import (
     Job,
     Launch,
@@ -120,3 +122,15 @@ def test_a_policy_that_breaks_the_rules_is_refused():
         run_policy(lambda state: [Launch(0, ("r3",))], REQUESTS, num_devices=1, duration=batch_seconds)
     with pytest.raises(PipeschedError, match="left it waiting"):
         run_policy(lambda state: [], REQUESTS, num_devices=1, duration=batch_seconds)
+
+
+def test_first_come_first_served_is_the_table_in_arrival_order_with_release_times():
+    # the same requests as forwards of a frozen one-stage table, in arrival order, each
+    # released at its arrival: the engine gives the policy loop's times
+    ops = tuple(Op(0, F, mb) for mb in range(len(REQUESTS)))
+    schedule = Schedule("serve", Placement.one_per_device(1), len(REQUESTS), (ops,), frozen=frozenset({0}))
+    graph = compile_graph(schedule, StageCosts.uniform(1, forward=2.0))  # one request alone: 1 + 1
+    timeline = run(graph.with_release(np.array(list(ARRIVALS.values()))))
+    policy = run_policy(first_come_first_served, REQUESTS, num_devices=1, duration=batch_seconds)
+    assert timeline.op_start.tolist() == policy.start.tolist()
+    assert timeline.op_end.tolist() == policy.end.tolist()

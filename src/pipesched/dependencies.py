@@ -35,7 +35,9 @@ from pipesched.schedule import Schedule
 from pipesched.timeline import TRANSFER_KIND_NAMES
 
 NO_MESSAGE = -1
-_NO_STEPS = np.zeros(0, np.int32)  # the step column of a table whose rules read no step
+# the step column of a table whose rules read no step: numba compiles the index loops for
+# None without the step code
+_NO_STEPS = None
 T = TypeVar("T")
 
 
@@ -284,9 +286,8 @@ def _index_ops(device, stage, kind, microbatch, step, num_steps, num_stages, m, 
     """row_of[((stage * m + mb) * steps + step) * K + kind] -> op row (-1 if absent), and the
     first problem: an op out of range, off its placement's device, a duplicate, or a
     stage-microbatch whose kinds (over all its steps) are not exactly one of the sets its
-    stage's role accepts. ``step`` is empty when every op is at step 0 (``num_steps`` 1)."""
+    stage's role accepts. ``step`` is None when every op is at step 0 (``num_steps`` 1)."""
     n = stage.shape[0]
-    stepped = step.shape[0] > 0
     row_of = np.full(num_stages * m * num_steps * num_kinds, -1, np.int32)
     for x in range(n):
         s = stage[x]
@@ -296,7 +297,7 @@ def _index_ops(device, stage, kind, microbatch, step, num_steps, num_stages, m, 
         if replicas[route[mb], s] != device[x]:
             return row_of, MISPLACED, x
         key = (s * m + mb) * num_kinds + kind[x]
-        if stepped:
+        if step is not None:
             key = ((s * m + mb) * num_steps + step[x]) * num_kinds + kind[x]
         if row_of[key] >= 0:
             return row_of, DUPLICATE, x
@@ -322,10 +323,9 @@ def _index_ops(device, stage, kind, microbatch, step, num_steps, num_stages, m, 
 def _need_rows(stage, kind, microbatch, step, num_steps, row_of, num_stages, m, num_kinds,
                need_count, need_offset, need_step_offset, need_alternatives):
     """(n, N) rows of each op's needs; -1 where a need lies outside the model (or before
-    step 0) or is absent. ``step`` is empty when every op is at step 0."""
+    step 0) or is absent. ``step`` is None when every op is at step 0."""
     n = stage.shape[0]
     width = need_offset.shape[1]
-    stepped = step.shape[0] > 0
     rows = np.full((n, width), -1, np.int32)
     for x in range(n):
         k = kind[x]
@@ -334,7 +334,7 @@ def _need_rows(stage, kind, microbatch, step, num_steps, row_of, num_stages, m, 
             if s < 0 or s >= num_stages:
                 continue
             base = (s * m + microbatch[x]) * num_kinds
-            if stepped:
+            if step is not None:
                 t = step[x] + need_step_offset[k, j]
                 if t < 0 or t >= num_steps:
                     continue
@@ -406,7 +406,7 @@ def _dependencies(schedule: Schedule) -> Dependencies:
     m, num_stages, k = schedule.num_microbatches, schedule.num_stages, len(rules)
     replicas = np.asarray(schedule.placement.replicas, dtype=np.int64)
     route = np.asarray(schedule.route, dtype=np.int64)
-    step = _NO_STEPS if ops.step is None else ops.step
+    step = ops.step
     row_of, code, index = _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, step, ops.num_steps,
                                      num_stages, m, k, replicas, route, arrays.accepted_masks,
                                      role_index(schedule.roles))

@@ -35,7 +35,7 @@ it back from the last task to end gives the critical path.
 
 Release times. An op may carry a release time (``TaskGraph.op_release``: a request that
 arrives at t): it starts no earlier, in both passes. A graph without them passes an empty
-array and runs the same loop as before.
+``None`` and runs the same loop as before.
 
 Task ids in ``binder``: op rows are 0..N-1, transfer t is N + t, -1 is the start of the
 iteration. ``makespans`` runs both passes for a batch of duration vectors in one compiled
@@ -47,21 +47,21 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# no release times: every op may start at time 0 (the default of every graph)
-NO_RELEASE = np.zeros(0, np.float64)
+# no release times: every op may start at time 0 (the default of every graph); numba compiles
+# the loops for None without the release code, so the default path is the loop it always was
+NO_RELEASE = None
 
 
 @njit(cache=True)
 def _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release):
     """Run the queues with free communication (the slot table's semantics: an op starts
     when its queue is free, its data predecessors have ended and its release time has come;
-    ``release`` empty: no release times).
+    ``release`` None: no release times).
 
     Returns (sequence, end, count): the ops in the order they were evaluated (a dependency
     order), each op's end time, and how many ops could run (fewer than all: deadlock).
     """
     n = duration.shape[0]
-    released = release.shape[0] > 0
     num_queues = queue_offsets.shape[0] - 1
     pos = queue_offsets[:-1].copy()
     stop = queue_offsets[1:].copy()
@@ -88,7 +88,7 @@ def _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release):
         while pos[q] < stop[q]:
             x = queue_rows[pos[q]]
             start = free[q]
-            if released and release[x] > start:
+            if release is not None and release[x] > start:
                 start = release[x]
             blocked = -1
             for e in range(pred_ptr[x], pred_ptr[x + 1]):
@@ -184,7 +184,7 @@ def completion_order(queue_rows, queue_offsets, pred_ptr, pred_op, duration, rel
 
     The sequence (the walk's dependency order) breaks ties, so an op of zero duration still
     comes after the op it depends on. Returns (order, count); count < number of ops when the
-    tables deadlock. ``release``: each op's release time (empty: none).
+    tables deadlock. ``release``: each op's release time (None: none).
     """
     sequence, end, count = _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release)
     if count < duration.shape[0]:
@@ -233,13 +233,12 @@ def transfer_order(order, tr_rel_ptr, tr_rel):
 def sweep(order, op_queue, pred_ptr, pred_op, pred_via, op_duration,
           tr_order, tr_key, tr_rel_ptr, tr_rel, tr_res_ptr, tr_res, tr_duration, num_resources, release):
     """Start and end of every op and transfer, visiting tasks in the global service order;
-    an op starts no earlier than its release time (``release`` empty: none; a release that
+    an op starts no earlier than its release time (``release`` None: none; a release that
     sets the start binds the op to the start of the iteration, -1).
 
     Returns (op_start, op_end, tr_start, tr_end, binder).
     """
     n = op_duration.shape[0]
-    released = release.shape[0] > 0
     num_transfers = tr_duration.shape[0]
     free_at = np.zeros(num_resources, np.float64)
     owner = np.full(num_resources, -1, np.int64)
@@ -255,7 +254,7 @@ def sweep(order, op_queue, pred_ptr, pred_op, pred_via, op_duration,
         q = op_queue[x]
         start = free_at[q]
         bind = owner[q]
-        if released and release[x] > start:
+        if release is not None and release[x] > start:
             start = release[x]
             bind = -1
         for e in range(pred_ptr[x], pred_ptr[x + 1]):
@@ -349,7 +348,7 @@ def makespans(queue_rows, queue_offsets, op_queue, pred_ptr, pred_op, pred_via, 
     ``critical_seconds``. When ``group_end`` (samples x groups) has columns, each task
     belongs to group ``op_group[x]`` / ``tr_group[t]`` (the iterations of a steady-state
     graph) and ``group_end[i, g]`` is set to the last end of a task of group g in sample i,
-    from the sample's first op start. ``release``: each op's release time (empty: none).
+    from the sample's first op start. ``release``: each op's release time (None: none).
     Returns -1 for a sample whose tables deadlock (never, for a graph that compiled)."""
     samples = op_durations.shape[0]
     n = op_durations.shape[1]

@@ -144,8 +144,8 @@ class TaskGraph:
     op_release: np.ndarray | None = None  # float64
 
     @property
-    def release(self) -> np.ndarray:
-        """The engine's release array: one time per op, or empty when no op waits for one."""
+    def release(self) -> np.ndarray | None:
+        """The engine's release array: one time per op, or None when no op waits for one."""
         return NO_RELEASE if self.op_release is None else self.op_release
 
     def with_release(self, release: np.ndarray) -> TaskGraph:
