@@ -4,6 +4,9 @@ whose overlapped time comes from the phases. Times by hand in the comments."""
 
 from __future__ import annotations
 
+import doctest
+import importlib
+
 import pytest
 
 from pipesched.costs import StageCosts
@@ -106,3 +109,9 @@ def test_a_fused_entry_takes_its_phases_time_end_to_end():
             plain_f += 1
         row += len(entry.atoms)
     assert fused and plain_f
+
+
+@pytest.mark.parametrize("name", ["pipesched.simulate.phases", "pipesched.simulate.policy"])
+def test_docstring_examples_run(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0

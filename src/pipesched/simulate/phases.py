@@ -61,7 +61,14 @@ class PhaseRun(NamedTuple):
 
 
 def overlapped(*parts: Sequence[Phase]) -> PhaseRun:
-    """The phases of ``parts`` run at once on one device (see the module docstring)."""
+    """The phases of ``parts`` run at once on one device (see the module docstring).
+
+    A forward that computes 2 then sends for 1, beside a backward computing 1: the send
+    runs while the backward computes.
+
+    >>> overlapped([Phase(COMPUTE, 2.0), Phase(LINK, 1.0)], [Phase(COMPUTE, 1.0)])
+    PhaseRun(start=((0.0, 2.0), (2.0,)), end=((2.0, 3.0), (3.0,)))
+    """
     for phases in parts:
         for phase in phases:
             require(phase.resource in tuple(Resource), "phase resource", phase.resource,

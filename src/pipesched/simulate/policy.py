@@ -115,7 +115,15 @@ def batching(max_batch: int) -> Policy:
 def run_policy(policy: Policy, jobs: Sequence[Job], *, num_devices: int, duration: Duration) -> PolicyRun:
     """Run ``jobs`` on ``num_devices`` devices, the ``policy`` choosing every launch (see
     the module docstring). Raises PipeschedError when the policy launches a job that is not
-    ready or on a busy device, or leaves jobs that can never run."""
+    ready or on a busy device, or leaves jobs that can never run.
+
+    Three requests arriving at 0, 1 and 1.5; a step of b requests takes 1 + b: the second
+    and third join one batch once the first has run.
+
+    >>> jobs = [Job("a", 0.0), Job("b", 1.0), Job("c", 1.5)]
+    >>> run_policy(batching(2), jobs, num_devices=1, duration=lambda _d, batch: 1.0 + len(batch)).times()
+    {'a': (0.0, 2.0), 'b': (2.0, 5.0), 'c': (2.0, 5.0)}
+    """
     require(1 <= num_devices <= MAX_DEVICES, "devices", num_devices, f"give 1 to {MAX_DEVICES} devices")
     require(len(jobs) <= MAX_OPS, "jobs", len(jobs), f"at most {MAX_OPS:,} jobs in one run")
     loop = _Loop(tuple(jobs), num_devices, duration)
