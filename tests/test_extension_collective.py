@@ -51,6 +51,28 @@ def test_all_to_all_shares_the_links_of_point_to_point_messages():
     assert timeline.makespan == 12.0
 
 
+def test_a_three_way_all_to_all_queues_on_each_members_channels():
+    schedule = generate("1f1b", 3, 1)
+    network = Network.uniform(3, latency=0.0, bandwidth=1.0)
+    graph = compile_graph(schedule, StageCosts.uniform(3), network)  # F = 1, B = 2, messages of 0 bytes
+    rows = rows_of(schedule)
+    graph = with_all_to_all(graph, [rows.index(f"{s}F0") for s in range(3)], [rows.index(f"{s}B0") for s in range(3)],
+                            [[0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    timeline = run(graph)
+    table = timeline.transfers
+    pair = {(int(a), int(b)): (float(s), float(e)) for a, b, k, s, e in
+            zip(table.src_device, table.dst_device, table.kind, table.start, table.end, strict=True) if k == ALL_TO_ALL}
+    # a member's two parts share its send channel, a receiver's two its receive channel, and
+    # the pipeline's messages queue with them: 0F0 ends at 1: 0->1 [1,2], 0->2 [2,3]; 1F0 [1,2]
+    # sends its activation to device 2 once 0->2 frees device 2's receive channel [3,3], then
+    # 1->0 [3,4] and 1->2 [4,5]; 2F0 [3,4] sends 2->0 [4,5], then 2->1 [5,6]
+    assert pair == {(0, 1): (1, 2), (0, 2): (2, 3), (1, 0): (3, 4), (1, 2): (4, 5), (2, 0): (4, 5), (2, 1): (5, 6)}
+    got = {name: (float(s), float(e)) for name, s, e in zip(rows, timeline.op_start, timeline.op_end, strict=True)}
+    # each backward waits for the last part it receives: 2B0 after 1->2 [5,7]; 1B0 after its
+    # gradient (7) [7,9]; 0B0 after its gradient (9) [9,11]
+    assert got == {"0F0": (0, 1), "1F0": (1, 2), "2F0": (3, 4), "2B0": (5, 7), "1B0": (7, 9), "0B0": (9, 11)}
+
+
 def test_without_contention_the_parts_do_not_queue():
     schedule, graph = toy_graph(contention=False)
     rows = rows_of(schedule)
