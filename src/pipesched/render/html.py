@@ -56,6 +56,7 @@ from pipesched.render.style import (
     TimeScale,
     chunk_shade,
     format_memory,
+    home_window,
     lighten,
     memory_scale,
     time_scale,
@@ -83,8 +84,9 @@ def render_html(
     comparison: Sequence[Mapping[str, object]] | None = None,
     title: str = "",
     distributions: Sequence[Mapping[str, object]] | None = None,
+    share_axis: bool = False,
 ) -> str:
-    """The report page as text.
+    """The report page as text (``share_axis``: it opens with every panel on one time axis).
 
     distributions: per schedule ``{"name", "samples" (iteration times, seconds),
     "deterministic" (seconds), optionally "fastest" (share of samples)}``, drawn as
@@ -128,7 +130,7 @@ def render_html(
         "(a steady state shows one steady iteration, its iteration ends dashed). Ctrl+wheel or + / − to zoom "
         "around what is visible, drag to pan, shift+drag to measure a time window, double-click to reset; "
         "hover an op or an idle gap for what it waited for, click an op to pin its microbatch.</p>"
-        + _timeline_tools() + '<div id="timelines"></div></section>'
+        + _timeline_tools(share_axis=share_axis) + '<div id="timelines"></div></section>'
     )
     sections.insert(1, _contents(contents, summaries))
     return _page(heading, sections, data)
@@ -141,12 +143,13 @@ def _contents(contents: Sequence[tuple[str, str]], summaries: Sequence[Summary])
     return f'<nav class="contents" aria-label="contents"><ul>{sections}</ul><p class="panel-links">{panels}</p></nav>'
 
 
-def _timeline_tools() -> str:
+def _timeline_tools(*, share_axis: bool = False) -> str:
     return ('<div class="timeline-tools" id="timeline-tools">'
             '<label>find <input type="search" id="op-search" placeholder="mb 3, F, stage 2, dev 1" '
             'aria-label="find ops by kind, stage, microbatch or device"></label>'
             '<span id="search-count" class="hint" aria-live="polite"></span>'
-            '<label><input type="checkbox" id="share-axis"> one time axis for all panels</label>'
+            f'<label><input type="checkbox" id="share-axis"{" checked" if share_axis else ""}> one time axis for all '
+            'panels</label>'
             '<label><input type="checkbox" id="show-critical"> critical path</label></div>')
 
 
@@ -525,7 +528,7 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
         "idle": np.round(timeline.idle_per_device() * scale.factor, digits).tolist(),
         # iterations back to back: when each ended; the view opens on one steady iteration
         "iterationEnd": ends,
-        "home": _steady_window(ends, span, digits),
+        "home": [round(x * scale.factor, digits) for x in home_window(timeline)],
         "critical": {"ops": path.row[~path.is_transfer].tolist(), "transfers": path.row[path.is_transfer].tolist()},
         # idle gaps of the compute streams and the time of each BUBBLE_PARTS part in them
         "gaps": {
@@ -595,20 +598,6 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
                 "capacity": None if host.capacity is None else [round(c / divisor, 4) for c in host.capacity],
             }
     return data
-
-
-# of a steady state's window, the margin shown on each side of one steady iteration
-STEADY_MARGIN = 0.03
-
-
-def _steady_window(ends: Sequence[float], span: float, digits: int) -> list[float]:
-    """The time range a panel opens on: the whole timeline, or of iterations back to back the
-    second one (the first steady iteration: the first pays the fill ramp), with a margin that
-    shows the dashed iteration ends at its sides."""
-    if len(ends) < 3:
-        return [0.0, round(span, digits)]
-    margin = STEADY_MARGIN * (ends[1] - ends[0])
-    return [round(max(0.0, ends[0] - margin), digits), round(min(span, ends[1] + margin), digits)]
 
 
 def metrics_table_html(summaries: Sequence[Summary]) -> str:

@@ -97,6 +97,21 @@ class TimeScale:
         return f"{time * self.factor:.{digits}g} {self.unit}"
 
 
+# of a steady state's window, the margin shown on each side of one steady iteration
+STEADY_MARGIN = 0.03
+
+
+def home_window(timeline: Timeline) -> tuple[float, float]:
+    """The time range a timeline's panel opens on (its unit, from its start): the whole
+    timeline, or of iterations back to back the second one (the first steady iteration: the
+    first pays the fill ramp), with a margin that shows the iteration ends at its sides."""
+    ends = timeline.iteration_end
+    if len(ends) < 3:
+        return 0.0, timeline.makespan
+    margin = STEADY_MARGIN * (ends[1] - ends[0])
+    return max(0.0, ends[0] - margin), min(timeline.makespan, ends[1] + margin)
+
+
 def time_scale(unit: str, span: float) -> TimeScale:
     """The display unit for a timeline in ``unit`` ("slot" or "s") spanning ``span``.
 

@@ -951,6 +951,7 @@
   }
   var share = document.getElementById("share-axis");
   if (share) share.addEventListener("change", function () { shareAxis(share.checked); });
+  if (share && share.checked) shareAxis(true);  // the page was written with --share-axis
   var critical = document.getElementById("show-critical");
   if (critical) critical.addEventListener("change", function () { document.body.classList.toggle("show-critical", critical.checked); });
   if (data.distributions) stepPlots.push(drawDistributions(data.distributions, document.getElementById("distributions")));
