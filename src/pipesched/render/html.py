@@ -23,8 +23,9 @@ measured duration is from the predicted one (a toggle fills by it instead), link
 its counterpart (hovering one outlines the other), outlines the op where the timelines first
 part (``Deviations.parting``), tables the error per op kind and the largest deviations, and
 plots the measured step times against the prediction and its Monte Carlo p50-p99 band,
-marking the step drawn (a run's median step, whose time it reports). Every difference is
-measured - predicted (positive: slower than predicted), relative ones over the prediction.
+marking the step drawn (a run's median step, whose time it reports). Every error is the
+prediction's, (predicted - measured) / measured (``pairing.prediction_error``: positive when
+the prediction is longer than the run), every difference predicted - measured.
 
 A measured timeline in the report (``run --html``) adds its run's steps and what the
 measurement lacks (``measured_section``); Monte Carlo distributions (``compare --jitter
@@ -44,7 +45,13 @@ import numpy as np
 
 from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.errors import require
-from pipesched.render.pairing import PARTING_SHARE, Comparison, deviations, kind_errors
+from pipesched.render.pairing import (
+    PARTING_SHARE,
+    Comparison,
+    deviations,
+    kind_errors,
+    prediction_error,
+)
 from pipesched.render.style import (
     IDLE_COLOR,
     KIND_COLORS,
@@ -367,6 +374,10 @@ def render_comparison_html(
             "predictedP99": None if comparison.predicted_p99 is None else comparison.predicted_p99 * scale.factor,
             "measuredTime": measured.makespan * scale.factor,  # the step drawn: the median step of a run
             "steps": [t * scale.factor for t in comparison.step_times],
+            # each step's prediction error, against the prediction and against its p50
+            "stepError": _errors(predicted.makespan, comparison.step_times),
+            "stepErrorP50": None if comparison.predicted_p50 is None else _errors(comparison.predicted_p50,
+                                                                                 comparison.step_times),
             "parting": parting,  # predicted row where the timelines first part, -1 if they never do
             "partingWith": -1 if parting < 0 else int(found.partner[parting]),
         })
@@ -385,13 +396,19 @@ def render_comparison_html(
     return _page(heading, sections, data, scripts=("report.js", "check.js"))
 
 
+def _errors(predicted: float, measured: Sequence[float]) -> list[float | None]:
+    """The prediction error against each measured value (None where it has none)."""
+    errors = np.atleast_1d(prediction_error(predicted, np.asarray(measured, np.float64)))
+    return [None if math.isnan(e) else float(e) for e in errors.tolist()]
+
+
 # what the page's two predictions are (runtime/check.py predict)
 PREDICTED_NOTE = ("predicted: the simulation with every op at the median of its profiled repeats (the timeline drawn "
                   "on top); predicted p50 / p99: the same costs over Monte Carlo iterations in which every op draws "
                   "its time from its profiled repeats; measured: the median step (the timeline drawn below). "
-                  "Every difference on this page is measured − predicted, positive when the run is slower than "
-                  "predicted, relative ones over the prediction (the terminal's and --json's error is the "
-                  "prediction's: (predicted − measured) / measured).")
+                  "Every error on this page, as in the terminal and --json, is the prediction's: (predicted − "
+                  "measured) / measured, positive when the prediction is longer than the run, negative when the "
+                  "run is slower than predicted; every Δ is predicted − measured.")
 
 
 def _figures_note(comparison: Comparison, scale: TimeScale) -> str:
@@ -400,8 +417,8 @@ def _figures_note(comparison: Comparison, scale: TimeScale) -> str:
     if comparison.predicted_p50 is not None and comparison.predicted_p99 is not None:
         parts.append(f"predicted p50 {scale.format(comparison.predicted_p50)} and p99 "
                      f"{scale.format(comparison.predicted_p99)} (every op drawn from its profiled repeats)")
-    parts.append(f"measured {scale.format(measured)} (the median step), {measured / predicted - 1:+.1%} "
-                 "against the prediction")
+    parts.append(f"measured {scale.format(measured)} (the median step): error {prediction_error(predicted, measured):+.1%}"
+                 " (predicted − measured) / measured")
     return f'<p class="figures">{escape("; ".join(parts))}.</p>'
 
 
@@ -409,11 +426,11 @@ def _parting_note(predicted: Timeline, found, parting: int, scale: TimeScale) ->
     share = f"{PARTING_SHARE:.0%} of the predicted iteration"
     if parting < 0:
         return f'<p class="parting-note">The timelines never part: every measured start is within {share}.</p>'
-    off = float(found.start[parting])
+    off = float(found.start[parting])  # predicted - measured: negative when the op started late
     return (f'<p class="parting-note">The timelines first part at {escape(str(predicted.op(parting)))} on '
             f"d{int(predicted.op_device[parting])}: predicted start {scale.format(found.predicted_start[parting])}, "
             f"measured {scale.format(found.measured_start[parting])} ({scale.format(abs(off))} "
-            f"{'later' if off > 0 else 'earlier'}, more than {share}); both boxes are outlined dashed.</p>")
+            f"{'later' if off < 0 else 'earlier'}, more than {share}); both boxes are outlined dashed.</p>")
 
 
 def _lanes_text(measured: Timeline) -> str:
@@ -440,8 +457,8 @@ def _lanes_note(measured: Timeline) -> str:
 
 
 def _kind_table(k: int, predicted: Timeline, found, scale: TimeScale) -> str:
-    """Per op kind: how many ops, the mean and median of (measured - predicted) / predicted
-    duration, and the summed difference."""
+    """Per op kind: how many ops, the mean and median of their durations' prediction error
+    (predicted - measured) / measured, and the summed difference predicted - measured."""
     header = ("op kind", "ops", "mean error", "median error", f"summed Δ duration ({scale.unit})")
     rows = [[(KIND_NAMES[e.kind], f"{KIND_LETTERS[e.kind]} {KIND_NAMES[e.kind]}"), (e.count, f"{e.count:,}"),
              (repr(e.mean), f"{e.mean:+.1%}"), (repr(e.median), f"{e.median:+.1%}"),
@@ -451,7 +468,7 @@ def _kind_table(k: int, predicted: Timeline, found, scale: TimeScale) -> str:
 
 def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown: int) -> str:
     """The ``shown`` ops whose measured duration is farthest from the prediction, largest
-    first; the Δ duration column sorts by size, either sign. Δ = measured - predicted."""
+    first; the Δ duration column sorts by size, either sign. Δ = predicted - measured."""
     unit = scale.unit
     header = ("op", "device", f"predicted start ({unit})", f"measured start ({unit})", f"Δ start ({unit})",
               f"predicted duration ({unit})", f"measured duration ({unit})", f"Δ duration ({unit})", "Δ duration %")
@@ -479,10 +496,10 @@ def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown:
 
 
 def _deviation_legend() -> str:
-    return ('<p class="legend deviation-legend"><span>ops keep their kind\'s colour; the outline tells the measured '
-            'duration against the predicted one (measured − predicted, over predicted):</span>'
-            '<span class="gradient" aria-hidden="true"></span><span>−50% (faster than predicted) … +50% (slower)'
-            '</span><label><input type="checkbox" id="deviation-fill"> fill ops by deviation</label></p>')
+    return ('<p class="legend deviation-legend"><span>ops keep their kind\'s colour; the outline tells the '
+            'prediction error of their duration ((predicted − measured) / measured):</span>'
+            '<span class="gradient" aria-hidden="true"></span><span>−50% (the run slower than predicted) … +50% '
+            '(faster)</span><label><input type="checkbox" id="deviation-fill"> fill ops by deviation</label></p>')
 
 
 def script_json(data: object) -> str:

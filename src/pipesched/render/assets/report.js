@@ -78,11 +78,12 @@
     if (t.fused && t.fused[row] !== undefined) return t.fused[row];
     return ops.stage[row] + data.kinds.letters[ops.kind[row]] + ops.microbatch[row];
   }
-  // measured over predicted duration: -50% (faster) blue, 0 grey, +50% (slower) red
+  // a duration's prediction error, (predicted - measured) / measured: -50% (the run slower)
+  // red, 0 grey, +50% (the run faster) purple
   function deviationColor(relative) {
     if (relative === null || relative === undefined) return "#b8bec6";
     var f = Math.max(-1, Math.min(1, relative / 0.5));
-    var neutral = [217, 221, 226], end = f < 0 ? [47, 109, 179] : [192, 57, 43], a = Math.abs(f);
+    var neutral = [217, 221, 226], end = f < 0 ? [192, 57, 43] : [123, 50, 148], a = Math.abs(f);
     return "rgb(" + neutral.map(function (c, i) { return Math.round(c + (end[i] - c) * a); }).join(",") + ")";
   }
   function percent(relative) {
@@ -265,7 +266,8 @@
       } else {
         rows.push([other.source, "no counterpart"]);
       }
-      if (t.deviation[row] !== null) rows.push(["measured vs predicted duration", percent(t.deviation[row])]);
+      // the page's one error, (predicted - measured) / measured, stated in its note
+      if (t.deviation[row] !== null) rows.push(["duration error", percent(t.deviation[row])]);
     }
     return { title: opText(t, row) + " · " + data.kinds.names[ops.kind[row]], rows: rows, wait: waitText(t, row) };
   }
@@ -807,8 +809,8 @@
 
   // ---- measured step times against the prediction --------------------------------------
   // the measured steps (dots, the median step marked), the deterministic prediction (dashed)
-  // and the prediction's Monte Carlo p50 (solid) and p50-p99 band; measured - predicted
-  // everywhere, positive when the run is slower
+  // and the prediction's Monte Carlo p50 (solid) and p50-p99 band; each step's error is the
+  // page writer's, (predicted - measured) / measured, positive when the run is faster
   function drawSteps(c, container) {
     var steps = c.steps, unit = " " + c.timeUnit, band = c.predictedP50 !== null && c.predictedP50 !== undefined;
     var svg = el("svg", { "class": "chart steps-plot", height: STEPS_HEIGHT + AXIS, role: "img" }, container);
@@ -857,8 +859,8 @@
         var dot = el("circle", { cx: x(value), cy: mid + ((i % 5) - 2) * 4, r: 4, "data-step": String(i) }, marks);
         dot.addEventListener("mouseover", function (event) {
           var rows = [["schedule", c.name], ["step time", fmt(value) + unit],
-            ["measured vs predicted", percent(value / c.predictedTime - 1) + " (measured − predicted) / predicted"]];
-          if (band) rows.push(["vs predicted p50", percent(value / c.predictedP50 - 1)]);
+            ["error", percent(c.stepError[i])]];
+          if (band) rows.push(["error of the p50", percent(c.stepErrorP50[i])]);
           showTip(event, "step " + (i + 1) + " of " + steps.length + (value === median ? " (the median step, drawn above)" : ""), rows, null);
         });
         dot.addEventListener("mouseout", hideTip);
