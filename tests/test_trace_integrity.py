@@ -65,7 +65,31 @@ def _tracks(events) -> dict[tuple[int, int], list[dict]]:
 
 
 def test_every_flow_pairs_one_start_with_one_finish_bound_to_slices(trace) -> None:
-    document, _ = trace
+    check_flows(trace[0])
+
+
+def test_each_track_runs_forward_in_time(trace) -> None:
+    check_tracks(trace[0])
+
+
+def test_counters_are_never_negative(trace) -> None:
+    check_counters(trace[0])
+
+
+def test_a_trace_the_cli_writes_holds_together(cli, tmp_path) -> None:
+    # the default scenario: links, memory over time, devices out of memory, fused pairs
+    path = tmp_path / "dualpipev.json"
+    assert cli("simulate", "dualpipev", "-p", "4", "-m", "8", "--trace", str(path), "--no-timeline").code == 0
+    document = json.loads(path.read_text())
+    assert any(e["name"] == "out of memory" for e in document["traceEvents"])
+    check_flows(document)
+    check_tracks(document)
+    check_counters(document)
+
+
+def check_flows(document: dict) -> None:
+    """Every flow id has one start and one finish, of one category and name, forward in
+    time, each inside a slice of its thread."""
     events = document["traceEvents"]
     ends = defaultdict(list)
     for event in events:
@@ -84,8 +108,8 @@ def test_every_flow_pairs_one_start_with_one_finish_bound_to_slices(trace) -> No
             assert inside, end
 
 
-def test_each_track_runs_forward_in_time(trace) -> None:
-    document, _ = trace
+def check_tracks(document: dict) -> None:
+    """Each thread's slices and each counter's samples in time order, slices nested or apart."""
     events = document["traceEvents"]
     for key, track in _tracks(events).items():
         starts = [e["ts"] for e in track]
@@ -102,8 +126,7 @@ def test_each_track_runs_forward_in_time(trace) -> None:
     assert all(times == sorted(times) for times in counters.values()), counters.keys()
 
 
-def test_counters_are_never_negative(trace) -> None:
-    document, _ = trace
+def check_counters(document: dict) -> None:
     values = [value for event in document["traceEvents"] if event["ph"] == "C" for value in event["args"].values()]
     assert all(isinstance(v, int | float) and v >= 0 for v in values)
 
