@@ -159,7 +159,15 @@ def check_distribution_axes(page, distributions) -> None:
     edges = np.linspace(min(min(x.min() for x in samples), *(d["deterministic"] for d in distributions)),
                         max(max(x.max() for x in samples), *(d["deterministic"] for d in distributions)), 41)
     tallest = max(int(np.histogram(x, bins=edges)[0].max()) for x in samples)
+    # one legend names the bars and the three lines every plot draws
+    legend = page.locator(".dist-legend").inner_text()
+    assert page.locator(".dist-legend").count() == 1
+    for mark in ("samples per bin", "deterministic iteration time", "mean", "p99"):
+        assert mark in legend
     for k in range(len(distributions)):
+        heading = page.locator(f'[data-distribution="{k}"] h3').inner_text()
+        deterministic = float(f"{distributions[k]['deterministic'] * 1e3:.4g}")
+        assert f"deterministic {deterministic:g} ms" in heading
         plot = page.locator(f'[data-distribution="{k}"] svg')
         text = plot.text_content()
         assert plot.locator(".tick").count() >= 2 and "time (ms)" in text

@@ -128,9 +128,8 @@ def render_html(
         data["distributions"] = distribution_data(distributions)
         sections.append(
             '<section id="distributions-section"><h2>Iteration time distributions</h2><p class="hint">Monte Carlo '
-            "samples per schedule on one time axis: bars count the samples (the axis on the left), the dashed line "
-            "is the deterministic iteration time, the solid line the mean, the red one p99; hover a bar for its "
-            "range.</p>" + _order_note(data["distributions"]) + '<div id="distributions"></div></section>')
+            "samples per schedule, every plot on the same time axis and count axis; hover a bar for its range and "
+            "count.</p>" + _order_note(data["distributions"]) + '<div id="distributions"></div></section>')
     contents.append(("timelines-section", "Timelines"))
     sections.append(
         '<section id="timelines-section"><h2>Timelines</h2><p class="hint">Each panel has its own time axis '

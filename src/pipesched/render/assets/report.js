@@ -877,13 +877,22 @@
     var edges = d.edges, lo = edges[0], hi = edges[edges.length - 1], unit = " " + d.unit;
     var peak = Math.max.apply(null, d.rows.map(function (r) { return Math.max.apply(null, r.counts); })) || 1;
     var updates = [];
+    // one legend for every plot: what the bars and the three lines are
+    var legend = html("div", "steps-legend dist-legend", undefined, container);
+    [["bin", "samples per bin (the count axis on the left)"], ["deterministic", "deterministic iteration time"],
+     ["mean", "mean"], ["p99", "p99"]].forEach(function (spec) {
+      var item = html("span", "", undefined, legend);
+      html("span", "key mark-" + spec[0], undefined, item);
+      item.appendChild(document.createTextNode(spec[1]));
+    });
     d.rows.forEach(function (r, k) {
       var box = html("div", "distribution", undefined, container);
       box.setAttribute("data-distribution", String(k));
       var ahead = r.fasterThanNext === null || r.fasterThanNext === undefined ? "" :
         "; faster than " + r.next + " in " + (100 * r.fasterThanNext).toFixed(1) + "% of samples";
       function short(v) { return Number(v.toPrecision(4)).toString(); }
-      html("h3", "", r.name + ": mean " + short(r.mean) + unit + ", p99 " + short(r.p99) + unit +
+      html("h3", "", r.name + ": deterministic " + short(r.deterministic) + unit + ", mean " + short(r.mean) + unit +
+           ", p99 " + short(r.p99) + unit +
            (r.fastest === null ? ", " : ", fastest in " + (100 * r.fastest).toFixed(1) + "% of ") + r.samples + " samples" +
            ahead, box);
       var svg = el("svg", { "class": "chart distribution-plot", height: DIST_HEIGHT + AXIS, role: "img" }, box);
