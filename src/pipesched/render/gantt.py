@@ -1,4 +1,4 @@
-"""Gantt charts (PNG, SVG) of one or several timelines, stacked on a shared time axis.
+"""Gantt charts (PNG, SVG) of one or several timelines, stacked, each on its own time axis.
 
 Each timeline gets a panel: one row per device (op boxes coloured by kind over a light grey
 bar, so idle time shows as grey), then one thin row per device host link with its offloads
@@ -6,7 +6,10 @@ and reloads (devices that offload), then one thin row per communication channel 
 transfers, then, when the timeline has a memory trace, one memory curve per device (and
 one host-memory curve per device that offloads, dashed, on the same scale). Boxes
 are labelled with the microbatch (``F3``), or the op text (``5F3``) on devices holding
-several stages, when wide enough. Timelines in the same unit share the time axis.
+several stages, when wide enough. Each panel shows the range the HTML report opens it on
+(of iterations back to back one steady iteration, every iteration end dashed), in the
+display unit of the longest timeline of its unit; ``share_axis`` puts the panels of a unit
+on one axis, as the report's "one time axis" toggle does.
 
 What is drawn is what the legend lists: every op kind present (an overlapped
 forward-backward pair too) in each chunk shade present, every transfer kind. A transfer is
