@@ -1,4 +1,5 @@
-"""Colours, names and unit formatting shared by every view (terminal, Gantt, trace, HTML).
+"""Colours, names, unit formatting and the time range a panel opens on, shared by every view
+(terminal, Gantt, trace, HTML).
 
 Forward is blue, the backward halves are warm (I orange, B the darker burnt orange of the
 fused I+W), the deferrable weight gradient W is green, an overlapped forward-backward pair
