@@ -196,3 +196,45 @@ def test_check_reports_the_drawn_median_step_and_a_verdict(cli, tmp_path):
     judged = abs(medians[0] - medians[1]) > max(spreads)
     verdict = result.out.split("median |error|")[1]
     assert ("too noisy to judge" not in verdict and "Kendall's tau" in verdict) == judged
+
+
+# --- one sign for the prediction error ------------------------------------------------------
+def test_the_page_and_the_json_state_one_error(tmp_path):
+    # predicted 1.0 s, measured median step 1.25 s: the prediction is 20% short of the run
+    checked = report(row("a", 1.0, (1.25, 1.3, 1.1)), row("b", 2.0, (1.6, 1.6)))
+    rows = checked.to_dict(model="tiny", p=2, m=2)["rows"]
+    assert [r["error"] for r in rows] == pytest.approx([(1.0 - 1.25) / 1.25, (2.0 - 1.6) / 1.6])
+    (page,) = checked.write_views(html=str(tmp_path / "check.html"), title="check")
+    text = page.read_text()
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S)[1])
+    summary = re.search(r'<table class="sortable" id="comparison-table">(.*?)</table>', text, re.S)[1]
+    header = re.findall(r"<th[^>]*>(.*?)</th>", summary)
+    errors = [re.findall(r"<td[^>]*>(.*?)</td>", tr)[header.index("error")]
+              for tr in re.findall(r"<tr>(.*?)</tr>", summary.split("<tbody>")[1])]
+    assert errors == [f"{r['error']:+.1%}" for r in rows] == ["-20.0%", "+25.0%"]
+    # the figures line under each schedule's heading, and every step's error, say the same
+    for r, comparison in zip(rows, data["comparisons"], strict=True):
+        assert f"error {r['error']:+.1%} (predicted − measured) / measured" in text
+        assert comparison["stepError"] == pytest.approx([(r["predicted_s"] - t) / t for t in r["step_times_s"]])
+    # the ops' errors take the same sign: each measured op is scaled as its whole step
+    for r, timeline in zip(rows, data["timelines"][::2], strict=True):
+        shown = [e for e in timeline["deviation"] if e is not None]
+        assert shown and shown == pytest.approx([r["error"]] * len(shown), rel=1e-3)
+
+
+@pytest.mark.slow
+def test_a_real_check_states_one_error_in_its_json_and_its_page(cli, tmp_path):
+    pytest.importorskip("torch")
+    page = tmp_path / "check.html"
+    result = cli("check", "--schedules", "1f1b", "-p", "2", "-m", "2", "--model", "tiny", "-s", "16",
+                 "--steps", "3", "--warmup", "1", "--html", str(page), "--json")
+    assert result.code == 0, result.err
+    (checked,) = json.loads(result.out)["rows"]
+    assert checked["error"] == pytest.approx((checked["predicted_s"] - checked["measured_s"]) / checked["measured_s"])
+    text = page.read_text()
+    assert f"error {checked['error']:+.1%} (predicted − measured) / measured" in text
+    assert f'<td data-value="{checked["error"]:+.1%}">{checked["error"]:+.1%}</td>' in text
+    (comparison,) = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>',
+                                         text, re.S)[1])["comparisons"]
+    assert comparison["stepError"] == pytest.approx(
+        [(checked["predicted_s"] - t) / t for t in checked["step_times_s"]])

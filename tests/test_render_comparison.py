@@ -39,15 +39,18 @@ def test_every_predicted_op_finds_its_measured_counterpart(pair):
     assert (partners(predicted, shorter) == -1).sum() == 1
 
 
-def test_deviations_are_measured_minus_predicted_from_each_start(pair):
+def test_deviations_are_predicted_minus_measured_from_each_start(pair):
     predicted, measured = pair
     found = deviations(predicted, measured)
     for row in range(len(predicted)):
         other = found.partner[row]
-        duration = (measured.op_end[other] - measured.op_start[other]) - (predicted.op_end[row] - predicted.op_start[row])
-        start = (measured.op_start[other] - measured.origin) - (predicted.op_start[row] - predicted.origin)
+        measured_duration = measured.op_end[other] - measured.op_start[other]
+        duration = (predicted.op_end[row] - predicted.op_start[row]) - measured_duration
+        start = (predicted.op_start[row] - predicted.origin) - (measured.op_start[other] - measured.origin)
         assert found.duration[row] == pytest.approx(duration)
         assert found.start[row] == pytest.approx(start)
+        # the prediction error: positive where the prediction is longer than the run
+        assert found.relative[row] == pytest.approx(duration / measured_duration)
     largest = found.largest(5)
     sizes = np.abs(found.duration[largest])
     assert len(largest) == 5 and np.all(np.diff(sizes) <= 0)

@@ -9,13 +9,17 @@ import xml.etree.ElementTree as ET
 import pytest
 from matplotlib.colors import to_hex
 
+from cli_helpers import assert_one_line_error
+from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.ops import B, F, Op
 from pipesched.render import gantt
 from pipesched.render.gantt import gantt_figure, render_gantt
-from pipesched.render.style import KIND_NAMES, OOM_COLOR, device_color
+from pipesched.render.style import KIND_NAMES, OOM_COLOR, device_color, time_scale
 from pipesched.schedule import Placement, Schedule
+from pipesched.simulate import Network
+from pipesched.simulate.iterations import steady_state
 from pipesched.slot_table import slot_table
 from render_timelines import GIB, simulated, split_backward, with_transfers
 
@@ -76,17 +80,68 @@ def test_large_timeline_skips_labels_and_stays_fast() -> None:
     assert width == 1120 and height > 1000
 
 
-def test_several_schedules_stack_on_a_shared_time_axis() -> None:
-    timelines = [simulated(generate("gpipe", 4, 8)), simulated(generate("1f1b", 4, 8)),
+def _ops_axes(built) -> list:
+    return [a for a in built.figure.axes if any(c.get_gid() and c.get_gid().startswith("ops-") for c in a.collections)]
+
+
+def _steady(name: str):
+    """Four iterations of ``name`` back to back on the uniform test network."""
+    costs = StageCosts.uniform(4, forward=1e-3, backward_input=1e-3, backward_weight=0.8e-3)
+    return steady_state(generate(name, 4, 8), costs, Network.uniform(4, latency=5e-6, bandwidth=50e9)).timeline
+
+
+def test_each_panel_has_its_own_time_axis() -> None:
+    timelines = [simulated(generate("gpipe", 4, 8)), simulated(generate("1f1b", 4, 16)), _steady("1f1b"),
                  slot_table(generate("1f1b", 4, 8))]
-    built = gantt_figure(timelines, title="three schedules")
-    ops_axes = [a for a in built.figure.axes if any(c.get_gid() and c.get_gid().startswith("ops-") for c in a.collections)]
-    assert len(ops_axes) == 3
-    # the two simulated panels share one axis (seconds); the slot table has its own
-    assert ops_axes[0].get_xlim() == ops_axes[1].get_xlim()
+    built = gantt_figure(timelines, title="four schedules")
+    ops_axes = _ops_axes(built)
+    assert len(ops_axes) == 4
+    # every panel ends at its own makespan, in the unit the report uses for its time unit
+    scale = time_scale("s", max(t.makespan for t in timelines if t.unit == "s"))
+    for axes, timeline in zip(ops_axes[:2], timelines[:2], strict=True):
+        assert axes.get_xlim() == pytest.approx((0.0, timeline.makespan * scale.factor))
+    assert ops_axes[0].get_xlim() != ops_axes[1].get_xlim()
+    assert ops_axes[3].get_xlim() == pytest.approx((0.0, timelines[3].makespan))
+    # iterations back to back: the second (the first steady one) with 3% of it either side,
+    # its ends dashed, and the axis says so
+    ends = timelines[2].iteration_end
+    margin = 0.03 * (ends[1] - ends[0])
+    assert ops_axes[2].get_xlim() == pytest.approx(((ends[0] - margin) * scale.factor, (ends[1] + margin) * scale.factor))
+    dashed = [line.get_xdata()[0] for line in ops_axes[2].lines if line.get_linestyle() == "--"]
+    assert dashed == pytest.approx([e * scale.factor for e in ends[:-1]])
+    assert "one steady iteration of the 4" in built.figure.axes[built.figure.axes.index(ops_axes[2]) + 1].get_xlabel()
+    # no two panels are joined, but each memory row follows its panel
+    assert not any(ops_axes[0].get_shared_x_axes().joined(ops_axes[0], other) for other in ops_axes[1:])
+    memory = built.figure.axes[built.figure.axes.index(ops_axes[0]) + 1]
+    assert memory.get_shared_x_axes().joined(ops_axes[0], memory)
+    assert built.figure._suptitle.get_text() == "four schedules"
+
+
+def test_share_axis_puts_every_panel_of_a_unit_on_one_axis() -> None:
+    timelines = [simulated(generate("gpipe", 4, 8)), simulated(generate("1f1b", 4, 16)),
+                 slot_table(generate("1f1b", 4, 8))]
+    ops_axes = _ops_axes(gantt_figure(timelines, share_axis=True))
+    longest = max(timelines[0].makespan, timelines[1].makespan)
+    scale = time_scale("s", longest)
+    assert ops_axes[0].get_xlim() == ops_axes[1].get_xlim() == pytest.approx((0.0, longest * scale.factor))
     assert ops_axes[0].get_shared_x_axes().joined(ops_axes[0], ops_axes[1])
+    # the slot table has its own unit, so its own axis
     assert not ops_axes[0].get_shared_x_axes().joined(ops_axes[0], ops_axes[2])
-    assert built.figure._suptitle.get_text() == "three schedules"
+    assert ops_axes[2].get_xlim() == pytest.approx((0.0, timelines[2].makespan))
+
+
+def test_compare_draws_own_or_shared_axes(cli, tmp_path) -> None:
+    own, shared = tmp_path / "own.svg", tmp_path / "shared.svg"
+    base = ("compare", "--schedules", "1f1b,pipedream", "-p", "4", "-m", "8", "--levels", "sim")
+    assert cli(*base, "--svg", str(own)).code == 0
+    assert cli(*base, "--svg", str(shared), "--share-axis").code == 0
+    # PipeDream runs iterations back to back: on one axis with it 1F1B's boxes take a
+    # quarter of the width they take on 1F1B's own axis
+    own_boxes, shared_boxes = svg_boxes(own.read_bytes(), "op-0"), svg_boxes(shared.read_bytes(), "op-0")
+    assert len(own_boxes) == len(shared_boxes) > 0
+    assert sum(w for w, _ in own_boxes.values()) > 2 * sum(w for w, _ in shared_boxes.values())
+    assert_one_line_error(cli(*base, "--share-axis"), "share-axis=true", "--png, --svg or --html")
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_devices_with_several_stages_name_the_stage() -> None:

@@ -19,15 +19,15 @@ def pair():
     return predicted, measured_like(predicted, seed=5)
 
 
-def test_kind_errors_are_measured_minus_predicted_over_predicted(pair) -> None:
+def test_kind_errors_are_predicted_minus_measured_over_measured(pair) -> None:
     predicted, measured = pair
     found = deviations(predicted, measured)
     by_op = {}
     for row in range(len(predicted)):
         other = next(r for r in range(len(measured)) if measured.op(r) == predicted.op(row)
                      and measured.op_device[r] == predicted.op_device[row])
-        share = ((measured.op_end[other] - measured.op_start[other])
-                 / (predicted.op_end[row] - predicted.op_start[row]) - 1)
+        share = ((predicted.op_end[row] - predicted.op_start[row])
+                 / (measured.op_end[other] - measured.op_start[other]) - 1)
         by_op.setdefault(int(predicted.op_kind[row]), []).append(share)
     errors = kind_errors(predicted, found)
     assert [e.kind for e in errors] == sorted(by_op)

@@ -71,7 +71,7 @@ def test_unwritable_directory_is_one_line_and_leaves_nothing(tmp_path: Path, tim
 
 
 def test_a_failing_render_writes_none_of_the_views(tmp_path: Path, timelines, monkeypatch) -> None:
-    def half_written(field, *args):
+    def half_written(field, *args, **options):
         if field == "html":
             raise PipeschedError("html=x: boom")
         return b"ok"

@@ -147,6 +147,11 @@ def test_report_in_chromium(report) -> None:
     assert (ARTIFACTS / "report.png").stat().st_size > 20_000
 
 
+def percent(share: float) -> str:
+    """A share as the pages print it: signed, one decimal."""
+    return f"{share:+.1%}"
+
+
 def check_distribution_axes(page, distributions) -> None:
     """Every distribution plot has its own time axis and a count axis up to the tallest bar of
     the page; each says how often it beats the next, and the page how often the order flips."""
@@ -154,7 +159,15 @@ def check_distribution_axes(page, distributions) -> None:
     edges = np.linspace(min(min(x.min() for x in samples), *(d["deterministic"] for d in distributions)),
                         max(max(x.max() for x in samples), *(d["deterministic"] for d in distributions)), 41)
     tallest = max(int(np.histogram(x, bins=edges)[0].max()) for x in samples)
+    # one legend names the bars and the three lines every plot draws
+    legend = page.locator(".dist-legend").inner_text()
+    assert page.locator(".dist-legend").count() == 1
+    for mark in ("samples per bin", "deterministic iteration time", "mean", "p99"):
+        assert mark in legend
     for k in range(len(distributions)):
+        heading = page.locator(f'[data-distribution="{k}"] h3').inner_text()
+        deterministic = float(f"{distributions[k]['deterministic'] * 1e3:.4g}")
+        assert f"deterministic {deterministic:g} ms" in heading
         plot = page.locator(f'[data-distribution="{k}"] svg')
         text = plot.text_content()
         assert plot.locator(".tick").count() >= 2 and "time (ms)" in text
@@ -220,7 +233,16 @@ def test_comparison_page_in_chromium(comparison_page) -> None:
             partner = int(found.partner[row])
             page.hover(f'[data-op="0:{row}"]')
             assert page.locator(f'[data-op="1:{partner}"].linked').count() == 1
-            assert "measured duration" in page.locator("#tooltip").inner_text()
+            tip = page.locator("#tooltip").inner_text()
+            assert "measured duration" in tip
+            # one sign on the page: the op's error and a step's error are (predicted - measured) / measured
+            predicted_duration = predicted.op_end[row] - predicted.op_start[row]
+            measured_duration = measured.op_end[partner] - measured.op_start[partner]
+            assert f"duration error: {percent(predicted_duration / measured_duration - 1)}" in tip
+            page.hover("#steps-0 [data-step='0']")
+            step = comparisons[0].step_times[0]
+            assert f"error: {percent(predicted.makespan / step - 1)}" in page.locator("#tooltip").inner_text()
+            page.hover(f'[data-op="0:{row}"]')
             page.hover(f'[data-op="1:{partner}"]')
             assert page.locator(f'[data-op="0:{row}"].linked').count() == 1
             assert page.locator(".linked").count() == 1
@@ -301,7 +323,7 @@ def check_page_colours_band_and_tables(page, comparisons) -> None:
         assert box["x"] - 0.5 <= p50_line["x"] <= box["x"] + box["width"] + 0.5
         legend_text = page.locator(f"#steps-{k} .steps-legend").inner_text()
         assert "predicted p50" in legend_text and "p99" in legend_text and "measured step" in legend_text
-        # one row per op kind of the prediction, its mean error (measured - predicted) / predicted
+        # one row per op kind of the prediction, its mean error (predicted - measured) / measured
         found = deviations(comparison.predicted, comparison.measured)
         kinds = page.locator(f"#kinds-{k}-table tbody tr")
         assert kinds.count() == len(np.unique(comparison.predicted.op_kind))
@@ -310,8 +332,9 @@ def check_page_colours_band_and_tables(page, comparisons) -> None:
             name = cells.nth(0).get_attribute("data-value")
             kind = KIND_NAMES.index(name)
             rows = [x for x in range(len(comparison.predicted)) if comparison.predicted.op_kind[x] == kind]
-            shares = [((comparison.measured.op_end[found.partner[x]] - comparison.measured.op_start[found.partner[x]])
-                       / (comparison.predicted.op_end[x] - comparison.predicted.op_start[x])) - 1 for x in rows]
+            shares = [((comparison.predicted.op_end[x] - comparison.predicted.op_start[x])
+                       / (comparison.measured.op_end[found.partner[x]] - comparison.measured.op_start[found.partner[x]]))
+                      - 1 for x in rows]
             assert int(cells.nth(1).get_attribute("data-value")) == len(rows)
             assert float(cells.nth(2).get_attribute("data-value")) == pytest.approx(np.mean(shares))
             assert float(cells.nth(3).get_attribute("data-value")) == pytest.approx(np.median(shares))

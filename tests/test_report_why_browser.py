@@ -194,3 +194,29 @@ def test_main_report_answers_why(report) -> None:
         finally:
             browser.close()
     assert problems == []
+
+
+def test_a_report_written_with_share_axis_opens_on_one_axis(tmp_path) -> None:
+    sync_playwright = browser_or_fail()
+    timelines = [simulated(generate("1f1b", 4, 8)), simulated(generate("gpipe", 4, 16))]
+    path = tmp_path / "shared.html"
+    write_views(timelines, html=path, share_axis=True)
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser, page = open_page(playwright, path, problems)
+        try:
+            assert page.locator("#share-axis").is_checked()
+            page.wait_for_timeout(150)
+            factor = time_scale("s", max(t.makespan for t in timelines)).factor
+            ends = [float(page.locator(f"#timeline-{k} svg.chart").first.get_attribute("data-x1"))
+                    for k in range(len(timelines))]
+            assert ends == pytest.approx([max(t.makespan for t in timelines) * factor] * 2, rel=1e-4)
+            # unticked, each panel goes back to its own axis
+            page.locator("#share-axis").uncheck()
+            page.wait_for_timeout(150)
+            ends = [float(page.locator(f"#timeline-{k} svg.chart").first.get_attribute("data-x1"))
+                    for k in range(len(timelines))]
+            assert ends == pytest.approx([t.makespan * factor for t in timelines], rel=1e-4)
+        finally:
+            browser.close()
+    assert problems == []

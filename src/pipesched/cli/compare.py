@@ -56,7 +56,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_whole
 from pipesched.cli.progress import LateProgress
 from pipesched.cli.training import freeze_plan_option, report_freeze_plan
-from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
+from pipesched.cli.views import Html, Png, ShareAxis, Svg, Trace, ViewPaths
 from pipesched.compare import LEVELS, RANKING, Comparison, compare, family_points
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError
@@ -109,6 +109,7 @@ def compare_command(
     svg: Svg = None,
     trace: Trace = None,
     html: Html = None,
+    share_axis: ShareAxis = False,
 ) -> None:
     """Compare schedule families: iteration time, bubble ratio and peak memory under the
     closed forms, the slot table and the simulation, ranked per level; frozen, recomputed
@@ -125,9 +126,9 @@ def compare_command(
       pipesched compare --levels formula,table --json
       pipesched compare --schedules 1f1b,zb-v -p 4 -m 8 --jitter 0.1 --samples 200
     """
-    views = ViewPaths(png, svg, trace, html).check()
+    views = ViewPaths(png, svg, trace, html, share_axis=share_axis).check()
     plan = freeze_plan_option(freeze_plan, frozen_layers=frozen_layers,
-                              views={"png": png, "svg": svg, "trace": trace, "html": html},
+                              views={"png": png, "svg": svg, "trace": trace, "html": html, "share-axis": share_axis},
                               variability={"jitter": jitter, "jitter-file": jitter_file, "straggler": straggler,
                                            "random-straggler": random_straggler, "slow-link": slow_link,
                                            "samples": samples, "seed": seed},

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pipesched.cli.output import wrote
+from pipesched.errors import PipeschedError
 from pipesched.io.files import Output, check_outputs, write_all
 
 if TYPE_CHECKING:  # rich and numpy load with the commands that draw
@@ -21,6 +22,9 @@ Png = Annotated[str | None, typer.Option("--png", help="write a Gantt chart (PNG
 Svg = Annotated[str | None, typer.Option("--svg", help="write a Gantt chart (SVG) to this file")]
 Trace = Annotated[str | None, typer.Option("--trace", help="write a Perfetto / Chrome trace (JSON) to this file")]
 Html = Annotated[str | None, typer.Option("--html", help="write the interactive HTML report to this file")]
+ShareAxis = Annotated[bool, typer.Option(
+    "--share-axis", help="draw every timeline on one time axis, 0 to the longest (--png, --svg; --html opens with "
+                         "its 'one time axis' box ticked); without it each timeline has its own axis")]
 NoTimeline = Annotated[bool, typer.Option("--no-timeline", help="do not print the Unicode timeline")]
 
 
@@ -30,10 +34,15 @@ class ViewPaths:
     svg: str | None = None
     trace: str | None = None
     html: str | None = None
+    share_axis: bool = False  # every timeline on one time axis (the Gantt chart, the report's start)
 
     def check(self, *others: tuple[str, str | None]) -> ViewPaths:
         """Fail on an unwritable path before any work is done, these and the command's
-        ``others`` ((field, path) of its other output files; no two may be one file)."""
+        ``others`` ((field, path) of its other output files; no two may be one file), and on
+        --share-axis without a picture whose axes it sets."""
+        if self.share_axis and self.png is None and self.svg is None and self.html is None:
+            raise PipeschedError("share-axis=true: add --png, --svg or --html (it sets their time axes), "
+                                 "or drop --share-axis")
         check_outputs([*self._requested(), *others])
         return self
 
@@ -54,7 +63,8 @@ class ViewPaths:
             from pipesched.render.views import render_views
 
             views = render_views(timelines, png=self.png, svg=self.svg, trace=self.trace, html=self.html,
-                                 comparison=comparison, title=title, distributions=distributions)
+                                 comparison=comparison, title=title, distributions=distributions,
+                                 share_axis=self.share_axis)
         written = write_all([*others, *views]) if views or others else []
         for path in written:
             wrote(path)

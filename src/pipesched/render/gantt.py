@@ -1,4 +1,4 @@
-"""Gantt charts (PNG, SVG) of one or several timelines, stacked on a shared time axis.
+"""Gantt charts (PNG, SVG) of one or several timelines, stacked, each on its own time axis.
 
 Each timeline gets a panel: one row per device (op boxes coloured by kind over a light grey
 bar, so idle time shows as grey), then one thin row per device host link with its offloads
@@ -6,7 +6,10 @@ and reloads (devices that offload), then one thin row per communication channel 
 transfers, then, when the timeline has a memory trace, one memory curve per device (and
 one host-memory curve per device that offloads, dashed, on the same scale). Boxes
 are labelled with the microbatch (``F3``), or the op text (``5F3``) on devices holding
-several stages, when wide enough. Timelines in the same unit share the time axis.
+several stages, when wide enough. Each panel shows the range the HTML report opens it on
+(of iterations back to back one steady iteration, every iteration end dashed), in the
+display unit of the longest timeline of its unit; ``share_axis`` puts the panels of a unit
+on one axis, as the report's "one time axis" toggle does.
 
 What is drawn is what the legend lists: every op kind present (an overlapped
 forward-backward pair too) in each chunk shade present, every transfer kind. A transfer is
@@ -45,6 +48,7 @@ from pipesched.render.style import (
     chunk_names,
     chunk_shade,
     device_color,
+    home_window,
     lighten,
     memory_scale,
     op_label,
@@ -96,8 +100,14 @@ class GanttFigure:
     labels: int  # box labels drawn (small boxes get none)
 
 
-def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float = FIGURE_WIDTH) -> GanttFigure:
+def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float = FIGURE_WIDTH,
+                 share_axis: bool = False) -> GanttFigure:
     """Build the Gantt chart of ``timelines`` (panels top to bottom, in the given order).
+
+    Each panel has its own time axis, the range the HTML report opens it on
+    (``style.home_window``: the whole timeline, or of iterations back to back one steady
+    iteration, each iteration's end dashed); ``share_axis`` puts every panel of a time unit
+    on one axis from 0 to the longest of them, as the report's "one time axis" toggle does.
 
     The layout is computed here in inches (fixed margins, one block per panel) rather than
     by matplotlib's layout engines, which take seconds on figures with many panels.
@@ -125,7 +135,9 @@ def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float
         figure.suptitle(title, fontsize=12, fontweight="bold", y=1 - 0.15 / height, va="top", parse_math=False)
 
     scales = _shared_scales(timelines)
+    windows = [_window(timelines, t, share_axis=share_axis) for t in timelines]
     first_of_unit: dict[str, Axes] = {}
+    panel_axes: dict[int, Axes] = {}
     op_boxes = transfer_boxes = labels = 0
     cursor = height - top
     left, plot_width = MARGIN_LEFT / width, (width - MARGIN_LEFT - MARGIN_RIGHT) / width
@@ -135,22 +147,28 @@ def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float
         cursor -= below
         timeline = timelines[index]
         scale = scales[timeline.unit]
-        axes = figure.add_axes(box, sharex=first_of_unit.get(timeline.unit))
+        # a memory row shares its panel's axis; with share_axis every panel of a unit shares one
+        axes = figure.add_axes(box, sharex=panel_axes.get(index) or (first_of_unit.get(timeline.unit)
+                                                                      if share_axis else None))
         first_of_unit.setdefault(timeline.unit, axes)
+        panel_axes.setdefault(index, axes)
+        low, high = windows[index]
+        axes.set_xlim(low * scale.factor, high * scale.factor)
         last_block = kind == "memory" or timeline.memory is None
         if last_block:
-            axes.set_xlabel(f"time ({scale.unit})", fontsize=9, labelpad=2)
+            axes.set_xlabel(_axis_label(timeline, scale, windows[index]), fontsize=9, labelpad=2, parse_math=False)
         if kind == "memory":
             _draw_memory(axes, timeline, scale)
+            _mark_iterations(axes, timeline, scale)
             continue
-        # inches of plot per displayed time unit, the same for every panel of this unit
-        inches_per_unit = (width - MARGIN_LEFT - MARGIN_RIGHT) / (_span(timelines, timeline.unit) * scale.factor)
+        # inches of plot per displayed time unit in this panel's window
+        inches_per_unit = (width - MARGIN_LEFT - MARGIN_RIGHT) / (max(high - low, 1e-300) * scale.factor)
         drawn = _draw_panel(axes, timeline, index, scale, label_budget=MAX_LABELS - labels,
-                            inches_per_unit=inches_per_unit)
+                            inches_per_unit=inches_per_unit, window=windows[index])
         op_boxes += drawn[0]
         transfer_boxes += drawn[1]
         labels += drawn[2]
-        axes.set_xlim(0, _span(timelines, timeline.unit) * scale.factor)
+        _mark_iterations(axes, timeline, scale)
 
     handles = [Patch(facecolor=color, label=label) for color, label in legend]
     figure.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.05 / height),
@@ -180,10 +198,11 @@ def _legend_entries(timelines: Sequence[Timeline]) -> list[tuple[str, str]]:
     return entries
 
 
-def render_gantt(timelines: Sequence[Timeline], *, fmt: str, title: str = "", dpi: int = 150) -> bytes:
-    """The Gantt chart as PNG or SVG bytes."""
+def render_gantt(timelines: Sequence[Timeline], *, fmt: str, title: str = "", dpi: int = 150,
+                 share_axis: bool = False) -> bytes:
+    """The Gantt chart as PNG or SVG bytes (``share_axis``: see ``gantt_figure``)."""
     require(fmt in FORMATS, "format", fmt, f"choose one of {', '.join(FORMATS)}")
-    built = gantt_figure(timelines, title=title)
+    built = gantt_figure(timelines, title=title, share_axis=share_axis)
     buffer = io.BytesIO()
     # Figure.savefig picks the Agg (PNG) or SVG canvas itself; pyplot is never involved
     metadata = {"Software": "pipesched"} if fmt == "png" else {"Creator": "pipesched", "Date": None}
@@ -194,7 +213,7 @@ def render_gantt(timelines: Sequence[Timeline], *, fmt: str, title: str = "", dp
 
 # --- one panel -------------------------------------------------------------------------------
 def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
-                label_budget: int, inches_per_unit: float) -> tuple[int, int, int]:
+                label_budget: int, inches_per_unit: float, window: tuple[float, float]) -> tuple[int, int, int]:
     """Op boxes, idle bars, link rows and labels of one timeline; returns the counts drawn."""
     from matplotlib.colors import to_rgba
 
@@ -238,8 +257,10 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
     if len(table) or hosts:
         axes.axhline(devices - 0.5, color="#999999", linewidth=0.5)
 
+    # no labels for the boxes outside the panel's window (they are not shown)
+    hidden = on_host | (x1 <= window[0] * scale.factor) | (x0 >= window[1] * scale.factor)
     labels = _draw_labels(axes, timeline, x0, x1, y, chunks, label_budget=label_budget,
-                          inches_per_unit=inches_per_unit, skip=on_host)
+                          inches_per_unit=inches_per_unit, skip=hidden)
 
     ticks = list(range(devices)) + [host_y[d] for d in hosts] + [link_y[c] for c in channels]
     names = ([f"d{d}" for d in range(devices)] + [f"d{d} host link" for d in hosts]
@@ -441,6 +462,30 @@ def _channels(timeline: Timeline) -> list[int]:
 def _channel_name(table, channel: int) -> str:
     name = table.channel_names[channel] if channel < len(table.channel_names) else f"channel {channel}"
     return name if len(name) <= 16 else name[:15] + "…"
+
+
+def _window(timelines: Sequence[Timeline], timeline: Timeline, *, share_axis: bool) -> tuple[float, float]:
+    """The time range (the timeline's unit, from its start) its panel shows."""
+    if share_axis:
+        return 0.0, _span(timelines, timeline.unit)
+    low, high = home_window(timeline)
+    return (low, high) if high > low else (0.0, 1.0)
+
+
+def _axis_label(timeline: Timeline, scale: TimeScale, window: tuple[float, float]) -> str:
+    """The time axis' label; it says when the panel shows part of its timeline."""
+    label = f"time ({scale.unit})"
+    if timeline.iterations > 2 and window[1] - window[0] < timeline.makespan:
+        label += f"; one steady iteration of the {timeline.iterations} back to back (dashed: iteration ends)"
+    elif timeline.iterations > 1:
+        label += "; dashed: iteration ends"
+    return label
+
+
+def _mark_iterations(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
+    """A dashed line at the end of each iteration of iterations back to back (not the last)."""
+    for end in timeline.iteration_end[:-1]:
+        axes.axvline(end * scale.factor, color="#555555", linewidth=0.7, linestyle="--", zorder=4)
 
 
 def _span(timelines: Sequence[Timeline], unit: str) -> float:

@@ -23,8 +23,9 @@ measured duration is from the predicted one (a toggle fills by it instead), link
 its counterpart (hovering one outlines the other), outlines the op where the timelines first
 part (``Deviations.parting``), tables the error per op kind and the largest deviations, and
 plots the measured step times against the prediction and its Monte Carlo p50-p99 band,
-marking the step drawn (a run's median step, whose time it reports). Every difference is
-measured - predicted (positive: slower than predicted), relative ones over the prediction.
+marking the step drawn (a run's median step, whose time it reports). Every error is the
+prediction's, (predicted - measured) / measured (``pairing.prediction_error``: positive when
+the prediction is longer than the run), every difference predicted - measured.
 
 A measured timeline in the report (``run --html``) adds its run's steps and what the
 measurement lacks (``measured_section``); Monte Carlo distributions (``compare --jitter
@@ -44,7 +45,13 @@ import numpy as np
 
 from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.errors import require
-from pipesched.render.pairing import PARTING_SHARE, Comparison, deviations, kind_errors
+from pipesched.render.pairing import (
+    PARTING_SHARE,
+    Comparison,
+    deviations,
+    kind_errors,
+    prediction_error,
+)
 from pipesched.render.style import (
     IDLE_COLOR,
     KIND_COLORS,
@@ -56,6 +63,7 @@ from pipesched.render.style import (
     TimeScale,
     chunk_shade,
     format_memory,
+    home_window,
     lighten,
     memory_scale,
     time_scale,
@@ -83,8 +91,9 @@ def render_html(
     comparison: Sequence[Mapping[str, object]] | None = None,
     title: str = "",
     distributions: Sequence[Mapping[str, object]] | None = None,
+    share_axis: bool = False,
 ) -> str:
-    """The report page as text.
+    """The report page as text (``share_axis``: it opens with every panel on one time axis).
 
     distributions: per schedule ``{"name", "samples" (iteration times, seconds),
     "deterministic" (seconds), optionally "fastest" (share of samples)}``, drawn as
@@ -119,16 +128,15 @@ def render_html(
         data["distributions"] = distribution_data(distributions)
         sections.append(
             '<section id="distributions-section"><h2>Iteration time distributions</h2><p class="hint">Monte Carlo '
-            "samples per schedule on one time axis: bars count the samples (the axis on the left), the dashed line "
-            "is the deterministic iteration time, the solid line the mean, the red one p99; hover a bar for its "
-            "range.</p>" + _order_note(data["distributions"]) + '<div id="distributions"></div></section>')
+            "samples per schedule, every plot on the same time axis and count axis; hover a bar for its range and "
+            "count.</p>" + _order_note(data["distributions"]) + '<div id="distributions"></div></section>')
     contents.append(("timelines-section", "Timelines"))
     sections.append(
         '<section id="timelines-section"><h2>Timelines</h2><p class="hint">Each panel has its own time axis '
         "(a steady state shows one steady iteration, its iteration ends dashed). Ctrl+wheel or + / − to zoom "
         "around what is visible, drag to pan, shift+drag to measure a time window, double-click to reset; "
         "hover an op or an idle gap for what it waited for, click an op to pin its microbatch.</p>"
-        + _timeline_tools() + '<div id="timelines"></div></section>'
+        + _timeline_tools(share_axis=share_axis) + '<div id="timelines"></div></section>'
     )
     sections.insert(1, _contents(contents, summaries))
     return _page(heading, sections, data)
@@ -141,12 +149,13 @@ def _contents(contents: Sequence[tuple[str, str]], summaries: Sequence[Summary])
     return f'<nav class="contents" aria-label="contents"><ul>{sections}</ul><p class="panel-links">{panels}</p></nav>'
 
 
-def _timeline_tools() -> str:
+def _timeline_tools(*, share_axis: bool = False) -> str:
     return ('<div class="timeline-tools" id="timeline-tools">'
             '<label>find <input type="search" id="op-search" placeholder="mb 3, F, stage 2, dev 1" '
             'aria-label="find ops by kind, stage, microbatch or device"></label>'
             '<span id="search-count" class="hint" aria-live="polite"></span>'
-            '<label><input type="checkbox" id="share-axis"> one time axis for all panels</label>'
+            f'<label><input type="checkbox" id="share-axis"{" checked" if share_axis else ""}> one time axis for all '
+            'panels</label>'
             '<label><input type="checkbox" id="show-critical"> critical path</label></div>')
 
 
@@ -364,6 +373,10 @@ def render_comparison_html(
             "predictedP99": None if comparison.predicted_p99 is None else comparison.predicted_p99 * scale.factor,
             "measuredTime": measured.makespan * scale.factor,  # the step drawn: the median step of a run
             "steps": [t * scale.factor for t in comparison.step_times],
+            # each step's prediction error, against the prediction and against its p50
+            "stepError": _errors(predicted.makespan, comparison.step_times),
+            "stepErrorP50": None if comparison.predicted_p50 is None else _errors(comparison.predicted_p50,
+                                                                                 comparison.step_times),
             "parting": parting,  # predicted row where the timelines first part, -1 if they never do
             "partingWith": -1 if parting < 0 else int(found.partner[parting]),
         })
@@ -382,13 +395,19 @@ def render_comparison_html(
     return _page(heading, sections, data, scripts=("report.js", "check.js"))
 
 
+def _errors(predicted: float, measured: Sequence[float]) -> list[float | None]:
+    """The prediction error against each measured value (None where it has none)."""
+    errors = np.atleast_1d(prediction_error(predicted, np.asarray(measured, np.float64)))
+    return [None if math.isnan(e) else float(e) for e in errors.tolist()]
+
+
 # what the page's two predictions are (runtime/check.py predict)
 PREDICTED_NOTE = ("predicted: the simulation with every op at the median of its profiled repeats (the timeline drawn "
                   "on top); predicted p50 / p99: the same costs over Monte Carlo iterations in which every op draws "
                   "its time from its profiled repeats; measured: the median step (the timeline drawn below). "
-                  "Every difference on this page is measured − predicted, positive when the run is slower than "
-                  "predicted, relative ones over the prediction (the terminal's and --json's error is the "
-                  "prediction's: (predicted − measured) / measured).")
+                  "Every error on this page, as in the terminal and --json, is the prediction's: (predicted − "
+                  "measured) / measured, positive when the prediction is longer than the run, negative when the "
+                  "run is slower than predicted; every Δ is predicted − measured.")
 
 
 def _figures_note(comparison: Comparison, scale: TimeScale) -> str:
@@ -397,8 +416,8 @@ def _figures_note(comparison: Comparison, scale: TimeScale) -> str:
     if comparison.predicted_p50 is not None and comparison.predicted_p99 is not None:
         parts.append(f"predicted p50 {scale.format(comparison.predicted_p50)} and p99 "
                      f"{scale.format(comparison.predicted_p99)} (every op drawn from its profiled repeats)")
-    parts.append(f"measured {scale.format(measured)} (the median step), {measured / predicted - 1:+.1%} "
-                 "against the prediction")
+    parts.append(f"measured {scale.format(measured)} (the median step): error {prediction_error(predicted, measured):+.1%}"
+                 " (predicted − measured) / measured")
     return f'<p class="figures">{escape("; ".join(parts))}.</p>'
 
 
@@ -406,11 +425,11 @@ def _parting_note(predicted: Timeline, found, parting: int, scale: TimeScale) ->
     share = f"{PARTING_SHARE:.0%} of the predicted iteration"
     if parting < 0:
         return f'<p class="parting-note">The timelines never part: every measured start is within {share}.</p>'
-    off = float(found.start[parting])
+    off = float(found.start[parting])  # predicted - measured: negative when the op started late
     return (f'<p class="parting-note">The timelines first part at {escape(str(predicted.op(parting)))} on '
             f"d{int(predicted.op_device[parting])}: predicted start {scale.format(found.predicted_start[parting])}, "
             f"measured {scale.format(found.measured_start[parting])} ({scale.format(abs(off))} "
-            f"{'later' if off > 0 else 'earlier'}, more than {share}); both boxes are outlined dashed.</p>")
+            f"{'later' if off < 0 else 'earlier'}, more than {share}); both boxes are outlined dashed.</p>")
 
 
 def _lanes_text(measured: Timeline) -> str:
@@ -437,8 +456,8 @@ def _lanes_note(measured: Timeline) -> str:
 
 
 def _kind_table(k: int, predicted: Timeline, found, scale: TimeScale) -> str:
-    """Per op kind: how many ops, the mean and median of (measured - predicted) / predicted
-    duration, and the summed difference."""
+    """Per op kind: how many ops, the mean and median of their durations' prediction error
+    (predicted - measured) / measured, and the summed difference predicted - measured."""
     header = ("op kind", "ops", "mean error", "median error", f"summed Δ duration ({scale.unit})")
     rows = [[(KIND_NAMES[e.kind], f"{KIND_LETTERS[e.kind]} {KIND_NAMES[e.kind]}"), (e.count, f"{e.count:,}"),
              (repr(e.mean), f"{e.mean:+.1%}"), (repr(e.median), f"{e.median:+.1%}"),
@@ -448,7 +467,7 @@ def _kind_table(k: int, predicted: Timeline, found, scale: TimeScale) -> str:
 
 def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown: int) -> str:
     """The ``shown`` ops whose measured duration is farthest from the prediction, largest
-    first; the Δ duration column sorts by size, either sign. Δ = measured - predicted."""
+    first; the Δ duration column sorts by size, either sign. Δ = predicted - measured."""
     unit = scale.unit
     header = ("op", "device", f"predicted start ({unit})", f"measured start ({unit})", f"Δ start ({unit})",
               f"predicted duration ({unit})", f"measured duration ({unit})", f"Δ duration ({unit})", "Δ duration %")
@@ -476,10 +495,10 @@ def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown:
 
 
 def _deviation_legend() -> str:
-    return ('<p class="legend deviation-legend"><span>ops keep their kind\'s colour; the outline tells the measured '
-            'duration against the predicted one (measured − predicted, over predicted):</span>'
-            '<span class="gradient" aria-hidden="true"></span><span>−50% (faster than predicted) … +50% (slower)'
-            '</span><label><input type="checkbox" id="deviation-fill"> fill ops by deviation</label></p>')
+    return ('<p class="legend deviation-legend"><span>ops keep their kind\'s colour; the outline tells the '
+            'prediction error of their duration ((predicted − measured) / measured):</span>'
+            '<span class="gradient" aria-hidden="true"></span><span>−50% (the run slower than predicted) … +50% '
+            '(faster)</span><label><input type="checkbox" id="deviation-fill"> fill ops by deviation</label></p>')
 
 
 def script_json(data: object) -> str:
@@ -525,7 +544,7 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
         "idle": np.round(timeline.idle_per_device() * scale.factor, digits).tolist(),
         # iterations back to back: when each ended; the view opens on one steady iteration
         "iterationEnd": ends,
-        "home": _steady_window(ends, span, digits),
+        "home": [round(x * scale.factor, digits) for x in home_window(timeline)],
         "critical": {"ops": path.row[~path.is_transfer].tolist(), "transfers": path.row[path.is_transfer].tolist()},
         # idle gaps of the compute streams and the time of each BUBBLE_PARTS part in them
         "gaps": {
@@ -595,20 +614,6 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
                 "capacity": None if host.capacity is None else [round(c / divisor, 4) for c in host.capacity],
             }
     return data
-
-
-# of a steady state's window, the margin shown on each side of one steady iteration
-STEADY_MARGIN = 0.03
-
-
-def _steady_window(ends: Sequence[float], span: float, digits: int) -> list[float]:
-    """The time range a panel opens on: the whole timeline, or of iterations back to back the
-    second one (the first steady iteration: the first pays the fill ramp), with a margin that
-    shows the dashed iteration ends at its sides."""
-    if len(ends) < 3:
-        return [0.0, round(span, digits)]
-    margin = STEADY_MARGIN * (ends[1] - ends[0])
-    return [round(max(0.0, ends[0] - margin), digits), round(min(span, ends[1] + margin), digits)]
 
 
 def metrics_table_html(summaries: Sequence[Summary]) -> str:

@@ -7,10 +7,14 @@ are matched by identity: (device, stage, kind, microbatch). Times are taken from
 timeline's own start (its first op), so a run that began at some clock reading lines up
 with a simulation that begins at 0.
 
-Deviation of an op: ``duration`` = measured duration - predicted duration (the op's own
-error); ``start`` = measured start - predicted start (what the ops before it accumulated).
-One sign everywhere: measured - predicted, positive when the run is slower than predicted;
-relative figures are over the prediction.
+The prediction error, one sign everywhere (the check's terminal table, ``--json``, the
+comparison page): error = (predicted - measured) / measured (``prediction_error``),
+positive when the prediction is longer than the run (it over-predicts), negative when the
+run is slower than predicted. Differences take the same sign, predicted - measured.
+
+Deviation of an op: ``duration`` = predicted duration - measured duration (the op's own
+error); ``start`` = predicted start - measured start (what the ops before it accumulated);
+``relative`` = the duration's prediction error.
 """
 
 from __future__ import annotations
@@ -22,6 +26,16 @@ import numpy as np
 
 from pipesched.errors import require
 from pipesched.timeline import Timeline
+
+
+def prediction_error(predicted: float | np.ndarray, measured: float | np.ndarray) -> float | np.ndarray:
+    """(predicted - measured) / measured: the one sign of every prediction error (the module
+    docstring); floats or arrays (nan where ``measured`` is not above 0)."""
+    predicted, measured = np.asarray(predicted, np.float64), np.asarray(measured, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        error = np.where(measured > 0, (predicted - measured) / measured, np.nan)
+    return float(error) if error.ndim == 0 else error
+
 
 # the timelines part at the first op whose measured start is off its predicted start by
 # more than this share of the predicted iteration time
@@ -56,14 +70,14 @@ class Deviations:
     measured_start: np.ndarray  # float64, from the measured timeline's start (nan without partner)
     predicted_duration: np.ndarray
     measured_duration: np.ndarray
-    start: np.ndarray  # measured - predicted start
-    duration: np.ndarray  # measured - predicted duration
+    start: np.ndarray  # predicted - measured start
+    duration: np.ndarray  # predicted - measured duration
 
     @property
     def relative(self) -> np.ndarray:
-        """Duration deviation over the predicted duration (nan where that is 0)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(self.predicted_duration > 0, self.duration / self.predicted_duration, np.nan)
+        """Each op's duration error, (predicted - measured) / measured (nan where the
+        measured duration is 0 or missing)."""
+        return prediction_error(self.predicted_duration, self.measured_duration)
 
     def largest(self, count: int) -> np.ndarray:
         """Predicted rows with a counterpart, by decreasing absolute duration deviation (ties:
@@ -84,13 +98,13 @@ class Deviations:
 
 @dataclass(frozen=True)
 class KindError:
-    """The duration error of one op kind: measured - predicted over predicted, per op."""
+    """The duration error of one op kind: (predicted - measured) / measured, per op."""
 
     kind: int  # ops.KIND_ORDER position
-    count: int  # ops of the kind with a counterpart and a predicted duration above 0
+    count: int  # ops of the kind with a counterpart and a measured duration above 0
     mean: float  # mean relative error
     median: float  # median relative error
-    total: float  # measured - predicted duration summed over the kind's ops (timeline unit)
+    total: float  # predicted - measured duration summed over the kind's ops (timeline unit)
 
 
 def kind_errors(predicted: Timeline, found: Deviations) -> list[KindError]:
@@ -146,7 +160,7 @@ def deviations(predicted: Timeline, measured: Timeline) -> Deviations:
     measured_start = measured_column(measured.op_start - measured.origin)
     measured_duration = measured_column(measured.op_end - measured.op_start)
     return Deviations(partner, predicted_start, measured_start, predicted_duration, measured_duration,
-                      measured_start - predicted_start, measured_duration - predicted_duration)
+                      predicted_start - measured_start, predicted_duration - measured_duration)
 
 
 def comparison_pairs(comparisons: Sequence[Comparison]) -> list[tuple[Timeline, Timeline]]:

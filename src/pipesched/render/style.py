@@ -1,4 +1,5 @@
-"""Colours, names and unit formatting shared by every view (terminal, Gantt, trace, HTML).
+"""Colours, names, unit formatting and the time range a panel opens on, shared by every view
+(terminal, Gantt, trace, HTML).
 
 Forward is blue, the backward halves are warm (I orange, B the darker burnt orange of the
 fused I+W), the deferrable weight gradient W is green, an overlapped forward-backward pair
@@ -95,6 +96,21 @@ class TimeScale:
 
     def format(self, time: float, *, digits: int = 4) -> str:
         return f"{time * self.factor:.{digits}g} {self.unit}"
+
+
+# of a steady state's window, the margin shown on each side of one steady iteration
+STEADY_MARGIN = 0.03
+
+
+def home_window(timeline: Timeline) -> tuple[float, float]:
+    """The time range a timeline's panel opens on (its unit, from its start): the whole
+    timeline, or of iterations back to back the second one (the first steady iteration: the
+    first pays the fill ramp), with a margin that shows the iteration ends at its sides."""
+    ends = timeline.iteration_end
+    if len(ends) < 3:
+        return 0.0, timeline.makespan
+    margin = STEADY_MARGIN * (ends[1] - ends[0])
+    return max(0.0, ends[0] - margin), min(timeline.makespan, ends[1] + margin)
 
 
 def time_scale(unit: str, span: float) -> TimeScale:

@@ -38,19 +38,22 @@ def render_views(
     comparison: Sequence[Mapping[str, object]] | None = None,
     title: str = "",
     distributions: Sequence[Mapping[str, object]] | None = None,
+    share_axis: bool = False,
 ) -> list[Output]:
     """The requested views of ``timelines``, drawn, as the files to write, in the order
     png, svg, trace, html.
 
     comparison: rows of the three-level comparison table (column -> value) for the HTML
     report; title: the figure and page title; distributions: per schedule its Monte Carlo
-    iteration times for the report's distribution plots (``render_html``).
+    iteration times for the report's distribution plots (``render_html``); share_axis: every
+    panel on one time axis (the Gantt chart's panels; the report opens with its "one time
+    axis" box ticked) instead of each on its own.
     """
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline to draw")
     requested = [(field, path) for field, path in (("png", png), ("svg", svg), ("trace", trace), ("html", html))
                  if path is not None]
     check_outputs(requested)
-    return [Output(path, _render(field, timelines, comparison, title, distributions), field)
+    return [Output(path, _render(field, timelines, comparison, title, distributions, share_axis=share_axis), field)
             for field, path in requested]
 
 
@@ -81,15 +84,17 @@ def write_comparison_views(
     return write_all(outputs)
 
 
-def _render(field: str, timelines: Sequence[Timeline], comparison, title: str, distributions=None) -> str | bytes:
+def _render(field: str, timelines: Sequence[Timeline], comparison, title: str, distributions=None, *,
+            share_axis: bool = False) -> str | bytes:
     if field in ("png", "svg"):
         from pipesched.render.gantt import render_gantt
 
-        return render_gantt(timelines, fmt=field, title=title)
+        return render_gantt(timelines, fmt=field, title=title, share_axis=share_axis)
     if field == "trace":
         from pipesched.render.trace import render_trace
 
         return render_trace(timelines)
     from pipesched.render.html import render_html
 
-    return render_html(timelines, comparison=comparison, title=title, distributions=distributions)
+    return render_html(timelines, comparison=comparison, title=title, distributions=distributions,
+                       share_axis=share_axis)

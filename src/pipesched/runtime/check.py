@@ -3,7 +3,9 @@
 For each schedule: profile its stages in isolation, simulate it with those costs (plus the
 runtime's per-op overhead and the measured link between ranks), run it for real, and
 compare the predicted iteration time with the measured median step time. The error is
-signed, (predicted - measured) / measured.
+signed, (predicted - measured) / measured (``render.pairing.prediction_error``, the one
+sign of the terminal, ``--json`` and the comparison page): positive when the prediction is
+longer than the run, negative when the run is slower than predicted.
 
 Three figures per schedule, one story:
 
@@ -48,7 +50,7 @@ import numpy as np
 from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.model.spec import ModelSpec
-from pipesched.render.pairing import Comparison
+from pipesched.render.pairing import Comparison, prediction_error
 from pipesched.runtime.launch import StatusCallback
 from pipesched.runtime.profile import (
     LinkProfile,
@@ -108,8 +110,8 @@ class CheckRow:
 
     @property
     def error(self) -> float:
-        """(predicted - measured) / measured."""
-        return (self.predicted_s - self.measured_s) / self.measured_s
+        """The prediction error, (predicted - measured) / measured (``prediction_error``)."""
+        return prediction_error(self.predicted_s, self.measured_s)
 
 
 @dataclass(frozen=True)
@@ -204,12 +206,12 @@ class CheckReport:
                 for row in self.rows]
 
     def summary_rows(self) -> list[dict[str, object]]:
-        """One flat row per schedule, for the comparison page's table (times in ms); the page
-        states every difference as measured - predicted, over the prediction."""
+        """One flat row per schedule, for the comparison page's table (times in ms); its error
+        is ``error``'s, as the page states every difference: predicted - measured."""
         return [{"schedule": row.schedule.name, "runtime": row.run.runtime,
                  "predicted ms": round(row.predicted_s * 1e3, 3),
                  "measured (median step, drawn) ms": round(row.measured_s * 1e3, 3),
-                 "measured vs predicted": f"{row.measured_s / row.predicted_s - 1:+.1%}",
+                 "error": f"{row.error:+.1%}",
                  "steps": len(row.run.step_times),
                  "step spread ms": round((max(row.run.step_times) - min(row.run.step_times)) * 1e3, 3),
                  "step IQR ms": "-" if row.measured_iqr is None else round(row.measured_iqr * 1e3, 3),

@@ -4,7 +4,9 @@ Each task on the chain started exactly when the task before it on the chain ende
 was either a data predecessor (an op, or the transfer that carried its data) or the task
 that held a resource it needed (the previous op on its device, the previous transfer on a
 channel). The simulator records that binding task for every task; for other timelines (the
-slot table, a measured run) ``critical_path`` finds it from the times.
+slot table, a measured run) ``critical_path`` finds it from the times. A measured op starts
+some time after the op it waited for ends (its input wait, its launch), so on a measured
+timeline the chain's tasks follow each other with those gaps between them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
+from pipesched.dependencies import need_rows
+from pipesched.timeline import TRANSFER_KIND_NAMES, Source, Timeline
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,19 +67,22 @@ def critical_path(timeline: Timeline, *, tolerance: float = 1e-9) -> CriticalPat
     """The critical path of ``timeline``.
 
     A simulated timeline carries it (``timeline.simulation.critical_path``). For other
-    timelines the path is traced back from the last op to end: each step goes to the op
-    that ended when this one started (within ``tolerance`` x the makespan), a data
-    predecessor first (the rules' needs), else the previous op of the device's stream. Transfers are
-    not traced there: a slot table has none and a measured run's ops already include their
-    waits.
+    timelines the path is traced back from the last op to end, by one rule: each step goes
+    to the op this one waited for last, the candidate (its data predecessors by the rules'
+    needs, then the previous op of its device's stream) whose end is the latest at or before
+    this op's start (``tolerance`` x the makespan allowed either way; ties: a data predecessor
+    first). On a slot table that op ended exactly when this one started, and the walk stops
+    at an op whose start no candidate's end meets. A measured op starts after its input wait
+    and its launch, never exactly at a predecessor's end: there the latest candidate binds
+    whatever the gap since its end, so the path reaches back to the iteration's first op.
+    Transfers are not traced: a slot table has none and a measured op's start already
+    follows its input's arrival.
     """
     if timeline.simulation is not None:
         return timeline.simulation.critical_path
     n = len(timeline)
     if n == 0:
         return CriticalPath(np.zeros(0, bool), np.zeros(0, np.int64))
-    from pipesched.dependencies import need_rows
-
     needs = need_rows(timeline.op_stage, timeline.op_kind, timeline.op_microbatch,
                       num_stages=timeline.schedule.num_stages, num_microbatches=timeline.schedule.num_microbatches,
                       rules=timeline.schedule.rules)
@@ -87,16 +93,31 @@ def critical_path(timeline: Timeline, *, tolerance: float = 1e-9) -> CriticalPat
             rows = timeline.rows_of_device(device, compute=compute)
             previous[rows[1:]] = rows[:-1]
     slack = tolerance * max(timeline.makespan, 1.0)
+    # on a measured timeline any gap since the binding op's end is its wait and launch
+    any_gap = timeline.source == Source.MEASURED
     chain = [int(np.argmax(timeline.op_end))]
+    seen = set(chain)
     while True:
-        row = chain[-1]
-        start = timeline.op_start[row]
-        candidates = [*(int(r) for r in needs[row] if r >= 0), int(previous[row])]
-        binding = next(
-            (c for c in candidates if c >= 0 and abs(timeline.op_end[c] - start) <= slack), None
-        )
-        if binding is None:
+        binding = _binding(chain[-1], [*(int(r) for r in needs[chain[-1]] if r >= 0), int(previous[chain[-1]])],
+                           timeline, slack=slack, any_gap=any_gap)
+        if binding is None or binding in seen:
             break
         chain.append(binding)
+        seen.add(binding)
     rows = np.asarray(chain[::-1], np.int64)
     return CriticalPath(np.zeros(rows.shape[0], bool), rows)
+
+
+def _binding(row: int, candidates: list[int], timeline: Timeline, *, slack: float, any_gap: bool) -> int | None:
+    """The candidate op ``row`` waited for last (see ``critical_path``), or None."""
+    start = timeline.op_start[row]
+    best, best_end = None, -np.inf
+    for candidate in candidates:
+        if candidate < 0:
+            continue
+        end = timeline.op_end[candidate]
+        if end <= start + slack and end > best_end:
+            best, best_end = candidate, end
+    if best is None or (not any_gap and start - best_end > slack):
+        return None
+    return best

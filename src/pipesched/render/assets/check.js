@@ -1,7 +1,7 @@
 // pipesched comparison page (check --html), after report.js has drawn the timelines: ops keep
-// their kind's colour (chunk shades as in the report) and are outlined by how far their measured
-// duration is from the predicted one (measured - predicted, over predicted; purple faster, red
-// slower); a checkbox fills them by that deviation instead. The op where the two timelines first
+// their kind's colour (chunk shades as in the report) and are outlined by their duration's
+// prediction error ((predicted - measured) / measured, computed by the page's writer: red where
+// the run was slower than predicted, purple where faster); a checkbox fills them by it instead. The op where the two timelines first
 // part is outlined dashed in both.
 (function () {
   "use strict";
@@ -13,7 +13,7 @@
 
   var lighten = window.pipeschedColors.lighten, chunkShade = window.pipeschedColors.chunkShade;
   function ramp(relative) {
-    var f = Math.max(-1, Math.min(1, relative / FULL)), end = f < 0 ? FASTER : SLOWER, a = Math.abs(f);
+    var f = Math.max(-1, Math.min(1, relative / FULL)), end = f < 0 ? SLOWER : FASTER, a = Math.abs(f);
     return "rgb(" + NEUTRAL.map(function (c, i) { return Math.round(c + (end[i] - c) * a); }).join(",") + ")";
   }
   function kindColor(t, row) {

@@ -78,11 +78,12 @@
     if (t.fused && t.fused[row] !== undefined) return t.fused[row];
     return ops.stage[row] + data.kinds.letters[ops.kind[row]] + ops.microbatch[row];
   }
-  // measured over predicted duration: -50% (faster) blue, 0 grey, +50% (slower) red
+  // a duration's prediction error, (predicted - measured) / measured: -50% (the run slower)
+  // red, 0 grey, +50% (the run faster) purple
   function deviationColor(relative) {
     if (relative === null || relative === undefined) return "#b8bec6";
     var f = Math.max(-1, Math.min(1, relative / 0.5));
-    var neutral = [217, 221, 226], end = f < 0 ? [47, 109, 179] : [192, 57, 43], a = Math.abs(f);
+    var neutral = [217, 221, 226], end = f < 0 ? [192, 57, 43] : [123, 50, 148], a = Math.abs(f);
     return "rgb(" + neutral.map(function (c, i) { return Math.round(c + (end[i] - c) * a); }).join(",") + ")";
   }
   function percent(relative) {
@@ -265,7 +266,8 @@
       } else {
         rows.push([other.source, "no counterpart"]);
       }
-      if (t.deviation[row] !== null) rows.push(["measured vs predicted duration", percent(t.deviation[row])]);
+      // the page's one error, (predicted - measured) / measured, stated in its note
+      if (t.deviation[row] !== null) rows.push(["duration error", percent(t.deviation[row])]);
     }
     return { title: opText(t, row) + " · " + data.kinds.names[ops.kind[row]], rows: rows, wait: waitText(t, row) };
   }
@@ -807,8 +809,8 @@
 
   // ---- measured step times against the prediction --------------------------------------
   // the measured steps (dots, the median step marked), the deterministic prediction (dashed)
-  // and the prediction's Monte Carlo p50 (solid) and p50-p99 band; measured - predicted
-  // everywhere, positive when the run is slower
+  // and the prediction's Monte Carlo p50 (solid) and p50-p99 band; each step's error is the
+  // page writer's, (predicted - measured) / measured, positive when the run is faster
   function drawSteps(c, container) {
     var steps = c.steps, unit = " " + c.timeUnit, band = c.predictedP50 !== null && c.predictedP50 !== undefined;
     var svg = el("svg", { "class": "chart steps-plot", height: STEPS_HEIGHT + AXIS, role: "img" }, container);
@@ -857,8 +859,8 @@
         var dot = el("circle", { cx: x(value), cy: mid + ((i % 5) - 2) * 4, r: 4, "data-step": String(i) }, marks);
         dot.addEventListener("mouseover", function (event) {
           var rows = [["schedule", c.name], ["step time", fmt(value) + unit],
-            ["measured vs predicted", percent(value / c.predictedTime - 1) + " (measured − predicted) / predicted"]];
-          if (band) rows.push(["vs predicted p50", percent(value / c.predictedP50 - 1)]);
+            ["error", percent(c.stepError[i])]];
+          if (band) rows.push(["error of the p50", percent(c.stepErrorP50[i])]);
           showTip(event, "step " + (i + 1) + " of " + steps.length + (value === median ? " (the median step, drawn above)" : ""), rows, null);
         });
         dot.addEventListener("mouseout", hideTip);
@@ -875,13 +877,22 @@
     var edges = d.edges, lo = edges[0], hi = edges[edges.length - 1], unit = " " + d.unit;
     var peak = Math.max.apply(null, d.rows.map(function (r) { return Math.max.apply(null, r.counts); })) || 1;
     var updates = [];
+    // one legend for every plot: what the bars and the three lines are
+    var legend = html("div", "steps-legend dist-legend", undefined, container);
+    [["bin", "samples per bin (the count axis on the left)"], ["deterministic", "deterministic iteration time"],
+     ["mean", "mean"], ["p99", "p99"]].forEach(function (spec) {
+      var item = html("span", "", undefined, legend);
+      html("span", "key mark-" + spec[0], undefined, item);
+      item.appendChild(document.createTextNode(spec[1]));
+    });
     d.rows.forEach(function (r, k) {
       var box = html("div", "distribution", undefined, container);
       box.setAttribute("data-distribution", String(k));
       var ahead = r.fasterThanNext === null || r.fasterThanNext === undefined ? "" :
         "; faster than " + r.next + " in " + (100 * r.fasterThanNext).toFixed(1) + "% of samples";
       function short(v) { return Number(v.toPrecision(4)).toString(); }
-      html("h3", "", r.name + ": mean " + short(r.mean) + unit + ", p99 " + short(r.p99) + unit +
+      html("h3", "", r.name + ": deterministic " + short(r.deterministic) + unit + ", mean " + short(r.mean) + unit +
+           ", p99 " + short(r.p99) + unit +
            (r.fastest === null ? ", " : ", fastest in " + (100 * r.fastest).toFixed(1) + "% of ") + r.samples + " samples" +
            ahead, box);
       var svg = el("svg", { "class": "chart distribution-plot", height: DIST_HEIGHT + AXIS, role: "img" }, box);
@@ -951,6 +962,7 @@
   }
   var share = document.getElementById("share-axis");
   if (share) share.addEventListener("change", function () { shareAxis(share.checked); });
+  if (share && share.checked) shareAxis(true);  // the page was written with --share-axis
   var critical = document.getElementById("show-critical");
   if (critical) critical.addEventListener("change", function () { document.body.classList.toggle("show-critical", critical.checked); });
   if (data.distributions) stepPlots.push(drawDistributions(data.distributions, document.getElementById("distributions")));
