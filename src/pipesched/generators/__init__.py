@@ -36,7 +36,6 @@ from pipesched.limits import (
     check_count,
     check_table_size,
 )
-from pipesched.rules import FORWARD_ONLY
 from pipesched.schedule import Schedule
 
 # Listing order is the order of `pipesched list` and of comparisons: the synchronous
@@ -137,11 +136,7 @@ def frozen_schedule(name: str, schedule: Schedule, frozen: Iterable[int], option
 def frozen_costs(costs: StageCosts, roles: tuple[str, ...]) -> StageCosts:
     """``costs`` with what each stage's role drops at zero: W on frozen stages, I and W on
     stages with no backward (what a cost-aware generator plans a frozen table with)."""
-    from pipesched.rules import TRAINS
-
-    weight = tuple(w if role == TRAINS else 0.0 for w, role in zip(costs.backward_weight, roles, strict=True))
-    backward = tuple(i if role != FORWARD_ONLY else 0.0 for i, role in zip(costs.backward_input, roles, strict=True))
-    return replace(costs, backward_input=backward, backward_weight=weight, backward=None)
+    return costs.for_roles(roles)
 
 
 def _hashable(value: object) -> bool:
