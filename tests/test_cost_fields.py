@@ -5,6 +5,8 @@ load, and each transform does what its rule says on hand-worked costs."""
 from __future__ import annotations
 
 import dataclasses
+import doctest
+import importlib
 import json
 
 import pytest
@@ -233,3 +235,9 @@ def test_a_bad_shared_column_is_one_line_error(cli, tmp_path) -> None:
     result = cli("simulate", "1f1b", "-p", "2", "-m", "4", "--stage-costs", str(path))
     assert_one_line_error(result, "input_frees=0.25", "same on every row")
     assert result.out == ""
+
+
+@pytest.mark.parametrize("name", ["pipesched.costs", "pipesched.slot_table"])
+def test_docstring_examples_run(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0
