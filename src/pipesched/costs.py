@@ -54,7 +54,9 @@ class Chunks(StrEnum):
     """What a per-stage field is on each of k equal chunks of a stage (``StageCosts.in_chunks``)."""
 
     DIVIDE = "divide"  # 1/k of the stage's
-    KEEP = "keep"  # the stage's (a chunk boundary carries the stage boundary's tensor; a chunk of a frozen stage is frozen)
+    # the stage's: a chunk boundary carries the stage boundary's tensor; a chunk of a frozen
+    # stage is frozen
+    KEEP = "keep"
 
 
 class Fusion(StrEnum):
@@ -82,7 +84,7 @@ class CostField:
     name: str
     meaning: str
     quantity: Quantity
-    column: str  # its column in the stage-cost CSV
+    column: str = ""  # its column in the stage-cost CSV (default: its name)
     per_stage: bool = True  # one value per stage; else one value for all stages
     required: bool = False  # always given (a column every stage-cost file has)
     per_microbatch: bool = False  # scales linearly with the microbatch's size
@@ -93,44 +95,44 @@ class CostField:
     absent: str = ""
     absent_is_zero: bool = False
 
-
-def _field(name: str, meaning: str, quantity: Quantity, **how: object) -> CostField:
-    return CostField(name, meaning, quantity, column=str(how.pop("column", name)), **how)
+    def __post_init__(self) -> None:
+        if not self.column:
+            object.__setattr__(self, "column", self.name)
 
 
 COST_FIELDS: tuple[CostField, ...] = (
-    _field("forward", "F: the forward's time", Quantity.TIME, required=True, per_microbatch=True,
-           slot=Slot.GIVEN, fusion=Fusion.PART),
-    _field("backward_input", "I: the backward for inputs' time", Quantity.TIME, required=True, per_microbatch=True,
-           checkpoint=Checkpoint.REDO, slot=Slot.GIVEN, fusion=Fusion.PART),
-    _field("backward_weight", "W: the backward for weights' time", Quantity.TIME, required=True,
-           per_microbatch=True, slot=Slot.GIVEN, fusion=Fusion.PART),
-    _field("activation_bytes", "M_B: activations kept from F until the backward frees them", Quantity.BYTES,
-           required=True, per_microbatch=True, checkpoint=Checkpoint.BOUNDARY, slot=1.0),
-    _field("output_bytes", "the tensor F sends to the next stage (its gradient comes back the same size)",
-           Quantity.BYTES, required=True, per_microbatch=True, chunks=Chunks.KEEP, slot=0.0),
-    _field("backward", "B: the full backward's time", Quantity.TIME, per_microbatch=True,
-           checkpoint=Checkpoint.REDO, slot=Slot.GIVEN, fusion=Fusion.PART, absent="I + W"),
-    _field("static_bytes", "parameters + gradients + optimizer state of the stage (there all iteration)",
-           Quantity.BYTES, absent="none", absent_is_zero=True),
-    _field("grad_bytes", "gradient bytes the stage's copies all-reduce", Quantity.BYTES,
-           absent="static_bytes x 4 / 18 (``pipesched.simulate.graph.gradient_bytes``)"),
-    _field("input_frees", "the share of M_B an I frees; W frees the rest, M_W = (1 - input_frees) x M_B",
-           Quantity.FRACTION, per_stage=False, slot=0.0),
-    _field("kept_for_w_bytes", "gradients an I computes that its W still needs, held from I's end to W's",
-           Quantity.BYTES, per_microbatch=True, absent="none", absent_is_zero=True),
-    _field("unit", "the unit of the times: seconds, or slots of the idealized table", Quantity.UNIT,
-           per_stage=False, slot=SLOTS),
-    _field("frozen", "all the stage's layers are frozen (no weight gradient: ``pipesched.rules.stage_roles``)",
-           Quantity.FLAG, chunks=Chunks.KEEP, absent="every stage trains"),
-    _field("recompute_s", "the part of I (and B) that redoes the forward (activation recompute)", Quantity.TIME,
-           per_microbatch=True, checkpoint=Checkpoint.REDO, absent="not known (reports count none)",
-           absent_is_zero=True),
-    _field("forward_backward", "measured time of an overlapped pair whose forward runs the stage", Quantity.TIME,
-           column="fb", per_microbatch=True, slot=Slot.GIVEN, fusion=Fusion.PAIR,
-           absent="fb_cost x (F + B)"),
-    _field("fb_cost", "without forward_backward: a pair's time over the sum of its parts' (1: no overlap)",
-           Quantity.RATIO, per_stage=False, slot=Slot.GIVEN, fusion=Fusion.PAIR),
+    CostField("forward", "F: the forward's time", Quantity.TIME, required=True, per_microbatch=True,
+              slot=Slot.GIVEN, fusion=Fusion.PART),
+    CostField("backward_input", "I: the backward for inputs' time", Quantity.TIME, required=True, per_microbatch=True,
+              checkpoint=Checkpoint.REDO, slot=Slot.GIVEN, fusion=Fusion.PART),
+    CostField("backward_weight", "W: the backward for weights' time", Quantity.TIME, required=True,
+              per_microbatch=True, slot=Slot.GIVEN, fusion=Fusion.PART),
+    CostField("activation_bytes", "M_B: activations kept from F until the backward frees them", Quantity.BYTES,
+              required=True, per_microbatch=True, checkpoint=Checkpoint.BOUNDARY, slot=1.0),
+    CostField("output_bytes", "the tensor F sends to the next stage (its gradient comes back the same size)",
+              Quantity.BYTES, required=True, per_microbatch=True, chunks=Chunks.KEEP, slot=0.0),
+    CostField("backward", "B: the full backward's time", Quantity.TIME, per_microbatch=True,
+              checkpoint=Checkpoint.REDO, slot=Slot.GIVEN, fusion=Fusion.PART, absent="I + W"),
+    CostField("static_bytes", "parameters + gradients + optimizer state of the stage (there all iteration)",
+              Quantity.BYTES, absent="none", absent_is_zero=True),
+    CostField("grad_bytes", "gradient bytes the stage's copies all-reduce", Quantity.BYTES,
+              absent="static_bytes x 4 / 18 (``pipesched.simulate.graph.gradient_bytes``)"),
+    CostField("input_frees", "the share of M_B an I frees; W frees the rest, M_W = (1 - input_frees) x M_B",
+              Quantity.FRACTION, per_stage=False, slot=0.0),
+    CostField("kept_for_w_bytes", "gradients an I computes that its W still needs, held from I's end to W's",
+              Quantity.BYTES, per_microbatch=True, absent="none", absent_is_zero=True),
+    CostField("unit", "the unit of the times: seconds, or slots of the idealized table", Quantity.UNIT,
+              per_stage=False, slot=SLOTS),
+    CostField("frozen", "all the stage's layers are frozen (no weight gradient: ``pipesched.rules.stage_roles``)",
+              Quantity.FLAG, chunks=Chunks.KEEP, absent="every stage trains"),
+    CostField("recompute_s", "the part of I (and B) that redoes the forward (activation recompute)", Quantity.TIME,
+              per_microbatch=True, checkpoint=Checkpoint.REDO, absent="not known (reports count none)",
+              absent_is_zero=True),
+    CostField("forward_backward", "measured time of an overlapped pair whose forward runs the stage", Quantity.TIME,
+              column="fb", per_microbatch=True, slot=Slot.GIVEN, fusion=Fusion.PAIR,
+              absent="fb_cost x (F + B)"),
+    CostField("fb_cost", "without forward_backward: a pair's time over the sum of its parts' (1: no overlap)",
+              Quantity.RATIO, per_stage=False, slot=Slot.GIVEN, fusion=Fusion.PAIR),
 )
 FIELDS: Mapping[str, CostField] = {spec.name: spec for spec in COST_FIELDS}
 PER_STAGE = tuple(spec.name for spec in COST_FIELDS if spec.per_stage)
@@ -224,8 +226,8 @@ class StageCosts:
                 "must be in (0, 1]")
         if fraction == 1.0:
             return self
-        return replace(self, **{spec.name: tuple(x * fraction for x in getattr(self, spec.name))
-                                for spec in COST_FIELDS if spec.per_microbatch and getattr(self, spec.name) is not None})
+        scaled = [spec.name for spec in COST_FIELDS if spec.per_microbatch and getattr(self, spec.name) is not None]
+        return replace(self, **{name: tuple(x * fraction for x in getattr(self, name)) for name in scaled})
 
     def checkpointed(self, stages: Sequence[int]) -> StageCosts:
         """These costs with a stage checkpoint on ``stages`` (what ``synthesize
@@ -489,6 +491,7 @@ class StageCosts:
         >>> StageCosts.from_times({"forward": (1.0, 2.0), "backward": (2.0, 4.0)}).full_backward(1)
         4.0
         """
+        require(bool(times), "times", "none", "give at least the forward's time per stage")
         stages = len(next(iter(times.values())))
         zeros = {spec.name: (0.0,) * stages for spec in COST_FIELDS if spec.required}
         return cls(**(zeros | dict(times)))
