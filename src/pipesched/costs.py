@@ -136,6 +136,14 @@ COST_FIELDS: tuple[CostField, ...] = (
 )
 FIELDS: Mapping[str, CostField] = {spec.name: spec for spec in COST_FIELDS}
 PER_STAGE = tuple(spec.name for spec in COST_FIELDS if spec.per_stage)
+_PER_STAGE_FLAGS = tuple((spec.name, spec.quantity is Quantity.FLAG) for spec in COST_FIELDS if spec.per_stage)
+_PER_MICROBATCH = tuple(spec.name for spec in COST_FIELDS if spec.per_microbatch)
+# the slot table's fields (``StageCosts.in_slots``): given, a constant, or one on every stage
+_SLOT_GIVEN = tuple(spec.name for spec in COST_FIELDS if spec.slot is Slot.GIVEN)
+_SLOT_SCALARS = {spec.name: spec.slot for spec in COST_FIELDS
+                 if spec.slot is not Slot.GIVEN and (spec.slot is None or not spec.per_stage)}
+_SLOT_PER_STAGE = tuple((spec.name, spec.slot) for spec in COST_FIELDS
+                        if spec.slot is not Slot.GIVEN and spec.slot is not None and spec.per_stage)
 # the times an op kind's rule may name (``StageCosts.times``): an op's own duration
 TIMES = tuple(spec.name for spec in COST_FIELDS if spec.quantity is Quantity.TIME and spec.fusion is Fusion.PART)
 # each quantity's bounds in a file or a JSON value, and its words for a message
@@ -186,12 +194,11 @@ class StageCosts:
     def __post_init__(self) -> None:
         n = len(self.forward)
         require(n >= 1, "stages", n, "stage costs need at least one stage")
-        for name in PER_STAGE:
+        for name, flags in _PER_STAGE_FLAGS:
             values = getattr(self, name)
             if values is None:
                 continue
             require(len(values) == n, name, f"{len(values)} values", f"give one value per stage ({n})")
-            flags = FIELDS[name].quantity is Quantity.FLAG
             object.__setattr__(self, name, tuple(bool(flag) for flag in values) if flags else _floats(values, name))
         require(0.0 <= self.input_frees <= 1.0, "input_frees", self.input_frees, "must be in [0, 1]")
         require(self.unit in (SECONDS, SLOTS), "unit", self.unit, f"must be {SECONDS!r} or {SLOTS!r}")
@@ -226,7 +233,7 @@ class StageCosts:
                 "must be in (0, 1]")
         if fraction == 1.0:
             return self
-        scaled = [spec.name for spec in COST_FIELDS if spec.per_microbatch and getattr(self, spec.name) is not None]
+        scaled = [name for name in _PER_MICROBATCH if getattr(self, name) is not None]
         return replace(self, **{name: tuple(x * fraction for x in getattr(self, name)) for name in scaled})
 
     def checkpointed(self, stages: Sequence[int]) -> StageCosts:
@@ -309,14 +316,9 @@ class StageCosts:
         >>> StageCosts.uniform(2, forward=2.0, activation_bytes=8.0).in_slots().activation_bytes
         (1.0, 1.0)
         """
-        def slot(spec: CostField) -> object:
-            if spec.slot is Slot.GIVEN:
-                return getattr(self, spec.name)
-            if spec.slot is None or not spec.per_stage:
-                return spec.slot
-            return (spec.slot,) * self.num_stages
-
-        return StageCosts(**{spec.name: slot(spec) for spec in COST_FIELDS})
+        n = self.num_stages
+        given = {name: getattr(self, name) for name in _SLOT_GIVEN}
+        return StageCosts(**given, **_SLOT_SCALARS, **{name: (value,) * n for name, value in _SLOT_PER_STAGE})
 
     def with_pair_cost(self, fb_cost: float) -> StageCosts:
         """These costs with an overlapped pair costing ``fb_cost`` x (F + B): every field of
