@@ -30,12 +30,10 @@ def slot_table(schedule: Schedule, costs: StageCosts | None = None) -> Timeline:
 def table_costs(schedule: Schedule, costs: StageCosts | None = None) -> StageCosts:
     """The slot table's costs for ``schedule``: op lengths in slots (one row of ``costs``
     for every stage; default F = I = W = 1), one unit of activations per stage-microbatch
-    held from its F until the op that ends its backward, free messages."""
-    given = (costs if costs is not None else StageCosts.slots()).broadcast(schedule.num_stages, family=schedule.name)
-    ones = (1.0,) * given.num_stages
-    return StageCosts(given.forward, given.backward_input, given.backward_weight, ones, (0.0,) * given.num_stages,
-                      backward=given.backward, input_frees=0.0, unit="slot", forward_backward=given.forward_backward,
-                      fb_cost=given.fb_cost)
+    held from its F until the op that ends its backward, free messages
+    (``StageCosts.in_slots``)."""
+    given = costs if costs is not None else StageCosts.slots()
+    return given.broadcast(schedule.num_stages, family=schedule.name).in_slots()
 
 
 def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES,

@@ -105,8 +105,6 @@ def _families() -> list[dict]:
 
 
 def _models() -> list[dict]:
-    import dataclasses
-
     from pipesched.model import MODELS, layer_params
 
     rows = []
@@ -195,7 +193,7 @@ def show(
     options, costs, fb_cost = family_options(settings)
     slots = costs if costs is not None else StageCosts.slots()
     if fb_cost is not None:
-        slots = dataclasses.replace(slots, fb_cost=fb_cost, forward_backward=None)
+        slots = slots.with_pair_cost(fb_cost)
     text = io.dumps(schedule, fmt)
     summary = _grid_summary(name, schedule, slots, costs, options, v) if output is None and fmt == "grid" else ""
     aligned = terminal is not None and terminal.is_terminal

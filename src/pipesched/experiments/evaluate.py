@@ -38,7 +38,6 @@ gives a Record with ``error`` set instead of results: grids report it as skipped
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
@@ -205,9 +204,7 @@ def slot_costs(point: Point) -> StageCosts:
 def with_fb_cost(costs: StageCosts, fb_cost: float | None) -> StageCosts:
     """``costs`` with an overlapped pair costing ``fb_cost`` x (F + B) (None: unchanged; a
     given fb_cost replaces a measured fb column)."""
-    if fb_cost is None:
-        return costs
-    return dataclasses.replace(costs, fb_cost=fb_cost, forward_backward=None)
+    return costs if fb_cost is None else costs.with_pair_cost(fb_cost)
 
 
 def _asynchronous(point: Point) -> bool:

@@ -95,15 +95,7 @@ def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:
             f"stage_costs={costs.num_stages} stages: the schedule has {num_stages} stages; give "
             f"{num_stages} cost rows, or a number of rows that divides {num_stages}"
         )
-    k = num_stages // costs.num_stages
-
-    # a chunk boundary carries the stage boundary's tensor; a chunk of a frozen stage is frozen
-    whole = ("output_bytes", "frozen")
-
-    def chunks(name: str, values: tuple) -> tuple:
-        return tuple(values[s // k] if name in whole else values[s // k] / k for s in range(num_stages))
-
-    return costs.map_stages(chunks)
+    return costs.in_chunks(num_stages // costs.num_stages)
 
 
 def check_links(latency: float | None, bandwidth: float | None) -> None:

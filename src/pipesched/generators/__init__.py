@@ -36,7 +36,6 @@ from pipesched.limits import (
     check_count,
     check_table_size,
 )
-from pipesched.rules import FORWARD_ONLY
 from pipesched.schedule import Schedule
 
 # Listing order is the order of `pipesched list` and of comparisons: the synchronous
@@ -125,23 +124,13 @@ def frozen_schedule(name: str, schedule: Schedule, frozen: Iterable[int], option
     if "costs" not in family.options:
         return kept
     given = per_stage_costs(options.get("costs"), schedule.num_stages, name)  # type: ignore[arg-type]
-    costs = frozen_costs(given, kept.roles)
+    costs = given.for_roles(kept.roles, kept.rules)  # the dropped ops at zero cost
     chunks = schedule.num_stages // schedule.num_devices
     replanned = freeze(_build(name, schedule.num_devices, schedule.num_microbatches, chunks,
                               tuple(sorted({**options, "costs": costs}.items()))), frozen)
     if slot_table(replanned, costs).makespan < slot_table(kept, costs).makespan:
         return replanned
     return kept
-
-
-def frozen_costs(costs: StageCosts, roles: tuple[str, ...]) -> StageCosts:
-    """``costs`` with what each stage's role drops at zero: W on frozen stages, I and W on
-    stages with no backward (what a cost-aware generator plans a frozen table with)."""
-    from pipesched.rules import TRAINS
-
-    weight = tuple(w if role == TRAINS else 0.0 for w, role in zip(costs.backward_weight, roles, strict=True))
-    backward = tuple(i if role != FORWARD_ONLY else 0.0 for i, role in zip(costs.backward_input, roles, strict=True))
-    return replace(costs, backward_input=backward, backward_weight=weight, backward=None)
 
 
 def _hashable(value: object) -> bool:

@@ -41,6 +41,7 @@ import yaml
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.io.stage_costs import dumps_stage_costs
 from pipesched.limits import (
     MAX_DEVICES,
     MAX_MICRO_BATCH_SIZE,
@@ -280,11 +281,7 @@ def stage_costs_from_timings(stages: Sequence[StageTiming], *, dtype: str = "flo
 
 def add_op_overhead(costs: StageCosts, overhead_s: float) -> StageCosts:
     """``costs`` with the runtime's fixed per-op cost (seconds) added to every op's time."""
-    def plus(values: tuple[float, ...] | None) -> tuple[float, ...] | None:
-        return None if values is None else tuple(v + overhead_s for v in values)
-
-    return dataclasses.replace(costs, forward=plus(costs.forward), backward_input=plus(costs.backward_input),
-                               backward_weight=plus(costs.backward_weight), backward=plus(costs.backward))
+    return costs.with_op_overhead(overhead_s)
 
 
 def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: ModelSpec | None = None,
@@ -453,16 +450,10 @@ def measurement_notes(model: ModelSpec, options: ProfileOptions, device_name: st
 
 
 def stage_costs_csv(costs: StageCosts) -> str:
-    """The stage-cost CSV the simulator reads (``pipesched.io.stage_costs``)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    columns = ["forward", "backward_input", "backward_weight", "activation_bytes", "output_bytes"]
-    if costs.backward is not None:
-        columns.append("backward")
-    writer.writerow(["stage", *columns])
-    for stage in range(costs.num_stages):
-        writer.writerow([stage, *(f"{getattr(costs, c)[stage]:.9g}" for c in columns)])
-    return buffer.getvalue()
+    """The stage-cost CSV the simulator reads (``pipesched.io.stage_costs``), to 9 digits:
+    the times and activation sizes measured, not the static bytes (the run measured holds
+    no optimizer state: its parameter memory is not a training run's)."""
+    return dumps_stage_costs(dataclasses.replace(costs, static_bytes=None, grad_bytes=None), digits=9)
 
 
 def link_yaml(link: LinkProfile, *, overhead_s: float | None = None) -> str:

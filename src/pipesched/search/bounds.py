@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.costs import StageCosts
+from pipesched.costs import TIMES, StageCosts
 from pipesched.experiments.evaluate import (
     STEADY_ITERATIONS,
     in_steady_state,
@@ -98,11 +98,8 @@ def _closed_form(point: Point, costs: StageCosts) -> float:
 
     if point.schedule is not None:
         return 0.0
-    cheapest = StageCosts(
-        forward=(min(costs.forward),), backward_input=(min(costs.backward_input),),
-        backward_weight=(min(costs.backward_weight),),
-        backward=(min(costs.full_backward(s) for s in range(costs.num_stages)),),
-        activation_bytes=(0.0,), output_bytes=(0.0,))
+    # one stage of each op's least time (a bound for every stage)
+    cheapest = StageCosts.from_times({name: (min(costs.times(name)),) for name in TIMES})
     estimate = formula(point.family, point.p, point.m, v=point.v, costs=cheapest)
     return estimate.makespan if estimate.exact else 0.0
 

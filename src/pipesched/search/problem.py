@@ -383,10 +383,7 @@ class IntegerProblem:
         def lengths(kind: OpKind) -> tuple[int, ...]:
             return tuple((self.recomputed if s in chosen else self.duration)[kind][s] for s in range(p))
 
-        zeros = (0.0,) * p
-        if self.problem.split_backward:
-            return StageCosts(lengths(F), lengths(I), lengths(W), zeros, zeros)
-        return StageCosts(lengths(F), zeros, zeros, zeros, zeros, backward=lengths(B))
+        return StageCosts.from_times({RULES[kind].cost: lengths(kind) for kind in self.kinds})
 
     def unit_network(self) -> Network:
         """Links whose latency is the grid's transfer delay between neighbouring stages."""
