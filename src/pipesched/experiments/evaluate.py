@@ -212,7 +212,7 @@ def with_fb_cost(costs: StageCosts, fb_cost: float | None) -> StageCosts:
 
 def _asynchronous(point: Point) -> bool:
     if point.schedule is not None:
-        return bool(point.schedule.params.get("asynchronous"))
+        return point.schedule.execution.asynchronous
     from pipesched.generators import get_family
 
     return get_family(point.family).asynchronous

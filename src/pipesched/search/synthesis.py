@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.limits import MAX_TIMEOUT_S, check_amount
-from pipesched.schedule import Schedule
+from pipesched.schedule import Execution, Schedule
 from pipesched.search.baseline import Baseline, best_family
 from pipesched.search.cpsat import SolverOutcome, require_solver, solve
 from pipesched.search.list_scheduling import list_schedule, rules
@@ -236,12 +236,9 @@ def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, o
     recompute = tuple(sorted(plan.recompute))
     params: dict[str, object] = {"p": problem.num_stages, "m": problem.num_microbatches,
                                  "solver": outcome.status, "method": method}
-    if recompute:
-        params["recompute_stages"] = list(recompute)
     offload = tuple(sorted(plan.offload))
-    if offload:
-        params["offload"] = list(offload)
-    schedule = to_schedule(problem, plan, name="synthesized", params=params)
+    execution = Execution(recompute_stages=recompute, offload_stages=offload)
+    schedule = to_schedule(problem, plan, name="synthesized", params=params, execution=execution)
     return SynthesisResult(
         schedule=schedule,
         costs=problem.costs.checkpointed(recompute),
