@@ -16,12 +16,13 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from numbers import Integral
 
+from pipesched.enums import TimeUnit
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_SECONDS, check_amount
 from pipesched.ops import Op, OpKind
 from pipesched.rules import HOST_TRANSFER, RULES
 
-SECONDS, SLOTS = "s", "slot"
+SECONDS, SLOTS = TimeUnit.SECONDS, TimeUnit.SLOT
 
 
 def _floats(values: Sequence[float], field_name: str) -> tuple[float, ...]:

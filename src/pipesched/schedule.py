@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from pipesched.enums import Role
 from pipesched.errors import PipeschedError, require
 from pipesched.ops import I, Op, W
 from pipesched.rules import RULES, Rules, stage_roles
@@ -375,7 +376,7 @@ class Schedule:
         return {}
 
     @cached_property
-    def roles(self) -> tuple[str, ...]:
+    def roles(self) -> tuple[Role, ...]:
         """What each stage does in the backward, from the frozen stages (``stage_roles``)."""
         return stage_roles(self.num_stages, self.frozen)
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pipesched.costs import StageCosts
+from pipesched.enums import TimeUnit
 from pipesched.ops import Op
 from pipesched.rules import RULES, Rules
 from pipesched.schedule import Schedule
@@ -34,7 +35,7 @@ def table_costs(schedule: Schedule, costs: StageCosts | None = None) -> StageCos
     given = (costs if costs is not None else StageCosts.slots()).broadcast(schedule.num_stages, family=schedule.name)
     ones = (1.0,) * given.num_stages
     return StageCosts(given.forward, given.backward_input, given.backward_weight, ones, (0.0,) * given.num_stages,
-                      backward=given.backward, input_frees=0.0, unit="slot", forward_backward=given.forward_backward,
+                      backward=given.backward, input_frees=0.0, unit=TimeUnit.SLOT, forward_backward=given.forward_backward,
                       fb_cost=given.fb_cost)
 
 

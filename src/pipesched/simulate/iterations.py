@@ -44,6 +44,7 @@ from pipesched.errors import require
 from pipesched.generators.base import check_iterations
 from pipesched.limits import MAX_OPS
 from pipesched.ops import Op
+from pipesched.rules import AT_START
 from pipesched.schedule import Schedule, WeightUpdates
 from pipesched.simulate.graph import TaskGraph, compile_graph, weight_bytes
 from pipesched.simulate.network import Network
@@ -172,7 +173,7 @@ def _version_waits(graph: TaskGraph, update_every: int, versions: tuple[int, ...
     ops = graph.ops
     rules = graph.schedule.rules
     arrays = rule_arrays(rules)
-    forward = np.array([rule.memory.at == "start" and rule.memory.whole > 0 for rule in rules], np.bool_)
+    forward = np.array([rule.memory.at == AT_START and rule.memory.whole > 0 for rule in rules], np.bool_)
     batch = ops.microbatch.astype(np.int64) // update_every
     batches = int(batch.max(initial=-1)) + 1
     stages = graph.schedule.num_stages
