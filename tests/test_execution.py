@@ -85,6 +85,8 @@ def _file(tmp_path: Path, execution: dict) -> Path:
     ({"microbatch_fraction": 0}, "execution.microbatch_fraction=0"),
     ({"iterations": 2, "updates": {"update_every": 1, "versions": [4, 3, 2]}}, "execution.updates.versions="),
     ({"iterations": 3}, "execution.iterations=3"),
+    ({"iterations": 10**30}, "execution.iterations=1000000000000000000000000000000: over the limit"),
+    ({"iterations": 2, "updates": {"update_every": 0, "versions": [1, 1, 1, 1]}}, "execution.updates.update_every=0"),
     ({"recompute_stages": [4]}, "execution.recompute_stages="),
     ({"asynchronous": True}, "execution=asynchronous: unknown key"),
 ])

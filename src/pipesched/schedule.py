@@ -9,6 +9,7 @@ from functools import cached_property
 
 from pipesched.enums import Role
 from pipesched.errors import PipeschedError, require
+from pipesched.limits import MAX_DEVICES, MAX_ITERATIONS, MAX_MICROBATCHES, check_count
 from pipesched.ops import I, Op, W
 from pipesched.rules import RULES, Rules, stage_roles
 
@@ -186,7 +187,7 @@ class Execution:
         updates = data.get("updates")
         found = cls(
             microbatch_fraction=_fraction(data.get("microbatch_fraction", 1.0), f"{field_name}.microbatch_fraction"),
-            iterations=_whole(data.get("iterations", 1), f"{field_name}.iterations", minimum=1),
+            iterations=check_count(f"{field_name}.iterations", data.get("iterations", 1), MAX_ITERATIONS),
             recompute_stages=_stages(data.get("recompute_stages", []), f"{field_name}.recompute_stages", num_stages),
             offload_stages=_stages(data.get("offload_stages", []), f"{field_name}.offload_stages", num_stages),
             updates=None if updates is None else _updates(updates, f"{field_name}.updates", num_stages),
@@ -198,7 +199,7 @@ class Execution:
         """Raise PipeschedError unless this execution fits a table of ``num_stages`` stages
         and ``num_microbatches`` microbatches."""
         _fraction(self.microbatch_fraction, f"{field_name}.microbatch_fraction")
-        _whole(self.iterations, f"{field_name}.iterations", minimum=1)
+        check_count(f"{field_name}.iterations", self.iterations, MAX_ITERATIONS)
         require(num_microbatches % self.iterations == 0, f"{field_name}.iterations", self.iterations,
                 f"the table's {num_microbatches} microbatches must split into whole iterations; give a divisor "
                 f"of {num_microbatches}")
@@ -210,12 +211,6 @@ class Execution:
 
 # the keys of a schedule file's ``execution`` object (``Execution.to_dict``)
 EXECUTION_KEYS = ("microbatch_fraction", "iterations", "recompute_stages", "offload_stages", "updates")
-
-
-def _whole(value: object, field_name: str, *, minimum: int) -> int:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-    require(ok, field_name, str(value), f"give a whole number >= {minimum}")
-    return int(value)  # type: ignore[arg-type]
 
 
 def _fraction(value: object, field_name: str) -> float:
@@ -240,9 +235,10 @@ def _updates(value: object, field_name: str, num_stages: int) -> WeightUpdates:
     versions = value["versions"]  # type: ignore[index]
     require(isinstance(versions, list | tuple) and len(versions) == num_stages, f"{field_name}.versions",
             str(versions), f"give one weight-version count per stage ({num_stages})")
-    return WeightUpdates(_whole(value["update_every"], f"{field_name}.update_every", minimum=1),  # type: ignore[index]
-                         tuple(_whole(x, f"{field_name}.versions", minimum=1) for x in versions),
-                         _whole(value.get("delay", 0), f"{field_name}.delay", minimum=0))  # type: ignore[union-attr]
+    return WeightUpdates(
+        check_count(f"{field_name}.update_every", value["update_every"], MAX_MICROBATCHES),  # type: ignore[index]
+        tuple(check_count(f"{field_name}.versions", x, MAX_DEVICES, what="weight versions") for x in versions),
+        check_count(f"{field_name}.delay", value.get("delay", 0), MAX_MICROBATCHES, minimum=0))  # type: ignore[union-attr]
 
 
 SYNCHRONOUS = Execution()
