@@ -104,3 +104,12 @@ def test_a_bad_old_params_execution_is_a_one_line_error(cli, tmp_path, params) -
     path.write_text("# name: custom\n# params: " + json.dumps(params) + "\nd0: 0F0 0B0\nd1: 1F0 1B0\n", encoding="utf-8")
     result = cli("validate", str(path))
     assert_one_line_error(result, f"{path}:2:1: header params.")
+
+
+@pytest.mark.parametrize("stated", [3, 0, "4", 10**30])
+def test_an_old_iteration_count_that_does_not_divide_the_table_is_a_one_line_error(cli, tmp_path, stated) -> None:
+    path = tmp_path / "old.json"
+    data = {**json_format.to_dict(generate("1f1b", 2, 8)), "params": {"iteration_microbatches": stated}}
+    del data["execution"]
+    path.write_text(json.dumps(data), encoding="utf-8")
+    assert_one_line_error(cli("simulate", str(path)), "params.iteration_microbatches=")

@@ -10,6 +10,7 @@ the typed ``Execution`` and leaves the rest of ``params`` for display.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from pipesched.errors import require
@@ -52,11 +53,15 @@ def read_execution(execution: object, params: Mapping[str, object], *, num_stage
     return display, found
 
 
-def _iterations(params: Mapping[str, object], num_microbatches: int, field_name: str) -> object:
-    """The iterations an older file's ``iteration_microbatches`` implies."""
+def _iterations(params: Mapping[str, object], num_microbatches: int, field_name: str) -> int:
+    """The iterations an older file's ``iteration_microbatches`` implies: the table's
+    microbatches times their fraction over those of one iteration, a whole number."""
     stated = params["iteration_microbatches"]
     fraction = params.get("microbatch_fraction", 1.0)
-    ok = isinstance(stated, int) and not isinstance(stated, bool) and stated >= 1 and isinstance(fraction, int | float)
-    require(ok, f"{field_name}.iteration_microbatches", str(stated), "give a whole number of microbatches >= 1")
-    count = num_microbatches * fraction / stated  # type: ignore[operator]
-    return int(count) if count == int(count) and count >= 1 else count
+    ok = isinstance(stated, int) and not isinstance(stated, bool) and stated >= 1
+    count = num_microbatches * fraction / stated if ok and isinstance(fraction, int | float) else 0.0
+    whole = math.isfinite(count) and count >= 1 and count == int(count)
+    require(whole, f"{field_name}.iteration_microbatches", str(stated),
+            f"give the microbatches of one iteration, a divisor of the table's {num_microbatches} (times their "
+            "fraction), or remove it")
+    return int(count)
