@@ -10,10 +10,11 @@ import pytest
 from cli_helpers import assert_one_line_error
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
-from pipesched.io import load_schedule, save_schedule
+from pipesched.io import json_format, load_schedule, save_schedule
 from pipesched.io.stage_costs import load_stage_costs
 from pipesched.model import load_cluster
 from pipesched.runtime.runs import check_runnable
+from pipesched.schedule import SYNCHRONOUS, Execution
 from pipesched.simulate import Network, simulate
 from pipesched.validate import validate
 
@@ -140,7 +141,7 @@ def test_a_file_with_stage_checkpoints_simulates_to_the_synthesized_time_and_pea
     shown = cli("simulate", str(out), *workload, "--no-contention", "--no-timeline")
     assert "stage checkpoints (the schedule's)" in shown.out
     # the same table without its checkpoints runs over the cap
-    schedule.params.pop("recompute_stages")
+    schedule = schedule.with_ops(schedule.device_ops, execution=SYNCHRONOUS)
     plain = tmp_path / f"plain{suffix}"
     save_schedule(schedule, plain)
     over = json.loads(cli("simulate", str(plain), *workload, "--no-contention", "--json").out)
@@ -161,8 +162,11 @@ def test_decisions_a_csv_cannot_carry_are_refused_before_solving(cli, costs_file
                                                   ({"recompute_stages": "0"}, "params.recompute_stages"),
                                                   ({"partition": 3}, "params.partition")])
 def test_bad_carried_checkpoints_or_partition_are_one_line_errors(cli, tmp_path, params, fragment) -> None:
+    # a file written before the execution object, its checkpoints in params
     path = tmp_path / "bad.json"
-    save_schedule(generate("1f1b", 2, 2).with_ops(generate("1f1b", 2, 2).device_ops, params=params), path)
+    data = {**json_format.to_dict(generate("1f1b", 2, 2)), "params": params}
+    del data["execution"]
+    path.write_text(json.dumps(data), encoding="utf-8")
     result = cli("simulate", str(path), "--model", "tiny", "--cluster", "1x8-h100", "-t", "1", "--no-timeline")
     assert_one_line_error(result, fragment)
 
@@ -171,4 +175,4 @@ def test_a_real_run_refuses_stage_checkpoints_it_would_not_execute(tmp_path) -> 
     table = generate("1f1b", 2, 2)
     check_runnable(table)
     with pytest.raises(PipeschedError, match=r"recompute_stages.*real runs do not execute"):
-        check_runnable(table.with_ops(table.device_ops, params={"recompute_stages": [0]}))
+        check_runnable(table.with_ops(table.device_ops, execution=Execution(recompute_stages=(0,))))

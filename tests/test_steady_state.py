@@ -82,7 +82,7 @@ def test_too_few_weight_versions_are_refused(cli):
         generate("pipedream", 4, 8, versions=2)
     with pytest.raises(PipeschedError, match=r"^versions=1: pipedream-2bw's 1F1B order"):
         generate("pipedream-2bw", 4, 8, versions=1)
-    assert generate("pipedream-2bw", 4, 8, versions=3).params["versions"] == [2, 2, 2, 2]
+    assert generate("pipedream-2bw", 4, 8, versions=3).execution.updates.versions == (2, 2, 2, 2)
     result = cli("show", "pipedream-2bw", "-p", "4", "-m", "8", "--set", "versions=1")
     assert result.code == 2 and result.err.startswith("pipesched: error: versions=1:")
     assert result.err.count("\n") == 1 and not result.out
@@ -90,7 +90,7 @@ def test_too_few_weight_versions_are_refused(cli):
 
 def test_async_table_is_one_continuous_order():
     table = generate("pipedream", 3, 4, iterations=2)
-    assert table.num_microbatches == 8 and table.params["iteration_microbatches"] == 4
+    assert table.num_microbatches == 8 and table.iteration_microbatches == 4
     assert table.device_ops == generate("1f1b", 3, 8).device_ops  # no ramp between iterations
 
 

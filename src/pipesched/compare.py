@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
+from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError
 from pipesched.experiments.evaluate import LEVELS, LevelResult, check_levels
 from pipesched.experiments.grid import Mapper, evaluate_all, rank
@@ -94,13 +95,13 @@ class Comparison:
             moves = []
             for level in self.levels:
                 r = self.result(name, level)
-                unit = "s" if r.time_unit == "s" else "slots"
+                unit = "s" if r.time_unit == TimeUnit.SECONDS else "slots"
                 row[f"{level} time ({unit})"] = round(r.iteration_time, 6)
                 row[f"{level} bubble"] = round(r.bubble_ratio, 4)
                 if r.mfu is not None:
                     row[f"{level} MFU"] = round(r.mfu, 4)
                     row[f"{level} HFU"] = round(r.hfu, 4)
-                if r.memory_unit == "bytes":
+                if r.memory_unit == MemoryUnit.BYTES:
                     row[f"{level} GiB"] = round(r.peak_memory / 2**30, 2)
                     row[f"{level} fits"] = "no (OOM)" if r.out_of_memory else "yes"
                 else:
@@ -128,7 +129,7 @@ class Comparison:
             "skipped": [{"schedule": name, "reason": reason} for name, reason in self.skipped],
             # frozen, recomputed and offloaded work per device, by schedule (sim level)
             "training_per_device": {r.schedule: r.training.to_dict() for r in self.results
-                                    if r.level == "sim" and r.training is not None and r.training.any},
+                                    if r.level == Level.SIM and r.training is not None and r.training.any},
             **({"variability": {"samples": self.distributions[0][1].samples,
                                 "model": self.distributions[0][1].variability.describe(),
                                 **self.variability.to_dict()}} if self.variability is not None else {}),
@@ -166,7 +167,7 @@ def compare(
     [('gpipe', 'formula', 33.0, 1), ('gpipe', 'table', 33.0, 1), ('1f1b', 'formula', 33.0, 1), ('1f1b', 'table', 33.0, 1)]
     """
     levels = check_levels(levels)
-    if workload is not None and workload.variability is not None and "sim" not in levels:
+    if workload is not None and workload.variability is not None and Level.SIM not in levels:
         raise PipeschedError(f"levels={','.join(levels)}: variability (--jitter, --straggler, ...) is drawn at the "
                              "sim level; add sim to the levels")
     names = list(schedules) if schedules else list(FAMILIES)
@@ -199,7 +200,7 @@ def compare(
         levels=levels,
         results=results,
         skipped=tuple((record.point.family, record.error) for record in records if not record.ok),
-        setup=setup if "sim" in levels else "",
+        setup=setup if Level.SIM in levels else "",
         settings={"contention": workload.contention, "overlap": workload.overlap,
                   "steady_state": workload.steady_state, "fb_cost": workload.fb_cost},
         timelines=tuple(record.timeline for record in ranked if keep_timelines),

@@ -23,12 +23,13 @@ from enum import Enum, StrEnum
 from functools import cached_property
 from numbers import Integral
 
+from pipesched.enums import TimeUnit
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_AMOUNT, MAX_SECONDS, MAX_STAGES, check_amount, check_count
 from pipesched.ops import Op, OpKind
 from pipesched.rules import HOST_TRANSFER, RULES, Rules
 
-SECONDS, SLOTS = "s", "slot"
+SECONDS, SLOTS = TimeUnit.SECONDS, TimeUnit.SLOT
 
 
 class Quantity(StrEnum):

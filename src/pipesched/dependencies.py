@@ -174,7 +174,7 @@ def rule_arrays(rules: Rules) -> RuleArrays:
         memory_whole=np.array([rule.memory.whole for rule in rules], np.float64),
         memory_input_part=np.array([rule.memory.input_part for rule in rules], np.float64),
         memory_kept=np.array([rule.memory.kept for rule in rules], np.float64),
-        memory_at_start=np.array([rule.memory.at == "start" for rule in rules], np.bool_),
+        memory_at_start=np.array([rule.memory.at == AT_START for rule in rules], np.bool_),
         ends_weight_gradient=np.array([rule.ends_weight_gradient for rule in rules], np.bool_),
         accepted_masks=accepted_masks,
         role_whole=per_role(lambda e: e.whole).astype(np.float64),

@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numba import njit
 
+from pipesched.enums import TimeUnit
 from pipesched.errors import require
 from pipesched.simulate.critical import CriticalPath, critical_path
 from pipesched.timeline import Timeline
@@ -470,7 +471,7 @@ def summarize(
     recompute) and the devices' peak FLOP/s, HFU the FLOPs they execute
     (``hardware_flops_per_iteration``). Peak memory and the critical path are the whole
     timeline's."""
-    seconds = timeline.unit == "s"
+    seconds = timeline.unit == TimeUnit.SECONDS
     time = timeline.iteration_time
     found = None
     if seconds:

@@ -74,6 +74,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import NamedTuple
 
+from pipesched.enums import Role, RunsOn, Stream
 from pipesched.errors import PipeschedError
 from pipesched.ops import OVERLAP_F_B, B, F, I, O, Op, OpKind, R, W
 
@@ -85,21 +86,21 @@ GRADIENT = "gradient"  # I/B(s+1) -> I/B(s): the gradient of that hidden state, 
 AT_START, AT_END = "start", "end"
 
 # the stream of a device an op runs on: its compute stream, or its host link (offloads)
-COMPUTE, HOST_LINK = "compute", "host link"
-STREAMS = (COMPUTE, HOST_LINK)
+COMPUTE, HOST_LINK = Stream.COMPUTE, Stream.HOST_LINK
+STREAMS = tuple(Stream)
 
 # the cost of an op that moves its stage-microbatch's activation bytes over its device's
 # host link (``pipesched.simulate.network.Network.host_bandwidth``; free without a network)
 HOST_TRANSFER = "host transfer"
 
 # what a stage does in the backward (see the module docstring); and on which stages a kind runs
-TRAINS, INPUT_GRADIENT, FORWARD_ONLY = "trains", "input gradient", "forward only"
-ROLES = (TRAINS, INPUT_GRADIENT, FORWARD_ONLY)
-ALL_STAGES, BACKWARD_STAGES, TRAINED_STAGES = "all stages", "stages with a backward", "trained stages"
+TRAINS, INPUT_GRADIENT, FORWARD_ONLY = Role.TRAINS, Role.INPUT_GRADIENT, Role.FORWARD_ONLY
+ROLES = tuple(Role)
+ALL_STAGES, BACKWARD_STAGES, TRAINED_STAGES = RunsOn.ALL_STAGES, RunsOn.BACKWARD_STAGES, RunsOn.TRAINED_STAGES
 _RUNS_IN = MappingProxyType({ALL_STAGES: ROLES, BACKWARD_STAGES: (TRAINS, INPUT_GRADIENT), TRAINED_STAGES: (TRAINS,)})
 
 
-def stage_roles(num_stages: int, frozen: frozenset[int] | set[int] | tuple[int, ...] = frozenset()) -> tuple[str, ...]:
+def stage_roles(num_stages: int, frozen: frozenset[int] | set[int] | tuple[int, ...] = frozenset()) -> tuple[Role, ...]:
     """The role of every stage when the stages ``frozen`` train nothing.
 
     >>> stage_roles(4, {0, 1, 3})
@@ -164,8 +165,8 @@ class KindRule:
     cost: str  # what its duration is per stage: StageCosts.times(cost), or HOST_TRANSFER
     memory: MemoryEffect = MemoryEffect()  # noqa: RUF009 - an immutable NamedTuple
     ends_weight_gradient: bool = False  # after it the stage-microbatch's weight gradient is complete
-    stream: str = COMPUTE  # the device stream it runs on: COMPUTE or HOST_LINK
-    runs_on: str = ALL_STAGES  # ALL_STAGES, BACKWARD_STAGES or TRAINED_STAGES (see stage_roles)
+    stream: Stream = COMPUTE  # the device stream it runs on: COMPUTE or HOST_LINK
+    runs_on: RunsOn = ALL_STAGES  # ALL_STAGES, BACKWARD_STAGES or TRAINED_STAGES (see stage_roles)
     cost_without_weights: str | None = None  # its cost on a stage that computes no weight gradient
 
     # a fused kind: the kinds its parts may have, one tuple per part, in order (empty: a plain kind)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from pipesched.errors import PipeschedError, require, shorten
+from pipesched.enums import Role
+from pipesched.errors import PipeschedError, require
+from pipesched.limits import MAX_DEVICES, MAX_ITERATIONS, MAX_MICROBATCHES, check_count
 from pipesched.ops import I, Op, W
 from pipesched.rules import RULES, Rules, stage_roles
 
@@ -108,6 +111,140 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class WeightUpdates:
+    """How an asynchronous table (PipeDream's families) updates its weights: each stage
+    steps them once per ``update_every`` consecutive microbatches, keeps ``versions[s]``
+    weight versions on stage s, and every batch runs on weights ``delay`` updates behind the
+    newest (PipeDream-2BW: 1)."""
+
+    update_every: int  # microbatches per weight update
+    versions: tuple[int, ...]  # weight versions each stage keeps
+    delay: int = 0  # updates behind the newest weights
+
+    def to_dict(self) -> dict[str, object]:
+        return {"update_every": self.update_every, "versions": list(self.versions), "delay": self.delay}
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What the simulation reads of a table beyond its ops (``Schedule.execution``; the
+    ``execution`` object of a schedule file, see ``Execution.from_dict``).
+
+    microbatch_fraction: the size of the table's microbatches as a fraction of the
+        microbatch its costs describe (1; 0.5 for Chimera's backward halving, whose table
+        runs each microbatch as two halves: ``StageCosts.of_microbatch_fraction``).
+    iterations: the iterations the table holds, its microbatches split evenly among them
+        (an asynchronous family's continuous order; a steady-state run's repeated table).
+    recompute_stages: stages run with a stage checkpoint (``pipesched synthesize
+        --allow-recompute``): each keeps only its input and redoes its forward in its
+        backward, so it is simulated on ``StageCosts.checkpointed`` costs.
+    offload_stages: stages whose activations the table offloads (its O and R ops, as
+        ``pipesched synthesize --allow-offload`` chose them).
+    updates: the weight updates of an asynchronous table (None: synchronous, flushed).
+    """
+
+    microbatch_fraction: float = 1.0
+    iterations: int = 1
+    recompute_stages: tuple[int, ...] = ()
+    offload_stages: tuple[int, ...] = ()
+    updates: WeightUpdates | None = None
+
+    @property
+    def asynchronous(self) -> bool:
+        """True for a table without a flush between its iterations (weights in versions)."""
+        return self.updates is not None
+
+    def iteration_microbatches(self, num_microbatches: int) -> float:
+        """The (whole-size) microbatches of one iteration of a table of ``num_microbatches``:
+        their number times their fraction, over the iterations the table holds (Chimera's
+        backward halving: 2m half-size ones make m; PipeDream's k iterations of m make m)."""
+        return num_microbatches * self.microbatch_fraction / self.iterations
+
+    def to_dict(self) -> dict[str, object]:
+        """The entries that differ from a plain synchronous table (``from_dict`` reads them)."""
+        found: dict[str, object] = {}
+        if self.microbatch_fraction != 1.0:
+            found["microbatch_fraction"] = self.microbatch_fraction
+        if self.iterations != 1:
+            found["iterations"] = self.iterations
+        if self.recompute_stages:
+            found["recompute_stages"] = list(self.recompute_stages)
+        if self.offload_stages:
+            found["offload_stages"] = list(self.offload_stages)
+        if self.updates is not None:
+            found["updates"] = self.updates.to_dict()
+        return found
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object], *, num_stages: int, num_microbatches: int,
+                  field_name: str = "execution") -> Execution:
+        """The execution a file's ``execution`` object describes (the keys ``to_dict``
+        writes), checked against the table's stages and microbatches; errors name
+        ``field_name.key``."""
+        unknown = sorted(set(data) - set(EXECUTION_KEYS))
+        require(not unknown, field_name, unknown[0] if unknown else "",
+                f"unknown key; give only {', '.join(EXECUTION_KEYS)}")
+        updates = data.get("updates")
+        found = cls(
+            microbatch_fraction=_fraction(data.get("microbatch_fraction", 1.0), f"{field_name}.microbatch_fraction"),
+            iterations=check_count(f"{field_name}.iterations", data.get("iterations", 1), MAX_ITERATIONS),
+            recompute_stages=_stages(data.get("recompute_stages", []), f"{field_name}.recompute_stages", num_stages),
+            offload_stages=_stages(data.get("offload_stages", []), f"{field_name}.offload_stages", num_stages),
+            updates=None if updates is None else _updates(updates, f"{field_name}.updates", num_stages),
+        )
+        found.check(num_stages, num_microbatches, field_name)
+        return found
+
+    def check(self, num_stages: int, num_microbatches: int, field_name: str = "execution") -> None:
+        """Raise PipeschedError unless this execution fits a table of ``num_stages`` stages
+        and ``num_microbatches`` microbatches."""
+        _fraction(self.microbatch_fraction, f"{field_name}.microbatch_fraction")
+        check_count(f"{field_name}.iterations", self.iterations, MAX_ITERATIONS)
+        require(num_microbatches % self.iterations == 0, f"{field_name}.iterations", self.iterations,
+                f"the table's {num_microbatches} microbatches must split into whole iterations; give a divisor "
+                f"of {num_microbatches}")
+        _stages(self.recompute_stages, f"{field_name}.recompute_stages", num_stages)
+        _stages(self.offload_stages, f"{field_name}.offload_stages", num_stages)
+        if self.updates is not None:
+            _updates(self.updates.to_dict(), f"{field_name}.updates", num_stages)
+
+
+# the keys of a schedule file's ``execution`` object (``Execution.to_dict``)
+EXECUTION_KEYS = ("microbatch_fraction", "iterations", "recompute_stages", "offload_stages", "updates")
+
+
+def _fraction(value: object, field_name: str) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= 1
+    require(ok, field_name, str(value), "give a fraction of the costs' microbatch in (0, 1]")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _stages(value: object, field_name: str, num_stages: int) -> tuple[int, ...]:
+    """Distinct stage numbers, sorted."""
+    valid = isinstance(value, list | tuple) and len(value) <= num_stages and all(
+        isinstance(s, int) and not isinstance(s, bool) and 0 <= s < num_stages for s in value)
+    require(valid and len(set(value)) == len(value), field_name, str(value),  # type: ignore[arg-type]
+            f"give a list of distinct stage numbers 0..{num_stages - 1}")
+    return tuple(sorted(value))  # type: ignore[arg-type]
+
+
+def _updates(value: object, field_name: str, num_stages: int) -> WeightUpdates:
+    require(isinstance(value, Mapping) and set(value) <= {"update_every", "versions", "delay"}
+            and {"update_every", "versions"} <= set(value), field_name, str(value),
+            "give an object with update_every, versions (one per stage) and delay")
+    versions = value["versions"]  # type: ignore[index]
+    require(isinstance(versions, list | tuple) and len(versions) == num_stages, f"{field_name}.versions",
+            str(versions), f"give one weight-version count per stage ({num_stages})")
+    return WeightUpdates(
+        check_count(f"{field_name}.update_every", value["update_every"], MAX_MICROBATCHES),  # type: ignore[index]
+        tuple(check_count(f"{field_name}.versions", x, MAX_DEVICES, what="weight versions") for x in versions),
+        check_count(f"{field_name}.delay", value.get("delay", 0), MAX_MICROBATCHES, minimum=0))  # type: ignore[union-attr]
+
+
+SYNCHRONOUS = Execution()
+
+
+@dataclass(frozen=True)
 class Schedule:
     """A pipeline schedule as data: one ordered op sequence per device.
 
@@ -117,7 +254,10 @@ class Schedule:
     ``ops()``, ``num_ops`` and ``op_set`` count the plain ops (a fused entry's parts).
 
     ``route[mb]`` is the replica that microbatch ``mb`` goes through (all 0 with one replica).
-    ``params`` records the generator's parameters (``p``, ``m``, ``v``, ...) for display.
+    ``params`` records the generator's parameters (``p``, ``m``, ``v``, ...) for display only.
+    ``execution`` holds what the simulation reads beyond the ops (``Execution``: the
+    microbatch fraction, the iterations the table holds, stage checkpoints, offloaded stages,
+    asynchronous weight updates).
     ``rules`` is the table of op kinds the ops are read with (``pipesched.rules.RULES``).
     ``frozen`` names the stages whose layers are all frozen: they compute no weight
     gradient, and the rules' stage roles say which ops each stage runs
@@ -132,6 +272,7 @@ class Schedule:
     params: Mapping[str, object] = field(default_factory=dict, compare=False, hash=False)
     rules: Rules = field(default=RULES, compare=False, hash=False, repr=False)
     frozen: frozenset[int] = frozenset()
+    execution: Execution = field(default=SYNCHRONOUS, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         require(self.num_microbatches >= 1, "microbatches", self.num_microbatches, "must be at least 1")
@@ -158,6 +299,7 @@ class Schedule:
                 raise PipeschedError(
                     f"route={replica}: replica index must be in 0..{self.placement.num_replicas - 1}"
                 )
+        self.execution.check(self.num_stages, self.num_microbatches)
 
     # --- sizes ---------------------------------------------------------------------------
     @property
@@ -171,21 +313,18 @@ class Schedule:
     @property
     def microbatch_fraction(self) -> float:
         """The size of this table's microbatches as a fraction of the microbatch its costs
-        describe: 1, or 0.5 for Chimera's backward halving, whose table runs each microbatch
-        as two halves (``StageCosts.of_microbatch_fraction``)."""
-        return float(self.params.get("microbatch_fraction", 1.0))
+        describe (``Execution.microbatch_fraction``)."""
+        return self.execution.microbatch_fraction
 
     @property
     def recompute_stages(self) -> tuple[int, ...]:
-        """The stages this table runs with a stage checkpoint (``params["recompute_stages"]``,
-        as ``pipesched synthesize`` writes them): each keeps only its input and redoes its
-        forward in its backward, so it is simulated on ``StageCosts.checkpointed`` costs."""
-        stages = self.params.get("recompute_stages", [])
-        valid = isinstance(stages, list | tuple) and len(stages) <= self.num_stages and all(
-            isinstance(s, int) and not isinstance(s, bool) and 0 <= s < self.num_stages for s in stages)
-        require(valid and len(set(stages)) == len(stages), "params.recompute_stages", shorten(str(stages)),
-                f"give a list of distinct stage numbers 0..{self.num_stages - 1}")
-        return tuple(sorted(stages))
+        """The stages this table runs with a stage checkpoint (``Execution.recompute_stages``)."""
+        return self.execution.recompute_stages
+
+    @property
+    def iteration_microbatches(self) -> float:
+        """The (whole-size) microbatches of one iteration (``Execution.iteration_microbatches``)."""
+        return self.execution.iteration_microbatches(self.num_microbatches)
 
     @property
     def num_ops(self) -> int:
@@ -233,7 +372,7 @@ class Schedule:
         return {}
 
     @cached_property
-    def roles(self) -> tuple[str, ...]:
+    def roles(self) -> tuple[Role, ...]:
         """What each stage does in the backward, from the frozen stages (``stage_roles``)."""
         return stage_roles(self.num_stages, self.frozen)
 
@@ -269,9 +408,10 @@ class Schedule:
         return tuple(found)
 
     def with_ops(self, device_ops: tuple[tuple[Op, ...], ...], *, name: str | None = None,
-                 frozen: frozenset[int] | None = None, params: Mapping[str, object] | None = None) -> Schedule:
+                 frozen: frozenset[int] | None = None, params: Mapping[str, object] | None = None,
+                 execution: Execution | None = None) -> Schedule:
         """A copy with other op tables (for passes: Schedule -> Schedule), and other frozen
-        stages or parameters when given."""
+        stages, parameters or execution when given."""
         return Schedule(
             name=name or self.name,
             placement=self.placement,
@@ -281,5 +421,6 @@ class Schedule:
             params=dict(self.params if params is None else params),
             rules=self.rules,
             frozen=self.frozen if frozen is None else frozen,
+            execution=self.execution if execution is None else execution,
         )
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipesched.enums import MemoryUnit
 from pipesched.errors import require
 from pipesched.ops import Op
 from pipesched.schedule import Schedule
@@ -73,7 +74,7 @@ class MemoryTrace:
     values: tuple[np.ndarray, ...]
     static: tuple[float, ...]
     capacity: tuple[float, ...] | None = None  # device memory, bytes; None when unknown
-    unit: str = "bytes"  # "bytes" or "stage-microbatches"
+    unit: str = MemoryUnit.BYTES  # bytes or stage-microbatches
 
     @property
     def peak(self) -> tuple[float, ...]:
@@ -177,7 +178,7 @@ class Timeline:
 
     schedule: Schedule
     source: Source
-    unit: str  # "slot" or "s"
+    unit: str  # TimeUnit: slot or s
     op_device: np.ndarray  # int32
     op_stage: np.ndarray  # int32
     op_kind: np.ndarray  # int8, index into the schedule's rules (F, I, W, B)

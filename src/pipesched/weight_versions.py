@@ -25,6 +25,7 @@ import numpy as np
 
 from pipesched.dependencies import rule_arrays
 from pipesched.errors import require
+from pipesched.rules import AT_START
 from pipesched.timeline import Timeline
 
 
@@ -72,7 +73,7 @@ def weight_versions(timeline: Timeline, *, update_every: int, delay: int = 0,
             "give a whole number of microbatches per weight update")
     rules = timeline.schedule.rules
     arrays = rule_arrays(rules)
-    forward = np.array([rule.memory.at == "start" and rule.memory.whole > 0 for rule in rules], np.bool_)
+    forward = np.array([rule.memory.at == AT_START and rule.memory.whole > 0 for rule in rules], np.bool_)
     ends = arrays.ends_weight_gradient
     batch_of = timeline.op_microbatch.astype(np.int64) // update_every
     batches = int(batch_of.max(initial=-1)) + 1

@@ -59,11 +59,12 @@ from pipesched.cli.training import freeze_plan_option, report_freeze_plan
 from pipesched.cli.views import Html, Png, ShareAxis, Svg, Trace, ViewPaths
 from pipesched.compare import LEVELS, RANKING, Comparison, compare, family_points
 from pipesched.defaults import DEFAULTS
+from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError
 from pipesched.wording import significant
 
 GiB = 2.0**30
-LEVEL_TITLES = {"formula": "formula (slots)", "table": "table (slots)", "sim": "simulated (s)"}
+LEVEL_TITLES = {Level.FORMULA: "formula (slots)", Level.TABLE: "table (slots)", Level.SIM: "simulated (s)"}
 
 
 def compare_command(
@@ -132,7 +133,7 @@ def compare_command(
                               variability={"jitter": jitter, "jitter-file": jitter_file, "straggler": straggler,
                                            "random-straggler": random_straggler, "slow-link": slow_link,
                                            "samples": samples, "seed": seed},
-                              levels=None if split_names(levels) in (list(LEVELS), ["sim"]) else levels)
+                              levels=None if split_names(levels) in (list(LEVELS), [Level.SIM]) else levels)
     variability = variability_options(jitter=jitter, jitter_file=jitter_file, straggler=straggler,
                                       random_straggler=random_straggler, slow_link=slow_link, samples=samples,
                                       seed=seed)
@@ -176,11 +177,11 @@ def compare_command(
 
 
 def _time(value: float, unit: str) -> str:
-    return significant(value) if unit == "s" else f"{value:g}"
+    return significant(value) if unit == TimeUnit.SECONDS else f"{value:g}"
 
 
 def _memory(value: float, unit: str) -> str:
-    return f"{value / GiB:.1f} GiB" if unit == "bytes" else f"{value:g}"
+    return f"{value / GiB:.1f} GiB" if unit == MemoryUnit.BYTES else f"{value:g}"
 
 
 def _title(result: Comparison) -> str:
@@ -204,10 +205,10 @@ def print_comparison(result: Comparison) -> None:
     utilization = any(r.mfu is not None for r in result.results)
     for level in result.levels:
         heading = LEVEL_TITLES[level]
-        memory = "peak mem" if level == "sim" else "act. units"
+        memory = "peak mem" if level == Level.SIM else "act. units"
         table.add_column(f"{heading}\ntime", justify="right")
         table.add_column("bubble", justify="right")
-        if level == "sim" and utilization:
+        if level == Level.SIM and utilization:
             table.add_column("MFU / HFU", justify="right")
         table.add_column(memory, justify="right")
         table.add_column("rank", justify="right")
@@ -218,7 +219,7 @@ def print_comparison(result: Comparison) -> None:
             memory = _memory(r.peak_memory, r.memory_unit) + (" OOM" if r.out_of_memory else "")
             rank = f"{r.rank}" + (f" *(was {r.previous_rank})" if r.rank_changed else "")
             cells += [_time(r.iteration_time, r.time_unit), f"{r.bubble_ratio:.3f}"]
-            if level == "sim" and utilization:
+            if level == Level.SIM and utilization:
                 cells.append("-" if r.mfu is None else f"{r.mfu:.1%} / {r.hfu:.1%}")
             cells += [memory, rank]
         table.add_row(*cells)
@@ -282,7 +283,7 @@ def distribution_plots(result: Comparison) -> list[dict] | None:
 def _print_training(result: Comparison, order: list[str], console: Console) -> None:
     """Per schedule, the frozen, recomputed and offloaded work of each device (sim level),
     when there is any."""
-    rows = [(name, r.training) for name in order if (r := result.result(name, "sim")) is not None
+    rows = [(name, r.training) for name in order if (r := result.result(name, Level.SIM)) is not None
             and r.training is not None and r.training.any]
     if not rows:
         return

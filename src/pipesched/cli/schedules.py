@@ -239,8 +239,7 @@ def _grid_summary(name: str, schedule: Schedule, slots, costs, options: dict[str
             f"{metrics.bubble_ratio:.3f}, peak in-flight per device {list(metrics.peak_inflight)} "
             f"stage-microbatches{units}\n")
     if name in FAMILIES:
-        est = formula(name, schedule.num_devices, int(schedule.params.get("iteration_microbatches",
-                                                                            schedule.num_microbatches)),
+        est = formula(name, schedule.num_devices, int(schedule.iteration_microbatches),
                       v=v, costs=slots,
                       **{k: x for k, x in options.items() if k in get_family(name).options and k != "costs"})
         text += (f"# formula: makespan {est.makespan:g}, bubble ratio {est.bubble_ratio:.3f}, "

@@ -155,7 +155,7 @@ def simulate_command(
         # and frozen layers regenerate the family's own table for its frozen stages
         family = get_family(schedule_name)
         point = point.replace(family=schedule_name, p=schedule.num_devices,
-                              m=int(schedule.params.get("iteration_microbatches", schedule.num_microbatches)),
+                              m=int(schedule.iteration_microbatches),
                               v=v if family.takes_v else None,
                               options=tuple(sorted((k, x) for k, x in options.items() if k in family.options)))
     else:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipesched.cli.options import refuse_with
+from pipesched.enums import Role
 from pipesched.errors import PipeschedError
 from pipesched.experiments.freeze_plan import (
     FreezePlan,
@@ -34,7 +35,7 @@ def training_columns(training: TrainingWork | None, timeline: Timeline) -> dict[
     devices = range(timeline.num_devices)
     if any(training.frozen_stages):
         columns["frozen stages"] = [
-            ", ".join(f"{stage} ({'no backward' if role == 'forward only' else 'no W'})"
+            ", ".join(f"{stage} ({'no backward' if role == Role.FORWARD_ONLY else 'no W'})"
                       for stage, role in zip(training.frozen_stages[d], training.frozen_roles[d], strict=True)) or "-"
             for d in devices]
     if any(training.recompute_s):

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
+from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
 from pipesched.experiments.setup import SimulationSetup
@@ -69,7 +70,7 @@ from pipesched.slot_table import one_f_one_b_units
 from pipesched.timeline import Timeline
 from pipesched.variability.distribution import Distribution, monte_carlo
 
-LEVELS = ("formula", "table", "sim")
+LEVELS = tuple(Level)
 # iterations run back to back for a steady state
 STEADY_ITERATIONS = DEFAULTS.steady_iterations
 
@@ -79,12 +80,12 @@ class LevelResult:
     """One schedule at one level."""
 
     schedule: str
-    level: str
+    level: Level
     iteration_time: float
-    time_unit: str  # "slot" (1F1B stage ops) or "s"
+    time_unit: TimeUnit  # slot (1F1B stage ops) or s
     bubble_ratio: float  # idle / (devices x iteration time)
     peak_memory: float  # worst device
-    memory_unit: str  # "1F1B-stage activations" or "bytes"
+    memory_unit: MemoryUnit  # 1F1B-stage activations or bytes
     rank: int = 0
     previous_rank: int | None = None  # rank at the level before, None at the first level
     peak_inflight: int | None = None  # formula/table: stage-microbatches in the schedule's stages
@@ -117,9 +118,9 @@ class LevelResult:
         training work per device is ``training``'s own dict."""
         flat = {name: value for name, value in asdict(self).items()
                 if name not in ("training", "time_unit", "memory_unit")}
-        seconds = self.time_unit == "s"
+        seconds = self.time_unit == TimeUnit.SECONDS
         keys = {"iteration_time": "iteration_time_s" if seconds else "iteration_time_slots",
-                "peak_memory": "max_peak_memory_bytes" if self.memory_unit == "bytes" else "peak_activation_units",
+                "peak_memory": "max_peak_memory_bytes" if self.memory_unit == MemoryUnit.BYTES else "peak_activation_units",
                 "exposed_comm_s": "max_exposed_comm_s", "host_peak_memory": "max_host_peak_memory_bytes",
                 "out_of_memory": "any_out_of_memory"}
         return {keys.get(name, name): value for name, value in flat.items()} | {"rank_changed": self.rank_changed}
@@ -146,12 +147,12 @@ class Record:
         return next((r for r in self.results if r.level == level), None)
 
 
-def check_levels(levels: Sequence[str]) -> tuple[str, ...]:
+def check_levels(levels: Sequence[str]) -> tuple[Level, ...]:
     levels = tuple(levels)
     require(len(levels) >= 1, "levels", "''", f"give at least one of {', '.join(LEVELS)}")
     for level in levels:
         require(level in LEVELS, "levels", level, f"unknown level; choose from {', '.join(LEVELS)}")
-    return levels
+    return tuple(Level(level) for level in levels)
 
 
 def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: bool = False) -> Record:
@@ -172,9 +173,9 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
     setup = ""
     for level in levels:
         try:
-            if level == "formula":
+            if level == Level.FORMULA:
                 results.append(_formula(point, schedule))
-            elif level == "table":
+            elif level == Level.TABLE:
                 row, timeline = _table(point, schedule)
                 results.append(row)
             else:
@@ -209,7 +210,7 @@ def with_fb_cost(costs: StageCosts, fb_cost: float | None) -> StageCosts:
 
 def _asynchronous(point: Point) -> bool:
     if point.schedule is not None:
-        return bool(point.schedule.params.get("asynchronous"))
+        return point.schedule.execution.asynchronous
     from pipesched.generators import get_family
 
     return get_family(point.family).asynchronous
@@ -232,8 +233,8 @@ def _formula(point: Point, schedule) -> LevelResult:
     if point.trains_differently:
         # the closed forms know neither frozen stages nor offloads: the plain family's, not exact
         est = replace(est, exact=False, note="the closed form of the family without freezing or offload")
-    return LevelResult(point.family, "formula", est.makespan * _scale(schedule), "slot", est.bubble_ratio,
-                       float(est.activation_units), "1F1B-stage activations",
+    return LevelResult(point.family, Level.FORMULA, est.makespan * _scale(schedule), TimeUnit.SLOT, est.bubble_ratio,
+                       float(est.activation_units), MemoryUnit.ACTIVATION_UNITS,
                        peak_inflight=int(est.peak_inflight), exact=est.exact, asynchronous=_asynchronous(point))
 
 
@@ -246,13 +247,13 @@ def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
         found = steady_state(repeated, table_costs(repeated, costs), None, iterations=STEADY_ITERATIONS,
                              steady=point.steady_state)
         peaks = inflight_per_device(repeated)
-        return LevelResult(point.family, "table", found.iteration_time * _scale(schedule), "slot", found.bubble_ratio,
-                           max(peaks) * one_f_one_b_units(schedule) * schedule.microbatch_fraction, "1F1B-stage activations",
+        return LevelResult(point.family, Level.TABLE, found.iteration_time * _scale(schedule), TimeUnit.SLOT, found.bubble_ratio,
+                           max(peaks) * one_f_one_b_units(schedule) * schedule.microbatch_fraction, MemoryUnit.ACTIVATION_UNITS,
                            peak_inflight=max(peaks), **_steady_fields(point, found)), found.timeline
     timeline = slot_table(schedule, costs)
     table = table_metrics(schedule, timeline=timeline)
-    return LevelResult(point.family, "table", table.makespan * _scale(schedule), "slot", table.bubble_ratio,
-                       float(table.activation_units), "1F1B-stage activations",
+    return LevelResult(point.family, Level.TABLE, table.makespan * _scale(schedule), TimeUnit.SLOT, table.bubble_ratio,
+                       float(table.activation_units), MemoryUnit.ACTIVATION_UNITS,
                        peak_inflight=max(table.peak_inflight)), timeline
 
 
@@ -329,7 +330,8 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Dist
     exposed, _ = communication_per_device(timeline)
     memory = timeline.memory
     row = LevelResult(
-        point.family, "sim", timeline.iteration_time, "s", bubble_ratio(timeline), max(memory.peak), "bytes",
+        point.family, Level.SIM, timeline.iteration_time, TimeUnit.SECONDS, bubble_ratio(timeline), max(memory.peak),
+        MemoryUnit.BYTES,
         throughput_samples_per_s=found_rates.samples_per_s, throughput_tokens_per_s=found_rates.tokens_per_s,
         mfu=found_rates.mfu, hfu=found_rates.hfu, exposed_comm_s=float(exposed.max()) / timeline.iterations,
         out_of_memory=any(memory.out_of_memory),

@@ -31,6 +31,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from pipesched.enums import Level
 from pipesched.errors import PipeschedError, shorten
 from pipesched.experiments.evaluate import Record, evaluate
 from pipesched.experiments.point import Point
@@ -248,4 +249,4 @@ def _frozen(freeze_range: FreezeRange, count: int, source: str) -> tuple[int, ..
 
 
 def _simulate(point: Point) -> Record:
-    return evaluate(point, ("sim",))
+    return evaluate(point, (Level.SIM,))

@@ -36,7 +36,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.generators.base import Family, FormulaEstimate, check_sizes, switch
 from pipesched.ops import B, F, Op
-from pipesched.schedule import Placement, Schedule
+from pipesched.schedule import SYNCHRONOUS, Execution, Placement, Schedule
 
 DOWN, UP = 0, 1
 
@@ -99,7 +99,7 @@ def chimera(p: int, m: int, *, forward_doubling: object = 1, backward_halving: o
     units = unit_sizes(p, runs, forward_doubling=doubling)
     params: dict[str, object] = {"p": p, "m": m, "forward_doubling": int(doubling and max(units) == 2)}
     if halving:
-        params.update(backward_halving=1, microbatch_fraction=0.5, iteration_microbatches=m)
+        params.update(backward_halving=1)
     return Schedule(
         "chimera",
         Placement.bidirectional(p),
@@ -107,6 +107,7 @@ def chimera(p: int, m: int, *, forward_doubling: object = 1, backward_halving: o
         tuple(_device_ops(p, runs, d, units) for d in range(p)),
         route=route,
         params=params,
+        execution=Execution(microbatch_fraction=0.5) if halving else SYNCHRONOUS,
     )
 
 

@@ -33,7 +33,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators.base import Family, FormulaEstimate, check_iterations, check_sizes
 from pipesched.generators.one_f_one_b import one_f_one_b, one_f_one_b_formula
-from pipesched.schedule import Schedule
+from pipesched.schedule import Execution, Schedule, WeightUpdates
 
 
 def versions_needed(p: int, update_every: int, delay: int = 0) -> tuple[int, ...]:
@@ -52,7 +52,7 @@ def versions_needed(p: int, update_every: int, delay: int = 0) -> tuple[int, ...
 def _asynchronous(name: str, p: int, m: int, iterations: object, update_every: int, delay: int,
                   versions: object) -> Schedule:
     check_sizes(p, m)
-    check_iterations(iterations)
+    count = check_iterations(iterations)
     needed = versions_needed(p, update_every, delay)
     if versions is not None:
         if not (isinstance(versions, int) and not isinstance(versions, bool)):
@@ -63,10 +63,10 @@ def _asynchronous(name: str, p: int, m: int, iterations: object, update_every: i
             raise PipeschedError(
                 f"versions={versions}: {name}'s 1F1B order keeps {what} of {max(needed)} different weight versions "
                 f"in flight on stage {stage}; give versions >= {max(needed)}")
-    table = one_f_one_b(p, iterations * m)
-    return Schedule(name, table.placement, table.num_microbatches, table.device_ops, params={
-        "p": p, "m": m, "iterations": iterations, "iteration_microbatches": m, "update_every": update_every,
-        "version_delay": delay, "versions": list(needed), "asynchronous": True})
+    table = one_f_one_b(p, count * m)
+    execution = Execution(iterations=count, updates=WeightUpdates(update_every, needed, delay))
+    return Schedule(name, table.placement, table.num_microbatches, table.device_ops,
+                    params={"p": p, "m": m, "iterations": count}, execution=execution)
 
 
 def pipedream(p: int, m: int, *, iterations: int = 1, versions: int | None = None) -> Schedule:

@@ -16,7 +16,10 @@ count up from d0. Header lines ``# key: value`` are optional: without ``placemen
 goes to the device whose row holds it; ``stages`` and ``microbatches`` default to the largest
 index seen plus one. Bidirectional schedules give one ``placement:`` line per replica and a
 ``route:`` line (replica of each microbatch); a table with frozen stages names them in a
-``frozen:`` line. Other ``#`` lines are comments.
+``frozen:`` line. ``params:`` holds the generator's parameters (JSON, for display) and
+``execution:`` what the simulation reads beyond the ops (JSON, ``Execution.to_dict``;
+files without it keep that in ``params``, see ``pipesched.io.execution``). Other ``#``
+lines are comments.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import json
 import re
 
 from pipesched.errors import PipeschedError, shorten
+from pipesched.io.execution import read_execution
 from pipesched.io.json_text import load_json
 from pipesched.io.layout import step_rows
 from pipesched.io.op_tokens import check_op_count, read_op
@@ -38,7 +42,7 @@ from pipesched.limits import (
     parse_int,
 )
 from pipesched.ops import Op
-from pipesched.schedule import Placement, Schedule
+from pipesched.schedule import Execution, Placement, Schedule
 
 IDLE = "."
 # what the numbers of each header count, for errors
@@ -59,6 +63,8 @@ def dumps(schedule: Schedule) -> str:
         lines.append(f"# frozen: {' '.join(map(str, sorted(schedule.frozen)))}")
     if schedule.params:
         lines.append(f"# params: {json.dumps(dict(schedule.params), sort_keys=True, default=str)}")
+    if schedule.execution.to_dict():
+        lines.append(f"# execution: {json.dumps(schedule.execution.to_dict(), sort_keys=True)}")
     rows = step_rows(schedule)
     # cells as wide as the widest plain op; a fused op's cell is wider (its row shifts right)
     width = max((len(str(op)) for _, op in schedule.ops()), default=1)
@@ -165,7 +171,23 @@ def _build(rows: list[list[Op]], header: dict[str, list[tuple[int, str]]], sourc
         params = load_json(value, field="params", source=f"{source}:{number}")
         if not isinstance(params, dict):
             raise PipeschedError(f"{source}:{number}:1: header params is not a JSON object; remove the line or fix it")
-    return Schedule(name, placement, microbatches, tuple(tuple(r) for r in rows), route, params, frozen=frozen)
+    params, execution = _execution(header, params, placement.num_stages, microbatches, source)
+    return Schedule(name, placement, microbatches, tuple(tuple(r) for r in rows), route, params, frozen=frozen,
+                    execution=execution)
+
+
+def _execution(header: dict[str, list[tuple[int, str]]], params: dict[str, object], stages: int,
+               microbatches: int, source: str) -> tuple[dict[str, object], Execution]:
+    """(display params, execution) of the ``execution:`` header, or of older files' params."""
+    given = None
+    where = f"{source}: header "
+    if "execution" in header:
+        number, value = header["execution"][0]
+        given = load_json(value, field="execution", source=f"{source}:{number}")
+        where = f"{source}:{number}:1: header "
+    elif "params" in header:
+        where = f"{source}:{header['params'][0][0]}:1: header "
+    return read_execution(given, params, num_stages=stages, num_microbatches=microbatches, where=where)
 
 
 def infer_placement(rows: list[list[Op]], num_stages: int, source: str) -> Placement:

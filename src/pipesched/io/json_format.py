@@ -1,10 +1,15 @@
-"""JSON form of a schedule: everything the grid text holds, for programs."""
+"""JSON form of a schedule: everything the grid text holds, for programs.
+
+``params`` are the generator's parameters, for display; ``execution`` is what the
+simulation reads beyond the ops (``Execution.to_dict``; files without it keep that in
+``params``, see ``pipesched.io.execution``)."""
 
 from __future__ import annotations
 
 import json
 
 from pipesched.errors import PipeschedError, shorten
+from pipesched.io.execution import read_execution
 from pipesched.io.json_text import load_json
 from pipesched.io.op_tokens import check_op_count, read_op
 from pipesched.limits import (
@@ -33,6 +38,7 @@ def to_dict(schedule: Schedule) -> dict:
         "placement": [list(r) for r in schedule.placement.replicas],
         "route": list(schedule.route),
         "params": dict(schedule.params),
+        "execution": schedule.execution.to_dict(),
         "devices": [[str(op) for op in ops] for ops in schedule.device_ops],
         **({"frozen": sorted(schedule.frozen)} if schedule.frozen else {}),
     }
@@ -78,11 +84,13 @@ def loads(text: str, *, source: str = "<json>") -> Schedule:
     params = data.get("params", {})
     if not isinstance(params, dict):
         raise PipeschedError(f"{source}: field params={shorten(params)}: must be a JSON object")
+    params, execution = read_execution(data.get("execution"), params, num_stages=placement.num_stages,
+                                       num_microbatches=microbatches, where=f"{source}: field ")
     frozen = frozenset(
         check_count(f"{source}: frozen[{k}]", stage, MAX_STAGES - 1, minimum=0, what="stage index")
         for k, stage in enumerate(_list(data.get("frozen", []), f"{source}: field frozen", MAX_STAGES,
                                         "a list of stage indices")))
-    return Schedule(name, placement, microbatches, tuple(rows), route, params, frozen=frozen)
+    return Schedule(name, placement, microbatches, tuple(rows), route, params, frozen=frozen, execution=execution)
 
 
 def _list(value: object, field: str, limit: int, what: str) -> list:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipesched.enums import MemoryUnit, TimeUnit
 from pipesched.ops import KIND_ORDER
 from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
 
@@ -121,7 +122,7 @@ def time_scale(unit: str, span: float) -> TimeScale:
     >>> time_scale("slot", 100).unit
     'slots'
     """
-    if unit == "slot":
+    if unit == TimeUnit.SLOT:
         return TimeScale(1.0, "slots")
     if span >= 1.0:
         return TimeScale(1.0, "s")
@@ -139,7 +140,7 @@ def format_memory(value: float, unit: str) -> str:
     >>> format_memory(4, "stage-microbatches")
     '4 stage-microbatches'
     """
-    if unit != "bytes":
+    if unit != MemoryUnit.BYTES:
         return f"{value:g} {unit}"
     for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if abs(value) >= size:
@@ -149,7 +150,7 @@ def format_memory(value: float, unit: str) -> str:
 
 def memory_scale(unit: str, peak: float) -> tuple[float, str]:
     """(divisor, unit name) for a memory axis whose largest value is ``peak``."""
-    if unit != "bytes":
+    if unit != MemoryUnit.BYTES:
         return 1.0, unit
     for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
         if peak >= size:

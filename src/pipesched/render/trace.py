@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipesched.enums import Stream, TimeUnit
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_TRACE_TASKS
 from pipesched.render.style import KIND_LETTERS, KIND_NAMES, TRANSFER_NAMES
@@ -46,7 +47,7 @@ from pipesched.simulate.critical import critical_path
 from pipesched.timeline import Timeline
 
 # microseconds per timeline unit
-MICROSECONDS = {"s": 1e6, "slot": 1000.0}
+MICROSECONDS = {TimeUnit.SECONDS: 1e6, TimeUnit.SLOT: 1000.0}
 COMPUTE_TID = 1
 # flow categories: a transfer (or a cross-device input) to its consumer, a producing op to
 # its transfer, an op to the later op of its own device that needs its output
@@ -117,7 +118,7 @@ def _document(events: list[dict], timelines: Sequence[Timeline]) -> dict:
         "otherData": {
             "producer": "pipesched",
             "time unit": "; ".join(
-                "timestamps in microseconds" if unit == "s" else "1 slot = 1000 us (slot tables have no real time)"
+                "timestamps in microseconds" if unit == TimeUnit.SECONDS else "1 slot = 1000 us (slot tables have no real time)"
                 for unit in units
             ),
             "schedules": ", ".join(f"{t.schedule.name} ({t.source})" for t in timelines),
@@ -171,9 +172,9 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], critical_pid: i
         ]
     for (device, channel, lane), tid in threads.items():
         if channel == HOST_CHANNEL:
-            label = "host link"
+            label = Stream.HOST_LINK
         elif channel < 0:
-            label = "compute"
+            label = Stream.COMPUTE
         else:
             label = "send " + (table.channel_names[channel] if channel < len(table.channel_names)
                                else f"channel {channel}")

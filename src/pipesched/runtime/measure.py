@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipesched.enums import TimeUnit
 from pipesched.ops import KIND_INDEX, KIND_ORDER, Op
 from pipesched.schedule import Schedule
 from pipesched.timeline import ALLREDUCE, MeasuredInfo, Source, Timeline, TransferTable
@@ -131,7 +132,7 @@ def measured_timeline(schedule: Schedule, ranks: list[RankStep], *, info: Measur
     return Timeline(
         schedule=schedule,
         source=Source.MEASURED,
-        unit="s",
+        unit=TimeUnit.SECONDS,
         op_device=device,
         op_stage=column("stage", np.int32),
         op_kind=column("kind", np.int8),

@@ -287,14 +287,14 @@ def check_runnable(schedule: Schedule) -> None:
             "has frozen stages, which real runs do not execute yet; run the table without freezing")
     require(all(schedule.rules[op.kind].stream == COMPUTE for _, op in schedule.ops()), "schedule", schedule.name,
             "offloads activations, which real runs do not execute yet; run the table without offload ops")
-    require(not schedule.params.get("asynchronous"), "schedule", schedule.name,
+    require(not schedule.execution.asynchronous, "schedule", schedule.name,
             "an asynchronous pipeline has no flushed step to run for real (its weights would need versions the "
             "runtime does not keep); run pipedream-flush, its synchronous baseline, or simulate it")
     require(schedule.microbatch_fraction == 1.0, "schedule", schedule.name,
             "backward halving runs half-size microbatches, which a real run does not split; run forward "
             "doubling with twice -m and half -b instead")
     require(not schedule.recompute_stages, "schedule", schedule.name,
-            "checkpoints stages (params.recompute_stages), which real runs do not execute yet; run the table "
+            "checkpoints stages (execution.recompute_stages), which real runs do not execute yet; run the table "
             "without them (synthesize without --allow-recompute)")
 
 

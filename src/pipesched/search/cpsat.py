@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipesched.enums import SolverStatus
 from pipesched.errors import PipeschedError, require
 from pipesched.ops import B, F, I, O, Op, OpKind, R, W
 from pipesched.search.plans import Plan, to_schedule
@@ -62,7 +63,7 @@ class SolverOutcome:
     answer and the proven lower bound, in time units. seconds: wall time of the solve.
     """
 
-    status: str
+    status: SolverStatus
     plan: Plan | None
     objective: int | None
     bound: int
@@ -209,15 +210,16 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
     code = solver.solve(model)
 
     # --- extract
-    names = {cp_model.OPTIMAL: "optimal", cp_model.FEASIBLE: "feasible", cp_model.INFEASIBLE: "infeasible"}
-    status = names.get(code, "unknown")
+    names = {cp_model.OPTIMAL: SolverStatus.OPTIMAL, cp_model.FEASIBLE: SolverStatus.FEASIBLE,
+             cp_model.INFEASIBLE: SolverStatus.INFEASIBLE}
+    status = names.get(code, SolverStatus.UNKNOWN)
     seconds = time.perf_counter() - began
-    if status == "infeasible":
+    if status == SolverStatus.INFEASIBLE:
         # only within the horizon, which a hint that misses the grid's cap may have set too
         # tight: the bound says nothing more than the problem's own
         return SolverOutcome(status, None, None, ip.lower_bound, seconds)
     bound = max(ip.lower_bound, math.ceil(solver.best_objective_bound - 1e-6))
-    if status == "unknown":
+    if status == SolverStatus.UNKNOWN:
         return SolverOutcome(status, None, None, bound, seconds)
     offloaded = frozenset(s for s, choice in enumerate(offload) if choice is not None and solver.value(choice))
     tables = tuple(_table(s, kinds, m, s in offloaded, solver.value, start, end) for s in range(p))

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipesched.ops import Op
-from pipesched.schedule import Placement, Schedule
+from pipesched.schedule import SYNCHRONOUS, Execution, Placement, Schedule
 from pipesched.search.problem import BYTES_TOLERANCE, SynthesisProblem
 from pipesched.simulate import simulate
 from pipesched.timeline import Timeline
@@ -54,10 +54,11 @@ class Evaluation:
 
 
 def to_schedule(problem: SynthesisProblem, plan: Plan, *, name: str = "synthesized",
-                params: dict[str, object] | None = None) -> Schedule:
+                params: dict[str, object] | None = None, execution: Execution = SYNCHRONOUS) -> Schedule:
     p = problem.num_stages
     return Schedule(name, Placement.one_per_device(p), problem.num_microbatches,
-                    tuple(tuple(ops) for ops in plan.device_ops), params=params or {"p": p, "m": problem.num_microbatches})
+                    tuple(tuple(ops) for ops in plan.device_ops), params=params or {"p": p, "m": problem.num_microbatches},
+                    execution=execution)
 
 
 def evaluate(problem: SynthesisProblem, plan: Plan) -> Evaluation:

@@ -29,6 +29,7 @@ from functools import cache
 from pathlib import Path
 from urllib.parse import quote
 
+from pipesched.enums import SearchStatus
 from pipesched.errors import PipeschedError, shorten
 from pipesched.limits import check_name
 from pipesched.search.space import SearchSpace
@@ -39,7 +40,9 @@ FORMAT = "pipesched-search"
 VERSION = 2  # 2: mfu counts model FLOPs (no recompute), hfu beside it
 SQLITE_HEADER = b"SQLite format 3\x00"
 
-BOUNDED, EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID = "bounded", "evaluated", "out of memory", "pruned", "invalid"
+BOUNDED, EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID = (SearchStatus.BOUNDED, SearchStatus.EVALUATED,
+                                                      SearchStatus.OUT_OF_MEMORY, SearchStatus.PRUNED,
+                                                      SearchStatus.INVALID)
 SETTLED = (EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID)
 _STATUSES = frozenset((BOUNDED, *SETTLED))
 BUSY_TIMEOUT_S = 30.0  # how long a search waits for another one writing the same store

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
+from pipesched.enums import Level
 from pipesched.errors import OutOfMemory, PipeschedError
 from pipesched.experiments.evaluate import Record
 from pipesched.experiments.grid import Mapper, evaluate_all
@@ -107,7 +108,7 @@ def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Wri
                 f"more memory ({better.peak_memory_bytes / GiB:.2f} <= {row.peak_memory_bytes / GiB:.2f} GiB)"))
             writer.add(rows[row.key])
         done += stop - start - len(wave)
-        for row, record in zip(wave, evaluate_all([points[r.key] for r in wave], ("sim",), mapper=mapper),
+        for row, record in zip(wave, evaluate_all([points[r.key] for r in wave], (Level.SIM,), mapper=mapper),
                                strict=True):
             rows[row.key] = settled = _settle(row, record, run)
             if settled.status == EVALUATED:

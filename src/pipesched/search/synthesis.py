@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipesched.costs import StageCosts
+from pipesched.enums import SolverStatus
 from pipesched.errors import PipeschedError
 from pipesched.limits import MAX_TIMEOUT_S, check_amount
-from pipesched.schedule import Schedule
+from pipesched.schedule import Execution, Schedule
 from pipesched.search.baseline import Baseline, best_family
 from pipesched.search.cpsat import SolverOutcome, require_solver, solve
 from pipesched.search.list_scheduling import list_schedule, rules
@@ -76,11 +77,11 @@ class SynthesisResult:
     schedule: Schedule
     costs: StageCosts
     timeline: Timeline
-    status: str
+    status: SolverStatus
     method: str
     makespan_s: float
     lower_bound_s: float
-    solver_status: str
+    solver_status: SolverStatus
     solver_makespan_s: float | None
     seconds: float
     baseline: Baseline | None
@@ -195,7 +196,7 @@ def synthesize(
     proven = False
     if outcome.plan is not None:
         found = evaluate(problem, outcome.plan)
-        proven = outcome.status == "optimal" and fits(problem, found)
+        proven = outcome.status == SolverStatus.OPTIMAL and fits(problem, found)
         if fits(problem, found) and (best is None or found.makespan <= best.makespan):
             best = found
     if best is None:
@@ -236,17 +237,14 @@ def _result(problem: SynthesisProblem, grid: IntegerProblem, best: Evaluation, o
     recompute = tuple(sorted(plan.recompute))
     params: dict[str, object] = {"p": problem.num_stages, "m": problem.num_microbatches,
                                  "solver": outcome.status, "method": method}
-    if recompute:
-        params["recompute_stages"] = list(recompute)
     offload = tuple(sorted(plan.offload))
-    if offload:
-        params["offload"] = list(offload)
-    schedule = to_schedule(problem, plan, name="synthesized", params=params)
+    execution = Execution(recompute_stages=recompute, offload_stages=offload)
+    schedule = to_schedule(problem, plan, name="synthesized", params=params, execution=execution)
     return SynthesisResult(
         schedule=schedule,
         costs=problem.costs.checkpointed(recompute),
         timeline=best.timeline,
-        status="optimal" if proven else "feasible",
+        status=SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE,
         method=method,
         makespan_s=best.makespan,
         lower_bound_s=lower_bound,

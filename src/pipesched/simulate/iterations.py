@@ -44,7 +44,8 @@ from pipesched.errors import require
 from pipesched.generators.base import check_iterations
 from pipesched.limits import MAX_OPS
 from pipesched.ops import Op
-from pipesched.schedule import Schedule
+from pipesched.rules import AT_START
+from pipesched.schedule import Schedule, WeightUpdates
 from pipesched.simulate.graph import TaskGraph, compile_graph, weight_bytes
 from pipesched.simulate.network import Network
 from pipesched.simulate.run import run
@@ -109,11 +110,11 @@ def compile_iterations(schedule: Schedule, costs: StageCosts, network: Network |
                        iterations: int = DEFAULT_ITERATIONS, steady: bool = False, contention: bool = True,
                        overlap: bool = True) -> Iterations:
     """``iterations`` iterations of ``schedule`` in one task graph (see the module
-    docstring): ``async`` for an asynchronous family's table (``params["asynchronous"]``,
-    which already holds its iterations), else ``steady`` when asked, else ``flush``."""
-    params = schedule.params
-    if params.get("asynchronous"):
-        return _asynchronous(schedule, costs, network, contention=contention, overlap=overlap)
+    docstring): ``async`` for an asynchronous family's table (``Execution.updates``, which
+    already holds its iterations), else ``steady`` when asked, else ``flush``."""
+    updates = schedule.execution.updates
+    if updates is not None:
+        return _asynchronous(schedule, updates, costs, network, contention=contention, overlap=overlap)
     check_iterations(iterations)
     require(schedule.num_ops * iterations <= MAX_OPS, "iterations", iterations,
             f"{iterations} iterations of {schedule.num_ops:,} ops are over the {MAX_OPS:,} ops one graph holds; "
@@ -153,22 +154,17 @@ def steady_state(schedule: Schedule, costs: StageCosts, network: Network | None 
 
 
 # --- asynchronous tables: one continuous order, weight-version waits --------------------------
-def _asynchronous(schedule: Schedule, costs: StageCosts, network: Network | None, *, contention: bool,
-                  overlap: bool) -> Iterations:
-    params = schedule.params
-    m = int(params["iteration_microbatches"])
-    k = schedule.num_microbatches // m
-    update_every = int(params["update_every"])
-    versions = tuple(int(x) for x in params["versions"])
-    require(len(versions) == schedule.num_stages, "versions", len(versions),
-            f"give one weight-version count per stage ({schedule.num_stages})")
+def _asynchronous(schedule: Schedule, updates: WeightUpdates, costs: StageCosts, network: Network | None, *,
+                  contention: bool, overlap: bool) -> Iterations:
+    k = schedule.execution.iterations
+    m = schedule.num_microbatches // k
+    update_every, versions = updates.update_every, updates.versions
     graph = compile_graph(schedule, costs, network, contention=contention, overlap=overlap)
     graph = _version_waits(graph, update_every, versions)
     graph = dataclasses.replace(graph, static_bytes=_with_versions(schedule, costs, graph.static_bytes, versions))
     op_iteration = (graph.ops.microbatch // m).astype(np.int32)
     transfer_iteration = np.where(graph.tr_microbatch >= 0, graph.tr_microbatch // m, k - 1).astype(np.int32)
-    delay = int(params.get("version_delay", 0))
-    return Iterations(graph, "async", k, m, update_every, delay, versions, op_iteration, transfer_iteration)
+    return Iterations(graph, "async", k, m, update_every, updates.delay, versions, op_iteration, transfer_iteration)
 
 
 def _version_waits(graph: TaskGraph, update_every: int, versions: tuple[int, ...]) -> TaskGraph:
@@ -177,7 +173,7 @@ def _version_waits(graph: TaskGraph, update_every: int, versions: tuple[int, ...
     ops = graph.ops
     rules = graph.schedule.rules
     arrays = rule_arrays(rules)
-    forward = np.array([rule.memory.at == "start" and rule.memory.whole > 0 for rule in rules], np.bool_)
+    forward = np.array([rule.memory.at == AT_START and rule.memory.whole > 0 for rule in rules], np.bool_)
     batch = ops.microbatch.astype(np.int64) // update_every
     batches = int(batch.max(initial=-1)) + 1
     stages = graph.schedule.num_stages
@@ -290,8 +286,9 @@ def _repeated_table(schedule: Schedule, k: int) -> Schedule:
         return Op(op.stage, op.kind, op.microbatch + shift)
 
     device_ops = tuple(tuple(renamed(op, i * m) for i in range(k) for op in ops) for ops in schedule.device_ops)
+    execution = dataclasses.replace(schedule.execution, iterations=k * schedule.execution.iterations)
     return Schedule(schedule.name, schedule.placement, k * m, device_ops, route=schedule.route * k,
-                    params={**schedule.params, "iterations": k, "iteration_microbatches": m}, rules=schedule.rules)
+                    params=schedule.params, rules=schedule.rules, execution=execution)
 
 
 def _links(one: TaskGraph, row: np.ndarray, k: int, mode: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

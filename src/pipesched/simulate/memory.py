@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit
 
+from pipesched.enums import MemoryUnit
 from pipesched.errors import require
 from pipesched.simulate.graph import TaskGraph
 from pipesched.timeline import MemoryTrace
@@ -59,14 +60,14 @@ def _steps(device_offsets, op_start, op_end, delta, at_start, static):
 
 
 def memory_trace(graph: TaskGraph, op_start: np.ndarray, op_end: np.ndarray, *,
-                 capacity: Sequence[float] | None = None, unit: str = "bytes") -> MemoryTrace:
+                 capacity: Sequence[float] | None = None, unit: str = MemoryUnit.BYTES) -> MemoryTrace:
     """The step functions of memory in use per device, from the op times of one run."""
     return _trace(graph, op_start, op_end, graph.memory_delta, graph.memory_at_start,
                   np.asarray(graph.static_bytes, np.float64), capacity=capacity, unit=unit)
 
 
 def host_memory_trace(graph: TaskGraph, op_start: np.ndarray, op_end: np.ndarray, *,
-                      capacity: Sequence[float] | None = None, unit: str = "bytes") -> MemoryTrace | None:
+                      capacity: Sequence[float] | None = None, unit: str = MemoryUnit.BYTES) -> MemoryTrace | None:
     """The step functions of the host memory each device's offloaded activations hold, or
     None when nothing is offloaded. One step per offload and reload."""
     if not graph.offloads:

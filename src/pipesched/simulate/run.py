@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipesched.enums import MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError, require
 from pipesched.simulate import engine
 from pipesched.simulate.critical import from_binder
@@ -58,10 +59,10 @@ def run(graph: TaskGraph, *, op_durations: np.ndarray | None = None,
     network = graph.network
     if capacity is None and network is not None and network.capacity is not None:
         capacity = network.capacity[: graph.num_devices]
-    slots = graph.costs.unit == "slot"
+    slots = graph.costs.unit == TimeUnit.SLOT
     trace = host = None
     if memory:
-        unit = "stage-microbatches" if slots else "bytes"
+        unit = MemoryUnit.STAGE_MICROBATCHES if slots else MemoryUnit.BYTES
         trace = memory_trace(graph, op_start, op_end, capacity=capacity, unit=unit)
         host_capacity = None
         if network is not None and network.host_capacity is not None:

@@ -1,0 +1,85 @@
+"""The closed vocabularies the library compares, one enum each.
+
+Each is a ``StrEnum``: a member is equal to its value, prints (and reprs) as it and goes
+into JSON, CSV and the search store as it, so every output keeps the words it always had;
+code compares members, never free strings.
+
+>>> Level.SIM == "sim", f"{Stream.HOST_LINK}", [Role.TRAINS]
+(True, 'host link', ['trains'])
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Word(StrEnum):
+    """A member of a closed vocabulary: its value in every output, its repr included."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Role(Word):
+    """What a stage does in the backward, from the frozen stages (``rules.stage_roles``)."""
+
+    TRAINS = "trains"  # its weights train: input and weight gradients
+    INPUT_GRADIENT = "input gradient"  # frozen, with a training stage before it: input gradient only
+    FORWARD_ONLY = "forward only"  # frozen, with every stage before it frozen: no backward
+
+
+class RunsOn(Word):
+    """On which stages an op kind runs (``rules.Rule.runs_on``), by their roles."""
+
+    ALL_STAGES = "all stages"
+    BACKWARD_STAGES = "stages with a backward"
+    TRAINED_STAGES = "trained stages"
+
+
+class Stream(Word):
+    """The stream of a device an op runs on."""
+
+    COMPUTE = "compute"
+    HOST_LINK = "host link"  # offloads and reloads, beside the compute stream
+
+
+class Level(Word):
+    """The three evaluation levels (``experiments.evaluate``)."""
+
+    FORMULA = "formula"  # level 1: the family's closed form, in slots
+    TABLE = "table"  # level 2: the slot table, in slots
+    SIM = "sim"  # level 3: the communication-aware simulation, in seconds
+
+
+class TimeUnit(Word):
+    """The unit of a timeline's and a result's times."""
+
+    SECONDS = "s"
+    SLOT = "slot"  # a slot table's unit time (F = 1, B = 2, ...)
+
+
+class MemoryUnit(Word):
+    """The unit of a memory trace or a result's peak memory."""
+
+    BYTES = "bytes"
+    STAGE_MICROBATCHES = "stage-microbatches"  # a slot table's in-flight activations
+    ACTIVATION_UNITS = "1F1B-stage activations"  # the same rescaled to a 1F1B stage's
+
+
+class SearchStatus(Word):
+    """Where a point of a design-space search stands (``search.store``)."""
+
+    BOUNDED = "bounded"  # its memory and time bound are known; not simulated yet
+    EVALUATED = "evaluated"  # simulated
+    OUT_OF_MEMORY = "out of memory"  # some device's peak exceeds its memory
+    PRUNED = "pruned"  # a simulated point needing no more memory is no slower than its bound
+    INVALID = "invalid"  # the point cannot be built or run
+
+
+class SolverStatus(Word):
+    """What the CP-SAT solver answered (``search.cpsat``), and a synthesis result's status."""
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+    UNKNOWN = "unknown"  # no answer within the time limit
