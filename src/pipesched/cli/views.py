@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pipesched.cli.options import OptionGroup
 from pipesched.cli.output import wrote
 from pipesched.io.files import Output, check_outputs, write_all
 
@@ -25,11 +26,13 @@ NoTimeline = Annotated[bool, typer.Option("--no-timeline", help="do not print th
 
 
 @dataclass(frozen=True)
-class ViewPaths:
-    png: str | None = None
-    svg: str | None = None
-    trace: str | None = None
-    html: str | None = None
+class ViewPaths(OptionGroup):
+    """The pictures asked for: a path per view (None: not drawn)."""
+
+    png: Png = None
+    svg: Svg = None
+    trace: Trace = None
+    html: Html = None
 
     def check(self, *others: tuple[str, str | None]) -> ViewPaths:
         """Fail on an unwritable path before any work is done, these and the command's

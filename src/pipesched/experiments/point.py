@@ -22,12 +22,14 @@ import dataclasses
 import functools
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
+from pipesched.generators import get_family
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import check_recompute, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
@@ -297,3 +299,28 @@ def _stamp(name: str) -> tuple[int, int] | None:
     except (OSError, ValueError):
         return None
     return found.st_mtime_ns, found.st_size
+
+
+def schedule_point(template: Point, schedule: Schedule, *, family: str | None = None,
+                   options: Mapping[str, object] | None = None, v: int | None = None) -> Point:
+    """The point that runs ``schedule`` on ``template``'s workload and engine settings.
+
+    ``family``: the family that generated ``schedule``, whose table the point builds again
+    (the cost-planning families plan with the workload's costs, frozen layers regenerate the
+    family's own table for its frozen stages) at the table's sizes, with ``v`` where the
+    family takes it (``Family.takes_v``) and those of ``options`` it takes. None: a given
+    table (a schedule file), carried as it is. Stage costs give a row per stage of the
+    table, or a divisor of its stages.
+    """
+    costs = template.stage_costs
+    if costs is not None and schedule.num_stages % costs.num_stages:
+        raise PipeschedError(f"stage_costs={costs.num_stages} stage rows: the schedule has {schedule.num_stages} "
+                             f"stages; give {schedule.num_stages} rows (or a divisor of "
+                             f"{schedule.num_stages})")
+    if family is None:
+        return template.replace(schedule=schedule)
+    taken = get_family(family)
+    return template.replace(family=family, p=schedule.num_devices,
+                            m=int(schedule.params.get("iteration_microbatches", schedule.num_microbatches)),
+                            v=v if taken.takes_v else None,
+                            options=tuple(sorted((k, x) for k, x in (options or {}).items() if k in taken.options)))
