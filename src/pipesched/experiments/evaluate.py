@@ -94,24 +94,15 @@ class LevelResult:
     time_unit: ClassVar[str]  # "slot" (1F1B stage ops) or "s"
     memory_unit: ClassVar[str]  # "1F1B-stage activations" or "bytes"
     json_keys: ClassVar[dict[str, str]]  # field -> its JSON key, where the key names the unit
-    # what a level does not report
-    peak_inflight: ClassVar[int | None] = None
-    exact: ClassVar[bool | None] = None
+    # what a level does not report, as the commands read it of every level: None (or no steady state)
     steady_state: ClassVar[bool] = False
     staleness: ClassVar[int | None] = None
     mean_staleness: ClassVar[float | None] = None
     weight_versions: ClassVar[int | None] = None
-    throughput_samples_per_s: ClassVar[float | None] = None
-    throughput_tokens_per_s: ClassVar[float | None] = None
     mfu: ClassVar[float | None] = None
     hfu: ClassVar[float | None] = None
-    exposed_comm_s: ClassVar[float | None] = None
     out_of_memory: ClassVar[bool | None] = None
-    host_peak_memory: ClassVar[float | None] = None
     training: ClassVar[TrainingWork | None] = None
-    mean_s: ClassVar[float | None] = None
-    std_s: ClassVar[float | None] = None
-    p99_s: ClassVar[float | None] = None
 
     @property
     def rank_changed(self) -> bool:
