@@ -1,6 +1,10 @@
-"""The command-line options, each declared once, and their parsing into experiment points.
+"""The command-line options, each declared once, and their parsing.
 
-Every default comes from ``pipesched.experiments.DEFAULTS`` (the README's "Defaults").
+The options of one concept form an ``OptionGroup`` (a frozen dataclass of them: the schedule
+asked for here, the workload's in ``pipesched.cli.groups``, the views' in
+``pipesched.cli.views``); ``command`` spreads a command's groups among its options and hands
+it each group built from the parsed values. Every default comes from
+``pipesched.experiments.DEFAULTS`` (the README's "Defaults").
 """
 
 from __future__ import annotations
