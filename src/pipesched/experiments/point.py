@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import operator
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -150,6 +149,8 @@ def _require_count(name: str, value: object) -> None:
 # each part of a point and its record; a point's fields are its parts' fields
 PARTS = {"request": ScheduleRequest, "workload": Workload, "engine": EngineSettings}
 _PART_OF = {name: part for part, record in PARTS.items() for name in record.__dataclass_fields__}
+_NAMES = {part: frozenset(record.__dataclass_fields__) for part, record in PARTS.items()}
+_DEFAULT_PARTS = {part: record() for part, record in PARTS.items()}  # the commands' defaults
 
 
 @dataclass(frozen=True, init=False)
@@ -166,16 +167,19 @@ class Point:
 
     def __init__(self, family: str = "", *, request: ScheduleRequest | None = None, workload: Workload | None = None,
                  engine: EngineSettings | None = None, **fields: object) -> None:
-        unknown = sorted(set(fields) - set(_PART_OF))
-        if unknown:
-            raise TypeError(f"Point got unexpected fields: {', '.join(unknown)}")
-        given = {"request": request or ScheduleRequest(), "workload": workload or Workload(),
-                 "engine": engine or EngineSettings()}
         if family:
             fields["family"] = family
-        for part, record in given.items():
-            changes = _settled({name: value for name, value in fields.items() if _PART_OF[name] == part}, record)
-            object.__setattr__(self, part, dataclasses.replace(record, **changes) if changes else record)
+        unknown = fields.keys() - _PART_OF.keys()
+        if unknown:
+            raise TypeError(f"Point got unexpected fields: {', '.join(sorted(unknown))}")
+        for part, base in (("request", request), ("workload", workload), ("engine", engine)):
+            changes = _settled({name: fields[name] for name in fields.keys() & _NAMES[part]}, base)
+            if base is None:
+                record = PARTS[part](**changes) if changes else _DEFAULT_PARTS[part]
+            else:
+                record = dataclasses.replace(base, **changes) if changes else base
+            object.__setattr__(self, part, record)
+            self.__dict__.update(record.__dict__)  # the parts' fields, read as the point's own
 
     @classmethod
     def of(cls, family: str, **fields: object) -> Point:
@@ -261,10 +265,12 @@ class Point:
                       self.host_memory, self.dp)
 
 
-def _settled(changes: dict[str, object], record: object) -> dict[str, object]:
+def _settled(changes: dict[str, object], record: object | None) -> dict[str, object]:
     """The ``changes`` to one part of a point with what they imply: a given table names the
     family and fixes the sizes; stage costs stand for the model and cluster; frozen layers
     listed are a tuple."""
+    if not changes:
+        return changes
     schedule = changes.get("schedule", getattr(record, "schedule", None))
     if schedule is not None:
         changes |= {"family": schedule.name, "p": schedule.num_devices, "m": schedule.num_microbatches}
@@ -273,11 +279,6 @@ def _settled(changes: dict[str, object], record: object) -> dict[str, object]:
     if changes.get("stage_costs", getattr(record, "stage_costs", None)) is not None:
         changes |= {"model": None, "cluster": None}
     return changes
-
-
-for _name, _part in _PART_OF.items():  # a point reads its parts' fields as its own
-    setattr(Point, _name, property(operator.attrgetter(f"{_part}.{_name}"),
-                                   doc=f"``{_part}.{_name}`` (see {PARTS[_part].__name__})"))
 
 
 def planning_options(setup, p: int, m: int) -> dict[str, object]:
