@@ -149,7 +149,6 @@ def _require_count(name: str, value: object) -> None:
 # each part of a point and its record; a point's fields are its parts' fields
 PARTS = {"request": ScheduleRequest, "workload": Workload, "engine": EngineSettings}
 _PART_OF = {name: part for part, record in PARTS.items() for name in record.__dataclass_fields__}
-_NAMES = {part: frozenset(record.__dataclass_fields__) for part, record in PARTS.items()}
 _DEFAULT_PARTS = {part: record() for part, record in PARTS.items()}  # the commands' defaults
 
 
@@ -169,11 +168,14 @@ class Point:
                  engine: EngineSettings | None = None, **fields: object) -> None:
         if family:
             fields["family"] = family
-        unknown = fields.keys() - _PART_OF.keys()
-        if unknown:
-            raise TypeError(f"Point got unexpected fields: {', '.join(sorted(unknown))}")
+        split: dict[str, dict[str, object]] = {"request": {}, "workload": {}, "engine": {}}
+        for name, value in fields.items():
+            part = _PART_OF.get(name)
+            if part is None:
+                raise TypeError(f"Point got an unexpected field: {name}")
+            split[part][name] = value
         for part, base in (("request", request), ("workload", workload), ("engine", engine)):
-            changes = _settled({name: fields[name] for name in fields.keys() & _NAMES[part]}, base)
+            changes = _settled(split[part], base)
             if base is None:
                 record = PARTS[part](**changes) if changes else _DEFAULT_PARTS[part]
             else:
