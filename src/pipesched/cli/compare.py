@@ -10,108 +10,36 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipesched.cli.options import (
-    AsJson,
-    Bandwidth,
-    BandwidthEfficiency,
-    Chunks,
-    ClusterName,
-    DataParallelSize,
-    Devices,
-    Dtype,
-    FamilySettings,
-    FreezePlan,
-    FrozenLayers,
-    HostBandwidth,
-    HostMemory,
-    Jitter,
-    JitterFile,
-    Latency,
-    MatmulEfficiency,
-    Microbatches,
-    MicroBatchSize,
-    Model,
-    NoContention,
-    NoOverlap,
-    Offload,
-    PartitionOption,
-    RandomStraggler,
-    Recompute,
-    Samples,
-    Seed,
-    SeqLen,
-    SequenceParallel,
-    SlowLink,
-    StageCostsFile,
-    SteadyStateFlag,
-    Straggler,
-    TensorParallel,
-    ZeroStage,
-    family_options,
-    split_names,
-    variability_options,
-    workload,
+from pipesched.cli.groups import (
+    EngineOptions,
+    TrainingOptions,
+    VariabilityOptions,
+    WorkloadOptions,
 )
+from pipesched.cli.options import AsJson, ScheduleOptions, command, split_names
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_whole
 from pipesched.cli.progress import LateProgress
 from pipesched.cli.training import freeze_plan_option, report_freeze_plan
-from pipesched.cli.views import Html, Png, ShareAxis, Svg, Trace, ViewPaths
+from pipesched.cli.views import ViewPaths
 from pipesched.compare import LEVELS, RANKING, Comparison, compare, family_points
-from pipesched.defaults import DEFAULTS
 from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError
+from pipesched.experiments.evaluate import check_levels
+from pipesched.experiments.point import Point
 from pipesched.wording import significant
 
 GiB = 2.0**30
 LEVEL_TITLES = {Level.FORMULA: "formula (slots)", Level.TABLE: "table (slots)", Level.SIM: "simulated (s)"}
+Schedules = Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: all]")]
+ALL_LEVELS = ",".join(LEVELS)
+Levels = Annotated[str, typer.Option("--levels", help="comma-separated: formula, table, sim")]
 
 
-def compare_command(
-    schedules: Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: all]")] = None,
-    p: Devices = None,
-    m: Microbatches = None,
-    v: Chunks = None,
-    family_settings: FamilySettings = None,
-    levels: Annotated[str, typer.Option("--levels", help="comma-separated: formula, table, sim")] = ",".join(LEVELS),
-    model: Model = None,
-    cluster: ClusterName = None,
-    micro_batch_size: MicroBatchSize = None,
-    seq_len: SeqLen = None,
-    tensor_parallel: TensorParallel = None,
-    recompute: Recompute = None,
-    partition: PartitionOption = None,
-    dtype: Dtype = None,
-    sequence_parallel: SequenceParallel = None,
-    matmul_efficiency: MatmulEfficiency = None,
-    bandwidth_efficiency: BandwidthEfficiency = None,
-    dp: DataParallelSize = None,
-    zero: ZeroStage = None,
-    stage_costs: StageCostsFile = None,
-    latency: Latency = None,
-    bandwidth: Bandwidth = None,
-    no_contention: NoContention = False,
-    no_overlap: NoOverlap = False,
-    frozen_layers: FrozenLayers = None,
-    offload: Offload = None,
-    host_bandwidth: HostBandwidth = None,
-    host_memory: HostMemory = None,
-    freeze_plan: FreezePlan = None,
-    jitter: Jitter = None,
-    jitter_file: JitterFile = None,
-    straggler: Straggler = None,
-    random_straggler: RandomStraggler = None,
-    slow_link: SlowLink = None,
-    samples: Samples = None,
-    seed: Seed = None,
-    steady_state: SteadyStateFlag = False,
-    as_json: AsJson = False,
-    png: Png = None,
-    svg: Svg = None,
-    trace: Trace = None,
-    html: Html = None,
-    share_axis: ShareAxis = False,
-) -> None:
+@command
+def compare_command(*, schedules: Schedules = None, schedule: ScheduleOptions, levels: Levels = ALL_LEVELS,
+                    workload: WorkloadOptions, training: TrainingOptions, engine: EngineOptions,
+                    variability: VariabilityOptions, as_json: AsJson = False, views: ViewPaths) -> None:
     """Compare schedule families: iteration time, bubble ratio and peak memory under the
     closed forms, the slot table and the simulation, ranked per level; frozen, recomputed
     and offloaded work per device. With --freeze-plan: the best schedule of each step range
@@ -127,53 +55,45 @@ def compare_command(
       pipesched compare --levels formula,table --json
       pipesched compare --schedules 1f1b,zb-v -p 4 -m 8 --jitter 0.1 --samples 200
     """
-    views = ViewPaths(png, svg, trace, html, share_axis=share_axis).check()
-    plan = freeze_plan_option(freeze_plan, frozen_layers=frozen_layers,
-                              views={"png": png, "svg": svg, "trace": trace, "html": html, "share-axis": share_axis},
-                              variability={"jitter": jitter, "jitter-file": jitter_file, "straggler": straggler,
-                                           "random-straggler": random_straggler, "slow-link": slow_link,
-                                           "samples": samples, "seed": seed},
+    views.check()
+    plan = freeze_plan_option(training, views=views, variability=variability,
                               levels=None if split_names(levels) in (list(LEVELS), [Level.SIM]) else levels)
-    variability = variability_options(jitter=jitter, jitter_file=jitter_file, straggler=straggler,
-                                      random_straggler=random_straggler, slow_link=slow_link, samples=samples,
-                                      seed=seed)
-    chosen_levels = split_names(levels)
-    for level in chosen_levels:
-        if level not in LEVELS:
-            raise PipeschedError(f"levels={level}: unknown level; choose from {', '.join(LEVELS)}")
-    if not chosen_levels:
-        raise PipeschedError(f"levels={levels!r}: give at least one of {', '.join(LEVELS)}")
+    chosen = check_levels(split_names(levels))
     names = split_names(schedules) if schedules else None
-    point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition, dtype=dtype, sequence_parallel=sequence_parallel,
-                     matmul_efficiency=matmul_efficiency, bandwidth_efficiency=bandwidth_efficiency,
-                     dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
-                     no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
-                     host_bandwidth=host_bandwidth, host_memory=host_memory, steady_state=steady_state)
-    options, slot_costs, fb_cost = family_options(family_settings)
-    point = point.replace(options=tuple(sorted(options.items())), slot_costs=slot_costs, fb_cost=fb_cost,
-                          variability=variability)
+    point = _template(schedule, workload, training, engine).replace(variability=variability.model())
+    (p, m), v = schedule.sizes(), schedule.v
     if plan is not None:
-        report_freeze_plan(plan, family_points(names, p=p if p is not None else DEFAULTS.p,
-                                               m=m if m is not None else DEFAULTS.m, v=v, workload=point),
-                           as_json=as_json)
+        report_freeze_plan(plan, family_points(names, p=p, m=m, v=v, workload=point), as_json=as_json)
         return
-    progress = LateProgress()
-    try:
-        result = compare(names, p=p if p is not None else DEFAULTS.p, m=m if m is not None else DEFAULTS.m, v=v,
-                         levels=chosen_levels, workload=point, progress=progress, keep_timelines=views.any)
-    finally:
-        progress.close()
-    if not result.results and result.skipped:  # nothing to compare: say why, write nothing
-        name, reason = result.skipped[0]
-        others = f" (and {len(result.skipped) - 1} more schedules)" if len(result.skipped) > 1 else ""
-        raise PipeschedError(f"no schedule could be compared: {name}{others}: {reason}")
+    result = _compared(names, p=p, m=m, v=v, levels=chosen, workload=point, keep_timelines=views.any)
     views.write(result.timelines, comparison=result.to_wide_records(), title=_title(result),
                 distributions=distribution_plots(result))
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
         return
     print_comparison(result)
+
+
+def _compared(names: list[str] | None, **settings: object) -> Comparison:
+    """``compare`` with a progress line on a terminal; nothing compared is an error that says why."""
+    progress = LateProgress()
+    try:
+        result = compare(names, progress=progress, **settings)
+    finally:
+        progress.close()
+    if not result.results and result.skipped:
+        name, reason = result.skipped[0]
+        others = f" (and {len(result.skipped) - 1} more schedules)" if len(result.skipped) > 1 else ""
+        raise PipeschedError(f"no schedule could be compared: {name}{others}: {reason}")
+    return result
+
+
+def _template(schedule: ScheduleOptions, workload: WorkloadOptions, training: TrainingOptions,
+              engine: EngineOptions) -> Point:
+    """The workload point every compared family runs on, with the family options and slot costs."""
+    options, slot_costs, fb_cost = schedule.family_options()
+    return workload.point(training, engine).replace(options=tuple(sorted(options.items())), slot_costs=slot_costs,
+                                                    fb_cost=fb_cost)
 
 
 def _time(value: float, unit: str) -> str:

@@ -10,28 +10,19 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from pipesched.cli.groups import ModelOptions
 from pipesched.cli.options import (
     AsJson,
-    BandwidthEfficiency,
     Chunks,
     ClusterName,
     DeviceName,
     Devices,
-    Dtype,
     FrozenLayers,
-    MatmulEfficiency,
     MemoryLimit,
     Microbatches,
-    MicroBatchSize,
-    Model,
     PartitionOption,
-    Recompute,
-    SeqLen,
-    SequenceParallel,
-    TensorParallel,
+    command,
     parse_memory_limit,
-    tuned_cluster,
-    tuned_device,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.defaults import DEFAULTS
@@ -49,43 +40,22 @@ from pipesched.model import (
     layer_costs,
     load_cluster,
     load_device,
-    load_model,
     plan_stages,
 )
 from pipesched.model.freezing import parse_frozen_layers
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.partition import format_layout, parse_layout
-from pipesched.schedule import Placement
+from pipesched.schedule import Placement, Schedule
 
 GiB = 2.0**30
 MiB = 2.0**20
+PlanSchedule = Annotated[str | None, typer.Option("--schedule", help="schedule family for in-flight memory")]
+ShowLayout = Annotated[bool, typer.Option("--layout", help="print the Megatron layout string")]
 
 
 
-def _settings(micro_batch_size: int | None, seq_len: int | None, dtype: str | None, recompute: str | None,
-              tensor_parallel: int | None, sequence_parallel: bool | None) -> TrainingSettings:
-    """The training settings the options ask for, each unset one from DEFAULTS."""
-    return TrainingSettings(
-        micro_batch_size=DEFAULTS.micro_batch_size if micro_batch_size is None else micro_batch_size,
-        seq_len=DEFAULTS.seq_len if seq_len is None else seq_len, dtype=dtype or DEFAULTS.dtype,
-        recompute=recompute or DEFAULTS.recompute,
-        tensor_parallel=DEFAULTS.tensor_parallel if tensor_parallel is None else tensor_parallel,
-        sequence_parallel=DEFAULTS.sequence_parallel if sequence_parallel is None else sequence_parallel)
-
-
-def costs(
-    model: Model = None,
-    device: DeviceName = None,
-    micro_batch_size: MicroBatchSize = None,
-    seq_len: SeqLen = None,
-    recompute: Recompute = None,
-    tensor_parallel: TensorParallel = None,
-    sequence_parallel: SequenceParallel = None,
-    dtype: Dtype = None,
-    matmul_efficiency: MatmulEfficiency = None,
-    bandwidth_efficiency: BandwidthEfficiency = None,
-    as_json: AsJson = False,
-) -> None:
+@command
+def costs(*, model: ModelOptions, device: DeviceName = None, as_json: AsJson = False) -> None:
     """Per-layer costs of one microbatch: forward, backward-input, backward-weight seconds,
     activation bytes, parameters and the bytes sent to the next layer.
 
@@ -93,9 +63,7 @@ def costs(
     Examples:
       pipesched costs --model llama3-8b --device h100-sxm -b 1 -s 4096
     """
-    spec = load_model(model or DEFAULTS.model)
-    chip = tuned_device(load_device(device or DEFAULTS.device), matmul_efficiency, bandwidth_efficiency)
-    settings = _settings(micro_batch_size, seq_len, dtype, recompute, tensor_parallel, sequence_parallel)
+    spec, chip, settings = model.spec(), model.device(device), model.settings()
     layers = layer_costs(spec, chip, settings)
     if as_json:
         rows = [{column: getattr(layer, column) for column in LAYER_COLUMNS}
@@ -105,7 +73,12 @@ def costs(
                                "recompute": settings.recompute, "dtype": settings.dtype,
                                "sequence_parallel": settings.sequence_parallel, "layers": rows}, indent=1))
         return
-    table = Table(title=f"{spec.name} on {chip.name}: b={settings.micro_batch_size} s={settings.seq_len} "
+    output_console().print(_layer_table(spec.name, chip.name, settings, layers))
+
+
+def _layer_table(model: str, device: str, settings: TrainingSettings, layers: list) -> Table:
+    """A row per layer of its costs, and their totals."""
+    table = Table(title=f"{model} on {device}: b={settings.micro_batch_size} s={settings.seq_len} "
                         f"t={settings.tensor_parallel} recompute={settings.recompute}")
     for column in ("layer", "F ms", "I ms", "W ms", "act MiB", "params M", "out MiB", "GFLOP"):
         table.add_column(column, justify="left" if column == "layer" else "right")
@@ -118,18 +91,17 @@ def costs(
                              for f in ("forward_s", "backward_input_s", "backward_weight_s")),
                   f"{sum(x.activation_bytes for x in layers) / MiB:.1f}",
                   f"{sum(x.params for x in layers) / 1e6:.2f}", "", f"{sum(x.flops for x in layers) / 1e9:.2f}")
-    output_console().print(table)
+    return table
 
 
-def _cluster(device: str | None, cluster: str | None, ranks: int, matmul_efficiency: float | None,
-             bandwidth_efficiency: float | None) -> Cluster:
+def _cluster(model: ModelOptions, device: str | None, cluster: str | None, ranks: int) -> Cluster:
     """One device preset on every rank, or a cluster (neither: the default cluster)."""
     if device is not None and cluster is not None:
         raise PipeschedError(f"device={shorten(device)}: not with --cluster; give one of --device NAME or "
                              "--cluster NAME|FILE")
     built = homogeneous_cluster(load_device(device), ranks) if device is not None else \
         load_cluster(cluster or DEFAULTS.cluster)
-    return tuned_cluster(built, matmul_efficiency, bandwidth_efficiency)
+    return model.cluster(built)
 
 
 def _layer_span(kinds: list[str], first_block: int) -> str:
@@ -224,28 +196,11 @@ def _print_plan(plan: StagePlan, layout: str | None) -> None:
         console.print(f"layout: {layout}", highlight=False, markup=False)
 
 
-def partition(
-    model: Model = None,
-    device: DeviceName = None,
-    cluster: ClusterName = None,
-    p: Devices = None,
-    v: Chunks = None,
-    partition: PartitionOption = None,
-    schedule: Annotated[str | None, typer.Option("--schedule", help="schedule family for in-flight memory")] = None,
-    microbatches: Microbatches = None,
-    show_layout: Annotated[bool, typer.Option("--layout", help="print the Megatron layout string")] = False,
-    memory_limit: MemoryLimit = None,
-    micro_batch_size: MicroBatchSize = None,
-    seq_len: SeqLen = None,
-    recompute: Recompute = None,
-    tensor_parallel: TensorParallel = None,
-    sequence_parallel: SequenceParallel = None,
-    dtype: Dtype = None,
-    matmul_efficiency: MatmulEfficiency = None,
-    bandwidth_efficiency: BandwidthEfficiency = None,
-    frozen_layers: FrozenLayers = None,
-    as_json: AsJson = False,
-) -> None:
+@command
+def partition(*, model: ModelOptions, device: DeviceName = None, cluster: ClusterName = None, p: Devices = None,
+              v: Chunks = None, partition: PartitionOption = None, schedule: PlanSchedule = None,
+              microbatches: Microbatches = None, show_layout: ShowLayout = False, memory_limit: MemoryLimit = None,
+              frozen_layers: FrozenLayers = None, as_json: AsJson = False) -> None:
     """Split a model's layers into p x v pipeline stages and show each stage's time and memory
     (frozen layers cost less: the balanced split gives their stages more of them).
 
@@ -254,35 +209,26 @@ def partition(
       pipesched partition --model llama3-70b --cluster 4x8-h100 -p 8 -t 4 --layout
       pipesched partition --model llama3-8b --device h100-sxm -p 4 -t 1 --partition memory --schedule 1f1b -m 8
     """
-    p = DEFAULTS.p if p is None else p
-    microbatches = DEFAULTS.m if microbatches is None else microbatches
+    p, microbatches = DEFAULTS.p if p is None else p, DEFAULTS.m if microbatches is None else microbatches
     check_count("p", p, MAX_DEVICES, what="pipeline devices")
     if v is not None:
         check_count("v", v, MAX_STAGES, what="stages")
     check_count("stages", p * (v or 1), MAX_STAGES, what="stages (p x v)")
     limit = parse_memory_limit(memory_limit)
-    spec = load_model(model or DEFAULTS.model)
+    spec = model.spec()
     # a method, or a Megatron layout string that fixes the stages (the one --partition of every command)
     partition = partition or DEFAULTS.partition
     check_partition(partition, spec.layer_kinds)
-    method, layout_text = (partition, None) if partition in METHODS else (DEFAULTS.partition, partition)
-    recompute = recompute or DEFAULTS.recompute
-    settings = _settings(micro_batch_size, seq_len, dtype, uniform_mode(recompute) or "none", tensor_parallel,
-                         sequence_parallel)
+    method = partition if partition in METHODS else DEFAULTS.partition
+    recompute = model.recompute or DEFAULTS.recompute
+    settings = model.settings(recompute=uniform_mode(recompute) or "none")
     if frozen_layers:
-        settings = dataclasses.replace(settings,
-                                       frozen_layers=parse_frozen_layers(frozen_layers, spec.num_cost_layers))
-    built = None
-    if schedule is not None:
-        check_count("m", microbatches, MAX_MICROBATCHES, what="microbatches")
-        built = generate(schedule, p, microbatches, v=v)
-        placement = built.placement
-    else:
-        require(method != "memory", "partition", method, "needs --schedule NAME and -m M for the in-flight counts")
-        placement = Placement.looped(p, v or 1)
-    hardware = _cluster(device, cluster, placement.num_devices * settings.tensor_parallel, matmul_efficiency,
-                        bandwidth_efficiency)
-    given = None if layout_text is None else parse_layout(layout_text, spec.layer_kinds, num_stages=placement.num_stages)
+        settings = dataclasses.replace(settings, frozen_layers=parse_frozen_layers(frozen_layers, spec.num_cost_layers))
+    built = _planned_table(schedule, p, microbatches, v, method)
+    placement = built.placement if built is not None else Placement.looped(p, v or 1)
+    hardware = _cluster(model, device, cluster, placement.num_devices * settings.tensor_parallel)
+    given = None if partition in METHODS else parse_layout(partition, spec.layer_kinds,
+                                                           num_stages=placement.num_stages)
     modes = None if uniform_mode(recompute) is not None else recompute_modes(recompute, placement.num_stages)
     plan = plan_stages(spec, placement, hardware, settings, method=method, partition=given, schedule=built,
                        memory_limit=limit, recompute=modes)
@@ -291,6 +237,15 @@ def partition(
         typer.echo(_plan_json(plan, layout))
         return
     _print_plan(plan, layout if show_layout else None)
+
+
+def _planned_table(schedule: str | None, p: int, m: int, v: int | None, method: str) -> Schedule | None:
+    """The table whose in-flight counts the memory partition reads (``--schedule``), or None."""
+    if schedule is None:
+        require(method != "memory", "partition", method, "needs --schedule NAME and -m M for the in-flight counts")
+        return None
+    check_count("m", m, MAX_MICROBATCHES, what="microbatches")
+    return generate(schedule, p, m, v=v)
 
 
 def register(app: typer.Typer) -> None:

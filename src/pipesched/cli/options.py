@@ -1,13 +1,21 @@
-"""The command-line options, each declared once, and their parsing into experiment points.
+"""The command-line options, each declared once, and their parsing.
 
-Every default comes from ``pipesched.experiments.DEFAULTS`` (the README's "Defaults").
+The options of one concept form an ``OptionGroup`` (a frozen dataclass of them: the schedule
+asked for here, the workload's in ``pipesched.cli.groups``, the views' in
+``pipesched.cli.views``); ``command`` spreads a command's groups among its options and hands
+it each group built from the parsed values. Every default comes from
+``pipesched.experiments.DEFAULTS`` (the README's "Defaults").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
-from collections.abc import Mapping
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,22 +26,15 @@ from pipesched.errors import PipeschedError, shorten
 from pipesched.indices import MAX_INDEX_COUNT
 from pipesched.limits import (
     MAX_AMOUNT,
-    MAX_MICRO_BATCH_SIZE,
     MAX_NUMBER_CHARS,
     MAX_SAMPLES,
-    MAX_SECONDS,
-    MAX_SEQ_LEN,
-    check_amount,
-    check_count,
     check_number_text,
     check_rate,
 )
 
 if TYPE_CHECKING:  # the heavier modules load when options are parsed, not declared
     from pipesched.costs import StageCosts
-    from pipesched.experiments.point import Point
     from pipesched.model.hardware import Cluster, DeviceSpec
-    from pipesched.variability.model import Variability
 
 # --- the schedule ------------------------------------------------------------------------
 Devices = Annotated[int | None, typer.Option("-p", help=f"pipeline devices [default: {DEFAULTS.p}]")]
@@ -288,80 +289,99 @@ def check_training(frozen_layers: str | None, offload: str | None) -> None:
 _ANY_COUNT = MAX_INDEX_COUNT
 
 
-def workload(
-    *,
-    model: str | None = None,
-    cluster: str | None = None,
-    micro_batch_size: int | None = None,
-    seq_len: int | None = None,
-    tensor_parallel: int | None = None,
-    recompute: str | None = None,
-    partition: str | None = None,
-    dp: int | None = None,
-    zero: int | None = None,
-    stage_costs: str | None = None,
-    latency: float | None = None,
-    bandwidth: str | None = None,
-    no_contention: bool = False,
-    no_overlap: bool = False,
-    frozen_layers: str | None = None,
-    offload: str | None = None,
-    host_bandwidth: str | None = None,
-    host_memory: str | None = None,
-    steady_state: bool = False,
-    dtype: str | None = None,
-    sequence_parallel: bool | None = None,
-    matmul_efficiency: float | None = None,
-    bandwidth_efficiency: float | None = None,
-) -> Point:
-    """The template point the workload options ask for: a stage-cost file on uniform links,
-    or a model on a cluster (each unset option from DEFAULTS; the efficiencies replace its
-    devices'), with the frozen layers, the offload policy and host links asked for."""
-    from pipesched.experiments.point import Point
-    from pipesched.experiments.setup import check_partition
+# --- option groups: the options of one concept, declared once, shared by every command -----
+class OptionGroup:
+    """A frozen dataclass whose fields are the options of one concept, each typed with its
+    ``Annotated`` option above (or with a smaller group, whose options it takes in);
+    ``command`` spreads them among a command's options."""
 
-    check_training(frozen_layers, offload)
-    if partition is not None:
-        check_partition(partition)
-    if latency is not None:
-        check_amount("latency", latency, limit=MAX_SECONDS, unit="seconds")
-    if micro_batch_size is not None:
-        check_count("micro_batch_size", micro_batch_size, MAX_MICRO_BATCH_SIZE)
-    if seq_len is not None:
-        check_count("seq_len", seq_len, MAX_SEQ_LEN)
-    engine = {"contention": not no_contention, "overlap": not no_overlap, "latency": latency,
-              "frozen_layers": frozen_layers or "", "offload": offload or "",
-              "host_bandwidth": parse_amount(host_bandwidth, "bandwidth", "host-bandwidth"),
-              "host_memory": parse_amount(host_memory, "bytes", "host-memory"),
-              "dp": dp if dp is not None else 1, "zero": zero if zero is not None else 0,
-              "steady_state": steady_state}
-    if stage_costs is not None:
-        model_options = {"--model": model, "--cluster": cluster, "--tensor-parallel": tensor_parallel,
-                         "--recompute": recompute, "--partition": partition, "--dtype": dtype,
-                         "--sequence-parallel": sequence_parallel, "--matmul-efficiency": matmul_efficiency,
-                         "--bandwidth-efficiency": bandwidth_efficiency}
-        given = [name for name, value in model_options.items() if value is not None]
-        if given:
-            raise PipeschedError(f"{given[0].lstrip('-')}={model_options[given[0]]}: not with --stage-costs; "
-                                 "give either a model and cluster or a stage-cost file")
-        from pipesched.io.stage_costs import load_stage_costs
+    @classmethod
+    def parameters(cls) -> list[inspect.Parameter]:
+        """The group's options as the keyword parameters typer reads."""
+        hints = typing.get_type_hints(cls, include_extras=True)
+        parameters: list[inspect.Parameter] = []
+        for item in dataclasses.fields(cls):
+            kind = hints[item.name]
+            parameters += kind.parameters() if is_group(kind) else [inspect.Parameter(
+                item.name, inspect.Parameter.KEYWORD_ONLY, annotation=kind, default=item.default)]
+        return parameters
 
-        costs = load_stage_costs(stage_costs)
-        return Point(stage_costs=costs, micro_batch_size=micro_batch_size or DEFAULTS.micro_batch_size,
-                     seq_len=seq_len or DEFAULTS.seq_len, bandwidth=parse_bandwidth(bandwidth), **engine)
-    return Point(
-        model=model or DEFAULTS.model,
-        cluster=tuned_cluster(cluster or DEFAULTS.cluster, matmul_efficiency, bandwidth_efficiency),
-        dtype=dtype or DEFAULTS.dtype,
-        sequence_parallel=DEFAULTS.sequence_parallel if sequence_parallel is None else sequence_parallel,
-        micro_batch_size=micro_batch_size if micro_batch_size is not None else DEFAULTS.micro_batch_size,
-        seq_len=seq_len if seq_len is not None else DEFAULTS.seq_len,
-        tp=tensor_parallel if tensor_parallel is not None else DEFAULTS.tensor_parallel,
-        recompute=recompute or DEFAULTS.recompute,
-        partition=partition or DEFAULTS.partition,
-        bandwidth=parse_bandwidth(bandwidth),
-        **engine,
-    )
+    @classmethod
+    def from_values(cls, values: dict[str, object]) -> OptionGroup:
+        """The group of the parsed ``values`` (its own are taken out of them)."""
+        hints = typing.get_type_hints(cls, include_extras=True)
+        return cls(**{item.name: hints[item.name].from_values(values) if is_group(hints[item.name])
+                      else values.pop(item.name) for item in dataclasses.fields(cls)})
+
+    def given(self) -> dict[str, object]:
+        """Flag (without its dashes) -> value, of every option of the group."""
+        hints = typing.get_type_hints(type(self), include_extras=True)
+        flags: dict[str, object] = {}
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            flags |= value.given() if is_group(hints[item.name]) else {_flag(item.name, hints[item.name]): value}
+        return flags
+
+
+def is_group(kind: object) -> bool:
+    """Whether ``kind`` (a type hint) is an OptionGroup."""
+    return isinstance(kind, type) and issubclass(kind, OptionGroup)
+
+
+def _flag(name: str, annotation: object) -> str:
+    """The long flag an option is typed with (``--jitter-file`` -> ``jitter-file``), else its name."""
+    for info in getattr(annotation, "__metadata__", ()):
+        for declared in getattr(info, "param_decls", None) or (info.default,):
+            if isinstance(declared, str) and declared.startswith("--"):
+                return declared[2:].split("/")[0]
+    return name
+
+
+def command(function: Callable[..., None]) -> Callable[..., None]:
+    """``function`` as typer reads it: each parameter typed with an OptionGroup becomes the
+    group's options, in its place, and ``function`` receives the group built from their
+    parsed values. Two options of one name are a programming error."""
+    hints = typing.get_type_hints(function, include_extras=True)
+    parameters: list[inspect.Parameter] = []
+    groups: dict[str, type[OptionGroup]] = {}
+    for parameter in inspect.signature(function).parameters.values():
+        kind = hints[parameter.name]
+        if is_group(kind):
+            groups[parameter.name] = kind
+            parameters += kind.parameters()
+        else:
+            parameters.append(parameter.replace(annotation=kind, kind=inspect.Parameter.KEYWORD_ONLY))
+    names = [parameter.name for parameter in parameters]
+    if len(set(names)) != len(names):
+        raise TypeError(f"{function.__name__}: options named twice: {sorted({n for n in names if names.count(n) > 1})}")
+
+    @functools.wraps(function)
+    def parsed(**values: object) -> None:
+        for name, kind in groups.items():
+            values[name] = kind.from_values(values)
+        return function(**values)
+
+    parsed.__signature__ = inspect.Signature(parameters)
+    parsed.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters}
+    return parsed
+
+
+@dataclass(frozen=True)
+class ScheduleOptions(OptionGroup):
+    """The schedule asked for: a family's sizes and options."""
+
+    p: Devices = None
+    m: Microbatches = None
+    v: Chunks = None
+    family_settings: FamilySettings = None
+
+    def sizes(self) -> tuple[int, int]:
+        """(p, m), each unset one from DEFAULTS."""
+        return (DEFAULTS.p if self.p is None else self.p, DEFAULTS.m if self.m is None else self.m)
+
+    def family_options(self) -> tuple[dict[str, object], StageCosts | None, float | None]:
+        """See ``family_options``."""
+        return family_options(self.family_settings)
 
 
 def tuned_device(device: DeviceSpec, matmul_efficiency: float | None,
@@ -383,39 +403,6 @@ def tuned_cluster(cluster: str | Cluster, matmul_efficiency: float | None,
     built = load_cluster(cluster) if isinstance(cluster, str) else cluster
     return dataclasses.replace(built, devices=tuple(tuned_device(device, matmul_efficiency, bandwidth_efficiency)
                                                     for device in built.devices))
-
-
-def variability_options(*, jitter: str | None = None, jitter_file: str | None = None,
-                        straggler: list[str] | None = None, random_straggler: str | None = None,
-                        slow_link: list[str] | None = None, samples: int | None = None,
-                        seed: int | None = None) -> Variability | None:
-    """The duration model the variability options ask for; None when none is given."""
-    from pipesched.variability import (
-        load_repeats,
-        parse_jitter,
-        parse_random_straggler,
-        parse_slow_link,
-        parse_straggler,
-    )
-
-    given = jitter is not None or jitter_file is not None or straggler or random_straggler is not None or slow_link
-    if not given:
-        for flag, value in (("samples", samples), ("seed", seed)):
-            if value is not None:
-                raise PipeschedError(f"{flag}={value}: draws samples only with --jitter, --jitter-file, --straggler, "
-                                     "--random-straggler or --slow-link")
-        return None
-    from pipesched.variability.model import Variability
-
-    return Variability(
-        jitter=parse_jitter(jitter) if jitter is not None else (),
-        measured=load_repeats(jitter_file) if jitter_file is not None else None,
-        stragglers=tuple(parse_straggler(text) for text in straggler or ()),
-        random_straggler=parse_random_straggler(random_straggler) if random_straggler is not None else None,
-        slow_links=tuple(parse_slow_link(text) for text in slow_link or ()),
-        samples=DEFAULTS.samples if samples is None else samples,
-        seed=DEFAULTS.seed if seed is None else seed,
-    )
 
 
 def refuse_with(option: str, given: Mapping[str, object], why: str) -> None:

@@ -4,6 +4,7 @@ simulator's error against real runs."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -14,6 +15,7 @@ from pipesched.cli.options import (
     Backend,
     Chunks,
     FamilySettings,
+    OptionGroup,
     RunDevices,
     RunDtype,
     RunMicrobatches,
@@ -24,20 +26,34 @@ from pipesched.cli.options import (
     Steps,
     Timeout,
     Warmup,
+    command,
     split_names,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.schedules import load_or_generate
-from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
+from pipesched.cli.views import ViewPaths
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.generators import FAMILIES
 from pipesched.io.files import check_outputs
 from pipesched.model import load_model
+from pipesched.render.terminal import timeline_view
+from pipesched.runtime.check import check_schedules
+from pipesched.runtime.launch import Fault as FaultSpec
+from pipesched.runtime.profile import ProfileOptions
+from pipesched.runtime.profiling import ProfileRequest, profile_to_files
+from pipesched.runtime.runs import RunOptions, check_runnable, run_schedules
 from pipesched.schedule import Schedule
 
+RunSchedule = Annotated[str, typer.Argument(metavar="SCHEDULE|FILE", help="schedule family or schedule file")]
+CheckSchedules = Annotated[str, typer.Option(
+    "--schedules", help="comma-separated families or schedule files, e.g. gpipe,1f1b,zb-h1")]
+CheckTrace = Annotated[str | None, typer.Option(
+    "--trace", help="write both timelines of every schedule as one Perfetto trace: two processes per device")]
+CheckHtml = Annotated[str | None, typer.Option(
+    "--html", help="write the comparison page: predicted over measured timelines, deviations, step times")]
 Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK, hang:RANK or kill:RANK (tests)")]
 
 _RUNTIME_NAMES = {"pytorch": "PyTorch _PipelineScheduleRuntime", "ours": "pipesched executor"}
@@ -48,8 +64,6 @@ def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: 
     schedule file at its own."""
     schedule = load_or_generate(name, p=p, m=m, v=v, settings=settings, default_p=DEFAULTS.run_p,
                                 default_m=DEFAULTS.run_m)
-    from pipesched.runtime.runs import check_runnable
-
     check_runnable(schedule)  # before a model is built or a rank started
     return schedule
 
@@ -65,29 +79,31 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
-# --- run -----------------------------------------------------------------------------------
-def run_command(
-    schedule_name: Annotated[str, typer.Argument(metavar="SCHEDULE|FILE", help="schedule family or schedule file")],
-    p: RunDevices = None,
-    m: RunMicrobatches = None,
-    v: Chunks = None,
-    family_settings: FamilySettings = None,
-    model: RunModel = DEFAULTS.run_model,
-    backend: Backend = "gloo",
-    steps: Steps = DEFAULTS.run_steps,
-    warmup: Warmup = DEFAULTS.run_warmup,
-    runtime: Runtime = "auto",
-    micro_batch_size: RunMicroBatchSize = DEFAULTS.run_micro_batch_size,
-    seq_len: RunSeqLen = DEFAULTS.run_seq_len,
-    dtype: RunDtype = DEFAULTS.run_dtype,
-    timeout: Timeout = DEFAULTS.run_timeout,
-    as_json: AsJson = False,
-    png: Png = None,
-    svg: Svg = None,
-    trace: Trace = None,
-    html: Html = None,
-    inject_fault: Fault = None,
-) -> None:
+# --- run ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RealRunOptions(OptionGroup):
+    """A real run: the model and its sizes, the backend and runtime, the steps measured."""
+
+    model: RunModel = DEFAULTS.run_model
+    backend: Backend = "gloo"
+    steps: Steps = DEFAULTS.run_steps
+    warmup: Warmup = DEFAULTS.run_warmup
+    runtime: Runtime = "auto"
+    micro_batch_size: RunMicroBatchSize = DEFAULTS.run_micro_batch_size
+    seq_len: RunSeqLen = DEFAULTS.run_seq_len
+    dtype: RunDtype = DEFAULTS.run_dtype
+    timeout: Timeout = DEFAULTS.run_timeout
+
+    def options(self) -> RunOptions:
+        """What every rank runs with."""
+        return RunOptions(micro_batch_size=self.micro_batch_size, seq_len=self.seq_len, dtype=self.dtype,
+                          backend=self.backend, steps=self.steps, warmup=self.warmup, timeout_s=self.timeout)
+
+
+@command
+def run_command(*, schedule_name: RunSchedule, p: RunDevices = None, m: RunMicrobatches = None, v: Chunks = None,
+                family_settings: FamilySettings = None, real: RealRunOptions, as_json: AsJson = False,
+                views: ViewPaths, inject_fault: Fault = None) -> None:
     """Run a schedule for real on P local ranks (gloo on CPU, NCCL on GPUs): median step time
     after warm-up and the measured timeline of every op on every rank (--png/--svg/--trace/--html
     draw the median step).
@@ -96,17 +112,13 @@ def run_command(
     Examples:
       pipesched run zb-h1 -p 2 -m 4 --model tiny -s 16 --steps 2 --warmup 1
     """
-    from pipesched.runtime.launch import Fault as FaultSpec
-    from pipesched.runtime.runs import RunOptions, run_schedules
-
-    views = ViewPaths(png, svg, trace, html).check()
+    views.check()
     schedule = _schedule(schedule_name, p, m, v, family_settings)
-    spec = load_model(model)
-    options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
-                         steps=steps, warmup=warmup, timeout_s=timeout)
+    spec, options = load_model(real.model), real.options()
     fault = FaultSpec.parse(inject_fault) if inject_fault else None
-    with StatusLine(f"run {schedule.name} ({warmup} warm-up + {steps} steps)") as status:
-        result = run_schedules([schedule], spec, options=options, runtime=runtime, fault=fault, on_status=status)[0]
+    with StatusLine(f"run {schedule.name} ({options.warmup} warm-up + {options.steps} steps)") as status:
+        result = run_schedules([schedule], spec, options=options, runtime=real.runtime, fault=fault,
+                               on_status=status)[0]
     views.write([result.timeline], title=f"{schedule.name}: measured on {result.runtime}, {result.backend} "
                                          f"(median of {len(result.step_times)} steps)")
     if as_json:
@@ -115,9 +127,7 @@ def run_command(
     _print_run(schedule, spec.name, options, result)
 
 
-def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
-    from pipesched.render.terminal import timeline_view
-
+def _print_run(schedule: Schedule, model_name: str, options: RunOptions, result) -> None:
     console = output_console()
     table = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={schedule.num_microbatches}, "
                         f"{schedule.num_stages} stages; {model_name} ({result.timeline.measured.partition}), "
@@ -137,23 +147,54 @@ def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
 
 
 # --- profile -------------------------------------------------------------------------------
-def profile_command(
-    model: RunModel = DEFAULTS.run_model,
-    output: Annotated[str, typer.Option("-o", "--output", help="cost file to write: CSV per layer, or per stage with -p; .yaml: a per-layer model file headed by how it was measured; every repeat goes to FILE.repeats.csv")] = "costs.csv",
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu",
-    micro_batch_size: RunMicroBatchSize = DEFAULTS.run_micro_batch_size,
-    seq_len: RunSeqLen = DEFAULTS.run_seq_len,
-    dtype: RunDtype = DEFAULTS.run_dtype,
-    repeats: Annotated[int, typer.Option("--repeats", help="timed repeats per op (the median is the cost; every repeat goes to FILE.repeats.csv)")] = 10,
-    warmup: Annotated[int, typer.Option("--warmup", help="untimed repeats first")] = 3,
-    ranks: Annotated[int, typer.Option("--ranks", help="ranks timing at once, each on its own core or GPU (load the machine as a run with that many ranks does)")] = 1,
-    p: Annotated[int | None, typer.Option("-p", help="write per-stage costs for p ranks")] = None,
-    v: Annotated[int, typer.Option("-v", help="stages per rank, with -p")] = 1,
-    partition: Annotated[str | None, typer.Option("--partition", help="layers per stage like 3|4|3, with -p (default: uniform)")] = None,
-    runtime: Annotated[str, typer.Option("--runtime", help="whose per-op overhead to add to per-stage costs: ours or pytorch")] = "ours",
-    link: Annotated[bool, typer.Option("--link/--no-link", help="measure rank-to-rank latency and bandwidth")] = True,
-    as_json: AsJson = False,
-) -> None:
+@dataclass(frozen=True)
+class MeasureOptions(OptionGroup):
+    """How each op is timed: on which device, at which sizes, how many times."""
+
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda")] = "cpu"
+    micro_batch_size: RunMicroBatchSize = DEFAULTS.run_micro_batch_size
+    seq_len: RunSeqLen = DEFAULTS.run_seq_len
+    dtype: RunDtype = DEFAULTS.run_dtype
+    repeats: Annotated[int, typer.Option(
+        "--repeats", help="timed repeats per op (the median is the cost; every repeat goes to "
+                          "FILE.repeats.csv)")] = 10
+    warmup: Annotated[int, typer.Option("--warmup", help="untimed repeats first")] = 3
+    ranks: Annotated[int, typer.Option(
+        "--ranks", help="ranks timing at once, each on its own core or GPU (load the machine as a run with that "
+                        "many ranks does)")] = 1
+
+    def options(self) -> ProfileOptions:
+        return ProfileOptions(micro_batch_size=self.micro_batch_size, seq_len=self.seq_len, dtype=self.dtype,
+                              device=self.device, repeats=self.repeats, warmup=self.warmup, ranks=self.ranks)
+
+
+@dataclass(frozen=True)
+class CostFileOptions(OptionGroup):
+    """What the cost file holds: per layer, or per stage of p ranks, and the link."""
+
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="cost file to write: CSV per layer, or per stage with -p; .yaml: a per-layer model "
+                               "file headed by how it was measured; every repeat goes to FILE.repeats.csv")] = \
+        "costs.csv"
+    p: Annotated[int | None, typer.Option("-p", help="write per-stage costs for p ranks")] = None
+    v: Annotated[int, typer.Option("-v", help="stages per rank, with -p")] = 1
+    partition: Annotated[str | None, typer.Option(
+        "--partition", help="layers per stage like 3|4|3, with -p (default: uniform)")] = None
+    runtime: Annotated[str, typer.Option(
+        "--runtime", help="whose per-op overhead to add to per-stage costs: ours or pytorch")] = "ours"
+    link: Annotated[bool, typer.Option("--link/--no-link", help="measure rank-to-rank latency and bandwidth")] = True
+
+    def request(self) -> ProfileRequest:
+        """The files to write; a bad output path fails here, before the model is loaded."""
+        request = ProfileRequest(self.output, p=self.p, v=self.v, partition=self.partition, runtime=self.runtime,
+                                 link=self.link)
+        request.paths()
+        return request
+
+
+@command
+def profile_command(*, model: RunModel = DEFAULTS.run_model, measure: MeasureOptions, files: CostFileOptions,
+                    as_json: AsJson = False) -> None:
     """Measure layer (or stage) op times in isolation, the runtime's per-op overhead and the
     link between ranks; write the cost CSV the simulator reads, the link beside it
     (FILE.link.yaml) and every timed repeat (FILE.repeats.csv, what `simulate --jitter-file`
@@ -163,14 +204,9 @@ def profile_command(
     Examples:
       pipesched profile --model tiny -s 16 --repeats 3 --no-link -o tiny.csv
     """
-    from pipesched.runtime.profile import ProfileOptions
-    from pipesched.runtime.profiling import ProfileRequest, profile_to_files
-
-    request = ProfileRequest(output, p=p, v=v, partition=partition, runtime=runtime, link=link)
-    request.paths()  # a bad output path fails before the model is loaded
+    request = files.request()
     spec = load_model(model)
-    options = ProfileOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, device=device,
-                             repeats=repeats, warmup=warmup, ranks=ranks)
+    options = measure.options()
     with StatusLine(f"profile {spec.name}") as status:
         summary = profile_to_files(spec, options, request, on_status=status)
     target, link_path, repeats_path = request.paths()
@@ -180,33 +216,18 @@ def profile_command(
     wrote(target, f" ({summary['partition']})" if "partition" in summary else "")
     wrote(repeats_path, f" (every timed repeat: simulate --jitter-file {repeats_path})")
     if "per_op_overhead_s" in summary:
-        typer.echo(f"per-op overhead of the {runtime} runtime: {summary['per_op_overhead_s'] * 1e6:.0f} us (included)")
-    if link:
+        typer.echo(f"per-op overhead of the {files.runtime} runtime: {summary['per_op_overhead_s'] * 1e6:.0f} us (included)")
+    if files.link:
         wrote(link_path)
         typer.echo(f"simulate with --stage-costs {target} --latency {summary['latency_s']:.6g} "
                    f"--bandwidth {summary['bandwidth_bytes_per_s']:.6g}")
 
 
 # --- check ---------------------------------------------------------------------------------
-def check_command(
-    schedules: Annotated[str, typer.Option(
-        "--schedules", help="comma-separated families or schedule files, e.g. gpipe,1f1b,zb-h1")],
-    p: RunDevices = None,
-    m: RunMicrobatches = None,
-    v: Chunks = None,
-    model: RunModel = DEFAULTS.run_model,
-    backend: Backend = "gloo",
-    steps: Steps = DEFAULTS.run_steps,
-    warmup: Warmup = DEFAULTS.run_warmup,
-    runtime: Runtime = "auto",
-    micro_batch_size: RunMicroBatchSize = DEFAULTS.run_micro_batch_size,
-    seq_len: RunSeqLen = DEFAULTS.run_seq_len,
-    dtype: RunDtype = DEFAULTS.run_dtype,
-    timeout: Timeout = DEFAULTS.run_timeout,
-    as_json: AsJson = False,
-    trace: Annotated[str | None, typer.Option("--trace", help="write both timelines of every schedule as one Perfetto trace: two processes per device")] = None,
-    html: Annotated[str | None, typer.Option("--html", help="write the comparison page: predicted over measured timelines, deviations, step times")] = None,
-) -> None:
+@command
+def check_command(*, schedules: CheckSchedules, p: RunDevices = None, m: RunMicrobatches = None, v: Chunks = None,
+                  real: RealRunOptions, as_json: AsJson = False, trace: CheckTrace = None,
+                  html: CheckHtml = None) -> None:
     """Profile in isolation, simulate, run for real, and compare: predicted vs measured step
     time per schedule, the error, and whether the ranking of the schedules agrees.
 
@@ -214,30 +235,37 @@ def check_command(
     Examples:
       pipesched check --schedules gpipe,1f1b -p 2 -m 4 --model tiny -s 16 --steps 2 --warmup 1
     """
-    from pipesched.runtime.check import check_schedules
-    from pipesched.runtime.runs import RunOptions
-
     check_outputs((("trace", trace), ("html", html)))
+    built = _check_schedules(schedules, p, m, v)
+    p, m = built[0].num_devices, built[0].num_microbatches
+    with StatusLine(f"check {', '.join(split_names(schedules))}") as status:
+        report = check_schedules(built, load_model(real.model), options=real.options(), runtime=real.runtime,
+                                 on_status=status)
+    for path in report.write_views(html=html, trace=trace, title=f"prediction check: {real.model}, p={p}, m={m}"):
+        wrote(path)
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(model=real.model, p=p, m=m), indent=1))
+        return
+    _print_check(report, real, p, m)
+
+
+def _check_schedules(schedules: str, p: int | None, m: int | None, v: int | None) -> list[Schedule]:
+    """The schedules ``--schedules`` names, at one size (``v`` for the families that take it)."""
     names = split_names(schedules)
     require(len(names) >= 1, "schedules", schedules, "give at least one schedule family")
     built = [_schedule(name, p, m, v if FAMILIES.get(name) is not None and FAMILIES[name].takes_v else None, None)
              for name in names]
-    p, m = built[0].num_devices, built[0].num_microbatches
     for schedule in built[1:]:
-        require(schedule.num_devices == p, "schedules", schedule.name,
-                f"has {schedule.num_devices} devices and {built[0].name} {p}; compare schedules of one size")
-    options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, backend=backend,
-                         steps=steps, warmup=warmup, timeout_s=timeout)
-    with StatusLine(f"check {', '.join(names)}") as status:
-        report = check_schedules(built, load_model(model), options=options, runtime=runtime, on_status=status)
-    for path in report.write_views(html=html, trace=trace, title=f"prediction check: {model}, p={p}, m={m}"):
-        wrote(path)
-    if as_json:
-        typer.echo(json.dumps(report.to_dict(model=model, p=p, m=m), indent=1))
-        return
+        require(schedule.num_devices == built[0].num_devices, "schedules", schedule.name,
+                f"has {schedule.num_devices} devices and {built[0].name} {built[0].num_devices}; compare schedules "
+                "of one size")
+    return built
+
+
+def _print_check(report, real: RealRunOptions, p: int, m: int) -> None:
     console = output_console()
-    table = Table(title=f"prediction check: {model}, p={p}, m={m}, micro-batch {micro_batch_size} x {seq_len}, "
-                        f"{dtype}, {backend}")
+    table = Table(title=f"prediction check: {real.model}, p={p}, m={m}, micro-batch {real.micro_batch_size} x "
+                        f"{real.seq_len}, {real.dtype}, {real.backend}")
     for column in ("schedule", "runtime", "predicted ms", "measured ms", "error", "predicted p50 / p99 (std) ms",
                    "measured min / max (IQR) ms"):
         table.add_column(column, justify="left" if column in ("schedule", "runtime") else "right")

@@ -16,15 +16,13 @@ from pipesched import io
 from pipesched.cli.options import (
     ActivationLimit,
     AsJson,
-    Chunks,
-    Devices,
-    FamilySettings,
     FrozenStages,
-    Microbatches,
+    ScheduleOptions,
+    command,
     family_options,
 )
 from pipesched.cli.output import console
-from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
+from pipesched.cli.views import ViewPaths
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.io.files import Output
@@ -33,6 +31,7 @@ from pipesched.validate import REPORTED_VIOLATIONS, format_report, require_valid
 from pipesched.wording import counted
 
 if TYPE_CHECKING:
+    from pipesched.costs import StageCosts
     from pipesched.schedule import Schedule
 
 LISTS = ("families", "models", "devices", "clusters")
@@ -148,24 +147,19 @@ def _clusters() -> list[dict]:
     return rows
 
 
-def show(
-    name: Annotated[str, typer.Argument(metavar="NAME|FILE", help="schedule family (see `pipesched list`) or a schedule file")],
-    p: Devices = None,
-    m: Microbatches = None,
-    v: Chunks = None,
-    fmt: Annotated[str | None, typer.Option(
-        "--format", help="grid | csv (PyTorch compute-only) | csv-comms (PyTorch compute+comms) | json [default: grid, "
-                         "or what the -o file's extension names: .json json, .csv csv]")] = None,
-    output: Annotated[str | None, typer.Option(
-        "-o", "--output", help="write to this file instead of stdout, in the format its extension names (.json, .csv, "
-                               "else grid text)")] = None,
-    settings: FamilySettings = None,
-    frozen_stages: FrozenStages = None,
-    png: Png = None,
-    svg: Svg = None,
-    trace: Trace = None,
-    html: Html = None,
-) -> None:
+Format = Annotated[str | None, typer.Option(
+    "--format", help="grid | csv (PyTorch compute-only) | csv-comms (PyTorch compute+comms) | json [default: grid, "
+                     "or what the -o file's extension names: .json json, .csv csv]")]
+ShowOutput = Annotated[str | None, typer.Option(
+    "-o", "--output", help="write to this file instead of stdout, in the format its extension names (.json, .csv, "
+                           "else grid text)")]
+ScheduleName = Annotated[str, typer.Argument(metavar="NAME|FILE",
+                                             help="schedule family (see `pipesched list`) or a schedule file")]
+
+
+@command
+def show(*, name: ScheduleName, schedule: ScheduleOptions, fmt: Format = None, output: ShowOutput = None,
+         frozen_stages: FrozenStages = None, views: ViewPaths) -> None:
     """Generate a schedule and print it as a table (or write it as grid text, CSV or JSON).
     On a terminal the table is time-aligned (every slot the same columns, cut into bands at
     the terminal's width, coloured by op kind unless NO_COLOR); to a pipe, with -o or with
@@ -180,31 +174,43 @@ def show(
       pipesched show zb-v -p 4 -m 8 --set activation_limit=6 --svg zb-v.svg
       pipesched show zb-h1 -p 4 -m 8 --set costs=1,2,1
     """
-    from pipesched.costs import StageCosts
     from pipesched.slot_table import slot_table
 
-    views = ViewPaths(png, svg, trace, html).check(("output", output))
+    views.check(("output", output))
     # on a terminal, with no --format or -o: the time-aligned grid instead of the grid text
     terminal = console() if output is None and fmt is None else None
-    fmt = io.output_format(output, fmt) if output is not None else fmt or "grid"
-    if fmt not in io.FORMATS:
-        raise PipeschedError(f"format={shorten(fmt)!r}: unknown; choose one of {', '.join(io.FORMATS)}")
-    schedule = load_or_generate(name, p=p, m=m, v=v, settings=settings, frozen_stages=frozen_stages)
-    options, costs, fb_cost = family_options(settings)
-    slots = costs if costs is not None else StageCosts.slots()
-    if fb_cost is not None:
-        slots = slots.with_pair_cost(fb_cost)
-    text = io.dumps(schedule, fmt)
-    summary = _grid_summary(name, schedule, slots, costs, options, v) if output is None and fmt == "grid" else ""
+    fmt = _format(output, fmt)
+    table = load_or_generate(name, p=schedule.p, m=schedule.m, v=schedule.v, settings=schedule.family_settings,
+                             frozen_stages=frozen_stages)
+    options, costs, fb_cost = schedule.family_options()
+    slots = _slots(costs, fb_cost)
+    text = io.dumps(table, fmt)
+    summary = _grid_summary(name, table, slots, costs, options, schedule.v) if output is None and fmt == "grid" else ""
     aligned = terminal is not None and terminal.is_terminal
     # every output is made before any is written: the files all or none, then stdout
-    timelines = [slot_table(schedule, slots)] if views.any or aligned else []
-    views.write(timelines, title=f"{schedule.name}: idealized slot table",
+    timelines = [slot_table(table, slots)] if views.any or aligned else []
+    views.write(timelines, title=f"{table.name}: idealized slot table",
                 others=[Output(output, text)] if output is not None else ())
     if aligned and terminal is not None:
         _print_aligned(terminal, timelines[0], summary)
     elif output is None:
         sys.stdout.write(text + summary)
+
+
+def _format(output: str | None, fmt: str | None) -> str:
+    """The format ``--format`` names, or the ``-o`` file's extension, or grid text."""
+    fmt = io.output_format(output, fmt) if output is not None else fmt or "grid"
+    if fmt not in io.FORMATS:
+        raise PipeschedError(f"format={shorten(fmt)!r}: unknown; choose one of {', '.join(io.FORMATS)}")
+    return fmt
+
+
+def _slots(costs: StageCosts | None, fb_cost: float | None) -> StageCosts:
+    """The slot lengths of the idealized table: ``--set costs`` (else 1, 1, 1), with ``fb_cost``."""
+    from pipesched.costs import StageCosts
+
+    slots = costs if costs is not None else StageCosts.slots()
+    return slots if fb_cost is None else slots.with_pair_cost(fb_cost)
 
 
 def _print_aligned(terminal, timeline, summary: str) -> None:

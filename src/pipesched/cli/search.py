@@ -5,6 +5,7 @@ recompute and ZeRO stages; results in an SQLite store that a killed search resum
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -25,19 +26,33 @@ from pipesched.cli.options import (
     ClusterName,
     Dtype,
     Model,
+    OptionGroup,
     SeqLen,
     SequenceParallel,
+    command,
     split_names,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_whole, wrote
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
+from pipesched.experiments.grid import process_map
+from pipesched.experiments.ray_pool import ray_pool, require_ray
 from pipesched.io.files import Output, check_outputs, write_all
 from pipesched.limits import MAX_WORKERS, check_count
+from pipesched.render.search_page import render_search_html
 from pipesched.search.results import SearchResult, simulate_command
 from pipesched.search.space import SearchSpace
-from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
+from pipesched.search.store import (
+    EVALUATED,
+    INVALID,
+    OUT_OF_MEMORY,
+    PRUNED,
+    SearchStore,
+    StoredRow,
+    read_rows,
+)
+from pipesched.search.sweep import search
 from pipesched.wording import counted
 
 GiB = 2.0**30
@@ -62,50 +77,119 @@ def _numbers(field: str, text: str | None) -> tuple[int, ...]:
     return tuple(values)
 
 
-def search_command(
-    model: Model = None,
-    cluster: ClusterName = None,
+@dataclass(frozen=True)
+class SpaceOptions(OptionGroup):
+    """What the search tries: the model, cluster and batch, and the values of each axis
+    (unset: the axis' defaults, ``SearchSpace``'s)."""
+
+    model: Model = None
+    cluster: ClusterName = None
     global_batch: Annotated[int | None, typer.Option(
         "--global-batch", "-g", help=f"sequences per iteration, all data-parallel pipelines together "
-                                     f"[default: {DEFAULTS.global_batch}]")] = None,
-    seq_len: SeqLen = None,
-    dtype: Dtype = None,
-    sequence_parallel: SequenceParallel = None,
-    gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None,
-    schedules: Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: every synchronous family; name pipedream or pipedream-2bw to search them too]")] = None,
+                                     f"[default: {DEFAULTS.global_batch}]")] = None
+    seq_len: SeqLen = None
+    dtype: Dtype = None
+    sequence_parallel: SequenceParallel = None
+    gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None
+    schedules: Annotated[str | None, typer.Option(
+        "--schedules", help="comma-separated families [default: every synchronous family; name pipedream or "
+                            "pipedream-2bw to search them too]")] = None
     tensor_parallel: Annotated[str | None, typer.Option(
         "--tensor-parallel", "-t", help="tensor-parallel degrees to try, like 2,4 (one value fixes it, as -t does in "
-                                        "the other commands) [default: every divisor of the node size]")] = None,
-    pipeline: Annotated[str | None, typer.Option("--pipeline", help="pipeline sizes p to try [default: all]")] = None,
-    dp: Annotated[str | None, typer.Option("--dp", help="data-parallel sizes to try [default: all]")] = None,
+                                        "the other commands) [default: every divisor of the node size]")] = None
+    pipeline: Annotated[str | None, typer.Option("--pipeline", help="pipeline sizes p to try [default: all]")] = None
+    dp: Annotated[str | None, typer.Option("--dp", help="data-parallel sizes to try [default: all]")] = None
     micro_batch_sizes: Annotated[str | None, typer.Option(
         "--micro-batch-sizes", "-b", help="micro-batch sizes to try, like 1,2 (one value fixes it, as -b does in the "
-                                          "other commands) [default: every divisor of the batch per pipeline]")] = None,
+                                          "other commands) [default: every divisor of the batch per pipeline]")] = None
     chunks: Annotated[str | None, typer.Option(
-        "--chunks", help=f"chunks v per device for the families that take it [default: {_listed('chunks')}]")] = None,
+        "--chunks", help=f"chunks v per device for the families that take it [default: {_listed('chunks')}]")] = None
     partitions: Annotated[str | None, typer.Option(
-        "--partitions", help=f"partition methods to try [default: {_listed('partitions')}]")] = None,
+        "--partitions", help=f"partition methods to try [default: {_listed('partitions')}]")] = None
     recompute: Annotated[str | None, typer.Option(
-        "--recompute", help=f"recompute modes to try [default: {_listed('recompute')}]")] = None,
+        "--recompute", help=f"recompute modes to try [default: {_listed('recompute')}]")] = None
     zero: Annotated[str | None, typer.Option(
         "--zero", help=f"ZeRO stages of the optimizer state to try, 1 only with dp > 1 "
-                       f"[default: {_listed('zero')}]")] = None,
+                       f"[default: {_listed('zero')}]")] = None
+
+    def space(self) -> SearchSpace:
+        """The search space; a model the cluster cannot hold fails here, before the store is touched."""
+        given = {
+            "model": self.model, "cluster": self.cluster, "global_batch": self.global_batch,
+            "seq_len": self.seq_len, "gpus": self.gpus, "dtype": self.dtype,
+            "sequence_parallel": self.sequence_parallel, "schedules": _names(self.schedules),
+            "chunks": _numbers("chunks", self.chunks) or None, "partitions": _names(self.partitions),
+            "recompute": _names(self.recompute), "zero": _numbers("zero", self.zero) or None,
+            "tensor_parallel": _numbers("tensor-parallel", self.tensor_parallel),
+            "pipeline": _numbers("pipeline", self.pipeline), "data_parallel": _numbers("dp", self.dp),
+            "micro_batch_sizes": _numbers("micro-batch-sizes", self.micro_batch_sizes),
+        }
+        space = SearchSpace(**{name: value for name, value in given.items() if value is not None})
+        space.check_capacity()
+        return space
+
+
+def _names(text: str | None) -> tuple[str, ...] | None:
+    """``"a,b"`` -> ("a", "b"); None -> None (the axis' default)."""
+    return None if text is None else tuple(split_names(text))
+
+
+@dataclass(frozen=True)
+class RunOptions(OptionGroup):
+    """Where the results are kept and where the points are evaluated."""
+
     db: Annotated[str, typer.Option("--db", help="SQLite store of the results: a search started again with the same "
-                                                 "store and options resumes")] = DEFAULTS.search_db,
+                                                 "store and options resumes")] = DEFAULTS.search_db
     workers: Annotated[int | None, typer.Option(
-        "--workers", help=f"local worker processes, at most {MAX_WORKERS} [default: the CPU count]")] = None,
-    ray: Annotated[bool, typer.Option("--ray", help="run on a local Ray (loopback only) instead of a process pool")] = False,
+        "--workers", help=f"local worker processes, at most {MAX_WORKERS} [default: the CPU count]")] = None
+    ray: Annotated[bool, typer.Option("--ray", help="run on a local Ray (loopback only) instead of a process "
+                                                    "pool")] = False
     ray_address: Annotated[str | None, typer.Option(
-        "--ray-address", help="run on the Ray cluster at this HOST:PORT (ray start --head prints it)")] = None,
+        "--ray-address", help="run on the Ray cluster at this HOST:PORT (ray start --head prints it)")] = None
     no_prune: Annotated[bool, typer.Option("--no-prune", help="simulate every point that fits, even those the "
-                                                              "bound rules out")] = False,
-    top: Annotated[int, typer.Option("--top", help="configurations to print (0: all)")] = DEFAULTS.top,
-    show: Annotated[bool, typer.Option("--show", help="print the results stored in --db and stop")] = False,
-    csv: Annotated[str | None, typer.Option("--csv", help="write every point's row to this CSV file")] = None,
-    as_json: AsJson = False,
+                                                              "bound rules out")] = False
+
+    def check(self) -> None:
+        """The pool asked for can be had, before anything is written."""
+        if self.workers is not None:
+            check_count("workers", self.workers, MAX_WORKERS, what="worker processes")
+        if self.ray or self.ray_address is not None:
+            require(self.workers is None, "workers", self.workers,
+                    "not with --ray or --ray-address: Ray decides where tasks run")
+            require(not (self.ray and self.ray_address is not None), "ray-address", self.ray_address,
+                    "give --ray or --ray-address, not both")
+            require_ray("--ray" if self.ray else "--ray-address")
+
+    def search(self, space: SearchSpace) -> SearchResult:
+        """Search ``space`` in the store, with a progress bar on stderr."""
+        bar = _ProgressBar(Console(stderr=True))
+        # the pool first: a Ray that cannot start or be joined leaves no store behind
+        pool = ray_pool(self.ray_address) if self.ray or self.ray_address is not None else process_map(self.workers)
+        with pool as mapper, SearchStore.open(self.db) as store:
+            try:
+                return search(space, store=store, mapper=mapper, prune=not self.no_prune, progress=bar)
+            finally:
+                bar.close()
+
+
+@dataclass(frozen=True)
+class ReportOptions(OptionGroup):
+    """What is printed and written of the results."""
+
+    top: Annotated[int, typer.Option("--top", help="configurations to print (0: all)")] = DEFAULTS.top
+    show: Annotated[bool, typer.Option("--show", help="print the results stored in --db and stop")] = False
+    csv: Annotated[str | None, typer.Option("--csv", help="write every point's row to this CSV file")] = None
+    as_json: AsJson = False
     html: Annotated[str | None, typer.Option("--html", help="write a report: the Pareto front drawn, the best "
-                                                            "configurations and their timelines")] = None,
-) -> None:
+                                                            "configurations and their timelines")] = None
+
+    def check(self) -> None:
+        require(0 <= self.top <= 1_000_000, "top", self.top, "give a number of rows >= 0 (0: all)")
+        check_outputs((("csv", self.csv), ("html", self.html)))
+
+
+@command
+def search_command(*, space: SpaceOptions, run: RunOptions, report: ReportOptions) -> None:
     """Search every way to train a model on a cluster with a global batch: tensor, pipeline and
     data parallelism, micro-batch size, schedule family and chunks, partition, recompute and
     ZeRO stage. Every point is simulated (level 3) with its memory against the devices' (the
@@ -117,53 +201,18 @@ def search_command(
       pipesched search --model llama3-8b --cluster 1x8-h100 --global-batch 16 --schedules 1f1b,zb-h1 --db s.sqlite --top 5
       pipesched search --db s.sqlite --show
     """
-    require(0 <= top <= 1_000_000, "top", top, "give a number of rows >= 0 (0: all)")
-    check_outputs((("csv", csv), ("html", html)))
-    if show:
-        results = _stored(db)
-        _write_files(results, csv=csv, html=html)
-        if as_json:
-            typer.echo(json.dumps(_store_json(db, results, top), indent=1))
-            return
-        for result in results:
-            print_result(result, top=top)
+    report.check()
+    if report.show:
+        results = _stored(run.db)
+    else:
+        run.check()
+        results = [run.search(space.space())]
+    _write_files(results, csv=report.csv, html=report.html)
+    if report.as_json:
+        typer.echo(json.dumps(_store_json(run.db, results, report.top), indent=1))
         return
-    if workers is not None:
-        check_count("workers", workers, MAX_WORKERS, what="worker processes")
-    if ray or ray_address is not None:
-        require(workers is None, "workers", workers, "not with --ray or --ray-address: Ray decides where tasks run")
-        require(not (ray and ray_address is not None), "ray-address", ray_address, "give --ray or --ray-address, not both")
-        from pipesched.experiments.ray_pool import require_ray
-
-        require_ray("--ray" if ray else "--ray-address")  # before anything is written
-    given = {
-        "model": model, "cluster": cluster, "global_batch": global_batch, "seq_len": seq_len, "gpus": gpus,
-        "dtype": dtype, "sequence_parallel": sequence_parallel,
-        "schedules": tuple(split_names(schedules)) if schedules is not None else None,
-        "chunks": _numbers("chunks", chunks) or None,
-        "partitions": tuple(split_names(partitions)) if partitions is not None else None,
-        "recompute": tuple(split_names(recompute)) if recompute is not None else None,
-        "zero": _numbers("zero", zero) or None, "tensor_parallel": _numbers("tensor-parallel", tensor_parallel),
-        "pipeline": _numbers("pipeline", pipeline), "data_parallel": _numbers("dp", dp),
-        "micro_batch_sizes": _numbers("micro-batch-sizes", micro_batch_sizes),
-    }
-    space = SearchSpace(**{name: value for name, value in given.items() if value is not None})
-    space.check_capacity()  # a model the cluster cannot hold fails before the store is touched
-    from pipesched.search.store import SearchStore
-    from pipesched.search.sweep import search
-
-    bar = _ProgressBar(Console(stderr=True))
-    # the pool first: a Ray that cannot start or be joined leaves no store behind
-    with _mapper(workers, ray, ray_address) as mapper, SearchStore.open(db) as store:
-        try:
-            result = search(space, store=store, mapper=mapper, prune=not no_prune, progress=bar)
-        finally:
-            bar.close()
-    _write_files([result], csv=csv, html=html)
-    if as_json:
-        typer.echo(json.dumps(_store_json(db, [result], top), indent=1))
-        return
-    print_result(result, top=top)
+    for result in results:
+        print_result(result, top=report.top)
 
 
 def _store_json(db: str, results: list[SearchResult], top: int) -> dict:
@@ -172,19 +221,7 @@ def _store_json(db: str, results: list[SearchResult], top: int) -> dict:
     return {"db": db, "searches": [result.to_dict(top=top or None) for result in results]}
 
 
-def _mapper(workers: int | None, ray: bool, ray_address: str | None):
-    if ray or ray_address is not None:
-        from pipesched.experiments.ray_pool import ray_pool
-
-        return ray_pool(ray_address)
-    from pipesched.experiments.grid import process_map
-
-    return process_map(workers)
-
-
 def _stored(db: str) -> list[SearchResult]:
-    from pipesched.search.store import read_rows
-
     require(not Path(db).is_dir(), "db", db, "is a directory; give the store file of a previous search (--db FILE)")
     require(Path(db).is_file(), "db", db, "no such file; give the store of a previous search (--db FILE)")
     results = [SearchResult(space, tuple(rows), db=db) for space, rows in read_rows(db)]
@@ -198,8 +235,6 @@ def _write_files(results: list[SearchResult], *, csv: str | None, html: str | No
     if csv is not None:
         outputs.append(Output(csv, "".join(r.to_csv() for r in results), "csv"))
     if html is not None:
-        from pipesched.render.search_page import render_search_html
-
         outputs.append(Output(html, render_search_html(results[-1]), "html"))
     for path in write_all(outputs):
         wrote(path)

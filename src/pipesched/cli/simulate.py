@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated
 
@@ -10,105 +11,33 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from pipesched.cli.options import (
-    AsJson,
-    Bandwidth,
-    BandwidthEfficiency,
-    Chunks,
-    ClusterName,
-    DataParallelSize,
-    Devices,
-    Dtype,
-    FamilySettings,
-    FreezePlan,
-    FrozenLayers,
-    HostBandwidth,
-    HostMemory,
-    Jitter,
-    JitterFile,
-    Latency,
-    MatmulEfficiency,
-    Microbatches,
-    MicroBatchSize,
-    Model,
-    NoContention,
-    NoOverlap,
-    Offload,
-    PartitionOption,
-    RandomStraggler,
-    Recompute,
-    Samples,
-    Seed,
-    SeqLen,
-    SequenceParallel,
-    SlowLink,
-    StageCostsFile,
-    SteadyStateFlag,
-    Straggler,
-    TensorParallel,
-    ZeroStage,
-    family_options,
-    parse_settings,
-    variability_options,
-    workload,
+from pipesched.cli.groups import (
+    EngineOptions,
+    TrainingOptions,
+    VariabilityOptions,
+    WorkloadOptions,
 )
+from pipesched.cli.options import AsJson, ScheduleOptions, command, parse_settings
 from pipesched.cli.output import console as output_console
 from pipesched.cli.schedules import carried_partition, load_or_generate
 from pipesched.cli.training import freeze_plan_option, report_freeze_plan, training_columns
-from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
+from pipesched.cli.views import NoTimeline, ViewPaths, print_timeline
 from pipesched.errors import PipeschedError, shorten
+from pipesched.experiments.point import Point, schedule_point
 from pipesched.experiments.simulation import Simulation, simulate_point
 from pipesched.generators import FAMILIES, get_family
 from pipesched.metrics import allreduce_per_device, iteration_microbatches
 from pipesched.variability.distribution import Distribution, Spread
 
 GiB = 2.0**30
+ScheduleName = Annotated[str, typer.Argument(metavar="SCHEDULE|FILE",
+                                             help="schedule family or schedule file (.txt, .csv, .json)")]
 
 
-def simulate_command(
-    schedule_name: Annotated[str, typer.Argument(metavar="SCHEDULE|FILE", help="schedule family or schedule file (.txt, .csv, .json)")],
-    p: Devices = None,
-    m: Microbatches = None,
-    v: Chunks = None,
-    family_settings: FamilySettings = None,
-    model: Model = None,
-    cluster: ClusterName = None,
-    micro_batch_size: MicroBatchSize = None,
-    seq_len: SeqLen = None,
-    tensor_parallel: TensorParallel = None,
-    recompute: Recompute = None,
-    partition: PartitionOption = None,
-    dtype: Dtype = None,
-    sequence_parallel: SequenceParallel = None,
-    matmul_efficiency: MatmulEfficiency = None,
-    bandwidth_efficiency: BandwidthEfficiency = None,
-    dp: DataParallelSize = None,
-    zero: ZeroStage = None,
-    stage_costs: StageCostsFile = None,
-    latency: Latency = None,
-    bandwidth: Bandwidth = None,
-    no_contention: NoContention = False,
-    no_overlap: NoOverlap = False,
-    frozen_layers: FrozenLayers = None,
-    offload: Offload = None,
-    host_bandwidth: HostBandwidth = None,
-    host_memory: HostMemory = None,
-    freeze_plan: FreezePlan = None,
-    jitter: Jitter = None,
-    jitter_file: JitterFile = None,
-    straggler: Straggler = None,
-    random_straggler: RandomStraggler = None,
-    slow_link: SlowLink = None,
-    samples: Samples = None,
-    seed: Seed = None,
-    steady_state: SteadyStateFlag = False,
-    as_json: AsJson = False,
-    png: Png = None,
-    svg: Svg = None,
-    trace: Trace = None,
-    html: Html = None,
-    no_timeline: NoTimeline = False,
-) -> None:
+@command
+def simulate_command(schedule_name: ScheduleName, schedule: ScheduleOptions, workload: WorkloadOptions,
+                     training: TrainingOptions, engine: EngineOptions, variability: VariabilityOptions,
+                     views: ViewPaths, as_json: AsJson = False, no_timeline: NoTimeline = False) -> None:
     """Simulate one training iteration of a schedule: iteration time, bubbles, communication,
     memory per device, throughput; frozen, recomputed and offloaded work per device. Without
     --model/--cluster/--stage-costs it runs the default scenario's model and cluster.
@@ -122,59 +51,39 @@ def simulate_command(
       pipesched simulate 1f1b -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --json
       pipesched simulate zb-h1 -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --jitter 0.1 --samples 500
     """
-    views = ViewPaths(png, svg, trace, html).check()
-    plan = freeze_plan_option(freeze_plan, frozen_layers=frozen_layers,
-                              views={"png": png, "svg": svg, "trace": trace, "html": html},
-                              variability={"jitter": jitter, "jitter-file": jitter_file, "straggler": straggler,
-                                           "random-straggler": random_straggler, "slow-link": slow_link,
-                                           "samples": samples, "seed": seed})
-    variability = variability_options(jitter=jitter, jitter_file=jitter_file, straggler=straggler,
-                                      random_straggler=random_straggler, slow_link=slow_link, samples=samples,
-                                      seed=seed)
-    schedule = load_or_generate(schedule_name, p=p, m=m, v=v, settings=family_settings)
-    if partition is None and stage_costs is None:
-        partition = carried_partition(schedule)
-    options, _, fb_cost = family_options(family_settings)
-    if "costs" in options and (schedule_name not in FAMILIES or "costs" not in get_family(schedule_name).options):
-        # the slot costs of levels 1 and 2: the simulation costs its ops from the workload
-        raise PipeschedError(f"costs={shorten(parse_settings(family_settings)['costs'])}: simulate costs the ops from "
-                             "the workload (--model or --stage-costs), and this schedule does not plan with slot "
-                             "costs; drop --set costs")
-    point = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition, dtype=dtype, sequence_parallel=sequence_parallel,
-                     matmul_efficiency=matmul_efficiency, bandwidth_efficiency=bandwidth_efficiency,
-                     dp=dp, zero=zero, stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, no_contention=no_contention,
-                     no_overlap=no_overlap, frozen_layers=frozen_layers, offload=offload,
-                     host_bandwidth=host_bandwidth, host_memory=host_memory, steady_state=steady_state).replace(fb_cost=fb_cost)
-    if point.stage_costs is not None and schedule.num_stages % point.stage_costs.num_stages:
-        raise PipeschedError(f"stage_costs={stage_costs}: {point.stage_costs.num_stages} stage rows but the schedule "
-                             f"has {schedule.num_stages} stages; give {schedule.num_stages} rows (or a divisor of "
-                             f"{schedule.num_stages})")
-    if schedule_name in FAMILIES:
-        # a family is built by the point: the cost-planning ones plan with the workload's costs,
-        # and frozen layers regenerate the family's own table for its frozen stages
-        family = get_family(schedule_name)
-        point = point.replace(family=schedule_name, p=schedule.num_devices,
-                              m=int(schedule.iteration_microbatches),
-                              v=v if family.takes_v else None,
-                              options=tuple(sorted((k, x) for k, x in options.items() if k in family.options)))
-    else:
-        point = point.replace(schedule=schedule)
-    point = point.replace(variability=variability)
+    views.check()
+    plan = freeze_plan_option(training, views=views, variability=variability)
+    point = _point(schedule_name, schedule, workload, training, engine).replace(variability=variability.model())
     if plan is not None:
         report_freeze_plan(plan, [point], as_json=as_json)
         return
     result = simulate_point(point)
-    plots = None
-    if result.distribution is not None:
-        plots = [{"name": schedule.name, "samples": result.distribution.makespan,
-                  "deterministic": result.distribution.deterministic}]
-    views.write([result.timeline], title=f"{schedule.name}: {result.setup.description}", distributions=plots,
+    plots = None if result.distribution is None else [
+        {"name": result.schedule.name, "samples": result.distribution.makespan,
+         "deterministic": result.distribution.deterministic}]
+    views.write([result.timeline], title=f"{result.schedule.name}: {result.setup.description}", distributions=plots,
                 comparison=[_rates_row(result)])
     if as_json:
         typer.echo(json.dumps(result.to_dict(), indent=1))
         return
     _print(result, timeline_view=not no_timeline)
+
+
+def _point(name: str, schedule: ScheduleOptions, workload: WorkloadOptions, training: TrainingOptions,
+           engine: EngineOptions) -> Point:
+    """The point of the family or schedule file ``name`` on the workload asked for; a file's
+    carried partition is the default ``--partition`` of its model."""
+    table = load_or_generate(name, p=schedule.p, m=schedule.m, v=schedule.v, settings=schedule.family_settings)
+    if workload.partition is None and workload.stage_costs is None:
+        workload = dataclasses.replace(workload, partition=carried_partition(table))
+    options, _, fb_cost = schedule.family_options()
+    if "costs" in options and (name not in FAMILIES or "costs" not in get_family(name).options):
+        # the slot costs of levels 1 and 2: the simulation costs its ops from the workload
+        raise PipeschedError(f"costs={shorten(parse_settings(schedule.family_settings)['costs'])}: simulate costs the "
+                             "ops from the workload (--model or --stage-costs), and this schedule does not plan with "
+                             "slot costs; drop --set costs")
+    template = workload.point(training, engine).replace(fb_cost=fb_cost)
+    return schedule_point(template, table, family=name if name in FAMILIES else None, options=options, v=schedule.v)
 
 
 def _rates_row(result: Simulation) -> dict[str, object]:

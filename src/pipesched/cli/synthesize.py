@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -10,76 +11,77 @@ from rich.console import Console
 from rich.table import Table
 
 from pipesched import io
+from pipesched.cli.groups import WorkloadOptions
 from pipesched.cli.options import (
     AsJson,
-    Bandwidth,
-    BandwidthEfficiency,
-    ClusterName,
     Devices,
-    Dtype,
-    HostBandwidth,
-    HostMemory,
-    Latency,
-    MatmulEfficiency,
     MemoryLimit,
     Microbatches,
-    MicroBatchSize,
-    Model,
-    PartitionOption,
-    Recompute,
-    SeqLen,
-    SequenceParallel,
-    StageCostsFile,
-    TensorParallel,
+    OptionGroup,
+    command,
     parse_memory_limit,
-    workload,
 )
-from pipesched.cli.views import Html, NoTimeline, Png, Svg, Trace, ViewPaths, print_timeline
+from pipesched.cli.views import NoTimeline, ViewPaths, print_timeline
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
+from pipesched.generators import generate
 from pipesched.io.files import Output
 from pipesched.limits import MAX_TIMEOUT_S, check_amount
-from pipesched.schedule import Placement, Schedule
+from pipesched.schedule import Schedule
+from pipesched.search.problem import check_size
+from pipesched.search.synthesis import SynthesisResult, synthesize
+from pipesched.simulate import simulate
+from pipesched.simulate.network import Network
 
 GiB = 2.0**30
 BACKWARDS = ("split", "full")
+ScheduleFile = Annotated[str | None, typer.Option(
+    "-o", "--output", help="write the schedule, in the format its extension names: .json JSON, .csv PyTorch CSV, "
+                           "else grid text")]
 
 
-def synthesize_command(
-    p: Devices = None,
-    m: Microbatches = None,
-    model: Model = None,
-    cluster: ClusterName = None,
-    micro_batch_size: MicroBatchSize = None,
-    seq_len: SeqLen = None,
-    tensor_parallel: TensorParallel = None,
-    recompute: Recompute = None,
-    partition: PartitionOption = None,
-    dtype: Dtype = None,
-    sequence_parallel: SequenceParallel = None,
-    matmul_efficiency: MatmulEfficiency = None,
-    bandwidth_efficiency: BandwidthEfficiency = None,
-    stage_costs: StageCostsFile = None,
-    latency: Latency = None,
-    bandwidth: Bandwidth = None,
-    memory_limit: MemoryLimit = None,
-    time_limit: Annotated[float, typer.Option("--time-limit", help="seconds for the whole synthesis")] = 10.0,
-    backward: Annotated[str, typer.Option("--backward", help="split (I and W ops) or full (one B op)")] = "split",
+@dataclass(frozen=True)
+class SolverOptions(OptionGroup):
+    """What the solver may choose, under which memory cap and in how long."""
+
+    memory_limit: MemoryLimit = None
+    time_limit: Annotated[float, typer.Option("--time-limit", help="seconds for the whole synthesis")] = 10.0
+    backward: Annotated[str, typer.Option("--backward", help="split (I and W ops) or full (one B op)")] = "split"
     allow_recompute: Annotated[bool, typer.Option(
-        "--allow-recompute", help="let the solver choose stages that keep only their input and redo the forward in the backward")] = False,
+        "--allow-recompute", help="let the solver choose stages that keep only their input and redo the forward in "
+                                  "the backward")] = False
     allow_offload: Annotated[bool, typer.Option(
         "--allow-offload", help="let the solver choose stages that offload their activations to host memory over the "
-                                "devices' host links (an O after each forward, an R before each backward)")] = False,
-    host_bandwidth: HostBandwidth = None,
-    host_memory: HostMemory = None,
-    output: Annotated[str | None, typer.Option("-o", "--output", help="write the schedule, in the format its extension names: .json JSON, .csv PyTorch CSV, else grid text")] = None,
-    as_json: AsJson = False,
-    png: Png = None,
-    svg: Svg = None,
-    trace: Trace = None,
-    html: Html = None,
-    no_timeline: NoTimeline = False,
-) -> None:
+                                "devices' host links (an O after each forward, an R before each backward)")] = False
+
+    def check(self, output: str | None) -> None:
+        """The choices are known and the schedule file can carry what the solver may choose."""
+        require(self.backward in BACKWARDS, "backward", self.backward, f"choose one of {', '.join(BACKWARDS)}")
+        check_amount("time-limit", self.time_limit, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
+        for flag, allowed, what in (("--allow-recompute", self.allow_recompute, "stage checkpoints"),
+                                    ("--allow-offload", self.allow_offload, "offloads and reloads")):
+            require(not (allowed and output is not None and io.output_format(output) == "csv"), "output", output,
+                    f"PyTorch's CSV cannot carry the {what} {flag} may choose; write .json or .txt")
+
+    @property
+    def split(self) -> bool:
+        return self.backward == "split"
+
+    def synthesize(self, table: Schedule, setup, limit: float | None) -> tuple[SynthesisResult, Network]:
+        """The solver's schedule for ``table``'s placement on the workload ``setup`` (the
+        memory cap: ``limit``, else the devices' capacity), and the network it ran on."""
+        costs, network = setup.costs_for(table), setup.network_for(table)
+        if limit is None and network.capacity is not None:
+            limit = network.capacity[:table.num_devices]
+        return synthesize(costs, network, table.num_microbatches, memory_limit=limit, split_backward=self.split,
+                          allow_recompute=self.allow_recompute, allow_offload=self.allow_offload,
+                          time_limit=self.time_limit), network
+
+
+@command
+def synthesize_command(*, p: Devices = None, m: Microbatches = None, workload: WorkloadOptions,
+                       solver: SolverOptions, output: ScheduleFile = None, as_json: AsJson = False,
+                       views: ViewPaths, no_timeline: NoTimeline = False) -> None:
     """Synthesize the fastest one-stage-per-device schedule under a memory cap with a CP-SAT
     solver (warm-started from the best built-in family), with its proven lower bound.
     Without --model/--cluster/--stage-costs it runs the default scenario's model and cluster.
@@ -88,37 +90,16 @@ def synthesize_command(
     Examples:
       pipesched synthesize -p 4 -m 8 --model llama3-8b --cluster 1x8-h100 -t 2 --time-limit 5 --json
     """
-    require(backward in BACKWARDS, "backward", backward, f"choose one of {', '.join(BACKWARDS)}")
-    check_amount("time-limit", time_limit, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
-    if output is not None:
-        for flag, allowed, what in (("--allow-recompute", allow_recompute, "stage checkpoints"),
-                                    ("--allow-offload", allow_offload, "offloads and reloads")):
-            require(not (allowed and io.output_format(output) == "csv"), "output", output,
-                    f"PyTorch's CSV cannot carry the {what} {flag} may choose; write .json or .txt")
-    views = ViewPaths(png, svg, trace, html).check(("output", output))
-    limit = parse_memory_limit(memory_limit)
-    from pipesched.search.problem import check_size
-
-    p = p if p is not None else DEFAULTS.p
-    m = m if m is not None else DEFAULTS.m
-    check_size(p, m, split_backward=backward == "split")
-    setup = workload(model=model, cluster=cluster, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                     tensor_parallel=tensor_parallel, recompute=recompute, partition=partition, dtype=dtype, sequence_parallel=sequence_parallel,
-                     matmul_efficiency=matmul_efficiency, bandwidth_efficiency=bandwidth_efficiency,
-                     stage_costs=stage_costs, latency=latency, bandwidth=bandwidth, host_bandwidth=host_bandwidth,
-                     host_memory=host_memory).setup()
-    # costs and links depend only on the placement: one stage per device
-    placement = Schedule("synthesized", Placement.one_per_device(p), m, ((),) * p)
-    costs, network = setup.costs_for(placement), setup.network_for(placement)
-    if limit is None and network.capacity is not None:
-        limit = network.capacity[:p]
-
-    from pipesched.search.synthesis import synthesize
-
-    result = synthesize(costs, network, m, memory_limit=limit, split_backward=backward == "split",
-                        allow_recompute=allow_recompute, allow_offload=allow_offload, time_limit=time_limit)
+    solver.check(output)
+    views.check(("output", output))
+    limit = parse_memory_limit(solver.memory_limit)
+    p, m = DEFAULTS.p if p is None else p, DEFAULTS.m if m is None else m
+    check_size(p, m, split_backward=solver.split)
+    setup = workload.point().setup()
+    table = generate("1f1b", p, m)  # costs and links depend only on the placement: one stage per device
+    result, network = solver.synthesize(table, setup, limit)
+    layout = setup.layout_for(table)
     schedule = result.schedule
-    layout = setup.layout_for(placement)
     if layout is not None:  # the layers of each stage, so that the file simulates as synthesized
         schedule = schedule.with_ops(schedule.device_ops, params={**schedule.params, "partition": layout})
     # the schedule file and the pictures, all or none
@@ -139,8 +120,6 @@ def _seconds(x: float) -> str:
 
 
 def _print(result, network, description: str, *, timeline_view: bool) -> None:
-    from pipesched.simulate import simulate
-
     console = Console() if Console().is_terminal else Console(width=140)
     if timeline_view:
         print_timeline(result.timeline, console)

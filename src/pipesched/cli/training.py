@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from pipesched.cli.groups import TrainingOptions, VariabilityOptions
 from pipesched.cli.options import refuse_with
+from pipesched.cli.views import ViewPaths
 from pipesched.enums import Role
 from pipesched.errors import PipeschedError
 from pipesched.experiments.freeze_plan import (
@@ -49,19 +51,19 @@ def training_columns(training: TrainingWork | None, timeline: Timeline) -> dict[
     return columns
 
 
-def freeze_plan_option(path: str | None, *, frozen_layers: str | None, views: Mapping[str, object],
-                       variability: Mapping[str, object], levels: str | None = None) -> FreezePlan | None:
+def freeze_plan_option(training: TrainingOptions, *, views: ViewPaths, variability: VariabilityOptions,
+                       levels: str | None = None) -> FreezePlan | None:
     """The ``--freeze-plan`` file, read before any work, and the options it cannot honour
     refused: it sets each range's frozen layers, prints a table of step ranges (no
-    timeline to draw: ``views``, flag -> path) and simulates each range once (no Monte
-    Carlo: ``variability``, flag -> value; no other level than sim: ``levels``)."""
-    if path is None:
+    timeline to draw: ``views``) and simulates each range once (no Monte Carlo:
+    ``variability``; no other level than sim: ``levels``, None when only sim is asked)."""
+    if training.freeze_plan is None:
         return None
-    refuse_with("freeze-plan", {"frozen-layers": frozen_layers}, "whose ranges say which layers are frozen")
-    refuse_with("freeze-plan", views, "which prints a table of step ranges, no timeline to draw")
-    refuse_with("freeze-plan", variability, "which simulates each range once, without variability")
+    refuse_with("freeze-plan", {"frozen-layers": training.frozen_layers}, "whose ranges say which layers are frozen")
+    refuse_with("freeze-plan", views.given(), "which prints a table of step ranges, no timeline to draw")
+    refuse_with("freeze-plan", variability.given(), "which simulates each range once, without variability")
     refuse_with("freeze-plan", {"levels": levels}, "which simulates each range (level sim)")
-    return load_freeze_plan(path)
+    return load_freeze_plan(training.freeze_plan)
 
 
 def report_freeze_plan(plan: FreezePlan, points: Sequence[Point], *, as_json: bool) -> None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pipesched.cli.options import OptionGroup
 from pipesched.cli.output import wrote
 from pipesched.errors import PipeschedError
 from pipesched.io.files import Output, check_outputs, write_all
@@ -29,12 +30,14 @@ NoTimeline = Annotated[bool, typer.Option("--no-timeline", help="do not print th
 
 
 @dataclass(frozen=True)
-class ViewPaths:
-    png: str | None = None
-    svg: str | None = None
-    trace: str | None = None
-    html: str | None = None
-    share_axis: bool = False  # every timeline on one time axis (the Gantt chart, the report's start)
+class ViewPaths(OptionGroup):
+    """The pictures asked for: a path per view (None: not drawn)."""
+
+    png: Png = None
+    svg: Svg = None
+    trace: Trace = None
+    html: Html = None
+    share_axis: ShareAxis = False  # every timeline on one time axis (the Gantt chart, the report's start)
 
     def check(self, *others: tuple[str, str | None]) -> ViewPaths:
         """Fail on an unwritable path before any work is done, these and the command's

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import ClassVar
 
 from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
@@ -77,53 +78,109 @@ STEADY_ITERATIONS = DEFAULTS.steady_iterations
 
 @dataclass(frozen=True)
 class LevelResult:
-    """One schedule at one level."""
+    """One schedule at one level: what every level reports. Each level has its own type
+    (``FormulaResult``, ``TableResult``, ``SimulatedResult``) with its units and the fields
+    only it reports; what a level does not report reads None (its class attributes)."""
 
     schedule: str
-    level: Level
-    iteration_time: float
-    time_unit: TimeUnit  # slot (1F1B stage ops) or s
+    iteration_time: float  # in the level's time unit
     bubble_ratio: float  # idle / (devices x iteration time)
-    peak_memory: float  # worst device
-    memory_unit: MemoryUnit  # 1F1B-stage activations or bytes
+    peak_memory: float  # worst device, in the level's memory unit
     rank: int = 0
     previous_rank: int | None = None  # rank at the level before, None at the first level
-    peak_inflight: int | None = None  # formula/table: stage-microbatches in the schedule's stages
-    exact: bool | None = None  # formula: the closed form is exact at these sizes
-    throughput_samples_per_s: float | None = None  # sim
-    throughput_tokens_per_s: float | None = None  # sim, with a sequence length
-    mfu: float | None = None  # sim, with a model: model FLOPs utilization (no recompute)
-    hfu: float | None = None  # sim, with a model: hardware FLOPs utilization (recompute included)
-    exposed_comm_s: float | None = None  # sim: worst device's exposed communication
-    out_of_memory: bool | None = None  # sim: some device's peak exceeds its capacity
-    host_peak_memory: float | None = None  # sim: worst device's host bytes of offloaded activations
-    training: TrainingWork | None = None  # sim: frozen, recomputed and offloaded work per device
-    # sim with variability: the Monte Carlo iteration time (seconds)
-    mean_s: float | None = None
-    std_s: float | None = None
-    p99_s: float | None = None
-    steady_state: bool = False  # table/sim: the steady-state iteration of iterations back to back
     asynchronous: bool = False  # the family trains without a flush (PipeDream)
-    staleness: int | None = None  # steady state: the most updates a forward's weights are behind
-    mean_staleness: float | None = None  # steady state: the mean over the steady iterations' forwards
-    weight_versions: int | None = None  # steady state: the most weight versions a stage keeps
+
+    level: ClassVar[Level]
+    time_unit: ClassVar[TimeUnit]  # slot (1F1B stage ops) or s
+    memory_unit: ClassVar[MemoryUnit]  # 1F1B-stage activations or bytes
+    json_keys: ClassVar[dict[str, str]]  # field -> its JSON key, where the key names the unit
+    # what a level does not report, as the commands read it of every level: None (or no steady state)
+    steady_state: ClassVar[bool] = False
+    staleness: ClassVar[int | None] = None
+    mean_staleness: ClassVar[float | None] = None
+    weight_versions: ClassVar[int | None] = None
+    mfu: ClassVar[float | None] = None
+    hfu: ClassVar[float | None] = None
+    out_of_memory: ClassVar[bool | None] = None
+    training: ClassVar[TrainingWork | None] = None
 
     @property
     def rank_changed(self) -> bool:
         return self.previous_rank is not None and self.previous_rank != self.rank
 
     def to_dict(self) -> dict:
-        """The flat fields under the JSON keys every command shares (README "JSON output":
-        the unit in the key, ``max_`` for the worst device, ``any_`` for some device); the
-        training work per device is ``training``'s own dict."""
-        flat = {name: value for name, value in asdict(self).items()
-                if name not in ("training", "time_unit", "memory_unit")}
-        seconds = self.time_unit == TimeUnit.SECONDS
-        keys = {"iteration_time": "iteration_time_s" if seconds else "iteration_time_slots",
-                "peak_memory": "max_peak_memory_bytes" if self.memory_unit == MemoryUnit.BYTES else "peak_activation_units",
-                "exposed_comm_s": "max_exposed_comm_s", "host_peak_memory": "max_host_peak_memory_bytes",
-                "out_of_memory": "any_out_of_memory"}
-        return {keys.get(name, name): value for name, value in flat.items()} | {"rank_changed": self.rank_changed}
+        """The level's fields under the JSON keys every command shares (README "JSON
+        output": the unit in the key, ``max_`` for the worst device, ``any_`` for some
+        device, ``json_keys``); the training work per device is ``training``'s own dict."""
+        flat = {"schedule": self.schedule, "level": self.level}
+        flat |= {name: value for name, value in asdict(self).items() if name not in ("schedule", "training")}
+        return {self.json_keys.get(name, name): value for name, value in flat.items()} | {
+            "rank_changed": self.rank_changed}
+
+
+# the JSON keys of the levels counted in slots and 1F1B-stage activations
+_SLOT_KEYS = {"iteration_time": "iteration_time_slots", "peak_memory": "peak_activation_units"}
+
+
+@dataclass(frozen=True)
+class FormulaResult(LevelResult):
+    """Level 1, the family's closed form: slots of a 1F1B stage op, 1F1B-stage activations."""
+
+    peak_inflight: int | None = None  # stage-microbatches in the schedule's stages
+    exact: bool | None = None  # the closed form is exact at these sizes
+
+    level: ClassVar[Level] = Level.FORMULA
+    time_unit: ClassVar[TimeUnit] = TimeUnit.SLOT
+    memory_unit: ClassVar[MemoryUnit] = MemoryUnit.ACTIVATION_UNITS
+    json_keys: ClassVar[dict[str, str]] = _SLOT_KEYS
+
+
+@dataclass(frozen=True)
+class TableResult(LevelResult):
+    """Level 2, the slot table: slots of a 1F1B stage op, 1F1B-stage activations; in the
+    steady state, the weights' staleness and versions."""
+
+    peak_inflight: int | None = None  # stage-microbatches in the schedule's stages
+    steady_state: bool = False  # the steady-state iteration of iterations back to back
+    staleness: int | None = None  # steady state: the most updates a forward's weights are behind
+    mean_staleness: float | None = None  # steady state: the mean over the steady iterations' forwards
+    weight_versions: int | None = None  # steady state: the most weight versions a stage keeps
+
+    level: ClassVar[Level] = Level.TABLE
+    time_unit: ClassVar[TimeUnit] = TimeUnit.SLOT
+    memory_unit: ClassVar[MemoryUnit] = MemoryUnit.ACTIVATION_UNITS
+    json_keys: ClassVar[dict[str, str]] = _SLOT_KEYS
+
+
+@dataclass(frozen=True)
+class SimulatedResult(LevelResult):
+    """Level 3, the simulation: seconds and bytes, rates, communication, memory, training
+    work, the Monte Carlo spread, and in the steady state the weights' staleness."""
+
+    throughput_samples_per_s: float | None = None
+    throughput_tokens_per_s: float | None = None  # with a sequence length
+    mfu: float | None = None  # with a model: model FLOPs utilization (no recompute)
+    hfu: float | None = None  # with a model: hardware FLOPs utilization (recompute included)
+    exposed_comm_s: float | None = None  # worst device's exposed communication
+    out_of_memory: bool | None = None  # some device's peak exceeds its capacity
+    host_peak_memory: float | None = None  # worst device's host bytes of offloaded activations
+    training: TrainingWork | None = None  # frozen, recomputed and offloaded work per device
+    # with variability: the Monte Carlo iteration time (seconds)
+    mean_s: float | None = None
+    std_s: float | None = None
+    p99_s: float | None = None
+    steady_state: bool = False  # the steady-state iteration of iterations back to back
+    staleness: int | None = None  # steady state: the most updates a forward's weights are behind
+    mean_staleness: float | None = None  # steady state: the mean over the steady iterations' forwards
+    weight_versions: int | None = None  # steady state: the most weight versions a stage keeps
+
+    level: ClassVar[Level] = Level.SIM
+    time_unit: ClassVar[TimeUnit] = TimeUnit.SECONDS
+    memory_unit: ClassVar[MemoryUnit] = MemoryUnit.BYTES
+    json_keys: ClassVar[dict[str, str]] = {
+        "iteration_time": "iteration_time_s", "peak_memory": "max_peak_memory_bytes",
+        "exposed_comm_s": "max_exposed_comm_s", "host_peak_memory": "max_host_peak_memory_bytes",
+        "out_of_memory": "any_out_of_memory"}
 
 
 @dataclass(frozen=True)
@@ -221,7 +278,7 @@ def in_steady_state(point: Point) -> bool:
     return point.steady_state or _asynchronous(point)
 
 
-def _formula(point: Point, schedule) -> LevelResult:
+def _formula(point: Point, schedule) -> FormulaResult:
     from pipesched.generators import formula
 
     if point.schedule is not None:
@@ -233,12 +290,11 @@ def _formula(point: Point, schedule) -> LevelResult:
     if point.trains_differently:
         # the closed forms know neither frozen stages nor offloads: the plain family's, not exact
         est = replace(est, exact=False, note="the closed form of the family without freezing or offload")
-    return LevelResult(point.family, Level.FORMULA, est.makespan * _scale(schedule), TimeUnit.SLOT, est.bubble_ratio,
-                       float(est.activation_units), MemoryUnit.ACTIVATION_UNITS,
-                       peak_inflight=int(est.peak_inflight), exact=est.exact, asynchronous=_asynchronous(point))
+    return FormulaResult(point.family, est.makespan * _scale(schedule), est.bubble_ratio, float(est.activation_units),
+                         peak_inflight=int(est.peak_inflight), exact=est.exact, asynchronous=_asynchronous(point))
 
 
-def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
+def _table(point: Point, schedule) -> tuple[TableResult, Timeline]:
     from pipesched.slot_table import inflight_per_device, slot_table, table_costs, table_metrics
 
     costs = slot_costs(point)
@@ -247,14 +303,13 @@ def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
         found = steady_state(repeated, table_costs(repeated, costs), None, iterations=STEADY_ITERATIONS,
                              steady=point.steady_state)
         peaks = inflight_per_device(repeated)
-        return LevelResult(point.family, Level.TABLE, found.iteration_time * _scale(schedule), TimeUnit.SLOT, found.bubble_ratio,
-                           max(peaks) * one_f_one_b_units(schedule) * schedule.microbatch_fraction, MemoryUnit.ACTIVATION_UNITS,
+        return TableResult(point.family, found.iteration_time * _scale(schedule), found.bubble_ratio,
+                           max(peaks) * one_f_one_b_units(schedule) * schedule.microbatch_fraction,
                            peak_inflight=max(peaks), **_steady_fields(point, found)), found.timeline
     timeline = slot_table(schedule, costs)
     table = table_metrics(schedule, timeline=timeline)
-    return LevelResult(point.family, Level.TABLE, table.makespan * _scale(schedule), TimeUnit.SLOT, table.bubble_ratio,
-                       float(table.activation_units), MemoryUnit.ACTIVATION_UNITS,
-                       peak_inflight=max(table.peak_inflight)), timeline
+    return TableResult(point.family, table.makespan * _scale(schedule), table.bubble_ratio,
+                       float(table.activation_units), peak_inflight=max(table.peak_inflight)), timeline
 
 
 def _steady_fields(point: Point, found) -> dict:
@@ -319,7 +374,7 @@ def run_sim(point: Point) -> SimRun:
     return SimRun(setup, schedule, network, timeline, distribution=distribution)
 
 
-def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Distribution | None]:
+def _simulated(point: Point, schedule) -> tuple[SimulatedResult, Timeline, str, Distribution | None]:
     done = run_sim(point)
     timeline, distribution = done.timeline, done.distribution
     spread = {} if distribution is None else {"mean_s": distribution.time.mean, "std_s": distribution.time.std,
@@ -329,9 +384,8 @@ def _simulated(point: Point, schedule) -> tuple[LevelResult, Timeline, str, Dist
     found_rates = rates(timeline.iteration_time, done.work(point))
     exposed, _ = communication_per_device(timeline)
     memory = timeline.memory
-    row = LevelResult(
-        point.family, Level.SIM, timeline.iteration_time, TimeUnit.SECONDS, bubble_ratio(timeline), max(memory.peak),
-        MemoryUnit.BYTES,
+    row = SimulatedResult(
+        point.family, timeline.iteration_time, bubble_ratio(timeline), max(memory.peak),
         throughput_samples_per_s=found_rates.samples_per_s, throughput_tokens_per_s=found_rates.tokens_per_s,
         mfu=found_rates.mfu, hfu=found_rates.hfu, exposed_comm_s=float(exposed.max()) / timeline.iterations,
         out_of_memory=any(memory.out_of_memory),

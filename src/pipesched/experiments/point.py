@@ -2,9 +2,11 @@
 a grid of points can be evaluated by any map (a list comprehension, a process pool, Ray)
 and its results stored and looked up by point.
 
-Levels read different parts of it: the closed form (level 1) and the slot table (level 2)
-need the family, sizes, options and slot costs; the simulation (level 3) also needs the
-workload: a model on a cluster (with data, tensor parallel and micro-batch sizes,
+A point is three records, one per concern: the schedule asked for (``ScheduleRequest``),
+the workload (``Workload``) and the engine settings (``EngineSettings``); it reads their
+fields as its own. Levels read different parts of it: the closed form (level 1) and the
+slot table (level 2) need the schedule asked for (family, sizes, options and slot costs);
+the simulation (level 3) also needs the workload: a model on a cluster (with data, tensor parallel and micro-batch sizes,
 recompute, the partition of layers into stages, link overrides), or measured stage costs
 on uniform links. With ``dp`` > 1 the simulated pipeline is one of dp identical replicas
 that reduce their gradients over the cluster (``pipesched.simulate.network.DataParallel``),
@@ -22,12 +24,14 @@ import dataclasses
 import functools
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
+from pipesched.generators import get_family
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import check_recompute, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
@@ -59,8 +63,8 @@ def check_zero(zero: int, dp: int) -> None:
 
 
 @dataclass(frozen=True)
-class Point:
-    """One experiment (see the module docstring). Every field has the commands' default."""
+class ScheduleRequest:
+    """The schedule asked for: a family at its sizes and options, or a given table."""
 
     family: str = ""  # schedule family, or the name of a given ``schedule`` ("" in a template point)
     p: int = DEFAULTS.p  # pipeline devices
@@ -69,7 +73,21 @@ class Point:
     options: tuple[tuple[str, object], ...] = ()  # family options, e.g. (("activation_limit", 6),)
     schedule: Schedule | None = None  # a given table (a schedule file) instead of a family
     slot_costs: StageCosts | None = None  # F, I, W of levels 1 and 2 (None: 1, 1, 1 slot)
-    # level 3: a model on a cluster ...
+    # an overlapped pair's time over F + B (fused ops; None: the costs' own, F + B or their fb column)
+    fb_cost: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("p", "m"):
+            _require_count(name, getattr(self, name))
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the sim level (level 3) runs on: a model on a cluster (with data, tensor
+    parallel and micro-batch sizes, recompute, the partition of layers into stages, link
+    overrides), or measured stage costs on uniform links; and what training does to the
+    table (frozen layers, offload and the host links it moves over)."""
+
     model: str | ModelSpec | None = DEFAULTS.model
     cluster: str | Cluster | None = DEFAULTS.cluster
     dp: int = 1  # data-parallel pipeline replicas
@@ -84,38 +102,20 @@ class Point:
     stage_costs: StageCosts | None = None
     latency: float | None = None  # seconds: uniform links for stage costs, an override for a cluster
     bandwidth: float | None = None  # bytes/s, likewise (inf: free links)
-    # the engine
-    contention: bool = True
-    overlap: bool = True
-    # what training does to the table
-    frozen_layers: str | tuple[int, ...] = ""  # layers that do not train: with a model, positions in its
-    # layer list (embedding first); with stage costs, cost rows; ranges like 0-39 or a fraction from the front
+    # layers that do not train: with a model, positions in its layer list (embedding first);
+    # with stage costs, cost rows; ranges like 0-39 or a fraction from the front
+    frozen_layers: str | tuple[int, ...] = ""
     offload: str | OffloadPolicy = ""  # activation offload: "" none, "all", stages like 0-3, or a fraction like 0.5
     host_bandwidth: float | None = None  # bytes/s of every device's host link: uniform links, or a cluster override
     host_memory: float | None = None  # bytes of host memory each device's offloads may fill, likewise
-    # Monte Carlo over durations at the sim level (None: the deterministic run only)
-    variability: Variability | None = None
-    # level 3: the optimizer state's ZeRO stage: 0 (each data-parallel rank keeps all of it)
-    # or 1 (split over the dp replicas: reduce-scatter the gradients, all-gather the parameters)
+    # the optimizer state's ZeRO stage: 0 (each data-parallel rank keeps all of it) or 1
+    # (split over the dp replicas: reduce-scatter the gradients, all-gather the parameters)
     zero: int = 0
-    # an overlapped pair's time over F + B (fused ops; None: the costs' own, F + B or their fb column)
-    fb_cost: float | None = None
-    # iterations back to back, each stage stepping its optimizer on its own (zero bubble's
-    # post-validation): the table and sim levels report the steady-state iteration
-    steady_state: bool = False
 
     def __post_init__(self) -> None:
-        if self.schedule is not None:
-            object.__setattr__(self, "family", self.schedule.name)
-            object.__setattr__(self, "p", self.schedule.num_devices)
-            object.__setattr__(self, "m", self.schedule.num_microbatches)
-        for name in ("p", "m", "dp", "tp", "micro_batch_size", "seq_len"):
-            value = getattr(self, name)
-            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, _FIELD_NAMES.get(name, name),
-                    value, "must be a whole number >= 1")
+        for name in ("dp", "tp", "micro_batch_size", "seq_len"):
+            _require_count(name, getattr(self, name))
         check_recompute(self.recompute)
-        if isinstance(self.frozen_layers, list):
-            object.__setattr__(self, "frozen_layers", tuple(self.frozen_layers))
         for name in ("host_bandwidth", "host_memory"):
             value = getattr(self, name)
             require(value is None or value > 0, name, value, "must be > 0 (bytes/s, bytes)")
@@ -124,10 +124,64 @@ class Point:
             require(self.zero == 0, "zero", self.zero,
                     "a stage-cost file does not say which of its static bytes are optimizer state; give a model "
                     "and a cluster to shard it, or zero 0")
-            object.__setattr__(self, "model", None)
-            object.__setattr__(self, "cluster", None)
         elif self.model is None or self.cluster is None:
             raise PipeschedError("model=None: give a model and a cluster, or stage costs")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the engine runs the point."""
+
+    contention: bool = True  # transfers wait for a busy channel
+    overlap: bool = True  # communication overlaps compute (else Megatron's blocking p2p)
+    # iterations back to back, each stage stepping its optimizer on its own (zero bubble's
+    # post-validation): the table and sim levels report the steady-state iteration
+    steady_state: bool = False
+    # Monte Carlo over durations at the sim level (None: the deterministic run only)
+    variability: Variability | None = None
+
+
+def _require_count(name: str, value: object) -> None:
+    require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, _FIELD_NAMES.get(name, name),
+            value, "must be a whole number >= 1")
+
+
+# each part of a point and its record; a point's fields are its parts' fields
+PARTS = {"request": ScheduleRequest, "workload": Workload, "engine": EngineSettings}
+_PART_OF = {name: part for part, record in PARTS.items() for name in record.__dataclass_fields__}
+_DEFAULT_PARTS = {part: record() for part, record in PARTS.items()}  # the commands' defaults
+
+
+@dataclass(frozen=True, init=False)
+class Point:
+    """One experiment (see the module docstring): the schedule asked for, the workload and
+    the engine settings. ``Point(family, **fields)`` takes any part's fields (each unset one
+    has the commands' default) and reads them back as its own (``point.p``, ``point.model``);
+    what they imply is settled here, once: a given table fixes the family's name and sizes,
+    stage costs replace the model and cluster."""
+
+    request: ScheduleRequest
+    workload: Workload
+    engine: EngineSettings
+
+    def __init__(self, family: str = "", *, request: ScheduleRequest | None = None, workload: Workload | None = None,
+                 engine: EngineSettings | None = None, **fields: object) -> None:
+        if family:
+            fields["family"] = family
+        split: dict[str, dict[str, object]] = {"request": {}, "workload": {}, "engine": {}}
+        for name, value in fields.items():
+            part = _PART_OF.get(name)
+            if part is None:
+                raise TypeError(f"Point got an unexpected field: {name}")
+            split[part][name] = value
+        for part, base in (("request", request), ("workload", workload), ("engine", engine)):
+            changes = _settled(split[part], base)
+            if base is None:
+                record = PARTS[part](**changes) if changes else _DEFAULT_PARTS[part]
+            else:
+                record = dataclasses.replace(base, **changes) if changes else base
+            object.__setattr__(self, part, record)
+            self.__dict__.update(record.__dict__)  # the parts' fields, read as the point's own
 
     @classmethod
     def of(cls, family: str, **fields: object) -> Point:
@@ -138,7 +192,7 @@ class Point:
         return cls(family, options=options, **fields)
 
     def replace(self, **changes: object) -> Point:
-        return dataclasses.replace(self, **changes)
+        return Point(request=self.request, workload=self.workload, engine=self.engine, **changes)
 
     @property
     def settings(self) -> TrainingSettings:
@@ -211,6 +265,22 @@ class Point:
         return _setup(self.model, self.cluster, self.settings, self.partition, self.stage_costs,
                       self.latency, self.bandwidth, self.recompute, self.frozen_layers, self.host_bandwidth,
                       self.host_memory, self.dp)
+
+
+def _settled(changes: dict[str, object], record: object | None) -> dict[str, object]:
+    """The ``changes`` to one part of a point with what they imply: a given table names the
+    family and fixes the sizes; stage costs stand for the model and cluster; frozen layers
+    listed are a tuple."""
+    if not changes:
+        return changes
+    schedule = changes.get("schedule", getattr(record, "schedule", None))
+    if schedule is not None:
+        changes |= {"family": schedule.name, "p": schedule.num_devices, "m": schedule.num_microbatches}
+    if isinstance(changes.get("frozen_layers"), list):
+        changes["frozen_layers"] = tuple(changes["frozen_layers"])
+    if changes.get("stage_costs", getattr(record, "stage_costs", None)) is not None:
+        changes |= {"model": None, "cluster": None}
+    return changes
 
 
 def planning_options(setup, p: int, m: int) -> dict[str, object]:
@@ -297,3 +367,28 @@ def _stamp(name: str) -> tuple[int, int] | None:
     except (OSError, ValueError):
         return None
     return found.st_mtime_ns, found.st_size
+
+
+def schedule_point(template: Point, schedule: Schedule, *, family: str | None = None,
+                   options: Mapping[str, object] | None = None, v: int | None = None) -> Point:
+    """The point that runs ``schedule`` on ``template``'s workload and engine settings.
+
+    ``family``: the family that generated ``schedule``, whose table the point builds again
+    (the cost-planning families plan with the workload's costs, frozen layers regenerate the
+    family's own table for its frozen stages) at the table's sizes, with ``v`` where the
+    family takes it (``Family.takes_v``) and those of ``options`` it takes. None: a given
+    table (a schedule file), carried as it is. Stage costs give a row per stage of the
+    table, or a divisor of its stages.
+    """
+    costs = template.stage_costs
+    if costs is not None and schedule.num_stages % costs.num_stages:
+        raise PipeschedError(f"stage_costs={costs.num_stages} stage rows: the schedule has {schedule.num_stages} "
+                             f"stages; give {schedule.num_stages} rows (or a divisor of "
+                             f"{schedule.num_stages})")
+    if family is None:
+        return template.replace(schedule=schedule)
+    taken = get_family(family)
+    return template.replace(family=family, p=schedule.num_devices,
+                            m=int(schedule.iteration_microbatches),
+                            v=v if taken.takes_v else None,
+                            options=tuple(sorted((k, x) for k, x in (options or {}).items() if k in taken.options)))
