@@ -18,7 +18,7 @@ immutable, and a grid of experiments evaluates one schedule under many costs.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from operator import itemgetter
@@ -29,6 +29,7 @@ from numba import njit
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
+from pipesched.ops import Op
 from pipesched.rules import AT_START, ROLES, STREAMS, Rules
 from pipesched.schedule import Schedule
 from pipesched.timeline import TRANSFER_KIND_NAMES
@@ -171,13 +172,22 @@ def rule_arrays(rules: Rules) -> RuleArrays:
     return arrays
 
 
-def _kind_lookup(rules: Rules) -> np.ndarray:
-    """Kind index of each ASCII letter of the rules' kinds."""
-    table = np.full(256, -1, np.int8)
-    for k, rule in enumerate(rules):
-        if not rule.fused:  # fused entries are stored as their parts
-            table[ord(str(rule.kind))] = k
-    return table
+def kind_column(ops: Sequence[Op], rules: Rules) -> np.ndarray:
+    """The kind of each of ``ops`` (any length of name) as its index in ``rules`` (int8; -1
+    for a kind the table lacks or a fused kind, whose ops are stored as their parts).
+
+    Kinds are matched by identity first (an op's kind is one of the table's own values), a
+    vector compare per kind of the table; only what that misses is looked up by name."""
+    ids = np.fromiter(map(id, map(itemgetter(1), ops)), np.int64, len(ops))
+    column = np.full(len(ops), -1, np.int8)
+    plain = [(k, rule.kind) for k, rule in enumerate(rules) if not rule.fused]
+    for k, kind in plain:
+        column[ids == id(kind)] = k
+    unmatched = np.flatnonzero(column < 0)
+    if unmatched.size:
+        by_name = {str(kind): k for k, kind in plain}
+        column[unmatched] = [by_name.get(str(ops[row][1]), -1) for row in unmatched.tolist()]
+    return column
 
 
 def derived(schedule: Schedule, key: str, build: Callable[[Schedule], T]) -> T:
@@ -203,15 +213,11 @@ def _op_arrays(schedule: Schedule) -> OpArrays:
     flat = list(itertools.chain.from_iterable(rows))
     stage = np.fromiter(map(itemgetter(0), flat), np.int64, n)
     microbatch = np.fromiter(map(itemgetter(2), flat), np.int64, n)
-    # kinds are one-letter strings: join them and map the letters through a lookup table
-    letters = "".join(map(itemgetter(1), flat)).encode("ascii")
-    del flat
-    if len(letters) != n:
-        raise PipeschedError(f"schedule={schedule.name}: op kinds must be one letter each")
-    kind = _kind_lookup(schedule.rules)[np.frombuffer(letters, np.uint8)]
+    kind = kind_column(flat, schedule.rules)
     if n and kind.min() < 0:
-        bad = chr(letters[int(np.argmax(kind < 0))])
+        bad = flat[int(np.argmax(kind < 0))].kind
         raise PipeschedError(f"op kind={bad}: not in the schedule's rules ({', '.join(schedule.rules.letters)})")
+    del flat
     too_big = int(np.iinfo(np.int32).max)
     if n and (stage.max() > too_big or microbatch.max() > too_big):
         raise PipeschedError(f"schedule={schedule.name}: a stage or microbatch index over {too_big:,}")
@@ -305,19 +311,45 @@ def _need_rows(stage, kind, microbatch, row_of, num_stages, m, num_kinds,
     return rows
 
 
+@dataclass(frozen=True, eq=False)
+class RowIndex:
+    """Op rows given as columns in any order (a timeline's, a measured run's), keyed by
+    (stage, microbatch, kind index): ``row_of[(stage * m + mb) * K + kind]`` (-1: absent)."""
+
+    row_of: np.ndarray  # int32
+    num_stages: int
+    num_microbatches: int  # m: the schedule's, or more when a row names a later microbatch
+    num_kinds: int
+
+    @classmethod
+    def of(cls, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray, *, num_stages: int,
+           num_microbatches: int, num_kinds: int) -> RowIndex:
+        """The index of these rows; rows naming ops outside the model are left out."""
+        m = max(num_microbatches, int(microbatch.max(initial=-1)) + 1)
+        row_of = np.full(num_stages * m * num_kinds, -1, np.int32)
+        inside = (stage >= 0) & (stage < num_stages) & (microbatch >= 0)
+        rows = np.flatnonzero(inside)
+        row_of[(stage[rows].astype(np.int64) * m + microbatch[rows]) * num_kinds + kind[rows]] = rows
+        return cls(row_of, num_stages, m, num_kinds)
+
+    def lookup(self, stage: np.ndarray, kind: np.ndarray | int, microbatch: np.ndarray) -> np.ndarray:
+        """The row of each (stage, kind, microbatch), -1 where absent or outside the model."""
+        inside = (stage >= 0) & (stage < self.num_stages) & (microbatch >= 0) & (microbatch < self.num_microbatches)
+        keys = (np.where(inside, stage, 0).astype(np.int64) * self.num_microbatches
+                + np.where(inside, microbatch, 0)) * self.num_kinds + kind
+        return np.where(inside, self.row_of[keys], -1).astype(np.int64)
+
+
 def need_rows(stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray, *, num_stages: int,
               num_microbatches: int, rules: Rules) -> np.ndarray:
     """For op rows given as columns in any order (a measured timeline's, say): the row of
     each of their needs, (n, N), -1 for none. Rows naming ops outside the model are ignored."""
     arrays = rule_arrays(rules)
-    k = len(rules)
-    m = max(num_microbatches, int(microbatch.max(initial=-1)) + 1)
-    row_of = np.full(num_stages * m * k, -1, np.int32)
-    inside = (stage >= 0) & (stage < num_stages) & (microbatch >= 0)
-    rows = np.flatnonzero(inside)
-    row_of[(stage[rows].astype(np.int64) * m + microbatch[rows]) * k + kind[rows]] = rows
-    return _need_rows(stage.astype(np.int64), kind.astype(np.int64), microbatch.astype(np.int64), row_of,
-                      num_stages, m, k, arrays.need_count, arrays.need_offset, arrays.need_alternatives)
+    index = RowIndex.of(stage, kind, microbatch, num_stages=num_stages, num_microbatches=num_microbatches,
+                        num_kinds=len(rules))
+    return _need_rows(stage.astype(np.int64), kind.astype(np.int64), microbatch.astype(np.int64), index.row_of,
+                      num_stages, index.num_microbatches, index.num_kinds, arrays.need_count, arrays.need_offset,
+                      arrays.need_alternatives)
 
 
 @dataclass(frozen=True, eq=False)

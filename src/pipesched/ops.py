@@ -45,12 +45,6 @@ O = OpKind.OFFLOAD  # noqa: E741 - the letter is the domain's name for it
 R = OpKind.RELOAD
 OVERLAP_F_B = OpKind.OVERLAP_F_B
 
-# Fixed order used wherever kinds are stored as small integers (arrays, timelines); the
-# order of the default rules table (``pipesched.rules.RULES``). Fused kinds come last: their
-# ops are stored as their parts, so arrays only ever hold the plain kinds.
-KIND_ORDER: tuple[OpKind, ...] = (F, I, W, B, O, R, OVERLAP_F_B)
-KIND_INDEX: dict[OpKind, int] = {kind: index for index, kind in enumerate(KIND_ORDER)}
-
 _OP_TEXT = re.compile(r"^(\d+)([FIWBOR])(\d+)$")
 _FUSED_TEXT = re.compile(r"^\(([^()]*)\)([A-Z_]+)$")
 # a fused op's stage and microbatch: it has neither, its parts have them (PyTorch writes -1)

@@ -68,10 +68,10 @@ from pipesched.render.summary import (
     summarize,
 )
 from pipesched.render.terminal import format_cell
-from pipesched.render.waits import WAIT_NAMES, waited_for
 from pipesched.simulate.critical import critical_path
 from pipesched.timeline import ALLREDUCE, Timeline, median_step
 from pipesched.variability.distribution import paired_comparison
+from pipesched.waits import WAIT_NAMES, waited_for
 
 # no request may leave the page: everything it needs is inline
 CONTENT_POLICY = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"

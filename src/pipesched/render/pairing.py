@@ -86,7 +86,7 @@ class Deviations:
 class KindError:
     """The duration error of one op kind: measured - predicted over predicted, per op."""
 
-    kind: int  # ops.KIND_ORDER position
+    kind: int  # position in rules.RULES
     count: int  # ops of the kind with a counterpart and a predicted duration above 0
     mean: float  # mean relative error
     median: float  # median relative error

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesched.ops import KIND_ORDER
+from pipesched.rules import RULES
 from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
 
-# index = ops.KIND_ORDER position (F, I, W, B, O, R, OVERLAP_F_B)
+# index = the kind's position in rules.RULES (F, I, W, B, O, R, OVERLAP_F_B)
 KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a", "#5d6d7e", "#8e9eae", "#3b3f5c")
-KIND_LETTERS: tuple[str, ...] = tuple(kind.value for kind in KIND_ORDER)
+KIND_LETTERS: tuple[str, ...] = RULES.letters
 # one character per kind, where a box is too narrow for its label (a fused pair is ``&``)
 KIND_MARKS: tuple[str, ...] = tuple(letter if len(letter) == 1 else "&" for letter in KIND_LETTERS)
 KIND_NAMES: tuple[str, ...] = ("forward", "backward (input)", "backward (weight)", "backward (full)",
