@@ -33,6 +33,7 @@ from pipesched.ops import Op
 from pipesched.rules import AT_START, ROLES, STREAMS, Rules
 from pipesched.schedule import Schedule
 from pipesched.timeline import TRANSFER_KIND_NAMES
+from pipesched.wording import counted
 
 NO_MESSAGE = -1
 T = TypeVar("T")
@@ -229,48 +230,92 @@ def _op_arrays(schedule: Schedule) -> OpArrays:
 
 
 def _with_entries(schedule: Schedule, ops: OpArrays) -> OpArrays:
-    """``ops`` with the fused entries' columns; raises PipeschedError for a fused entry of an
-    unknown kind or whose parts do not fit its rule."""
+    """``ops`` with the fused entries' columns (whether each entry fits its rule is
+    ``fused_violations``')."""
     head = np.arange(len(ops), dtype=np.int32)
     entry_kind = ops.kind.copy()
     row = 0
     for op in itertools.chain.from_iterable(schedule.device_ops):
         if op.parts:
-            problem = schedule.rules.fused_problem(op)
-            if problem is not None:
-                raise PipeschedError(f"op={op}: {problem}; run `pipesched validate` on the schedule for the full report")
             count = len(op.parts)
             head[row:row + count] = row
-            entry_kind[row:row + count] = schedule.rules.index(op.kind)
+            # a kind the rules lack keeps its parts' kinds (``fused_violations`` reports it)
+            if op.kind in schedule.rules.by_kind:
+                entry_kind[row:row + count] = schedule.rules.index(op.kind)
             row += count
         else:
             row += 1
     return OpArrays(ops.device, ops.stage, ops.kind, ops.microbatch, ops.device_offsets, head, entry_kind)
 
 
-# problems the index check reports: (code, op row or stage-microbatch index)
-OK, OUT_OF_RANGE, DUPLICATE, MISPLACED, INCOMPLETE, MUTUAL = range(6)
+# what is wrong with a table (Violation.kind): found by the one index pass below, by the
+# fused-entry check, and by ``pipesched.validate`` (order, deadlock, memory)
+OUT_OF_RANGE = "out-of-range"
+DUPLICATE = "duplicate"
+PLACEMENT = "placement"
+MISSING = "missing"
+MIXED_BACKWARD = "mixed-backward"
+FROZEN = "frozen"
+FUSED = "fused"
+# what to run for the whole list, in an error that names the first violation
+FULL_REPORT = "run `pipesched validate` on the schedule for the full report"
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One problem with a schedule: its kind, a sentence, the ops and device involved, and
+    as a one-line error: ``subject`` (``field=value``) and ``detail`` (the fix)."""
+
+    kind: str
+    message: str
+    ops: tuple[Op, ...] = ()
+    device: int | None = None
+    subject: str = ""
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"
+
+    def error(self) -> PipeschedError:
+        """This violation as the error of a command that needs a valid table."""
+        if not self.subject:
+            return PipeschedError(f"schedule: {self.message}; {FULL_REPORT}")
+        return PipeschedError(f"{self.subject}: {self.detail}; {FULL_REPORT}")
+
+
+def _about_op(kind: str, op: Op, detail: str, device: int | None = None) -> Violation:
+    return Violation(kind, f"{op} {detail}", (op,), device, f"op={op}", detail)
+
+
+# index pass codes per op row
+_IN_PLACE, _OUT_OF_RANGE, _MISPLACED = range(3)
 
 
 @njit(cache=True)
 def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replicas, route, accepted_masks,
                stage_role):
-    """row_of[(stage * m + mb) * K + kind] -> op row (-1 if absent), and the first problem:
-    an op out of range, off its placement's device, a duplicate, or a stage-microbatch whose
-    kinds are not exactly one of the sets its stage's role accepts."""
+    """row_of[(stage * m + mb) * K + kind] -> op row (-1 if absent; the first of duplicates),
+    and every problem: per row, out of range or off its placement's device (``place``) and a
+    repeat of an earlier row (``repeat``); per stage-microbatch, kinds that are not exactly
+    one of the sets its stage's role accepts (``incomplete``)."""
     n = stage.shape[0]
     row_of = np.full(num_stages * m * num_kinds, -1, np.int32)
+    place = np.zeros(n, np.int8)
+    repeat = np.zeros(n, np.bool_)
     for x in range(n):
         s = stage[x]
         mb = microbatch[x]
         if s < 0 or s >= num_stages or mb < 0 or mb >= m:
-            return row_of, OUT_OF_RANGE, x
+            place[x] = _OUT_OF_RANGE
+            continue
         if replicas[route[mb], s] != device[x]:
-            return row_of, MISPLACED, x
+            place[x] = _MISPLACED
         key = (s * m + mb) * num_kinds + kind[x]
         if row_of[key] >= 0:
-            return row_of, DUPLICATE, x
-        row_of[key] = x
+            repeat[x] = True
+        else:
+            row_of[key] = x
+    incomplete = np.zeros(num_stages * m, np.bool_)
     for sm in range(num_stages * m):
         mask = 0
         for k in range(num_kinds):
@@ -281,9 +326,124 @@ def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replic
         for c in range(masks.shape[0]):
             if masks[c] == mask:
                 matched = True
-        if not matched:
-            return row_of, INCOMPLETE, sm
-    return row_of, OK, -1
+        incomplete[sm] = not matched
+    return row_of, place, repeat, incomplete
+
+
+def _index_pass(schedule: Schedule, ops: OpArrays):
+    arrays = rule_arrays(schedule.rules)
+    replicas = np.asarray(schedule.placement.replicas, dtype=np.int64)
+    route = np.asarray(schedule.route, dtype=np.int64)
+    return _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, schedule.num_stages,
+                      schedule.num_microbatches, len(schedule.rules), replicas, route, arrays.accepted_masks,
+                      role_index(schedule.roles))
+
+
+def index_violations(schedule: Schedule) -> list[Violation]:
+    """What the index pass finds wrong with ``schedule``'s ops: each op out of range or off
+    the device its placement (and its microbatch's replica) says, in table order; each op
+    that appears more than once; each stage-microbatch that does not run exactly one of the
+    sets of kinds its stage's role accepts (``completeness``)."""
+    ops = op_arrays(schedule)
+    row_of, place, repeat, incomplete = _index_pass(schedule, ops)
+    found: list[Violation] = []
+    atoms = [op for _, op in schedule.ops()]
+    last_stage, last_mb = schedule.num_stages - 1, schedule.num_microbatches - 1
+    for row in np.flatnonzero(place).tolist():
+        op, device = atoms[row], int(ops.device[row])
+        if place[row] == _OUT_OF_RANGE:
+            found.append(_about_op(OUT_OF_RANGE, op, f"on device {device} names stage {op.stage} / microbatch "
+                                   f"{op.microbatch}; the schedule has stages 0..{last_stage} and microbatches "
+                                   f"0..{last_mb}", device))
+        else:
+            expected = schedule.device_of(op.stage, op.microbatch)
+            found.append(_about_op(PLACEMENT, op, f"is on device {device}, but the placement puts it on device "
+                                   f"{expected} (stage {op.stage}, microbatch {op.microbatch})", device))
+    repeats = np.flatnonzero(repeat)
+    if repeats.size:
+        counts = dict.fromkeys(sorted({atoms[row] for row in repeats.tolist()}), 1)
+        for row in repeats.tolist():
+            counts[atoms[row]] += 1
+        found += [_about_op(DUPLICATE, op, f"appears {count} times") for op, count in counts.items()]
+    k = len(schedule.rules)
+    for sm in np.flatnonzero(incomplete).tolist():
+        stage, mb = divmod(sm, schedule.num_microbatches)
+        present = frozenset(rule.kind for rule, row in zip(schedule.rules, row_of[sm * k:(sm + 1) * k].tolist(),
+                                                            strict=True) if row >= 0)
+        found.append(completeness(present, stage, mb, schedule.rules, schedule.roles[stage]))
+    return found
+
+
+def completeness(present: frozenset, stage: int, mb: int, rules: Rules, role: str) -> Violation:
+    """Why a stage-microbatch that runs the kinds ``present`` is not complete: it must run
+    exactly one of the sets of kinds its stage's role accepts (F and B, or F, I and W, less
+    what a frozen stage drops; an offload with its reload). Names the ops a frozen stage does
+    not run, the missing ops of the closest set(s), or a mix of two sets."""
+
+    def ops(kinds: frozenset) -> tuple[Op, ...]:
+        return tuple(Op(stage, rule.kind, mb) for rule in rules if rule.kind in kinds)
+
+    def found(kind: str, message: str, involved: tuple[Op, ...]) -> Violation:
+        fix = f"{message}; a stage-microbatch of stage {stage} needs {rules.describe_complete(role)}"
+        return Violation(kind, message, involved, None, f"stage_microbatch={stage},{mb}", fix)
+
+    dropped = present - rules.kinds_for(role)
+    if dropped:
+        return found(FROZEN, f"stage {stage} is frozen ({role}): it does not run "
+                             f"{' and '.join(map(str, ops(dropped)))}; its stage-microbatches run "
+                             f"{rules.describe_complete(role)}", ops(dropped))
+    candidates = [kinds for kinds in rules.accepted_for(role) if present <= kinds]
+    if not candidates:
+        return found(MIXED_BACKWARD, f"stage {stage} microbatch {mb} mixes ops of different complete sets "
+                                     f"({', '.join(map(str, ops(present)))}); run {rules.describe_complete(role)}",
+                     ops(present))
+    # the closest complete set first; the others as alternatives
+    # (the others, with offload ops or a split backward, counted after the next closest)
+    options = [ops(kinds - present) for kinds in sorted(candidates, key=lambda kinds: len(kinds - present))]
+    text = " and ".join(map(str, options[0])) + (" is missing" if len(options[0]) == 1 else " are missing")
+    if len(options) > 1:
+        text += f" (or {' and '.join(map(str, options[1]))}"
+        text += f", or {counted(len(options) - 2, 'other complete set')})" if len(options) > 2 else ")"
+    # ops present beyond what every complete set has say which set this one was meant to be
+    specific = ops(present - frozenset.intersection(*rules.complete_for(role)))
+    if specific:
+        text += f" (its {' and '.join(map(str, specific))} {'is' if len(specific) == 1 else 'are'} present)"
+    return found(MISSING, text, options[0])
+
+
+def fused_violations(schedule: Schedule) -> list[Violation]:
+    """Fused entries of an unknown kind, whose parts do not fit their rule, lie on another
+    device, or need each other's output."""
+    found: list[Violation] = []
+    rules = schedule.rules
+    for device, ops in enumerate(schedule.device_ops):
+        for op in ops:
+            if not op.parts:
+                continue
+            if op.kind not in rules.fused_kinds:
+                found.append(_fused(op, device, f"{op.kind} is not a fused kind of the rules"))
+                continue
+            problem = rules.fused_problem(op)
+            if problem is not None:
+                found.append(_fused(op, device, problem))
+                continue
+            owners = {schedule.device_of(part.stage, part.microbatch) for part in op.parts
+                      if 0 <= part.stage < schedule.num_stages and 0 <= part.microbatch < schedule.num_microbatches}
+            if len(owners) > 1:
+                found.append(_fused(op, device, f"its parts belong to devices {', '.join(map(str, sorted(owners)))}; "
+                                                "fuse ops of one device only"))
+            for part in op.parts:
+                if part.kind not in rules.by_kind:
+                    continue
+                inner = [pred for pred in schedule.predecessors(part) if pred in op.parts]
+                if inner:
+                    found.append(_fused(op, device, f"its part {part} needs the output of {inner[0]}, so the two "
+                                                    "cannot run at once; run them as separate ops"))
+    return found
+
+
+def _fused(op: Op, device: int, detail: str) -> Violation:
+    return Violation(FUSED, f"{op} on device {device}: {detail}", (op,), device, f"op={op}", detail)
 
 
 @njit(cache=True)
@@ -386,58 +546,22 @@ def dependencies(schedule: Schedule) -> Dependencies:
 
 
 def _dependencies(schedule: Schedule) -> Dependencies:
+    if schedule.has_fused_ops:
+        problems = fused_violations(schedule)
+        if problems:
+            raise problems[0].error()
     ops = op_arrays(schedule)
     rules = schedule.rules
     arrays = rule_arrays(rules)
-    m, num_stages, k = schedule.num_microbatches, schedule.num_stages, len(rules)
-    replicas = np.asarray(schedule.placement.replicas, dtype=np.int64)
-    route = np.asarray(schedule.route, dtype=np.int64)
-    row_of, code, index = _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, num_stages, m, k,
-                                     replicas, route, arrays.accepted_masks, role_index(schedule.roles))
-    if code != OK:
-        _raise_problem(schedule, ops, int(code), int(index))
-    rows = _need_rows(ops.stage, ops.kind, ops.microbatch, row_of, num_stages, m, k,
-                      arrays.need_count, arrays.need_offset, arrays.need_alternatives)
-    if ops.entry_head is not None:
-        inside = (rows >= 0) & (ops.entry_head[np.maximum(rows, 0)] == ops.entry_head[:, None])
-        if inside.any():
-            _raise_problem(schedule, ops, MUTUAL, int(np.argmax(inside.any(axis=1))))
+    row_of, place, repeat, incomplete = _index_pass(schedule, ops)
+    if place.any() or repeat.any() or incomplete.any():
+        raise index_violations(schedule)[0].error()
+    rows = _need_rows(ops.stage, ops.kind, ops.microbatch, row_of, schedule.num_stages, schedule.num_microbatches,
+                      len(rules), arrays.need_count, arrays.need_offset, arrays.need_alternatives)
     message = arrays.need_message.astype(np.int8)[ops.kind]
     remote = (rows >= 0) & (ops.device[np.maximum(rows, 0)] != ops.device[:, None])
     message[~remote] = NO_MESSAGE
     return Dependencies(schedule, ops, rows, message)
-
-
-def _raise_problem(schedule: Schedule, ops: OpArrays, code: int, index: int) -> None:
-    hint = "run `pipesched validate` on the schedule for the full report"
-    if ops.entry_head is not None and code in (MISPLACED, MUTUAL):
-        entry = entry_of_row(schedule, ops, index)
-        if entry.parts:
-            part = entry.parts[index - int(ops.entry_head[index])]
-            if code == MUTUAL:
-                raise PipeschedError(f"op={entry}: its part {part} needs the output of another part, so they cannot "
-                                     f"run at once; run them as separate ops; {hint}")
-            devices = sorted({schedule.device_of(p.stage, p.microbatch) for p in entry.parts
-                              if 0 <= p.stage < schedule.num_stages and 0 <= p.microbatch < schedule.num_microbatches})
-            raise PipeschedError(f"op={entry}: its parts belong to devices {', '.join(map(str, devices))}; fuse ops "
-                                 f"of one device only; {hint}")
-    if code == INCOMPLETE:
-        stage, mb = divmod(index, schedule.num_microbatches)
-        raise PipeschedError(
-            f"stage_microbatch={stage},{mb}: needs {schedule.rules.describe_complete(schedule.roles[stage])}; {hint}"
-        )
-    text = f"{int(ops.stage[index])}{schedule.rules.letters[int(ops.kind[index])]}{int(ops.microbatch[index])}"
-    if code == OUT_OF_RANGE:
-        raise PipeschedError(
-            f"op={text}: stage or microbatch out of range (stages 0..{schedule.num_stages - 1}, "
-            f"microbatches 0..{schedule.num_microbatches - 1}); {hint}"
-        )
-    if code == DUPLICATE:
-        raise PipeschedError(f"op={text}: appears more than once; {hint}")
-    expected = schedule.device_of(int(ops.stage[index]), int(ops.microbatch[index]))
-    raise PipeschedError(
-        f"op={text}: on device {int(ops.device[index])} but the placement puts it on device {expected}; {hint}"
-    )
 
 
 def entry_of_row(schedule: Schedule, ops: OpArrays, row: int):
