@@ -137,6 +137,13 @@ class MemoryEffect(NamedTuple):
     def bytes(self, activation: float, input_frees: float, kept_for_w: float = 0.0) -> float:
         return (self.whole + self.input_part * input_frees) * activation + self.kept * kept_for_w
 
+    def amount(self, activation: float, input_share: float, kept_for_w: float = 0.0) -> float:
+        """The effect in any unit (a solver's memory grid): ``activation`` the stage-
+        microbatch's activations, ``input_share`` what only the input gradient needed
+        (input_frees x activation, rounded as the caller rounds it), ``kept_for_w`` the
+        gradients I keeps for W."""
+        return self.whole * activation + self.input_part * input_share + self.kept * kept_for_w
+
     def plus(self, other: MemoryEffect) -> MemoryEffect:
         """Both effects as one, at this effect's times."""
         return MemoryEffect(self.whole + other.whole, self.input_part + other.input_part, self.at,

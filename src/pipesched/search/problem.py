@@ -234,6 +234,11 @@ class MemoryGrid:
     exact: bool = True
     kept: tuple[int, int] = (0, 0)
 
+    def change(self, kind: OpKind, choice: int = 0) -> int:
+        """Units an op of ``kind`` adds to (or, negative, frees from) its device's level on
+        this grid, without (``choice`` 0) or with (1) recompute: its rule's memory effect."""
+        return round(RULES[kind].memory.amount(self.alloc[choice], self.frees_at_i[choice], self.kept[choice]))
+
 
 def _memory_grid(problem: SynthesisProblem, stage: int) -> MemoryGrid:
     """The unit is the largest of which every amount (F's allocation, I's share, with and
