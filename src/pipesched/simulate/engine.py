@@ -43,70 +43,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-
-@njit(cache=True)
-def _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
-    """Run the queues with free communication (the slot table's semantics: an op starts
-    when its queue is free and its data predecessors have ended).
-
-    Returns (sequence, end, count): the ops in the order they were evaluated (a dependency
-    order), each op's end time, and how many ops could run (fewer than all: deadlock).
-    """
-    n = duration.shape[0]
-    num_queues = queue_offsets.shape[0] - 1
-    pos = queue_offsets[:-1].copy()
-    stop = queue_offsets[1:].copy()
-    free = np.zeros(num_queues, np.float64)
-    done = np.zeros(n, np.bool_)
-    end = np.zeros(n, np.float64)
-    sequence = np.empty(n, np.int32)
-    # a queue blocked on an op joins that op's list of waiting queues (each queue waits on
-    # at most one op at a time): wait_head[op] -> queue, wait_next[queue] -> queue
-    wait_head = np.full(n, -1, np.int32)
-    wait_next = np.full(num_queues, -1, np.int32)
-    stack = np.empty(num_queues + 1, np.int32)  # queues that may advance
-    on_stack = np.zeros(num_queues, np.bool_)
-    top = 0
-    for q in range(num_queues - 1, -1, -1):
-        stack[top] = q
-        on_stack[q] = True
-        top += 1
-    count = 0
-    while top > 0:
-        top -= 1
-        q = stack[top]
-        on_stack[q] = False
-        while pos[q] < stop[q]:
-            x = queue_rows[pos[q]]
-            start = free[q]
-            blocked = -1
-            for e in range(pred_ptr[x], pred_ptr[x + 1]):
-                p = pred_op[e]
-                if not done[p]:
-                    blocked = p
-                    break
-                if end[p] > start:
-                    start = end[p]
-            if blocked >= 0:
-                wait_next[q] = wait_head[blocked]
-                wait_head[blocked] = q
-                break
-            finish = start + duration[x]
-            end[x] = finish
-            free[q] = finish
-            done[x] = True
-            pos[q] += 1
-            sequence[count] = x
-            count += 1
-            waiter = wait_head[x]
-            while waiter >= 0:
-                following = wait_next[waiter]
-                if not on_stack[waiter]:
-                    stack[top] = waiter
-                    on_stack[waiter] = True
-                    top += 1
-                waiter = following
-    return sequence, end, count
+from pipesched.ordering import walk_queues as _walk
 
 
 @njit(cache=True)
