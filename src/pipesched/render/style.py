@@ -9,9 +9,10 @@ reload lighter. Transfers: activations teal, gradients gold, all-reduces purple.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
-from pipesched.rules import RULES
+from pipesched.rules import RULES, Rules
 from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
 
 # index = the kind's position in rules.RULES (F, I, W, B, O, R, OVERLAP_F_B)
@@ -22,6 +23,33 @@ KIND_MARKS: tuple[str, ...] = tuple(letter if len(letter) == 1 else "&" for lett
 KIND_NAMES: tuple[str, ...] = ("forward", "backward (input)", "backward (weight)", "backward (full)",
                                "offload to host", "reload from host", "overlapped forward + backward")
 HOST_MEMORY_COLOR = "#5d6d7e"  # host memory curves: the offload colour
+# kinds beyond the default table's (a kind a rules table adds), in the order they come
+EXTRA_KIND_COLORS: tuple[str, ...] = ("#b07aa1", "#9c755f", "#76b7b2", "#edc948", "#ff9da7")
+
+
+@dataclass(frozen=True)
+class KindStyles:
+    """Letters, one-character marks, names and colours of every kind of a rules table, by
+    kind index (the table's position)."""
+
+    letters: tuple[str, ...]
+    marks: tuple[str, ...]
+    names: tuple[str, ...]
+    colors: tuple[str, ...]
+
+
+def kind_styles(rules: Rules) -> KindStyles:
+    """The styles of ``rules``' kinds: a default kind's own, another kind its letter, its
+    rule's summary and the next of EXTRA_KIND_COLORS."""
+    known = {letter: k for k, letter in enumerate(KIND_LETTERS)}
+    extra = iter(itertools.cycle(EXTRA_KIND_COLORS))
+    found = []
+    for rule in rules:
+        letter = str(rule.kind)
+        k = known.get(letter)
+        found.append((letter, KIND_MARKS[k], KIND_NAMES[k], KIND_COLORS[k]) if k is not None
+                     else (letter, letter[0], rule.summary, next(extra)))
+    return KindStyles(*(tuple(column) for column in zip(*found, strict=True)))
 
 # index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce): teal, gold
 # and purple, apart from every op colour and its lighter chunk shades

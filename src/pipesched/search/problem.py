@@ -44,7 +44,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_SYNTHESIS_OPS
 from pipesched.ops import B, F, I, Op, OpKind, W
-from pipesched.rules import RULES
+from pipesched.rules import RULES, Rules
 from pipesched.simulate.network import Network
 
 # default time resolution: units the longest op spans when no coarser exact grid exists
@@ -234,10 +234,10 @@ class MemoryGrid:
     exact: bool = True
     kept: tuple[int, int] = (0, 0)
 
-    def change(self, kind: OpKind, choice: int = 0) -> int:
+    def change(self, kind: OpKind, choice: int = 0, rules: Rules = RULES) -> int:
         """Units an op of ``kind`` adds to (or, negative, frees from) its device's level on
         this grid, without (``choice`` 0) or with (1) recompute: its rule's memory effect."""
-        return round(RULES[kind].memory.amount(self.alloc[choice], self.frees_at_i[choice], self.kept[choice]))
+        return round(rules[kind].memory.amount(self.alloc[choice], self.frees_at_i[choice], self.kept[choice]))
 
 
 def _memory_grid(problem: SynthesisProblem, stage: int) -> MemoryGrid:
