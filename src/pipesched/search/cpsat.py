@@ -304,11 +304,11 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
         alloc = grid.change(first, choice)
         # kind -> (units it frees, units a microbatch still holds until it has run), from the
         # rules' memory effects along one microbatch's ops; and the level's peak along them
-        frees, level, peak = {}, alloc, alloc
+        frees, level = {}, alloc
         for kind in later:
             frees[kind] = (-grid.change(kind, choice), level)
             level += grid.change(kind, choice)
-            peak = max(peak, level)
+        peak = grid.peak(ip.kinds, choice)
         if alloc == 0 or m * peak <= grid.cap:
             continue
         when = [] if recompute is None else [recompute if choice else ~recompute]
