@@ -546,11 +546,11 @@ def dependencies(schedule: Schedule) -> Dependencies:
 
 
 def _dependencies(schedule: Schedule) -> Dependencies:
-    if schedule.has_fused_ops:
+    ops = op_arrays(schedule)
+    if ops.fused:
         problems = fused_violations(schedule)
         if problems:
             raise problems[0].error()
-    ops = op_arrays(schedule)
     rules = schedule.rules
     arrays = rule_arrays(rules)
     row_of, place, repeat, incomplete = _index_pass(schedule, ops)

@@ -298,7 +298,6 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
         return ended[(k, kind, j)]
 
     reservoir: tuple[list, list, list] = ([], [], [])  # event times, level changes, active literals
-    times = {AT_START: start, AT_END: end}
     for choice in (0, 1) if recompute is not None else (0,):
         first, *later = ip.kinds  # the allocating op, then the ops that free (or keep) its memory
         alloc = grid.change(first, choice)
@@ -336,14 +335,24 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
                 model.add(sum(freed) >= need - counted).only_enforce_if(when)
         if (rule == "reservoir" or events_only) and partial:
             active = True if recompute is None else when[0]
-            # offloading excludes recompute: its ops move memory under choice 0 only
-            moves = [kind for kind in (O, R) if offload is not None and choice == 0]
-            for k in range(m):
-                for kind in (*ip.kinds, *moves):
-                    op = Op(s, kind, k)
-                    reservoir[0].append(times[RULES[kind].memory.at][op])
-                    reservoir[1].append(grid.change(kind, choice))
-                    reservoir[2].append(offload if kind in moves else active)
+            _reservoir_events(reservoir, ip, s, choice, start, end, active, offload if choice == 0 else None)
     if reservoir[0]:
         model.add_reservoir_constraint_with_active(*reservoir, 0, grid.cap)
     return ended
+
+
+def _reservoir_events(reservoir: tuple[list, list, list], ip: IntegerProblem, s: int, choice: int, start: dict,
+                      end: dict, active, offload) -> None:
+    """Add device s's memory events to ``reservoir`` (times, level changes, literals): each
+    op of every microbatch changes the level by its rule's effect on the grid, at its start
+    or its end; with ``offload`` (its literal; offloading excludes recompute, so only under
+    choice 0) each O and R moves the activations too."""
+    grid = ip.memory[s]
+    times = {AT_START: start, AT_END: end}
+    moves = (O, R) if offload is not None else ()
+    for k in range(ip.num_microbatches):
+        for kind in (*ip.kinds, *moves):
+            op = Op(s, kind, k)
+            reservoir[0].append(times[RULES[kind].memory.at][op])
+            reservoir[1].append(grid.change(kind, choice))
+            reservoir[2].append(offload if kind in moves else active)
