@@ -33,7 +33,7 @@ from pipesched.ops import Op
 from pipesched.rules import AT_START, ROLES, STREAMS, Rules
 from pipesched.schedule import Schedule
 from pipesched.timeline import TRANSFER_KIND_NAMES
-from pipesched.wording import counted
+from pipesched.validate import fused_violations, structure_violations
 
 NO_MESSAGE = -1
 T = TypeVar("T")
@@ -248,45 +248,6 @@ def _with_entries(schedule: Schedule, ops: OpArrays) -> OpArrays:
     return OpArrays(ops.device, ops.stage, ops.kind, ops.microbatch, ops.device_offsets, head, entry_kind)
 
 
-# what is wrong with a table (Violation.kind): found by the one index pass below, by the
-# fused-entry check, and by ``pipesched.validate`` (order, deadlock, memory)
-OUT_OF_RANGE = "out-of-range"
-DUPLICATE = "duplicate"
-PLACEMENT = "placement"
-MISSING = "missing"
-MIXED_BACKWARD = "mixed-backward"
-FROZEN = "frozen"
-FUSED = "fused"
-# what to run for the whole list, in an error that names the first violation
-FULL_REPORT = "run `pipesched validate` on the schedule for the full report"
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One problem with a schedule: its kind, a sentence, the ops and device involved, and
-    as a one-line error: ``subject`` (``field=value``) and ``detail`` (the fix)."""
-
-    kind: str
-    message: str
-    ops: tuple[Op, ...] = ()
-    device: int | None = None
-    subject: str = ""
-    detail: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.kind}: {self.message}"
-
-    def error(self) -> PipeschedError:
-        """This violation as the error of a command that needs a valid table."""
-        if not self.subject:
-            return PipeschedError(f"schedule: {self.message}; {FULL_REPORT}")
-        return PipeschedError(f"{self.subject}: {self.detail}; {FULL_REPORT}")
-
-
-def _about_op(kind: str, op: Op, detail: str, device: int | None = None) -> Violation:
-    return Violation(kind, f"{op} {detail}", (op,), device, f"op={op}", detail)
-
-
 # index pass codes per op row
 _IN_PLACE, _OUT_OF_RANGE, _MISPLACED = range(3)
 
@@ -295,9 +256,10 @@ _IN_PLACE, _OUT_OF_RANGE, _MISPLACED = range(3)
 def _index_ops(device, stage, kind, microbatch, num_stages, m, num_kinds, replicas, route, accepted_masks,
                stage_role):
     """row_of[(stage * m + mb) * K + kind] -> op row (-1 if absent; the first of duplicates),
-    and every problem: per row, out of range or off its placement's device (``place``) and a
-    repeat of an earlier row (``repeat``); per stage-microbatch, kinds that are not exactly
-    one of the sets its stage's role accepts (``incomplete``)."""
+    and where the table breaks the rules that ``validate.structure_violations`` words: per
+    row, out of range or off its placement's device (``place``) and a repeat of an earlier
+    row (``repeat``); per stage-microbatch, kinds that are not exactly one of the sets its
+    stage's role accepts (``incomplete``)."""
     n = stage.shape[0]
     row_of = np.full(num_stages * m * num_kinds, -1, np.int32)
     place = np.zeros(n, np.int8)
@@ -337,113 +299,6 @@ def _index_pass(schedule: Schedule, ops: OpArrays):
     return _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, schedule.num_stages,
                       schedule.num_microbatches, len(schedule.rules), replicas, route, arrays.accepted_masks,
                       role_index(schedule.roles))
-
-
-def index_violations(schedule: Schedule) -> list[Violation]:
-    """What the index pass finds wrong with ``schedule``'s ops: each op out of range or off
-    the device its placement (and its microbatch's replica) says, in table order; each op
-    that appears more than once; each stage-microbatch that does not run exactly one of the
-    sets of kinds its stage's role accepts (``completeness``)."""
-    ops = op_arrays(schedule)
-    row_of, place, repeat, incomplete = _index_pass(schedule, ops)
-    found: list[Violation] = []
-    atoms = [op for _, op in schedule.ops()]
-    last_stage, last_mb = schedule.num_stages - 1, schedule.num_microbatches - 1
-    for row in np.flatnonzero(place).tolist():
-        op, device = atoms[row], int(ops.device[row])
-        if place[row] == _OUT_OF_RANGE:
-            found.append(_about_op(OUT_OF_RANGE, op, f"on device {device} names stage {op.stage} / microbatch "
-                                   f"{op.microbatch}; the schedule has stages 0..{last_stage} and microbatches "
-                                   f"0..{last_mb}", device))
-        else:
-            expected = schedule.device_of(op.stage, op.microbatch)
-            found.append(_about_op(PLACEMENT, op, f"is on device {device}, but the placement puts it on device "
-                                   f"{expected} (stage {op.stage}, microbatch {op.microbatch})", device))
-    repeats = np.flatnonzero(repeat)
-    if repeats.size:
-        counts = dict.fromkeys(sorted({atoms[row] for row in repeats.tolist()}), 1)
-        for row in repeats.tolist():
-            counts[atoms[row]] += 1
-        found += [_about_op(DUPLICATE, op, f"appears {count} times") for op, count in counts.items()]
-    k = len(schedule.rules)
-    for sm in np.flatnonzero(incomplete).tolist():
-        stage, mb = divmod(sm, schedule.num_microbatches)
-        present = frozenset(rule.kind for rule, row in zip(schedule.rules, row_of[sm * k:(sm + 1) * k].tolist(),
-                                                            strict=True) if row >= 0)
-        found.append(completeness(present, stage, mb, schedule.rules, schedule.roles[stage]))
-    return found
-
-
-def completeness(present: frozenset, stage: int, mb: int, rules: Rules, role: str) -> Violation:
-    """Why a stage-microbatch that runs the kinds ``present`` is not complete: it must run
-    exactly one of the sets of kinds its stage's role accepts (F and B, or F, I and W, less
-    what a frozen stage drops; an offload with its reload). Names the ops a frozen stage does
-    not run, the missing ops of the closest set(s), or a mix of two sets."""
-
-    def ops(kinds: frozenset) -> tuple[Op, ...]:
-        return tuple(Op(stage, rule.kind, mb) for rule in rules if rule.kind in kinds)
-
-    def found(kind: str, message: str, involved: tuple[Op, ...]) -> Violation:
-        fix = f"{message}; a stage-microbatch of stage {stage} needs {rules.describe_complete(role)}"
-        return Violation(kind, message, involved, None, f"stage_microbatch={stage},{mb}", fix)
-
-    dropped = present - rules.kinds_for(role)
-    if dropped:
-        return found(FROZEN, f"stage {stage} is frozen ({role}): it does not run "
-                             f"{' and '.join(map(str, ops(dropped)))}; its stage-microbatches run "
-                             f"{rules.describe_complete(role)}", ops(dropped))
-    candidates = [kinds for kinds in rules.accepted_for(role) if present <= kinds]
-    if not candidates:
-        return found(MIXED_BACKWARD, f"stage {stage} microbatch {mb} mixes ops of different complete sets "
-                                     f"({', '.join(map(str, ops(present)))}); run {rules.describe_complete(role)}",
-                     ops(present))
-    # the closest complete set first; the others as alternatives
-    # (the others, with offload ops or a split backward, counted after the next closest)
-    options = [ops(kinds - present) for kinds in sorted(candidates, key=lambda kinds: len(kinds - present))]
-    text = " and ".join(map(str, options[0])) + (" is missing" if len(options[0]) == 1 else " are missing")
-    if len(options) > 1:
-        text += f" (or {' and '.join(map(str, options[1]))}"
-        text += f", or {counted(len(options) - 2, 'other complete set')})" if len(options) > 2 else ")"
-    # ops present beyond what every complete set has say which set this one was meant to be
-    specific = ops(present - frozenset.intersection(*rules.complete_for(role)))
-    if specific:
-        text += f" (its {' and '.join(map(str, specific))} {'is' if len(specific) == 1 else 'are'} present)"
-    return found(MISSING, text, options[0])
-
-
-def fused_violations(schedule: Schedule) -> list[Violation]:
-    """Fused entries of an unknown kind, whose parts do not fit their rule, lie on another
-    device, or need each other's output."""
-    found: list[Violation] = []
-    rules = schedule.rules
-    for device, ops in enumerate(schedule.device_ops):
-        for op in ops:
-            if not op.parts:
-                continue
-            if op.kind not in rules.fused_kinds:
-                found.append(_fused(op, device, f"{op.kind} is not a fused kind of the rules"))
-                continue
-            problem = rules.fused_problem(op)
-            if problem is not None:
-                found.append(_fused(op, device, problem))
-                continue
-            owners = {schedule.device_of(part.stage, part.microbatch) for part in op.parts
-                      if 0 <= part.stage < schedule.num_stages and 0 <= part.microbatch < schedule.num_microbatches}
-            if len(owners) > 1:
-                found.append(_fused(op, device, f"its parts belong to devices {', '.join(map(str, sorted(owners)))}; "
-                                                "fuse ops of one device only"))
-            for part in op.parts:
-                if part.kind not in rules.by_kind:
-                    continue
-                inner = [pred for pred in schedule.predecessors(part) if pred in op.parts]
-                if inner:
-                    found.append(_fused(op, device, f"its part {part} needs the output of {inner[0]}, so the two "
-                                                    "cannot run at once; run them as separate ops"))
-    return found
-
-
-def _fused(op: Op, device: int, detail: str) -> Violation:
-    return Violation(FUSED, f"{op} on device {device}: {detail}", (op,), device, f"op={op}", detail)
 
 
 @njit(cache=True)
@@ -555,7 +410,7 @@ def _dependencies(schedule: Schedule) -> Dependencies:
     arrays = rule_arrays(rules)
     row_of, place, repeat, incomplete = _index_pass(schedule, ops)
     if place.any() or repeat.any() or incomplete.any():
-        raise index_violations(schedule)[0].error()
+        raise structure_violations(schedule)[0].error()
     rows = _need_rows(ops.stage, ops.kind, ops.microbatch, row_of, schedule.num_stages, schedule.num_microbatches,
                       len(rules), arrays.need_count, arrays.need_offset, arrays.need_alternatives)
     message = arrays.need_message.astype(np.int8)[ops.kind]

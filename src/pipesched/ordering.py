@@ -1,10 +1,10 @@
 """Run a schedule's tables in order with given op durations and no communication cost.
 
-One walk, shared by the compiled engine's first pass (``pipesched.simulate.engine``: the
-slot table, the completion order), the validator's deadlock check, the text layout and the
-generators that order ops by a trial run: each queue runs its ops in program order, an op
-starts when its queue is free and its data predecessors (the rules' needs,
-``pipesched.dependencies``) have ended. When no queue can move, the waits form a cycle: a
+One walk (``walk_queues``), shared by the compiled engine's first pass
+(``pipesched.simulate.engine``, which compiles the same loop: the slot table, the completion
+order), the validator's deadlock check, the text layout and the generators that order ops
+by a trial run: each queue runs its ops in program order, an op starts when its queue is
+free and its data predecessors (the rules' needs) have ended. When no queue can move, the waits form a cycle: a
 deadlock. A fused entry runs as one op: it starts once every input of its parts has ended,
 and all its parts end with it.
 """
@@ -12,39 +12,30 @@ and all its parts end with it.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-from numba import njit
-
-from pipesched.dependencies import dependencies
 from pipesched.ops import Op
 from pipesched.schedule import Schedule
 
 
-@njit(cache=True)
-def walk_queues(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
+def walk_queues(queue_rows, queue_offsets, pred_ptr, pred_op, duration, pos, free, done, begin, end, sequence,
+                wait_head, wait_next, stack, on_stack) -> int:
     """Run the queues with free communication (the slot table's semantics: an op starts
-    when its queue is free and its data predecessors have ended).
+    when its queue is free and its data predecessors have ended); returns how many ops
+    could run (fewer than all: deadlock).
 
-    Returns (sequence, end, count): the ops in the order they were evaluated (a dependency
-    order), each op's end time, and how many ops could run (fewer than all: deadlock).
+    Plain indexing only, so the same loop runs interpreted on lists (the validator, with
+    no numpy loaded) and compiled on arrays (``pipesched.simulate.engine``). The caller
+    gives the buffers: ``pos`` (a copy of queue_offsets[:-1]), ``free`` (0.0 per queue),
+    ``done`` (False per op), ``begin`` and ``end`` (0.0 per op: its start and end), ``sequence`` (per op: the ops in the
+    order they ran, a dependency order), ``wait_head`` (-1 per op), ``wait_next`` (-1 per
+    queue), ``stack`` (queues + 1) and ``on_stack`` (False per queue).
     """
-    n = duration.shape[0]
-    num_queues = queue_offsets.shape[0] - 1
-    pos = queue_offsets[:-1].copy()
-    stop = queue_offsets[1:].copy()
-    free = np.zeros(num_queues, np.float64)
-    done = np.zeros(n, np.bool_)
-    end = np.zeros(n, np.float64)
-    sequence = np.empty(n, np.int32)
+    num_queues = len(queue_offsets) - 1
     # a queue blocked on an op joins that op's list of waiting queues (each queue waits on
     # at most one op at a time): wait_head[op] -> queue, wait_next[queue] -> queue
-    wait_head = np.full(n, -1, np.int32)
-    wait_next = np.full(num_queues, -1, np.int32)
-    stack = np.empty(num_queues + 1, np.int32)  # queues that may advance
-    on_stack = np.zeros(num_queues, np.bool_)
     top = 0
     for q in range(num_queues - 1, -1, -1):
         stack[top] = q
@@ -55,7 +46,7 @@ def walk_queues(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
         top -= 1
         q = stack[top]
         on_stack[q] = False
-        while pos[q] < stop[q]:
+        while pos[q] < queue_offsets[q + 1]:
             x = queue_rows[pos[q]]
             start = free[q]
             blocked = -1
@@ -71,6 +62,7 @@ def walk_queues(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
                 wait_head[blocked] = q
                 break
             finish = start + duration[x]
+            begin[x] = start
             end[x] = finish
             free[q] = finish
             done[x] = True
@@ -85,7 +77,7 @@ def walk_queues(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
                     on_stack[waiter] = True
                     top += 1
                 waiter = following
-    return sequence, end, count
+    return count
 
 
 @dataclass(frozen=True)
@@ -98,44 +90,40 @@ class Stuck:
 
 @dataclass(frozen=True)
 class Walk:
-    start: np.ndarray  # float64, one per table entry in table order (nan for entries never run)
-    end: np.ndarray
+    # plain lists, so that reading and checking a schedule needs no numpy (start-up time)
+    start: list[float]  # one per table entry in table order (nan for entries never run)
+    end: list[float]
     stuck: Stuck | None
 
 
 def walk(schedule: Schedule, duration: Callable[[Op], float]) -> Walk:
     """Times of every table entry (a fused op is one), in table order rows; ``stuck`` is set
-    when the tables deadlock. The table must be structurally valid (``dependencies``
-    raises PipeschedError otherwise; ``pipesched.validate`` reports it)."""
-    deps = dependencies(schedule)
-    ops = deps.ops
-    n = len(ops)
-    head = ops.entry_head.astype(np.int64) if ops.entry_head is not None else np.arange(n)
-    # an entry waits for the entries holding its parts' needs, never for itself
-    consumer, producer, _ = deps.edges
-    consumer, producer = head[consumer], head[producer]
-    outside = consumer != producer
-    consumer, producer = consumer[outside], producer[outside]
-    order = np.argsort(consumer, kind="stable")
-    pred_op = producer[order].astype(np.int64)
-    pred_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(consumer, minlength=n), out=pred_ptr[1:])
-    entries = np.flatnonzero(head == np.arange(n))  # table order: device by device
-    times = np.zeros(n)
-    times[entries] = [duration(op) for ops_of in schedule.device_ops for op in ops_of]
-    sizes = [len(ops_of) for ops_of in schedule.device_ops]
-    queue_offsets = np.zeros(len(sizes) + 1, np.int64)
-    np.cumsum(sizes, out=queue_offsets[1:])
-    sequence, end, count = walk_queues(entries.astype(np.int32), queue_offsets, pred_ptr, pred_op, times)
-    finished = np.zeros(n, np.bool_)
-    finished[sequence[:count]] = True
-    ran = finished[entries]
-    entry_end = np.where(ran, end[entries], np.nan)
-    entry_start = entry_end - times[entries]
-    if count == len(entries):
+    when the tables deadlock.
+
+    An entry waits for the entries holding its data predecessors (``Schedule.predecessors``,
+    the rules' needs). Ops whose predecessor is absent from the schedule wait forever; the
+    validator reports those as missing ops, not as a deadlock.
+    """
+    entries = [op for ops in schedule.device_ops for op in ops]
+    n = len(entries)
+    row_of = {atom: row for row, op in enumerate(entries) for atom in op.atoms}
+    pred_ptr, pred_op = [0], []
+    for op in entries:
+        pred_op += [row_of.get(pred, n) for pred in schedule.predecessors(op)]  # n: an op never run
+        pred_ptr.append(len(pred_op))
+    queue_offsets = [0, *itertools.accumulate(len(ops) for ops in schedule.device_ops)]
+    queues = len(queue_offsets) - 1
+    begin, end = [0.0] * (n + 1), [0.0] * (n + 1)
+    done = [False] * (n + 1)
+    count = walk_queues(range(n), queue_offsets, pred_ptr, pred_op, [duration(op) for op in entries],
+                        queue_offsets[:-1], [0.0] * queues, done, begin, end, [0] * n, [-1] * (n + 1),
+                        [-1] * queues, [0] * (queues + 1), [False] * queues)
+    entry_start = [begin[row] if done[row] else math.nan for row in range(n)]
+    entry_end = [end[row] if done[row] else math.nan for row in range(n)]
+    if count == n:
         return Walk(entry_start, entry_end, None)
-    position = [int(ran[lo:hi].sum()) for lo, hi in itertools.pairwise(queue_offsets.tolist())]
-    blocked = [d for d in range(schedule.num_devices) if position[d] < sizes[d]]
+    position = [sum(done[lo:hi]) for lo, hi in itertools.pairwise(queue_offsets)]
+    blocked = [d for d in range(schedule.num_devices) if position[d] < len(schedule.device_ops[d])]
     return Walk(entry_start, entry_end, _stuck(schedule, position, blocked))
 
 

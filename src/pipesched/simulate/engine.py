@@ -43,7 +43,26 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from pipesched.ordering import walk_queues as _walk
+from pipesched.ordering import walk_queues
+
+# the tables' walk (``pipesched.ordering``), compiled
+_walk_queues = njit(cache=True)(walk_queues)
+
+
+@njit(cache=True)
+def _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration):
+    """Run the queues with free communication (``walk_queues``). Returns (sequence, end,
+    count): the ops in the order they were evaluated (a dependency order), each op's end
+    time, and how many ops could run (fewer than all: deadlock)."""
+    n = duration.shape[0]
+    num_queues = queue_offsets.shape[0] - 1
+    end = np.zeros(n, np.float64)
+    sequence = np.empty(n, np.int32)
+    count = _walk_queues(queue_rows, queue_offsets, pred_ptr, pred_op, duration, queue_offsets[:-1].copy(),
+                         np.zeros(num_queues, np.float64), np.zeros(n, np.bool_), np.empty(n, np.float64), end,
+                         sequence, np.full(n, -1, np.int32), np.full(num_queues, -1, np.int32),
+                         np.empty(num_queues + 1, np.int32), np.zeros(num_queues, np.bool_))
+    return sequence, end, count
 
 
 @njit(cache=True)
