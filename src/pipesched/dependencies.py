@@ -80,10 +80,6 @@ class RuleArrays:
     need_offset: np.ndarray  # int64 (K, N): stage offset of each need
     need_alternatives: np.ndarray  # int64 (K, N, A): kind indices, first present wins; -1 pads
     need_message: np.ndarray  # int64 (K, N): transfer kind code (timeline.ACTIVATION...) or -1
-    complete_masks: np.ndarray  # int64 (C,): bit k set = kind k in that complete set
-    memory_whole: np.ndarray  # float64 (K,)
-    memory_input_part: np.ndarray  # float64 (K,)
-    memory_kept: np.ndarray  # float64 (K,): coefficient of the gradients kept from I to W
     memory_at_start: np.ndarray  # bool (K,)
     ends_weight_gradient: np.ndarray  # bool (K,)
     # per stage role (rows: rules.ROLES) and kind: the role's accepted sets and memory effects
@@ -138,7 +134,6 @@ def rule_arrays(rules: Rules) -> RuleArrays:
                 alt[k, j, a] = index[kind]
             if need.message is not None:
                 message[k, j] = TRANSFER_KIND_NAMES.index(need.message)
-    masks = np.array([sum(1 << index[kind] for kind in kinds_set) for kinds_set in rules.complete], np.int64)
     accepted = [[sum(1 << index[kind] for kind in kinds_set) for kinds_set in rules.accepted_for(role)]
                 for role in ROLES]
     accepted_masks = np.full((len(ROLES), max(len(row) for row in accepted)), -1, np.int64)
@@ -154,10 +149,6 @@ def rule_arrays(rules: Rules) -> RuleArrays:
         need_offset=offset,
         need_alternatives=alt,
         need_message=message,
-        complete_masks=masks,
-        memory_whole=np.array([rule.memory.whole for rule in rules], np.float64),
-        memory_input_part=np.array([rule.memory.input_part for rule in rules], np.float64),
-        memory_kept=np.array([rule.memory.kept for rule in rules], np.float64),
         memory_at_start=np.array([rule.memory.at == "start" for rule in rules], np.bool_),
         ends_weight_gradient=np.array([rule.ends_weight_gradient for rule in rules], np.bool_),
         accepted_masks=accepted_masks,
@@ -249,7 +240,7 @@ def _with_entries(schedule: Schedule, ops: OpArrays) -> OpArrays:
 
 
 # index pass codes per op row
-_IN_PLACE, _OUT_OF_RANGE, _MISPLACED = range(3)
+_OUT_OF_RANGE, _MISPLACED = 1, 2  # 0: in range, on its device
 
 
 @njit(cache=True)
