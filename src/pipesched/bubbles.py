@@ -8,9 +8,9 @@ that ends it and the cause of that op's start (``pipesched.waits``):
 - warm-up and cool-down: before the device's first op, after its last one;
 - exposed communication: the part of a gap during which the transfer that carries the
   op's input (activation or gradient from another device) is in flight;
-- memory waits: in a gap ended by an op that waited for its activations to be reloaded
-  from host memory (an ``R`` op), the part after its other input was there (the time
-  ``metrics.offload_exposed`` counts);
+- memory waits: in a gap ended by an op that waited for an op of its device's host link
+  (its activations reloaded from host memory: an ``R`` op under the default rules), the
+  part after its other input was there (the time ``metrics.offload_exposed`` counts);
 - dependency stalls: the rest (waiting for a producing op that has not ended yet).
 
 The four parts of every gap sum to its length, so the parts of a timeline sum to its total
