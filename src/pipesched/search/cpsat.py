@@ -33,7 +33,7 @@ import numpy as np
 
 from pipesched.errors import PipeschedError, require
 from pipesched.ops import B, F, I, O, Op, OpKind, R, W
-from pipesched.rules import AT_END, AT_START, RULES
+from pipesched.rules import AT_END, AT_START, HOST_TRANSFER, RULES
 from pipesched.search.plans import Plan, to_schedule
 from pipesched.search.problem import IntegerProblem
 from pipesched.simulate import simulate
@@ -257,7 +257,7 @@ def _horizon(ip: IntegerProblem, hint: Plan | None, hint_starts: dict[Op, int]) 
 
 
 def _length(ip: IntegerProblem, kind: OpKind, stage: int, recomputed: bool) -> int:
-    if kind in (O, R):
+    if RULES[kind].cost == HOST_TRANSFER:  # an offload or reload: the stage's activations over its host link
         return ip.host_transfer[stage]
     return (ip.recomputed if recomputed else ip.duration)[kind][stage]
 
