@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipesched.ops import KIND_INDEX, B, F, I, Op, W
+from pipesched.ops import B, F, I, Op, W
+from pipesched.rules import RULES
 from pipesched.schedule import Schedule
 from pipesched.timeline import ACTIVATION, GRADIENT, MemoryTrace, Timeline, TransferTable
 
@@ -91,7 +92,7 @@ def with_transfers(
         unit="s",
         op_device=np.array([d for d, _ in rows], np.int32),
         op_stage=np.array([op.stage for _, op in rows], np.int32),
-        op_kind=np.array([KIND_INDEX[op.kind] for _, op in rows], np.int8),
+        op_kind=np.array([RULES.index(op.kind) for _, op in rows], np.int8),
         op_microbatch=np.array([op.microbatch for _, op in rows], np.int32),
         op_start=start,
         op_end=end,

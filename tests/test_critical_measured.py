@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pipesched.generators import generate
-from pipesched.ops import KIND_INDEX, B, F, Op
+from pipesched.ops import B, F, Op
+from pipesched.rules import RULES
 from pipesched.simulate.critical import critical_path
 from pipesched.timeline import Timeline
 
@@ -51,7 +52,7 @@ def _measured_1f1b(seed: int, clock: float = 5000.0) -> tuple[Timeline, dict[Op,
         schedule=schedule, source="measured", unit="s",
         op_device=np.array([device_of[op] for op in order], np.int32),
         op_stage=np.array([op.stage for op in order], np.int32),
-        op_kind=np.array([KIND_INDEX[op.kind] for op in order], np.int8),
+        op_kind=np.array([RULES.index(op.kind) for op in order], np.int8),
         op_microbatch=np.array([op.microbatch for op in order], np.int32),
         op_start=np.array([start[op] for op in order]), op_end=np.array([end[op] for op in order]),
     )

@@ -109,7 +109,7 @@ def test_halves_on_two_devices_are_refused():
 def test_halves_that_need_each_other_are_refused():
     schedule = _custom("d0: 0F0 (0F1;0B1)OVERLAP_F_B 0B0\n")
     problems = [v for v in validate(schedule) if v.kind == FUSED]
-    assert problems and "0B1 needs 0F1's output" in problems[0].message
+    assert problems and "its part 0B1 needs the output of 0F1" in problems[0].message
     with pytest.raises(PipeschedError, match=r"^op=\(0F1;0B1\)OVERLAP_F_B: its part 0B1 needs the output"):
         slot_table(schedule)
 
@@ -128,7 +128,7 @@ def test_bad_pair_on_the_command_line_is_one_line_exit_2(cli, tmp_path):
     assert result.code == 2
     # the file is validated before anything is simulated: the error names the file and the pair
     assert result.err.startswith(f"pipesched: error: schedule_file={path}: not a valid schedule: fused: "
-                                 "(0F1;0B1)OVERLAP_F_B on device 0: 0B1 needs 0F1's output")
+                                 "(0F1;0B1)OVERLAP_F_B on device 0: its part 0B1 needs the output of 0F1")
     assert result.err.count("\n") == 1 and "Traceback" not in result.err
     assert cli("validate", str(path)).code == 1
 

@@ -22,7 +22,8 @@ from pipesched.generators.dualpipev import dualpipev
 from pipesched.generators.hanayo import hanayo
 from pipesched.io.grid import dumps, loads
 from pipesched.metrics import iteration_microbatches, throughput
-from pipesched.ops import KIND_INDEX, B, F, I, Op
+from pipesched.ops import B, F, I, Op
+from pipesched.rules import RULES
 from pipesched.schedule import Placement
 from pipesched.simulate import Network, simulate
 from pipesched.slot_table import slot_table, table_metrics
@@ -316,7 +317,7 @@ def test_hanayo_wave_order_has_no_holes_in_its_steady_phase():
     for device in range(8):
         rows = sorted((r for r in range(len(timeline.op_device)) if timeline.op_device[r] == device),
                       key=lambda r: timeline.op_start[r])
-        last_forward = max(timeline.op_start[r] for r in rows if timeline.op_kind[r] == KIND_INDEX[F])
+        last_forward = max(timeline.op_start[r] for r in rows if timeline.op_kind[r] == RULES.index(F))
         gap_starts = [timeline.op_end[a] for a, b in pairwise(rows)
                       if timeline.op_start[b] > timeline.op_end[a]]
         assert all(start > last_forward for start in gap_starts[1:])

@@ -7,16 +7,16 @@ import pytest
 
 from pipesched.generators import generate
 from pipesched.ops import Op
-from pipesched.render.waits import (
+from pipesched.render.waits import wait_texts
+from pipesched.slot_table import slot_table
+from pipesched.waits import (
     WAIT_DEPENDENCY,
     WAIT_DEVICE,
     WAIT_NONE,
     WAIT_TRANSFER,
-    dependencies,
-    wait_texts,
+    row_dependencies,
     waited_for,
 )
-from pipesched.slot_table import slot_table
 from render_timelines import simulated, split_backward, with_transfers
 
 
@@ -44,7 +44,7 @@ def test_every_op_starts_when_its_cause_ends(make) -> None:
 
 def test_dependencies_follow_the_schedule() -> None:
     timeline = simulated(split_backward(generate("1f1b", 3, 4)))
-    deps = dependencies(timeline)
+    deps = row_dependencies(timeline)
     for row in range(len(timeline)):
         expected = {row_of(timeline, str(p)) for p in timeline.schedule.predecessors(timeline.op(row))}
         assert {int(deps.carried[row]), int(deps.local[row])} - {-1} == expected

@@ -465,3 +465,19 @@ def test_offload_needs_a_host_link(cli, tmp_path) -> None:
     again = cli("simulate", str(tmp_path / "s.txt"), "--stage-costs", str(table), "--latency", "0.5",
                 "--host-bandwidth", "4", "--no-contention", "--json")
     assert json.loads(again.out)["iteration_time_s"] == pytest.approx(json.loads(result.out)["makespan_s"])
+
+
+def test_list_scheduling_counts_the_gradients_kept_for_w_as_the_simulator_does() -> None:
+    # KEPT: F allocates 4 B, I frees 3 B but keeps 5 B of gradients for W (+2 B), W frees the
+    # remaining 1 B and the 5 B (-6 B): each device's level along its table, worked by hand
+    costs, network, m = KEPT
+    change = {F: 4.0, I: 2.0, W: -6.0}
+    problem = SynthesisProblem(costs, network, m, (9.0, 9.0))
+    plans = [list_schedule(problem, priority=priority, in_flight=in_flight, recompute=recompute)
+             for priority, in_flight, recompute in rules(problem)]
+    assert any(plan is not None for plan in plans)
+    for plan in filter(None, plans):
+        peaks = [max(itertools.accumulate(change[op.kind] for op in ops)) for ops in plan.device_ops]
+        evaluation = evaluate(problem, plan)
+        assert evaluation.peak_memory == pytest.approx(peaks)  # the simulator's count is the same
+        assert max(peaks) <= 9.0 and fits(problem, evaluation)  # and the cap holds, kept gradients included

@@ -310,7 +310,7 @@ def test_a_slow_host_link_raises_the_iteration_time_by_exactly_the_exposed_trans
     # compute time stays compute time: the host link is not busy compute
     assert moved.busy_per_device().tolist() == plain.busy_per_device().tolist()
     # the report says a reload waited for the backward that issues it
-    from pipesched.render.waits import WAIT_DEVICE, waited_for
+    from pipesched.waits import WAIT_DEVICE, waited_for
 
     rows = {moved.op(row): row for row in range(len(moved))}
     waits = waited_for(moved)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pipesched import io
+from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.ops import Op
+from pipesched.slot_table import slot_table
 from pipesched.validate import (
     DEADLOCK,
     DUPLICATE,
@@ -99,3 +101,22 @@ def test_activation_limit() -> None:
 )
 def test_small_tables(text: str, expected: list[str]) -> None:
     assert kinds(text) == expected
+
+
+def test_one_index_pass_reports_every_problem_and_commands_raise_the_first() -> None:
+    # device 1 holds 0F1 (stage 0 lives on device 0), 1F0 twice, and stage 1 microbatch 1
+    # lacks its backward: the one pass finds all three, in table order, then duplicates,
+    # then incomplete stage-microbatches
+    tables = ("0F0 0B0 0B1", "0F1 1F0 1F0 1B0 1F1")
+    broken = generate("1f1b", 2, 2).with_ops(tuple(tuple(map(Op.parse, line.split())) for line in tables))
+    found = validate(broken)
+    assert [(v.kind, v.message) for v in found] == [
+        (PLACEMENT, "0F1 is on device 1, but the placement puts it on device 0 (stage 0, microbatch 1)"),
+        (DUPLICATE, "1F0 appears 2 times"),
+        (MISSING, "1B1 is missing (or 1I1 and 1W1, or 2 other complete sets)"),
+    ]
+    # a command that needs a valid table names the first of them, as one line
+    with pytest.raises(PipeschedError) as caught:
+        slot_table(broken)
+    assert str(caught.value) == ("op=0F1: is on device 1, but the placement puts it on device 0 (stage 0, "
+                                 "microbatch 1); run `pipesched validate` on the schedule for the full report")

@@ -3,14 +3,14 @@ split into what it waited for.
 
 A device's idle time is the part of the timeline's span (``Timeline.makespan``, from its
 first op's start) in which its compute stream runs nothing. Each gap is classified by the op
-that ends it and the cause of that op's start (``pipesched.render.waits``):
+that ends it and the cause of that op's start (``pipesched.waits``):
 
 - warm-up and cool-down: before the device's first op, after its last one;
 - exposed communication: the part of a gap during which the transfer that carries the
   op's input (activation or gradient from another device) is in flight;
-- memory waits: in a gap ended by an op that waited for its activations to be reloaded
-  from host memory (an ``R`` op), the part after its other input was there (the time
-  ``metrics.offload_exposed`` counts);
+- memory waits: in a gap ended by an op that waited for an op of its device's host link
+  (its activations reloaded from host memory: an ``R`` op under the default rules), the
+  part after its other input was there (the time ``metrics.offload_exposed`` counts);
 - dependency stalls: the rest (waiting for a producing op that has not ended yet).
 
 The four parts of every gap sum to its length, so the parts of a timeline sum to its total
@@ -23,14 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.ops import KIND_INDEX, R
-from pipesched.render.waits import WAIT_DEPENDENCY, WAIT_TRANSFER, dependencies, waited_for
 from pipesched.timeline import Timeline
+from pipesched.waits import WAIT_DEPENDENCY, WAIT_TRANSFER, row_dependencies, waited_for
 
 # the parts of a bubble, in the order of BubbleBreakdown.parts' columns
 WARMUP_COOLDOWN, DEPENDENCY_STALL, EXPOSED_COMMUNICATION, MEMORY_WAIT = 0, 1, 2, 3
 BUBBLE_PARTS = ("warm-up and cool-down", "dependency stalls", "exposed communication", "memory waits")
-_R = KIND_INDEX[R]
 
 
 @dataclass(frozen=True)
@@ -84,10 +82,11 @@ def bubble_breakdown(timeline: Timeline) -> BubbleBreakdown:
                                      - np.maximum(start[carried_in], table.start[t]), 0.0, None)
     # memory waits: the part after the op's other input (from the stage after) was there
     on_op = cause == WAIT_DEPENDENCY  # ref is an op row (a transfer row for WAIT_TRANSFER)
-    reload = on_op & (timeline.op_kind[np.where(on_op, ref, 0)] == _R)
+    # an op a compute op needs from its device's host link brings activations back (a reload)
+    reload = on_op & ~timeline.on_compute[np.where(on_op, ref, 0)]
     memory = np.zeros(len(start))
     if reload.any():
-        deps = dependencies(timeline)
+        deps = row_dependencies(timeline)
         waiting = ending[reload]
         carried, delivery = deps.carried[waiting], deps.delivery[waiting]
         arrived = np.where(delivery >= 0, table.end[np.maximum(delivery, 0)] if len(table) else -np.inf,

@@ -18,7 +18,7 @@ immutable, and a grid of experiments evaluates one schedule under many costs.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from operator import itemgetter
@@ -30,9 +30,11 @@ from numba import njit
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.limits import MAX_GRID_CELLS
+from pipesched.ops import Op
 from pipesched.rules import AT_START, ROLES, STREAMS, Rules
 from pipesched.schedule import Schedule
 from pipesched.timeline import TRANSFER_KIND_NAMES
+from pipesched.validate import fused_violations, structure_violations
 
 NO_MESSAGE = -1
 # the step column of a table whose rules read no step: numba compiles the index loops for
@@ -90,10 +92,6 @@ class RuleArrays:
     need_step_offset: np.ndarray  # int64 (K, N): step offset of each need (Op.step)
     need_alternatives: np.ndarray  # int64 (K, N, A): kind indices, first present wins; -1 pads
     need_message: np.ndarray  # int64 (K, N): transfer kind code (timeline.ACTIVATION...) or -1
-    complete_masks: np.ndarray  # int64 (C,): bit k set = kind k in that complete set
-    memory_whole: np.ndarray  # float64 (K,)
-    memory_input_part: np.ndarray  # float64 (K,)
-    memory_kept: np.ndarray  # float64 (K,): coefficient of the gradients kept from I to W
     memory_at_start: np.ndarray  # bool (K,)
     ends_weight_gradient: np.ndarray  # bool (K,)
     # per stage role (rows: rules.ROLES) and kind: the role's accepted sets and memory effects
@@ -153,7 +151,6 @@ def rule_arrays(rules: Rules) -> RuleArrays:
                 alt[k, j, a] = index[kind]
             if need.message is not None:
                 message[k, j] = TRANSFER_KIND_NAMES.index(need.message)
-    masks = np.array([sum(1 << index[kind] for kind in kinds_set) for kinds_set in rules.complete], np.int64)
     accepted = [[sum(1 << index[kind] for kind in kinds_set) for kinds_set in rules.accepted_for(role)]
                 for role in ROLES]
     accepted_masks = np.full((len(ROLES), max(len(row) for row in accepted)), -1, np.int64)
@@ -170,10 +167,6 @@ def rule_arrays(rules: Rules) -> RuleArrays:
         need_step_offset=step_offset,
         need_alternatives=alt,
         need_message=message,
-        complete_masks=masks,
-        memory_whole=np.array([rule.memory.whole for rule in rules], np.float64),
-        memory_input_part=np.array([rule.memory.input_part for rule in rules], np.float64),
-        memory_kept=np.array([rule.memory.kept for rule in rules], np.float64),
         memory_at_start=np.array([rule.memory.at == AT_START for rule in rules], np.bool_),
         ends_weight_gradient=np.array([rule.ends_weight_gradient for rule in rules], np.bool_),
         accepted_masks=accepted_masks,
@@ -190,13 +183,22 @@ def rule_arrays(rules: Rules) -> RuleArrays:
     return arrays
 
 
-def _kind_lookup(rules: Rules) -> np.ndarray:
-    """Kind index of each ASCII letter of the rules' kinds."""
-    table = np.full(256, -1, np.int8)
-    for k, rule in enumerate(rules):
-        if not rule.fused:  # fused entries are stored as their parts
-            table[ord(str(rule.kind))] = k
-    return table
+def kind_column(ops: Sequence[Op], rules: Rules) -> np.ndarray:
+    """The kind of each of ``ops`` (any length of name) as its index in ``rules`` (int8; -1
+    for a kind the table lacks or a fused kind, whose ops are stored as their parts).
+
+    Kinds are matched by identity first (an op's kind is one of the table's own values), a
+    vector compare per kind of the table; only what that misses is looked up by name."""
+    ids = np.fromiter(map(id, map(itemgetter(1), ops)), np.int64, len(ops))
+    column = np.full(len(ops), -1, np.int8)
+    plain = [(k, rule.kind) for k, rule in enumerate(rules) if not rule.fused]
+    for k, kind in plain:
+        column[ids == id(kind)] = k
+    unmatched = np.flatnonzero(column < 0)
+    if unmatched.size:
+        by_name = {str(kind): k for k, kind in plain}
+        column[unmatched] = [by_name.get(str(ops[row][1]), -1) for row in unmatched.tolist()]
+    return column
 
 
 def derived(schedule: Schedule, key: str, build: Callable[[Schedule], T]) -> T:
@@ -222,15 +224,11 @@ def _op_arrays(schedule: Schedule) -> OpArrays:
     flat = list(itertools.chain.from_iterable(rows))
     stage = np.fromiter(map(itemgetter(0), flat), np.int64, n)
     microbatch = np.fromiter(map(itemgetter(2), flat), np.int64, n)
-    # kinds are one-letter strings: join them and map the letters through a lookup table
-    letters = "".join(map(itemgetter(1), flat)).encode("ascii")
-    del flat
-    if len(letters) != n:
-        raise PipeschedError(f"schedule={schedule.name}: op kinds must be one letter each")
-    kind = _kind_lookup(schedule.rules)[np.frombuffer(letters, np.uint8)]
+    kind = kind_column(flat, schedule.rules)
     if n and kind.min() < 0:
-        bad = chr(letters[int(np.argmax(kind < 0))])
+        bad = flat[int(np.argmax(kind < 0))].kind
         raise PipeschedError(f"op kind={bad}: not in the schedule's rules ({', '.join(schedule.rules.letters)})")
+    del flat
     too_big = int(np.iinfo(np.int32).max)
     if n and (stage.max() > too_big or microbatch.max() > too_big):
         raise PipeschedError(f"schedule={schedule.name}: a stage or microbatch index over {too_big:,}")
@@ -257,51 +255,57 @@ def _steps(schedule: Schedule, rows, n: int) -> np.ndarray:
 
 
 def _with_entries(schedule: Schedule, ops: OpArrays) -> OpArrays:
-    """``ops`` with the fused entries' columns; raises PipeschedError for a fused entry of an
-    unknown kind or whose parts do not fit its rule."""
+    """``ops`` with the fused entries' columns (whether each entry fits its rule is
+    ``fused_violations``')."""
     head = np.arange(len(ops), dtype=np.int32)
     entry_kind = ops.kind.copy()
     row = 0
     for op in itertools.chain.from_iterable(schedule.device_ops):
         if op.parts:
-            problem = schedule.rules.fused_problem(op)
-            if problem is not None:
-                raise PipeschedError(f"op={op}: {problem}; run `pipesched validate` on the schedule for the full report")
             count = len(op.parts)
             head[row:row + count] = row
-            entry_kind[row:row + count] = schedule.rules.index(op.kind)
+            # a kind the rules lack keeps its parts' kinds (``fused_violations`` reports it)
+            if op.kind in schedule.rules.by_kind:
+                entry_kind[row:row + count] = schedule.rules.index(op.kind)
             row += count
         else:
             row += 1
     return OpArrays(ops.device, ops.stage, ops.kind, ops.microbatch, ops.device_offsets, head, entry_kind, ops.step)
 
 
-# problems the index check reports: (code, op row or stage-microbatch index)
-OK, OUT_OF_RANGE, DUPLICATE, MISPLACED, INCOMPLETE, MUTUAL = range(6)
+# index pass codes per op row
+_OUT_OF_RANGE, _MISPLACED = 1, 2  # 0: in range, on its device
 
 
 @njit(cache=True)
 def _index_ops(device, stage, kind, microbatch, step, num_steps, num_stages, m, num_kinds, replicas, route,
                accepted_masks, stage_role):
-    """row_of[((stage * m + mb) * steps + step) * K + kind] -> op row (-1 if absent), and the
-    first problem: an op out of range, off its placement's device, a duplicate, or a
-    stage-microbatch whose kinds (over all its steps) are not exactly one of the sets its
-    stage's role accepts. ``step`` is None when every op is at step 0 (``num_steps`` 1)."""
+    """row_of[((stage * m + mb) * steps + step) * K + kind] -> op row (-1 if absent; the
+    first of duplicates; ``step`` None when every op is at step 0, ``num_steps`` 1),
+    and where the table breaks the rules that ``validate.structure_violations`` words: per
+    row, out of range or off its placement's device (``place``) and a repeat of an earlier
+    row (``repeat``); per stage-microbatch, kinds that are not exactly one of the sets its
+    stage's role accepts, over all its steps (``incomplete``)."""
     n = stage.shape[0]
     row_of = np.full(num_stages * m * num_steps * num_kinds, -1, np.int32)
+    place = np.zeros(n, np.int8)
+    repeat = np.zeros(n, np.bool_)
     for x in range(n):
         s = stage[x]
         mb = microbatch[x]
         if s < 0 or s >= num_stages or mb < 0 or mb >= m:
-            return row_of, OUT_OF_RANGE, x
+            place[x] = _OUT_OF_RANGE
+            continue
         if replicas[route[mb], s] != device[x]:
-            return row_of, MISPLACED, x
+            place[x] = _MISPLACED
         key = (s * m + mb) * num_kinds + kind[x]
         if step is not None:
             key = ((s * m + mb) * num_steps + step[x]) * num_kinds + kind[x]
         if row_of[key] >= 0:
-            return row_of, DUPLICATE, x
-        row_of[key] = x
+            repeat[x] = True
+        else:
+            row_of[key] = x
+    incomplete = np.zeros(num_stages * m, np.bool_)
     for sm in range(num_stages * m):
         mask = 0
         for t in range(num_steps):
@@ -314,9 +318,17 @@ def _index_ops(device, stage, kind, microbatch, step, num_steps, num_stages, m, 
         for c in range(masks.shape[0]):
             if masks[c] == mask:
                 matched = True
-        if not matched:
-            return row_of, INCOMPLETE, sm
-    return row_of, OK, -1
+        incomplete[sm] = not matched
+    return row_of, place, repeat, incomplete
+
+
+def _index_pass(schedule: Schedule, ops: OpArrays):
+    arrays = rule_arrays(schedule.rules)
+    replicas = np.asarray(schedule.placement.replicas, dtype=np.int64)
+    route = np.asarray(schedule.route, dtype=np.int64)
+    return _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, ops.step, ops.num_steps, schedule.num_stages,
+                      schedule.num_microbatches, len(schedule.rules), replicas, route, arrays.accepted_masks,
+                      role_index(schedule.roles))
 
 
 @njit(cache=True)
@@ -350,20 +362,45 @@ def _need_rows(stage, kind, microbatch, step, num_steps, row_of, num_stages, m, 
     return rows
 
 
+@dataclass(frozen=True, eq=False)
+class RowIndex:
+    """Op rows given as columns in any order (a timeline's, a measured run's), keyed by
+    (stage, microbatch, kind index): ``row_of[(stage * m + mb) * K + kind]`` (-1: absent)."""
+
+    row_of: np.ndarray  # int32
+    num_stages: int
+    num_microbatches: int  # m: the schedule's, or more when a row names a later microbatch
+    num_kinds: int
+
+    @classmethod
+    def of(cls, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray, *, num_stages: int,
+           num_microbatches: int, num_kinds: int) -> RowIndex:
+        """The index of these rows; rows naming ops outside the model are left out."""
+        m = max(num_microbatches, int(microbatch.max(initial=-1)) + 1)
+        row_of = np.full(num_stages * m * num_kinds, -1, np.int32)
+        inside = (stage >= 0) & (stage < num_stages) & (microbatch >= 0)
+        rows = np.flatnonzero(inside)
+        row_of[(stage[rows].astype(np.int64) * m + microbatch[rows]) * num_kinds + kind[rows]] = rows
+        return cls(row_of, num_stages, m, num_kinds)
+
+    def lookup(self, stage: np.ndarray, kind: np.ndarray | int, microbatch: np.ndarray) -> np.ndarray:
+        """The row of each (stage, kind, microbatch), -1 where absent or outside the model."""
+        inside = (stage >= 0) & (stage < self.num_stages) & (microbatch >= 0) & (microbatch < self.num_microbatches)
+        keys = (np.where(inside, stage, 0).astype(np.int64) * self.num_microbatches
+                + np.where(inside, microbatch, 0)) * self.num_kinds + kind
+        return np.where(inside, self.row_of[keys], -1).astype(np.int64)
+
+
 def need_rows(stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray, *, num_stages: int,
               num_microbatches: int, rules: Rules) -> np.ndarray:
     """For op rows given as columns in any order (a measured timeline's, say): the row of
     each of their needs, (n, N), -1 for none. Rows naming ops outside the model are ignored."""
     arrays = rule_arrays(rules)
-    k = len(rules)
-    m = max(num_microbatches, int(microbatch.max(initial=-1)) + 1)
-    row_of = np.full(num_stages * m * k, -1, np.int32)
-    inside = (stage >= 0) & (stage < num_stages) & (microbatch >= 0)
-    rows = np.flatnonzero(inside)
-    row_of[(stage[rows].astype(np.int64) * m + microbatch[rows]) * k + kind[rows]] = rows
+    index = RowIndex.of(stage, kind, microbatch, num_stages=num_stages, num_microbatches=num_microbatches,
+                        num_kinds=len(rules))
     return _need_rows(stage.astype(np.int64), kind.astype(np.int64), microbatch.astype(np.int64), _NO_STEPS, 1,
-                      row_of, num_stages, m, k, arrays.need_count, arrays.need_offset, arrays.need_step_offset,
-                      arrays.need_alternatives)
+                      index.row_of, num_stages, index.num_microbatches, index.num_kinds, arrays.need_count,
+                      arrays.need_offset, arrays.need_step_offset, arrays.need_alternatives)
 
 
 @dataclass(frozen=True, eq=False)
@@ -401,61 +438,22 @@ def dependencies(schedule: Schedule) -> Dependencies:
 
 def _dependencies(schedule: Schedule) -> Dependencies:
     ops = op_arrays(schedule)
+    if ops.fused:
+        problems = fused_violations(schedule)
+        if problems:
+            raise problems[0].error()
     rules = schedule.rules
     arrays = rule_arrays(rules)
-    m, num_stages, k = schedule.num_microbatches, schedule.num_stages, len(rules)
-    replicas = np.asarray(schedule.placement.replicas, dtype=np.int64)
-    route = np.asarray(schedule.route, dtype=np.int64)
-    step = ops.step
-    row_of, code, index = _index_ops(ops.device, ops.stage, ops.kind, ops.microbatch, step, ops.num_steps,
-                                     num_stages, m, k, replicas, route, arrays.accepted_masks,
-                                     role_index(schedule.roles))
-    if code != OK:
-        _raise_problem(schedule, ops, int(code), int(index))
-    rows = _need_rows(ops.stage, ops.kind, ops.microbatch, step, ops.num_steps, row_of, num_stages, m, k,
-                      arrays.need_count, arrays.need_offset, arrays.need_step_offset, arrays.need_alternatives)
-    if ops.entry_head is not None:
-        inside = (rows >= 0) & (ops.entry_head[np.maximum(rows, 0)] == ops.entry_head[:, None])
-        if inside.any():
-            _raise_problem(schedule, ops, MUTUAL, int(np.argmax(inside.any(axis=1))))
+    row_of, place, repeat, incomplete = _index_pass(schedule, ops)
+    if place.any() or repeat.any() or incomplete.any():
+        raise structure_violations(schedule)[0].error()
+    rows = _need_rows(ops.stage, ops.kind, ops.microbatch, ops.step, ops.num_steps, row_of, schedule.num_stages,
+                      schedule.num_microbatches, len(rules), arrays.need_count, arrays.need_offset,
+                      arrays.need_step_offset, arrays.need_alternatives)
     message = arrays.need_message.astype(np.int8)[ops.kind]
     remote = (rows >= 0) & (ops.device[np.maximum(rows, 0)] != ops.device[:, None])
     message[~remote] = NO_MESSAGE
     return Dependencies(schedule, ops, rows, message)
-
-
-def _raise_problem(schedule: Schedule, ops: OpArrays, code: int, index: int) -> None:
-    hint = "run `pipesched validate` on the schedule for the full report"
-    if ops.entry_head is not None and code in (MISPLACED, MUTUAL):
-        entry = entry_of_row(schedule, ops, index)
-        if entry.parts:
-            part = entry.parts[index - int(ops.entry_head[index])]
-            if code == MUTUAL:
-                raise PipeschedError(f"op={entry}: its part {part} needs the output of another part, so they cannot "
-                                     f"run at once; run them as separate ops; {hint}")
-            devices = sorted({schedule.device_of(p.stage, p.microbatch) for p in entry.parts
-                              if 0 <= p.stage < schedule.num_stages and 0 <= p.microbatch < schedule.num_microbatches})
-            raise PipeschedError(f"op={entry}: its parts belong to devices {', '.join(map(str, devices))}; fuse ops "
-                                 f"of one device only; {hint}")
-    if code == INCOMPLETE:
-        stage, mb = divmod(index, schedule.num_microbatches)
-        raise PipeschedError(
-            f"stage_microbatch={stage},{mb}: needs {schedule.rules.describe_complete(schedule.roles[stage])}; {hint}"
-        )
-    text = f"{int(ops.stage[index])}{schedule.rules.letters[int(ops.kind[index])]}{int(ops.microbatch[index])}"
-    if ops.step is not None and ops.step[index]:
-        text += f".{int(ops.step[index])}"
-    if code == OUT_OF_RANGE:
-        raise PipeschedError(
-            f"op={text}: stage or microbatch out of range (stages 0..{schedule.num_stages - 1}, "
-            f"microbatches 0..{schedule.num_microbatches - 1}); {hint}"
-        )
-    if code == DUPLICATE:
-        raise PipeschedError(f"op={text}: appears more than once; {hint}")
-    expected = schedule.device_of(int(ops.stage[index]), int(ops.microbatch[index]))
-    raise PipeschedError(
-        f"op={text}: on device {int(ops.device[index])} but the placement puts it on device {expected}; {hint}"
-    )
 
 
 def entry_of_row(schedule: Schedule, ops: OpArrays, row: int):

@@ -54,6 +54,7 @@ from pipesched.enums import TimeUnit
 from pipesched.errors import require
 from pipesched.simulate.critical import CriticalPath, critical_path
 from pipesched.timeline import Timeline
+from pipesched.waits import row_dependencies
 
 
 def iteration_time(timeline: Timeline) -> float:
@@ -351,13 +352,11 @@ def offload_exposed(timeline: Timeline) -> np.ndarray:
     """Per device, the time its compute ops waited for reloads: for each backward whose
     activations came back from host memory, how much later than its other inputs and its
     device's previous op the reload ended."""
-    from pipesched.render.waits import dependencies
-
     exposed = np.zeros(timeline.num_devices)
     host = ~timeline.on_compute
     if not host.any():
         return exposed
-    deps = dependencies(timeline)
+    deps = row_dependencies(timeline)
     reloaded = np.flatnonzero((deps.local >= 0) & timeline.on_compute)
     reloaded = reloaded[host[deps.local[reloaded]]]
     if not reloaded.size:

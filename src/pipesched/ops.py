@@ -45,12 +45,6 @@ O = OpKind.OFFLOAD  # noqa: E741 - the letter is the domain's name for it
 R = OpKind.RELOAD
 OVERLAP_F_B = OpKind.OVERLAP_F_B
 
-# Fixed order used wherever kinds are stored as small integers (arrays, timelines); the
-# order of the default rules table (``pipesched.rules.RULES``). Fused kinds come last: their
-# ops are stored as their parts, so arrays only ever hold the plain kinds.
-KIND_ORDER: tuple[OpKind, ...] = (F, I, W, B, O, R, OVERLAP_F_B)
-KIND_INDEX: dict[OpKind, int] = {kind: index for index, kind in enumerate(KIND_ORDER)}
-
 # an optional ".STEP" suffix: the step index of a stepped kind's op (a decode step), absent at 0
 _OP_TEXT = re.compile(r"^(\d+)([FIWBOR])(\d+)(?:\.(\d+))?$")
 _FUSED_TEXT = re.compile(r"^\(([^()]*)\)([A-Z_]+)$")

@@ -1,20 +1,86 @@
 """Run a schedule's tables in order with given op durations and no communication cost.
 
-This is the dependency walk shared by the slot table (level 2) and the validator's deadlock
-check: each device runs its ops in table order, an op starts when its device is free and its
-data predecessors have ended. When no device can move, the waits form a cycle: a deadlock.
-A fused entry runs as one op: it starts once every input of its parts has ended, and all its
-parts end with it.
+One walk (``walk_queues``), shared by the compiled engine's first pass
+(``pipesched.simulate.engine``, which compiles the same loop: the slot table, the completion
+order), the validator's deadlock check, the text layout and the generators that order ops
+by a trial run: each queue runs its ops in program order, an op starts when its queue is
+free and its data predecessors (the rules' needs) have ended. When no queue can move, the waits form a cycle: a
+deadlock. A fused entry runs as one op: it starts once every input of its parts has ended,
+and all its parts end with it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipesched.ops import Op
 from pipesched.schedule import Schedule
+
+
+def walk_queues(queue_rows, queue_offsets, pred_ptr, pred_op, duration, pos, free, done, begin, end, sequence,
+                wait_head, wait_next, stack, on_stack, release) -> int:
+    """Run the queues with free communication (the slot table's semantics: an op starts
+    when its queue is free, its data predecessors have ended and its release time has come;
+    ``release`` None: no release times); returns how many ops could run (fewer than all:
+    deadlock).
+
+    Plain indexing only, so the same loop runs interpreted on lists (the validator, with
+    no numpy loaded) and compiled on arrays (``pipesched.simulate.engine``). The caller
+    gives the buffers: ``pos`` (a copy of queue_offsets[:-1]), ``free`` (0.0 per queue),
+    ``done`` (False per op), ``begin`` and ``end`` (0.0 per op: its start and end), ``sequence`` (per op: the ops in the
+    order they ran, a dependency order), ``wait_head`` (-1 per op), ``wait_next`` (-1 per
+    queue), ``stack`` (queues + 1) and ``on_stack`` (False per queue).
+    """
+    num_queues = len(queue_offsets) - 1
+    # a queue blocked on an op joins that op's list of waiting queues (each queue waits on
+    # at most one op at a time): wait_head[op] -> queue, wait_next[queue] -> queue
+    top = 0
+    for q in range(num_queues - 1, -1, -1):
+        stack[top] = q
+        on_stack[q] = True
+        top += 1
+    count = 0
+    while top > 0:
+        top -= 1
+        q = stack[top]
+        on_stack[q] = False
+        while pos[q] < queue_offsets[q + 1]:
+            x = queue_rows[pos[q]]
+            start = free[q]
+            if release is not None and release[x] > start:
+                start = release[x]
+            blocked = -1
+            for e in range(pred_ptr[x], pred_ptr[x + 1]):
+                p = pred_op[e]
+                if not done[p]:
+                    blocked = p
+                    break
+                if end[p] > start:
+                    start = end[p]
+            if blocked >= 0:
+                wait_next[q] = wait_head[blocked]
+                wait_head[blocked] = q
+                break
+            finish = start + duration[x]
+            begin[x] = start
+            end[x] = finish
+            free[q] = finish
+            done[x] = True
+            pos[q] += 1
+            sequence[count] = x
+            count += 1
+            waiter = wait_head[x]
+            while waiter >= 0:
+                following = wait_next[waiter]
+                if not on_stack[waiter]:
+                    stack[top] = waiter
+                    on_stack[waiter] = True
+                    top += 1
+                waiter = following
+    return count
 
 
 @dataclass(frozen=True)
@@ -37,47 +103,31 @@ def walk(schedule: Schedule, duration: Callable[[Op], float]) -> Walk:
     """Times of every table entry (a fused op is one), in table order rows; ``stuck`` is set
     when the tables deadlock.
 
-    Ops whose predecessor is absent from the schedule wait forever; the validator reports
-    those as missing ops, not as a deadlock.
+    An entry waits for the entries holding its data predecessors (``Schedule.predecessors``,
+    the rules' needs). Ops whose predecessor is absent from the schedule wait forever; the
+    validator reports those as missing ops, not as a deadlock.
     """
-    offsets = [0]
-    for ops in schedule.device_ops:
-        offsets.append(offsets[-1] + len(ops))
-    n = offsets[-1]
-    start = [math.nan] * n
-    end = [math.nan] * n
-    finished: dict[Op, float] = {}
-    position = [0] * schedule.num_devices
-    free_at = [0.0] * schedule.num_devices
-    waiting: dict[Op, list[int]] = {}
-    ready = list(range(schedule.num_devices - 1, -1, -1))
-    while ready:
-        device = ready.pop()
-        ops = schedule.device_ops[device]
-        while position[device] < len(ops):
-            op = ops[position[device]]
-            begin = free_at[device]
-            blocked_on = None
-            for pred in schedule.predecessors(op):
-                done = finished.get(pred)
-                if done is None:
-                    blocked_on = pred
-                    break
-                begin = max(begin, done)
-            if blocked_on is not None:
-                waiting.setdefault(blocked_on, []).append(device)
-                break
-            row = offsets[device] + position[device]
-            start[row] = begin
-            end[row] = free_at[device] = begin + duration(op)
-            position[device] += 1
-            for atom in op.atoms:
-                finished[atom] = end[row]
-                ready.extend(waiting.pop(atom, ()))
+    entries = [op for ops in schedule.device_ops for op in ops]
+    n = len(entries)
+    row_of = {atom: row for row, op in enumerate(entries) for atom in op.atoms}
+    pred_ptr, pred_op = [0], []
+    for op in entries:
+        pred_op += [row_of.get(pred, n) for pred in schedule.predecessors(op)]  # n: an op never run
+        pred_ptr.append(len(pred_op))
+    queue_offsets = [0, *itertools.accumulate(len(ops) for ops in schedule.device_ops)]
+    queues = len(queue_offsets) - 1
+    begin, end = [0.0] * (n + 1), [0.0] * (n + 1)
+    done = [False] * (n + 1)
+    count = walk_queues(range(n), queue_offsets, pred_ptr, pred_op, [duration(op) for op in entries],
+                        queue_offsets[:-1], [0.0] * queues, done, begin, end, [0] * n, [-1] * (n + 1),
+                        [-1] * queues, [0] * (queues + 1), [False] * queues, None)
+    entry_start = [begin[row] if done[row] else math.nan for row in range(n)]
+    entry_end = [end[row] if done[row] else math.nan for row in range(n)]
+    if count == n:
+        return Walk(entry_start, entry_end, None)
+    position = [sum(done[lo:hi]) for lo, hi in itertools.pairwise(queue_offsets)]
     blocked = [d for d in range(schedule.num_devices) if position[d] < len(schedule.device_ops[d])]
-    if not blocked:
-        return Walk(start, end, None)
-    return Walk(start, end, _stuck(schedule, position, blocked))
+    return Walk(entry_start, entry_end, _stuck(schedule, position, blocked))
 
 
 def _stuck(schedule: Schedule, position: list[int], blocked: list[int]) -> Stuck:

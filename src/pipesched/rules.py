@@ -68,7 +68,7 @@ its own stage (W's to I, a backward's to F: a forward with no backward keeps not
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
@@ -81,6 +81,9 @@ from pipesched.ops import OVERLAP_F_B, B, F, I, O, Op, OpKind, R, W
 # messages that cross a stage boundary
 ACTIVATION = "activation"  # F(s) -> F(s+1): the hidden state, output_bytes[s]
 GRADIENT = "gradient"  # I/B(s+1) -> I/B(s): the gradient of that hidden state, output_bytes[s]
+
+# most kinds in one table: a set of kinds is a bit mask in one int64 (complete sets)
+MAX_KINDS = 63
 
 # when a memory effect happens
 AT_START, AT_END = "start", "end"
@@ -148,6 +151,13 @@ class MemoryEffect(NamedTuple):
         return ((self.whole + self.input_part * input_frees + self.per_step * step) * activation
                 + self.kept * kept_for_w)
 
+    def amount(self, activation: float, input_share: float, kept_for_w: float = 0.0) -> float:
+        """The effect in any unit (a solver's memory grid): ``activation`` the stage-
+        microbatch's activations, ``input_share`` what only the input gradient needed
+        (input_frees x activation, rounded as the caller rounds it), ``kept_for_w`` the
+        gradients I keeps for W."""
+        return self.whole * activation + self.input_part * input_share + self.kept * kept_for_w
+
     def plus(self, other: MemoryEffect) -> MemoryEffect:
         """Both effects as one, at this effect's times."""
         return MemoryEffect(self.whole + other.whole, self.input_part + other.input_part, self.at,
@@ -197,6 +207,8 @@ class Rules:
         object.__setattr__(self, "by_kind", {rule.kind: rule for rule in self.kinds})
         if len(self.by_kind) != len(self.kinds):
             raise PipeschedError("rules: two entries for one op kind")
+        if len(self.kinds) > MAX_KINDS:
+            raise PipeschedError(f"rules: {len(self.kinds)} op kinds; a table holds at most {MAX_KINDS}")
         known = set(self.by_kind)
         for group in (*self.complete, *self.optional):
             unknown = sorted(str(kind) for kind in group if kind not in known)
@@ -217,8 +229,14 @@ class Rules:
         return len(self.kinds)
 
     def index(self, kind: OpKind) -> int:
-        """Position of ``kind`` in the table: the small integer stored in arrays."""
-        return self.kinds.index(self[kind])
+        """Position of ``kind`` in the table: the one small integer that stands for a kind in
+        arrays (op columns, timelines, colours), whatever the length of its name."""
+        found = self._positions.get(kind)
+        return self.kinds.index(self[kind]) if found is None else found
+
+    @cached_property
+    def _positions(self) -> dict[OpKind, int]:
+        return {rule.kind: position for position, rule in enumerate(self.kinds)}
 
     @cached_property
     def letters(self) -> tuple[str, ...]:
@@ -312,10 +330,6 @@ class Rules:
                     return found
         return None
 
-    def streams(self) -> tuple[str, ...]:
-        """The streams the kinds of this table run on, compute first."""
-        return tuple(stream for stream in STREAMS if any(rule.stream == stream for rule in self.kinds))
-
     def sends(self, kind: OpKind) -> tuple[tuple[int, str], ...]:
         """(stage offset of the consumer, message) of each input ``kind`` produces for a
         neighbour stage: F sends its activation to s+1, I and B their gradient to s-1."""
@@ -393,3 +407,21 @@ RULES = Rules(
     complete=(frozenset({F, B}), frozenset({F, I, W})),
     optional=(frozenset({O, R}),),
 )
+
+
+def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES,
+                       roles: Sequence[str] | None = None) -> Iterator[tuple[Op, int]]:
+    """(op, stage-microbatches of activations held right after it) along one device's table.
+
+    An F allocates its stage-microbatch's activations; the op that ends its backward frees
+    them (B, or W when the backward is split into I and W), an offload moves them to host
+    memory and its reload back: the rules' count (``Rules.units_delta``) for the role of
+    each op's stage (``roles``, by stage; None: every stage trains). Table order is taken
+    as time order on one device. A fused entry is taken part by part (its forward
+    allocates when it starts, its backward frees when it ends).
+    """
+    held = 0.0
+    for entry in ops:
+        for op in entry.atoms:
+            held += rules.units_delta(op.kind) if roles is None else rules.units_delta(op.kind, roles[op.stage])
+            yield op, round(held)

@@ -3,12 +3,11 @@ moves for free, each device runs its table in order. Gives the classic grid pict
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from pipesched.costs import StageCosts
 from pipesched.ops import Op
-from pipesched.rules import RULES, Rules
+from pipesched.rules import held_after_each_op
 from pipesched.schedule import Schedule
 from pipesched.timeline import Timeline
 
@@ -34,24 +33,6 @@ def table_costs(schedule: Schedule, costs: StageCosts | None = None) -> StageCos
     (``StageCosts.in_slots``)."""
     given = costs if costs is not None else StageCosts.slots()
     return given.broadcast(schedule.num_stages, family=schedule.name).in_slots()
-
-
-def held_after_each_op(ops: Sequence[Op], rules: Rules = RULES,
-                       roles: Sequence[str] | None = None) -> Iterator[tuple[Op, int]]:
-    """(op, stage-microbatches of activations held right after it) along one device's table.
-
-    An F allocates its stage-microbatch's activations; the op that ends its backward frees
-    them (B, or W when the backward is split into I and W), an offload moves them to host
-    memory and its reload back: the rules' count (``Rules.units_delta``) for the role of
-    each op's stage (``roles``, by stage; None: every stage trains). Table order is taken
-    as time order on one device. A fused entry is taken part by part (its forward
-    allocates when it starts, its backward frees when it ends).
-    """
-    held = 0.0
-    for entry in ops:
-        for op in entry.atoms:
-            held += rules.units_delta(op.kind) if roles is None else rules.units_delta(op.kind, roles[op.stage])
-            yield op, round(held)
 
 
 def inflight_per_device(schedule: Schedule) -> list[int]:

@@ -1,12 +1,15 @@
 """Schedule validation: typed violations, never an exception for a bad table.
 
-Checks, in order: fused ops (parts of the kinds their rule lists, all of one device, none
-needing another's output); ops out of range; duplicates; each op on the device its placement
-(and the microbatch's replica) says; completeness (F, and B or I+W, for every
-stage-microbatch, less what a frozen stage drops; an offload with its reload; a fused op's
-parts count); ops a frozen stage does not run; mixed backward kinds; local order (a device
-waiting on an op it runs later); cross-device deadlock (the ops that wait on each other in a
-cycle); optional memory limit in in-flight stage-microbatches per device.
+Checks, in order, every rule from the rules table: the structure, in one pass
+(``structure_violations``: fused ops whose parts break their rule, lie on two devices or
+need each other's output; ops out of range, off the device their placement and the
+microbatch's replica say, duplicates; stage-microbatches that do not run exactly one
+complete set of kinds, less what a frozen stage drops, an offload with its reload); local
+order (a device waiting on an op it runs later); cross-device deadlock (the ops that wait on
+each other in a cycle, from the one walk of ``pipesched.ordering``); optional memory limit
+in in-flight stage-microbatches per device. A command that needs a valid table
+(``pipesched.dependencies``, which finds the same problems with compiled code) raises the
+first of these violations as one line (``Violation.error``). No numpy is loaded here.
 """
 
 from __future__ import annotations
@@ -15,36 +18,53 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pipesched.errors import PipeschedError
-from pipesched.ops import Op, OpKind
+from pipesched.ops import Op
 from pipesched.ordering import walk
-from pipesched.rules import TRAINS, Rules
+from pipesched.rules import Rules, held_after_each_op
 from pipesched.schedule import Schedule
 from pipesched.wording import counted
 
-# Violation kinds
+# what is wrong with a table (Violation.kind)
 OUT_OF_RANGE = "out-of-range"
 DUPLICATE = "duplicate"
 PLACEMENT = "placement"
 MISSING = "missing"
 MIXED_BACKWARD = "mixed-backward"
-LOCAL_ORDER = "local-order"
-DEADLOCK = "deadlock"
-MEMORY = "memory"
 FROZEN = "frozen"
 FUSED = "fused"
+# what to run for the whole list, in an error that names the first violation
+FULL_REPORT = "run `pipesched validate` on the schedule for the full report"
 
 
 @dataclass(frozen=True)
 class Violation:
-    """One problem with a schedule: its kind, a sentence, and the ops and device involved."""
+    """One problem with a schedule: its kind, a sentence, the ops and device involved, and
+    as a one-line error: ``subject`` (``field=value``) and ``detail`` (the fix)."""
 
     kind: str
     message: str
     ops: tuple[Op, ...] = ()
     device: int | None = None
+    subject: str = ""
+    detail: str = ""
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
+
+    def error(self) -> PipeschedError:
+        """This violation as the error of a command that needs a valid table."""
+        if not self.subject:
+            return PipeschedError(f"schedule: {self.message}; {FULL_REPORT}")
+        return PipeschedError(f"{self.subject}: {self.detail}; {FULL_REPORT}")
+
+
+def _about_op(kind: str, op: Op, detail: str, device: int | None = None) -> Violation:
+    return Violation(kind, f"{op} {detail}", (op,), device, f"op={op}", detail)
+
+
+LOCAL_ORDER = "local-order"
+DEADLOCK = "deadlock"
+MEMORY = "memory"
 
 
 def validate(schedule: Schedule, *, activation_limit: int | None = None) -> list[Violation]:
@@ -54,7 +74,7 @@ def validate(schedule: Schedule, *, activation_limit: int | None = None) -> list
     >>> validate(generate("1f1b", 4, 8))
     []
     """
-    found = _structure(schedule)
+    found = structure_violations(schedule)
     if not found:
         found += _order(schedule)
     if activation_limit is not None:
@@ -73,94 +93,62 @@ def require_valid(schedule: Schedule, source: str) -> Schedule:
     return schedule
 
 
-def _fused(schedule: Schedule) -> list[Violation]:
-    """Fused entries whose parts do not fit their rule, lie on another device, or need each
-    other's output."""
-    found: list[Violation] = []
-    for device, ops in enumerate(schedule.device_ops):
-        for op in ops:
-            if not op.parts:
-                continue
-            if op.kind not in schedule.rules.fused_kinds:
-                found.append(Violation(FUSED, f"{op} on device {device}: {op.kind} is not a fused kind of the rules",
-                                       (op,), device))
-                continue
-            problem = schedule.rules.fused_problem(op)
-            if problem is not None:
-                found.append(Violation(FUSED, f"{op} on device {device}: {problem}", (op,), device))
-                continue
-            owners = {schedule.device_of(part.stage, part.microbatch) for part in op.parts
-                      if 0 <= part.stage < schedule.num_stages and 0 <= part.microbatch < schedule.num_microbatches}
-            if len(owners) > 1:
-                found.append(Violation(FUSED, f"{op} on device {device}: its parts belong to devices "
-                                              f"{', '.join(map(str, sorted(owners)))}; fuse ops of one device only",
-                                       (op,), device))
-            for part in op.parts:
-                if part.kind not in schedule.rules.by_kind:
-                    continue
-                inner = [pred for pred in schedule.predecessors(part) if pred in op.parts]
-                if inner:
-                    found.append(Violation(FUSED, f"{op} on device {device}: {part} needs {inner[0]}'s output, so "
-                                                  "the two cannot run at once; run them as separate ops", (op,), device))
-    return found
-
-
-def _structure(schedule: Schedule) -> list[Violation]:
-    found: list[Violation] = _fused(schedule)
+def structure_violations(schedule: Schedule) -> list[Violation]:
+    """What is wrong with ``schedule``'s ops, in one pass over them (plain Python, so that
+    checking a schedule loads no numpy; ``pipesched.dependencies`` finds the same problems
+    with compiled code and raises the first of these): fused entries that break their rule;
+    each op out of range or off the device its placement (and its microbatch's replica)
+    says, in table order; each op that appears more than once; each stage-microbatch that
+    does not run exactly one of the sets of kinds its stage's role accepts."""
+    found = fused_violations(schedule)
     counts = Counter(op for _, op in schedule.ops())
+    last_stage, last_mb = schedule.num_stages - 1, schedule.num_microbatches - 1
     for device, op in schedule.ops():
-        if not (0 <= op.stage < schedule.num_stages and 0 <= op.microbatch < schedule.num_microbatches):
-            found.append(Violation(
-                OUT_OF_RANGE,
-                f"{op} on device {device} names stage {op.stage} / microbatch {op.microbatch}; "
-                f"the schedule has stages 0..{schedule.num_stages - 1} and microbatches 0..{schedule.num_microbatches - 1}",
-                (op,), device))
+        if not (0 <= op.stage <= last_stage and 0 <= op.microbatch <= last_mb):
+            found.append(_about_op(OUT_OF_RANGE, op, f"on device {device} names stage {op.stage} / microbatch "
+                                   f"{op.microbatch}; the schedule has stages 0..{last_stage} and microbatches "
+                                   f"0..{last_mb}", device))
             continue
         expected = schedule.device_of(op.stage, op.microbatch)
         if expected != device:
-            found.append(Violation(
-                PLACEMENT,
-                f"{op} is on device {device} but the placement puts stage {op.stage} "
-                f"(microbatch {op.microbatch}) on device {expected}",
-                (op,), device))
-    for op, count in sorted(counts.items()):
-        if count > 1:
-            found.append(Violation(DUPLICATE, f"{op} appears {count} times", (op,)))
+            found.append(_about_op(PLACEMENT, op, f"is on device {device}, but the placement puts it on device "
+                                   f"{expected} (stage {op.stage}, microbatch {op.microbatch})", device))
+    found += [_about_op(DUPLICATE, op, f"appears {count} times") for op, count in sorted(counts.items()) if count > 1]
+    rules = schedule.rules
     # completeness counts kinds per stage-microbatch, over all its steps (decode steps)
-    kinds = Counter(Op(op.stage, op.kind, op.microbatch) for op in counts) if schedule.rules.stepped else counts
+    kinds = Counter(Op(op.stage, op.kind, op.microbatch) for op in counts) if rules.stepped else counts
     for stage in range(schedule.num_stages):
+        accepted = rules.accepted_for(schedule.roles[stage])
         for mb in range(schedule.num_microbatches):
-            found += _completeness(kinds, stage, mb, schedule.rules, schedule.roles[stage])
+            present = frozenset(rule.kind for rule in rules if kinds[Op(stage, rule.kind, mb)] > 0)
+            if present not in accepted:
+                found.append(completeness(present, stage, mb, rules, schedule.roles[stage]))
     return found
 
 
-def _completeness(counts: Counter, stage: int, mb: int, rules: Rules, role: str = TRAINS) -> list[Violation]:
-    """A stage-microbatch must run exactly one of the sets of kinds its stage's role accepts
-    (F and B, or F, I and W, less what a frozen stage drops; an offload with its reload):
-    report the ops a frozen stage does not run, the missing ops of the closest set(s), or a
-    mix of two sets."""
-    present = frozenset(rule.kind for rule in rules if counts[Op(stage, rule.kind, mb)] > 0)
-    accepted = rules.accepted_for(role)
-    if present in accepted:
-        return []
+def completeness(present: frozenset, stage: int, mb: int, rules: Rules, role: str) -> Violation:
+    """Why a stage-microbatch that runs the kinds ``present`` is not complete: it must run
+    exactly one of the sets of kinds its stage's role accepts (F and B, or F, I and W, less
+    what a frozen stage drops; an offload with its reload). Names the ops a frozen stage does
+    not run, the missing ops of the closest set(s), or a mix of two sets."""
 
-    def ops(kinds: frozenset[OpKind]) -> tuple[Op, ...]:
+    def ops(kinds: frozenset) -> tuple[Op, ...]:
         return tuple(Op(stage, rule.kind, mb) for rule in rules if rule.kind in kinds)
+
+    def found(kind: str, message: str, involved: tuple[Op, ...]) -> Violation:
+        fix = f"{message}; a stage-microbatch of stage {stage} needs {rules.describe_complete(role)}"
+        return Violation(kind, message, involved, None, f"stage_microbatch={stage},{mb}", fix)
 
     dropped = present - rules.kinds_for(role)
     if dropped:
-        return [Violation(
-            FROZEN,
-            f"stage {stage} is frozen ({role}): it does not run {' and '.join(map(str, ops(dropped)))}; "
-            f"its stage-microbatches run {rules.describe_complete(role)}",
-            ops(dropped))]
-    candidates = [kinds for kinds in accepted if present <= kinds]
+        return found(FROZEN, f"stage {stage} is frozen ({role}): it does not run "
+                             f"{' and '.join(map(str, ops(dropped)))}; its stage-microbatches run "
+                             f"{rules.describe_complete(role)}", ops(dropped))
+    candidates = [kinds for kinds in rules.accepted_for(role) if present <= kinds]
     if not candidates:
-        return [Violation(
-            MIXED_BACKWARD,
-            f"stage {stage} microbatch {mb} mixes ops of different complete sets "
-            f"({', '.join(map(str, ops(present)))}); run {rules.describe_complete(role)}",
-            ops(present))]
+        return found(MIXED_BACKWARD, f"stage {stage} microbatch {mb} mixes ops of different complete sets "
+                                     f"({', '.join(map(str, ops(present)))}); run {rules.describe_complete(role)}",
+                     ops(present))
     # the closest complete set first; the others as alternatives
     # (the others, with offload ops or a split backward, counted after the next closest)
     options = [ops(kinds - present) for kinds in sorted(candidates, key=lambda kinds: len(kinds - present))]
@@ -172,7 +160,42 @@ def _completeness(counts: Counter, stage: int, mb: int, rules: Rules, role: str 
     specific = ops(present - frozenset.intersection(*rules.complete_for(role)))
     if specific:
         text += f" (its {' and '.join(map(str, specific))} {'is' if len(specific) == 1 else 'are'} present)"
-    return [Violation(MISSING, text, options[0])]
+    return found(MISSING, text, options[0])
+
+
+def fused_violations(schedule: Schedule) -> list[Violation]:
+    """Fused entries of an unknown kind, whose parts do not fit their rule, lie on another
+    device, or need each other's output."""
+    found: list[Violation] = []
+    rules = schedule.rules
+    for device, ops in enumerate(schedule.device_ops):
+        for op in ops:
+            if not op.parts:
+                continue
+            if op.kind not in rules.fused_kinds:
+                found.append(_fused(op, device, f"{op.kind} is not a fused kind of the rules"))
+                continue
+            problem = rules.fused_problem(op)
+            if problem is not None:
+                found.append(_fused(op, device, problem))
+                continue
+            owners = {schedule.device_of(part.stage, part.microbatch) for part in op.parts
+                      if 0 <= part.stage < schedule.num_stages and 0 <= part.microbatch < schedule.num_microbatches}
+            if len(owners) > 1:
+                found.append(_fused(op, device, f"its parts belong to devices {', '.join(map(str, sorted(owners)))}; "
+                                                "fuse ops of one device only"))
+            for part in op.parts:
+                if part.kind not in rules.by_kind:
+                    continue
+                inner = [pred for pred in schedule.predecessors(part) if pred in op.parts]
+                if inner:
+                    found.append(_fused(op, device, f"its part {part} needs the output of {inner[0]}, so the two "
+                                                    "cannot run at once; run them as separate ops"))
+    return found
+
+
+def _fused(op: Op, device: int, detail: str) -> Violation:
+    return Violation(FUSED, f"{op} on device {device}: {detail}", (op,), device, f"op={op}", detail)
 
 
 def _order(schedule: Schedule) -> list[Violation]:
@@ -200,8 +223,6 @@ def _order(schedule: Schedule) -> list[Violation]:
 
 
 def _memory(schedule: Schedule, limit: int) -> list[Violation]:
-    from pipesched.slot_table import held_after_each_op  # numpy: imported only for this check
-
     found = []
     for device, ops in enumerate(schedule.device_atoms):
         for op, held in held_after_each_op(ops, schedule.rules, schedule.roles):

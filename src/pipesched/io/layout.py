@@ -4,6 +4,7 @@ idle), so our CSV rows line up the way its own dumps do."""
 
 from __future__ import annotations
 
+from pipesched.errors import PipeschedError
 from pipesched.limits import MAX_GRID_CELLS
 from pipesched.ops import Op
 from pipesched.ordering import walk
@@ -11,10 +12,13 @@ from pipesched.schedule import Schedule
 
 
 def step_rows(schedule: Schedule) -> list[list[Op | None]]:
-    """One row per device; ``None`` marks an idle step. A table that deadlocks, or whose
+    """One row per device; ``None`` marks an idle step. A table that is not valid or deadlocks, or whose
     layout would hold more than MAX_GRID_CELLS steps in all, is laid out compactly (no idle
     steps) so it can still be written and inspected."""
-    result = walk(schedule, lambda op: 1.0)
+    try:
+        result = walk(schedule, lambda op: 1.0)
+    except PipeschedError:  # not a valid table (validate reports why): no time steps
+        return [list(ops) for ops in schedule.device_ops]
     if result.stuck is not None or _cells(schedule, result.start) > MAX_GRID_CELLS:
         return [list(ops) for ops in schedule.device_ops]
     rows: list[list[Op | None]] = []

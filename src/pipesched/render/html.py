@@ -54,7 +54,6 @@ from pipesched.render.pairing import (
 )
 from pipesched.render.style import (
     IDLE_COLOR,
-    KIND_COLORS,
     KIND_LETTERS,
     KIND_NAMES,
     OOM_COLOR,
@@ -64,6 +63,7 @@ from pipesched.render.style import (
     chunk_shade,
     format_memory,
     home_window,
+    kind_styles,
     lighten,
     memory_scale,
     time_scale,
@@ -76,10 +76,11 @@ from pipesched.render.summary import (
     summarize,
 )
 from pipesched.render.terminal import format_cell
-from pipesched.render.waits import WAIT_NAMES, waited_for
+from pipesched.rules import RULES, Rules
 from pipesched.simulate.critical import critical_path
 from pipesched.timeline import ALLREDUCE, Timeline, median_step
 from pipesched.variability.distribution import paired_comparison
+from pipesched.waits import WAIT_NAMES, waited_for
 
 # no request may leave the page: everything it needs is inline
 CONTENT_POLICY = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -101,7 +102,7 @@ def render_html(
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline for the report")
     summaries = [summarize(t) for t in timelines]
     heading = title or "pipeline schedule report: " + ", ".join(s.name for s in summaries)
-    data = _base_data()
+    data = _base_data(timelines[0].schedule.rules)
     # one display unit per base unit (slots or seconds), so panels can share one time axis
     scales = {unit: time_scale(unit, max(t.makespan for t in timelines if t.unit == unit))
               for unit in {t.unit for t in timelines}}
@@ -177,9 +178,11 @@ def _page(heading: str, sections: Sequence[str], data: dict, *, scripts: Sequenc
     ])
 
 
-def _base_data() -> dict:
+def _base_data(rules: Rules = RULES) -> dict:
+    """What every page's script reads, with the kinds of ``rules`` (the page's timelines')."""
+    styles = kind_styles(rules)
     return {
-        "kinds": {"letters": KIND_LETTERS, "names": KIND_NAMES, "colors": KIND_COLORS},
+        "kinds": {"letters": styles.letters, "names": styles.names, "colors": styles.colors},
         "transferKinds": {"names": TRANSFER_NAMES, "colors": TRANSFER_COLORS},
         "waitNames": WAIT_NAMES,
         "bubbleParts": BUBBLE_PARTS,
@@ -684,12 +687,13 @@ def _legend(timelines: Sequence[Timeline]) -> str:
     kinds = sorted({int(k) for t in timelines for k in np.unique(t.box_kind[t.drawn()])})
     chunks = max((int(op_chunks(t)[1].max(initial=1)) for t in timelines), default=1)
     transfer_kinds = sorted({int(k) for t in timelines for k in np.unique(t.transfers.kind)})
+    styles = kind_styles(timelines[0].schedule.rules)
     items = []
     for k in kinds:
-        shades = "".join(f'<span class="swatch" style="background:{lighten(KIND_COLORS[k], chunk_shade(c, chunks))}"'
+        shades = "".join(f'<span class="swatch" style="background:{lighten(styles.colors[k], chunk_shade(c, chunks))}"'
                          f' title="chunk {c}"></span>' for c in range(chunks))
-        items.append(f'<span data-kind="{escape(KIND_NAMES[k], quote=True)}">{shades}'
-                     f"{escape(KIND_LETTERS[k])} {escape(KIND_NAMES[k])}</span>")
+        items.append(f'<span data-kind="{escape(styles.names[k], quote=True)}">{shades}'
+                     f"{escape(styles.letters[k])} {escape(styles.names[k])}</span>")
     items += [f'<span><span class="swatch" style="background:{TRANSFER_COLORS[k]}"></span>'
               f"{escape(TRANSFER_NAMES[k])} transfer</span>" for k in transfer_kinds]
     items.append(f'<span><span class="swatch" style="background:{IDLE_COLOR}"></span>idle</span>')

@@ -100,7 +100,7 @@ class Deviations:
 class KindError:
     """The duration error of one op kind: (predicted - measured) / measured, per op."""
 
-    kind: int  # ops.KIND_ORDER position
+    kind: int  # position in rules.RULES
     count: int  # ops of the kind with a counterpart and a measured duration above 0
     mean: float  # mean relative error
     median: float  # median relative error

@@ -10,20 +10,48 @@ reload lighter. Transfers: activations teal, gradients gold, all-reduces purple.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from pipesched.enums import MemoryUnit, TimeUnit
-from pipesched.ops import KIND_ORDER
+from pipesched.rules import RULES, Rules
 from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
 
-# index = ops.KIND_ORDER position (F, I, W, B, O, R, OVERLAP_F_B)
+# index = the kind's position in rules.RULES (F, I, W, B, O, R, OVERLAP_F_B)
 KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a", "#5d6d7e", "#8e9eae", "#3b3f5c")
-KIND_LETTERS: tuple[str, ...] = tuple(kind.value for kind in KIND_ORDER)
+KIND_LETTERS: tuple[str, ...] = RULES.letters
 # one character per kind, where a box is too narrow for its label (a fused pair is ``&``)
 KIND_MARKS: tuple[str, ...] = tuple(letter if len(letter) == 1 else "&" for letter in KIND_LETTERS)
 KIND_NAMES: tuple[str, ...] = ("forward", "backward (input)", "backward (weight)", "backward (full)",
                                "offload to host", "reload from host", "overlapped forward + backward")
 HOST_MEMORY_COLOR = "#5d6d7e"  # host memory curves: the offload colour
+# kinds beyond the default table's (a kind a rules table adds), in the order they come
+EXTRA_KIND_COLORS: tuple[str, ...] = ("#b07aa1", "#9c755f", "#76b7b2", "#edc948", "#ff9da7")
+
+
+@dataclass(frozen=True)
+class KindStyles:
+    """Letters, one-character marks, names and colours of every kind of a rules table, by
+    kind index (the table's position)."""
+
+    letters: tuple[str, ...]
+    marks: tuple[str, ...]
+    names: tuple[str, ...]
+    colors: tuple[str, ...]
+
+
+def kind_styles(rules: Rules) -> KindStyles:
+    """The styles of ``rules``' kinds: a default kind's own, another kind its letter, its
+    rule's summary and the next of EXTRA_KIND_COLORS."""
+    known = {letter: k for k, letter in enumerate(KIND_LETTERS)}
+    extra = iter(itertools.cycle(EXTRA_KIND_COLORS))
+    found = []
+    for rule in rules:
+        letter = str(rule.kind)
+        k = known.get(letter)
+        found.append((letter, KIND_MARKS[k], KIND_NAMES[k], KIND_COLORS[k]) if k is not None
+                     else (letter, letter[0], rule.summary, next(extra)))
+    return KindStyles(*(tuple(column) for column in zip(*found, strict=True)))
 
 # index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce,
 # all-to-all): teal, gold, purple and slate, apart from every op colour and its lighter shades

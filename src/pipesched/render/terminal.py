@@ -26,12 +26,10 @@ from rich.text import Text
 
 from pipesched.errors import require
 from pipesched.render.style import (
-    KIND_COLORS,
-    KIND_MARKS,
-    KIND_NAMES,
     LABEL_ON_KIND,
     chunk_shade,
     format_memory,
+    kind_styles,
     lighten,
     op_label,
     time_scale,
@@ -169,6 +167,7 @@ def _grid_band(timeline: Timeline, rows: np.ndarray, texts: list[str], first: fl
     columns a slot; idle columns blank but for a ``·`` where an idle slot starts (to the
     band's end)."""
     origin = timeline.origin
+    styles = kind_styles(timeline.schedule.rules)
     bar = Text()
     at = 0  # columns written
     for row in rows.tolist():
@@ -179,8 +178,8 @@ def _grid_band(timeline: Timeline, rows: np.ndarray, texts: list[str], first: fl
         stop = max(round((end - first) * per_slot), begin + 1)
         bar.append(_idle(at, begin, per_slot), style="dim")
         kind, shades = int(timeline.box_kind[row]), int(chunks[timeline.op_device[row]])
-        fill = lighten(KIND_COLORS[kind], chunk_shade(int(chunk[row]), shades))
-        bar.append(_token(texts[row], op_label(timeline, row, several_stages=shades > 1), KIND_MARKS[kind],
+        fill = lighten(styles.colors[kind], chunk_shade(int(chunk[row]), shades))
+        bar.append(_token(texts[row], op_label(timeline, row, several_stages=shades > 1), styles.marks[kind],
                           stop - begin, color=color), style=f"bold {LABEL_ON_KIND} on {fill}" if color else "bold")
         if stop - begin > 1:
             bar.append(" ")
@@ -236,6 +235,7 @@ def _cell_rows(timeline: Timeline, columns: int, *, compute: bool = True) -> lis
 
 def _device_bar(timeline: Timeline, cells: np.ndarray, chunk: np.ndarray, chunks: int) -> Text:
     """One device's row: runs of cells of the same op share one centred label."""
+    styles = kind_styles(timeline.schedule.rules)
     bar = Text()
     column = 0
     while column < len(cells):
@@ -248,8 +248,8 @@ def _device_bar(timeline: Timeline, cells: np.ndarray, chunk: np.ndarray, chunks
         else:
             kind = int(timeline.box_kind[row])
             label = op_label(timeline, row, several_stages=chunks > 1)
-            text = label.center(run) if len(label) <= run else KIND_MARKS[kind] * run
-            fill = lighten(KIND_COLORS[kind], chunk_shade(int(chunk[row]), chunks))
+            text = label.center(run) if len(label) <= run else styles.marks[kind] * run
+            fill = lighten(styles.colors[kind], chunk_shade(int(chunk[row]), chunks))
             bar.append(text, style=f"bold {LABEL_ON_KIND} on {fill}")
         column += run
     return bar
@@ -274,14 +274,15 @@ def _legend(timeline: Timeline) -> Text:
     """Each op kind present in each of its chunk shades present (darkest: a device's lowest
     stage), then idle."""
     legend = Text()
+    styles = kind_styles(timeline.schedule.rules)
     chunk, chunks = op_chunks(timeline)
     shades = {(int(k), int(c), int(n)) for k, c, n in
               np.unique(np.stack([timeline.box_kind, chunk, chunks[timeline.op_device]], 1), axis=0).tolist()}
     for kind in sorted({k for k, _, _ in shades}):
         for _, c, n in sorted(shade for shade in shades if shade[0] == kind):
-            legend.append(f" {KIND_MARKS[kind]} ", style=f"bold {LABEL_ON_KIND} on "
-                                                         f"{lighten(KIND_COLORS[kind], chunk_shade(c, n))}")
-        legend.append(f" {KIND_NAMES[kind]}  ")
+            legend.append(f" {styles.marks[kind]} ", style=f"bold {LABEL_ON_KIND} on "
+                                                           f"{lighten(styles.colors[kind], chunk_shade(c, n))}")
+        legend.append(f" {styles.names[kind]}  ")
     legend.append(f"{IDLE_CELL} idle", style="dim")
     return legend
 

@@ -42,9 +42,10 @@ from pipesched.enums import Stream, TimeUnit
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_TRACE_TASKS
 from pipesched.render.style import KIND_LETTERS, KIND_NAMES, TRANSFER_NAMES
-from pipesched.render.waits import WAIT_NONE, WAIT_TRANSFER, dependencies, wait_texts, waited_for
+from pipesched.render.waits import wait_texts
 from pipesched.simulate.critical import critical_path
 from pipesched.timeline import Timeline
+from pipesched.waits import WAIT_NONE, WAIT_TRANSFER, row_dependencies, waited_for
 
 # microseconds per timeline unit
 MICROSECONDS = {TimeUnit.SECONDS: 1e6, TimeUnit.SLOT: 1000.0}
@@ -195,7 +196,7 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], critical_pid: i
     transfer_critical[path.row[path.is_transfer]] = True
     op_ids = [f"{prefix}op {row}" for row in range(len(timeline))]
     transfer_ids = [f"{prefix}transfer {row}" for row in range(len(table))]
-    deps = dependencies(timeline)
+    deps = row_dependencies(timeline)
 
     # ops: one complete event each, in row order
     waits = waited_for(timeline)

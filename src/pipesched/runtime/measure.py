@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipesched.enums import TimeUnit
-from pipesched.ops import KIND_INDEX, KIND_ORDER, Op
+from pipesched.ops import Op
+from pipesched.rules import RULES
 from pipesched.schedule import Schedule
 from pipesched.timeline import ALLREDUCE, MeasuredInfo, Source, Timeline, TransferTable
 
@@ -43,7 +44,7 @@ class RankStep:
 
     device: int
     stage: list[int] = field(default_factory=list)
-    kind: list[int] = field(default_factory=list)  # index into ops.KIND_ORDER
+    kind: list[int] = field(default_factory=list)  # index into rules.RULES
     microbatch: list[int] = field(default_factory=list)
     start_ns: list[int] = field(default_factory=list)
     end_ns: list[int] = field(default_factory=list)
@@ -58,7 +59,7 @@ class RankStep:
     receives: list[tuple[MessageKey, int]] = field(default_factory=list)
 
     def ops(self) -> list[Op]:
-        return [Op(s, KIND_ORDER[k], mb) for s, k, mb in zip(self.stage, self.kind, self.microbatch, strict=True)]
+        return [Op(s, RULES.kinds[k].kind, mb) for s, k, mb in zip(self.stage, self.kind, self.microbatch, strict=True)]
 
 
 class HostRecorder:
@@ -104,7 +105,7 @@ class HostRecorder:
     def _append(self, op: Op, start: int, end: int, wait_ns: int, cpu_ns: int) -> None:
         step = self.step
         step.stage.append(op.stage)
-        step.kind.append(KIND_INDEX[op.kind])
+        step.kind.append(RULES.index(op.kind))
         step.microbatch.append(op.microbatch)
         step.start_ns.append(start)
         step.end_ns.append(end)

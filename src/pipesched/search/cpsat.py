@@ -34,6 +34,7 @@ import numpy as np
 from pipesched.enums import SolverStatus
 from pipesched.errors import PipeschedError, require
 from pipesched.ops import B, F, I, O, Op, OpKind, R, W
+from pipesched.rules import AT_END, AT_START, HOST_TRANSFER, RULES
 from pipesched.search.plans import Plan, to_schedule
 from pipesched.search.problem import IntegerProblem
 from pipesched.simulate import simulate
@@ -85,11 +86,9 @@ def fits_grid(ip: IntegerProblem, plan: Plan) -> bool:
         if grid.cap is None:
             continue
         choice = 1 if s in plan.recompute else 0
-        alloc, at_i, held = grid.alloc[choice], grid.frees_at_i[choice], grid.kept[choice]
-        change = {F: alloc, I: held - at_i, W: at_i - held - alloc, B: -alloc, O: -alloc, R: alloc}
         level = 0
         for op in ops:
-            level += change[op.kind]
+            level += grid.change(op.kind, choice)
             if level > grid.cap:
                 return False
     return True
@@ -260,7 +259,7 @@ def _horizon(ip: IntegerProblem, hint: Plan | None, hint_starts: dict[Op, int]) 
 
 
 def _length(ip: IntegerProblem, kind: OpKind, stage: int, recomputed: bool) -> int:
-    if kind in (O, R):
+    if RULES[kind].cost == HOST_TRANSFER:  # an offload or reload: the stage's activations over its host link
         return ip.host_transfer[stage]
     return (ip.recomputed if recomputed else ip.duration)[kind][stage]
 
@@ -269,7 +268,7 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
             offload=None) -> dict:
     """Activation memory of device s within its cap, on the memory grid.
 
-    F(k) allocates ``alloc`` as it starts; I frees ``at_i`` as it ends but leaves ``kept``
+    Every amount is an op's rule (``MemoryGrid.change``, the rules' memory effects): F(k) allocates ``alloc`` as it starts; I frees ``at_i`` as it ends but leaves ``kept``
     (the gradients W needs) and W frees the rest (B all). When I frees more than it leaves,
     only F raises the level, so the cap holds at every instant when it holds as each F
     starts; with each kind in microbatch order, the level then is
@@ -291,7 +290,6 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
     ended: dict[tuple[int, OpKind, int], object] = {}
     if grid.cap is None:
         return ended
-    split = ip.problem.split_backward
 
     def ended_before(k: int, kind: OpKind, j: int):
         """A literal that forces op (s, kind, j) to end before F(s, k) starts."""
@@ -303,18 +301,22 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
 
     reservoir: tuple[list, list, list] = ([], [], [])  # event times, level changes, active literals
     for choice in (0, 1) if recompute is not None else (0,):
-        alloc, at_i = grid.alloc[choice], grid.frees_at_i[choice]
-        held_for_w = grid.kept[choice] if split else 0
-        raised_at_i = max(0, held_for_w - at_i)  # units I's end adds
-        if alloc == 0 or m * (alloc + raised_at_i) <= grid.cap:
+        first, *later = ip.kinds  # the allocating op, then the ops that free (or keep) its memory
+        alloc = grid.change(first, choice)
+        # kind -> (units it frees, units a microbatch still holds until it has run), from the
+        # rules' memory effects along one microbatch's ops; and the level's peak along them
+        frees, level = {}, alloc
+        for kind in later:
+            frees[kind] = (-grid.change(kind, choice), level)
+            level += grid.change(kind, choice)
+        peak = grid.peak(ip.kinds, choice)
+        if alloc == 0 or m * peak <= grid.cap:
             continue
         when = [] if recompute is None else [recompute if choice else ~recompute]
-        # kind -> (units it frees, units a microbatch still holds until it has run)
-        frees = ({I: (at_i - held_for_w, alloc), W: (alloc - at_i + held_for_w, alloc - at_i + held_for_w)}
-                 if split else {B: (alloc, alloc)})
         pending = {kind: grid.cap // held for kind, (share, held) in frees.items() if share > 0}
-        # the level peaks also as I ends, or as a reload starts: only the reservoir checks those
-        events_only = raised_at_i > 0 or (offload is not None and choice == 0)
+        # the level peaks also as a later op ends (I keeping more for W than it frees), or as
+        # a reload starts: only the reservoir checks those
+        events_only = peak > alloc or (offload is not None and choice == 0)
         partial = events_only
         for k in range(0 if events_only else m):
             need = alloc * (k + 1) - grid.cap  # units the ended ops must have freed by F(k)
@@ -324,7 +326,7 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
             for kind, most in pending.items():
                 if k - most >= 0:
                     # the ops of this kind up to k - most have ended: in order, the last of them
-                    model.add(start[Op(s, F, k)] >= end[Op(s, kind, k - most)]).only_enforce_if(when)
+                    model.add(start[Op(s, first, k)] >= end[Op(s, kind, k - most)]).only_enforce_if(when)
                     counted += frees[kind][0] * (k - most + 1)
             if counted >= need:
                 continue
@@ -335,17 +337,24 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
                 model.add(sum(freed) >= need - counted).only_enforce_if(when)
         if (rule == "reservoir" or events_only) and partial:
             active = True if recompute is None else when[0]
-            for k in range(m):
-                events = [(start[Op(s, F, k)], alloc)] + [(end[Op(s, kind, k)], -share) for kind, (share, _) in frees.items()]
-                for time_of, change in events:
-                    reservoir[0].append(time_of)
-                    reservoir[1].append(change)
-                    reservoir[2].append(active)
-                if offload is not None and choice == 0:  # offloading excludes recompute: choice 0
-                    for time_of, change in ((end[Op(s, O, k)], -alloc), (start[Op(s, R, k)], alloc)):
-                        reservoir[0].append(time_of)
-                        reservoir[1].append(change)
-                        reservoir[2].append(offload)
+            _reservoir_events(reservoir, ip, s, choice, start, end, active, offload if choice == 0 else None)
     if reservoir[0]:
         model.add_reservoir_constraint_with_active(*reservoir, 0, grid.cap)
     return ended
+
+
+def _reservoir_events(reservoir: tuple[list, list, list], ip: IntegerProblem, s: int, choice: int, start: dict,
+                      end: dict, active, offload) -> None:
+    """Add device s's memory events to ``reservoir`` (times, level changes, literals): each
+    op of every microbatch changes the level by its rule's effect on the grid, at its start
+    or its end; with ``offload`` (its literal; offloading excludes recompute, so only under
+    choice 0) each O and R moves the activations too."""
+    grid = ip.memory[s]
+    times = {AT_START: start, AT_END: end}
+    moves = (O, R) if offload is not None else ()
+    for k in range(ip.num_microbatches):
+        for kind in (*ip.kinds, *moves):
+            op = Op(s, kind, k)
+            reservoir[0].append(times[RULES[kind].memory.at][op])
+            reservoir[1].append(grid.change(kind, choice))
+            reservoir[2].append(offload if kind in moves else active)

@@ -3,8 +3,9 @@
 Each device keeps each op kind in microbatch order (``plans`` says why that loses nothing),
 so at any moment it has at most one candidate per kind: its next F, I and W (or F and B).
 A candidate is ready when its data has arrived (the neighbour's op ended, plus the link's
-delay) and, for an F, when the device's activations stay within the cap after it starts
-and the device holds fewer than ``in_flight`` stage-microbatches. The device that can
+delay), when the device's memory stays within the cap after it (the rules' memory effects:
+an F's activations, an I's gradients kept for W beyond the share it frees) and, for an F,
+when the device holds fewer than ``in_flight`` stage-microbatches. The device that can
 start an op earliest runs, among its candidates that could start then, the first kind in
 its priority order (non-delay list scheduling); then the next device, until every op is
 placed. Several rules (every priority order, every in-flight limit the cap allows) are
@@ -17,7 +18,9 @@ import itertools
 import math
 from collections.abc import Iterator
 
+from pipesched.costs import StageCosts
 from pipesched.ops import B, F, I, Op, OpKind, W
+from pipesched.rules import RULES
 from pipesched.search.plans import Plan
 from pipesched.search.problem import BYTES_TOLERANCE, SynthesisProblem
 
@@ -33,10 +36,12 @@ def list_schedule(problem: SynthesisProblem, *, priority: tuple[OpKind, ...], in
     length = {kind: [costs.duration(Op(s, kind, 0)) for s in range(p)] for kind in kinds}
     down = [problem.activation_delay(s) for s in range(p - 1)]  # seconds, stage s -> s + 1
     up = [problem.gradient_delay(s) for s in range(p - 1)]  # seconds, stage s + 1 -> s
-    f = costs.input_frees
-    # share of a stage-microbatch's activations each op frees as it ends (F allocates as it
-    # starts); the F is allowed while the activations stay within the device's budget
-    frees = {I: f, W: 1.0 - f, B: 1.0}
+    # bytes each op adds to its device's level (negative: frees), the rules' memory effect:
+    # F allocates as it starts, I frees its share but keeps the gradients W needs, W and B
+    # free the rest as they end; an op that raises the level runs only within the budget
+    kept = costs.kept_for_w_bytes or (0.0,) * p
+    change = {kind: [RULES[kind].memory.bytes(costs.activation_bytes[s], costs.input_frees, kept[s])
+                     for s in range(p)] for kind in kinds}
     room = [None if (x := problem.activation_budget(s)) is None else x * (1 + BYTES_TOLERANCE) for s in range(p)]
     placed = [dict.fromkeys(kinds, 0) for _ in range(p)]
     free_at = [0.0] * p
@@ -51,10 +56,10 @@ def list_schedule(problem: SynthesisProblem, *, priority: tuple[OpKind, ...], in
         k = placed[s][kind]
         if k >= m:
             return None
+        if room[s] is not None and change[kind][s] > 0 and held[s] + change[kind][s] > room[s]:
+            return None
         if kind is F:
             if k - placed[s][last] >= in_flight:
-                return None
-            if room[s] is not None and held[s] + costs.activation_bytes[s] > room[s]:
                 return None
             if s == 0:
                 return 0.0
@@ -89,8 +94,7 @@ def list_schedule(problem: SynthesisProblem, *, priority: tuple[OpKind, ...], in
         k = placed[s][kind]
         end[kind][s][k] = free_at[s] = begins + length[kind][s]
         placed[s][kind] = k + 1
-        activation = costs.activation_bytes[s]
-        held[s] += activation if kind is F else -frees[kind] * activation
+        held[s] += change[kind][s]
         tables[s].append(Op(s, kind, k))
         for d in (s - 1, s, s + 1):
             if 0 <= d < p:
@@ -108,14 +112,22 @@ def rules(problem: SynthesisProblem, *, limits: int = 8) -> Iterator[tuple[tuple
         recomputes.append(frozenset(range(p)))
     for recompute in recomputes:
         costs = problem.costs.checkpointed(sorted(recompute))
-        # an I may free part of a microbatch's activations: W's part is what stays longest
-        last_share = 1.0 - costs.input_frees if problem.split_backward else 1.0
         most = m
         for s in range(p):
-            budget, kept = problem.activation_budget(s), costs.activation_bytes[s] * last_share
-            if budget is not None and kept > 0:
-                most = min(most, max(1, math.floor(budget / kept * (1 + BYTES_TOLERANCE))))
+            budget, least = problem.activation_budget(s), _least_held(problem, costs, s)
+            if budget is not None and least > 0:
+                most = min(most, max(1, math.floor(budget / least * (1 + BYTES_TOLERANCE))))
         chosen = sorted({round(1 + i * (most - 1) / max(1, limits - 1)) for i in range(min(limits, most))})
         for priority in itertools.permutations(problem.kinds):
             for in_flight in chosen:
                 yield priority, in_flight, recompute
+
+
+def _least_held(problem: SynthesisProblem, costs: StageCosts, stage: int) -> float:
+    """The fewest bytes a microbatch in flight on ``stage`` holds (from its first op until its
+    last ends), along its ops' memory effects: with a split backward, after I the part W
+    still needs and the gradients I kept for it."""
+    kept = costs.kept_for_w_bytes[stage] if costs.kept_for_w_bytes is not None else 0.0
+    levels = list(itertools.accumulate(RULES[kind].memory.bytes(costs.activation_bytes[stage], costs.input_frees,
+                                                                 kept) for kind in problem.kinds[:-1]))
+    return min(levels, default=0.0)

@@ -31,7 +31,9 @@ durations. Memory: per device, the exact common divisor of the activation amount
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,7 +46,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_SYNTHESIS_OPS
 from pipesched.ops import B, F, I, Op, OpKind, W
-from pipesched.rules import RULES
+from pipesched.rules import RULES, Rules
 from pipesched.simulate.network import Network
 
 # default time resolution: units the longest op spans when no coarser exact grid exists
@@ -234,6 +236,15 @@ class MemoryGrid:
     exact: bool = True
     kept: tuple[int, int] = (0, 0)
 
+    def change(self, kind: OpKind, choice: int = 0, rules: Rules = RULES) -> int:
+        """Units an op of ``kind`` adds to (or, negative, frees from) its device's level on
+        this grid, without (``choice`` 0) or with (1) recompute: its rule's memory effect."""
+        return round(rules[kind].memory.amount(self.alloc[choice], self.frees_at_i[choice], self.kept[choice]))
+
+    def peak(self, kinds: tuple[OpKind, ...], choice: int = 0, rules: Rules = RULES) -> int:
+        """The most units one microbatch holds along its ops ``kinds`` (in dependency order)."""
+        return max(itertools.accumulate(self.change(kind, choice, rules) for kind in kinds), default=0)
+
 
 def _memory_grid(problem: SynthesisProblem, stage: int) -> MemoryGrid:
     """The unit is the largest of which every amount (F's allocation, I's share, with and
@@ -263,10 +274,11 @@ def _memory_grid(problem: SynthesisProblem, stage: int) -> MemoryGrid:
     exact = all((a / unit).denominator == 1 for a in allocs + shares)
     budget = problem.activation_budget(stage)
     cap = None if budget is None else math.floor(Fraction(budget) * (1 + Fraction(BYTES_TOLERANCE)) / unit)
-    most = max(a + max(0, k - i) for a, k, i in zip(alloc, held_for_w, frees, strict=True))
+    grid = MemoryGrid(float(unit), alloc, frees, cap, exact, held_for_w)
+    most = max(grid.peak(problem.kinds, choice) for choice in (0, 1))
     if cap is not None and problem.num_microbatches * most <= cap:
-        cap = None  # every microbatch fits at once
-    return MemoryGrid(float(unit), alloc, frees, cap, exact, held_for_w)
+        return dataclasses.replace(grid, cap=None)  # every microbatch fits at once
+    return grid
 
 
 def _kept(costs, stage: int) -> Fraction:

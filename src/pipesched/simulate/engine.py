@@ -47,76 +47,29 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from pipesched.ordering import walk_queues
+
 # no release times: every op may start at time 0 (the default of every graph); numba compiles
 # the loops for None without the release code, so the default path is the loop it always was
 NO_RELEASE = None
+# the tables' walk (``pipesched.ordering``), compiled
+_walk_queues = njit(cache=True)(walk_queues)
 
 
 @njit(cache=True)
 def _walk(queue_rows, queue_offsets, pred_ptr, pred_op, duration, release):
-    """Run the queues with free communication (the slot table's semantics: an op starts
-    when its queue is free, its data predecessors have ended and its release time has come;
-    ``release`` None: no release times).
-
-    Returns (sequence, end, count): the ops in the order they were evaluated (a dependency
-    order), each op's end time, and how many ops could run (fewer than all: deadlock).
-    """
+    """Run the queues with free communication and release times (``walk_queues``; ``release``
+    None: none). Returns (sequence, end, count): the ops in the order they were evaluated (a
+    dependency order), each op's end time, and how many ops could run (fewer than all:
+    deadlock)."""
     n = duration.shape[0]
     num_queues = queue_offsets.shape[0] - 1
-    pos = queue_offsets[:-1].copy()
-    stop = queue_offsets[1:].copy()
-    free = np.zeros(num_queues, np.float64)
-    done = np.zeros(n, np.bool_)
     end = np.zeros(n, np.float64)
     sequence = np.empty(n, np.int32)
-    # a queue blocked on an op joins that op's list of waiting queues (each queue waits on
-    # at most one op at a time): wait_head[op] -> queue, wait_next[queue] -> queue
-    wait_head = np.full(n, -1, np.int32)
-    wait_next = np.full(num_queues, -1, np.int32)
-    stack = np.empty(num_queues + 1, np.int32)  # queues that may advance
-    on_stack = np.zeros(num_queues, np.bool_)
-    top = 0
-    for q in range(num_queues - 1, -1, -1):
-        stack[top] = q
-        on_stack[q] = True
-        top += 1
-    count = 0
-    while top > 0:
-        top -= 1
-        q = stack[top]
-        on_stack[q] = False
-        while pos[q] < stop[q]:
-            x = queue_rows[pos[q]]
-            start = free[q]
-            if release is not None and release[x] > start:
-                start = release[x]
-            blocked = -1
-            for e in range(pred_ptr[x], pred_ptr[x + 1]):
-                p = pred_op[e]
-                if not done[p]:
-                    blocked = p
-                    break
-                if end[p] > start:
-                    start = end[p]
-            if blocked >= 0:
-                wait_next[q] = wait_head[blocked]
-                wait_head[blocked] = q
-                break
-            finish = start + duration[x]
-            end[x] = finish
-            free[q] = finish
-            done[x] = True
-            pos[q] += 1
-            sequence[count] = x
-            count += 1
-            waiter = wait_head[x]
-            while waiter >= 0:
-                following = wait_next[waiter]
-                if not on_stack[waiter]:
-                    stack[top] = waiter
-                    on_stack[waiter] = True
-                    top += 1
-                waiter = following
+    count = _walk_queues(queue_rows, queue_offsets, pred_ptr, pred_op, duration, queue_offsets[:-1].copy(),
+                         np.zeros(num_queues, np.float64), np.zeros(n, np.bool_), np.empty(n, np.float64), end,
+                         sequence, np.full(n, -1, np.int32), np.full(num_queues, -1, np.int32),
+                         np.empty(num_queues + 1, np.int32), np.zeros(num_queues, np.bool_), release)
     return sequence, end, count
 
 
