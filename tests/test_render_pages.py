@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipesched.generators import generate
-from pipesched.render.pairing import PARTING_SHARE, deviations, kind_errors
+from pipesched.pairing import PARTING_SHARE, deviations, kind_errors
 from render_timelines import measured_like, simulated, split_backward
 
 

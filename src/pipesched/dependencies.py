@@ -29,9 +29,8 @@ from numba import njit
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
-from pipesched.rules import AT_START, ROLES, STREAMS, Rules
+from pipesched.rules import AT_START, ROLES, STREAMS, TRANSFER_KIND_NAMES, Rules
 from pipesched.schedule import Schedule
-from pipesched.timeline import TRANSFER_KIND_NAMES
 
 NO_MESSAGE = -1
 T = TypeVar("T")

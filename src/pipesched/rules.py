@@ -74,6 +74,9 @@ from pipesched.ops import OVERLAP_F_B, B, F, I, O, Op, OpKind, R, W
 # messages that cross a stage boundary
 ACTIVATION = "activation"  # F(s) -> F(s+1): the hidden state, output_bytes[s]
 GRADIENT = "gradient"  # I/B(s+1) -> I/B(s): the gradient of that hidden state, output_bytes[s]
+# every transfer kind, messages and the replicas' gradient all-reduce; a transfer table
+# stores a kind as its index here (``timeline.ACTIVATION``, ``GRADIENT``, ``ALLREDUCE``)
+TRANSFER_KIND_NAMES = (ACTIVATION, GRADIENT, "allreduce")
 
 # when a memory effect happens
 AT_START, AT_END = "start", "end"

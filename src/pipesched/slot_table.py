@@ -10,6 +10,8 @@ from pipesched.costs import StageCosts
 from pipesched.ops import Op
 from pipesched.rules import RULES, Rules
 from pipesched.schedule import Schedule
+from pipesched.simulate.graph import compile_graph
+from pipesched.simulate.run import run
 from pipesched.timeline import Timeline
 
 
@@ -21,9 +23,6 @@ def slot_table(schedule: Schedule, costs: StageCosts | None = None) -> Timeline:
 
     Raises PipeschedError if the tables deadlock; validate first for the full report.
     """
-    from pipesched.simulate.graph import compile_graph
-    from pipesched.simulate.run import run
-
     return run(compile_graph(schedule, table_costs(schedule, costs), None), memory=False)
 
 

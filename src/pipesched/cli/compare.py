@@ -60,9 +60,9 @@ from pipesched.cli.views import Html, Png, Svg, Trace, ViewPaths
 from pipesched.compare import LEVELS, RANKING, Comparison, compare, family_points
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError
+from pipesched.units import GiB
 from pipesched.wording import significant
 
-GiB = 2.0**30
 LEVEL_TITLES = {"formula": "formula (slots)", "table": "table (slots)", "sim": "simulated (s)"}
 
 

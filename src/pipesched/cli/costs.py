@@ -56,10 +56,7 @@ from pipesched.model.freezing import parse_frozen_layers
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.partition import format_layout, parse_layout
 from pipesched.schedule import Placement
-
-GiB = 2.0**30
-MiB = 2.0**20
-
+from pipesched.units import GiB, MiB
 
 
 def _settings(micro_batch_size: int | None, seq_len: int | None, dtype: str | None, recompute: str | None,

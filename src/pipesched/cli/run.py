@@ -36,6 +36,13 @@ from pipesched.errors import require
 from pipesched.generators import FAMILIES
 from pipesched.io.files import check_outputs
 from pipesched.model import load_model
+from pipesched.render.terminal import timeline_view
+from pipesched.render.views import write_check_views
+from pipesched.runtime.check import check_schedules
+from pipesched.runtime.launch import Fault as FaultSpec
+from pipesched.runtime.profile import ProfileOptions
+from pipesched.runtime.profiling import ProfileRequest, profile_to_files
+from pipesched.runtime.runs import RunOptions, check_runnable, run_schedules
 from pipesched.schedule import Schedule
 
 Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK, hang:RANK or kill:RANK (tests)")]
@@ -48,7 +55,6 @@ def _schedule(name: str, p: int | None, m: int | None, v: int | None, settings: 
     schedule file at its own."""
     schedule = load_or_generate(name, p=p, m=m, v=v, settings=settings, default_p=DEFAULTS.run_p,
                                 default_m=DEFAULTS.run_m)
-    from pipesched.runtime.runs import check_runnable
 
     check_runnable(schedule)  # before a model is built or a rank started
     return schedule
@@ -96,8 +102,6 @@ def run_command(
     Examples:
       pipesched run zb-h1 -p 2 -m 4 --model tiny -s 16 --steps 2 --warmup 1
     """
-    from pipesched.runtime.launch import Fault as FaultSpec
-    from pipesched.runtime.runs import RunOptions, run_schedules
 
     views = ViewPaths(png, svg, trace, html).check()
     schedule = _schedule(schedule_name, p, m, v, family_settings)
@@ -116,7 +120,6 @@ def run_command(
 
 
 def _print_run(schedule: Schedule, model_name: str, options, result) -> None:
-    from pipesched.render.terminal import timeline_view
 
     console = output_console()
     table = Table(title=f"{schedule.name}: p={schedule.num_devices}, m={schedule.num_microbatches}, "
@@ -163,8 +166,6 @@ def profile_command(
     Examples:
       pipesched profile --model tiny -s 16 --repeats 3 --no-link -o tiny.csv
     """
-    from pipesched.runtime.profile import ProfileOptions
-    from pipesched.runtime.profiling import ProfileRequest, profile_to_files
 
     request = ProfileRequest(output, p=p, v=v, partition=partition, runtime=runtime, link=link)
     request.paths()  # a bad output path fails before the model is loaded
@@ -214,8 +215,6 @@ def check_command(
     Examples:
       pipesched check --schedules gpipe,1f1b -p 2 -m 4 --model tiny -s 16 --steps 2 --warmup 1
     """
-    from pipesched.runtime.check import check_schedules
-    from pipesched.runtime.runs import RunOptions
 
     check_outputs((("trace", trace), ("html", html)))
     names = split_names(schedules)
@@ -230,7 +229,7 @@ def check_command(
                          steps=steps, warmup=warmup, timeout_s=timeout)
     with StatusLine(f"check {', '.join(names)}") as status:
         report = check_schedules(built, load_model(model), options=options, runtime=runtime, on_status=status)
-    for path in report.write_views(html=html, trace=trace, title=f"prediction check: {model}, p={p}, m={m}"):
+    for path in write_check_views(report, html=html, trace=trace, title=f"prediction check: {model}, p={p}, m={m}"):
         wrote(path)
     if as_json:
         typer.echo(json.dumps(report.to_dict(model=model, p=p, m=m), indent=1))

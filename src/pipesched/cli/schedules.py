@@ -29,6 +29,7 @@ from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.io.files import Output
 from pipesched.limits import MAX_OPS, check_count
+from pipesched.units import GiB
 from pipesched.validate import REPORTED_VIOLATIONS, format_report, require_valid, validate
 from pipesched.wording import counted
 
@@ -40,7 +41,6 @@ LISTS = ("families", "models", "devices", "clusters")
 # costs of levels 1 and 2 (costs=F,I,W) and a fused pair's cost over F + B (fb_cost, taken
 # out by family_options)
 NOT_FAMILY_OPTIONS = ("costs",)
-GiB = 2.0**30
 
 
 def list_command(
@@ -105,8 +105,6 @@ def _families() -> list[dict]:
 
 
 def _models() -> list[dict]:
-    import dataclasses
-
     from pipesched.model import MODELS, layer_params
 
     rows = []

@@ -38,9 +38,8 @@ from pipesched.limits import MAX_WORKERS, check_count
 from pipesched.search.results import SearchResult, simulate_command
 from pipesched.search.space import SearchSpace
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
+from pipesched.units import GiB
 from pipesched.wording import counted
-
-GiB = 2.0**30
 
 
 def _listed(axis: str) -> str:

@@ -60,9 +60,8 @@ from pipesched.errors import PipeschedError, shorten
 from pipesched.experiments.simulation import Simulation, simulate_point
 from pipesched.generators import FAMILIES, get_family
 from pipesched.metrics import allreduce_per_device, iteration_microbatches
+from pipesched.units import GiB
 from pipesched.variability.distribution import Distribution, Spread
-
-GiB = 2.0**30
 
 
 def simulate_command(

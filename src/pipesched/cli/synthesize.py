@@ -40,8 +40,8 @@ from pipesched.errors import require
 from pipesched.io.files import Output
 from pipesched.limits import MAX_TIMEOUT_S, check_amount
 from pipesched.schedule import Placement, Schedule
+from pipesched.units import GiB
 
-GiB = 2.0**30
 BACKWARDS = ("split", "full")
 
 

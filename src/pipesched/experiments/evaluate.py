@@ -47,6 +47,7 @@ from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
 from pipesched.experiments.setup import SimulationSetup
+from pipesched.generators import formula, get_family
 from pipesched.metrics import (
     IterationWork,
     TrainingWork,
@@ -66,7 +67,13 @@ from pipesched.simulate.iterations import (
     steady_state,
 )
 from pipesched.simulate.network import Network
-from pipesched.slot_table import one_f_one_b_units
+from pipesched.slot_table import (
+    inflight_per_device,
+    one_f_one_b_units,
+    slot_table,
+    table_costs,
+    table_metrics,
+)
 from pipesched.timeline import Timeline
 from pipesched.variability.distribution import Distribution, monte_carlo
 
@@ -184,8 +191,6 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
         except PipeschedError as exc:
             return Record(point, error=f"{level}: {exc}")
     if keep_timeline and timeline is None:
-        from pipesched.slot_table import slot_table
-
         timeline = slot_table(schedule, slot_costs(point))
     return Record(point, tuple(results), setup=setup, timeline=timeline if keep_timeline else None,
                   distribution=distribution)
@@ -213,7 +218,6 @@ def with_fb_cost(costs: StageCosts, fb_cost: float | None) -> StageCosts:
 def _asynchronous(point: Point) -> bool:
     if point.schedule is not None:
         return bool(point.schedule.params.get("asynchronous"))
-    from pipesched.generators import get_family
 
     return get_family(point.family).asynchronous
 
@@ -224,8 +228,6 @@ def in_steady_state(point: Point) -> bool:
 
 
 def _formula(point: Point, schedule) -> LevelResult:
-    from pipesched.generators import formula
-
     if point.schedule is not None:
         raise PipeschedError(f"schedule={point.family}: a schedule file has no closed form; compare it at the "
                              "table and sim levels")
@@ -241,8 +243,6 @@ def _formula(point: Point, schedule) -> LevelResult:
 
 
 def _table(point: Point, schedule) -> tuple[LevelResult, Timeline]:
-    from pipesched.slot_table import inflight_per_device, slot_table, table_costs, table_metrics
-
     costs = slot_costs(point)
     if in_steady_state(point):
         repeated = point.build_schedule(iterations=STEADY_ITERATIONS)

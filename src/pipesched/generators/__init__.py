@@ -36,8 +36,10 @@ from pipesched.limits import (
     check_count,
     check_table_size,
 )
-from pipesched.rules import FORWARD_ONLY
+from pipesched.passes.freeze import freeze
+from pipesched.rules import FORWARD_ONLY, TRAINS
 from pipesched.schedule import Schedule
+from pipesched.slot_table import slot_table
 
 # Listing order is the order of `pipesched list` and of comparisons: the synchronous
 # families, then the asynchronous ones (PipeDream-Flush, their synchronous baseline, first).
@@ -117,9 +119,6 @@ def frozen_schedule(name: str, schedule: Schedule, frozen: Iterable[int], option
     trainable stages only; the shorter of the two slot tables is kept (the plain one on a
     tie).
     """
-    from pipesched.passes.freeze import freeze
-    from pipesched.slot_table import slot_table
-
     family = FAMILIES[name]
     kept = freeze(schedule, frozen)
     if "costs" not in family.options:
@@ -137,8 +136,6 @@ def frozen_schedule(name: str, schedule: Schedule, frozen: Iterable[int], option
 def frozen_costs(costs: StageCosts, roles: tuple[str, ...]) -> StageCosts:
     """``costs`` with what each stage's role drops at zero: W on frozen stages, I and W on
     stages with no backward (what a cost-aware generator plans a frozen table with)."""
-    from pipesched.rules import TRAINS
-
     weight = tuple(w if role == TRAINS else 0.0 for w, role in zip(costs.backward_weight, roles, strict=True))
     backward = tuple(i if role != FORWARD_ONLY else 0.0 for i, role in zip(costs.backward_input, roles, strict=True))
     return replace(costs, backward_input=backward, backward_weight=weight, backward=None)

@@ -47,9 +47,9 @@ from pipesched.partition import (
     uniform,
 )
 from pipesched.schedule import Placement, Schedule
+from pipesched.units import GiB
 
 METHODS = ("uniform", "balanced", "memory")
-GiB = 2.0**30
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ import numpy as np
 
 from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.errors import require
-from pipesched.render.pairing import PARTING_SHARE, Comparison, deviations, kind_errors
+from pipesched.pairing import PARTING_SHARE, Comparison, deviations, kind_errors
 from pipesched.render.style import (
     IDLE_COLOR,
     KIND_COLORS,

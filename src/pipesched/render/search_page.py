@@ -29,8 +29,8 @@ from pipesched.render.html import (
 from pipesched.render.summary import summarize
 from pipesched.search.results import SearchResult, json_row, row_point, simulate_command
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
+from pipesched.units import GiB
 
-GiB = 2.0**30
 # configurations drawn as dots at most (an even sample of the rest beyond it), timelines at most
 MAX_DOTS = 6000
 MAX_TIMELINES = 6

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pipesched.ops import KIND_ORDER
 from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
+from pipesched.units import GiB, KiB, MiB, TiB
 
 # index = ops.KIND_ORDER position (F, I, W, B, O, R, OVERLAP_F_B)
 KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a", "#5d6d7e", "#8e9eae", "#3b3f5c")
@@ -125,7 +126,7 @@ def format_memory(value: float, unit: str) -> str:
     """
     if unit != "bytes":
         return f"{value:g} {unit}"
-    for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+    for size, name in ((TiB, "TiB"), (GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
         if abs(value) >= size:
             return f"{value / size:.2f} {name}"
     return f"{value:g} B"
@@ -135,7 +136,7 @@ def memory_scale(unit: str, peak: float) -> tuple[float, str]:
     """(divisor, unit name) for a memory axis whose largest value is ``peak``."""
     if unit != "bytes":
         return 1.0, unit
-    for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+    for size, name in ((TiB, "TiB"), (GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
         if peak >= size:
             return float(size), name
     return 1.0, "B"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipesched.dependencies import need_rows
 from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
 
 
@@ -75,7 +76,6 @@ def critical_path(timeline: Timeline, *, tolerance: float = 1e-9) -> CriticalPat
     n = len(timeline)
     if n == 0:
         return CriticalPath(np.zeros(0, bool), np.zeros(0, np.int64))
-    from pipesched.dependencies import need_rows
 
     needs = need_rows(timeline.op_stage, timeline.op_kind, timeline.op_microbatch,
                       num_stages=timeline.schedule.num_stages, num_microbatches=timeline.schedule.num_microbatches,

@@ -41,8 +41,7 @@ from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.dependencies import op_arrays, rule_arrays
 from pipesched.errors import require
-from pipesched.generators.base import check_iterations
-from pipesched.limits import MAX_OPS
+from pipesched.limits import MAX_OPS, check_iterations
 from pipesched.ops import Op
 from pipesched.schedule import Schedule
 from pipesched.simulate.graph import TaskGraph, compile_graph, weight_bytes
