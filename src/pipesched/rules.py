@@ -293,10 +293,6 @@ class Rules:
                     return found
         return None
 
-    def streams(self) -> tuple[str, ...]:
-        """The streams the kinds of this table run on, compute first."""
-        return tuple(stream for stream in STREAMS if any(rule.stream == stream for rule in self.kinds))
-
     def sends(self, kind: OpKind) -> tuple[tuple[int, str], ...]:
         """(stage offset of the consumer, message) of each input ``kind`` produces for a
         neighbour stage: F sends its activation to s+1, I and B their gradient to s-1."""

@@ -86,10 +86,6 @@ class RunOptions:
                 "must be gloo (CPU) or nccl (one GPU per rank)")
         check_amount("timeout", self.timeout_s, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
 
-    @property
-    def device_kind(self) -> str:
-        return "cuda" if self.backend == "nccl" else "cpu"
-
 
 @dataclass(frozen=True)
 class RunJob:

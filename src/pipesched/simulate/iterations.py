@@ -232,9 +232,6 @@ def _repeated(one: TaskGraph, k: int, mode: str) -> Iterations:
     op_iteration = np.empty(k * n, np.int32)
     op_iteration[row.ravel()] = np.repeat(np.arange(k), n)
 
-    def rows_of(x: np.ndarray, i: np.ndarray) -> np.ndarray:
-        return row[i, x]
-
     # queues: each queue's rows, iteration after iteration
     q_offsets = one.queue_offsets.astype(np.int64)
     queue_rows = np.concatenate([row[:, one.queue_rows[q_offsets[q]:q_offsets[q + 1]]].ravel()
