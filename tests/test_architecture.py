@@ -13,6 +13,8 @@ import textwrap
 from functools import cache
 from pathlib import Path
 
+import pipesched
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "pipesched"
 # third-party modules slow to import or optional (extras): imported where they are used
@@ -23,7 +25,7 @@ CLI_DEFERRED = frozenset({"pipesched", "rich", "importlib"})
 # render, and the validator's memory check off the slot table (which imports the engine,
 # which imports the validator)
 AWAITING_THE_RULES_REDESIGN = frozenset({("pipesched.metrics", "pipesched.render.waits"),
-                                         ("pipesched.validate", "pipesched.slot_table")})
+                                         ("pipesched.validation", "pipesched.slots")})
 # vulture's confidence: 60 % reports every unused function, class, method, attribute and
 # variable (100 % only unreachable code, 90 % unused imports)
 VULTURE_CONFIDENCE = 60
@@ -254,3 +256,17 @@ def test_units_are_defined_once() -> None:
     assert {"GiB", "GB", "MiB"} <= units
     again = {name: sorted(_assigned(tree) & units) for name, tree in _modules().items() if name != "pipesched.units"}
     assert {name: names for name, names in again.items() if names} == {}
+
+
+def test_no_submodule_shares_a_public_name() -> None:
+    """A submodule once imported is bound over the package's attribute of its name: no
+    submodule of pipesched is named like a public name (``pipesched.validate`` stays the
+    function when ``pipesched.validation`` is imported)."""
+    code = ("import pkgutil, pipesched; "
+            "[__import__(f'pipesched.{m.name}') for m in pkgutil.iter_modules(pipesched.__path__)"
+            " if m.name not in ('__main__', 'cli')]; "
+            "print(','.join(n for n in pipesched.__all__ if type(getattr(pipesched, n)).__name__ == 'module'))")
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == ""
+    submodules = {path.stem for path in PACKAGE.glob("*.py")} | {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert submodules.isdisjoint(pipesched.__all__)

@@ -15,7 +15,7 @@ from pipesched.io.stage_costs import load_stage_costs
 from pipesched.model import load_cluster
 from pipesched.runtime.runs import check_runnable
 from pipesched.simulate import Network, simulate
-from pipesched.validate import validate
+from pipesched.validation import validate
 
 HEADER = "stage,forward,backward_input,backward_weight,activation_bytes,output_bytes,static_bytes"
 KEYS = {"status", "makespan_s", "lower_bound_s", "gap", "seconds", "baseline"}

@@ -25,8 +25,8 @@ from pipesched.metrics import iteration_microbatches, throughput
 from pipesched.ops import KIND_INDEX, B, F, I, Op
 from pipesched.schedule import Placement
 from pipesched.simulate import Network, simulate
-from pipesched.slot_table import slot_table, table_metrics
-from pipesched.validate import validate
+from pipesched.slots import slot_table, table_metrics
+from pipesched.validation import validate
 
 FAMILY_NAMES = ("chimera", "hanayo", "dualpipe", "dualpipev")
 

@@ -16,7 +16,7 @@ from pipesched.render import gantt
 from pipesched.render.gantt import gantt_figure, render_gantt
 from pipesched.render.style import KIND_NAMES, OOM_COLOR, device_color
 from pipesched.schedule import Placement, Schedule
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import GIB, simulated, split_backward, with_transfers
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

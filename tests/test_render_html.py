@@ -12,7 +12,7 @@ from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.render.html import render_html
 from pipesched.render.waits import WAIT_DEVICE, WAIT_TRANSFER, waited_for
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import GIB, simulated, split_backward, with_transfers
 
 EVIL = '<script>alert("x")</script>&'

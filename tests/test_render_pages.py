@@ -143,7 +143,7 @@ def test_compare_jitter_page_carries_the_terminals_pairwise_figures(cli, tmp_pat
 def test_the_legend_names_every_kind_drawn_fused_pairs_included() -> None:
     from pipesched.render.html import _legend
     from pipesched.render.style import KIND_NAMES
-    from pipesched.slot_table import slot_table
+    from pipesched.slots import slot_table
 
     timeline = slot_table(generate("dualpipev", 4, 8))
     legend = _legend([timeline])

@@ -16,7 +16,7 @@ from pipesched.render.waits import (
     wait_texts,
     waited_for,
 )
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import simulated, split_backward, with_transfers
 
 

@@ -18,7 +18,7 @@ import pytest
 from pipesched.generators import generate
 from pipesched.render.views import write_views
 from pipesched.render.waits import WAIT_TRANSFER, waited_for
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import GIB, simulated, split_backward
 
 pytestmark = pytest.mark.browser

@@ -7,7 +7,7 @@ import pytest
 from pipesched import io
 from pipesched.generators import generate
 from pipesched.ops import Op
-from pipesched.validate import (
+from pipesched.validation import (
     DEADLOCK,
     DUPLICATE,
     LOCAL_ORDER,

@@ -30,7 +30,7 @@ from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.io.files import Output
 from pipesched.limits import MAX_OPS, check_count
 from pipesched.units import GiB
-from pipesched.validate import REPORTED_VIOLATIONS, format_report, require_valid, validate
+from pipesched.validation import REPORTED_VIOLATIONS, format_report, require_valid, validate
 from pipesched.wording import counted
 
 if TYPE_CHECKING:
@@ -181,7 +181,7 @@ def show(
       pipesched show zb-h1 -p 4 -m 8 --set costs=1,2,1
     """
     from pipesched.costs import StageCosts
-    from pipesched.slot_table import slot_table
+    from pipesched.slots import slot_table
 
     views = ViewPaths(png, svg, trace, html).check(("output", output))
     # on a terminal, with no --format or -o: the time-aligned grid instead of the grid text
@@ -226,7 +226,7 @@ def _grid_summary(name: str, schedule: Schedule, slots, costs, options: dict[str
     """The comment lines under a printed grid: the slot table's makespan, bubble and
     in-flight activations, and for a family its closed form's."""
     from pipesched.generators import FAMILIES, formula, get_family
-    from pipesched.slot_table import one_f_one_b_units, table_metrics
+    from pipesched.slots import one_f_one_b_units, table_metrics
 
     metrics = table_metrics(schedule, slots)
     lengths = (f"F={slots.f:g}, I={slots.i:g}, W={slots.w:g}, B={slots.b:g}" if costs is not None and costs.is_uniform

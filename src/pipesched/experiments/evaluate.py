@@ -67,7 +67,7 @@ from pipesched.simulate.iterations import (
     steady_state,
 )
 from pipesched.simulate.network import Network
-from pipesched.slot_table import (
+from pipesched.slots import (
     inflight_per_device,
     one_f_one_b_units,
     slot_table,

@@ -39,7 +39,7 @@ from pipesched.limits import (
 from pipesched.passes.freeze import freeze
 from pipesched.rules import FORWARD_ONLY, TRAINS
 from pipesched.schedule import Schedule
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 
 # Listing order is the order of `pipesched list` and of comparisons: the synchronous
 # families, then the asynchronous ones (PipeDream-Flush, their synchronous baseline, first).

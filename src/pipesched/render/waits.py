@@ -174,7 +174,7 @@ def wait_texts(timeline: Timeline, waits: Waits) -> list[str]:
     sentences in the page).
 
     >>> from pipesched.generators import generate
-    >>> from pipesched.slot_table import slot_table
+    >>> from pipesched.slots import slot_table
     >>> t = slot_table(generate("1f1b", 2, 2))  # device 0 runs 0F0 0F1 0B0 0B1
     >>> wait_texts(t, waited_for(t))[:3]
     ['nothing: starts the iteration', 'device: 0F0 on device 0 ended at 1 slots', 'dependency: 1B0 on device 1 ended at 4 slots']

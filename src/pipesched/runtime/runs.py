@@ -46,7 +46,7 @@ from pipesched.runtime.torch_import import require_torch
 from pipesched.schedule import Schedule
 from pipesched.timeline import MeasuredInfo, Timeline, median_step
 from pipesched.units import GiB
-from pipesched.validate import validate
+from pipesched.validation import validate
 
 BACKENDS = ("gloo", "nccl")
 RUNTIMES = ("auto", "pytorch", "ours")

@@ -24,7 +24,7 @@ from pipesched.simulate.critical import from_binder
 from pipesched.simulate.graph import TaskGraph
 from pipesched.simulate.memory import host_memory_trace, memory_trace
 from pipesched.timeline import ALLREDUCE, SimulationInfo, Source, Timeline, TransferTable
-from pipesched.validate import validate
+from pipesched.validation import validate
 
 # the most duration vectors one batch call takes (samples x tasks x 8 bytes stays in memory)
 MAX_BATCH_VALUES = 2**27

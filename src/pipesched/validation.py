@@ -198,7 +198,7 @@ def _order(schedule: Schedule) -> list[Violation]:
 
 
 def _memory(schedule: Schedule, limit: int) -> list[Violation]:
-    from pipesched.slot_table import held_after_each_op  # numpy: imported only for this check
+    from pipesched.slots import held_after_each_op  # numpy: imported only for this check
 
     found = []
     for device, ops in enumerate(schedule.device_atoms):
