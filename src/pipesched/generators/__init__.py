@@ -36,10 +36,8 @@ from pipesched.limits import (
     check_count,
     check_table_size,
 )
-from pipesched.passes.freeze import freeze
 from pipesched.rules import FORWARD_ONLY, TRAINS
 from pipesched.schedule import Schedule
-from pipesched.slots import slot_table
 
 # Listing order is the order of `pipesched list` and of comparisons: the synchronous
 # families, then the asynchronous ones (PipeDream-Flush, their synchronous baseline, first).
@@ -119,6 +117,9 @@ def frozen_schedule(name: str, schedule: Schedule, frozen: Iterable[int], option
     trainable stages only; the shorter of the two slot tables is kept (the plain one on a
     tie).
     """
+    from pipesched.passes.freeze import freeze
+    from pipesched.slots import slot_table
+
     family = FAMILIES[name]
     kept = freeze(schedule, frozen)
     if "costs" not in family.options:

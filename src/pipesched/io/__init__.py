@@ -11,7 +11,6 @@ from pathlib import Path
 from pipesched.errors import PipeschedError
 from pipesched.io import grid, json_format, torch_csv
 from pipesched.io.files import read_text, write_atomic
-from pipesched.passes.communication import with_communication
 from pipesched.schedule import Schedule
 
 FORMATS = ("grid", "csv", "csv-comms", "json")
@@ -52,6 +51,8 @@ def dumps(schedule: Schedule, fmt: str = "grid") -> str:
     if fmt == "csv":
         return torch_csv.dumps(schedule)
     if fmt == "csv-comms":
+        from pipesched.passes.communication import with_communication
+
         return torch_csv.dumps_comms(with_communication(schedule))
     if fmt == "json":
         return json_format.dumps(schedule)

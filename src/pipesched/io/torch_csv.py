@@ -24,9 +24,7 @@ from pipesched.io.layout import step_rows
 from pipesched.io.op_tokens import check_op_count, read_op
 from pipesched.limits import MAX_DEVICES, check_table_size
 from pipesched.ops import O, Op, R
-from pipesched.passes.communication import CommSchedule, Message, Recv, Send
 from pipesched.schedule import Schedule
-from pipesched.timeline import ACTIVATION, GRADIENT
 
 if TYPE_CHECKING:
     from pipesched.passes.communication import CommSchedule
@@ -71,6 +69,9 @@ def dumps_comms(comms: CommSchedule) -> str:
 def loads_comms(text: str, *, source: str = "<csv>", name: str = "custom") -> CommSchedule:
     """A compute+comms CSV as the schedule of its compute ops with its sends and receives
     (the peer of each is the device of the stage it goes to or comes from)."""
+    from pipesched.passes.communication import CommSchedule, Message, Recv, Send
+    from pipesched.timeline import ACTIVATION, GRADIENT
+
     schedule = loads(text, source=source, name=name)
     owner = schedule.placement.replicas[0]
     actions: list[tuple] = []
