@@ -286,3 +286,11 @@ def test_no_submodule_shares_a_public_name() -> None:
     assert proc.stdout.strip() == ""
     submodules = {path.stem for path in PACKAGE.glob("*.py")} | {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
     assert submodules.isdisjoint(pipesched.__all__)
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """A name with a leading underscore is its module's own: others import public names."""
+    private = [f"{name} imports {node.module}.{alias.name}" for name, tree in _modules().items()
+               for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipesched")
+               for alias in node.names if alias.name.startswith("_")]
+    assert private == []
