@@ -35,7 +35,7 @@ class _Timeout(BaseException):
     command cannot swallow it)."""
 
 
-def _alarm(signum, frame):
+def _alarm(signum, _frame):
     raise _Timeout
 
 

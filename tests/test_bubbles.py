@@ -13,7 +13,7 @@ from pipesched.generators import generate
 from pipesched.metrics import offload_exposed
 from pipesched.passes.offload import OffloadPolicy, offload
 from pipesched.simulate import Network, simulate
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import simulated
 
 

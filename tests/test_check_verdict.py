@@ -20,6 +20,7 @@ import pytest
 
 from pipesched.costs import StageCosts
 from pipesched.generators import generate
+from pipesched.render.views import write_check_views
 from pipesched.runtime.check import CheckReport, CheckRow, predict
 from pipesched.runtime.profile import LinkProfile, StageTiming
 from pipesched.runtime.runs import RunResult, median_step
@@ -162,7 +163,7 @@ def test_with_noise_each_op_draws_one_of_its_repeats():
 # --- the comparison page draws the reported step ----------------------------------------------
 def test_the_page_marks_the_median_step_it_draws(tmp_path):
     checked = report(row("a", 1.0, (1.0, 1.3, 1.1, 1.6)), row("b", 2.0, (2.0, 2.2)))
-    (page,) = checked.write_views(html=str(tmp_path / "check.html"), title="check")
+    (page,) = write_check_views(checked, html=str(tmp_path / "check.html"), title="check")
     text = page.read_text()
     data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S)[1])
     for comparison, checked_row in zip(data["comparisons"], checked.rows, strict=True):

@@ -16,7 +16,7 @@ from pipesched.model import load_cluster
 from pipesched.runtime.runs import check_runnable
 from pipesched.schedule import SYNCHRONOUS, Execution
 from pipesched.simulate import Network, simulate
-from pipesched.validate import validate
+from pipesched.validation import validate
 
 HEADER = "stage,forward,backward_input,backward_weight,activation_bytes,output_bytes,static_bytes"
 KEYS = {"status", "makespan_s", "lower_bound_s", "gap", "seconds", "baseline"}

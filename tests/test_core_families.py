@@ -10,8 +10,8 @@ from pipesched import io
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, formula, generate, get_family
-from pipesched.slot_table import inflight_per_device, table_metrics
-from pipesched.validate import validate
+from pipesched.slots import inflight_per_device, table_metrics
+from pipesched.validation import validate
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

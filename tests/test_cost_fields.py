@@ -20,7 +20,7 @@ from pipesched.experiments.setup import split_stage_costs
 from pipesched.generators import generate
 from pipesched.io.stage_costs import dumps_stage_costs, parse_stage_costs
 from pipesched.rules import FORWARD_ONLY, INPUT_GRADIENT, TRAINS
-from pipesched.slot_table import table_costs
+from pipesched.slots import table_costs
 
 # a stage-cost file as written before the file held every field (no recompute_s,
 # input_frees, fb_cost or unit column)
@@ -237,7 +237,14 @@ def test_a_bad_shared_column_is_one_line_error(cli, tmp_path) -> None:
     assert result.out == ""
 
 
-@pytest.mark.parametrize("name", ["pipesched.costs", "pipesched.slot_table"])
+@pytest.mark.parametrize("name", ["pipesched.costs", "pipesched.slots"])
 def test_docstring_examples_run(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_every_optional_per_stage_field_says_what_its_absence_means() -> None:
+    """A per-stage field a file may leave out reads None; its declaration says what that
+    stands for (the CSV's missing column, the JSON's missing key)."""
+    unexplained = [f.name for f in COST_FIELDS if f.per_stage and not f.required and not f.absent]
+    assert unexplained == []

@@ -18,7 +18,7 @@ from pipesched.ops import F, Op
 from pipesched.rules import ACTIVATION, AT_START, RULES, KindRule, MemoryEffect, Need
 from pipesched.schedule import Placement, Schedule
 from pipesched.simulate import Network, compile_graph, run
-from pipesched.validate import validate
+from pipesched.validation import validate
 
 D, E = "D", "E"  # toy kinds: a decode step, the end of a request
 DECODE = KindRule(D, "decode step", needs=(Need(-1, (D,), ACTIVATION), Need(0, (D, F), step_offset=-1)),

@@ -21,8 +21,8 @@ from pipesched.ops import OVERLAP_F_B, B, F, I, Op
 from pipesched.passes.communication import with_communication
 from pipesched.schedule import Placement, Schedule
 from pipesched.simulate import Network, compile_graph, simulate
-from pipesched.slot_table import slot_table, table_metrics
-from pipesched.validate import FUSED, validate
+from pipesched.slots import slot_table, table_metrics
+from pipesched.validation import FUSED, validate
 
 PAIR = Op.fused(Op(0, F, 1), Op(1, B, 0))
 

@@ -15,8 +15,8 @@ from pipesched.generators import formula, generate
 from pipesched.io.grid import dumps
 from pipesched.ops import F, I, Op, W
 from pipesched.schedule import Placement, Schedule
-from pipesched.slot_table import inflight_per_device, slot_table, table_metrics
-from pipesched.validate import validate
+from pipesched.slots import inflight_per_device, slot_table, table_metrics
+from pipesched.validation import validate
 
 # --- the paper's figure 3 (p=4, m=8), in its own notation ----------------------------------
 # "B" in the zero-bubble paper is the input-gradient pass, our I; microbatches count from 1.

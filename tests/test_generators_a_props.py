@@ -18,8 +18,8 @@ from pipesched.generators import formula, generate
 from pipesched.ops import B, F, I, W
 from pipesched.ordering import walk
 from pipesched.schedule import Schedule
-from pipesched.slot_table import inflight_per_device, table_metrics
-from pipesched.validate import validate
+from pipesched.slots import inflight_per_device, table_metrics
+from pipesched.validation import validate
 
 SETTINGS = settings(max_examples=25, deadline=None)
 SIZES = {"p": st.integers(2, 16), "m": st.integers(1, 64)}

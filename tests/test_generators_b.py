@@ -26,8 +26,8 @@ from pipesched.ops import B, F, I, Op
 from pipesched.rules import RULES
 from pipesched.schedule import Placement
 from pipesched.simulate import Network, simulate
-from pipesched.slot_table import slot_table, table_metrics
-from pipesched.validate import validate
+from pipesched.slots import slot_table, table_metrics
+from pipesched.validation import validate
 
 FAMILY_NAMES = ("chimera", "hanayo", "dualpipe", "dualpipev")
 

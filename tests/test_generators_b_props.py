@@ -19,8 +19,8 @@ from pipesched.generators.chimera import chimera_idle
 from pipesched.ops import B, F, I, W
 from pipesched.ordering import walk
 from pipesched.schedule import Schedule
-from pipesched.slot_table import table_metrics
-from pipesched.validate import validate
+from pipesched.slots import table_metrics
+from pipesched.validation import validate
 
 SETTINGS = settings(max_examples=30, deadline=None)
 # slot costs with B >= F, the regime the bounds below are stated for

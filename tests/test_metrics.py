@@ -25,7 +25,7 @@ from pipesched.metrics import (
 from pipesched.passes.offload import OffloadPolicy, offload
 from pipesched.simulate import Network, simulate
 from pipesched.simulate.iterations import steady_state
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from simulate_helpers import random_costs, random_valid_schedule
 
 

@@ -39,7 +39,7 @@ from pipesched.partition import (
     uniform,
 )
 from pipesched.schedule import Placement, Schedule
-from pipesched.slot_table import inflight_per_device
+from pipesched.slots import inflight_per_device
 
 
 def all_partitions(layers: int, stages: int):

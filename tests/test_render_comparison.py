@@ -12,8 +12,8 @@ import pytest
 
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
+from pipesched.pairing import Comparison, deviations, partners
 from pipesched.render.html import render_comparison_html
-from pipesched.render.pairing import Comparison, deviations, partners
 from pipesched.render.trace import comparison_trace_document
 from render_timelines import measured_like, simulated, split_backward
 

@@ -20,7 +20,7 @@ from pipesched.render.style import KIND_NAMES, OOM_COLOR, device_color, time_sca
 from pipesched.schedule import Placement, Schedule
 from pipesched.simulate import Network
 from pipesched.simulate.iterations import steady_state
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import GIB, simulated, split_backward, with_transfers
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

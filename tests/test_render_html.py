@@ -11,7 +11,7 @@ import pytest
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.render.html import render_html
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from pipesched.waits import WAIT_DEVICE, WAIT_TRANSFER, waited_for
 from render_timelines import GIB, simulated, split_backward, with_transfers
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipesched.generators import generate
-from pipesched.render.pairing import PARTING_SHARE, deviations, kind_errors
+from pipesched.pairing import PARTING_SHARE, deviations, kind_errors
 from render_timelines import measured_like, simulated, split_backward
 
 
@@ -141,12 +141,12 @@ def test_compare_jitter_page_carries_the_terminals_pairwise_figures(cli, tmp_pat
 
 
 def test_the_legend_names_every_kind_drawn_fused_pairs_included() -> None:
-    from pipesched.render.html import _legend
+    from pipesched.render.html import kind_legend
     from pipesched.render.style import KIND_NAMES
-    from pipesched.slot_table import slot_table
+    from pipesched.slots import slot_table
 
     timeline = slot_table(generate("dualpipev", 4, 8))
-    legend = _legend([timeline])
+    legend = kind_legend([timeline])
     drawn = {int(k) for k in np.unique(timeline.box_kind)}
     assert "overlapped forward + backward" in {KIND_NAMES[k] for k in drawn}
     assert all(KIND_NAMES[k] in legend for k in drawn)

@@ -13,7 +13,7 @@ from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.render import gantt, html, style, summary, terminal, trace, waits
 from pipesched.render.terminal import comparison_table, metrics_table, timeline_view
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import GIB, simulated, split_backward, with_transfers
 
 

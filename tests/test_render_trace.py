@@ -14,7 +14,7 @@ from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.render.trace import render_trace
 from pipesched.simulate import critical_path
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import GIB, simulated, split_backward, with_transfers
 
 # keys every event of a phase must carry (Trace Event Format)

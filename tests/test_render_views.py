@@ -12,7 +12,7 @@ from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.render import views
 from pipesched.render.views import write_views
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import with_transfers
 
 

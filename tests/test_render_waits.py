@@ -8,7 +8,7 @@ import pytest
 from pipesched.generators import generate
 from pipesched.ops import Op
 from pipesched.render.waits import wait_texts
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from pipesched.waits import (
     WAIT_DEPENDENCY,
     WAIT_DEVICE,

@@ -17,7 +17,7 @@ import pytest
 
 from pipesched.generators import generate
 from pipesched.render.views import write_views
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from pipesched.waits import WAIT_TRANSFER, waited_for
 from render_timelines import GIB, simulated, split_backward
 
@@ -185,7 +185,7 @@ def check_distribution_axes(page, distributions) -> None:
 
 @pytest.fixture(scope="module")
 def comparison_page(tmp_path_factory):
-    from pipesched.render.pairing import Comparison
+    from pipesched.pairing import Comparison
     from pipesched.render.views import write_comparison_views
     from render_timelines import measured_like
 
@@ -202,7 +202,7 @@ def comparison_page(tmp_path_factory):
 
 
 def test_comparison_page_in_chromium(comparison_page) -> None:
-    from pipesched.render.pairing import deviations
+    from pipesched.pairing import deviations
 
     sync_playwright = browser_or_fail()
     path, comparisons = comparison_page
@@ -292,7 +292,7 @@ def test_comparison_page_in_chromium(comparison_page) -> None:
 
 def check_page_colours_band_and_tables(page, comparisons) -> None:
     """The comparison page's legend, op colours, step band, kind table and parting op."""
-    from pipesched.render.pairing import PARTING_SHARE, deviations
+    from pipesched.pairing import PARTING_SHARE, deviations
     from pipesched.render.style import KIND_COLORS, KIND_NAMES, TRANSFER_NAMES
 
     page.wait_for_selector("body[data-check-ready=true]", timeout=5_000)

@@ -11,8 +11,8 @@ from pipesched.ops import OVERLAP_F_B, B, F, I, O, Op, R, W
 from pipesched.rules import ACTIVATION, AT_START, GRADIENT, RULES, KindRule, MemoryEffect, Need
 from pipesched.schedule import Placement, Schedule
 from pipesched.simulate import Network, compile_graph, run, simulate
-from pipesched.slot_table import inflight_per_device, slot_table
-from pipesched.validate import LOCAL_ORDER, MISSING, validate
+from pipesched.slots import inflight_per_device, slot_table
+from pipesched.validation import LOCAL_ORDER, MISSING, validate
 
 X = "X"  # a toy kind: a second forward pass over a stage's output, streamed to the next stage
 TOY = KindRule(X, "toy second forward", needs=(Need(0, (F,)), Need(-1, (X,), ACTIVATION)), cost="forward",

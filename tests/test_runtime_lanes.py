@@ -18,9 +18,9 @@ pytest.importorskip("torch")
 from pipesched.dependencies import dependencies
 from pipesched.generators import generate
 from pipesched.model import load_model
+from pipesched.pairing import Comparison
 from pipesched.passes.communication import messages
 from pipesched.render.html import measured_section, render_comparison_html
-from pipesched.render.pairing import Comparison
 from pipesched.runtime.runs import RunOptions, run_schedules
 from pipesched.timeline import ALLREDUCE
 

@@ -21,7 +21,7 @@ from pipesched.ops import B, F, I, Op, W
 from pipesched.schedule import Placement, Schedule
 from pipesched.simulate import Network, critical_path, simulate
 from pipesched.simulate.graph import gradient_bytes
-from pipesched.slot_table import inflight_per_device, slot_table
+from pipesched.slots import inflight_per_device, slot_table
 from pipesched.timeline import ALLREDUCE
 from simulate_helpers import (
     longest_path_makespan,

@@ -18,7 +18,7 @@ from pipesched.experiments.evaluate import sim_schedule
 from pipesched.generators import FAMILIES, formula, generate
 from pipesched.simulate import Network, simulate
 from pipesched.simulate.iterations import compile_iterations, steady_state
-from pipesched.slot_table import slot_table, table_costs, table_metrics
+from pipesched.slots import slot_table, table_costs, table_metrics
 from pipesched.weight_versions import weight_versions
 
 
@@ -287,7 +287,7 @@ def test_every_family_is_listed_with_its_kind():
 ])
 def test_golden_tables(golden, filename, name, options):
     from pipesched.io.grid import dumps
-    from pipesched.validate import validate
+    from pipesched.validation import validate
 
     p, m = (4, 4) if options else (4, 8)
     schedule = generate(name, p, m, **options)

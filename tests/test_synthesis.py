@@ -25,7 +25,7 @@ from pipesched.search.plans import Plan, evaluate, fits, in_microbatch_order
 from pipesched.search.problem import IntegerProblem, SynthesisProblem
 from pipesched.search.synthesis import synthesize
 from pipesched.simulate import Network, simulate
-from pipesched.validate import validate
+from pipesched.validation import validate
 
 INF = math.inf
 

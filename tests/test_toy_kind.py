@@ -22,8 +22,8 @@ from pipesched.rules import AT_START, HOST_LINK, RULES, KindRule, MemoryEffect, 
 from pipesched.schedule import Placement, Schedule
 from pipesched.search.problem import MemoryGrid
 from pipesched.simulate import compile_graph, run
-from pipesched.slot_table import slot_table
-from pipesched.validate import LOCAL_ORDER, MEMORY, MISSING, validate
+from pipesched.slots import slot_table
+from pipesched.validation import LOCAL_ORDER, MEMORY, MISSING, validate
 from pipesched.waits import WAIT_DEPENDENCY, waited_for
 
 P = "P"

@@ -16,7 +16,7 @@ from pipesched.passes.offload import OffloadPolicy, offload
 from pipesched.render.trace import render_comparison_trace, render_trace
 from pipesched.simulate import Network, simulate
 from pipesched.simulate.iterations import steady_state
-from pipesched.slot_table import slot_table
+from pipesched.slots import slot_table
 from render_timelines import GIB, measured_like, simulated, split_backward
 
 

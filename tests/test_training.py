@@ -31,8 +31,8 @@ from pipesched.rules import FORWARD_ONLY, INPUT_GRADIENT, ROLES, RULES, TRAINS, 
 from pipesched.schedule import Placement
 from pipesched.simulate import Network, compile_graph, run, simulate
 from pipesched.simulate.graph import op_queues
-from pipesched.slot_table import slot_table
-from pipesched.validate import FROZEN, validate
+from pipesched.slots import slot_table
+from pipesched.validation import FROZEN, validate
 
 FREE = {"latency": 0.0, "bandwidth": math.inf}
 MODEL = {"model": "llama3-8b", "cluster": "1x8-h100", "tp": 2}

@@ -8,8 +8,8 @@ from pipesched import io
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.ops import Op
-from pipesched.slot_table import slot_table
-from pipesched.validate import (
+from pipesched.slots import slot_table
+from pipesched.validation import (
     DEADLOCK,
     DUPLICATE,
     LOCAL_ORDER,

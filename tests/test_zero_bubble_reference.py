@@ -16,8 +16,8 @@ import pytest
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import formula, generate
-from pipesched.slot_table import table_metrics
-from pipesched.validate import validate
+from pipesched.slots import table_metrics
+from pipesched.validation import validate
 
 CASES = sorted((Path(__file__).parent / "reference" / "zero_bubble").glob("*.txt"))
 

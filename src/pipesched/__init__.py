@@ -10,16 +10,16 @@
 
 from __future__ import annotations
 
-import sys
-import types
 from importlib import import_module
 from typing import TYPE_CHECKING
 
 # Every public name is imported on first use, so that `import pipesched` (and the command
 # line's start) costs next to nothing; numpy, numba and the model package load when a
-# name that needs them is first touched. The simulator and the comparison live in the
-# subpackages of the same name: ``from pipesched.simulate import simulate, Network``;
-# ``from pipesched.compare import compare``.
+# name that needs them is first touched. No submodule shares a name with a public name (a
+# submodule, once imported, is bound over the package attribute of its name): the validator
+# is ``pipesched.validation``, the slot table ``pipesched.slots``. The simulator and the
+# comparison live in the subpackages of the same name: ``from pipesched.simulate import
+# simulate, Network``; ``from pipesched.compare import compare``.
 _LAZY = {
     "StageCosts": "pipesched.costs",
     "PipeschedError": "pipesched.errors",
@@ -33,13 +33,13 @@ _LAZY = {
     "OpKind": "pipesched.ops",
     "Placement": "pipesched.schedule",
     "Schedule": "pipesched.schedule",
-    "slot_table": "pipesched.slot_table",
-    "table_metrics": "pipesched.slot_table",
+    "slot_table": "pipesched.slots",
+    "table_metrics": "pipesched.slots",
     "MemoryTrace": "pipesched.timeline",
     "Timeline": "pipesched.timeline",
     "TransferTable": "pipesched.timeline",
-    "Violation": "pipesched.validate",
-    "validate": "pipesched.validate",
+    "Violation": "pipesched.validation",
+    "validate": "pipesched.validation",
     "summarize": "pipesched.metrics",
     "Cluster": "pipesched.model.hardware",
     "DeviceSpec": "pipesched.model.hardware",
@@ -68,9 +68,9 @@ if TYPE_CHECKING:
     from pipesched.rules import RULES
     from pipesched.schedule import Placement, Schedule
     from pipesched.simulate import compile_graph
-    from pipesched.slot_table import slot_table, table_metrics
+    from pipesched.slots import slot_table, table_metrics
     from pipesched.timeline import MemoryTrace, Timeline, TransferTable
-    from pipesched.validate import Violation, validate
+    from pipesched.validation import Violation, validate
 
 
 def __getattr__(name: str) -> object:
@@ -81,20 +81,6 @@ def __getattr__(name: str) -> object:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """The package object: ``pipesched.validate`` and ``pipesched.slot_table`` stay the
-    functions of those names when the submodules that define them are imported (the import
-    system would otherwise bind the submodules over them)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

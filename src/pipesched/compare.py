@@ -35,6 +35,7 @@ from pipesched.experiments.grid import Mapper, evaluate_all, rank
 from pipesched.experiments.point import Point
 from pipesched.generators import FAMILIES, get_family
 from pipesched.timeline import Timeline
+from pipesched.units import GiB
 from pipesched.variability.distribution import Distribution, PairedComparison, paired_comparison
 
 Progress = Callable[[int, int, str], None]  # (done, total, what runs next)
@@ -102,7 +103,7 @@ class Comparison:
                     row[f"{level} MFU"] = round(r.mfu, 4)
                     row[f"{level} HFU"] = round(r.hfu, 4)
                 if r.memory_unit == MemoryUnit.BYTES:
-                    row[f"{level} GiB"] = round(r.peak_memory / 2**30, 2)
+                    row[f"{level} GiB"] = round(r.peak_memory / GiB, 2)
                     row[f"{level} fits"] = "no (OOM)" if r.out_of_memory else "yes"
                 else:
                     row[f"{level} act."] = r.peak_memory

@@ -31,10 +31,9 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.limits import MAX_GRID_CELLS
 from pipesched.ops import Op
-from pipesched.rules import AT_START, ROLES, STREAMS, Rules
+from pipesched.rules import AT_START, ROLES, STREAMS, TRANSFER_KIND_NAMES, Rules
 from pipesched.schedule import Schedule
-from pipesched.timeline import TRANSFER_KIND_NAMES
-from pipesched.validate import fused_violations, structure_violations
+from pipesched.validation import fused_violations, structure_violations
 
 NO_MESSAGE = -1
 # the step column of a table whose rules read no step: numba compiles the index loops for

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterable
 
@@ -67,7 +68,6 @@ def suggest(name: object, known: Iterable[str]) -> str:
     """
     if not isinstance(name, str) or len(name) > SHORT_VALUE_CHARS:
         return ""
-    import difflib  # only when a name is unknown
 
     known = list(known)
     lowered = name.lower()

@@ -298,6 +298,11 @@ def check_family_option(name: str, value: object) -> object:
     return value
 
 
+def check_iterations(value: object) -> int:
+    """A count of iterations run back to back: a whole number in 1..MAX_ITERATIONS."""
+    return check_family_option("iterations", value)  # type: ignore[return-value]
+
+
 def check_sampled_work(samples: int, tasks: int) -> None:
     """Refuse a Monte Carlo run of ``samples`` samples of a graph of ``tasks`` ops and
     transfers that would simulate more than MAX_SAMPLED_TASKS tasks in all."""

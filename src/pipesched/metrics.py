@@ -50,10 +50,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from numba import njit
 
+from pipesched.dependencies import dependencies
 from pipesched.enums import TimeUnit
 from pipesched.errors import require
+from pipesched.ops import O
+from pipesched.simulate.blocking import step_heads
 from pipesched.simulate.critical import CriticalPath, critical_path
-from pipesched.timeline import Timeline
+from pipesched.timeline import ALLREDUCE, Timeline
 from pipesched.waits import row_dependencies
 
 
@@ -297,9 +300,6 @@ def _exposed_and_hidden(num_devices, src, dst, start, end, op_device, op_start, 
 def blocked_in_batches(timeline: Timeline) -> np.ndarray:
     """Per device, the time a blocking runtime holds it in its send and receive batches
     beyond waiting for data to be produced (see the module docstring)."""
-    from pipesched.dependencies import dependencies
-    from pipesched.simulate.blocking import step_heads
-
     n, origin = len(timeline), timeline.origin
     before = np.full(n, -1, np.int64)
     device_rows = [timeline.rows_of_device(device) for device in range(timeline.num_devices)]
@@ -381,8 +381,6 @@ def offload_exposed(timeline: Timeline) -> np.ndarray:
 
 def training_work(timeline: Timeline) -> TrainingWork:
     """Frozen, recomputed and offloaded work of each device of ``timeline``."""
-    from pipesched.ops import O
-
     schedule, rules, count = timeline.schedule, timeline.schedule.rules, timeline.num_devices
     frozen_on = [sorted({stage for replica in schedule.placement.replicas for stage, d in enumerate(replica)
                          if d == device and stage in schedule.frozen}) for device in range(count)]
@@ -415,8 +413,6 @@ def training_work(timeline: Timeline) -> TrainingWork:
 def allreduce_per_device(timeline: Timeline) -> np.ndarray:
     """Seconds (or slots) each device spends in gradient all-reduces: between stage replicas
     (Chimera, DualPipe) and with its data-parallel peers."""
-    from pipesched.timeline import ALLREDUCE
-
     transfers = timeline.transfers
     total = np.zeros(timeline.num_devices)
     reduces = np.flatnonzero(transfers.kind == ALLREDUCE)

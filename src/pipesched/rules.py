@@ -81,6 +81,10 @@ from pipesched.ops import OVERLAP_F_B, B, F, I, O, Op, OpKind, R, W
 # messages that cross a stage boundary
 ACTIVATION = "activation"  # F(s) -> F(s+1): the hidden state, output_bytes[s]
 GRADIENT = "gradient"  # I/B(s+1) -> I/B(s): the gradient of that hidden state, output_bytes[s]
+# every transfer kind, messages, the replicas' gradient all-reduce and an all-to-all's pair
+# parts; a transfer table stores a kind as its index here (``timeline.ACTIVATION``,
+# ``GRADIENT``, ``ALLREDUCE``, ``ALL_TO_ALL``)
+TRANSFER_KIND_NAMES = (ACTIVATION, GRADIENT, "allreduce", "all-to-all")
 
 # most kinds in one table: a set of kinds is a bit mask in one int64 (complete sets)
 MAX_KINDS = 63

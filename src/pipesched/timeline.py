@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipesched.dependencies import op_arrays, rule_arrays
 from pipesched.enums import MemoryUnit
 from pipesched.errors import require
 from pipesched.ops import Op
+from pipesched.rules import COMPUTE, STREAMS, TRANSFER_KIND_NAMES
 from pipesched.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -26,10 +28,9 @@ if TYPE_CHECKING:
     from pipesched.simulate.critical import CriticalPath
     from pipesched.simulate.network import Network
 
-# Transfer kinds stored in TransferTable.kind; an all-to-all is one transfer per pair of
-# its group (``pipesched.simulate.collective``)
-ACTIVATION, GRADIENT, ALLREDUCE, ALL_TO_ALL = 0, 1, 2, 3
-TRANSFER_KIND_NAMES = ("activation", "gradient", "allreduce", "all-to-all")
+# Transfer kinds stored in TransferTable.kind: their index in rules.TRANSFER_KIND_NAMES; an
+# all-to-all is one transfer per pair of its group (``pipesched.simulate.collective``)
+ACTIVATION, GRADIENT, ALLREDUCE, ALL_TO_ALL = range(len(TRANSFER_KIND_NAMES))
 
 
 @dataclass(frozen=True, eq=False)
@@ -242,9 +243,6 @@ class Timeline:
     @property
     def on_compute(self) -> np.ndarray:
         """bool per op row: the op runs on its device's compute stream (not on its host link)."""
-        from pipesched.dependencies import rule_arrays
-        from pipesched.rules import COMPUTE, STREAMS
-
         return rule_arrays(self.schedule.rules).stream[self.op_kind] == STREAMS.index(COMPUTE)
 
     def busy_per_device(self) -> np.ndarray:
@@ -299,8 +297,6 @@ class Timeline:
 
     @cached_property
     def _entry_kinds(self) -> np.ndarray:
-        from pipesched.dependencies import op_arrays
-
         return op_arrays(self.schedule).entry_kind
 
     def rows_of_device(self, device: int, *, compute: bool = True) -> np.ndarray:

@@ -64,7 +64,7 @@ def weight_versions(timeline: Timeline, *, update_every: int, delay: int = 0,
     iteration).
 
     >>> from pipesched.generators import generate
-    >>> from pipesched.slot_table import slot_table
+    >>> from pipesched.slots import slot_table
     >>> found = weight_versions(slot_table(generate("pipedream", 3, 6, iterations=2)), update_every=1)
     >>> found.versions, [max(row) for row in found.staleness]
     ((3, 2, 1), [2, 1, 0])

@@ -27,9 +27,9 @@ from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError
 from pipesched.experiments.evaluate import check_levels
 from pipesched.experiments.point import Point
+from pipesched.units import GiB
 from pipesched.wording import significant
 
-GiB = 2.0**30
 LEVEL_TITLES = {Level.FORMULA: "formula (slots)", Level.TABLE: "table (slots)", Level.SIM: "simulated (s)"}
 Schedules = Annotated[str | None, typer.Option("--schedules", help="comma-separated families [default: all]")]
 ALL_LEVELS = ",".join(LEVELS)

@@ -46,9 +46,8 @@ from pipesched.model.freezing import parse_frozen_layers
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.partition import format_layout, parse_layout
 from pipesched.schedule import Placement, Schedule
+from pipesched.units import GiB, MiB
 
-GiB = 2.0**30
-MiB = 2.0**20
 PlanSchedule = Annotated[str | None, typer.Option("--schedule", help="schedule family for in-flight memory")]
 ShowLayout = Annotated[bool, typer.Option("--layout", help="print the Megatron layout string")]
 

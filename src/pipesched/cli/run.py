@@ -40,6 +40,7 @@ from pipesched.generators import FAMILIES
 from pipesched.io.files import check_outputs
 from pipesched.model import load_model
 from pipesched.render.terminal import timeline_view
+from pipesched.render.views import write_check_views
 from pipesched.runtime.check import check_schedules
 from pipesched.runtime.launch import Fault as FaultSpec
 from pipesched.runtime.profile import ProfileOptions
@@ -241,7 +242,7 @@ def check_command(*, schedules: CheckSchedules, p: RunDevices = None, m: RunMicr
     with StatusLine(f"check {', '.join(split_names(schedules))}") as status:
         report = check_schedules(built, load_model(real.model), options=real.options(), runtime=real.runtime,
                                  on_status=status)
-    for path in report.write_views(html=html, trace=trace, title=f"prediction check: {real.model}, p={p}, m={m}"):
+    for path in write_check_views(report, html=html, trace=trace, title=f"prediction check: {real.model}, p={p}, m={m}"):
         wrote(path)
     if as_json:
         typer.echo(json.dumps(report.to_dict(model=real.model, p=p, m=m), indent=1))

@@ -27,7 +27,8 @@ from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.io.files import Output
 from pipesched.limits import MAX_OPS, check_count
-from pipesched.validate import REPORTED_VIOLATIONS, format_report, require_valid, validate
+from pipesched.units import GiB
+from pipesched.validation import REPORTED_VIOLATIONS, format_report, require_valid, validate
 from pipesched.wording import counted
 
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ LISTS = ("families", "models", "devices", "clusters")
 # costs of levels 1 and 2 (costs=F,I,W) and a fused pair's cost over F + B (fb_cost, taken
 # out by family_options)
 NOT_FAMILY_OPTIONS = ("costs",)
-GiB = 2.0**30
 
 
 def list_command(
@@ -174,7 +174,7 @@ def show(*, name: ScheduleName, schedule: ScheduleOptions, fmt: Format = None, o
       pipesched show zb-v -p 4 -m 8 --set activation_limit=6 --svg zb-v.svg
       pipesched show zb-h1 -p 4 -m 8 --set costs=1,2,1
     """
-    from pipesched.slot_table import slot_table
+    from pipesched.slots import slot_table
 
     views.check(("output", output))
     # on a terminal, with no --format or -o: the time-aligned grid instead of the grid text
@@ -232,7 +232,7 @@ def _grid_summary(name: str, schedule: Schedule, slots, costs, options: dict[str
     """The comment lines under a printed grid: the slot table's makespan, bubble and
     in-flight activations, and for a family its closed form's."""
     from pipesched.generators import FAMILIES, formula, get_family
-    from pipesched.slot_table import one_f_one_b_units, table_metrics
+    from pipesched.slots import one_f_one_b_units, table_metrics
 
     metrics = table_metrics(schedule, slots)
     lengths = (f"F={slots.f:g}, I={slots.i:g}, W={slots.w:g}, B={slots.b:g}" if costs is not None and costs.is_uniform

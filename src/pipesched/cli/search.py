@@ -53,9 +53,8 @@ from pipesched.search.store import (
     read_rows,
 )
 from pipesched.search.sweep import search
+from pipesched.units import GiB
 from pipesched.wording import counted
-
-GiB = 2.0**30
 
 
 def _listed(axis: str) -> str:

@@ -27,9 +27,9 @@ from pipesched.experiments.point import Point, schedule_point
 from pipesched.experiments.simulation import Simulation, simulate_point
 from pipesched.generators import FAMILIES, get_family
 from pipesched.metrics import allreduce_per_device, iteration_microbatches
+from pipesched.units import GiB
 from pipesched.variability.distribution import Distribution, Spread
 
-GiB = 2.0**30
 ScheduleName = Annotated[str, typer.Argument(metavar="SCHEDULE|FILE",
                                              help="schedule family or schedule file (.txt, .csv, .json)")]
 

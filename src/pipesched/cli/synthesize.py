@@ -32,8 +32,8 @@ from pipesched.search.problem import check_size
 from pipesched.search.synthesis import SynthesisResult, synthesize
 from pipesched.simulate import simulate
 from pipesched.simulate.network import Network
+from pipesched.units import GiB
 
-GiB = 2.0**30
 BACKWARDS = ("split", "full")
 ScheduleFile = Annotated[str | None, typer.Option(
     "-o", "--output", help="write the schedule, in the format its extension names: .json JSON, .csv PyTorch CSV, "

@@ -24,8 +24,7 @@ from pipesched.experiments.point import Point
 from pipesched.indices import format_indices
 from pipesched.metrics import TrainingWork
 from pipesched.timeline import Timeline
-
-GiB = 2.0**30
+from pipesched.units import GiB
 
 
 def training_columns(training: TrainingWork | None, timeline: Timeline) -> dict[str, list[str]]:

@@ -48,6 +48,7 @@ from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
 from pipesched.experiments.setup import SimulationSetup
+from pipesched.generators import formula, get_family
 from pipesched.metrics import (
     IterationWork,
     TrainingWork,
@@ -67,7 +68,13 @@ from pipesched.simulate.iterations import (
     steady_state,
 )
 from pipesched.simulate.network import Network
-from pipesched.slot_table import one_f_one_b_units
+from pipesched.slots import (
+    inflight_per_device,
+    one_f_one_b_units,
+    slot_table,
+    table_costs,
+    table_metrics,
+)
 from pipesched.timeline import Timeline
 from pipesched.variability.distribution import Distribution, monte_carlo
 
@@ -241,8 +248,6 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
         except PipeschedError as exc:
             return Record(point, error=f"{level}: {exc}")
     if keep_timeline and timeline is None:
-        from pipesched.slot_table import slot_table
-
         timeline = slot_table(schedule, slot_costs(point))
     return Record(point, tuple(results), setup=setup, timeline=timeline if keep_timeline else None,
                   distribution=distribution)
@@ -268,7 +273,6 @@ def with_fb_cost(costs: StageCosts, fb_cost: float | None) -> StageCosts:
 def _asynchronous(point: Point) -> bool:
     if point.schedule is not None:
         return point.schedule.execution.asynchronous
-    from pipesched.generators import get_family
 
     return get_family(point.family).asynchronous
 
@@ -279,7 +283,6 @@ def in_steady_state(point: Point) -> bool:
 
 
 def _formula(point: Point, schedule) -> FormulaResult:
-    from pipesched.generators import formula
 
     if point.schedule is not None:
         raise PipeschedError(f"schedule={point.family}: a schedule file has no closed form; compare it at the "
@@ -295,7 +298,6 @@ def _formula(point: Point, schedule) -> FormulaResult:
 
 
 def _table(point: Point, schedule) -> tuple[TableResult, Timeline]:
-    from pipesched.slot_table import inflight_per_device, slot_table, table_costs, table_metrics
 
     costs = slot_costs(point)
     if in_steady_state(point):

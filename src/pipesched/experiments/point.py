@@ -31,11 +31,18 @@ from typing import TYPE_CHECKING
 from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
-from pipesched.generators import get_family
+from pipesched.experiments.setup import SimulationSetup, describe_model_setup
+from pipesched.generators import generate, get_family
+from pipesched.indices import format_indices
+from pipesched.model import load_cluster, load_model
+from pipesched.model.freezing import parse_frozen_layers
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import check_recompute, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
-from pipesched.passes.offload import OffloadPolicy
+from pipesched.ops import I
+from pipesched.passes.freeze import freeze
+from pipesched.passes.offload import OffloadPolicy, offload
+from pipesched.rules import RULES
 from pipesched.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -219,8 +226,6 @@ class Point:
         stages as its latency, and what W keeps as M_W; options given on the point win.
         ``iterations`` asks an asynchronous family for its table of that many iterations.
         """
-        from pipesched.generators import generate, get_family
-
         options: dict[str, object] = {}
         if self.schedule is not None:
             schedule = self.schedule
@@ -235,15 +240,11 @@ class Point:
         frozen = self.frozen_stages(schedule)
         if frozen and frozen != schedule.frozen:
             if self.schedule is not None:
-                from pipesched.passes.freeze import freeze
-
                 schedule = freeze(schedule, frozen)
             else:
                 schedule = generate(self.family, self.p, self.m, v=self.v, frozen=frozen, **options)
         policy = self.offload_policy(schedule.num_stages)
         if policy is not None:
-            from pipesched.passes.offload import offload
-
             schedule = offload(schedule, policy)
         return schedule
     def frozen_stages(self, schedule: Schedule) -> frozenset[int]:
@@ -289,10 +290,6 @@ def planning_options(setup, p: int, m: int) -> dict[str, object]:
     neighbouring stages: link latency + output bytes / bandwidth) and ``m_w`` (what a
     stage-microbatch still holds between its I and its W, over what its F allocated; the
     largest over the stages)."""
-    from pipesched.generators import generate
-    from pipesched.ops import I
-    from pipesched.rules import RULES
-
     # the placement of one stage per device, in a table the memory-aware partition can read
     table = generate("1f1b", p, m)
     costs = setup.costs_for(table)
@@ -311,10 +308,6 @@ def _setup(model: str | ModelSpec | None, cluster: str | Cluster | None, setting
            partition: str, stage_costs: StageCosts | None, latency: float | None, bandwidth: float | None,
            recompute: str = "none", frozen_layers: str | tuple[int, ...] = "", host_bandwidth: float | None = None,
            host_memory: float | None = None, dp: int = 1):
-    from pipesched.experiments.setup import SimulationSetup, describe_model_setup
-    from pipesched.indices import format_indices
-    from pipesched.model.freezing import parse_frozen_layers
-
     def frozen(count: int) -> tuple[int, ...]:
         if isinstance(frozen_layers, tuple):
             return frozen_layers
@@ -355,8 +348,6 @@ def _setup(model: str | ModelSpec | None, cluster: str | Cluster | None, setting
 @functools.lru_cache(maxsize=64)
 def _loaded(kind: str, name: str, stamp: tuple[int, int] | None) -> ModelSpec | Cluster:
     """A model or cluster by preset name or file, read once per version of the file."""
-    from pipesched.model import load_cluster, load_model
-
     return load_model(name) if kind == "model" else load_cluster(name)
 
 

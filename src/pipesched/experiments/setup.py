@@ -36,10 +36,11 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require, shorten, suggest
 from pipesched.indices import format_indices
 from pipesched.limits import check_rate
+from pipesched.model import data_parallel_groups, pipeline_ranks
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import recompute_modes, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings
-from pipesched.model.stages import METHODS
+from pipesched.model.stages import METHODS, cached_plan, plan_stages
 from pipesched.model.transformer import hardware_flops_per_iteration, model_flops_per_iteration
 from pipesched.partition import format_layout
 from pipesched.partition.layout import LETTERS, parse_layout
@@ -208,7 +209,6 @@ class SimulationSetup:
         """The model's stage plan for ``schedule`` (a ``pipesched.model.StagePlan``; plans of
         the uniform and balanced methods and of layout strings are cached)."""
         require(self.model is not None, "stage_costs", "given", "a plan needs a model; these are given stage costs")
-        from pipesched.model.stages import cached_plan, plan_stages
 
         modes = self.recompute_for(schedule)
         if self.partition == "memory":
@@ -217,7 +217,6 @@ class SimulationSetup:
         if self.partition in PARTITION_METHODS:
             return cached_plan(self.model, schedule.placement, self.cluster, self.settings, self.partition, None,
                                None, modes)
-        from pipesched.partition import parse_layout
 
         layout = parse_layout(self.partition, self.model.layer_kinds, num_stages=schedule.num_stages)
         return cached_plan(self.model, schedule.placement, self.cluster, self.settings, "balanced", layout, None,
@@ -267,8 +266,6 @@ class SimulationSetup:
 
 def _network(setup: SimulationSetup, placement: Placement) -> Network:
     if setup.cluster is not None:
-        from pipesched.model import data_parallel_groups, pipeline_ranks
-
         settings, replicas = setup.settings, setup.data_parallel
         ranks = pipeline_ranks(placement, setup.cluster, settings.tensor_parallel, data_parallel=replicas)
         groups = None

@@ -117,7 +117,7 @@ def frozen_schedule(name: str, schedule: Schedule, frozen: Iterable[int], option
     tie).
     """
     from pipesched.passes.freeze import freeze
-    from pipesched.slot_table import slot_table
+    from pipesched.slots import slot_table
 
     family = FAMILIES[name]
     kept = freeze(schedule, frozen)

@@ -121,11 +121,6 @@ class Family:
         return self.default_v if v is None else v
 
 
-def check_iterations(value: object) -> int:
-    """A count of iterations run back to back: a whole number in 1..MAX_ITERATIONS."""
-    return check_family_option("iterations", value)  # type: ignore[return-value]
-
-
 def switch(value: object, name: str) -> bool:
     """An on/off family option (``--set forward_doubling=0``): 1 or 0."""
     return bool(check_family_option(name, value))

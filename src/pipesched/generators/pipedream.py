@@ -31,8 +31,9 @@ from __future__ import annotations
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
-from pipesched.generators.base import Family, FormulaEstimate, check_iterations, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes
 from pipesched.generators.one_f_one_b import one_f_one_b, one_f_one_b_formula
+from pipesched.limits import check_iterations
 from pipesched.schedule import Execution, Schedule, WeightUpdates
 
 

@@ -34,11 +34,6 @@ _MEMORY = tuple(RULES.units_delta(kind) for kind in (F, F, I, I, W))
 Times = list[list[list[int]]]
 
 
-def block_zb(p: int) -> list[tuple[int, int, int, int]]:
-    """ZB-V's block: 1F1B's memory (2p chunk-stages on device 0)."""
-    return [(4 * d, 6 * p - d - 2, 6 * p + 2 * d - 1, 12 * p - d - 2) for d in range(p)]
-
-
 def block_half(p: int) -> list[tuple[int, int, int, int]]:
     """V-Half's block: about half of 1F1B's activation memory."""
     gap = 3 if p % 2 == 0 else 0  # keeps the slots of one device distinct modulo 6

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,8 +76,6 @@ def write_all(outputs: Sequence[Output]) -> list[Path]:
     """Write a command's files all or none: each to a temporary file beside its target,
     then, once every one is complete, rename them into place: a failure to write any (a
     full disk, an unwritable folder) replaces none and leaves no temporary file."""
-    import tempfile  # only commands that write files need it
-
     targets = check_outputs((output.field, output.path) for output in outputs)
     temporaries: list[str] = []
     try:

@@ -79,9 +79,7 @@ from types import MappingProxyType
 
 from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.model.hardware import DeviceSpec
-
-GiB = 2.0**30
-GB = 1e9
+from pipesched.units import GB, GiB
 
 # output tiles the NVIDIA GEMM libraries pick from for bf16 (CUTLASS / cuBLAS threadblock tiles)
 NVIDIA_TILES = ((128, 128), (128, 256), (256, 128))

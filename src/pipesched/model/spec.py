@@ -113,11 +113,6 @@ class LayerCost:
         return max(self.flops - self.recompute_flops, 0.0)
 
     @property
-    def backward_s(self) -> float:
-        """Full backward B = I + W, seconds."""
-        return self.backward_input_s + self.backward_weight_s
-
-    @property
     def total_s(self) -> float:
         """F + I + W, seconds."""
         return self.forward_s + self.backward_input_s + self.backward_weight_s

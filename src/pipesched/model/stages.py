@@ -34,7 +34,7 @@ import numpy as np
 from pipesched.costs import StageCosts
 from pipesched.errors import OutOfMemory, PipeschedError, require
 from pipesched.model.freezing import freeze_layers, frozen_mask, static_bytes
-from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
+from pipesched.model.hardware import Cluster, DeviceSpec
 from pipesched.model.spec import RECOMPUTE_MODES, LayerCost, ModelSpec, TrainingSettings
 from pipesched.model.transformer import layer_costs
 from pipesched.partition import (
@@ -47,9 +47,9 @@ from pipesched.partition import (
     uniform,
 )
 from pipesched.schedule import Placement, Schedule
+from pipesched.units import GiB
 
 METHODS = ("uniform", "balanced", "memory")
-GiB = 2.0**30
 
 
 @dataclass(frozen=True)
@@ -344,8 +344,3 @@ def cached_plan(model: ModelSpec, placement: Placement, cluster: Cluster, settin
     return plan_stages(model, placement, cluster, settings, method=method, partition=partition,
                        memory_limit=memory_limit, recompute=recompute,
                        schedule=schedule.schedule if schedule is not None else None)
-
-
-def link_summary(link: LinkSpec) -> str:
-    """``450 GB/s, 3 us`` style text of a link."""
-    return f"{link.bandwidth / 1e9:g} GB/s, {link.latency * 1e6:g} us"

@@ -7,9 +7,10 @@ import re
 
 from pipesched.errors import invalid
 from pipesched.limits import MAX_AMOUNT, MAX_NUMBER_CHARS, MAX_SECONDS, check_amount
+from pipesched.units import GB, KB, MB, PB, TB, GiB, KiB, MiB, TiB
 
-_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+_PREFIX = {"": 1.0, "k": KB, "K": KB, "M": MB, "G": GB, "T": TB, "P": PB,
+           "Ki": KiB, "Mi": MiB, "Gi": GiB, "Ti": TiB}
 
 # unit suffix (after the prefix) -> (quantity, factor to base units)
 _UNITS = {

@@ -29,8 +29,7 @@ from pipesched.ops import B, F, I, O, Op, R
 from pipesched.rules import FORWARD_ONLY
 from pipesched.schedule import Schedule
 from pipesched.timeline import MemoryTrace
-
-GiB = 2.0**30
+from pipesched.units import GiB
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import numpy as np
 
 from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.errors import require
-from pipesched.render.pairing import (
+from pipesched.pairing import (
     PARTING_SHARE,
     Comparison,
     deviations,
@@ -102,7 +102,7 @@ def render_html(
     require(len(timelines) >= 1, "timelines", 0, "give at least one timeline for the report")
     summaries = [summarize(t) for t in timelines]
     heading = title or "pipeline schedule report: " + ", ".join(s.name for s in summaries)
-    data = _base_data(timelines[0].schedule.rules)
+    data = base_data(timelines[0].schedule.rules)
     # one display unit per base unit (slots or seconds), so panels can share one time axis
     scales = {unit: time_scale(unit, max(t.makespan for t in timelines if t.unit == unit))
               for unit in {t.unit for t in timelines}}
@@ -112,7 +112,7 @@ def render_html(
     contents = [("metrics", "Metrics")]
     sections = [
         f'<header><h1>{escape(heading)}</h1><p class="report-headline" id="report-headline">'
-        f"{escape(report_headline(summaries))}</p>{_legend(timelines)}</header>",
+        f"{escape(report_headline(summaries))}</p>{kind_legend(timelines)}</header>",
         '<section id="metrics"><h2>Metrics</h2>' + metrics_table_html(summaries) + _definitions() + "</section>",
     ]
     if comparison:
@@ -140,7 +140,7 @@ def render_html(
         + _timeline_tools(share_axis=share_axis) + '<div id="timelines"></div></section>'
     )
     sections.insert(1, _contents(contents, summaries))
-    return _page(heading, sections, data)
+    return html_page(heading, sections, data)
 
 
 def _contents(contents: Sequence[tuple[str, str]], summaries: Sequence[Summary]) -> str:
@@ -160,8 +160,8 @@ def _timeline_tools(*, share_axis: bool = False) -> str:
             '<label><input type="checkbox" id="show-critical"> critical path</label></div>')
 
 
-def _page(heading: str, sections: Sequence[str], data: dict, *, scripts: Sequence[str] = ("report.js",),
-          styles: Sequence[str] = ("report.css", "pages.css")) -> str:
+def html_page(heading: str, sections: Sequence[str], data: dict, *, scripts: Sequence[str] = ("report.js",),
+              styles: Sequence[str] = ("report.css", "pages.css")) -> str:
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -178,7 +178,7 @@ def _page(heading: str, sections: Sequence[str], data: dict, *, scripts: Sequenc
     ])
 
 
-def _base_data(rules: Rules = RULES) -> dict:
+def base_data(rules: Rules = RULES) -> dict:
     """What every page's script reads, with the kinds of ``rules`` (the page's timelines')."""
     styles = kind_styles(rules)
     return {
@@ -342,11 +342,11 @@ def render_comparison_html(
     """
     require(len(comparisons) >= 1, "comparisons", 0, "give at least one predicted and measured pair")
     heading = title or "prediction vs measurement: " + ", ".join(c.predicted.schedule.name for c in comparisons)
-    data = _base_data()
+    data = base_data()
     data["timelines"] = []
     data["comparisons"] = []
     drawn = [t for c in comparisons for t in (c.predicted, c.measured)]
-    sections = [f"<header><h1>{escape(heading)}</h1>{_legend(drawn)}{_deviation_legend()}</header>"]
+    sections = [f"<header><h1>{escape(heading)}</h1>{kind_legend(drawn)}{_deviation_legend()}</header>"]
     if summary:
         sections.append("<section><h2>Predicted and measured</h2>" + comparison_table_html(summary)
                         + f'<p class="note">{escape(PREDICTED_NOTE)}</p></section>')
@@ -395,7 +395,7 @@ def render_comparison_html(
             f"{_deviation_table(k, predicted, found, scale, shown)}</div>"
             f'<h3>Step times</h3><div class="steps" id="steps-{k}"></div></section>'
         )
-    return _page(heading, sections, data, scripts=("report.js", "check.js"))
+    return html_page(heading, sections, data, scripts=("report.js", "check.js"))
 
 
 def _errors(predicted: float, measured: Sequence[float]) -> list[float | None]:
@@ -465,7 +465,7 @@ def _kind_table(k: int, predicted: Timeline, found, scale: TimeScale) -> str:
     rows = [[(KIND_NAMES[e.kind], f"{KIND_LETTERS[e.kind]} {KIND_NAMES[e.kind]}"), (e.count, f"{e.count:,}"),
              (repr(e.mean), f"{e.mean:+.1%}"), (repr(e.median), f"{e.median:+.1%}"),
              (repr(e.total), f"{e.total * scale.factor:+.4g}")] for e in kind_errors(predicted, found)]
-    return _sortable_table(f"kinds-{k}", header, rows)
+    return sortable_table(f"kinds-{k}", header, rows)
 
 
 def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown: int) -> str:
@@ -493,7 +493,7 @@ def _deviation_table(k: int, timeline: Timeline, found, scale: TimeScale, shown:
             ("" if math.isnan(relative) else repr(float(relative)), "-" if math.isnan(relative) else f"{relative:+.1%}"),
         ])
         links.append(f"{k}:{row}:{partner}")
-    table = _sortable_table(f"deviations-{k}", header, rows, row_data=links)
+    table = sortable_table(f"deviations-{k}", header, rows, row_data=links)
     return table.replace('<th scope="col" tabindex="0">Δ duration', '<th scope="col" tabindex="0" aria-sort="descending">Δ duration', 1)
 
 
@@ -640,7 +640,7 @@ def metrics_table_html(summaries: Sequence[Summary]) -> str:
             memory,
         ]
         rows.append(cells)
-    return _sortable_table("metrics", header, rows, row_data=[f"timeline-{k}" for k in range(len(summaries))])
+    return sortable_table("metrics", header, rows, row_data=[f"timeline-{k}" for k in range(len(summaries))])
 
 
 def _format_time(unit: str, time: float) -> str:
@@ -650,7 +650,7 @@ def _format_time(unit: str, time: float) -> str:
 
 def comparison_table_html(rows: Sequence[Mapping[str, object]], *, row_data: Sequence[str] | None = None) -> str:
     """Any flat rows (column -> value), columns in first-seen order; sortable; ``row_data``
-    links each row (``_sortable_table``)."""
+    links each row (``sortable_table``)."""
     columns: list[str] = []
     for row in rows:
         columns.extend(key for key in row if key not in columns)
@@ -662,11 +662,11 @@ def comparison_table_html(rows: Sequence[Mapping[str, object]], *, row_data: Seq
             sort_key = repr(float(value)) if isinstance(value, int | float) and not isinstance(value, bool) else format_cell(value)
             cells.append((sort_key, format_cell(value)))
         body.append(cells)
-    return _sortable_table("comparison", columns, body, row_data=row_data)
+    return sortable_table("comparison", columns, body, row_data=row_data)
 
 
-def _sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tuple[object, object]]], *,
-                    row_data: Sequence[str] | None = None, row_attribute: str = "data-link") -> str:
+def sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tuple[object, object]]], *,
+                   row_data: Sequence[str] | None = None, row_attribute: str = "data-link") -> str:
     """A table whose header cells sort it (report.js); each cell is (sort key, shown text);
     ``row_data`` gives each row a ``row_attribute`` attribute."""
     head = "".join(f'<th scope="col" tabindex="0">{escape(str(h))}</th>' for h in header)
@@ -681,7 +681,7 @@ def _sortable_table(name: str, header: Sequence[str], rows: Sequence[Sequence[tu
             f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
 
 
-def _legend(timelines: Sequence[Timeline]) -> str:
+def kind_legend(timelines: Sequence[Timeline]) -> str:
     """Swatches of every op kind drawn in ``timelines`` (a fused pair's kind too), each
     kind's chunk shades where a device holds several chunks, and the transfer kinds."""
     kinds = sorted({int(k) for t in timelines for k in np.unique(t.box_kind[t.drawn()])})

@@ -19,18 +19,18 @@ from html import escape
 
 from pipesched.experiments.simulation import simulate_point
 from pipesched.render.html import (
-    _base_data,
-    _legend,
-    _page,
-    _sortable_table,
+    base_data,
+    html_page,
+    kind_legend,
     nice_ticks,
+    sortable_table,
     timeline_data,
 )
 from pipesched.render.summary import summarize
 from pipesched.search.results import SearchResult, json_row, row_point, simulate_command
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
+from pipesched.units import GiB
 
-GiB = 2.0**30
 # configurations drawn as dots at most (an even sample of the rest beyond it), timelines at most
 MAX_DOTS = 6000
 MAX_TIMELINES = 6
@@ -46,14 +46,14 @@ def render_search_html(result: SearchResult, *, top: int = 20) -> str:
     best = result.best
     shown = sampled_front(front, best)
     timelines = [simulate_point(row_point(space, row)).timeline for row in shown]
-    data = _base_data()
+    data = base_data()
     data["timelines"] = [timeline_data(t, summarize(t)) | {"name": f"{k + 1}. {_label(row)}"}
                          for k, (t, row) in enumerate(zip(timelines, shown, strict=True))]
     data["timelineKeys"] = [row.key for row in shown]  # the configuration each timeline draws
     counts = (f"{len(result.rows):,} points: {result.count(EVALUATED):,} evaluated, {result.count(OUT_OF_MEMORY):,} "
               f"out of memory, {result.count(PRUNED):,} pruned by the bound, {result.count(INVALID):,} invalid.")
     sections = [f"<header><h1>{escape(heading)}</h1><p class=\"note\">{escape(counts)}</p>"
-                + (_legend(timelines) if timelines else "") + "</header>"]
+                + (kind_legend(timelines) if timelines else "") + "</header>"]
     if best is not None:
         sections.append(f"<p class=\"figures\">Best: {escape(_label(best))}, {best.iteration_time_s:.4f} s, "
                         f"{best.throughput_tokens_per_s:,.0f} tokens/s. Reproduce with "
@@ -75,7 +75,7 @@ def render_search_html(result: SearchResult, *, top: int = 20) -> str:
                         "+ / − to zoom, drag to pan, double-click to reset; hover an op for its details; "
                         "click a dot above to outline its timeline.</p>"
                         '<div id="timelines"></div></section>')
-    return _page(heading, sections, data, scripts=("report.js", "search.js"))
+    return html_page(heading, sections, data, scripts=("report.js", "search.js"))
 
 
 def sampled_front(front: Sequence[StoredRow], best: StoredRow | None, count: int = MAX_TIMELINES) -> list[StoredRow]:
@@ -131,8 +131,8 @@ def search_table(name: str, rows: Sequence[StoredRow]) -> str:
         values = json_row(row)
         body.append([("" if values[key] is None else repr(values[key]) if isinstance(values[key], int | float)
                       else str(values[key]), show(values[key])) for key, _, show in SEARCH_COLUMNS])
-    return _sortable_table(name, [header for _, header, _ in SEARCH_COLUMNS], body,
-                           row_data=[row.key for row in rows], row_attribute="data-key")
+    return sortable_table(name, [header for _, header, _ in SEARCH_COLUMNS], body,
+                          row_data=[row.key for row in rows], row_attribute="data-key")
 
 
 # dot colours of the families, in order of first appearance (then repeating)

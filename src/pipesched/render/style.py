@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pipesched.enums import MemoryUnit, TimeUnit
 from pipesched.rules import RULES, Rules
 from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
+from pipesched.units import GiB, KiB, MiB, TiB
 
 # index = the kind's position in rules.RULES (F, I, W, B, O, R, OVERLAP_F_B)
 KIND_COLORS: tuple[str, ...] = ("#3274b5", "#f28e2b", "#4e9f50", "#d0582a", "#5d6d7e", "#8e9eae", "#3b3f5c")
@@ -170,7 +171,7 @@ def format_memory(value: float, unit: str) -> str:
     """
     if unit != MemoryUnit.BYTES:
         return f"{value:g} {unit}"
-    for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+    for size, name in ((TiB, "TiB"), (GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
         if abs(value) >= size:
             return f"{value / size:.2f} {name}"
     return f"{value:g} B"
@@ -180,7 +181,7 @@ def memory_scale(unit: str, peak: float) -> tuple[float, str]:
     """(divisor, unit name) for a memory axis whose largest value is ``peak``."""
     if unit != MemoryUnit.BYTES:
         return 1.0, unit
-    for size, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+    for size, name in ((TiB, "TiB"), (GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
         if peak >= size:
             return float(size), name
     return 1.0, "B"

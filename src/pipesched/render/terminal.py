@@ -50,7 +50,7 @@ def timeline_view(timeline: Timeline, *, width: int) -> Group:
     metrics, one row per device, a time axis and a legend.
 
     >>> from pipesched.generators import generate
-    >>> from pipesched.slot_table import slot_table
+    >>> from pipesched.slots import slot_table
     >>> from rich.console import Console
     >>> console = Console(width=50, color_system=None)
     >>> with console.capture() as out:
@@ -92,7 +92,7 @@ def grid_view(timeline: Timeline, *, width: int, color: bool = True) -> Group:
     ``width``; ``color`` False draws each op's extent with GRID_FILL instead of its colour.
 
     >>> from pipesched.generators import generate
-    >>> from pipesched.slot_table import slot_table
+    >>> from pipesched.slots import slot_table
     >>> from rich.console import Console
     >>> console = Console(width=40, color_system=None)
     >>> with console.capture() as out:

@@ -16,7 +16,11 @@ from pathlib import Path
 
 from pipesched.errors import require
 from pipesched.io.files import Output, check_outputs, write_all
-from pipesched.render.pairing import Comparison, comparison_pairs
+from pipesched.pairing import Comparison, comparison_pairs
+from pipesched.render.gantt import render_gantt
+from pipesched.render.html import render_comparison_html, render_html
+from pipesched.render.trace import render_comparison_trace, render_trace
+from pipesched.runtime.check import CheckReport
 from pipesched.timeline import Timeline
 
 PathLike = str | os.PathLike[str]
@@ -57,6 +61,14 @@ def render_views(
             for field, path in requested]
 
 
+def write_check_views(report: CheckReport, *, html: PathLike | None = None, trace: PathLike | None = None,
+                      title: str = "") -> list[Path]:
+    """A prediction check's comparison page and two-processes-per-device trace, titled with
+    its ranking verdict; the paths written."""
+    return write_comparison_views(report.comparisons(), html=html, trace=trace, summary=report.summary_rows(),
+                                  title=f"{title}; {report.ranking_verdict}" if title else report.ranking_verdict)
+
+
 def write_comparison_views(
     comparisons: Sequence[Comparison],
     *,
@@ -73,12 +85,8 @@ def write_comparison_views(
     outputs = []
     for field, path in requested:
         if field == "trace":
-            from pipesched.render.trace import render_comparison_trace
-
             text = render_comparison_trace(comparison_pairs(comparisons))
         else:
-            from pipesched.render.html import render_comparison_html
-
             text = render_comparison_html(comparisons, summary=summary, title=title)
         outputs.append(Output(path, text, field))
     return write_all(outputs)
@@ -87,14 +95,9 @@ def write_comparison_views(
 def _render(field: str, timelines: Sequence[Timeline], comparison, title: str, distributions=None, *,
             share_axis: bool = False) -> str | bytes:
     if field in ("png", "svg"):
-        from pipesched.render.gantt import render_gantt
-
         return render_gantt(timelines, fmt=field, title=title, share_axis=share_axis)
     if field == "trace":
-        from pipesched.render.trace import render_trace
-
         return render_trace(timelines)
-    from pipesched.render.html import render_html
 
     return render_html(timelines, comparison=comparison, title=title, distributions=distributions,
                        share_axis=share_axis)

@@ -12,7 +12,7 @@ def wait_texts(timeline: Timeline, waits: Waits) -> list[str]:
     sentences in the page).
 
     >>> from pipesched.generators import generate
-    >>> from pipesched.slot_table import slot_table
+    >>> from pipesched.slots import slot_table
     >>> from pipesched.waits import waited_for
     >>> t = slot_table(generate("1f1b", 2, 2))  # device 0 runs 0F0 0F1 0B0 0B1
     >>> wait_texts(t, waited_for(t))[:3]

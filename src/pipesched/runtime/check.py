@@ -3,7 +3,7 @@
 For each schedule: profile its stages in isolation, simulate it with those costs (plus the
 runtime's per-op overhead and the measured link between ranks), run it for real, and
 compare the predicted iteration time with the measured median step time. The error is
-signed, (predicted - measured) / measured (``render.pairing.prediction_error``, the one
+signed, (predicted - measured) / measured (``pairing.prediction_error``, the one
 sign of the terminal, ``--json`` and the comparison page): positive when the prediction is
 longer than the run, negative when the run is slower than predicted.
 
@@ -43,14 +43,13 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.model.spec import ModelSpec
-from pipesched.render.pairing import Comparison, prediction_error
+from pipesched.pairing import Comparison, prediction_error
 from pipesched.runtime.launch import StatusCallback
 from pipesched.runtime.profile import (
     LinkProfile,
@@ -71,10 +70,13 @@ from pipesched.runtime.runs import (
     stage_partition,
 )
 from pipesched.schedule import Schedule
+from pipesched.simulate import compile_graph, run
 from pipesched.simulate.graph import TaskGraph
 from pipesched.simulate.network import Network
 from pipesched.timeline import Timeline
-from pipesched.variability.distribution import Distribution, Spread
+from pipesched.variability.distribution import Distribution, Spread, monte_carlo
+from pipesched.variability.measured import MeasuredFactors
+from pipesched.variability.model import Variability
 
 # Monte Carlo iterations of each prediction, drawn from the profiled repeats
 CHECK_SAMPLES = 2000
@@ -220,13 +222,6 @@ class CheckReport:
                      "predicted spread ms": round((row.spread.time.max - row.spread.time.min) * 1e3, 3)})}
                 for row in self.rows]
 
-    def write_views(self, *, html: str | None = None, trace: str | None = None, title: str = "") -> list[Path]:
-        """The comparison page and the two-processes-per-device trace; the paths written."""
-        from pipesched.render.views import write_comparison_views
-
-        return write_comparison_views(self.comparisons(), html=html, trace=trace, summary=self.summary_rows(),
-                                      title=f"{title}; {self.ranking_verdict}" if title else self.ranking_verdict)
-
 
 @dataclass(frozen=True)
 class PairVerdict:
@@ -324,8 +319,6 @@ def predict(schedule: Schedule, timings: Sequence[StageTiming], network: Network
             dtype: str = "float32", samples: int = CHECK_SAMPLES) -> Prediction:
     """The prediction and its distribution from one profiled timing per stage: both from
     one compiled graph, so they share every cost."""
-    from pipesched.simulate import compile_graph, run
-
     costs = add_op_overhead(stage_costs_from_timings(timings, dtype=dtype), overhead_s)
     graph = compile_graph(schedule, costs, network)
     return Prediction(costs, run(graph), predicted_spread(graph, timings, overhead_s=overhead_s, samples=samples))
@@ -336,10 +329,6 @@ def predicted_spread(graph: TaskGraph, timings: Sequence[StageTiming], *, overhe
     """The prediction's distribution when every op draws its time from its stage's profiled
     repeats (each plus the per-op overhead, as the costs count them), as factors over their
     median on the graph's own durations; None without repeats."""
-    from pipesched.variability.distribution import monte_carlo
-    from pipesched.variability.measured import MeasuredFactors
-    from pipesched.variability.model import Variability
-
     seconds = [timing.repeat_seconds(offset_s=overhead_s) for timing in timings]
     if not all(seconds):
         return None

@@ -222,7 +222,7 @@ def _terminate_as_exit():
         yield  # signal handlers can only be set from the main thread
         return
 
-    def leave(signum, frame):
+    def leave(signum, _frame):
         raise SystemExit(128 + signum)
 
     previous = {signum: signal.signal(signum, leave) for signum in (signal.SIGTERM, signal.SIGHUP)}

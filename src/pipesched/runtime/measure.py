@@ -38,6 +38,29 @@ from pipesched.timeline import ALLREDUCE, MeasuredInfo, Source, Timeline, Transf
 MessageKey = tuple[int, int, int, int, int]
 
 
+ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}  # bytes per element of each runtime dtype
+
+
+@dataclass(frozen=True)
+class StageTiming:
+    """Median op times of a run of layers for one microbatch (seconds) and its sizes (bytes)."""
+
+    forward: float
+    backward_input: float
+    backward_weight: float
+    backward: float  # full backward B, timed on its own (not I + W)
+    activation_bytes: float  # tensors autograd saves in F (parameters excluded)
+    output_bytes: float  # the tensor sent to the next stage (0 on the last stage: nothing is sent)
+    params: int
+    # every timed repeat, seconds: (op kind letter F, I, W or B, its times), the medians' samples
+    repeats: tuple[tuple[str, tuple[float, ...]], ...] = ()
+
+    def repeat_seconds(self, *, offset_s: float = 0.0) -> dict[str, tuple[float, ...]]:
+        """Kind letter -> every repeat's seconds, plus ``offset_s`` (the per-op overhead a
+        cost file adds to the medians)."""
+        return {kind: tuple(t + offset_s for t in times) for kind, times in self.repeats}
+
+
 @dataclass
 class RankStep:
     """What one rank recorded in one step; times in ns on the common clock."""

@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import datetime
 import io
 import itertools
+import os
+import platform
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +44,7 @@ import yaml
 
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
+from pipesched.generators import generate
 from pipesched.io.stage_costs import dumps_stage_costs
 from pipesched.limits import (
     MAX_DEVICES,
@@ -52,13 +56,17 @@ from pipesched.limits import (
     check_amount,
     check_count,
 )
+from pipesched.model import layer_params
 from pipesched.model.loading import LAYER_COLUMNS
 from pipesched.model.spec import LayerCost, ModelSpec
 from pipesched.partition import Partition
 from pipesched.runtime.launch import LaunchSpec, StatusCallback, launch
+from pipesched.runtime.measure import ELEMENT_BYTES, StageTiming
+from pipesched.runtime.runs import RunOptions, capacity_problem, memory_problem, run_schedules
+from pipesched.runtime.torch_import import require_torch
+from pipesched.units import GiB
 
 PROFILE_DEVICES = ("cpu", "cuda")
-ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}  # bytes per element of each runtime dtype
 # message sizes of the link measurement, bytes: the smallest gives latency, the rest bandwidth (up
 # to the size of a stage's gradients, which replicated stages exchange)
 LINK_SIZES = (8, 262144, 1048576, 4194304, 16777216)
@@ -110,26 +118,6 @@ class ProfileOptions:
 
 
 @dataclass(frozen=True)
-class StageTiming:
-    """Median op times of a run of layers for one microbatch (seconds) and its sizes (bytes)."""
-
-    forward: float
-    backward_input: float
-    backward_weight: float
-    backward: float  # full backward B, timed on its own (not I + W)
-    activation_bytes: float  # tensors autograd saves in F (parameters excluded)
-    output_bytes: float  # the tensor sent to the next stage (0 on the last stage: nothing is sent)
-    params: int
-    # every timed repeat, seconds: (op kind letter F, I, W or B, its times), the medians' samples
-    repeats: tuple[tuple[str, tuple[float, ...]], ...] = ()
-
-    def repeat_seconds(self, *, offset_s: float = 0.0) -> dict[str, tuple[float, ...]]:
-        """Kind letter -> every repeat's seconds, plus ``offset_s`` (the per-op overhead a
-        cost file adds to the medians)."""
-        return {kind: tuple(t + offset_s for t in times) for kind, times in self.repeats}
-
-
-@dataclass(frozen=True)
 class ProfileTask:
     """What the profiling rank receives: runs of layers (start, stop) to time."""
 
@@ -153,9 +141,6 @@ def _time_ranges(model: ModelSpec, ranges: Sequence[tuple[int, int]], options: P
                  on_status: StatusCallback | None = None) -> list[StageTiming]:
     """Every range timed by ``options.ranks`` ranks at once; each field is the median over
     the ranks of their medians."""
-    from pipesched.model import layer_params
-    from pipesched.runtime.runs import capacity_problem, memory_problem
-
     problem = capacity_problem(options.ranks, options.backend)
     if problem is not None:
         fix = "profile with --device cpu" if options.device == "cuda" else "use fewer --ranks"
@@ -207,9 +192,9 @@ def profile_layers(model: ModelSpec, options: ProfileOptions | None = None, *,
 def profile_layer_timings(model: ModelSpec, options: ProfileOptions | None = None, *,
                           on_status: StatusCallback | None = None) -> list[StageTiming]:
     """The timing of every layer of the model in isolation (layers of one kind are timed once)."""
-    options = options or ProfileOptions()
     from pipesched.runtime.torch_model import check_buildable
 
+    options = options or ProfileOptions()
     check_buildable(model)
     count = model.num_cost_layers
     distinct: dict[tuple[str, ...], int] = {}
@@ -239,9 +224,9 @@ def profile_stage_timings(model: ModelSpec, partitions: Sequence[Partition],
                           options: ProfileOptions | None = None, *,
                           on_status: StatusCallback | None = None) -> list[list[StageTiming]]:
     """The timing of every stage of each partition, every distinct stage timed once in isolation."""
-    options = options or ProfileOptions()
     from pipesched.runtime.torch_model import check_buildable
 
+    options = options or ProfileOptions()
     check_buildable(model)
     wanted: dict[tuple[str, ...], tuple[int, int]] = {}
     for partition in partitions:
@@ -292,9 +277,6 @@ def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: Mod
     With ``model`` (and the run's micro-batch size, sequence length and dtype) the probe's
     stage boundaries carry tensors of the run's size.
     """
-    from pipesched.generators import generate
-    from pipesched.runtime.runs import RunOptions, run_schedules
-
     options = RunOptions(micro_batch_size=micro_batch_size, seq_len=seq_len, dtype=dtype, steps=steps, warmup=2,
                          backend=backend, timeout_s=timeout_s)
     result = run_schedules([generate("1f1b", 2, 8)], probe_model(model), options=options, runtime=runtime,
@@ -312,8 +294,6 @@ def profile_overhead(*, runtime: str = "ours", backend: str = "gloo", model: Mod
 def check_link_capacity(backend: str) -> None:
     """Refuse when this machine cannot host the two ranks a link measurement needs (with
     nccl: two GPUs)."""
-    from pipesched.runtime.runs import capacity_problem
-
     problem = capacity_problem(2, backend)
     if problem is not None:
         raise PipeschedError(f"link: measuring it needs two ranks and {problem}; skip it (CLI: --no-link)")
@@ -401,15 +381,13 @@ def device_preset_for(device_name: str, memory_bytes: float = 0.0) -> str:
         if fragment in device_name:
             return preset
     if "A100" in device_name:
-        return "a100-80gb" if memory_bytes > 48 * 2**30 else "a100-40gb"
+        return "a100-80gb" if memory_bytes > 48 * GiB else "a100-40gb"
     return ""
 
 
 def measuring_device(device: str) -> tuple[str, float]:
     """(name, memory bytes) of what ``profile --device DEVICE`` timed on: for cuda the first
     GPU, for cpu this machine's CPU model (memory 0)."""
-    from pipesched.runtime.torch_import import require_torch
-
     torch = require_torch()
     if device == "cuda":
         properties = torch.cuda.get_device_properties(0)
@@ -421,18 +399,12 @@ def measuring_device(device: str) -> tuple[str, float]:
                     return line.split(":", 1)[1].strip(), 0.0
     except OSError:
         pass
-    import platform
 
     return platform.processor() or platform.machine(), 0.0
 
 
 def measurement_notes(model: ModelSpec, options: ProfileOptions, device_name: str) -> list[str]:
     """How a profile was taken, as lines for the head of its file."""
-    import datetime
-    import os
-
-    from pipesched.runtime.torch_import import require_torch
-
     torch = require_torch()
     threads = "" if options.device == "cuda" else f", {options.threads} torch thread(s) pinned to a core"
     return [

@@ -18,7 +18,26 @@ from pipesched.limits import MAX_DEVICES, MAX_LAYERS, MAX_STAGES, check_count, p
 from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition
 from pipesched.runtime.launch import StatusCallback
-from pipesched.runtime.profile import ProfileOptions
+from pipesched.runtime.profile import (
+    ProfileOptions,
+    add_op_overhead,
+    check_link_capacity,
+    device_preset_for,
+    layer_costs,
+    layer_costs_csv,
+    layer_costs_yaml,
+    link_yaml,
+    measurement_notes,
+    measuring_device,
+    profile_layer_timings,
+    profile_link,
+    profile_overhead,
+    profile_stage_timings,
+    stage_costs_csv,
+    stage_costs_from_timings,
+)
+from pipesched.runtime.runs import stage_partition
+from pipesched.variability.measured import repeats_csv
 
 RUNTIMES = ("ours", "pytorch")  # whose per-op overhead per-stage costs carry
 
@@ -58,26 +77,6 @@ def profile_to_files(spec: ModelSpec, options: ProfileOptions, request: ProfileR
                      on_status: StatusCallback | None = None) -> dict[str, object]:
     """Measure and write the files (see the module docstring); returns what was written and
     measured as the JSON shape of ``pipesched profile --json``."""
-    from pipesched.runtime.profile import (
-        add_op_overhead,
-        check_link_capacity,
-        device_preset_for,
-        layer_costs,
-        layer_costs_csv,
-        layer_costs_yaml,
-        link_yaml,
-        measurement_notes,
-        measuring_device,
-        profile_layer_timings,
-        profile_link,
-        profile_overhead,
-        profile_stage_timings,
-        stage_costs_csv,
-        stage_costs_from_timings,
-    )
-    from pipesched.runtime.runs import stage_partition
-    from pipesched.variability.measured import repeats_csv
-
     target, link_path, repeats_path = request.paths()
     require(request.runtime in RUNTIMES, "runtime", request.runtime, "must be ours or pytorch")
     p = request.p

@@ -9,6 +9,7 @@ import time
 
 from pipesched.io import torch_csv
 from pipesched.runtime.executor import Executor, RankSetup, hosted_modules, replicated_stages
+from pipesched.runtime.gpu import CudaRecorder
 from pipesched.runtime.launch import LaunchSpec, RankContext
 from pipesched.runtime.measure import HostRecorder
 from pipesched.runtime.runs import PROFILE_WARMUP, PipelineTask, RankJobResult, RunJob, RunOptions
@@ -28,8 +29,6 @@ def _device(spec: LaunchSpec, rank: int) -> torch.device:
 
 def _recorder(spec: LaunchSpec, rank: int):
     if spec.backend == "nccl":
-        from pipesched.runtime.gpu import CudaRecorder
-
         return CudaRecorder(rank)
     return HostRecorder(rank)
 

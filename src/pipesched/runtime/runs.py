@@ -29,21 +29,29 @@ from pipesched.limits import (
     check_amount,
     check_count,
 )
+from pipesched.model import layer_params
 from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition, uniform
+from pipesched.passes.communication import with_communication
 from pipesched.rules import COMPUTE
 from pipesched.runtime.launch import Fault, LaunchSpec, StatusCallback, launch
-from pipesched.runtime.measure import RankStep, measured_timeline, order_mismatch
-from pipesched.runtime.profile import ELEMENT_BYTES, StageTiming
+from pipesched.runtime.measure import (
+    ELEMENT_BYTES,
+    RankStep,
+    StageTiming,
+    measured_timeline,
+    order_mismatch,
+)
+from pipesched.runtime.torch_import import require_torch
 from pipesched.schedule import Schedule
 from pipesched.timeline import MeasuredInfo, Timeline, median_step
-from pipesched.validate import validate
+from pipesched.units import GiB
+from pipesched.validation import validate
 
 BACKENDS = ("gloo", "nccl")
 RUNTIMES = ("auto", "pytorch", "ours")
 RUNTIME_DTYPES = ("float32", "float64", "bfloat16")
 GLOO_RANKS_PER_CORE = 4  # most gloo ranks one CPU core may host
-GiB = 2.0**30
 PROFILE_WARMUP = 3  # untimed repeats before the profile phase's timed ones
 
 
@@ -77,10 +85,6 @@ class RunOptions:
         require(self.backend in BACKENDS, "backend", self.backend,
                 "must be gloo (CPU) or nccl (one GPU per rank)")
         check_amount("timeout", self.timeout_s, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
-
-    @property
-    def device_kind(self) -> str:
-        return "cuda" if self.backend == "nccl" else "cpu"
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,6 @@ def capacity_problem(num_ranks: int, backend: str) -> str | None:
         if num_ranks > limit:
             return f"this machine has {cores} CPU cores and hosts at most {limit} gloo ranks ({GLOO_RANKS_PER_CORE} per core)"
         return None
-    from pipesched.runtime.torch_import import require_torch
 
     torch = require_torch()
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -191,8 +194,6 @@ def weight_bytes_per_rank(model: ModelSpec, schedule: Schedule, partition: Parti
     """The least memory each rank of a real run needs, bytes: the weights and gradients of
     the stages it holds (every replica's), in the runtime dtype. Activations, buffers and
     the interpreter come on top."""
-    from pipesched.model import layer_params
-
     params = layer_params(model)
     per_stage = [sum(params[i] for i in partition.layers(stage)) for stage in range(partition.num_stages)]
     need = [0.0] * schedule.num_devices
@@ -230,7 +231,6 @@ def memory_problem(need: Sequence[float], backend: str) -> str | None:
             return (f"its {len(need)} ranks need at least {total / GiB:,.1f} GiB for weights and gradients "
                     f"and this machine has {available / GiB:,.1f} GiB available")
         return None
-    from pipesched.runtime.torch_import import require_torch
 
     torch = require_torch()
     for rank, nbytes in enumerate(need):
@@ -263,7 +263,6 @@ def choose_runtime(schedule: Schedule, runtime: str) -> str:
             f"schedule={schedule.name}: neither runtime can run it: the table is invalid ({problems[0]}); "
             "run `pipesched validate` for the report"
         )
-    from pipesched.passes.communication import with_communication
 
     with_communication(schedule)
     if runtime == "ours":
@@ -314,9 +313,9 @@ def run_schedules(schedules: Sequence[Schedule], model: ModelSpec, *, options: R
         require(schedule.num_devices == num_ranks, "schedule", schedule.name,
                 f"has {schedule.num_devices} devices; every schedule of one run needs {num_ranks}")
         check_runnable(schedule)
-    from pipesched.runtime.torch_import import require_torch
 
     require_torch()
+
     from pipesched.runtime.torch_model import check_buildable
 
     check_buildable(model)

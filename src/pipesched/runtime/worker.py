@@ -5,9 +5,11 @@ result pickle or a one-line error report in FOLDER."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pickle
+import signal
 import sys
 import time
 import traceback
@@ -21,6 +23,7 @@ from pipesched.runtime.launch import (
     RankContext,
     rank_error_message,
 )
+from pipesched.runtime.torch_import import require_torch
 
 PR_SET_PDEATHSIG = 1  # prctl option: the signal this process gets when its parent dies
 
@@ -42,9 +45,6 @@ def _die_with_launcher() -> None:
     end it if the launcher were killed outright."""
     launcher = os.environ.get(LAUNCHER_PID_VARIABLE)
     if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if launcher and os.getppid() != int(launcher):
@@ -60,7 +60,6 @@ def main(argv: list[str]) -> int:
         if spec.pin_cpus:
             _pin(rank, spec.world_size)
         progress = Progress(folder / "progress.bin", rank)
-        from pipesched.runtime.torch_import import require_torch
 
         torch = require_torch()
         torch.set_num_threads(spec.threads)

@@ -32,9 +32,11 @@ from pipesched.experiments.evaluate import (
     with_fb_cost,
 )
 from pipesched.experiments.point import Point
+from pipesched.generators import formula
 from pipesched.passes.communication import allreduces
 from pipesched.simulate import engine
 from pipesched.simulate.graph import TaskGraph, collective_seconds, compile_graph, gradient_bytes
+from pipesched.simulate.iterations import compile_iterations
 from pipesched.simulate.memory import peak_memory
 from pipesched.simulate.network import Network
 
@@ -78,7 +80,6 @@ def lower_bound(point: Point) -> Bound:
         # iteration's ops before the last one ends everywhere, so neither the flushed table,
         # the fill ramp nor one iteration's work bounds it: no time bound (never pruned);
         # the memory is the whole run's, exact as ever
-        from pipesched.simulate.iterations import compile_iterations
 
         graph = compile_iterations(schedule, costs, None, iterations=STEADY_ITERATIONS,
                                    steady=point.steady_state).graph
@@ -94,8 +95,6 @@ def lower_bound(point: Point) -> Bound:
 
 
 def _closed_form(point: Point, costs: StageCosts) -> float:
-    from pipesched.generators import formula
-
     if point.schedule is not None:
         return 0.0
     # one stage of each op's least time (a bound for every stage)

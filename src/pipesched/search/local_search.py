@@ -19,6 +19,8 @@ from collections.abc import Iterator
 
 from pipesched.errors import PipeschedError
 from pipesched.ops import B, F, I, O, R, W
+from pipesched.passes.offload import OffloadPolicy, offload
+from pipesched.schedule import Placement, Schedule
 from pipesched.search.plans import Evaluation, Plan, evaluate, fits
 from pipesched.search.problem import SynthesisProblem
 
@@ -105,9 +107,6 @@ def improve(problem: SynthesisProblem, start: Evaluation, *, seconds: float, see
 
 def _switch_offload(problem: SynthesisProblem, plan: Plan, stage: int) -> Plan:
     """``plan`` with ``stage``'s offload switched: its O and R ops taken out, or placed."""
-    from pipesched.passes.offload import OffloadPolicy, offload
-    from pipesched.schedule import Placement, Schedule
-
     if stage in plan.offload:
         tables = tuple(tuple(op for op in ops if not (op.stage == stage and op.kind in (O, R)))
                        for ops in plan.device_ops)

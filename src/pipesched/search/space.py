@@ -25,10 +25,12 @@ from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import ZERO_STAGES, Point, zero_applies
 from pipesched.experiments.setup import PARTITION_METHODS
+from pipesched.generators import FAMILIES, get_family
 from pipesched.limits import MAX_SEARCH_POINTS
+from pipesched.model import layer_costs, load_cluster, load_model
 from pipesched.model.spec import DTYPE_BYTES, RECOMPUTE_MODES, TrainingSettings
+from pipesched.units import GiB
 
-GiB = 2.0**30
 # the largest global batch a search takes (sequences per iteration)
 MAX_GLOBAL_BATCH = 1 << 20
 # the most points one search enumerates (each a Point in memory, then a row in the store)
@@ -66,8 +68,6 @@ class SearchSpace:
     micro_batch_sizes: tuple[int, ...] = ()  # b values (empty: every divisor of G / d)
 
     def __post_init__(self) -> None:
-        from pipesched.generators import FAMILIES, get_family
-
         require(isinstance(self.global_batch, int) and 1 <= self.global_batch <= MAX_GLOBAL_BATCH,
                 "global_batch", self.global_batch, f"must be a whole number of sequences in 1..{MAX_GLOBAL_BATCH}")
         require(isinstance(self.seq_len, int) and self.seq_len >= 1, "seq_len", self.seq_len,
@@ -155,8 +155,6 @@ class SearchSpace:
         then layout, micro-batch size, recompute, ZeRO stage, partition, family and chunks.
         Neighbours share their schedule and layer costs, so a worker that gets a run of them
         builds each once."""
-        from pipesched.generators import get_family
-
         variants = sum(len(self.chunks) if get_family(family).takes_v else 1 for family in self.schedules)
         options = len(self.partitions) * len(self.recompute) * variants
         size = sum(options * sum(1 for zero in self.zero if zero_applies(zero, layout.dp))
@@ -191,8 +189,6 @@ class SearchSpace:
     def check_capacity(self) -> None:
         """Refuse a cluster that cannot hold the model's parameters, gradients and optimizer
         state in any layout of the space, even split evenly over all its devices."""
-        from pipesched.model import layer_costs, load_model
-
         cluster = _cluster(self.cluster)
         model = load_model(self.model)
         devices = self.devices()
@@ -225,6 +221,4 @@ def _divisors(n: int) -> list[int]:
 
 
 def _cluster(name: str):
-    from pipesched.model import load_cluster
-
     return load_cluster(name)

@@ -24,7 +24,7 @@ import sqlite3
 import typing
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
 from urllib.parse import quote
@@ -75,8 +75,6 @@ class StoredRow:
     run: int = 0  # which start of the search wrote the row
 
     def settled(self, status: str, **values: object) -> StoredRow:
-        from dataclasses import replace
-
         return replace(self, status=status, **values)
 
 

@@ -42,8 +42,8 @@ from pipesched.search.store import (
     SearchStore,
     StoredRow,
 )
+from pipesched.units import GiB
 
-GiB = 2.0**30
 FIRST_WAVE = 8  # points simulated before the first look at what was found ...
 WAVE = 256  # ... and at most between two looks
 FLUSH_ROWS = 64  # rows per store transaction, at most ...

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipesched.dependencies import dependencies
 from pipesched.errors import PipeschedError, require
 from pipesched.rules import GRADIENT, Rules
 from pipesched.schedule import Schedule
@@ -175,8 +176,6 @@ def _describe(schedule: Schedule, program: BlockingProgram, done: np.ndarray, qu
               queue_offsets: np.ndarray, producer: np.ndarray, first_consumer: np.ndarray) -> str:
     """What each stuck queue waits for, in words: 'd0 waits before 3F0 until d1 takes 0F2's
     output (d1 posts that receive before 1F2)'."""
-    from pipesched.dependencies import dependencies
-
     ops = dependencies(schedule).ops
 
     def name(row: int) -> str:

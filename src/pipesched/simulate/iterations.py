@@ -41,8 +41,7 @@ from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.dependencies import op_arrays, rule_arrays
 from pipesched.errors import require
-from pipesched.generators.base import check_iterations
-from pipesched.limits import MAX_OPS
+from pipesched.limits import MAX_OPS, check_iterations
 from pipesched.ops import Op
 from pipesched.rules import AT_START
 from pipesched.schedule import Schedule, WeightUpdates
@@ -228,9 +227,6 @@ def _repeated(one: TaskGraph, k: int, mode: str) -> Iterations:
     order[row.ravel()] = np.tile(np.arange(n), k)
     op_iteration = np.empty(k * n, np.int32)
     op_iteration[row.ravel()] = np.repeat(np.arange(k), n)
-
-    def rows_of(x: np.ndarray, i: np.ndarray) -> np.ndarray:
-        return row[i, x]
 
     # queues: each queue's rows, iteration after iteration
     q_offsets = one.queue_offsets.astype(np.int64)

@@ -191,9 +191,6 @@ class Network:
             return 0.0
         return float(self.latency[src, dst] + nbytes / self.bandwidth[src, dst])
 
-    def crosses_nodes(self, src: int, dst: int) -> bool:
-        return self.node_of[src] != self.node_of[dst]
-
     def device_name(self, device: int) -> str:
         return f"rank {self.ranks[device]}"
 

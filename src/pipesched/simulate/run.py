@@ -25,6 +25,7 @@ from pipesched.simulate.critical import from_binder
 from pipesched.simulate.graph import TaskGraph
 from pipesched.simulate.memory import host_memory_trace, memory_trace
 from pipesched.timeline import ALLREDUCE, SimulationInfo, Source, Timeline, TransferTable
+from pipesched.validation import validate
 
 # the most duration vectors one batch call takes (samples x tasks x 8 bytes stays in memory)
 MAX_BATCH_VALUES = 2**27
@@ -214,8 +215,6 @@ def _optimizer_steps(graph: TaskGraph, op_end: np.ndarray, tr_end: np.ndarray) -
 
 
 def _deadlock_message(graph: TaskGraph) -> str:
-    from pipesched.validate import validate
-
     schedule = graph.schedule
     violations = validate(schedule)
     detail = str(violations[0]) if violations else "the tables cannot run to completion"

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesched.costs import StageCosts
-from pipesched.ops import Op
 from pipesched.rules import held_after_each_op
 from pipesched.schedule import Schedule
+from pipesched.simulate.graph import compile_graph
+from pipesched.simulate.run import run
 from pipesched.timeline import Timeline
 
 
@@ -20,9 +21,6 @@ def slot_table(schedule: Schedule, costs: StageCosts | None = None) -> Timeline:
 
     Raises PipeschedError if the tables deadlock; validate first for the full report.
     """
-    from pipesched.simulate.graph import compile_graph
-    from pipesched.simulate.run import run
-
     return run(compile_graph(schedule, table_costs(schedule, costs), None), memory=False)
 
 
@@ -84,17 +82,3 @@ def table_metrics(schedule: Schedule, costs: StageCosts | None = None, *,
         # x one_f_one_b_units (p / S), multiplied before dividing as the closed forms count it
         activation_units=max(peaks) * schedule.num_devices / schedule.num_stages * schedule.microbatch_fraction,
     )
-
-
-def grid_cells(timeline: Timeline) -> list[list[Op | None]]:
-    """The classic grid: one row per device, one cell per unit slot (None = idle).
-
-    An op of length k slots fills k cells. Needs integral slot times.
-    """
-    total = round(timeline.makespan)
-    cells: list[list[Op | None]] = [[None] * total for _ in range(timeline.num_devices)]
-    for row in range(len(timeline)):
-        first, last = round(timeline.op_start[row]), round(timeline.op_end[row])
-        for slot in range(first, last):
-            cells[int(timeline.op_device[row])][slot] = timeline.op(row)
-    return cells
