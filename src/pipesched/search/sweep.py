@@ -10,6 +10,11 @@ points that cannot beat what was found, and write every result to the store as i
    time against memory. The rest of the wave is simulated at level 3 over the map
    (``pipesched.experiments.evaluate_all``) and becomes ``evaluated``.
 
+Each point is built and compiled once: the bound's graph (free communication) stays in the
+process that bounded it, and the evaluation lowers the network onto it there
+(``experiments.evaluate.keep_graph``; ``process_map`` sends a point to the same worker in
+both phases, and a point evaluated elsewhere is compiled again).
+
 Waves have fixed sizes, so a search gives the same rows with any map (one process, a pool
 of any size, Ray). A search started again on the same store resumes: the points already
 settled are read back, not computed again, and bounded ones go straight to phase 2. A
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from pipesched.errors import OutOfMemory, PipeschedError
-from pipesched.experiments.evaluate import Record
+from pipesched.experiments.evaluate import Record, keep_graph
 from pipesched.experiments.grid import Mapper, evaluate_all
 from pipesched.experiments.point import Point
 from pipesched.search.bounds import lower_bound
@@ -144,6 +149,8 @@ def bound_row(point: Point, *, run: int = 0) -> StoredRow:
     row = row.settled(BOUNDED, bound_s=bound.seconds, peak_memory_bytes=bound.peak_memory[largest],
                       capacity_bytes=capacity)
     if bound.fits:
+        if bound.graph is not None:
+            keep_graph(point, bound.graph)  # for its evaluation in this process: compiled once
         return row
     worst = bound.worst_device
     return row.settled(OUT_OF_MEMORY, reason=(
