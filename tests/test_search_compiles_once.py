@@ -5,6 +5,7 @@ builds its table once too."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections import Counter
@@ -14,7 +15,9 @@ import pytest
 from pipesched.experiments import evaluate
 from pipesched.experiments.point import Point
 from pipesched.search import sweep
-from pipesched.simulate import graph as graph_module
+
+graph_module = importlib.import_module("pipesched.simulate.graph")
+search_page = importlib.import_module("pipesched.render.search_page")
 
 # 2 layouts x 2 micro-batch sizes x (1f1b, zb-v, zb-1p, chimera): 16 points, all but one fit
 # (Chimera with m = 1 is not built)
@@ -69,3 +72,45 @@ def test_a_point_evaluated_alone_builds_its_table_once(monkeypatch) -> None:
     assert record.ok and [r.level for r in record.results] == ["formula", "table", "sim"]
     # the slot table runs the same graph compiler: one table, one graph per timed level
     assert counts == {"build_schedule": 1, "compile_graph": 2}
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the search page simulated or built a point")
+
+
+# what simulates a point or builds its schedule: refused while a search page is drawn
+REFUSED = (("pipesched.experiments.evaluate", ("run_sim", "evaluate", "compile_graph", "with_network")),
+           ("pipesched.experiments.simulation", ("simulate_point", "run_sim")),
+           ("pipesched.simulate.run", ("run",)), ("pipesched.simulate.graph", ("compile_graph", "with_network")))
+
+
+def _refusing(patch: pytest.MonkeyPatch) -> None:
+    for module, names in REFUSED:
+        for name in names:
+            patch.setattr(importlib.import_module(module), name, _refuse)
+    patch.setattr(Point, "build_schedule", _refuse)
+
+
+def test_the_search_page_reads_stored_results_and_simulates_nothing(tmp_path, cli, monkeypatch) -> None:
+    db = tmp_path / "s.sqlite"
+    args = [*ARGS[:ARGS.index("--json")], "--db", str(db)]
+    draw = search_page.render_search_html
+
+    def drawn_without_simulating(*given, **options):
+        with pytest.MonkeyPatch.context() as inner:
+            _refusing(inner)
+            return draw(*given, **options)
+
+    run_page, shown_page = tmp_path / "run.html", tmp_path / "shown.html"
+    with monkeypatch.context() as patched:
+        # the page of a search run now: the timelines its evaluation kept
+        patched.setattr(search_page, "render_search_html", drawn_without_simulating)
+        assert cli(*args, "--html", str(run_page)).code == 0
+    _refusing(monkeypatch)
+    assert cli("search", "--db", str(db), "--show", "--html", str(shown_page)).code == 0
+    stored = json.loads(cli("search", "--db", str(db), "--show", "--json").out)["searches"][0]
+    for html in (run_page.read_text(), shown_page.read_text()):
+        assert html.count('class="front"') == len(stored["pareto_front"]) and 'class="best"' in html
+        assert html.count("<circle") >= stored["evaluated_points"]
+    assert '"timelines":[{' in run_page.read_text()  # the best and the front, from the run
+    assert '"timelines":[]' in shown_page.read_text()  # a store keeps no timelines

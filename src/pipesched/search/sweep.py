@@ -46,6 +46,7 @@ from pipesched.search.store import (
     SearchStore,
     StoredRow,
 )
+from pipesched.timeline import Timeline
 
 GiB = 2.0**30
 FIRST_WAVE = 8  # points simulated before the first look at what was found ...
@@ -72,11 +73,11 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
     writer = _Writer(store, search_id)
     try:
         _bound(points, rows, writer, mapper=mapper, run=run, progress=progress)
-        _simulate(points, rows, writer, mapper=mapper, run=run, prune=prune, progress=progress)
+        found = _simulate(points, rows, writer, mapper=mapper, run=run, prune=prune, progress=progress)
     finally:
         writer.flush()  # a search stopped by an error or Ctrl-C keeps every point it finished
     return SearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
-                        seconds=time.monotonic() - began, db=str(store.path), runs=run)
+                        seconds=time.monotonic() - began, db=str(store.path), runs=run, timelines=found.timelines)
 
 
 def _bound(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer, *, mapper: Mapper, run: int,
@@ -92,8 +93,9 @@ def _bound(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer
 
 
 def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer, *, mapper: Mapper, run: int,
-              prune: bool, progress: Progress | None) -> None:
-    """Phase 2: the bounded rows by increasing bound, in waves, pruned or simulated."""
+              prune: bool, progress: Progress | None) -> _Staircase:
+    """Phase 2: the bounded rows by increasing bound, in waves, pruned or simulated; the
+    front found, with the timelines of the points simulated now."""
     found = _Staircase()
     for row in rows.values():
         if row.status == EVALUATED:
@@ -112,16 +114,17 @@ def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Wri
                 f"more memory ({better.peak_memory_bytes / GiB:.2f} <= {row.peak_memory_bytes / GiB:.2f} GiB)"))
             writer.add(rows[row.key])
         done += stop - start - len(wave)
-        for row, record in zip(wave, evaluate_all([points[r.key] for r in wave], ("sim",), mapper=mapper),
-                               strict=True):
+        records = evaluate_all([points[r.key] for r in wave], ("sim",), mapper=mapper, keep_timelines=True)
+        for row, record in zip(wave, records, strict=True):
             rows[row.key] = settled = _settle(row, record, run)
             if settled.status == EVALUATED:
-                found.add(settled)
+                found.add(settled, record.timeline)
             writer.add(settled)
             done += 1
             _report(progress, "simulate", done, len(queue))
         writer.flush()
     _report(progress, "simulate", done, len(queue))
+    return found
 
 
 def _waves(count: int) -> list[tuple[int, int]]:
@@ -180,6 +183,7 @@ class _Staircase:
 
     memory: list[float] = field(default_factory=list)
     rows: list[StoredRow] = field(default_factory=list)
+    timelines: dict[str, Timeline] = field(default_factory=dict)  # of the rows simulated in this run
 
     def dominating(self, row: StoredRow) -> StoredRow | None:
         """An evaluated row with no more memory than ``row`` and a time within its bound."""
@@ -191,15 +195,19 @@ class _Staircase:
             return self.rows[index]
         return None
 
-    def add(self, row: StoredRow) -> None:
+    def add(self, row: StoredRow, timeline: Timeline | None = None) -> None:
         if self._within(row.peak_memory_bytes, row.iteration_time_s) is not None:
             return  # no better than a row with no more memory
         start = bisect.bisect_left(self.memory, row.peak_memory_bytes)
         stop = start
         while stop < len(self.rows) and self.rows[stop].iteration_time_s >= row.iteration_time_s:
             stop += 1  # rows with as much memory or more that are no faster fall off
+        for gone in self.rows[start:stop]:
+            self.timelines.pop(gone.key, None)
         self.memory[start:stop] = [row.peak_memory_bytes]
         self.rows[start:stop] = [row]
+        if timeline is not None:
+            self.timelines[row.key] = timeline
 
 
 class _Writer:
