@@ -114,3 +114,22 @@ def test_the_search_page_reads_stored_results_and_simulates_nothing(tmp_path, cl
         assert html.count("<circle") >= stored["evaluated_points"]
     assert '"timelines":[{' in run_page.read_text()  # the best and the front, from the run
     assert '"timelines":[]' in shown_page.read_text()  # a store keeps no timelines
+
+
+def test_kept_graphs_are_taken_once_and_the_oldest_go_beyond_the_budget(monkeypatch) -> None:
+    evaluate_module = importlib.import_module("pipesched.experiments.evaluate")
+    points = [Point("1f1b", p=2, m=m, tp=4, model="llama3-8b", cluster="1x8-h100") for m in (4, 8, 16)]
+    graphs = [bound_graph(point) for point in points]
+    # room for the two newest graphs' op rows only
+    monkeypatch.setattr(evaluate_module, "KEPT_OPS", graphs[1].num_ops + graphs[2].num_ops)
+    monkeypatch.setattr(evaluate_module, "_KEPT", evaluate_module._Kept())  # none kept before
+    for point, graph in zip(points, graphs, strict=True):
+        evaluate_module.keep_graph(point, graph)
+    assert evaluate_module.take_graph(points[0]) is None
+    assert evaluate_module.take_graph(points[2]) is graphs[2]
+    assert evaluate_module.take_graph(points[2]) is None  # once
+    assert evaluate_module.take_graph(points[1]) is graphs[1]
+
+
+def bound_graph(point: Point):
+    return importlib.import_module("pipesched.search.bounds").lower_bound(point).graph
