@@ -257,17 +257,24 @@ def _compile_ops(schedule: Schedule, costs: StageCosts, *, contention: bool, ove
                   memory_delta, memory_at_start, static, (*host[:2], side))
 
 
-def _op_edges(schedule: Schedule, costs: StageCosts, network: Network | None) -> tuple[np.ndarray, ...]:
+def _op_edges(schedule: Schedule, costs: StageCosts, network: Network | None,
+              durations: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """(op durations, consumer and producer rows of the data dependencies, issue edges or
     None): fused entries as one op; host-link ops also wait for the compute op before them
-    in their device's table (where the runtime issues them)."""
+    in their device's table (where the runtime issues them). ``durations``: the ones of a
+    graph of free communication, kept unless host-link ops take the network's time."""
     ops = dependencies(schedule).ops
-    op_duration = op_durations(schedule, costs, network)
+    side = _uses_side_streams(schedule)
     # data dependencies, CSR by consumer row
     consumer, producer, _ = dependencies(schedule).edges
+    op_duration = durations
+    if durations is None or side:
+        op_duration = op_durations(schedule, costs, network)
+        if ops.fused:
+            op_duration, _ = fuse_entries(ops, costs, op_duration, consumer)
     if ops.fused:
-        op_duration, consumer = fuse_entries(ops, costs, op_duration, consumer)
-    issued_after = _issue_edges(ops, rule_arrays(schedule.rules).stream) if _uses_side_streams(schedule) else None
+        consumer = ops.entry_head[consumer].astype(np.int32)  # as fuse_entries moves them
+    issued_after = _issue_edges(ops, rule_arrays(schedule.rules).stream) if side else None
     return op_duration, consumer, producer, issued_after
 
 
@@ -288,7 +295,7 @@ def with_network(graph: TaskGraph, network: Network, *, contention: bool = True,
     )
     n, num_devices = len(ops), schedule.num_devices
     off_compute = _uses_side_streams(schedule)
-    op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, network)
+    op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, network, graph.op_duration)
     sent = messages(schedule)
     reduces = allreduces(schedule, data_parallel=network.replicas > 1)
     m_count, r_count = len(sent), len(reduces)
