@@ -156,7 +156,8 @@ def search_command(
     # the pool first: a Ray that cannot start or be joined leaves no store behind
     with _mapper(workers, ray, ray_address) as mapper, SearchStore.open(db) as store:
         try:
-            result = search(space, store=store, mapper=mapper, prune=not no_prune, progress=bar)
+            result = search(space, store=store, mapper=mapper, prune=not no_prune, progress=bar,
+                            timelines=html is not None)
         finally:
             bar.close()
     _write_files([result], csv=csv, html=html)

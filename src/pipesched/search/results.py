@@ -79,7 +79,8 @@ class SearchResult:
     seconds: float = 0.0  # wall time of this run
     db: str = ""  # the store's path
     runs: int = 1  # starts of this search, this one included
-    # the timelines of the front's points simulated in this run, by key (none read from a store)
+    # the timelines of the front's points simulated in this run when asked for, by key (none
+    # read from a store)
     timelines: Mapping[str, Timeline] = field(default_factory=dict, compare=False, repr=False)
     ranked: tuple[StoredRow, ...] = field(init=False, repr=False)
 

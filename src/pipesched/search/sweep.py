@@ -58,12 +58,14 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.map, prune: bool = True,
-           progress: Progress | None = None) -> SearchResult:
+           progress: Progress | None = None, timelines: bool = False) -> SearchResult:
     """Search ``space`` (see the module docstring), resuming what ``store`` holds of it.
 
     ``mapper``: a ``map`` (the built-in one, ``experiments.process_map``, ``ray_pool``);
     ``prune``: skip the points the bound rules out; ``progress(phase, done, total)`` is
-    called as results come, phases "bound" and "simulate".
+    called as results come, phases "bound" and "simulate"; ``timelines``: keep the
+    timelines of the front's points simulated now (``SearchResult.timelines``, what the
+    search page draws).
     """
     began = time.monotonic()
     space.check_capacity()
@@ -73,7 +75,8 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
     writer = _Writer(store, search_id)
     try:
         _bound(points, rows, writer, mapper=mapper, run=run, progress=progress)
-        found = _simulate(points, rows, writer, mapper=mapper, run=run, prune=prune, progress=progress)
+        found = _simulate(points, rows, writer, mapper=mapper, run=run, prune=prune, progress=progress,
+                          timelines=timelines)
     finally:
         writer.flush()  # a search stopped by an error or Ctrl-C keeps every point it finished
     return SearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
@@ -93,9 +96,9 @@ def _bound(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer
 
 
 def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer, *, mapper: Mapper, run: int,
-              prune: bool, progress: Progress | None) -> _Staircase:
+              prune: bool, progress: Progress | None, timelines: bool) -> _Staircase:
     """Phase 2: the bounded rows by increasing bound, in waves, pruned or simulated; the
-    front found, with the timelines of the points simulated now."""
+    front found, with the timelines of the points simulated now when asked for."""
     found = _Staircase()
     for row in rows.values():
         if row.status == EVALUATED:
@@ -114,7 +117,7 @@ def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Wri
                 f"more memory ({better.peak_memory_bytes / GiB:.2f} <= {row.peak_memory_bytes / GiB:.2f} GiB)"))
             writer.add(rows[row.key])
         done += stop - start - len(wave)
-        records = evaluate_all([points[r.key] for r in wave], ("sim",), mapper=mapper, keep_timelines=True)
+        records = evaluate_all([points[r.key] for r in wave], ("sim",), mapper=mapper, keep_timelines=timelines)
         for row, record in zip(wave, records, strict=True):
             rows[row.key] = settled = _settle(row, record, run)
             if settled.status == EVALUATED:
