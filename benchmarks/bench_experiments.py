@@ -34,6 +34,8 @@ import itertools
 import os
 import time
 
+from figures import figure
+
 from pipesched.costs import StageCosts
 from pipesched.experiments import Point, evaluate_all, process_map
 from pipesched.generators import FAMILIES
@@ -91,11 +93,14 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores; workers {args.workers}; load average {os.getloadavg()[0]:.2f}")
     for name, build, target in (("uniform costs", uniform_grid, 2000), ("model costs (llama3-70b, 4x8-h100)",
                                                                          model_grid, 1000)):
+        label = name.split()[0]
         points = build()
         cold, warm, ok, skipped = rate(points, args.workers)
         verdict = "meets" if min(cold, warm) >= target else ("meets warm" if warm >= target else "MISSES")
         print(f"{name}: {len(points)} points ({ok} evaluated, {skipped} skipped): cold {cold:,.0f}/s, "
               f"warm {warm:,.0f}/s (target {target:,}/s: {verdict})")
+        figure(f"{label}_grid_cold", cold, "points/s")
+        figure(f"{label}_grid_warm", warm, "points/s")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import figure
+
 from pipesched.experiments import Point, Record, evaluate, evaluate_all, process_map
 from pipesched.generators import FAMILIES, get_family
 from pipesched.search.space import SearchSpace
@@ -96,9 +98,13 @@ def evaluation_rate(workers: int) -> None:
     print(f"CPU per evaluated point: {each * 1e3:.3f} ms in the workers, {parent / len(timed) * 1e3:.3f} ms in the "
           f"parent (sending points, receiving records): {workers / overall:,.0f} points/s on {workers} otherwise "
           "idle cores (target 1,000)")
+    figure("evaluation_wall", len(records) / elapsed, "points/s")
+    figure("evaluation_cpu_per_point", overall * 1e3, "ms", better="lower")
     bound_each = sum(seconds for _, seconds in bounds) / len(bounds)
     print(f"bound phase (exact memory and lower bound) on the same points: {len(bounds) / bounded:,.0f} points/s "
           f"wall, {bound_each * 1e3:.3f} ms CPU per point")
+    figure("bound_wall", len(bounds) / bounded, "points/s")
+    figure("bound_cpu_per_point", bound_each * 1e3, "ms", better="lower")
     print(f"workers' CPU in all, warm-up included: {cpu:.1f} s")
     print(f"after: {load()}")
 
@@ -131,6 +137,8 @@ def whole_search(workers: int) -> None:
     print(f"settled {len(result.rows):,} points in {elapsed:.1f} s: {len(result.rows) / elapsed:,.0f} points/s wall; "
           f"workers' CPU {cpu:.1f} s = {cpu / len(result.rows) * 1e3:.2f} ms per point "
           f"({len(result.rows) / cpu * workers:,.0f} points/s on {workers} otherwise idle cores)")
+    figure("search_wall", len(result.rows) / elapsed, "points/s")
+    figure("search_cpu_per_point", cpu / len(result.rows) * 1e3, "ms", better="lower")
     print(f"{result.count(EVALUATED):,} simulated (fit), {result.count('out of memory'):,} out of memory, "
           f"{result.count('pruned'):,} pruned, {result.count('invalid'):,} invalid")
     best = result.best

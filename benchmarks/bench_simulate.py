@@ -25,6 +25,8 @@ import argparse
 import time
 import tracemalloc
 
+from figures import figure
+
 from pipesched.costs import StageCosts
 from pipesched.generators import generate
 from pipesched.schedule import Schedule
@@ -108,7 +110,9 @@ def main() -> None:
     warm = generate("1f1b", 4, 8)
     start = time.perf_counter()
     simulate(warm, *setup_for(warm))
-    print(f"cold start (first call of the process: engine loaded from numba's cache): {time.perf_counter() - start:.3f} s")
+    cold = time.perf_counter() - start
+    print(f"cold start (first call of the process: engine loaded from numba's cache): {cold:.3f} s")
+    figure("cold_start", cold, "s", better="lower")
     print()
     print(f"{'schedule':<18} {'p':>4} {'m':>5} {'ops':>9} {'transfers':>9} {'seconds':>9} {'ops/s':>12}")
     schedules: dict[tuple[str, int, int], Schedule] = {}
@@ -119,6 +123,7 @@ def main() -> None:
             seconds, transfers = best_time(schedule, args.repeat)
             print(f"{family:<18} {p:>4} {m:>5} {schedule.num_ops:>9} {transfers:>9} {seconds:>9.4f} "
                   f"{schedule.num_ops / seconds:>12,.0f}")
+            figure(f"{family}_p{p}_m{m}", schedule.num_ops / seconds, "ops/s")
     print()
     largest = schedules[("zb-v", *sizes[-1])]
     seconds, _ = best_time(largest, args.repeat)

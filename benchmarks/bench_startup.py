@@ -4,9 +4,10 @@ the floor. The target: `pipesched --help` and `pipesched validate FILE` under 0.
 
     python benchmarks/bench_startup.py [--runs 11] [--source DIR]
 
-``--source`` times another checkout's ``src`` folder (e.g. an older commit's export) with
-this interpreter, for a before/after comparison. CPU time (user + system of the child) is
-less disturbed than wall time by other work on the machine.
+``--source`` (default: ``PYTHONPATH``, else this checkout's ``src``) times another
+checkout's ``src`` folder (e.g. an older commit's export) with this interpreter, for a
+before/after comparison (``side_by_side.py`` runs both in turn). CPU time (user + system
+of the child) is less disturbed than wall time by other work on the machine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from figures import figure
 
 TARGET_S = 0.3
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +55,8 @@ def _shown(source: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=11)
-    parser.add_argument("--source", default=str(ROOT / "src"), help="the src folder to time")
+    parser.add_argument("--source", default=os.environ.get("PYTHONPATH") or str(ROOT / "src"),
+                        help="the src folder to time (default: PYTHONPATH, else this checkout's)")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=args.source)
     with tempfile.TemporaryDirectory() as folder:
@@ -75,6 +79,9 @@ def main() -> None:
             wall, cpu = _time(command, env, args.runs)
             verdict = ("under" if wall < TARGET_S else "OVER") + f" {TARGET_S:g} s" if targeted else ""
             print(f"{label:42} {wall:16.3f} {cpu:15.3f}  {verdict}")
+            name = "_".join(label.split("(")[0].split())
+            figure(f"{name}_wall", wall, "s", better="lower")
+            figure(f"{name}_cpu", cpu, "s", better="lower")
 
 
 if __name__ == "__main__":

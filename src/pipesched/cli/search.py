@@ -159,14 +159,16 @@ class RunOptions(OptionGroup):
                     "give --ray or --ray-address, not both")
             require_ray("--ray" if self.ray else "--ray-address")
 
-    def search(self, space: SearchSpace) -> SearchResult:
-        """Search ``space`` in the store, with a progress bar on stderr."""
+    def search(self, space: SearchSpace, *, timelines: bool = False) -> SearchResult:
+        """Search ``space`` in the store, with a progress bar on stderr; ``timelines``: keep
+        the timelines of the front's points it simulates (for the HTML page)."""
         bar = _ProgressBar(Console(stderr=True))
         # the pool first: a Ray that cannot start or be joined leaves no store behind
         pool = ray_pool(self.ray_address) if self.ray or self.ray_address is not None else process_map(self.workers)
         with pool as mapper, SearchStore.open(self.db) as store:
             try:
-                return search(space, store=store, mapper=mapper, prune=not self.no_prune, progress=bar)
+                return search(space, store=store, mapper=mapper, prune=not self.no_prune, progress=bar,
+                              timelines=timelines)
             finally:
                 bar.close()
 
@@ -205,7 +207,7 @@ def search_command(*, space: SpaceOptions, run: RunOptions, report: ReportOption
         results = _stored(run.db)
     else:
         run.check()
-        results = [run.search(space.space())]
+        results = [run.search(space.space(), timelines=report.html is not None)]
     _write_files(results, csv=report.csv, html=report.html)
     if report.as_json:
         typer.echo(json.dumps(_store_json(run.db, results, report.top), indent=1))

@@ -38,6 +38,7 @@ gives a Record with ``error`` set instead of results: grids report it as skipped
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar
@@ -60,7 +61,8 @@ from pipesched.metrics import (
 )
 from pipesched.passes.offload import check_host_memory
 from pipesched.schedule import Schedule
-from pipesched.simulate import compile_graph, run
+from pipesched.simulate import TaskGraph, compile_graph, run
+from pipesched.simulate.graph import with_network
 from pipesched.simulate.iterations import (
     SteadyState,
     compile_iterations,
@@ -81,6 +83,9 @@ from pipesched.variability.distribution import Distribution, monte_carlo
 LEVELS = tuple(Level)
 # iterations run back to back for a steady state
 STEADY_ITERATIONS = DEFAULTS.steady_iterations
+# op rows of the graphs a process keeps from a search's bound to the point's evaluation
+# (about 60 bytes each); beyond them the oldest go and their points compile again
+KEPT_OPS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -227,8 +232,10 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
     [('formula', 33.0, 4), ('table', 33.0, 4)]
     """
     levels = check_levels(levels)
+    kept = take_graph(point) if "sim" in levels else None
     try:
-        schedule = point.build_schedule()
+        # the table of levels 1 and 2 (a kept graph's point was built by the search's bound)
+        schedule = None if kept is not None and set(levels) == {"sim"} else point.build_schedule()
     except PipeschedError as exc:
         return Record(point, error=str(exc))
     results: list[LevelResult] = []
@@ -243,7 +250,7 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
                 row, timeline = _table(point, schedule)
                 results.append(row)
             else:
-                row, timeline, setup, distribution = _simulated(point, schedule)
+                row, timeline, setup, distribution = _simulated(point, schedule, kept)
                 results.append(row)
         except PipeschedError as exc:
             return Record(point, error=f"{level}: {exc}")
@@ -326,10 +333,53 @@ def _trains_differently(schedule: Schedule, costs, point: Point) -> bool:
     return point.trains_differently or bool(schedule.frozen) or costs.recompute_s is not None
 
 
-def sim_schedule(point: Point, setup) -> Schedule:
+def sim_schedule(point: Point, setup, built: Schedule | None = None) -> Schedule:
     """The schedule the sim level runs: built with the workload's costs when the family plans
-    with them, and of several iterations for an asynchronous family."""
+    with them, and of several iterations for an asynchronous family; else ``built`` (the
+    table of levels 1 and 2) when given."""
+    if built is not None and not _sim_table_differs(point):
+        return built
     return point.build_schedule(setup, iterations=STEADY_ITERATIONS if _asynchronous(point) else None)
+
+
+def _sim_table_differs(point: Point) -> bool:
+    """Whether the sim level's table is not the one of levels 1 and 2 (``Point.build_schedule``
+    with a setup): a family that plans with the workload's own costs when the point gives
+    none, or an asynchronous family's table of several iterations."""
+    if point.schedule is not None:
+        return False
+    family = get_family(point.family)
+    return family.asynchronous or (family.plans_with_costs and "costs" not in dict(point.options))
+
+
+def keep_graph(point: Point, graph: TaskGraph) -> None:
+    """Keep ``graph`` (the point's sim-level graph compiled with free communication, by a
+    search's bound) for the point's evaluation in this process (``take_graph``), the
+    oldest dropped beyond ``KEPT_OPS`` op rows."""
+    take_graph(point)
+    _KEPT.graphs[point] = graph
+    _KEPT.ops += graph.num_ops
+    while _KEPT.ops > KEPT_OPS and len(_KEPT.graphs) > 1:
+        _KEPT.ops -= _KEPT.graphs.popitem(last=False)[1].num_ops
+
+
+def take_graph(point: Point) -> TaskGraph | None:
+    """The graph kept for ``point`` (see ``keep_graph``), once; None when none is."""
+    graph = _KEPT.graphs.pop(point, None)
+    if graph is not None:
+        _KEPT.ops -= graph.num_ops
+    return graph
+
+
+@dataclass
+class _Kept:
+    """The graphs kept in this process, oldest first, and their op rows."""
+
+    graphs: OrderedDict[Point, TaskGraph] = field(default_factory=OrderedDict)
+    ops: int = 0
+
+
+_KEPT = _Kept()
 
 
 @dataclass(frozen=True, eq=False)
@@ -356,28 +406,39 @@ class SimRun:
                              peak_flops=peaks[: schedule.num_devices] if peaks is not None else None)
 
 
-def run_sim(point: Point) -> SimRun:
+def run_sim(point: Point, built: Schedule | None = None, kept: TaskGraph | None = None) -> SimRun:
     """Simulate ``point`` (level 3): one iteration, with its Monte Carlo run when it has a
-    variability, or its steady state (see the module docstring)."""
+    variability, or its steady state (see the module docstring). ``built``: the point's table
+    of levels 1 and 2, run when the sim level's is the same; ``kept``: its graph compiled
+    with free communication (by a search's bound), which takes the network."""
     setup = point.setup()
-    schedule = sim_schedule(point, setup)
-    costs = with_fb_cost(setup.costs_for(schedule), point.fb_cost)
+    schedule = kept.schedule if kept is not None else sim_schedule(point, setup, built)
     network = setup.network_for(schedule)
+    if kept is not None:
+        graph = with_network(kept, network, contention=point.contention, overlap=point.overlap)
+        return _ran(point, setup, schedule, network, graph)
+    costs = with_fb_cost(setup.costs_for(schedule), point.fb_cost)
     if in_steady_state(point):
         compiled = compile_iterations(schedule, costs, network, iterations=STEADY_ITERATIONS,
                                       steady=point.steady_state, contention=point.contention, overlap=point.overlap)
         found = run_iterations(compiled)
         distribution = monte_carlo(compiled, point.variability) if point.variability is not None else None
         return SimRun(setup, schedule, network, found.timeline, steady=found, distribution=distribution)
-    graph = compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap)
+    return _ran(point, setup, schedule, network,
+                compile_graph(schedule, costs, network, contention=point.contention, overlap=point.overlap))
+
+
+def _ran(point: Point, setup: SimulationSetup, schedule: Schedule, network: Network, graph: TaskGraph) -> SimRun:
+    """One iteration of ``graph`` run, with the point's Monte Carlo run on it."""
     timeline = run(graph)
     check_host_memory(timeline.host_memory, str(point.offload))
     distribution = monte_carlo(graph, point.variability) if point.variability is not None else None
     return SimRun(setup, schedule, network, timeline, distribution=distribution)
 
 
-def _simulated(point: Point, schedule) -> tuple[SimulatedResult, Timeline, str, Distribution | None]:
-    done = run_sim(point)
+def _simulated(point: Point, schedule: Schedule | None,
+               kept: TaskGraph | None) -> tuple[SimulatedResult, Timeline, str, Distribution | None]:
+    done = run_sim(point, schedule, kept)
     timeline, distribution = done.timeline, done.distribution
     spread = {} if distribution is None else {"mean_s": distribution.time.mean, "std_s": distribution.time.std,
                                               "p99_s": distribution.time.p99}

@@ -242,7 +242,14 @@ def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placeme
                 schedule_name: str) -> Partition:
     """The balanced partition among those whose stages fit their share of device memory."""
     fragmentation = [cluster_device.memory_fragmentation for cluster_device in devices]
-    memory = np.array([[static_bytes(layer, settings) + n * frag * layer.activation_bytes for layer in layers]
+    # each layer's static and activation bytes, once per layer list (stages on the same
+    # device spec with the same recompute mode share one)
+    columns: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for layers in per_stage:
+        if id(layers) not in columns:
+            columns[id(layers)] = (np.array([static_bytes(layer, settings) for layer in layers], np.float64),
+                                   np.array([layer.activation_bytes for layer in layers], np.float64))
+    memory = np.array([columns[id(layers)][0] + n * frag * columns[id(layers)][1]
                        for layers, n, frag in zip(per_stage, inflight, fragmentation, strict=True)])
     copies = stage_instances_per_device(placement)
     share = np.array([copies[d] for d in placement.replicas[0]], dtype=float)

@@ -9,7 +9,9 @@ page, like the report (``render.html``), with
 - the best configurations and the front as sortable tables with readable headers, numbers
   with thousands separators and utilizations as percentages;
 - the simulated timelines of the best configuration and of points sampled evenly along the
-  front (from the least memory to the fastest), zoomable as in the report.
+  front (from the least memory to the fastest), zoomable as in the report: those the search
+  simulated in this run (``SearchResult.timelines``; a store keeps no timelines, so a page
+  of ``--show`` has none). The page simulates nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from pipesched.experiments.simulation import simulate_point
 from pipesched.render.html import (
     base_data,
     html_page,
@@ -27,7 +28,7 @@ from pipesched.render.html import (
     timeline_data,
 )
 from pipesched.render.summary import summarize
-from pipesched.search.results import SearchResult, json_row, row_point, simulate_command
+from pipesched.search.results import SearchResult, json_row, simulate_command
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
 from pipesched.units import GiB
 
@@ -44,8 +45,12 @@ def render_search_html(result: SearchResult, *, top: int = 20) -> str:
                f"{space['seq_len']} tokens")
     front = result.front
     best = result.best
-    shown = sampled_front(front, best)
-    timelines = [simulate_point(row_point(space, row)).timeline for row in shown]
+    # the stored results and the timelines the search kept of the points it simulated (none
+    # when the result was read from a store): no point is simulated again here
+    kept = result.timelines
+    shown = sampled_front([row for row in front if row.key in kept], best if best is not None and best.key in kept
+                          else None)
+    timelines = [kept[row.key] for row in shown]
     data = base_data()
     data["timelines"] = [timeline_data(t, summarize(t)) | {"name": f"{k + 1}. {_label(row)}"}
                          for k, (t, row) in enumerate(zip(timelines, shown, strict=True))]

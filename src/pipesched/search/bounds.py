@@ -20,7 +20,7 @@ does not depend on the times (``pipesched.simulate.memory.peak_memory``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -51,6 +51,9 @@ class Bound:
     table_s: float  # the table with real op times, free links, then the all-reduces
     peak_memory: tuple[float, ...]  # bytes per device, exact
     capacity: tuple[float, ...] | None  # bytes per device
+    # the graph of one iteration with free communication, which the evaluation lowers its
+    # network onto (None for iterations back to back)
+    graph: TaskGraph | None = field(default=None, compare=False, repr=False)
 
     @property
     def worst_device(self) -> int:
@@ -84,14 +87,16 @@ def lower_bound(point: Point) -> Bound:
         graph = compile_iterations(schedule, costs, None, iterations=STEADY_ITERATIONS,
                                    steady=point.steady_state).graph
         closed = work = table = 0.0
+        kept = None
     else:
         # free communication: the ops and their memory alone (no transfers to lower)
         graph = compile_graph(schedule, costs, None)
         closed = _closed_form(point, costs)
         work = _work(graph, graph.costs)  # the costs the graph runs (half-size microbatches scaled)
         table = _table(graph, network)
+        kept = graph
     return Bound(max(closed, work, table), closed, work, table,
-                 tuple(float(x) for x in peak_memory(graph)), capacity)
+                 tuple(float(x) for x in peak_memory(graph)), capacity, kept)
 
 
 def _closed_form(point: Point, costs: StageCosts) -> float:

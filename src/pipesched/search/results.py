@@ -14,12 +14,13 @@ import io
 import math
 import shlex
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from pipesched.defaults import DEFAULTS
 from pipesched.experiments.point import Point
 from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
+from pipesched.timeline import Timeline
 
 # the columns of ``--json`` rows, in order (CSV adds the rest of StoredRow)
 JSON_COLUMNS = ("schedule", "dp", "tp", "pp", "v", "micro_batch_size", "m", "recompute", "partition", "zero",
@@ -78,6 +79,9 @@ class SearchResult:
     seconds: float = 0.0  # wall time of this run
     db: str = ""  # the store's path
     runs: int = 1  # starts of this search, this one included
+    # the timelines of the front's points simulated in this run when asked for, by key (none
+    # read from a store)
+    timelines: Mapping[str, Timeline] = field(default_factory=dict, compare=False, repr=False)
     ranked: tuple[StoredRow, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -10,6 +10,11 @@ points that cannot beat what was found, and write every result to the store as i
    time against memory. The rest of the wave is simulated at level 3 over the map
    (``pipesched.experiments.evaluate_all``) and becomes ``evaluated``.
 
+Each point is built and compiled once: the bound's graph (free communication) stays in the
+process that bounded it, and the evaluation lowers the network onto it there
+(``experiments.evaluate.keep_graph``; ``process_map`` sends a point to the same worker in
+both phases, and a point evaluated elsewhere is compiled again).
+
 Waves have fixed sizes, so a search gives the same rows with any map (one process, a pool
 of any size, Ray). A search started again on the same store resumes: the points already
 settled are read back, not computed again, and bounded ones go straight to phase 2. A
@@ -27,7 +32,7 @@ from functools import partial
 
 from pipesched.enums import Level
 from pipesched.errors import OutOfMemory, PipeschedError
-from pipesched.experiments.evaluate import Record
+from pipesched.experiments.evaluate import Record, keep_graph
 from pipesched.experiments.grid import Mapper, evaluate_all
 from pipesched.experiments.point import Point
 from pipesched.search.bounds import lower_bound
@@ -42,6 +47,7 @@ from pipesched.search.store import (
     SearchStore,
     StoredRow,
 )
+from pipesched.timeline import Timeline
 from pipesched.units import GiB
 
 FIRST_WAVE = 8  # points simulated before the first look at what was found ...
@@ -53,12 +59,14 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.map, prune: bool = True,
-           progress: Progress | None = None) -> SearchResult:
+           progress: Progress | None = None, timelines: bool = False) -> SearchResult:
     """Search ``space`` (see the module docstring), resuming what ``store`` holds of it.
 
     ``mapper``: a ``map`` (the built-in one, ``experiments.process_map``, ``ray_pool``);
     ``prune``: skip the points the bound rules out; ``progress(phase, done, total)`` is
-    called as results come, phases "bound" and "simulate".
+    called as results come, phases "bound" and "simulate"; ``timelines``: keep the
+    timelines of the front's points simulated now (``SearchResult.timelines``, what the
+    search page draws).
     """
     began = time.monotonic()
     space.check_capacity()
@@ -68,11 +76,12 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
     writer = _Writer(store, search_id)
     try:
         _bound(points, rows, writer, mapper=mapper, run=run, progress=progress)
-        _simulate(points, rows, writer, mapper=mapper, run=run, prune=prune, progress=progress)
+        found = _simulate(points, rows, writer, mapper=mapper, run=run, prune=prune, progress=progress,
+                          timelines=timelines)
     finally:
         writer.flush()  # a search stopped by an error or Ctrl-C keeps every point it finished
     return SearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
-                        seconds=time.monotonic() - began, db=str(store.path), runs=run)
+                        seconds=time.monotonic() - began, db=str(store.path), runs=run, timelines=found.timelines)
 
 
 def _bound(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer, *, mapper: Mapper, run: int,
@@ -88,8 +97,9 @@ def _bound(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer
 
 
 def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Writer, *, mapper: Mapper, run: int,
-              prune: bool, progress: Progress | None) -> None:
-    """Phase 2: the bounded rows by increasing bound, in waves, pruned or simulated."""
+              prune: bool, progress: Progress | None, timelines: bool) -> _Staircase:
+    """Phase 2: the bounded rows by increasing bound, in waves, pruned or simulated; the
+    front found, with the timelines of the points simulated now when asked for."""
     found = _Staircase()
     for row in rows.values():
         if row.status == EVALUATED:
@@ -108,16 +118,17 @@ def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Wri
                 f"more memory ({better.peak_memory_bytes / GiB:.2f} <= {row.peak_memory_bytes / GiB:.2f} GiB)"))
             writer.add(rows[row.key])
         done += stop - start - len(wave)
-        for row, record in zip(wave, evaluate_all([points[r.key] for r in wave], (Level.SIM,), mapper=mapper),
-                               strict=True):
+        records = evaluate_all([points[r.key] for r in wave], (Level.SIM,), mapper=mapper, keep_timelines=timelines)
+        for row, record in zip(wave, records, strict=True):
             rows[row.key] = settled = _settle(row, record, run)
             if settled.status == EVALUATED:
-                found.add(settled)
+                found.add(settled, record.timeline)
             writer.add(settled)
             done += 1
             _report(progress, "simulate", done, len(queue))
         writer.flush()
     _report(progress, "simulate", done, len(queue))
+    return found
 
 
 def _waves(count: int) -> list[tuple[int, int]]:
@@ -145,6 +156,8 @@ def bound_row(point: Point, *, run: int = 0) -> StoredRow:
     row = row.settled(BOUNDED, bound_s=bound.seconds, peak_memory_bytes=bound.peak_memory[largest],
                       capacity_bytes=capacity)
     if bound.fits:
+        if bound.graph is not None:
+            keep_graph(point, bound.graph)  # for its evaluation in this process: compiled once
         return row
     worst = bound.worst_device
     return row.settled(OUT_OF_MEMORY, reason=(
@@ -174,6 +187,7 @@ class _Staircase:
 
     memory: list[float] = field(default_factory=list)
     rows: list[StoredRow] = field(default_factory=list)
+    timelines: dict[str, Timeline] = field(default_factory=dict)  # of the rows simulated in this run
 
     def dominating(self, row: StoredRow) -> StoredRow | None:
         """An evaluated row with no more memory than ``row`` and a time within its bound."""
@@ -185,15 +199,19 @@ class _Staircase:
             return self.rows[index]
         return None
 
-    def add(self, row: StoredRow) -> None:
+    def add(self, row: StoredRow, timeline: Timeline | None = None) -> None:
         if self._within(row.peak_memory_bytes, row.iteration_time_s) is not None:
             return  # no better than a row with no more memory
         start = bisect.bisect_left(self.memory, row.peak_memory_bytes)
         stop = start
         while stop < len(self.rows) and self.rows[stop].iteration_time_s >= row.iteration_time_s:
             stop += 1  # rows with as much memory or more that are no faster fall off
+        for gone in self.rows[start:stop]:
+            self.timelines.pop(gone.key, None)
         self.memory[start:stop] = [row.peak_memory_bytes]
         self.rows[start:stop] = [row]
+        if timeline is not None:
+            self.timelines[row.key] = timeline
 
 
 class _Writer:

@@ -224,12 +224,22 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     """Build the task graph of ``schedule`` with ``costs`` on ``network`` (None: free
     communication, no transfers, as in the slot table). Without ``overlap``, a blocking
     runtime's batches of ``blocking_steps`` ("op", "pair" or "auto": see
-    ``pipesched.simulate.blocking``).
+    ``pipesched.simulate.blocking``). The graph of free communication is compiled first and
+    the network lowered onto it (``with_network``), so a graph compiled without one (a
+    search's bound) takes its network later without compiling its ops again.
 
     Raises PipeschedError when the table is not a complete, well-placed schedule, the
     costs and network do not fit it (``pipesched validate`` names every problem), or a
     blocking runtime deadlocks on it.
     """
+    graph = _compile_ops(schedule, costs, contention=contention, overlap=overlap)
+    if network is None:
+        return graph
+    return with_network(graph, network, contention=contention, overlap=overlap, blocking_steps=blocking_steps)
+
+
+def _compile_ops(schedule: Schedule, costs: StageCosts, *, contention: bool, overlap: bool) -> TaskGraph:
+    """The graph of free communication: ops, their durations, dependencies and memory."""
     require(
         costs.num_stages == schedule.num_stages,
         "stage_costs",
@@ -239,27 +249,12 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     # costs describe the user's microbatch; a table of half-size microbatches (Chimera's
     # backward halving) runs each at half of them
     costs = costs.of_microbatch_fraction(schedule.microbatch_fraction)
-    if network is not None:
-        require(
-            network.num_devices >= schedule.num_devices,
-            "devices",
-            network.num_devices,
-            f"the network has {network.num_devices} devices but the schedule places stages on "
-            f"{schedule.num_devices}; use a bigger cluster",
-        )
-    deps = dependencies(schedule)
-    ops = deps.ops
+    ops = dependencies(schedule).ops
     n, num_devices = len(ops), schedule.num_devices
     kinds = ops.kind.astype(np.int64)
     arrays = rule_arrays(schedule.rules)
     off_compute = _uses_side_streams(schedule)
-    op_duration = op_durations(schedule, costs, network)
-    # data dependencies, CSR by consumer row; host-link ops also wait for the compute op
-    # before them in their device's table (where the runtime issues them)
-    consumer, producer, _ = deps.edges
-    if ops.fused:
-        op_duration, consumer = fuse_entries(ops, costs, op_duration, consumer)
-    issued_after = _issue_edges(ops, arrays.stream) if off_compute else None
+    op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, None)
     # memory effects of each op (its stage role's effect x this stage's activation bytes)
     memory_delta, memory_at_start = memory_deltas(schedule, ops, costs)
     host = (None, None, 0)
@@ -268,13 +263,54 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
         role = role_index(schedule.roles)[ops.stage] if schedule.frozen else 0
         host = (arrays.role_host[role, kinds] * activation, arrays.role_host_at_start[role, kinds], 0)
     static = static_per_device(schedule, costs)
-    if network is None:
-        op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices, num_devices)
-        pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, np.full(producer.shape[0], -1, np.int32),
-                                                        issued_after, n)
-        return _graph(schedule, costs, None, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
-                      op_duration, pred_ptr, pred_op, pred_via, _no_transfers(), num_devices + side * num_devices,
-                      memory_delta, memory_at_start, static, (*host[:2], side))
+    op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices,
+                                                          num_devices)
+    pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, np.full(producer.shape[0], -1, np.int32),
+                                                    issued_after, n)
+    return _graph(schedule, costs, None, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
+                  op_duration, pred_ptr, pred_op, pred_via, _no_transfers(), num_devices + side * num_devices,
+                  memory_delta, memory_at_start, static, (*host[:2], side))
+
+
+def _op_edges(schedule: Schedule, costs: StageCosts, network: Network | None,
+              durations: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    """(op durations, consumer and producer rows of the data dependencies, issue edges or
+    None): fused entries as one op; host-link ops also wait for the compute op before them
+    in their device's table (where the runtime issues them). ``durations``: the ones of a
+    graph of free communication, kept unless host-link ops take the network's time."""
+    ops = dependencies(schedule).ops
+    side = _uses_side_streams(schedule)
+    # data dependencies, CSR by consumer row
+    consumer, producer, _ = dependencies(schedule).edges
+    op_duration = durations
+    if durations is None or side:
+        op_duration = op_durations(schedule, costs, network)
+        if ops.fused:
+            op_duration, _ = fuse_entries(ops, costs, op_duration, consumer)
+    if ops.fused:
+        consumer = ops.entry_head[consumer].astype(np.int32)  # as fuse_entries moves them
+    issued_after = _issue_edges(ops, rule_arrays(schedule.rules).stream) if side else None
+    return op_duration, consumer, producer, issued_after
+
+
+def with_network(graph: TaskGraph, network: Network, *, contention: bool = True, overlap: bool = True,
+                 blocking_steps: str = "auto") -> TaskGraph:
+    """``graph`` (compiled with free communication) on ``network``: its messages and
+    all-reduces as transfers holding their links, host-link ops at their links' time, and
+    without ``overlap`` a blocking runtime's batches (see ``compile_graph``)."""
+    require(graph.network is None, "network", graph.network.name if graph.network is not None else "",
+            "the graph has a network already; lower one onto a graph of free communication")
+    schedule, costs, ops = graph.schedule, graph.costs, graph.ops
+    require(
+        network.num_devices >= schedule.num_devices,
+        "devices",
+        network.num_devices,
+        f"the network has {network.num_devices} devices but the schedule places stages on "
+        f"{schedule.num_devices}; use a bigger cluster",
+    )
+    n, num_devices = len(ops), schedule.num_devices
+    off_compute = _uses_side_streams(schedule)
+    op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, network, graph.op_duration)
     sent = messages(schedule)
     reduces = allreduces(schedule, data_parallel=network.replicas > 1)
     m_count, r_count = len(sent), len(reduces)
@@ -298,7 +334,8 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     res_ptr, res, num_resources = link_resources(network, sent.src, sent.dst, contention, num_devices)
     if r_count:
         res_ptr, res, num_resources = _with_collective_resources(res_ptr, res, network, reduces, contention, overlap)
-    op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices, num_resources)
+    stream = rule_arrays(schedule.rules).stream if off_compute else None
+    op_queue, queue_rows, queue_offsets, side = op_queues(ops, stream, num_devices, num_resources)
     pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, sent.via, issued_after, n)
     steps = None
     if not overlap:
@@ -306,8 +343,8 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
             raise PipeschedError("overlap=False: a blocking runtime with offloads is not modelled; simulate "
                                  "offloads with overlap, or drop the offload")
         program = blocking_program(schedule, steps=blocking_steps, queue_rows=queue_rows, queue_offsets=queue_offsets,
-                                   kinds=kinds, pred_ptr=pred_ptr, pred_op=pred_op, pred_via=pred_via,
-                                   tr_rel_ptr=rel_ptr, tr_rel=rel, num_messages=m_count,
+                                   kinds=ops.kind.astype(np.int64), pred_ptr=pred_ptr, pred_op=pred_op,
+                                   pred_via=pred_via, tr_rel_ptr=rel_ptr, tr_rel=rel, num_messages=m_count,
                                    tails=ops.tails() if ops.fused else None)
         pred_ptr, pred_op, pred_via, rel_ptr, rel = (program.pred_ptr, program.pred_op, program.pred_via,
                                                      program.tr_rel_ptr, program.tr_rel)
@@ -315,7 +352,8 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     transfers = (src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res)
     return _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
                   op_duration, pred_ptr, pred_op, pred_via, transfers, num_resources + side * num_devices,
-                  memory_delta, memory_at_start, static, (*host[:2], side), steps)
+                  graph.memory_delta, graph.memory_at_start, graph.static_bytes,
+                  (graph.host_delta, graph.host_at_start, side), steps)
 
 
 def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None) -> np.ndarray:

@@ -248,13 +248,14 @@ class Network:
             require(0 <= rank < cluster.num_devices, "rank", rank,
                     f"cluster {cluster.name} has ranks 0..{cluster.num_devices - 1}")
         require(len(set(chosen)) == len(chosen), "ranks", list(chosen), "each rank may hold one pipeline device")
-        n = len(chosen)
-        latency = np.empty((n, n))
-        bandwidth = np.empty((n, n))
-        for a, rank_a in enumerate(chosen):
-            for b, rank_b in enumerate(chosen):
-                latency[a, b] = cluster.latency(rank_a, rank_b)
-                bandwidth[a, b] = cluster.link(rank_a, rank_b).bandwidth
+        # ``Cluster.latency`` and ``Cluster.link`` of every pair, as matrices
+        nodes = np.array([cluster.node_of[r] for r in chosen])
+        same = nodes[:, None] == nodes[None, :]
+        setup = np.array([float(cluster.devices[r].transfer_setup_s) for r in chosen], np.float64)
+        intra, inter = cluster.intra_node, cluster.inter_node
+        latency = (np.where(same, float(intra.latency), float(inter.latency))
+                   + np.maximum(setup[:, None], setup[None, :]))
+        bandwidth = np.where(same, float(intra.bandwidth), float(inter.bandwidth))
         # renumber the nodes that hold pipeline devices 0, 1, ...
         node_ids: dict[int, int] = {}
         for rank in chosen:
