@@ -232,10 +232,10 @@ def evaluate(point: Point, levels: Sequence[str] = LEVELS, *, keep_timeline: boo
     [('formula', 33.0, 4), ('table', 33.0, 4)]
     """
     levels = check_levels(levels)
-    kept = take_graph(point) if "sim" in levels else None
+    kept = take_graph(point) if Level.SIM in levels else None
     try:
         # the table of levels 1 and 2 (a kept graph's point was built by the search's bound)
-        schedule = None if kept is not None and set(levels) == {"sim"} else point.build_schedule()
+        schedule = None if kept is not None and set(levels) == {Level.SIM} else point.build_schedule()
     except PipeschedError as exc:
         return Record(point, error=str(exc))
     results: list[LevelResult] = []
