@@ -205,7 +205,7 @@ def test_the_page_and_the_json_state_one_error(tmp_path):
     checked = report(row("a", 1.0, (1.25, 1.3, 1.1)), row("b", 2.0, (1.6, 1.6)))
     rows = checked.to_dict(model="tiny", p=2, m=2)["rows"]
     assert [r["error"] for r in rows] == pytest.approx([(1.0 - 1.25) / 1.25, (2.0 - 1.6) / 1.6])
-    (page,) = checked.write_views(html=str(tmp_path / "check.html"), title="check")
+    (page,) = write_check_views(checked, html=str(tmp_path / "check.html"), title="check")
     text = page.read_text()
     data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', text, re.S)[1])
     summary = re.search(r'<table class="sortable" id="comparison-table">(.*?)</table>', text, re.S)[1]
