@@ -366,11 +366,17 @@ def point_key(point: Point) -> str:
     """The name of ``point`` in a results store: a digest of its records' fields (the
     schedule asked for, the workload, the engine settings) as canonical JSON, so that two
     points differing in any field have different keys and equal points the same one."""
-    parts = {part: {name: getattr(record, name) for name in _field_names(type(record))}
-             for part, record in (("request", point.request), ("workload", point.workload),
-                                  ("engine", point.engine))}
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=_plain)
+    # the three records' canonical JSON in one object, its keys in sorted order
+    text = (f'{{"engine":{_record_json(point.engine)},"request":{_record_json(point.request)},'
+            f'"workload":{_record_json(point.workload)}}}')
     return hashlib.sha256(text.encode()).hexdigest()[:32]  # 128 bits
+
+
+@functools.lru_cache(maxsize=4096)
+def _record_json(record: object) -> str:
+    """One record's fields as canonical JSON (cached: the points of a grid share records)."""
+    return json.dumps({name: getattr(record, name) for name in _field_names(type(record))}, sort_keys=True,
+                      separators=(",", ":"), default=_plain)
 
 
 @functools.cache

@@ -2,7 +2,8 @@
 results come, so that a search killed at any moment resumes where it stopped.
 
 A file holds searches (one per space, keyed by the space as JSON) and their points, one row
-per point once it is settled: ``bounded`` (its memory and time bound known, not yet
+per point (keyed by the point: ``experiments.point.point_key``, a digest of all its fields)
+once it is settled: ``bounded`` (its memory and time bound known, not yet
 simulated), then ``evaluated``, ``out of memory``, ``pruned`` or ``invalid``. Every batch of
 results is one transaction: a killed process loses at most the batch it was writing, whose
 points are simply computed again; a settled row is never written twice (``run`` says which
