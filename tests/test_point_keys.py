@@ -39,7 +39,8 @@ CHANGES: dict[str, list[object]] = {
     "model": ["llama3-70b"], "cluster": ["4x8-h100"], "dp": [4, 8], "tp": [1, 4], "micro_batch_size": [1, 4],
     "seq_len": [2048, 8192], "recompute": ["none", "full"], "sequence_parallel": [False], "dtype": ["fp32", "fp16"],
     "partition": ["uniform", "memory"], "stage_costs": [StageCosts.uniform(4), StageCosts.uniform(2)],
-    "latency": [1e-5, 2e-5], "bandwidth": [1e10, math.inf], "frozen_layers": ["0-3", (0, 1)],
+    "latency": [1e-5, 2e-5], "bandwidth": [1e10, 10**10, math.inf],  # 1e10 == 10**10: one point, one key
+    "frozen_layers": ["0-3", (0, 1)],
     "offload": ["all", OffloadPolicy.parse("0-1", 4)], "host_bandwidth": [1e10, 2e10],
     "host_memory": [1e11, 2e11], "zero": [1],
     "contention": [False], "overlap": [False], "steady_state": [True],
@@ -76,6 +77,11 @@ def test_points_have_the_same_key_exactly_when_they_are_equal(one: list, other: 
 def test_a_point_differing_in_one_field_has_another_key(change: tuple[str, int]) -> None:
     point = _point([change])
     assert point != _point([]) and point_key(point) != point_key(_point([]))
+
+
+def test_equal_points_built_apart_have_one_key() -> None:
+    assert point_key(_point([("bandwidth", 0)])) == point_key(_point([("bandwidth", 1)]))  # 1e10 and 10**10
+    assert point_key(Point("1f1b", frozen_layers=[0, 1])) == point_key(Point("1f1b", frozen_layers=(0, 1)))
 
 
 def test_a_search_point_round_trips_through_its_row() -> None:

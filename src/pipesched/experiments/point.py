@@ -375,8 +375,7 @@ def point_key(point: Point) -> str:
 @functools.lru_cache(maxsize=4096)
 def _record_json(record: object) -> str:
     """One record's fields as canonical JSON (cached: the points of a grid share records)."""
-    return json.dumps({name: getattr(record, name) for name in _field_names(type(record))}, sort_keys=True,
-                      separators=(",", ":"), default=_plain)
+    return json.dumps(_canonical(record)["fields"], sort_keys=True, separators=(",", ":"))
 
 
 @functools.cache
@@ -384,15 +383,27 @@ def _field_names(record: type) -> tuple[str, ...]:
     return tuple(field.name for field in dataclasses.fields(record))
 
 
-def _plain(value: object) -> object:
-    """A field value JSON has no form for, as plain data that names its type (a given
-    table, measured costs, a model or cluster given as a record, an offload policy)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"type": type(value).__name__, **{name: getattr(value, name) for name in _field_names(type(value))}}
+def _canonical(value: object) -> object:
+    """``value`` as plain data in which equal values are equal: a whole float as the int it
+    equals (1.0 == 1), a record as its type's name and fields (a given table, measured costs,
+    a model or cluster given as a record, an offload policy), a set sorted."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, tuple | list):
+        return [_canonical(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _canonical(item) for key, item in value.items()}
     if isinstance(value, set | frozenset):
-        return sorted(value, key=repr)
+        return sorted((_canonical(item) for item in value), key=repr)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__name__,
+                "fields": {name: _canonical(getattr(value, name)) for name in _field_names(type(value))}}
     if hasattr(value, "tolist"):  # a numpy array or scalar
-        return value.tolist()
+        return _canonical(value.tolist())
     raise TypeError(f"a point field of type {type(value).__name__} has no canonical form")
 
 
