@@ -133,7 +133,8 @@ def test_the_capacity_is_checked_once_before_any_file(tmp_path, cli, monkeypatch
 
 
 @pytest.mark.parametrize("flags", [["interleaved-1f1b", "-v", "2"], ["hanayo", "--set", "waves=2"],
-                                   ["zb-v", "--partition", "uniform", "--recompute", "full"]])
+                                   ["zb-v", "--partition", "uniform", "--recompute", "full"],
+                                   ["dualpipev", "--set", "fb_cost=0.9"]])
 def test_simulate_and_compare_build_equal_points_for_the_same_flags(cli, monkeypatch, flags) -> None:
     built: dict[str, list[Point]] = {}
 

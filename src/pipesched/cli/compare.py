@@ -91,9 +91,7 @@ def _compared(names: list[str] | None, **settings: object) -> Comparison:
 def _template(schedule: ScheduleOptions, workload: WorkloadOptions, training: TrainingOptions,
               engine: EngineOptions) -> Point:
     """The workload point every compared family runs on, with the family options and slot costs."""
-    options, slot_costs, fb_cost = schedule.family_options()
-    return workload.point(training, engine).replace(options=tuple(sorted(options.items())), slot_costs=slot_costs,
-                                                    fb_cost=fb_cost)
+    return workload.point(training, engine).replace(**schedule.request())
 
 
 def _time(value: float, unit: str) -> str:
