@@ -39,7 +39,7 @@ from figures import figure
 from pipesched.experiments import Point, Record, evaluate, evaluate_all, process_map
 from pipesched.generators import FAMILIES, get_family
 from pipesched.search.space import SearchSpace
-from pipesched.search.store import EVALUATED, SearchStore
+from pipesched.search.store import EVALUATED
 from pipesched.search.sweep import bound_row, search
 
 DEVICES = 32  # 4 x 8 H100
@@ -128,10 +128,9 @@ def whole_search(workers: int) -> None:
     print(f"\n## 2. a whole search, cold: {space.describe()}, p <= 16: {total:,} points, {workers} workers")
     print(f"before: {load()}")
     before = children_cpu()
-    with tempfile.TemporaryDirectory() as folder, SearchStore.open(Path(folder) / "bench.sqlite") as store:
+    with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
-        with process_map(workers) as mapper:
-            result = search(space, store=store, mapper=mapper)
+        result = search(space, db=Path(folder) / "bench.sqlite", mapper=process_map(workers))
         elapsed = time.perf_counter() - start
     cpu = children_cpu() - before
     print(f"settled {len(result.rows):,} points in {elapsed:.1f} s: {len(result.rows) / elapsed:,.0f} points/s wall; "

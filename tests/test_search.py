@@ -25,10 +25,11 @@ import pytest
 from cli_helpers import assert_one_line_error
 from pipesched.errors import PipeschedError
 from pipesched.experiments import evaluate, process_map
+from pipesched.experiments.point import point_key
 from pipesched.limits import MAX_WORKERS
 from pipesched.search.bounds import lower_bound
-from pipesched.search.results import pareto_front, row_point
-from pipesched.search.space import SearchSpace, point_key
+from pipesched.search.results import pareto_front
+from pipesched.search.space import SearchSpace
 from pipesched.search.store import (
     APPLICATION_ID,
     BOUNDED,
@@ -36,9 +37,12 @@ from pipesched.search.store import (
     FORMAT,
     INVALID,
     OUT_OF_MEMORY,
+    POINT_COLUMNS,
     PRUNED,
     VERSION,
     SearchStore,
+    point_row,
+    row_point,
 )
 from pipesched.search.sweep import search
 
@@ -63,8 +67,7 @@ def one_by_one() -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def pruned_run(tmp_path_factory) -> object:
-    with SearchStore.open(tmp_path_factory.mktemp("pruned") / "s.sqlite") as store:
-        return search(SMALL, store=store)
+    return search(SMALL, db=tmp_path_factory.mktemp("pruned") / "s.sqlite")
 
 
 def test_space_enumerates_every_layout_batch_split_and_option() -> None:
@@ -78,8 +81,7 @@ def test_space_enumerates_every_layout_batch_split_and_option() -> None:
 
 
 def test_small_space_matches_every_point_evaluated_one_by_one(pruned_run, one_by_one, tmp_path) -> None:
-    with SearchStore.open(tmp_path / "all.sqlite") as store:
-        exhaustive = search(SMALL, store=store, prune=False)
+    exhaustive = search(SMALL, db=tmp_path / "all.sqlite", prune=False)
     statuses = {row.status for row in pruned_run.rows}
     assert statuses == {EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID}
     assert exhaustive.count(PRUNED) == 0 and exhaustive.count(BOUNDED) == 0
@@ -100,12 +102,12 @@ def test_small_space_matches_every_point_evaluated_one_by_one(pruned_run, one_by
             assert row.iteration_time_s == result.iteration_time
             assert row.throughput_tokens_per_s == result.throughput_tokens_per_s
             assert row.mfu == result.mfu and row.hfu == result.hfu
-            fitting[row.key] = (result.iteration_time, result.peak_memory)
+            fitting[row.label] = (result.iteration_time, result.peak_memory)  # ties: by label
     assert fitting and len(fitting) == exhaustive.count(EVALUATED)
     # pruning evaluates fewer points, and loses neither the best nor the front
     assert pruned_run.count(EVALUATED) < exhaustive.count(EVALUATED)
-    best_key = min(fitting, key=lambda k: (fitting[k], k))
-    assert pruned_run.best.key == exhaustive.best.key == best_key
+    best_label = min(fitting, key=lambda k: (fitting[k], k))
+    assert pruned_run.best.label == exhaustive.best.label == best_label
     assert [r.key for r in pruned_run.front] == [r.key for r in exhaustive.front]
     front = sorted(fitting, key=lambda k: (fitting[k][1], fitting[k][0], k))
     expected, fastest = [], float("inf")
@@ -113,18 +115,17 @@ def test_small_space_matches_every_point_evaluated_one_by_one(pruned_run, one_by
         if fitting[key][0] < fastest:
             expected.append(key)
             fastest = fitting[key][0]
-    assert [r.key for r in exhaustive.front] == expected
+    assert [r.label for r in exhaustive.front] == expected
     for row in pruned_run.rows:
         if row.status == PRUNED:
             better = row.reason.split(" of ", 1)[1].split(", which")[0]
-            assert fitting[better][0] <= fitting[row.key][0] and fitting[better][1] <= fitting[row.key][1]
+            assert fitting[better][0] <= fitting[row.label][0] and fitting[better][1] <= fitting[row.label][1]
         elif row.status == EVALUATED:
             assert _rows(pruned_run)[row.key] == _rows(exhaustive)[row.key]
 
 
 def test_same_rows_with_one_and_two_workers(pruned_run, tmp_path) -> None:
-    with SearchStore.open(tmp_path / "two.sqlite") as store, process_map(2) as mapper:
-        two = search(SMALL, store=store, mapper=mapper)
+    two = search(SMALL, db=tmp_path / "two.sqlite", mapper=process_map(2))
     assert _rows(two) == _rows(pruned_run)
 
 
@@ -134,12 +135,11 @@ def test_same_rows_on_a_local_ray(tmp_path) -> None:
     from pipesched.experiments.ray_pool import ray_pool
 
     space = dataclasses.replace(SMALL, partitions=("balanced",))
-    with SearchStore.open(tmp_path / "one.sqlite") as store:
-        alone = search(space, store=store)
-    with SearchStore.open(tmp_path / "ray.sqlite") as store, ray_pool(workers=2) as mapper:
+    alone = search(space, db=tmp_path / "one.sqlite")
+    with ray_pool(workers=2) as mapper:
         assert ray.util.get_node_ip_address() == "127.0.0.1"  # loopback only
         assert all(node["NodeManagerAddress"] == "127.0.0.1" for node in ray.nodes())
-        on_ray = search(space, store=store, mapper=mapper)
+        on_ray = search(space, db=tmp_path / "ray.sqlite", mapper=mapper)
     assert _rows(on_ray) == _rows(alone)
     assert on_ray.count(EVALUATED) > 0
 
@@ -232,10 +232,8 @@ def test_a_killed_search_resumes_without_recomputing_or_losing_points(tmp_path) 
                 assert row.iteration_time_s is not None and row.throughput_tokens_per_s is not None
         snapshots.append(rows)
     assert len(snapshots[1]) >= len(snapshots[0])
-    with SearchStore.open(db) as store:
-        resumed = search(space, store=store, prune=False)
-    with SearchStore.open(tmp_path / "whole.sqlite") as store:
-        whole = search(space, store=store, prune=False)
+    resumed = search(space, db=db, prune=False)
+    whole = search(space, db=tmp_path / "whole.sqlite", prune=False)
     assert resumed.runs == 3 and len(resumed.rows) == total and resumed.complete
     assert _rows(resumed) == _rows(whole)
     after = {row.key: row for row in resumed.rows}
@@ -472,21 +470,18 @@ def test_space_rejects_impossible_splits() -> None:
     assert pareto_front([]) == []
 
 
-@pytest.mark.parametrize("name", ["pipesched.search.space", "pipesched.search.results"])
+@pytest.mark.parametrize("name", ["pipesched.search.space", "pipesched.search.results", "pipesched.search.store"])
 def test_docstring_examples_run(name: str) -> None:
     result = doctest.testmod(importlib.import_module(name))
     assert result.attempted > 0 and result.failed == 0
 
 
-def test_rows_name_their_points() -> None:
-    point = SMALL.points()[17]
-    assert point_key(row_point(SMALL.spec(), _row_of(point))) == point_key(point)
-
-
-def _row_of(point):
-    from pipesched.search.sweep import bound_row
-
-    return bound_row(point)
+def test_a_point_round_trips_through_its_row() -> None:
+    for point in SMALL.points()[::7]:
+        row = point_row(point)
+        assert row_point(SMALL.spec(), row) == point and row.key == point_key(point)
+        # the row's columns carry the point's own values, under the point's own names
+        assert all(getattr(row, name) == getattr(point, name) for name in POINT_COLUMNS)
 
 
 def test_progress_bar_with_time_left_on_a_terminal_only() -> None:
@@ -571,10 +566,9 @@ def test_search_on_a_local_ray_from_the_command_line(tmp_path) -> None:
     assert process.returncode == 0, err
     assert "Traceback" not in err and "pipesched: error" not in err
     (on_ray,) = json.loads(out)["searches"]
-    with SearchStore.open(tmp_path / "one.sqlite") as store:
-        alone = search(SearchSpace(model="llama3-8b", cluster="1x8-h100", global_batch=8, schedules=("1f1b",),
-                                   partitions=("balanced",), recompute=("selective",), tensor_parallel=(4,)),
-                       store=store)
+    alone = search(SearchSpace(model="llama3-8b", cluster="1x8-h100", global_batch=8, schedules=("1f1b",),
+                               partitions=("balanced",), recompute=("selective",), tensor_parallel=(4,)),
+                   db=tmp_path / "one.sqlite")
     assert on_ray["points"] == len(alone.rows) == 4 and on_ray["evaluated_points"] == alone.count(EVALUATED)
     assert on_ray["best"]["iteration_time_s"] == alone.best.iteration_time_s
 
@@ -680,8 +674,7 @@ def test_ctrl_c_stops_a_search_at_once_and_keeps_what_it_finished(tmp_path) -> N
         (search_id, space), = store.searches()
         kept = {row.key: row for row in store.rows(search_id)}
     assert len(kept) >= stored and sum(row.status == EVALUATED for row in kept.values()) >= 20
-    with SearchStore.open(db) as store:
-        resumed = search(SearchSpace(**space), store=store, prune=False)
+    resumed = search(SearchSpace(**space), db=db, prune=False)
     assert resumed.runs == 2 and resumed.complete
     after = {row.key: row for row in resumed.rows}
     for key, row in kept.items():
@@ -705,13 +698,13 @@ class _Interrupted:
 def test_an_interrupted_search_stores_every_point_it_finished(tmp_path) -> None:
     # fewer rows than a store transaction holds, in less time than one waits for: only a
     # search that writes what it holds when it stops keeps them
+    with pytest.raises(KeyboardInterrupt):
+        search(SMALL, db=tmp_path / "s.sqlite", mapper=_Interrupted(30))
     with SearchStore.open(tmp_path / "s.sqlite") as store:
-        with pytest.raises(KeyboardInterrupt):
-            search(SMALL, store=store, mapper=_Interrupted(30))
         (search_id, _), = store.searches()
         kept = store.rows(search_id)
-        assert len(kept) == 30
-        resumed = search(SMALL, store=store)
+    assert len(kept) == 30
+    resumed = search(SMALL, db=tmp_path / "s.sqlite")
     assert resumed.runs == 2 and resumed.complete
     after = {row.key: row for row in resumed.rows}
     assert all(after[row.key] == row for row in kept if row.status != BOUNDED)  # not computed again

@@ -10,11 +10,12 @@ import re
 import numpy as np
 import pytest
 
-from pipesched.compare import compare, family_settings
+from pipesched.compare import compare
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.experiments import Point, evaluate
 from pipesched.experiments.evaluate import sim_schedule
+from pipesched.experiments.point import family_settings
 from pipesched.generators import FAMILIES, formula, generate
 from pipesched.simulate import Network, simulate
 from pipesched.simulate.iterations import compile_iterations, steady_state

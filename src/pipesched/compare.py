@@ -32,8 +32,8 @@ from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError
 from pipesched.experiments.evaluate import LEVELS, LevelResult, check_levels
 from pipesched.experiments.grid import Mapper, evaluate_all, rank
-from pipesched.experiments.point import Point
-from pipesched.generators import FAMILIES, get_family
+from pipesched.experiments.point import Point, points_for
+from pipesched.generators import FAMILIES
 from pipesched.timeline import Timeline
 from pipesched.units import GiB
 from pipesched.variability.distribution import Distribution, PairedComparison, paired_comparison
@@ -172,14 +172,12 @@ def compare(
         raise PipeschedError(f"levels={','.join(levels)}: variability (--jitter, --straggler, ...) is drawn at the "
                              "sim level; add sim to the levels")
     names = list(schedules) if schedules else list(FAMILIES)
-    for name in names:
-        get_family(name)  # unknown names fail here, listing the known ones
     if workload is None:
         workload = Point(stage_costs=costs) if costs is not None else Point()
     elif costs is not None:
         workload = workload.replace(stage_costs=costs)
     # family options (``workload.options``) reach the families that take them
-    points = family_points(names, p=p, m=m, v=v, workload=workload)
+    points = points_for(workload, names, p=p, m=m, v=v)
     total = len(points) * len(levels)
     if progress is not None:
         progress(0, total, names[0] if names else "done")
@@ -210,53 +208,4 @@ def compare(
     )
 
 
-def family_points(names: Sequence[str] | None, *, p: int, m: int, v: int | None, workload: Point) -> list[Point]:
-    """One point per family of ``names`` (default all) on ``workload``: ``v`` for the
-    families that take it (``Family.takes_v``), and of the workload's family
-    options the ones each family takes (``family_settings``)."""
-    names = list(names) if names else list(FAMILIES)
-    for name in names:
-        get_family(name)  # unknown names fail here, listing the known ones
-    per_family = family_settings(names, dict(workload.options))
-    if v is not None and not any(get_family(name).takes_v for name in names):
-        takers = ", ".join(family.name for family in FAMILIES.values() if family.takes_v)
-        raise PipeschedError(f"v={v}: none of the compared families takes -v ({takers} do)")
-    return [workload.replace(family=name, p=p, m=m, v=v if get_family(name).takes_v else None,
-                             options=tuple(sorted(per_family[name].items())))
-            for name in names]
-
-
-def family_settings(names: Sequence[str], offered: dict[str, object]) -> dict[str, dict[str, object]]:
-    """Each family's options from the offered ones (see the module docstring); raises
-    PipeschedError for an option no compared family takes, a prefix that names no compared
-    family, or an option that family does not take.
-
-    >>> family_settings(["hanayo", "chimera"], {"hanayo.waves": 2, "forward_doubling": 0})
-    {'hanayo': {'waves': 2}, 'chimera': {'forward_doubling': 0}}
-    """
-    chosen: dict[str, dict[str, object]] = {name: {} for name in names}
-    scoped = {key: value for key, value in offered.items() if "." in key}
-    plain = {key: value for key, value in offered.items() if "." not in key}
-    # costs are also the slot costs of levels 1 and 2 (``Point.slot_costs``): every family takes them there
-    unknown = sorted(key for key in plain
-                     if key != "costs" and not any(key in get_family(name).options for name in names))
-    if unknown:
-        raise PipeschedError(f"option={unknown[0]}: none of the compared families takes it")
-    for name in names:
-        chosen[name] = {key: value for key, value in plain.items() if key in get_family(name).options}
-    for key, value in sorted(scoped.items()):
-        name, _, option = key.partition(".")
-        if name not in chosen:
-            raise PipeschedError(f"option={key}: {name!r} is not among the compared families "
-                                 f"({', '.join(names)})")
-        family = get_family(name)
-        if option not in family.options:
-            raise PipeschedError(f"option={key}: {name} does not take {option!r}; it takes "
-                                 f"{', '.join(family.options) or 'no options'}")
-        chosen[name][option] = value
-    for name in names:
-        get_family(name).check_options(chosen[name])  # every value in its bounds, as ``show`` checks it
-    return chosen
-
-
-__all__ = ["LEVELS", "RANKING", "Comparison", "LevelResult", "compare", "family_points", "family_settings"]
+__all__ = ["LEVELS", "RANKING", "Comparison", "LevelResult", "compare"]

@@ -22,11 +22,11 @@ from pipesched.cli.output import print_whole
 from pipesched.cli.progress import LateProgress
 from pipesched.cli.training import freeze_plan_option, report_freeze_plan
 from pipesched.cli.views import ViewPaths
-from pipesched.compare import LEVELS, RANKING, Comparison, compare, family_points
+from pipesched.compare import LEVELS, RANKING, Comparison, compare
 from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError
 from pipesched.experiments.evaluate import check_levels
-from pipesched.experiments.point import Point
+from pipesched.experiments.point import Point, points_for
 from pipesched.units import GiB
 from pipesched.wording import significant
 
@@ -63,7 +63,7 @@ def compare_command(*, schedules: Schedules = None, schedule: ScheduleOptions, l
     point = _template(schedule, workload, training, engine).replace(variability=variability.model())
     (p, m), v = schedule.sizes(), schedule.v
     if plan is not None:
-        report_freeze_plan(plan, family_points(names, p=p, m=m, v=v, workload=point), as_json=as_json)
+        report_freeze_plan(plan, points_for(point, names, p=p, m=m, v=v), as_json=as_json)
         return
     result = _compared(names, p=p, m=m, v=v, levels=chosen, workload=point, keep_timelines=views.any)
     views.write(result.timelines, comparison=result.to_wide_records(), title=_title(result),
@@ -91,9 +91,7 @@ def _compared(names: list[str] | None, **settings: object) -> Comparison:
 def _template(schedule: ScheduleOptions, workload: WorkloadOptions, training: TrainingOptions,
               engine: EngineOptions) -> Point:
     """The workload point every compared family runs on, with the family options and slot costs."""
-    options, slot_costs, fb_cost = schedule.family_options()
-    return workload.point(training, engine).replace(options=tuple(sorted(options.items())), slot_costs=slot_costs,
-                                                    fb_cost=fb_cost)
+    return workload.point(training, engine).replace(**schedule.request())
 
 
 def _time(value: float, unit: str) -> str:

@@ -383,6 +383,12 @@ class ScheduleOptions(OptionGroup):
         """See ``family_options``."""
         return family_options(self.family_settings)
 
+    def request(self) -> dict[str, object]:
+        """The fields of the schedule asked for (``ScheduleRequest``) that ``--set`` gives:
+        the family options, the slot costs and ``fb_cost``, as every command's points take them."""
+        options, slot_costs, fb_cost = self.family_options()
+        return {"options": tuple(sorted(options.items())), "slot_costs": slot_costs, "fb_cost": fb_cost}
+
 
 def tuned_device(device: DeviceSpec, matmul_efficiency: float | None,
                  bandwidth_efficiency: float | None) -> DeviceSpec:

@@ -48,7 +48,6 @@ from pipesched.search.store import (
     INVALID,
     OUT_OF_MEMORY,
     PRUNED,
-    SearchStore,
     StoredRow,
     read_rows,
 )
@@ -112,7 +111,7 @@ class SpaceOptions(OptionGroup):
                        f"[default: {_listed('zero')}]")] = None
 
     def space(self) -> SearchSpace:
-        """The search space; a model the cluster cannot hold fails here, before the store is touched."""
+        """The search space (the search checks that the cluster can hold the model, before the store is touched)."""
         given = {
             "model": self.model, "cluster": self.cluster, "global_batch": self.global_batch,
             "seq_len": self.seq_len, "gpus": self.gpus, "dtype": self.dtype,
@@ -123,9 +122,7 @@ class SpaceOptions(OptionGroup):
             "pipeline": _numbers("pipeline", self.pipeline), "data_parallel": _numbers("dp", self.dp),
             "micro_batch_sizes": _numbers("micro-batch-sizes", self.micro_batch_sizes),
         }
-        space = SearchSpace(**{name: value for name, value in given.items() if value is not None})
-        space.check_capacity()
-        return space
+        return SearchSpace(**{name: value for name, value in given.items() if value is not None})
 
 
 def _names(text: str | None) -> tuple[str, ...] | None:
@@ -163,14 +160,12 @@ class RunOptions(OptionGroup):
         """Search ``space`` in the store, with a progress bar on stderr; ``timelines``: keep
         the timelines of the front's points it simulates (for the HTML page)."""
         bar = _ProgressBar(Console(stderr=True))
-        # the pool first: a Ray that cannot start or be joined leaves no store behind
+        # a pool the search starts before its store: a Ray that cannot start or be joined leaves no store behind
         pool = ray_pool(self.ray_address) if self.ray or self.ray_address is not None else process_map(self.workers)
-        with pool as mapper, SearchStore.open(self.db) as store:
-            try:
-                return search(space, store=store, mapper=mapper, prune=not self.no_prune, progress=bar,
-                              timelines=timelines)
-            finally:
-                bar.close()
+        try:
+            return search(space, db=self.db, mapper=pool, prune=not self.no_prune, progress=bar, timelines=timelines)
+        finally:
+            bar.close()
 
 
 @dataclass(frozen=True)
@@ -272,8 +267,8 @@ def _gib(value: float | None) -> str:
 
 def _row_cells(rank: int, row: StoredRow) -> list[str]:
     evaluated = row.status == EVALUATED
-    return [str(rank) if evaluated else "OOM", row.schedule, "-" if row.v is None else str(row.v), str(row.dp),
-            str(row.tp), str(row.pp), str(row.micro_batch_size), str(row.m), row.recompute, row.partition,
+    return [str(rank) if evaluated else "OOM", row.family, "-" if row.v is None else str(row.v), str(row.dp),
+            str(row.tp), str(row.p), str(row.micro_batch_size), str(row.m), row.recompute, row.partition,
             str(row.zero), f"{row.iteration_time_s:.4f}" if evaluated else "-",
             f"{row.throughput_tokens_per_s:,.0f}" if evaluated else "-",
             _share(row.mfu) if evaluated else "-", _share(row.hfu) if evaluated else "-", _gib(row.peak_memory_bytes)]
@@ -326,11 +321,11 @@ def print_result(result: SearchResult, *, top: int) -> None:
             continue
         split = ", ".join(f"{kind} {count:,}" for kind, count in kinds.most_common(6))
         more = f", {len(kinds) - 6} more" if len(kinds) > 6 else ""
-        console.print(f"  {heading}: {split}{more}; e.g. {example.key}: {example.reason}",
+        console.print(f"  {heading}: {split}{more}; e.g. {example.label}: {example.reason}",
                       highlight=False, markup=False, soft_wrap=True)
     best = result.best
     if best is not None:
-        console.print(f"best: {best.schedule}, dp {best.dp} x pp {best.pp} x tp {best.tp}, "
+        console.print(f"best: {best.family}, dp {best.dp} x pp {best.p} x tp {best.tp}, "
                       f"{counted(best.m, 'microbatch')} of {best.micro_batch_size}: {best.iteration_time_s:.4f} s, {best.throughput_tokens_per_s:,.0f} "
                       f"tokens/s; reproduce with\n  {simulate_command(space, best)}", highlight=False, markup=False,
                       soft_wrap=True)

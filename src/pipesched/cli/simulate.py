@@ -23,7 +23,7 @@ from pipesched.cli.schedules import carried_partition, load_or_generate
 from pipesched.cli.training import freeze_plan_option, report_freeze_plan, training_columns
 from pipesched.cli.views import NoTimeline, ViewPaths, print_timeline
 from pipesched.errors import PipeschedError, shorten
-from pipesched.experiments.point import Point, schedule_point
+from pipesched.experiments.point import Point, check_stage_rows, points_for
 from pipesched.experiments.simulation import Simulation, simulate_point
 from pipesched.generators import FAMILIES, get_family
 from pipesched.metrics import allreduce_per_device, iteration_microbatches
@@ -76,14 +76,18 @@ def _point(name: str, schedule: ScheduleOptions, workload: WorkloadOptions, trai
     table = load_or_generate(name, p=schedule.p, m=schedule.m, v=schedule.v, settings=schedule.family_settings)
     if workload.partition is None and workload.stage_costs is None:
         workload = dataclasses.replace(workload, partition=carried_partition(table))
-    options, _, fb_cost = schedule.family_options()
-    if "costs" in options and (name not in FAMILIES or "costs" not in get_family(name).options):
+    request = schedule.request()
+    if "costs" in dict(request["options"]) and (name not in FAMILIES or "costs" not in get_family(name).options):
         # the slot costs of levels 1 and 2: the simulation costs its ops from the workload
         raise PipeschedError(f"costs={shorten(parse_settings(schedule.family_settings)['costs'])}: simulate costs the "
                              "ops from the workload (--model or --stage-costs), and this schedule does not plan with "
                              "slot costs; drop --set costs")
-    template = workload.point(training, engine).replace(fb_cost=fb_cost)
-    return schedule_point(template, table, family=name if name in FAMILIES else None, options=options, v=schedule.v)
+    template = workload.point(training, engine).replace(**request)
+    check_stage_rows(template, table)
+    # a family at the sizes of its table, or the table of a file as it is
+    (point,) = points_for(template, [name if name in FAMILIES else table], p=table.num_devices,
+                          m=int(table.iteration_microbatches), v=schedule.v)
+    return point
 
 
 def _rates_row(result: Simulation) -> dict[str, object]:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,7 +34,7 @@ from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.setup import SimulationSetup, describe_model_setup
-from pipesched.generators import generate, get_family
+from pipesched.generators import FAMILIES, generate, get_family
 from pipesched.indices import format_indices
 from pipesched.model import load_cluster, load_model
 from pipesched.model.freezing import parse_frozen_layers
@@ -360,6 +362,124 @@ def _stamp(name: str) -> tuple[int, int] | None:
     return found.st_mtime_ns, found.st_size
 
 
+def point_key(point: Point) -> str:
+    """The name of ``point`` in a results store: a digest of its records' fields (the
+    schedule asked for, the workload, the engine settings) as canonical JSON, so that two
+    points differing in any field have different keys and equal points the same one."""
+    # the three records' canonical JSON in one object, its keys in sorted order
+    text = (f'{{"engine":{_record_json(point.engine)},"request":{_record_json(point.request)},'
+            f'"workload":{_record_json(point.workload)}}}')
+    return hashlib.sha256(text.encode()).hexdigest()[:32]  # 128 bits
+
+
+@functools.lru_cache(maxsize=4096)
+def _record_json(record: object) -> str:
+    """One record's fields as canonical JSON (cached: the points of a grid share records)."""
+    return json.dumps(_canonical(record)["fields"], sort_keys=True, separators=(",", ":"))
+
+
+@functools.cache
+def _field_names(record: type) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(record))
+
+
+def _canonical(value: object) -> object:
+    """``value`` as plain data in which equal values are equal: a whole float as the int it
+    equals (1.0 == 1), a record as its type's name and fields (a given table, measured costs,
+    a model or cluster given as a record, an offload policy), a set sorted."""
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, tuple | list):
+        return [_canonical(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _canonical(item) for key, item in value.items()}
+    if isinstance(value, set | frozenset):
+        return sorted((_canonical(item) for item in value), key=repr)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__name__,
+                "fields": {name: _canonical(getattr(value, name)) for name in _field_names(type(value))}}
+    if hasattr(value, "tolist"):  # a numpy array or scalar
+        return _canonical(value.tolist())
+    raise TypeError(f"a point field of type {type(value).__name__} has no canonical form")
+
+
+def family_point(template: Point, family: str, *, p: int, m: int, v: int | None = None,
+                 options: Mapping[str, object] | None = None) -> Point:
+    """The point that runs ``family`` at ``p`` devices and ``m`` microbatches on
+    ``template``'s workload and engine settings: ``v`` where the family takes it
+    (``Family.takes_v``), ``options`` (the family's own, see ``family_settings``) sorted
+    into the point's hashable form. Every command builds its family points here."""
+    taken = get_family(family)
+    return template.replace(family=family, p=p, m=m, v=v if taken.takes_v else None,
+                            options=tuple(sorted((options or {}).items())))
+
+
+def points_for(template: Point, schedules: Sequence[str | Schedule] | None = None, *, p: int = DEFAULTS.p,
+               m: int = DEFAULTS.m, v: int | None = None) -> list[Point]:
+    """The points of ``schedules`` (family names or given tables; None: every family) on
+    ``template``: a family at ``p`` and ``m`` with ``v`` where it takes it and those of the
+    template's family options it takes (``family_settings``); a given table as it is (see
+    ``schedule_point``). What ``simulate`` and ``compare`` run."""
+    chosen = list(schedules) if schedules else list(FAMILIES)
+    names = [name for name in chosen if isinstance(name, str)]
+    for name in names:
+        get_family(name)  # unknown names fail here, listing the known ones
+    per_family = family_settings(names, dict(template.options))
+    if v is not None and names and not any(get_family(name).takes_v for name in names):
+        takers = ", ".join(family.name for family in FAMILIES.values() if family.takes_v)
+        raise PipeschedError(f"v={v}: none of the compared families takes -v ({takers} do)")
+    return [family_point(template, item, p=p, m=m, v=v, options=per_family[item]) if isinstance(item, str)
+            else schedule_point(template, item) for item in chosen]
+
+
+def family_settings(names: Sequence[str], offered: dict[str, object]) -> dict[str, dict[str, object]]:
+    """Each family's options from the offered ones: a plain name goes to every family of
+    ``names`` that takes it, ``family.name`` to that family alone (and wins over the plain
+    one); raises PipeschedError for an option no family takes, a prefix that names no
+    family of ``names``, or an option that family does not take.
+
+    >>> family_settings(["hanayo", "chimera"], {"hanayo.waves": 2, "forward_doubling": 0})
+    {'hanayo': {'waves': 2}, 'chimera': {'forward_doubling': 0}}
+    """
+    chosen: dict[str, dict[str, object]] = {name: {} for name in names}
+    scoped = {key: value for key, value in offered.items() if "." in key}
+    plain = {key: value for key, value in offered.items() if "." not in key}
+    # costs are also the slot costs of levels 1 and 2 (``Point.slot_costs``): every family takes them there
+    unknown = sorted(key for key in plain
+                     if key != "costs" and not any(key in get_family(name).options for name in names))
+    if unknown:
+        raise PipeschedError(f"option={unknown[0]}: none of the compared families takes it")
+    for name in names:
+        chosen[name] = {key: value for key, value in plain.items() if key in get_family(name).options}
+    for key, value in sorted(scoped.items()):
+        name, _, option = key.partition(".")
+        if name not in chosen:
+            raise PipeschedError(f"option={key}: {name!r} is not among the compared families "
+                                 f"({', '.join(names)})")
+        family = get_family(name)
+        if option not in family.options:
+            raise PipeschedError(f"option={key}: {name} does not take {option!r}; it takes "
+                                 f"{', '.join(family.options) or 'no options'}")
+        chosen[name][option] = value
+    for name in names:
+        get_family(name).check_options(chosen[name])  # every value in its bounds, as ``show`` checks it
+    return chosen
+
+
+def check_stage_rows(template: Point, schedule: Schedule) -> None:
+    """Refuse stage costs that give neither a row per stage of ``schedule`` nor a divisor
+    of its stages."""
+    costs = template.stage_costs
+    if costs is not None and schedule.num_stages % costs.num_stages:
+        raise PipeschedError(f"stage_costs={costs.num_stages} stage rows: the schedule has {schedule.num_stages} "
+                             f"stages; give {schedule.num_stages} rows (or a divisor of "
+                             f"{schedule.num_stages})")
+
+
 def schedule_point(template: Point, schedule: Schedule, *, family: str | None = None,
                    options: Mapping[str, object] | None = None, v: int | None = None) -> Point:
     """The point that runs ``schedule`` on ``template``'s workload and engine settings.
@@ -371,15 +491,9 @@ def schedule_point(template: Point, schedule: Schedule, *, family: str | None = 
     table (a schedule file), carried as it is. Stage costs give a row per stage of the
     table, or a divisor of its stages.
     """
-    costs = template.stage_costs
-    if costs is not None and schedule.num_stages % costs.num_stages:
-        raise PipeschedError(f"stage_costs={costs.num_stages} stage rows: the schedule has {schedule.num_stages} "
-                             f"stages; give {schedule.num_stages} rows (or a divisor of "
-                             f"{schedule.num_stages})")
+    check_stage_rows(template, schedule)
     if family is None:
-        return template.replace(schedule=schedule)
+        return template.replace(schedule=schedule, options=())  # a given table takes no family options
     taken = get_family(family)
-    return template.replace(family=family, p=schedule.num_devices,
-                            m=int(schedule.iteration_microbatches),
-                            v=v if taken.takes_v else None,
-                            options=tuple(sorted((k, x) for k, x in (options or {}).items() if k in taken.options)))
+    return family_point(template, family, p=schedule.num_devices, m=int(schedule.iteration_microbatches), v=v,
+                        options={k: x for k, x in (options or {}).items() if k in taken.options})

@@ -150,7 +150,7 @@ OOM_REACH = 1.5
 
 def family_colors(rows: Sequence[StoredRow]) -> dict[str, str]:
     """A colour per family, in sorted family order."""
-    families = sorted({row.schedule for row in rows})
+    families = sorted({row.family for row in rows})
     return {family: FAMILY_PALETTE[k % len(FAMILY_PALETTE)] for k, family in enumerate(families)}
 
 
@@ -163,7 +163,7 @@ def family_legend(rows: Sequence[StoredRow]) -> str:
 
 def _label(row: StoredRow) -> str:
     chunks = f" v{row.v}" if row.v is not None else ""
-    return (f"{row.schedule}{chunks}, dp {row.dp} x pp {row.pp} x tp {row.tp}, b {row.micro_batch_size} x m "
+    return (f"{row.family}{chunks}, dp {row.dp} x pp {row.p} x tp {row.tp}, b {row.micro_batch_size} x m "
             f"{row.m}, recompute {row.recompute}, {row.partition} partition, ZeRO-{row.zero}")
 
 
@@ -240,7 +240,7 @@ def pareto_svg(rows: Sequence[StoredRow], front: Sequence[StoredRow], best: Stor
         if row.key in on_front:
             continue
         parts.append(f'<circle data-key="{escape(row.key, quote=True)}" cx="{x(gib):.1f}" cy="{y(seconds):.1f}" '
-                     f'r="3" fill="{colors[row.schedule]}" fill-opacity="0.6">'
+                     f'r="3" fill="{colors[row.family]}" fill-opacity="0.6">'
                      f"<title>{escape(_tip(row))}</title></circle>")
     if front:
         path = []
@@ -254,7 +254,7 @@ def pareto_svg(rows: Sequence[StoredRow], front: Sequence[StoredRow], best: Stor
         for row in front:
             parts.append(f'<circle class="front" data-key="{escape(row.key, quote=True)}" '
                          f'cx="{x(row.peak_memory_bytes / GiB):.1f}" cy="{y(row.iteration_time_s):.1f}" r="5" '
-                         f'fill="{colors[row.schedule]}" stroke="#1f2328" stroke-width="1">'
+                         f'fill="{colors[row.family]}" stroke="#1f2328" stroke-width="1">'
                          f"<title>{escape(_tip(row))}</title></circle>")
     if best is not None:
         parts.append(f'<circle class="best" cx="{x(best.peak_memory_bytes / GiB):.1f}" '

@@ -4,7 +4,8 @@ points evaluated, out of memory, pruned and invalid with their reasons, and the 
 CSV forms.
 
 The global batch is the same for every point, so ranking by throughput (tokens/s of all d
-pipelines) is ranking by iteration time. Ties break by peak memory, then by the point's key.
+pipelines) is ranking by iteration time. Ties break by peak memory, then by the point's label
+(``StoredRow.label``).
 """
 
 from __future__ import annotations
@@ -18,25 +19,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from pipesched.defaults import DEFAULTS
-from pipesched.experiments.point import Point
 from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, PRUNED, StoredRow
 from pipesched.timeline import Timeline
 
-# the columns of ``--json`` rows, in order (CSV adds the rest of StoredRow)
-JSON_COLUMNS = ("schedule", "dp", "tp", "pp", "v", "micro_batch_size", "m", "recompute", "partition", "zero",
+# the StoredRow fields of ``--json`` rows, in order (CSV adds the rest of StoredRow)
+JSON_COLUMNS = ("family", "dp", "tp", "p", "v", "micro_batch_size", "m", "recompute", "partition", "zero",
                 "iteration_time_s", "throughput_tokens_per_s", "mfu", "hfu", "peak_memory_bytes", "fits")
-# the JSON keys of StoredRow fields whose own name means something else in the other
+# the names a search's rows give a point's fields in its JSON, CSV and tables (README
+# "Design-space search"): the family as the schedule, the pipeline size beside dp and tp
+ROW_NAMES = {"family": "schedule", "p": "pp"}
+# ... and the JSON keys of fields whose own name means something else in the other
 # commands' JSON (README "JSON output"): the worst device's peak
-JSON_KEYS = {"peak_memory_bytes": "max_peak_memory_bytes"}
+JSON_KEYS = {**ROW_NAMES, "peak_memory_bytes": "max_peak_memory_bytes"}
 
 
 def ranked(rows: Sequence[StoredRow]) -> list[StoredRow]:
-    """The evaluated rows fastest first (ties: less memory, then key), then the ones out of
+    """The evaluated rows fastest first (ties: less memory, then label), then the ones out of
     memory, least memory first."""
     fast = sorted((r for r in rows if r.status == EVALUATED),
-                  key=lambda r: (r.iteration_time_s, r.peak_memory_bytes, r.key))
+                  key=lambda r: (r.iteration_time_s, r.peak_memory_bytes, r.label))
     over = sorted((r for r in rows if r.status == OUT_OF_MEMORY),
-                  key=lambda r: (math.inf if r.peak_memory_bytes is None else r.peak_memory_bytes, r.key))
+                  key=lambda r: (math.inf if r.peak_memory_bytes is None else r.peak_memory_bytes, r.label))
     return fast + over
 
 
@@ -56,7 +59,7 @@ def pareto_front(rows: Sequence[StoredRow]) -> list[StoredRow]:
     front: list[StoredRow] = []
     best = math.inf
     for row in sorted((r for r in rows if r.status == EVALUATED),
-                      key=lambda r: (r.peak_memory_bytes, r.iteration_time_s, r.key)):
+                      key=lambda r: (r.peak_memory_bytes, r.iteration_time_s, r.label)):
         if row.iteration_time_s < best:
             front.append(row)
             best = row.iteration_time_s
@@ -108,8 +111,8 @@ class SearchResult:
         and the field the error names), and one row of the most common kind."""
         kinds: Counter[str] = Counter()
         first: dict[str, StoredRow] = {}
-        for row in sorted((r for r in self.rows if r.status == status), key=lambda r: r.key):
-            kind = row.schedule
+        for row in sorted((r for r in self.rows if r.status == status), key=lambda r: r.label):
+            kind = row.family
             if status == INVALID and "=" in row.reason.split(":", 1)[0]:
                 kind += f" ({row.reason.split('=', 1)[0]})"
             kinds[kind] += 1
@@ -140,29 +143,19 @@ class SearchResult:
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
         columns = [name for name in asdict(self.rows[0])] if self.rows else list(JSON_COLUMNS)
-        writer.writerow([*columns, "fits"])
+        writer.writerow([*(ROW_NAMES.get(name, name) for name in columns), "fits"])
         order = list(self.ranked) + sorted((r for r in self.rows if r.status not in (EVALUATED, OUT_OF_MEMORY)),
-                                           key=lambda r: (r.status, r.key))
+                                           key=lambda r: (r.status, r.label))
         for row in order:
             values = asdict(row)
             writer.writerow([("" if values[c] is None else values[c]) for c in columns] + [row.status == EVALUATED])
         return out.getvalue()
 
 
-
-def row_point(space: dict, row: StoredRow) -> Point:
-    """The experiment point of a stored row of a search of ``space``."""
-    return Point(row.schedule, p=row.pp, m=row.m, v=row.v, model=space["model"], cluster=space["cluster"],
-                 dp=row.dp, tp=row.tp, micro_batch_size=row.micro_batch_size, seq_len=space["seq_len"],
-                 recompute=row.recompute, partition=row.partition, zero=row.zero,
-                 dtype=space.get("dtype", DEFAULTS.dtype),
-                 sequence_parallel=space.get("sequence_parallel", DEFAULTS.sequence_parallel))
-
-
 def simulate_command(space: dict, row: StoredRow) -> str:
     """The ``pipesched simulate`` command line that runs ``row``'s configuration."""
     chunks = f" -v {row.v}" if row.v is not None else ""
-    return (f"pipesched simulate {row.schedule} -p {row.pp} -m {row.m}{chunks} --model {shlex.quote(space['model'])} "
+    return (f"pipesched simulate {row.family} -p {row.p} -m {row.m}{chunks} --model {shlex.quote(space['model'])} "
             f"--cluster {shlex.quote(space['cluster'])} -t {row.tp} --dp {row.dp} --zero {row.zero} -b {row.micro_batch_size} "
             f"-s {space['seq_len']} --recompute {row.recompute} --partition {row.partition}{_training(space)}")
 

@@ -12,7 +12,8 @@ Axes, each a tuple of the values to try (empty: every value that fits):
 - the partition of layers into stages, the recompute mode and the ZeRO stage of the optimizer
   state (ZeRO-1 only with d > 1: one pipeline has nothing to shard).
 
-A point is a ``pipesched.experiments.Point``; its ``key`` names it in the results store.
+A point is a ``pipesched.experiments.Point`` (built by ``experiments.point.family_point``, as
+every command builds its points); ``experiments.point.point_key`` names it in the results store.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.point import ZERO_STAGES, Point, zero_applies
+from pipesched.experiments.point import ZERO_STAGES, Point, family_point, zero_applies
 from pipesched.experiments.setup import PARTITION_METHODS
 from pipesched.generators import FAMILIES, get_family
 from pipesched.limits import MAX_SEARCH_POINTS
@@ -154,7 +155,13 @@ class SearchSpace:
         """Every point of the space, in a fixed order: by pipeline size and microbatch count,
         then layout, micro-batch size, recompute, ZeRO stage, partition, family and chunks.
         Neighbours share their schedule and layer costs, so a worker that gets a run of them
-        builds each once."""
+        builds each once.
+
+        >>> space = SearchSpace(model="llama3-8b", cluster="1x8-h100", global_batch=8, schedules=("1f1b",),
+        ...                     pipeline=(8,), partitions=("balanced",), recompute=("full",), zero=(0,))
+        >>> [(point.family, point.p, point.m, point.micro_batch_size) for point in space.points()]
+        [('1f1b', 8, 1, 8), ('1f1b', 8, 2, 4), ('1f1b', 8, 4, 2), ('1f1b', 8, 8, 1)]
+        """
         variants = sum(len(self.chunks) if get_family(family).takes_v else 1 for family in self.schedules)
         options = len(self.partitions) * len(self.recompute) * variants
         size = sum(options * sum(1 for zero in self.zero if zero_applies(zero, layout.dp))
@@ -164,6 +171,7 @@ class SearchSpace:
         require(size <= MAX_SEARCH_POINTS, "space", f"{size:,} points",
                 f"at most {MAX_SEARCH_POINTS:,} in one search; narrow it with --schedules, --tensor-parallel, --pipeline, "
                 "--dp, --micro-batch-sizes, --partitions or --recompute")
+        template = self.template()
         points = []
         for layout in self.layouts():
             per_replica = self.global_batch // layout.dp
@@ -175,16 +183,20 @@ class SearchSpace:
                         if not zero_applies(zero, layout.dp):
                             continue
                         for partition in self.partitions:
+                            workload = template.replace(dp=layout.dp, tp=layout.tp, micro_batch_size=b,
+                                                        recompute=recompute, partition=partition, zero=zero)
                             for family in self.schedules:
                                 chunked = get_family(family).takes_v
-                                for v in self.chunks if chunked else (None,):
-                                    points.append(Point(
-                                        family, p=layout.pp, m=per_replica // b, v=v, model=self.model,
-                                        cluster=self.cluster, dp=layout.dp, tp=layout.tp, micro_batch_size=b,
-                                        seq_len=self.seq_len, recompute=recompute, partition=partition, zero=zero,
-                                        dtype=self.dtype, sequence_parallel=self.sequence_parallel))
+                                points.extend(family_point(workload, family, p=layout.pp, m=per_replica // b, v=v)
+                                              for v in (self.chunks if chunked else (None,)))
         # runs of one pipeline size and microbatch count: a worker builds each schedule once
         return sorted(points, key=lambda point: (point.p, point.m))
+
+    def template(self) -> Point:
+        """What every point of the space shares: the model, the cluster and the training
+        settings the space fixes (each point sets the rest)."""
+        return Point(model=self.model, cluster=self.cluster, seq_len=self.seq_len, dtype=self.dtype,
+                     sequence_parallel=self.sequence_parallel)
 
     def check_capacity(self) -> None:
         """Refuse a cluster that cannot hold the model's parameters, gradients and optimizer
@@ -204,16 +216,6 @@ class SearchSpace:
                 f"{params / 1e9:.3g} B parameters with their gradients and optimizer state need at least "
                 f"{need / GiB:.0f} GiB per device in every layout of the space; use a bigger cluster (--cluster, "
                 "--gpus) or a smaller model")
-
-
-def point_key(point: Point) -> str:
-    """The name of a search point in a results store: its configuration, canonical text.
-
-    >>> point_key(Point("zb-v", p=8, m=32, tp=4))
-    'zb-v v- p8 m32 t4 d1 b1 selective balanced zero0'
-    """
-    return (f"{point.family} v{point.v if point.v is not None else '-'} p{point.p} m{point.m} t{point.tp} "
-            f"d{point.dp} b{point.micro_batch_size} {point.recompute} {point.partition} zero{point.zero}")
 
 
 def _divisors(n: int) -> list[int]:

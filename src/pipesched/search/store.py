@@ -2,7 +2,8 @@
 results come, so that a search killed at any moment resumes where it stopped.
 
 A file holds searches (one per space, keyed by the space as JSON) and their points, one row
-per point once it is settled: ``bounded`` (its memory and time bound known, not yet
+per point (keyed by the point: ``experiments.point.point_key``, a digest of all its fields)
+once it is settled: ``bounded`` (its memory and time bound known, not yet
 simulated), then ``evaluated``, ``out of memory``, ``pruned`` or ``invalid``. Every batch of
 results is one transaction: a killed process loses at most the batch it was writing, whose
 points are simply computed again; a settled row is never written twice (``run`` says which
@@ -31,13 +32,16 @@ from urllib.parse import quote
 
 from pipesched.enums import SearchStatus
 from pipesched.errors import PipeschedError, shorten
+from pipesched.experiments.point import Point, point_key
 from pipesched.limits import check_name
 from pipesched.search.space import SearchSpace
 
 # "PSch": PRAGMA application_id of a pipesched search store
 APPLICATION_ID = 0x50536368
 FORMAT = "pipesched-search"
-VERSION = 2  # 2: mfu counts model FLOPs (no recompute), hfu beside it
+# 2: mfu counts model FLOPs (no recompute), hfu beside it; 3: a point keyed by all its fields,
+# its columns named as the point names them
+VERSION = 3
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 BOUNDED, EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID = (SearchStatus.BOUNDED, SearchStatus.EVALUATED,
@@ -50,14 +54,16 @@ BUSY_TIMEOUT_S = 30.0  # how long a search waits for another one writing the sam
 
 @dataclass(frozen=True)
 class StoredRow:
-    """One point of a search and what became of it. Times in seconds, memory in bytes."""
+    """One point of a search and what became of it: the point's key and the fields the
+    point varies over its space, named as the point names them (``point_row`` and
+    ``row_point`` map one to the other). Times in seconds, memory in bytes."""
 
-    key: str  # ``space.point_key``
-    schedule: str
+    key: str  # ``experiments.point.point_key`` of the point
+    family: str  # schedule family
     v: int | None  # chunks per device, for the families that take it
     dp: int
     tp: int
-    pp: int
+    p: int  # pipeline devices
     micro_batch_size: int
     m: int
     recompute: str
@@ -77,6 +83,30 @@ class StoredRow:
     def settled(self, status: str, **values: object) -> StoredRow:
         return replace(self, status=status, **values)
 
+    @property
+    def label(self) -> str:
+        """The point as a reader names it (messages, and ties in every order of rows).
+
+        >>> point_row(Point("zb-v", p=8, m=32, tp=4)).label
+        'zb-v v- p8 m32 t4 d1 b1 selective balanced zero0'
+        """
+        return (f"{self.family} v{self.v if self.v is not None else '-'} p{self.p} m{self.m} t{self.tp} d{self.dp} "
+                f"b{self.micro_batch_size} {self.recompute} {self.partition} zero{self.zero}")
+
+
+# the fields of a point a row holds (its space fixes the others: ``SearchSpace.template``)
+POINT_COLUMNS = ("family", "v", "dp", "tp", "p", "micro_batch_size", "m", "recompute", "partition", "zero")
+
+
+def point_row(point: Point, *, run: int = 0) -> StoredRow:
+    """The row of ``point`` before it is bounded."""
+    return StoredRow(point_key(point), *(getattr(point, name) for name in POINT_COLUMNS), BOUNDED, run=run)
+
+
+def row_point(space: dict, row: StoredRow) -> Point:
+    """The point of a stored row of a search of ``space`` (a SearchSpace as plain data)."""
+    return SearchSpace(**space).template().replace(**{name: getattr(row, name) for name in POINT_COLUMNS})
+
 
 _COLUMNS = tuple(f.name for f in fields(StoredRow))
 _SCHEMA = (
@@ -84,8 +114,8 @@ _SCHEMA = (
     "CREATE TABLE searches (id INTEGER PRIMARY KEY, space TEXT NOT NULL UNIQUE, runs INTEGER NOT NULL DEFAULT 0)",
     """CREATE TABLE points (
     search INTEGER NOT NULL REFERENCES searches(id),
-    key TEXT NOT NULL, schedule TEXT NOT NULL, v INTEGER, dp INTEGER NOT NULL, tp INTEGER NOT NULL,
-    pp INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL, m INTEGER NOT NULL, recompute TEXT NOT NULL,
+    key TEXT NOT NULL, family TEXT NOT NULL, v INTEGER, dp INTEGER NOT NULL, tp INTEGER NOT NULL,
+    p INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL, m INTEGER NOT NULL, recompute TEXT NOT NULL,
     partition TEXT NOT NULL, zero INTEGER NOT NULL, status TEXT NOT NULL, bound_s REAL,
     peak_memory_bytes REAL, capacity_bytes REAL, iteration_time_s REAL, throughput_tokens_per_s REAL,
     mfu REAL, hfu REAL, reason TEXT NOT NULL, run INTEGER NOT NULL,
@@ -163,6 +193,10 @@ class SearchStore:
                                  f"tables {', '.join(sorted(tables)) or 'none'}); it was left as it is; give a new "
                                  "file or a pipesched search store to --db")
         found = db.execute("SELECT * FROM format").fetchmany(2)  # one row, or not this format
+        if len(found) == 1 and found[0][0] == FORMAT and isinstance(found[0][1], int) and found[0][1] < VERSION:
+            raise PipeschedError(f"db={self.path}: a search store made by an older pipesched (format version "
+                                 f"{found[0][1]}, this one reads {VERSION}); it was left as it is; search again "
+                                 "into a new --db")
         if found != [(FORMAT, VERSION)]:
             raise PipeschedError(f"db={self.path}: a search store of format {shorten(found)}, this pipesched reads "
                                  f"({FORMAT!r}, {VERSION}); it was left as it is; give another --db")
@@ -345,10 +379,10 @@ def _row(path: Path, search: int, values: tuple) -> StoredRow:
                              "type")
     row = StoredRow(*values)
     if row.status not in _STATUSES:
-        raise _damaged(path, f"search {search} point {shorten(row.key)}: status={shorten(row.status)} is unknown")
+        raise _damaged(path, f"search {search} point {row.label}: status={shorten(row.status)} is unknown")
     missing = [name for name in _NEEDED.get(row.status, ()) if getattr(row, name) is None]
     if missing:
-        raise _damaged(path, f"search {search} point {shorten(row.key)}: {row.status} but no {', '.join(missing)}")
+        raise _damaged(path, f"search {search} point {row.label}: {row.status} but no {', '.join(missing)}")
     return row
 
 

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import bisect
 import builtins
+import os
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -34,10 +36,10 @@ from pipesched.enums import Level
 from pipesched.errors import OutOfMemory, PipeschedError
 from pipesched.experiments.evaluate import Record, keep_graph
 from pipesched.experiments.grid import Mapper, evaluate_all
-from pipesched.experiments.point import Point
+from pipesched.experiments.point import Point, point_key
 from pipesched.search.bounds import lower_bound
 from pipesched.search.results import SearchResult
-from pipesched.search.space import SearchSpace, point_key
+from pipesched.search.space import SearchSpace
 from pipesched.search.store import (
     BOUNDED,
     EVALUATED,
@@ -46,6 +48,7 @@ from pipesched.search.store import (
     PRUNED,
     SearchStore,
     StoredRow,
+    point_row,
 )
 from pipesched.timeline import Timeline
 from pipesched.units import GiB
@@ -58,11 +61,16 @@ FLUSH_SECONDS = 0.5  # ... or this long after the first unwritten one
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
-def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.map, prune: bool = True,
-           progress: Progress | None = None, timelines: bool = False) -> SearchResult:
-    """Search ``space`` (see the module docstring), resuming what ``store`` holds of it.
+def search(space: SearchSpace, *, db: str | os.PathLike[str], mapper: Mapper | AbstractContextManager[Mapper] = builtins.map,
+           prune: bool = True, progress: Progress | None = None, timelines: bool = False) -> SearchResult:
+    """Search ``space`` (see the module docstring) into the store at ``db``, resuming what
+    it holds of the space. The space is checked first (its size, and that the cluster can
+    hold the model in some layout): a space refused leaves no store.
 
-    ``mapper``: a ``map`` (the built-in one, ``experiments.process_map``, ``ray_pool``);
+    ``mapper``: a ``map`` (the built-in one), or a pool that gives one
+    (``experiments.process_map(n)``, ``ray_pool(...)``), entered once the space is checked
+    and before the store is opened (a pool that cannot start leaves no store either) and
+    left when the search ends;
     ``prune``: skip the points the bound rules out; ``progress(phase, done, total)`` is
     called as results come, phases "bound" and "simulate"; ``timelines``: keep the
     timelines of the front's points simulated now (``SearchResult.timelines``, what the
@@ -71,15 +79,17 @@ def search(space: SearchSpace, *, store: SearchStore, mapper: Mapper = builtins.
     began = time.monotonic()
     space.check_capacity()
     points = {point_key(point): point for point in space.points()}
-    search_id, run, stored = store.begin(space.spec())
-    rows = {row.key: row for row in stored if row.key in points}
-    writer = _Writer(store, search_id)
-    try:
-        _bound(points, rows, writer, mapper=mapper, run=run, progress=progress)
-        found = _simulate(points, rows, writer, mapper=mapper, run=run, prune=prune, progress=progress,
-                          timelines=timelines)
-    finally:
-        writer.flush()  # a search stopped by an error or Ctrl-C keeps every point it finished
+    pool = mapper if isinstance(mapper, AbstractContextManager) else nullcontext(mapper)
+    with pool as mapping, SearchStore.open(db) as store:
+        search_id, run, stored = store.begin(space.spec())
+        rows = {row.key: row for row in stored if row.key in points}
+        writer = _Writer(store, search_id)
+        try:
+            _bound(points, rows, writer, mapper=mapping, run=run, progress=progress)
+            found = _simulate(points, rows, writer, mapper=mapping, run=run, prune=prune, progress=progress,
+                              timelines=timelines)
+        finally:
+            writer.flush()  # a search stopped by an error or Ctrl-C keeps every point it finished
     return SearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
                         seconds=time.monotonic() - began, db=str(store.path), runs=run, timelines=found.timelines)
 
@@ -104,7 +114,7 @@ def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Wri
     for row in rows.values():
         if row.status == EVALUATED:
             found.add(row)
-    queue = sorted((row for row in rows.values() if row.status == BOUNDED), key=lambda r: (r.bound_s, r.key))
+    queue = sorted((row for row in rows.values() if row.status == BOUNDED), key=lambda r: (r.bound_s, r.label))
     done = 0
     for start, stop in _waves(len(queue)):
         wave = []
@@ -114,7 +124,7 @@ def _simulate(points: dict[str, Point], rows: dict[str, StoredRow], writer: _Wri
                 wave.append(row)
                 continue
             rows[row.key] = row.settled(PRUNED, run=run, reason=(
-                f"bound {row.bound_s:.6g} s >= {better.iteration_time_s:.6g} s of {better.key}, which needs no "
+                f"bound {row.bound_s:.6g} s >= {better.iteration_time_s:.6g} s of {better.label}, which needs no "
                 f"more memory ({better.peak_memory_bytes / GiB:.2f} <= {row.peak_memory_bytes / GiB:.2f} GiB)"))
             writer.add(rows[row.key])
         done += stop - start - len(wave)
@@ -143,8 +153,7 @@ def _waves(count: int) -> list[tuple[int, int]]:
 
 def bound_row(point: Point, *, run: int = 0) -> StoredRow:
     """Phase 1 for one point: its row, ``bounded``, ``out of memory`` or ``invalid``."""
-    row = StoredRow(point_key(point), point.family, point.v, point.dp, point.tp, point.p, point.micro_batch_size,
-                    point.m, point.recompute, point.partition, point.zero, BOUNDED, run=run)
+    row = point_row(point, run=run)
     try:
         bound = lower_bound(point)
     except OutOfMemory as exc:
