@@ -16,7 +16,7 @@ from rich.console import Console
 from cli_helpers import assert_one_line_error
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
-from pipesched.io import grid
+from pipesched.io import grid, load_schedule, save_schedule
 from pipesched.ops import B, F, I, Op, OpKind, W
 from pipesched.render.gantt import gantt_figure, render_gantt
 from pipesched.render.html import render_html
@@ -168,6 +168,16 @@ def test_op_text_and_the_grid_format_read_the_toy_kind_with_its_rules() -> None:
         grid.loads(text)
     with pytest.raises(PipeschedError, match=r"^op='0P0': not an op; P is not a kind of the rules; " + known):
         Op.parse("0P0")
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".json"])
+def test_a_schedule_file_of_the_toy_kind_is_read_with_its_rules(tmp_path, suffix) -> None:
+    schedule = toy(TABLE)
+    path = save_schedule(schedule, tmp_path / f"toy{suffix}")
+    again = load_schedule(path, rules=TOY)
+    assert again == schedule and again.rules is TOY
+    with pytest.raises(PipeschedError, match=r"bad op token '0P0': P is not a kind of the rules"):
+        load_schedule(path)
 
 
 def test_a_schedule_file_of_an_unknown_kind_is_one_line_naming_the_known_kinds(cli, tmp_path) -> None:
