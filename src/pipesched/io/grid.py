@@ -10,17 +10,17 @@ d0: 0F0 0F1 0F2 0F3 .   .   .   0B0 ...
 d1: .   1F0 1F1 1F2 .   .   1B0 ...
 ```
 
-One line per device, ops in the order the device runs them, ``.`` for an idle step (ignored on
-reading: only the order matters); the ops are of the kinds of the schedule's rules (``loads``
-reads them with the rules it is given, ``rules.RULES`` by default). ``dN:`` prefixes are optional; when present they must
-count up from d0. Header lines ``# key: value`` are optional: without ``placement`` each stage
-goes to the device whose row holds it; ``stages`` and ``microbatches`` default to the largest
-index seen plus one. Bidirectional schedules give one ``placement:`` line per replica and a
-``route:`` line (replica of each microbatch); a table with frozen stages names them in a
-``frozen:`` line. ``params:`` holds the generator's parameters (JSON, for display) and
-``execution:`` what the simulation reads beyond the ops (JSON, ``Execution.to_dict``;
-files without it keep that in ``params``, see ``pipesched.io.execution``). Other ``#``
-lines are comments.
+One line per device, ops in the order the device runs them, ``.`` for an idle step (ignored
+on reading: only the order matters); the ops are of the kinds of the schedule's rules
+(``loads`` reads them with the rules it is given, ``rules.RULES`` by default). ``dN:``
+prefixes are optional; when present they must count up from d0. Header lines
+``# key: value`` are optional: without ``placement`` each stage goes to the device whose row
+holds it; ``stages`` and ``microbatches`` default to the largest index seen plus one.
+Bidirectional schedules give one ``placement:`` line per replica and a ``route:`` line
+(replica of each microbatch); a table with frozen stages names them in a ``frozen:`` line.
+``params:`` holds the generator's parameters (JSON, for display) and ``execution:`` what the
+simulation reads beyond the ops (JSON, ``Execution.to_dict``; files without it keep that in
+``params``, see ``pipesched.io.execution``). Other ``#`` lines are comments.
 """
 
 from __future__ import annotations
