@@ -13,9 +13,8 @@ from pipesched.rules import RULES, Rules
 def max_op_chars(rules: Rules) -> int:
     """The longest op text of ``rules``: a fused pair of two stepped ops (stage, microbatch
     and step each a number of MAX_NUMBER_CHARS digits), every kind of the longest name."""
-    longest = max(len(letter) for letter in rules.letters)
-    plain = 3 * MAX_NUMBER_CHARS + len(".") + longest
-    return 2 * plain + len("(;)") + longest
+    plain = 3 * MAX_NUMBER_CHARS + len(".") + rules.longest_name
+    return 2 * plain + len("(;)") + rules.longest_name
 
 
 def read_op(token: str, *, where: str, hint: str, label: str = "op token", rules: Rules = RULES) -> Op:
