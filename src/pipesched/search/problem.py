@@ -63,11 +63,25 @@ MEMORY_RESOLUTION = 1_000_000
 BYTES_TOLERANCE = 1e-9
 
 
+def stage_microbatch_kinds(*, split_backward: bool) -> tuple[OpKind, ...]:
+    """The op kinds of every stage-microbatch, in the rules' (dependency) order: the rules'
+    complete set of a trained stage with the backward split (F, I, W) or not (F, B). The
+    optional groups (offload) are the solver's own decision, and a kind a rules table adds
+    is not modelled: the solver's intervals, transfers and host-link ops are written for
+    these kinds' roles (``search/cpsat.py``).
+
+    >>> [str(kind) for kind in stage_microbatch_kinds(split_backward=True)]
+    ['F', 'I', 'W']
+    """
+    complete = next(kinds for kinds in RULES.complete_for(TRAINS) if (I in kinds) == split_backward)
+    return tuple(rule.kind for rule in RULES if rule.kind in complete)
+
+
 def check_size(p: int, m: int, *, split_backward: bool) -> None:
     """Refuse sizes the synthesis cannot hold (before anything is built for them)."""
     require(p >= 1, "p", p, "needs at least 1 pipeline device")
     require(m >= 1, "m", m, "needs at least 1 microbatch")
-    ops = p * m * (3 if split_backward else 2)
+    ops = p * m * len(stage_microbatch_kinds(split_backward=split_backward))
     require(ops <= MAX_SYNTHESIS_OPS, "size", f"p{p} x m{m}",
             f"{ops:,} ops, over the {MAX_SYNTHESIS_OPS:,} synthesis handles; lower p or m")
 
@@ -155,13 +169,8 @@ class SynthesisProblem:
 
     @cached_property
     def kinds(self) -> tuple[OpKind, ...]:
-        """The op kinds of every stage-microbatch, in the rules' (dependency) order: the
-        rules' complete set of a trained stage with the backward split (F, I, W) or not
-        (F, B). The optional groups (offload) are the solver's own decision, and a kind
-        a rules table adds is not modelled: the solver's intervals, transfers and host-link
-        ops are written for these kinds' roles."""
-        complete = next(kinds for kinds in RULES.complete_for(TRAINS) if (I in kinds) == self.split_backward)
-        return tuple(rule.kind for rule in RULES if rule.kind in complete)
+        """The op kinds of every stage-microbatch (``stage_microbatch_kinds``)."""
+        return stage_microbatch_kinds(split_backward=self.split_backward)
 
     def duration(self, kind: OpKind, stage: int, *, recompute: bool = False) -> float:
         """Seconds of one op, with or without recompute on its stage."""
