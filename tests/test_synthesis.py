@@ -19,7 +19,7 @@ from pipesched.generators import FAMILIES, generate
 from pipesched.ops import B, F, I, O, Op, R, W
 from pipesched.schedule import Placement, Schedule
 from pipesched.search.baseline import best_family
-from pipesched.search.list_scheduling import list_schedule, rules
+from pipesched.search.list_scheduling import inputs_of, list_schedule, rules
 from pipesched.search.local_search import improve
 from pipesched.search.plans import Plan, evaluate, fits, in_microbatch_order
 from pipesched.search.problem import IntegerProblem, SynthesisProblem
@@ -481,3 +481,21 @@ def test_list_scheduling_counts_the_gradients_kept_for_w_as_the_simulator_does()
         evaluation = evaluate(problem, plan)
         assert evaluation.peak_memory == pytest.approx(peaks)  # the simulator's count is the same
         assert max(peaks) <= 9.0 and fits(problem, evaluation)  # and the cap holds, kept gradients included
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_list_scheduling_waits_for_the_inputs_the_rules_need(split) -> None:
+    # worked by hand from the model (problem's docstring): F waits for the forward before it
+    # plus the activation's link time, the backward for its own F and the gradient of the
+    # stage after it plus the link time back, W for its own I; none past the first or last stage
+    p = 3
+    problem = SynthesisProblem(uneven(p), Network.uniform(p, latency=0.2, bandwidth=4.0), 4, split_backward=split)
+    down = [problem.network.transfer_time(s, s + 1, problem.costs.output_bytes[s]) for s in range(p - 1)]
+    up = [problem.network.transfer_time(s + 1, s, problem.costs.output_bytes[s]) for s in range(p - 1)]
+    backward = I if split else B
+    expected = {F: [(), ((F, 0, down[0]),), ((F, 1, down[1]),)],
+                backward: [((F, 0, 0.0), (backward, 1, up[0])), ((F, 1, 0.0), (backward, 2, up[1])), ((F, 2, 0.0),)]}
+    if split:
+        expected[W] = [((I, s, 0.0),) for s in range(p)]
+    assert problem.kinds == ((F, I, W) if split else (F, B))
+    assert {kind: [inputs_of(problem, kind, s) for s in range(p)] for kind in problem.kinds} == expected

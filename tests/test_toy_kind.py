@@ -10,13 +10,18 @@ import json
 import re
 
 import pytest
+from matplotlib.colors import to_hex
 from rich.console import Console
 
+from cli_helpers import assert_one_line_error
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
-from pipesched.ops import B, F, I, Op, W
+from pipesched.io import grid, load_schedule, save_schedule
+from pipesched.ops import B, F, I, Op, OpKind, W
+from pipesched.render.gantt import gantt_figure, render_gantt
 from pipesched.render.html import render_html
 from pipesched.render.terminal import grid_view
+from pipesched.render.trace import trace_document
 from pipesched.render.waits import wait_texts
 from pipesched.rules import AT_START, HOST_LINK, RULES, KindRule, MemoryEffect, Need
 from pipesched.schedule import Placement, Schedule
@@ -34,8 +39,7 @@ TABLE = ["0F0 0P0 0F1 0P1 0B0 0B1", "1F0 1P0 1B0 1F1 1P1 1B1"]
 
 
 def toy(lines: list[str]) -> Schedule:
-    rows = tuple(tuple(Op(int(t[0]), P if t[1] == P else Op.parse(t).kind, int(t[2:])) for t in line.split())
-                 for line in lines)
+    rows = tuple(tuple(Op.parse(token, TOY) for token in line.split()) for line in lines)
     return Schedule("toy", Placement.one_per_device(2), 2, rows, rules=TOY)
 
 
@@ -107,3 +111,77 @@ def test_views_follow_the_toy_kind() -> None:
     assert kinds["letters"] == ["F", "I", "W", "B", "O", "R", "OVERLAP_F_B", "P"]
     assert kinds["names"][-1] == PREFETCH.summary
     assert kinds["colors"][-1] not in kinds["colors"][:-1]
+
+
+def test_gantt_follows_the_toy_kind() -> None:
+    timeline = slot_table(toy(TABLE))
+    built = gantt_figure([timeline])
+    legend = built.figure.legends[0]
+    entries = {text.get_text(): to_hex(patch.get_facecolor())
+               for patch, text in zip(legend.get_patches(), legend.get_texts(), strict=True)}
+    # the legend names the prefetch (its letter and its rule's summary) in a colour of its own
+    color = entries[f"P  {PREFETCH.summary}"]
+    assert list(entries.values()).count(color) == 1
+    # its four boxes are drawn in that colour, and only they
+    ops = next(c for axes in built.figure.axes for c in axes.collections if c.get_gid() == "ops-0")
+    drawn = [to_hex(face) for face in ops.get_facecolors()]
+    prefetches = [r for r in range(len(timeline)) if timeline.op(r).kind == P]
+    assert len(prefetches) == 4
+    assert [r for r, face in enumerate(drawn) if face == color] == prefetches
+    # the files: a PNG, and an SVG with every box (the prefetches too) in a countable link
+    assert render_gantt([timeline], fmt="png").startswith(b"\x89PNG")
+    svg = render_gantt([timeline], fmt="svg")
+    assert {int(row) for row in re.findall(rb'xlink:href="#op-0-(\d+)"', svg)} == set(range(len(timeline)))
+
+
+def test_trace_follows_the_toy_kind() -> None:
+    timeline = slot_table(toy(TABLE))
+    events = trace_document([timeline])["traceEvents"]
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    slices = {e["name"]: e for e in events if e["ph"] == "X" and "stage" in e["args"]}
+    # each prefetch a slice named by its op text, in its kind's category, on its device's
+    # host-link thread, at its slot times (1 slot = 1000 us), waiting for its forward
+    for name, (start, end) in {"0P0": (1, 2), "0P1": (2, 3), "1P0": (2, 3), "1P1": (5, 6)}.items():
+        event = slices[name]
+        assert (event["cat"], event["args"]["kind"]) == (PREFETCH.summary, P)
+        assert threads[(event["pid"], event["tid"])] == "host link"
+        assert (event["ts"], event["dur"]) == (1000.0 * start, 1000.0 * (end - start))
+        assert event["args"]["waited for event"] == slices[name.replace(P, "F")]["args"]["event"]
+    assert len(slices) == len(timeline)
+
+
+def test_op_text_and_the_grid_format_read_the_toy_kind_with_its_rules() -> None:
+    # written by hand: the prefetch is an op like any other, read as the kind the rules hold
+    assert Op.parse("1P0", TOY) == Op(1, P, 0) and Op.parse("1P0.2", TOY).step == 2
+    assert Op.parse("(0F1;1P0)OVERLAP_F_B", TOY).parts == (Op(0, F, 1), Op(1, P, 0))
+    schedule = toy(TABLE)
+    text = grid.dumps(schedule)
+    # each device's row holds its ops in table order (``.`` an idle step between them)
+    rows = [[token for token in line.split()[1:] if token != "."] for line in text.splitlines() if line.startswith("d")]
+    assert rows == [line.split() for line in TABLE]
+    again = grid.loads(text, rules=TOY)
+    assert again == schedule and again.rules is TOY and validate(again) == []
+    # the default rules (every OpKind) know no P: one line naming the token and their kinds
+    assert {str(rule.kind) for rule in RULES} == {kind.value for kind in OpKind}
+    known = r"their kinds: F, I, W, B, O, R \(fused: OVERLAP_F_B\)$"
+    with pytest.raises(PipeschedError, match=r"^<text>:\d+:9: bad op token '0P0': P is not a kind of the rules; " + known):
+        grid.loads(text)
+    with pytest.raises(PipeschedError, match=r"^op='0P0': not an op; P is not a kind of the rules; " + known):
+        Op.parse("0P0")
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".json"])
+def test_a_schedule_file_of_the_toy_kind_is_read_with_its_rules(tmp_path, suffix) -> None:
+    schedule = toy(TABLE)
+    path = save_schedule(schedule, tmp_path / f"toy{suffix}")
+    again = load_schedule(path, rules=TOY)
+    assert again == schedule and again.rules is TOY
+    with pytest.raises(PipeschedError, match=r"bad op token '0P0': P is not a kind of the rules"):
+        load_schedule(path)
+
+
+def test_a_schedule_file_of_an_unknown_kind_is_one_line_naming_the_known_kinds(cli, tmp_path) -> None:
+    path = tmp_path / "toy.txt"
+    path.write_text(grid.dumps(toy(TABLE)))
+    assert_one_line_error(cli("validate", str(path)), "toy.txt:", "bad op token '0P0'", "P is not a kind of the rules",
+                          "their kinds: F, I, W, B, O, R (fused: OVERLAP_F_B)")

@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from pipesched.errors import PipeschedError
+
+if TYPE_CHECKING:
+    from pipesched.rules import Rules
 
 
 class OpKind(StrEnum):
@@ -45,9 +49,10 @@ O = OpKind.OFFLOAD  # noqa: E741 - the letter is the domain's name for it
 R = OpKind.RELOAD
 OVERLAP_F_B = OpKind.OVERLAP_F_B
 
-# an optional ".STEP" suffix: the step index of a stepped kind's op (a decode step), absent at 0
-_OP_TEXT = re.compile(r"^(\d+)([FIWBOR])(\d+)(?:\.(\d+))?$")
-_FUSED_TEXT = re.compile(r"^\(([^()]*)\)([A-Z_]+)$")
+# a kind's name is letters and underscores; an optional ".STEP" suffix: the step index of a
+# stepped kind's op (a decode step), absent at 0
+_OP_TEXT = re.compile(r"^(\d+)([A-Za-z_]+)(\d+)(?:\.(\d+))?$")
+_FUSED_TEXT = re.compile(r"^\(([^()]*)\)([A-Za-z_]+)$")
 # a fused op's stage and microbatch: it has neither, its parts have them (PyTorch writes -1)
 NO_INDEX = -1
 
@@ -106,23 +111,50 @@ class Op(NamedTuple):
         return cls(NO_INDEX, kind, NO_INDEX, tuple(parts))
 
     @classmethod
-    def parse(cls, text: str) -> Op:
-        """Parse ``2F0`` or ``(0F1;1B0)OVERLAP_F_B`` text; raise PipeschedError naming the
-        token otherwise."""
+    def parse(cls, text: str, rules: Rules | None = None) -> Op:
+        """Parse ``2F0`` or ``(0F1;1B0)OVERLAP_F_B`` text naming a kind of ``rules`` (None: the
+        default table's, every OpKind); raise PipeschedError naming the token otherwise, an
+        UnknownKindError when it is well formed but its kind is not one of the rules'."""
+        kinds, fused_kinds = (_KINDS, _FUSED_KINDS) if rules is None else (rules.kinds_by_name, rules.fused_kinds)
         token = text.strip()
         match = _OP_TEXT.match(token)
         if match is not None:
+            kind = kinds.get(match.group(2))
+            if kind is None or kind in fused_kinds:
+                raise UnknownKindError(text, match.group(2), kinds, fused_kinds, fused=False)
             step = int(match.group(4)) if match.group(4) else 0
-            return cls(int(match.group(1)), OpKind(match.group(2)), int(match.group(3)), step=step)
+            return cls(int(match.group(1)), kind, int(match.group(3)), step=step)
         fused = _FUSED_TEXT.match(token)
-        if fused is not None and fused.group(2) in _FUSED_KINDS:
-            parts = tuple(cls.parse(part) for part in fused.group(1).split(";"))
-            return cls.fused(*parts, kind=OpKind(fused.group(2)))
+        if fused is not None:
+            kind = kinds.get(fused.group(2))
+            if kind is None or kind not in fused_kinds:
+                raise UnknownKindError(text, fused.group(2), kinds, fused_kinds, fused=True)
+            parts = tuple(cls.parse(part, rules) for part in fused.group(1).split(";"))
+            return cls.fused(*parts, kind=kind)
         raise PipeschedError(
             f"op={text!r}: not an op; write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1 or 1B0 (0O1, 0R1 for an "
             "offload and its reload), or a fused pair like (0F1;1B0)OVERLAP_F_B"
         )
 
 
-_FUSED_KINDS = frozenset({OVERLAP_F_B.value})
+class UnknownKindError(PipeschedError):
+    """Op text of the right form whose kind the rules do not know as such: ``reason`` says
+    which kinds they know."""
+
+    def __init__(self, text: str, name: str, kinds: Mapping[str, OpKind], fused_kinds: frozenset[OpKind], *,
+                 fused: bool) -> None:
+        plain = ", ".join(str(kind) for kind in kinds.values() if kind not in fused_kinds)
+        joined = ", ".join(str(kind) for kind in kinds.values() if kind in fused_kinds) or "none"
+        if name not in kinds:
+            self.reason = f"{name} is not a kind of the rules; their kinds: {plain} (fused: {joined})"
+        elif fused:
+            self.reason = f"{name} is not a fused kind; the rules' fused kinds: {joined}"
+        else:
+            self.reason = f"{name} is a fused kind; write its parts in brackets, like (0F1;1B0){name}"
+        super().__init__(f"op={text!r}: not an op; {self.reason}")
+
+
+# the kinds op text names without rules: every OpKind (the kinds of rules.RULES)
+_KINDS: Mapping[str, OpKind] = {kind.value: kind for kind in OpKind}
+_FUSED_KINDS = frozenset({OVERLAP_F_B})
 

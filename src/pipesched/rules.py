@@ -247,6 +247,16 @@ class Rules:
         return tuple(str(rule.kind) for rule in self.kinds)
 
     @cached_property
+    def kinds_by_name(self) -> dict[str, OpKind]:
+        """Each kind by the name op text writes it with (``Op.parse``)."""
+        return {str(rule.kind): rule.kind for rule in self.kinds}
+
+    @cached_property
+    def longest_name(self) -> int:
+        """Characters of the longest kind name (of op text's kind part)."""
+        return max(len(name) for name in self.kinds_by_name)
+
+    @cached_property
     def fused_kinds(self) -> frozenset[OpKind]:
         """The kinds whose ops are made of parts (never stored as an op row)."""
         return frozenset(rule.kind for rule in self.kinds if rule.fused)

@@ -11,6 +11,7 @@ from pathlib import Path
 from pipesched.errors import PipeschedError
 from pipesched.io import grid, json_format, torch_csv
 from pipesched.io.files import read_text, write_atomic
+from pipesched.rules import RULES, Rules
 from pipesched.schedule import Schedule
 
 FORMATS = ("grid", "csv", "csv-comms", "json")
@@ -59,21 +60,23 @@ def dumps(schedule: Schedule, fmt: str = "grid") -> str:
     raise PipeschedError(f"format={fmt!r}: unknown; choose one of {', '.join(FORMATS)}")
 
 
-def loads(text: str, fmt: str = "grid", *, source: str = "<text>") -> Schedule:
-    """Parse schedule text in ``fmt``; errors name ``source`` with line and column."""
+def loads(text: str, fmt: str = "grid", *, source: str = "<text>", rules: Rules = RULES) -> Schedule:
+    """Parse schedule text in ``fmt`` whose ops are of the kinds of ``rules`` (grid and JSON;
+    PyTorch's CSV holds PyTorch's kinds); errors name ``source`` with line and column."""
     if fmt == "grid":
-        return grid.loads(text, source=source)
+        return grid.loads(text, source=source, rules=rules)
     if fmt in ("csv", "csv-comms"):
         name = "custom" if source.startswith("<") else Path(source).stem
         return torch_csv.loads(text, source=source, name=name)
     if fmt == "json":
-        return json_format.loads(text, source=source)
+        return json_format.loads(text, source=source, rules=rules)
     raise PipeschedError(f"format={fmt!r}: unknown; choose one of {', '.join(FORMATS)}")
 
 
-def load_schedule(path: str | os.PathLike[str], *, fmt: str | None = None) -> Schedule:
-    """Read a schedule file; the format follows the extension unless ``fmt`` is given."""
-    return loads(read_text(path, "schedule_file"), fmt or format_for(path), source=str(path))
+def load_schedule(path: str | os.PathLike[str], *, fmt: str | None = None, rules: Rules = RULES) -> Schedule:
+    """Read a schedule file (of the kinds of ``rules``, see ``loads``); the format follows the
+    extension unless ``fmt`` is given."""
+    return loads(read_text(path, "schedule_file"), fmt or format_for(path), source=str(path), rules=rules)
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike[str], *, fmt: str | None = None) -> Path:

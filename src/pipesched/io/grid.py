@@ -10,16 +10,17 @@ d0: 0F0 0F1 0F2 0F3 .   .   .   0B0 ...
 d1: .   1F0 1F1 1F2 .   .   1B0 ...
 ```
 
-One line per device, ops in the order the device runs them, ``.`` for an idle step (ignored on
-reading: only the order matters). ``dN:`` prefixes are optional; when present they must
-count up from d0. Header lines ``# key: value`` are optional: without ``placement`` each stage
-goes to the device whose row holds it; ``stages`` and ``microbatches`` default to the largest
-index seen plus one. Bidirectional schedules give one ``placement:`` line per replica and a
-``route:`` line (replica of each microbatch); a table with frozen stages names them in a
-``frozen:`` line. ``params:`` holds the generator's parameters (JSON, for display) and
-``execution:`` what the simulation reads beyond the ops (JSON, ``Execution.to_dict``;
-files without it keep that in ``params``, see ``pipesched.io.execution``). Other ``#``
-lines are comments.
+One line per device, ops in the order the device runs them, ``.`` for an idle step (ignored
+on reading: only the order matters); the ops are of the kinds of the schedule's rules
+(``loads`` reads them with the rules it is given, ``rules.RULES`` by default). ``dN:``
+prefixes are optional; when present they must count up from d0. Header lines
+``# key: value`` are optional: without ``placement`` each stage goes to the device whose row
+holds it; ``stages`` and ``microbatches`` default to the largest index seen plus one.
+Bidirectional schedules give one ``placement:`` line per replica and a ``route:`` line
+(replica of each microbatch); a table with frozen stages names them in a ``frozen:`` line.
+``params:`` holds the generator's parameters (JSON, for display) and ``execution:`` what the
+simulation reads beyond the ops (JSON, ``Execution.to_dict``; files without it keep that in
+``params``, see ``pipesched.io.execution``). Other ``#`` lines are comments.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pipesched.limits import (
     parse_int,
 )
 from pipesched.ops import Op
+from pipesched.rules import RULES, Rules
 from pipesched.schedule import Execution, Placement, Schedule
 
 IDLE = "."
@@ -74,8 +76,9 @@ def dumps(schedule: Schedule) -> str:
     return "\n".join(lines) + "\n"
 
 
-def loads(text: str, *, source: str = "<text>") -> Schedule:
-    """Parse grid text; errors name ``source:line:column`` and the offending token."""
+def loads(text: str, *, source: str = "<text>", rules: Rules = RULES) -> Schedule:
+    """Parse grid text of a schedule whose ops are of the kinds of ``rules`` (the schedule's
+    rules); errors name ``source:line:column`` and the offending token."""
     header: dict[str, list[tuple[int, str]]] = {}
     rows: list[list[Op]] = []
     ops_read = 0
@@ -105,15 +108,15 @@ def loads(text: str, *, source: str = "<text>") -> Schedule:
                 )
             offset = raw.index(":") + 1
             body = raw[offset:]
-        rows.append(_parse_row(body, offset, number, source))
+        rows.append(_parse_row(body, offset, number, source, rules))
         ops_read += len(rows[-1])
         check_op_count(ops_read, source)
     if not rows:
         raise PipeschedError(f"{source}: no device rows; write one line of ops per device, e.g. d0: 0F0 0B0")
-    return _build(rows, header, source)
+    return _build(rows, header, source, rules)
 
 
-def _parse_row(body: str, offset: int, number: int, source: str) -> list[Op]:
+def _parse_row(body: str, offset: int, number: int, source: str, rules: Rules) -> list[Op]:
     ops = []
     for match in re.finditer(r"\S+", body):
         token = match.group(0)
@@ -121,7 +124,7 @@ def _parse_row(body: str, offset: int, number: int, source: str) -> list[Op]:
             continue
         ops.append(read_op(token, where=f"{source}:{number}:{offset + match.start() + 1}",
                            hint="write STAGE KIND MICROBATCH like 2F0, 3I1, 3W1, 1B0, a fused pair like "
-                                "(0F1;1B0)OVERLAP_F_B, or . for idle"))
+                                "(0F1;1B0)OVERLAP_F_B, or . for idle", rules=rules))
     return ops
 
 
@@ -145,7 +148,7 @@ def _one_int(header: dict[str, list[tuple[int, str]]], key: str, source: str, li
     return values[0]
 
 
-def _build(rows: list[list[Op]], header: dict[str, list[tuple[int, str]]], source: str) -> Schedule:
+def _build(rows: list[list[Op]], header: dict[str, list[tuple[int, str]]], source: str, rules: Rules) -> Schedule:
     seen = [atom for row in rows for op in row for atom in op.atoms]
     stages = _one_int(header, "stages", source, MAX_STAGES)
     if stages is None:
@@ -173,7 +176,7 @@ def _build(rows: list[list[Op]], header: dict[str, list[tuple[int, str]]], sourc
             raise PipeschedError(f"{source}:{number}:1: header params is not a JSON object; remove the line or fix it")
     params, execution = _execution(header, params, placement.num_stages, microbatches, source)
     return Schedule(name, placement, microbatches, tuple(tuple(r) for r in rows), route, params, frozen=frozen,
-                    execution=execution)
+                    execution=execution, rules=rules)
 
 
 def _execution(header: dict[str, list[tuple[int, str]]], params: dict[str, object], stages: int,

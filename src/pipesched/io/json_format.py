@@ -22,6 +22,7 @@ from pipesched.limits import (
     check_name,
     check_table_size,
 )
+from pipesched.rules import RULES, Rules
 from pipesched.schedule import Placement, Schedule
 
 FORMAT = "pipesched-schedule"
@@ -48,7 +49,8 @@ def dumps(schedule: Schedule) -> str:
     return json.dumps(to_dict(schedule), indent=1, default=str) + "\n"
 
 
-def loads(text: str, *, source: str = "<json>") -> Schedule:
+def loads(text: str, *, source: str = "<json>", rules: Rules = RULES) -> Schedule:
+    """Parse a JSON schedule whose ops are of the kinds of ``rules`` (the schedule's rules)."""
     data = load_json(text, field="schedule_file", source=source)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
@@ -68,7 +70,8 @@ def loads(text: str, *, source: str = "<json>") -> Schedule:
         for index, token in enumerate(row):
             if not isinstance(token, str):
                 raise PipeschedError(f"{source}: devices[{device}][{index}]={shorten(token)!r}: not an op; write like 2F0")
-            ops.append(read_op(token, where=f"{source}: devices[{device}][{index}]", hint="write like 2F0"))
+            ops.append(read_op(token, where=f"{source}: devices[{device}][{index}]", hint="write like 2F0",
+                               rules=rules))
         ops_read += len(ops)
         check_op_count(ops_read, source)
         rows.append(tuple(ops))
@@ -90,7 +93,8 @@ def loads(text: str, *, source: str = "<json>") -> Schedule:
         check_count(f"{source}: frozen[{k}]", stage, MAX_STAGES - 1, minimum=0, what="stage index")
         for k, stage in enumerate(_list(data.get("frozen", []), f"{source}: field frozen", MAX_STAGES,
                                         "a list of stage indices")))
-    return Schedule(name, placement, microbatches, tuple(rows), route, params, frozen=frozen, execution=execution)
+    return Schedule(name, placement, microbatches, tuple(rows), route, params, frozen=frozen, execution=execution,
+                    rules=rules)
 
 
 def _list(value: object, field: str, limit: int, what: str) -> list:

@@ -6,18 +6,27 @@ from __future__ import annotations
 
 from pipesched.errors import PipeschedError, shorten
 from pipesched.limits import MAX_MICROBATCHES, MAX_NUMBER_CHARS, MAX_OPS, MAX_STAGES
-from pipesched.ops import Op
+from pipesched.ops import Op, UnknownKindError
+from pipesched.rules import RULES, Rules
 
-_MAX_OP_CHARS = 2 * (2 * MAX_NUMBER_CHARS + 1) + len("(;)OVERLAP_F_B")  # a fused pair of two ops, the longest
+
+def max_op_chars(rules: Rules) -> int:
+    """The longest op text of ``rules``: a fused pair of two stepped ops (stage, microbatch
+    and step each a number of MAX_NUMBER_CHARS digits), every kind of the longest name."""
+    plain = 3 * MAX_NUMBER_CHARS + len(".") + rules.longest_name
+    return 2 * plain + len("(;)") + rules.longest_name
 
 
-def read_op(token: str, *, where: str, hint: str, label: str = "op token") -> Op:
-    """The op ``token`` names; otherwise a PipeschedError at ``where`` (``file:line:col``)
-    saying "bad ``label``" with ``hint`` (what a good token looks like)."""
+def read_op(token: str, *, where: str, hint: str, label: str = "op token", rules: Rules = RULES) -> Op:
+    """The op ``token`` names, of a kind of ``rules``; otherwise a PipeschedError at ``where``
+    (``file:line:col``) saying "bad ``label``" with ``hint`` (what a good token looks like),
+    or, for a well-formed token of a kind the rules lack, which kinds they have."""
     op = None
-    if len(token) <= _MAX_OP_CHARS:
+    if len(token) <= max_op_chars(rules):
         try:
-            op = Op.parse(token)
+            op = Op.parse(token, rules)
+        except UnknownKindError as error:
+            raise PipeschedError(f"{where}: bad {label} {shorten(token)!r}: {error.reason}") from None
         except PipeschedError:
             op = None
     if op is None:

@@ -37,9 +37,6 @@ from pipesched.errors import require
 from pipesched.render.style import (
     HOST_MEMORY_COLOR,
     IDLE_COLOR,
-    KIND_COLORS,
-    KIND_MARKS,
-    KIND_NAMES,
     LABEL_ON_KIND,
     OOM_COLOR,
     TRANSFER_COLORS,
@@ -49,6 +46,7 @@ from pipesched.render.style import (
     chunk_shade,
     device_color,
     home_window,
+    kind_styles,
     lighten,
     memory_scale,
     op_label,
@@ -178,16 +176,19 @@ def gantt_figure(timelines: Sequence[Timeline], *, title: str = "", width: float
 
 def _legend_entries(timelines: Sequence[Timeline]) -> list[tuple[str, str]]:
     """(colour, label) of everything drawn: each op kind in each chunk shade present (the
-    colours ``_op_colors`` gives), each transfer kind, idle; memory colours are per device."""
-    combos: set[tuple[int, int, int]] = set()
+    colours ``_op_colors`` gives, the kind styles of each timeline's rules), each transfer
+    kind, idle; memory colours are per device."""
+    # (kind index, chunk, chunks, the kind's colour, its legend text)
+    combos: set[tuple[int, int, int, str, str]] = set()
     for timeline in timelines:
+        styles = kind_styles(timeline.schedule.rules)
         chunk, chunks = op_chunks(timeline)
-        combos |= set(map(tuple, np.unique(np.stack([timeline.box_kind, chunk, chunks[timeline.op_device]], 1)
-                                           .astype(np.int64), axis=0).tolist()))
+        drawn = np.unique(np.stack([timeline.box_kind, chunk, chunks[timeline.op_device]], 1).astype(np.int64), axis=0)
+        combos |= {(kind, c, n, styles.colors[kind], f"{styles.marks[kind]}  {styles.names[kind]}")
+                   for kind, c, n in drawn.tolist()}
     entries: list[tuple[str, str]] = []
-    for kind, chunk, chunks in sorted(combos):
-        color = lighten(KIND_COLORS[kind], chunk_shade(chunk, chunks))
-        label = f"{KIND_MARKS[kind]}  {KIND_NAMES[kind]}"
+    for _, chunk, chunks, base, label in sorted(combos):
+        color = lighten(base, chunk_shade(chunk, chunks))
         if chunks > 1:
             label += f" · {chunk_names(chunks)[chunk]}"
         # a first chunk's colour is its kind's own: listed once, under its first label
@@ -236,7 +237,8 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
     axes.barh(np.arange(devices), span * scale.factor, left=0, height=_BOX, color=IDLE_COLOR, linewidth=0, zorder=1)
 
     chunk, chunks = op_chunks(timeline)
-    palette, color = _op_colors(timeline.box_kind, chunk, chunks[timeline.op_device])
+    palette, color = _op_colors(timeline.box_kind, chunk, chunks[timeline.op_device],
+                                kind_styles(timeline.schedule.rules).colors)
     _draw_boxes(axes, _rectangles(x0, x1, y, np.where(on_host, 0.5 * _TRANSFER_BOX, _BOX)), palette, color,
                 gid=f"ops-{index}", link=f"op-{index}", edge=_edge_width(x1 - x0, inches_per_unit))
 
@@ -396,13 +398,15 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
 
 
 # --- helpers ---------------------------------------------------------------------------------
-def _op_colors(kind: np.ndarray, chunk: np.ndarray, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(RGBA palette, palette index per op): each op takes its kind's colour, lightened for
-    later chunks of its device; one palette entry per distinct (kind, chunk, chunks)."""
+def _op_colors(kind: np.ndarray, chunk: np.ndarray, chunks: np.ndarray,
+               colors: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(RGBA palette, palette index per op): each op takes its kind's colour (``colors``, by
+    kind index), lightened for later chunks of its device; one palette entry per distinct
+    (kind, chunk, chunks)."""
     from matplotlib.colors import to_rgba
 
     combos, inverse = np.unique(np.stack([kind, chunk, chunks], 1).astype(np.int64), axis=0, return_inverse=True)
-    palette = np.array([to_rgba(lighten(KIND_COLORS[k], chunk_shade(c, n))) for k, c, n in combos.tolist()])
+    palette = np.array([to_rgba(lighten(colors[k], chunk_shade(c, n))) for k, c, n in combos.tolist()])
     return palette, inverse.reshape(-1)
 
 

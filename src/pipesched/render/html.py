@@ -54,8 +54,6 @@ from pipesched.pairing import (
 )
 from pipesched.render.style import (
     IDLE_COLOR,
-    KIND_LETTERS,
-    KIND_NAMES,
     OOM_COLOR,
     TRANSFER_COLORS,
     TRANSFER_NAMES,
@@ -462,7 +460,8 @@ def _kind_table(k: int, predicted: Timeline, found, scale: TimeScale) -> str:
     """Per op kind: how many ops, the mean and median of their durations' prediction error
     (predicted - measured) / measured, and the summed difference predicted - measured."""
     header = ("op kind", "ops", "mean error", "median error", f"summed Δ duration ({scale.unit})")
-    rows = [[(KIND_NAMES[e.kind], f"{KIND_LETTERS[e.kind]} {KIND_NAMES[e.kind]}"), (e.count, f"{e.count:,}"),
+    styles = kind_styles(predicted.schedule.rules)
+    rows = [[(styles.names[e.kind], f"{styles.letters[e.kind]} {styles.names[e.kind]}"), (e.count, f"{e.count:,}"),
              (repr(e.mean), f"{e.mean:+.1%}"), (repr(e.median), f"{e.median:+.1%}"),
              (repr(e.total), f"{e.total * scale.factor:+.4g}")] for e in kind_errors(predicted, found)]
     return sortable_table(f"kinds-{k}", header, rows)

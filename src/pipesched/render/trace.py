@@ -41,7 +41,7 @@ import numpy as np
 from pipesched.enums import Stream, TimeUnit
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_TRACE_TASKS
-from pipesched.render.style import KIND_LETTERS, KIND_NAMES, TRANSFER_NAMES
+from pipesched.render.style import TRANSFER_NAMES, kind_styles
 from pipesched.render.waits import wait_texts
 from pipesched.simulate.critical import critical_path
 from pipesched.timeline import Timeline
@@ -143,35 +143,74 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], critical_pid: i
     def stamp(time: float) -> float:
         return round((time - origin) * per_unit, 3)
 
-    name = timeline.schedule.name
     pid_of = list(pids)
-    table = timeline.transfers
-    # Slices on one thread must not overlap, so overlapping ops (an overlapped F&B pair) or
-    # transfers sharing a channel go to extra lanes: threads "compute 2", "send ... 2". A
-    # device's host-link ops (offloads, reloads) have their own thread, "host link".
-    on_host = ~timeline.on_compute
-    op_lane = _lanes(timeline.op_device.astype(np.int64) * 2 + on_host, timeline.op_start, timeline.op_end)
-    transfer_group = table.src_device.astype(np.int64) * (1 + int(table.channel.max(initial=0))) + table.channel
-    transfer_lane = _lanes(transfer_group, table.start, table.end)
-    threads: dict[tuple[int, int, int], int] = {}  # (device, channel or -1, lane) -> tid
-    for device in range(timeline.num_devices):
-        lanes = int(op_lane[(timeline.op_device == device) & ~on_host].max(initial=0)) + 1
-        for lane in range(lanes):
-            threads[(device, -1, lane)] = COMPUTE_TID + lane
-        mine = (timeline.op_device == device) & on_host
-        for lane in range(int(op_lane[mine].max(initial=-1)) + 1):
-            threads[(device, HOST_CHANNEL, lane)] = COMPUTE_TID + lanes + lane
-    for src, channel, lane in sorted(set(zip(table.src_device.tolist(), table.channel.tolist(),
-                                              transfer_lane.tolist(), strict=True))):
-        threads[(src, channel, lane)] = 1 + max(tid for (d, _, _), tid in threads.items() if d == src)
+    threads = _Threads.of(timeline)
+    path = critical_path(timeline)
+    deps = row_dependencies(timeline)
+    events = _process_names(timeline, pid_of, suffix) + _thread_names(timeline, threads, pid_of)
+    ops = _op_slices(timeline, threads, pid_of, stamp, prefix)
+    sends = _transfer_slices(timeline, threads, pid_of, stamp, prefix)
+    events += _op_events(timeline, ops, sends, path)
+    events += _transfer_events(timeline, sends, ops, deps, path)
+    events += _flows(timeline, deps, ops, sends, flow_ids)
+    events += _critical_track(timeline, path, critical_pid, ops, sends, suffix)
+    events += _counters(timeline, pid_of, stamp)
+    return events
 
-    events: list[dict] = []
+
+@dataclass(frozen=True)
+class _Threads:
+    """Which thread each op and transfer row goes on. Slices on one thread must not
+    overlap, so overlapping ops (an overlapped F&B pair) or transfers sharing a channel go
+    to extra lanes: threads "compute 2", "send ... 2". A device's host-link ops (offloads,
+    reloads) have their own thread, "host link"."""
+
+    tid: dict[tuple[int, int, int], int]  # (device, channel or HOST_CHANNEL or -1: compute, lane) -> tid
+    op: list[int]  # tid of each op row
+    transfer: list[int]  # tid of each transfer row
+
+    @classmethod
+    def of(cls, timeline: Timeline) -> _Threads:
+        table = timeline.transfers
+        on_host = ~timeline.on_compute
+        op_lane = _lanes(timeline.op_device.astype(np.int64) * 2 + on_host, timeline.op_start, timeline.op_end)
+        transfer_group = table.src_device.astype(np.int64) * (1 + int(table.channel.max(initial=0))) + table.channel
+        transfer_lane = _lanes(transfer_group, table.start, table.end)
+        threads: dict[tuple[int, int, int], int] = {}
+        for device in range(timeline.num_devices):
+            lanes = int(op_lane[(timeline.op_device == device) & ~on_host].max(initial=0)) + 1
+            for lane in range(lanes):
+                threads[(device, -1, lane)] = COMPUTE_TID + lane
+            mine = (timeline.op_device == device) & on_host
+            for lane in range(int(op_lane[mine].max(initial=-1)) + 1):
+                threads[(device, HOST_CHANNEL, lane)] = COMPUTE_TID + lanes + lane
+        for src, channel, lane in sorted(set(zip(table.src_device.tolist(), table.channel.tolist(),
+                                                  transfer_lane.tolist(), strict=True))):
+            threads[(src, channel, lane)] = 1 + max(tid for (d, _, _), tid in threads.items() if d == src)
+        op_tid = [threads[(d, HOST_CHANNEL if host else -1, lane)] for d, lane, host in
+                  zip(timeline.op_device.tolist(), op_lane.tolist(), on_host.tolist(), strict=True)]
+        transfer_tid = [threads[(s, c, lane)] for s, c, lane in
+                        zip(table.src_device.tolist(), table.channel.tolist(), transfer_lane.tolist(), strict=True)]
+        return cls(threads, op_tid, transfer_tid)
+
+
+def _process_names(timeline: Timeline, pid_of: list[int], suffix: str) -> list[dict]:
+    """One process per device, ``<schedule> · device <d><suffix>``, sorted by its pid."""
+    events = []
     for device, pid in enumerate(pid_of):
         events += [
-            _meta("process_name", pid, 0, name=f"{name} · device {device}{suffix}"),
+            _meta("process_name", pid, 0, name=f"{timeline.schedule.name} · device {device}{suffix}"),
             _meta("process_sort_index", pid, 0, sort_index=pid),
         ]
-    for (device, channel, lane), tid in threads.items():
+    return events
+
+
+def _thread_names(timeline: Timeline, threads: _Threads, pid_of: list[int]) -> list[dict]:
+    """Each thread's name (``compute``, ``host link``, ``send <channel>``; a later lane's
+    number after it) and its place in the device's process."""
+    table = timeline.transfers
+    events = []
+    for (device, channel, lane), tid in threads.tid.items():
         if channel == HOST_CHANNEL:
             label = Stream.HOST_LINK
         elif channel < 0:
@@ -184,89 +223,103 @@ def _timeline_events(timeline: Timeline, *, pids: Sequence[int], critical_pid: i
             _meta("thread_name", pid_of[device], tid, name=label),
             _meta("thread_sort_index", pid_of[device], tid, sort_index=tid),
         ]
-    op_tid = [threads[(d, HOST_CHANNEL if host else -1, lane)] for d, lane, host in
-              zip(timeline.op_device.tolist(), op_lane.tolist(), on_host.tolist(), strict=True)]
-    transfer_tid = [threads[(s, c, lane)] for s, c, lane in
-                    zip(table.src_device.tolist(), table.channel.tolist(), transfer_lane.tolist(), strict=True)]
+    return events
 
-    path = critical_path(timeline)
-    op_critical = np.zeros(len(timeline), bool)
-    op_critical[path.row[~path.is_transfer]] = True
-    transfer_critical = np.zeros(len(table), bool)
-    transfer_critical[path.row[path.is_transfer]] = True
-    op_ids = [f"{prefix}op {row}" for row in range(len(timeline))]
-    transfer_ids = [f"{prefix}transfer {row}" for row in range(len(table))]
-    deps = row_dependencies(timeline)
 
-    # ops: one complete event each, in row order
+def _op_names(timeline: Timeline) -> list[str]:
+    """The op text of each row, 2F0 as everywhere in pipesched (the kind's letter in the
+    timeline's rules); a fused op's first part carries the fused op's text, its later parts
+    (no duration) their own."""
+    letters = kind_styles(timeline.schedule.rules).letters
+    names = [f"{s}{letters[k]}{mb}" for s, k, mb in zip(timeline.op_stage.tolist(), timeline.op_kind.tolist(),
+                                                         timeline.op_microbatch.tolist(), strict=True)]
+    for row in np.flatnonzero(timeline.box_kind != timeline.op_kind).tolist():
+        names[row] = str(timeline.entry(row))
+    return names
+
+
+def _op_slices(timeline: Timeline, threads: _Threads, pid_of: list[int], stamp, prefix: str) -> _Slices:
+    return _Slices(_op_names(timeline), [f"{prefix}op {row}" for row in range(len(timeline))],
+                   [pid_of[d] for d in timeline.op_device.tolist()], threads.op,
+                   [stamp(t) for t in timeline.op_start.tolist()], [stamp(t) for t in timeline.op_end.tolist()])
+
+
+def _transfer_slices(timeline: Timeline, threads: _Threads, pid_of: list[int], stamp, prefix: str) -> _Slices:
+    """Transfers on their sender's channel thread, named by kind and microbatch (``activation
+    mb3``; an all-reduce by its kind alone)."""
+    table = timeline.transfers
+    names = [f"{TRANSFER_NAMES[kind]} mb{mb}" if mb >= 0 else TRANSFER_NAMES[kind]
+             for kind, mb in zip(table.kind.tolist(), table.microbatch.tolist(), strict=True)]
+    return _Slices(names, [f"{prefix}transfer {row}" for row in range(len(table))],
+                   [pid_of[d] for d in table.src_device.tolist()], threads.transfer,
+                   [stamp(t) for t in table.start.tolist()], [stamp(t) for t in table.end.tolist()])
+
+
+def _on_path(path, count: int, *, transfers: bool) -> list[bool]:
+    """Whether each op (or transfer) row is on the critical path."""
+    critical = np.zeros(count, bool)
+    critical[path.row[path.is_transfer if transfers else ~path.is_transfer]] = True
+    return critical.tolist()
+
+
+def _op_events(timeline: Timeline, ops: _Slices, sends: _Slices, path) -> list[dict]:
+    """One complete event per op, in row order, in its kind's category (the kind's name in
+    the timeline's rules), with what it waited for in words and as an event."""
+    styles = kind_styles(timeline.schedule.rules)
     waits = waited_for(timeline)
     wait_words = wait_texts(timeline, waits)
-    waited_event = [None if code == WAIT_NONE else (transfer_ids if code == WAIT_TRANSFER else op_ids)[ref]
+    waited_event = [None if code == WAIT_NONE else (sends.event if code == WAIT_TRANSFER else ops.event)[ref]
                     for code, ref in zip(waits.cause.tolist(), waits.ref.tolist(), strict=True)]
     kinds, stages, microbatches = (timeline.box_kind.tolist(), timeline.op_stage.tolist(),
                                    timeline.op_microbatch.tolist())
-    # the op text of each row, 2F0 as everywhere in pipesched; a fused op's first part
-    # carries the fused op's text, its later parts (no duration) their own
-    names = [f"{s}{KIND_LETTERS[k]}{mb}" for s, k, mb in zip(stages, timeline.op_kind.tolist(), microbatches,
-                                                              strict=True)]
-    for row in np.flatnonzero(timeline.box_kind != timeline.op_kind).tolist():
-        names[row] = str(timeline.entry(row))
-    op_pid = [pid_of[d] for d in timeline.op_device.tolist()]
-    starts = [stamp(t) for t in timeline.op_start.tolist()]
-    ends = [stamp(t) for t in timeline.op_end.tolist()]
-    critical_ops = op_critical.tolist()
+    critical = _on_path(path, len(timeline), transfers=False)
+    events = []
     for row in range(len(timeline)):
         kind = kinds[row]
         events.append({
-            "name": names[row],
-            "cat": KIND_NAMES[kind],
+            "name": ops.name[row],
+            "cat": styles.names[kind],
             "ph": "X",
-            "ts": starts[row],
-            "dur": round(ends[row] - starts[row], 3),
-            "pid": op_pid[row],
-            "tid": op_tid[row],
+            "ts": ops.start[row],
+            "dur": round(ops.end[row] - ops.start[row], 3),
+            "pid": ops.pid[row],
+            "tid": ops.tid[row],
             "args": {
-                "event": op_ids[row],
+                "event": ops.event[row],
                 "stage": stages[row],
                 "microbatch": microbatches[row],
-                "kind": KIND_LETTERS[kind],
-                "critical": critical_ops[row],
+                "kind": styles.letters[kind],
+                "critical": critical[row],
                 "waited for": wait_words[row],
                 **({"waited for event": waited_event[row]} if waited_event[row] is not None else {}),
             },
         })
+    return events
 
-    # transfers: one complete event each, on the sender's channel thread
-    t_starts = [stamp(t) for t in table.start.tolist()]
-    t_ends = [stamp(t) for t in table.end.tolist()]
-    critical_transfers = transfer_critical.tolist()
-    transfer_names = [f"{TRANSFER_NAMES[kind]} mb{mb}" if mb >= 0 else TRANSFER_NAMES[kind]
-                      for kind, mb in zip(table.kind.tolist(), table.microbatch.tolist(), strict=True)]
+
+def _transfer_events(timeline: Timeline, sends: _Slices, ops: _Slices, deps, path) -> list[dict]:
+    """One complete event per transfer, on the sender's channel thread, naming the ops that
+    produce and consume its data."""
+    table = timeline.transfers
+    critical = _on_path(path, len(table), transfers=True)
+    events = []
     for row in range(len(table)):
         src, dst = int(table.src_device[row]), int(table.dst_device[row])
-        microbatch = int(table.microbatch[row])
         producer, consumer = int(deps.producer[row]), int(deps.consumer[row])
         events.append({
-            "name": transfer_names[row],
+            "name": sends.name[row],
             "cat": "transfer",
             "ph": "X",
-            "ts": t_starts[row],
-            "dur": round(t_ends[row] - t_starts[row], 3),
-            "pid": pid_of[src],
-            "tid": transfer_tid[row],
-            "args": {"event": transfer_ids[row], "src device": src, "dst device": dst, "stage": int(table.stage[row]),
-                     "microbatch": microbatch, "bytes": float(table.nbytes[row]),
-                     "critical": critical_transfers[row],
-                     **({"producer": op_ids[producer]} if producer >= 0 else {}),
-                     **({"consumer": op_ids[consumer]} if consumer >= 0 else {})},
+            "ts": sends.start[row],
+            "dur": round(sends.end[row] - sends.start[row], 3),
+            "pid": sends.pid[row],
+            "tid": sends.tid[row],
+            "args": {"event": sends.event[row], "src device": src, "dst device": dst, "stage": int(table.stage[row]),
+                     "microbatch": int(table.microbatch[row]), "bytes": float(table.nbytes[row]),
+                     "critical": critical[row],
+                     **({"producer": ops.event[producer]} if producer >= 0 else {}),
+                     **({"consumer": ops.event[consumer]} if consumer >= 0 else {})},
         })
-
-    ops = _Slices(names, op_ids, op_pid, op_tid, starts, ends)
-    sends = _Slices(transfer_names, transfer_ids, [pid_of[d] for d in table.src_device.tolist()], transfer_tid,
-                    t_starts, t_ends)
-    events += _flows(timeline, deps, ops, sends, flow_ids)
-    events += _critical_track(timeline, path, critical_pid, ops, sends, suffix)
-    events += _counters(timeline, pid_of, stamp)
     return events
 
 

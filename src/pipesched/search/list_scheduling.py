@@ -2,14 +2,14 @@
 
 Each device keeps each op kind in microbatch order (``plans`` says why that loses nothing),
 so at any moment it has at most one candidate per kind: its next F, I and W (or F and B).
-A candidate is ready when its data has arrived (the neighbour's op ended, plus the link's
-delay), when the device's memory stays within the cap after it (the rules' memory effects:
-an F's activations, an I's gradients kept for W beyond the share it frees) and, for an F,
-when the device holds fewer than ``in_flight`` stage-microbatches. The device that can
-start an op earliest runs, among its candidates that could start then, the first kind in
-its priority order (non-delay list scheduling); then the next device, until every op is
-placed. Several rules (every priority order, every in-flight limit the cap allows) are
-tried; the simulator (free channels) judges them.
+A candidate is ready when its data has arrived (the rules' needs: each op it needs ended,
+plus the link's delay from another stage), when the device's memory stays within the cap
+after it (the rules' memory effects: an F's activations, an I's gradients kept for W beyond
+the share it frees) and, for an F, when the device holds fewer than ``in_flight``
+stage-microbatches. The device that can start an op earliest runs, among its candidates
+that could start then, the first kind in its priority order (non-delay list scheduling);
+then the next device, until every op is placed. Several rules (every priority order, every
+in-flight limit the cap allows) are tried; the simulator (free channels) judges them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterator
 
 from pipesched.costs import StageCosts
-from pipesched.ops import B, F, I, Op, OpKind, W
+from pipesched.ops import Op, OpKind
 from pipesched.rules import RULES
 from pipesched.search.plans import Plan
 from pipesched.search.problem import BYTES_TOLERANCE, SynthesisProblem
@@ -31,11 +31,11 @@ def list_schedule(problem: SynthesisProblem, *, priority: tuple[OpKind, ...], in
     p, m = problem.num_stages, problem.num_microbatches
     costs = problem.costs.checkpointed(sorted(recompute))
     kinds = problem.kinds
-    backward, last = (I, W) if problem.split_backward else (B, B)
+    # a stage-microbatch is in flight from its first kind (F) until its last (W, or B) ends
+    opens, closes = kinds[0], kinds[-1]
     rank = {kind: priority.index(kind) for kind in kinds}
     length = {kind: [costs.duration(Op(s, kind, 0)) for s in range(p)] for kind in kinds}
-    down = [problem.activation_delay(s) for s in range(p - 1)]  # seconds, stage s -> s + 1
-    up = [problem.gradient_delay(s) for s in range(p - 1)]  # seconds, stage s + 1 -> s
+    inputs = {kind: [inputs_of(problem, kind, s) for s in range(p)] for kind in kinds}
     # bytes each op adds to its device's level (negative: frees), the rules' memory effect:
     # F allocates as it starts, I frees its share but keeps the gradients W needs, W and B
     # free the rest as they end; an op that raises the level runs only within the budget
@@ -58,18 +58,16 @@ def list_schedule(problem: SynthesisProblem, *, priority: tuple[OpKind, ...], in
             return None
         if room[s] is not None and change[kind][s] > 0 and held[s] + change[kind][s] > room[s]:
             return None
-        if kind is F:
-            if k - placed[s][last] >= in_flight:
+        if kind == opens and k - placed[s][closes] >= in_flight:
+            return None
+        # the latest arrival of its inputs: each needed op's end plus the link's delay
+        arrival = 0.0
+        for need, source, delay in inputs[kind][s]:
+            ended = end[need][source][k]
+            if ended is None:
                 return None
-            if s == 0:
-                return 0.0
-            arrived = end[F][s - 1][k]
-            return None if arrived is None else arrived + down[s - 1]
-        own = end[F if kind is backward else I][s][k]
-        if own is None or kind is not backward or s == p - 1:
-            return own
-        gradient = end[backward][s + 1][k]
-        return None if gradient is None else max(own, gradient + up[s])
+            arrival = max(arrival, ended + delay)
+        return arrival
 
     def choice(s: int) -> tuple[float, OpKind] | None:
         """Device s's earliest start and, among the ops that could start then, the first
@@ -121,6 +119,19 @@ def rules(problem: SynthesisProblem, *, limits: int = 8) -> Iterator[tuple[tuple
         for priority in itertools.permutations(problem.kinds):
             for in_flight in chosen:
                 yield priority, in_flight, recompute
+
+
+def inputs_of(problem: SynthesisProblem, kind: OpKind, stage: int) -> tuple[tuple[OpKind, int, float], ...]:
+    """What an op of ``kind`` on ``stage`` waits for, the rules' needs: (the needed op's kind,
+    its stage, seconds from its end until its output is on ``stage``) per need the problem has
+    (a need past the first or last stage, or on kinds the problem runs none of, is none)."""
+    found = []
+    for need in RULES[kind].needs:
+        source = stage + need.offset
+        present = [k for k in need.kinds if k in problem.kinds]
+        if 0 <= source < problem.num_stages and present:
+            found.append((present[0], source, problem.delay(source, stage)))
+    return tuple(found)
 
 
 def _least_held(problem: SynthesisProblem, costs: StageCosts, stage: int) -> float:

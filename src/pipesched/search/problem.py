@@ -46,7 +46,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_SYNTHESIS_OPS
 from pipesched.ops import B, F, I, Op, OpKind, W
-from pipesched.rules import RULES, Rules
+from pipesched.rules import RULES, TRAINS, Rules
 from pipesched.simulate.network import Network
 
 # default time resolution: units the longest op spans when no coarser exact grid exists
@@ -63,11 +63,25 @@ MEMORY_RESOLUTION = 1_000_000
 BYTES_TOLERANCE = 1e-9
 
 
+def stage_microbatch_kinds(*, split_backward: bool) -> tuple[OpKind, ...]:
+    """The op kinds of every stage-microbatch, in the rules' (dependency) order: the rules'
+    complete set of a trained stage with the backward split (F, I, W) or not (F, B). The
+    optional groups (offload) are the solver's own decision, and a kind a rules table adds
+    is not modelled: the solver's intervals, transfers and host-link ops are written for
+    these kinds' roles (``search/cpsat.py``).
+
+    >>> [str(kind) for kind in stage_microbatch_kinds(split_backward=True)]
+    ['F', 'I', 'W']
+    """
+    complete = next(kinds for kinds in RULES.complete_for(TRAINS) if (I in kinds) == split_backward)
+    return tuple(rule.kind for rule in RULES if rule.kind in complete)
+
+
 def check_size(p: int, m: int, *, split_backward: bool) -> None:
     """Refuse sizes the synthesis cannot hold (before anything is built for them)."""
     require(p >= 1, "p", p, "needs at least 1 pipeline device")
     require(m >= 1, "m", m, "needs at least 1 microbatch")
-    ops = p * m * (3 if split_backward else 2)
+    ops = p * m * len(stage_microbatch_kinds(split_backward=split_backward))
     require(ops <= MAX_SYNTHESIS_OPS, "size", f"p{p} x m{m}",
             f"{ops:,} ops, over the {MAX_SYNTHESIS_OPS:,} synthesis handles; lower p or m")
 
@@ -153,10 +167,10 @@ class SynthesisProblem:
     def num_stages(self) -> int:
         return self.costs.num_stages
 
-    @property
+    @cached_property
     def kinds(self) -> tuple[OpKind, ...]:
-        """The op kinds of every stage-microbatch, in dependency order."""
-        return (F, I, W) if self.split_backward else (F, B)
+        """The op kinds of every stage-microbatch (``stage_microbatch_kinds``)."""
+        return stage_microbatch_kinds(split_backward=self.split_backward)
 
     def duration(self, kind: OpKind, stage: int, *, recompute: bool = False) -> float:
         """Seconds of one op, with or without recompute on its stage."""
@@ -168,6 +182,13 @@ class SynthesisProblem:
         network = self.network
         latency = network.host_latency[stage] if network.host_latency is not None else 0.0
         return latency + self.costs.activation_bytes[stage] / network.host_bandwidth[stage]
+
+    def delay(self, source: int, stage: int) -> float:
+        """Seconds from an op of stage ``source`` ending until its output is on ``stage``: an
+        activation down, a gradient up (0 on the same stage)."""
+        if source == stage:
+            return 0.0
+        return self.network.transfer_time(source, stage, self.costs.output_bytes[min(source, stage)])
 
     def activation_delay(self, stage: int) -> float:
         """Seconds from F(stage)'s end until its activation reaches stage + 1."""
