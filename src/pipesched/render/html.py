@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 from importlib import resources
 
@@ -518,105 +519,141 @@ def script_json(data: object) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class _Clock:
+    """A timeline's times in its display unit: ``factor`` display units per time unit, kept
+    to ``digits`` decimals (a millionth of the iteration), measured from ``origin``."""
+
+    factor: float
+    digits: int
+    origin: float
+
+    @classmethod
+    def of(cls, timeline: Timeline, scale: TimeScale) -> _Clock:
+        span = timeline.makespan * scale.factor
+        return cls(scale.factor, max(0, 6 - math.floor(math.log10(span))) if span > 0 else 6, timeline.origin)
+
+    def times(self, values) -> list[float]:
+        """Instants, from the iteration start."""
+        return np.round((np.asarray(values, np.float64) - self.origin) * self.factor, self.digits).tolist()
+
+    def durations(self, values: np.ndarray) -> list:
+        """Lengths of time (an array of any shape)."""
+        return np.round(values * self.factor, self.digits).tolist()
+
+    def duration(self, value: float) -> float:
+        return round(value * self.factor, self.digits)
+
+
 def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | None = None) -> dict:
     """One timeline as columns: times in its display unit (``scale``, default the one that
     suits its length) from the iteration start, rounded to a millionth of the iteration."""
     scale = scale or time_scale(timeline.unit, timeline.makespan)
-    span = timeline.makespan * scale.factor
-    digits = max(0, 6 - math.floor(math.log10(span))) if span > 0 else 6
-
-    def times(values: np.ndarray) -> list[float]:
-        return np.round((np.asarray(values, np.float64) - timeline.origin) * scale.factor, digits).tolist()
-
+    clock = _Clock.of(timeline, scale)
     chunk, chunks = op_chunks(timeline)
-    waits = waited_for(timeline)
-    table = timeline.transfers
-    fused = np.flatnonzero(timeline.box_kind != timeline.op_kind).tolist()
     path = critical_path(timeline)
-    gaps = bubble_breakdown(timeline)
-    ends = [round(e * scale.factor, digits) for e in timeline.iteration_end]
-    data = {
+    fused = np.flatnonzero(timeline.box_kind != timeline.op_kind).tolist()
+    return {
         "name": summary.name,
         "source": summary.source,
         "unit": timeline.unit,
         "timeUnit": scale.unit,
-        "makespan": round(span, digits),
+        "makespan": clock.duration(timeline.makespan),
         "headline": summary.headline(),
         "devices": timeline.num_devices,
         "chunks": chunks.tolist(),
-        "idle": np.round(timeline.idle_per_device() * scale.factor, digits).tolist(),
+        "idle": clock.durations(timeline.idle_per_device()),
         # iterations back to back: when each ended; the view opens on one steady iteration
-        "iterationEnd": ends,
-        "home": [round(x * scale.factor, digits) for x in home_window(timeline)],
+        "iterationEnd": [clock.duration(e) for e in timeline.iteration_end],
+        "home": [clock.duration(x) for x in home_window(timeline)],
         "critical": {"ops": path.row[~path.is_transfer].tolist(), "transfers": path.row[path.is_transfer].tolist()},
-        # idle gaps of the compute streams and the time of each BUBBLE_PARTS part in them
-        "gaps": {
-            "device": gaps.device.tolist(),
-            "start": times(gaps.start),
-            "end": times(gaps.end),
-            "row": gaps.row.tolist(),
-            "parts": np.round(gaps.parts * scale.factor, digits).tolist(),
-        },
+        "gaps": _gaps_data(timeline, clock),
         # a fused op's text (its parts', ``(0F3;7B1)OVERLAP_F_B``) by the row of its first part
         "fused": {str(row): str(timeline.entry(row)) for row in fused},
-        "ops": {
-            "device": timeline.op_device.tolist(),
-            "stage": timeline.op_stage.tolist(),
-            "kind": timeline.box_kind.tolist(),
-            "microbatch": timeline.op_microbatch.tolist(),
-            "chunk": chunk.tolist(),
-            "start": times(timeline.op_start),
-            "end": times(timeline.op_end),
-            "cause": waits.cause.tolist(),  # WAIT_* code, see waits.py
-            "ref": waits.ref.tolist(),  # op row or transfer row of the cause
-        },
-        "transfers": {
-            "src": table.src_device.tolist(),
-            "dst": table.dst_device.tolist(),
-            "kind": table.kind.tolist(),
-            "stage": table.stage.tolist(),
-            "microbatch": table.microbatch.tolist(),
-            "bytes": table.nbytes.tolist(),
-            "channel": table.channel.tolist(),
-            "start": times(table.start),
-            "end": times(table.end),
-        },
-        "channels": [
-            table.channel_names[c] if c < len(table.channel_names) else f"channel {c}"
-            for c in range(int(table.channel.max(initial=-1)) + 1)
-        ],
-        "memory": None,
-        # devices whose host link offloads and reloads activations, and which ops run there
-        "hostLanes": [],
-        "onHost": None,
-        "hostMemory": None,
+        "ops": _ops_data(timeline, chunk, clock),
+        "transfers": _transfers_data(timeline.transfers, clock),
+        "channels": _channel_names(timeline.transfers),
+        **_memory_data(timeline, clock),
     }
+
+
+def _gaps_data(timeline: Timeline, clock: _Clock) -> dict:
+    """Idle gaps of the compute streams and the time of each BUBBLE_PARTS part in them."""
+    gaps = bubble_breakdown(timeline)
+    return {
+        "device": gaps.device.tolist(),
+        "start": clock.times(gaps.start),
+        "end": clock.times(gaps.end),
+        "row": gaps.row.tolist(),
+        "parts": clock.durations(gaps.parts),
+    }
+
+
+def _ops_data(timeline: Timeline, chunk: np.ndarray, clock: _Clock) -> dict:
+    """The ops' columns: where they run, what they are, when, and what each waited for."""
+    waits = waited_for(timeline)
+    return {
+        "device": timeline.op_device.tolist(),
+        "stage": timeline.op_stage.tolist(),
+        "kind": timeline.box_kind.tolist(),
+        "microbatch": timeline.op_microbatch.tolist(),
+        "chunk": chunk.tolist(),
+        "start": clock.times(timeline.op_start),
+        "end": clock.times(timeline.op_end),
+        "cause": waits.cause.tolist(),  # WAIT_* code, see waits.py
+        "ref": waits.ref.tolist(),  # op row or transfer row of the cause
+    }
+
+
+def _transfers_data(table, clock: _Clock) -> dict:
+    """The transfers' columns: between which devices, of what, how large, on which channel, when."""
+    return {
+        "src": table.src_device.tolist(),
+        "dst": table.dst_device.tolist(),
+        "kind": table.kind.tolist(),
+        "stage": table.stage.tolist(),
+        "microbatch": table.microbatch.tolist(),
+        "bytes": table.nbytes.tolist(),
+        "channel": table.channel.tolist(),
+        "start": clock.times(table.start),
+        "end": clock.times(table.end),
+    }
+
+
+def _channel_names(table) -> list[str]:
+    """The name of every channel up to the highest one a transfer uses."""
+    return [table.channel_names[c] if c < len(table.channel_names) else f"channel {c}"
+            for c in range(int(table.channel.max(initial=-1)) + 1)]
+
+
+def _memory_data(timeline: Timeline, clock: _Clock) -> dict:
+    """The device memory curves, the devices whose host link offloads and reloads
+    activations (and which ops run there), and the host memory of what they offloaded."""
+    data = {"memory": None, "hostLanes": [], "onHost": None, "hostMemory": None}
     on_host = ~timeline.on_compute
     if on_host.any():
         data["hostLanes"] = sorted({int(d) for d in timeline.op_device[on_host].tolist()})
         data["onHost"] = on_host.tolist()
-    memory = timeline.memory
-    if memory is not None:
-        host = timeline.host_memory
-        largest = max(max(memory.peak, default=0.0), max(host.peak, default=0.0) if host is not None else 0.0)
-        divisor, unit = memory_scale(memory.unit, largest)
-        data["memory"] = {
-            "unit": unit,
-            "times": [times(t) for t in memory.times],
-            "values": [np.round(np.asarray(v, np.float64) / divisor, 4).tolist() for v in memory.values],
-            "peak": [round(p / divisor, 4) for p in memory.peak],
-            "capacity": None if memory.capacity is None else [round(c / divisor, 4) for c in memory.capacity],
-            "oom": list(memory.out_of_memory),
-        }
-        if host is not None:
-            # host memory of offloaded activations, in the device curves' unit
-            data["hostMemory"] = {
-                "times": [times(t) for t in host.times],
-                "values": [np.round(np.asarray(v, np.float64) / divisor, 4).tolist() for v in host.values],
-                "peak": [round(p / divisor, 4) for p in host.peak],
-                "capacity": None if host.capacity is None else [round(c / divisor, 4) for c in host.capacity],
-            }
+    memory, host = timeline.memory, timeline.host_memory
+    if memory is None:
+        return data
+    largest = max(max(memory.peak, default=0.0), max(host.peak, default=0.0) if host is not None else 0.0)
+    divisor, unit = memory_scale(memory.unit, largest)
+    data["memory"] = {"unit": unit, **_memory_curves(memory, divisor, clock), "oom": list(memory.out_of_memory)}
+    if host is not None:
+        # host memory of offloaded activations, in the device curves' unit
+        data["hostMemory"] = _memory_curves(host, divisor, clock)
     return data
+
+
+def _memory_curves(memory, divisor: float, clock: _Clock) -> dict:
+    """Memory curves (times, values, peaks and capacities per device) in units of ``divisor``."""
+    return {
+        "times": [clock.times(t) for t in memory.times],
+        "values": [np.round(np.asarray(v, np.float64) / divisor, 4).tolist() for v in memory.values],
+        "peak": [round(p / divisor, 4) for p in memory.peak],
+        "capacity": None if memory.capacity is None else [round(c / divisor, 4) for c in memory.capacity],
+    }
 
 
 def metrics_table_html(summaries: Sequence[Summary]) -> str:
