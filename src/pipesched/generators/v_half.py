@@ -5,9 +5,10 @@ building block (see v_blocks)."""
 from __future__ import annotations
 
 from pipesched.costs import StageCosts
-from pipesched.generators.base import Family, FormulaEstimate, check_sizes
-from pipesched.generators.v_blocks import block_half, block_schedule
-from pipesched.schedule import Placement, Schedule
+from pipesched.generators.base import Family, FormulaEstimate
+from pipesched.generators.v_blocks import block_half
+from pipesched.generators.v_controllable import block_v_formula, block_v_schedule
+from pipesched.schedule import Schedule
 
 
 def v_half(p: int, m: int) -> Schedule:
@@ -17,10 +18,7 @@ def v_half(p: int, m: int) -> Schedule:
     >>> [str(op) for op in v_half(2, 2).device_ops[0]]
     ['0F0', '0F1', '3F0', '3I0', '3W0', '3F1', '0I0', '3I1', '3W1', '0W0', '0I1', '0W1']
     """
-    check_sizes(p, m)
-    tables = block_schedule(block_half(p), m)
-    return Schedule("v-half", Placement.vshape(p), m, tuple(tuple(ops) for ops in tables),
-                    params={"p": p, "m": m})
+    return block_v_schedule("v-half", block_half, p, m)
 
 
 def v_half_peak(p: int, m: int) -> int:
@@ -31,19 +29,7 @@ def v_half_peak(p: int, m: int) -> int:
 def v_half_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     """Slot costs are those of one chunk op. The paper's bubble for V-Half is about p/(2m)
     of the work, i.e. idle about p(F+I+W): half of 1F1B's in whole-stage units."""
-    peak = v_half_peak(p, m)
-    return FormulaEstimate(
-        idle=p * (c.f + c.i + c.w),
-        work=2 * m * (c.f + c.i + c.w),
-        peak_inflight=peak,
-        activation_units=peak / 2,
-        exact=False,
-        note=(
-            "times in slots of one chunk op; idle is the paper's approximation (with F = I = W "
-            "the table idles between 3p-7 and 3p F once m >= 2p, at most 4p F with fewer "
-            "microbatches); the peak is exact for this building block"
-        ),
-    )
+    return block_v_formula(p * (c.f + c.i + c.w), v_half_peak(p, m), m, c, "3p-7 and 3p")
 
 
 FAMILY = Family(

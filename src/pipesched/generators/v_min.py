@@ -5,9 +5,10 @@ building block (see v_blocks)."""
 from __future__ import annotations
 
 from pipesched.costs import StageCosts
-from pipesched.generators.base import Family, FormulaEstimate, check_sizes
-from pipesched.generators.v_blocks import block_min, block_schedule
-from pipesched.schedule import Placement, Schedule
+from pipesched.generators.base import Family, FormulaEstimate
+from pipesched.generators.v_blocks import block_min
+from pipesched.generators.v_controllable import block_v_formula, block_v_schedule
+from pipesched.schedule import Schedule
 
 
 def v_min(p: int, m: int) -> Schedule:
@@ -17,10 +18,7 @@ def v_min(p: int, m: int) -> Schedule:
     >>> [str(op) for op in v_min(2, 2).device_ops[0]]
     ['0F0', '0F1', '3F0', '3I0', '3W0', '0I0', '0W0', '3F1', '3I1', '3W1', '0I1', '0W1']
     """
-    check_sizes(p, m)
-    tables = block_schedule(block_min(p), m)
-    return Schedule("v-min", Placement.vshape(p), m, tuple(tuple(ops) for ops in tables),
-                    params={"p": p, "m": m})
+    return block_v_schedule("v-min", block_min, p, m)
 
 
 def v_min_peak(p: int, m: int) -> int:
@@ -31,19 +29,7 @@ def v_min_peak(p: int, m: int) -> int:
 def v_min_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     """Slot costs are those of one chunk op. The paper's bubble for V-Min is about 2p/(3m)
     of the work, i.e. idle about (4p/3)(F+I+W): two thirds of 1F1B's in whole-stage units."""
-    peak = v_min_peak(p, m)
-    return FormulaEstimate(
-        idle=4 * p * (c.f + c.i + c.w) / 3,
-        work=2 * m * (c.f + c.i + c.w),
-        peak_inflight=peak,
-        activation_units=peak / 2,
-        exact=False,
-        note=(
-            "times in slots of one chunk op; idle is the paper's approximation (with F = I = W "
-            "the table idles between 4p-7 and 4p F once m >= 2p, at most 4p F with fewer "
-            "microbatches); the peak is exact for this building block"
-        ),
-    )
+    return block_v_formula(4 * p * (c.f + c.i + c.w) / 3, v_min_peak(p, m), m, c, "4p-7 and 4p")
 
 
 FAMILY = Family(
