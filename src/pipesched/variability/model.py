@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import PipeschedError, require
-from pipesched.limits import MAX_SAMPLES
+from pipesched.errors import require
+from pipesched.limits import MAX_CLUSTER_RANKS, MAX_SAMPLES, parse_float, parse_int
 from pipesched.variability.measured import MeasuredFactors
 
 # the most Monte Carlo samples one command draws is ``limits.MAX_SAMPLES``: 100,000
@@ -132,21 +132,9 @@ def check_factor(field: str, factor: float) -> None:
 
 
 # --- the command line ------------------------------------------------------------------------
-def _number(text: str, field: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise PipeschedError(f"{field}={text[:40]!r}: not a number") from None
-    return value
-
-
 def _device(text: str, field: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise PipeschedError(f"{field}={text[:40]!r}: not a device number (0, 1, ...)") from None
-    require(value >= 0, field, value, "devices are numbered from 0")
-    return value
+    """A device number (from 0) read from ``text``; whether the cluster has it is checked later."""
+    return parse_int(field, text, MAX_CLUSTER_RANKS - 1, what="devices of a cluster")
 
 
 def parse_jitter(text: str) -> tuple[tuple[str, float], ...]:
@@ -160,7 +148,7 @@ def parse_jitter(text: str) -> tuple[tuple[str, float], ...]:
     text = text.strip()
     require(bool(text), "jitter", "''", "give a CV like 0.1 or per kind like F=0.05,I=0.1,W=0.2,link=0.3")
     if "=" not in text:
-        cv = _number(text, "jitter")
+        cv = parse_float("jitter", text)
         check_cv(OPS, cv)
         return ((OPS, cv), (LINK, cv))
     pairs: dict[str, float] = {}
@@ -173,7 +161,7 @@ def parse_jitter(text: str) -> tuple[tuple[str, float], ...]:
             a, b = (_device(x, "jitter link") for x in ends)
             require(a != b, "jitter", key, "a link joins two different devices")
             key = f"{LINK}:{min(a, b)}-{max(a, b)}"
-        cv = _number(value, f"jitter {key}")
+        cv = parse_float(f"jitter {key}", value)
         check_cv(key, cv)
         require(key not in pairs, "jitter", key, "given twice; give each kind once")
         pairs[key] = cv
@@ -188,7 +176,7 @@ def parse_straggler(text: str) -> tuple[int, float]:
     """
     device, sep, factor = text.partition(":")
     require(bool(sep), "straggler", text[:40], "write DEVICE:FACTOR, e.g. 3:1.5")
-    value = _number(factor, "straggler factor")
+    value = parse_float("straggler factor", factor)
     check_factor("straggler factor", value)
     return _device(device, "straggler"), value
 
@@ -201,9 +189,9 @@ def parse_random_straggler(text: str) -> tuple[float, float]:
     """
     probability, sep, slowdown = text.partition(":")
     require(bool(sep), "random straggler", text[:40], "write PROBABILITY:SLOWDOWN, e.g. 0.05:2")
-    chance = _number(probability, "random straggler probability")
+    chance = parse_float("random straggler probability", probability)
     require(0.0 <= chance <= 1.0, "random straggler probability", chance, "give a probability from 0 to 1")
-    value = _number(slowdown, "random straggler slowdown")
+    value = parse_float("random straggler slowdown", slowdown)
     check_factor("random straggler slowdown", value)
     return chance, value
 
@@ -219,6 +207,6 @@ def parse_slow_link(text: str) -> tuple[int, int, float]:
     require(bool(sep) and len(ends) == 2, "slow link", text[:40], "write A-B:FACTOR, e.g. 3-4:2")
     a, b = (_device(x, "slow link") for x in ends)
     require(a != b, "slow link", link, "a link joins two different devices")
-    value = _number(factor, "slow link factor")
+    value = parse_float("slow link factor", factor)
     check_factor("slow link factor", value)
     return min(a, b), max(a, b), value
