@@ -329,6 +329,8 @@ def test_compare_ranks_by_mean_with_the_chance_of_being_fastest(cli, cost_file, 
     (("--jitter", "0.1", "--samples", "0"), ("samples=0",)),
     (("--random-straggler", "1.5:2"), ("random straggler probability=1.5",)),
     (("--slow-link", "1-1:2"), ("slow link=1-1",)),
+    (("--jitter", "link:2-2=0.3"), ("jitter=2-2", "two different devices")),
+    (("--slow-link", "1-2:0"), ("slow link factor=0", "factor > 0")),
     (("--seed", "3"), ("seed=3", "--jitter")),
     (("--jitter-file", "missing.repeats.csv"), ("jitter_file=missing.repeats.csv",)),
     # numbers and device numbers are read by limits' one parser: bounded, one wording

@@ -137,6 +137,23 @@ def _device(text: str, field: str) -> int:
     return parse_int(field, text, MAX_CLUSTER_RANKS - 1, what="devices of a cluster")
 
 
+def _factor(field: str, text: str) -> float:
+    """A slowdown factor read from ``text`` (see ``check_factor``)."""
+    value = parse_float(field, text)
+    check_factor(field, value)
+    return value
+
+
+def _link(text: str, field: str, form: str, device_field: str) -> tuple[int, int]:
+    """A link ``A-B`` between two different devices, as (lower, higher); ``form``: how to
+    write it, ``device_field``: what a bad device number is called."""
+    ends = text.split("-")
+    require(len(ends) == 2, field, text[:40], form)
+    a, b = (_device(x, device_field) for x in ends)
+    require(a != b, field, text, "a link joins two different devices")
+    return min(a, b), max(a, b)
+
+
 def parse_jitter(text: str) -> tuple[tuple[str, float], ...]:
     """``--jitter`` text: ``0.1`` or ``F=0.05,I=0.1,W=0.2,link=0.3`` (see the module docstring).
 
@@ -156,11 +173,9 @@ def parse_jitter(text: str) -> tuple[tuple[str, float], ...]:
         key, sep, value = (x.strip() for x in part.partition("="))
         require(bool(sep and key), "jitter", part.strip()[:40], "write KIND=CV, e.g. F=0.05 or link=0.3")
         if key.startswith(f"{LINK}:"):
-            ends = key[len(LINK) + 1:].split("-")
-            require(len(ends) == 2, "jitter", key[:40], "name a link by its two devices, e.g. link:0-1=0.5")
-            a, b = (_device(x, "jitter link") for x in ends)
-            require(a != b, "jitter", key, "a link joins two different devices")
-            key = f"{LINK}:{min(a, b)}-{max(a, b)}"
+            a, b = _link(key[len(LINK) + 1:], "jitter", "name a link by its two devices, e.g. link:0-1=0.5",
+                         "jitter link")
+            key = f"{LINK}:{a}-{b}"
         cv = parse_float(f"jitter {key}", value)
         check_cv(key, cv)
         require(key not in pairs, "jitter", key, "given twice; give each kind once")
@@ -176,8 +191,7 @@ def parse_straggler(text: str) -> tuple[int, float]:
     """
     device, sep, factor = text.partition(":")
     require(bool(sep), "straggler", text[:40], "write DEVICE:FACTOR, e.g. 3:1.5")
-    value = parse_float("straggler factor", factor)
-    check_factor("straggler factor", value)
+    value = _factor("straggler factor", factor)
     return _device(device, "straggler"), value
 
 
@@ -191,8 +205,7 @@ def parse_random_straggler(text: str) -> tuple[float, float]:
     require(bool(sep), "random straggler", text[:40], "write PROBABILITY:SLOWDOWN, e.g. 0.05:2")
     chance = parse_float("random straggler probability", probability)
     require(0.0 <= chance <= 1.0, "random straggler probability", chance, "give a probability from 0 to 1")
-    value = parse_float("random straggler slowdown", slowdown)
-    check_factor("random straggler slowdown", value)
+    value = _factor("random straggler slowdown", slowdown)
     return chance, value
 
 
@@ -203,10 +216,6 @@ def parse_slow_link(text: str) -> tuple[int, int, float]:
     (3, 4, 2.0)
     """
     link, sep, factor = text.partition(":")
-    ends = link.split("-")
-    require(bool(sep) and len(ends) == 2, "slow link", text[:40], "write A-B:FACTOR, e.g. 3-4:2")
-    a, b = (_device(x, "slow link") for x in ends)
-    require(a != b, "slow link", link, "a link joins two different devices")
-    value = parse_float("slow link factor", factor)
-    check_factor("slow link factor", value)
-    return min(a, b), max(a, b), value
+    require(bool(sep), "slow link", text[:40], "write A-B:FACTOR, e.g. 3-4:2")
+    a, b = _link(link, "slow link", "write A-B:FACTOR, e.g. 3-4:2", "slow link")
+    return a, b, _factor("slow link factor", factor)
