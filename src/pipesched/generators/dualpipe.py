@@ -188,8 +188,13 @@ def dualpipe(p: int, m: int, *, fused: bool = True) -> Schedule:
         m,
         tuple(tuple(ops) for ops in _programs(p, m, fused)),
         route=tuple(0 if mb < m // 2 else 1 for mb in range(m)),
-        params={"p": p, "m": m} if fused else {"p": p, "m": m, "fused": 0},
+        params=dual_params(p, m, fused),
     )
+
+
+def dual_params(p: int, m: int, fused: bool) -> dict[str, int]:
+    """A DualPipe table's parameters: p and m, and ``fused: 0`` where its pairs are two ops."""
+    return {"p": p, "m": m} if fused else {"p": p, "m": m, "fused": 0}
 
 
 def fused_pair_time(c: StageCosts) -> float:
