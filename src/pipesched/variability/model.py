@@ -137,6 +137,13 @@ def _device(text: str, field: str) -> int:
     return parse_int(field, text, MAX_CLUSTER_RANKS - 1, what="devices of a cluster")
 
 
+def _halves(text: str, field: str, form: str) -> tuple[str, str]:
+    """``text`` cut at its first colon, the two sides of an option's ``X:Y``; ``form``: how to write it."""
+    first, sep, second = text.partition(":")
+    require(bool(sep), field, text[:40], form)
+    return first, second
+
+
 def _factor(field: str, text: str) -> float:
     """A slowdown factor read from ``text`` (see ``check_factor``)."""
     value = parse_float(field, text)
@@ -189,8 +196,7 @@ def parse_straggler(text: str) -> tuple[int, float]:
     >>> parse_straggler("3:1.5")
     (3, 1.5)
     """
-    device, sep, factor = text.partition(":")
-    require(bool(sep), "straggler", text[:40], "write DEVICE:FACTOR, e.g. 3:1.5")
+    device, factor = _halves(text, "straggler", "write DEVICE:FACTOR, e.g. 3:1.5")
     value = _factor("straggler factor", factor)
     return _device(device, "straggler"), value
 
@@ -201,8 +207,7 @@ def parse_random_straggler(text: str) -> tuple[float, float]:
     >>> parse_random_straggler("0.05:2")
     (0.05, 2.0)
     """
-    probability, sep, slowdown = text.partition(":")
-    require(bool(sep), "random straggler", text[:40], "write PROBABILITY:SLOWDOWN, e.g. 0.05:2")
+    probability, slowdown = _halves(text, "random straggler", "write PROBABILITY:SLOWDOWN, e.g. 0.05:2")
     chance = parse_float("random straggler probability", probability)
     require(0.0 <= chance <= 1.0, "random straggler probability", chance, "give a probability from 0 to 1")
     value = _factor("random straggler slowdown", slowdown)
@@ -215,7 +220,6 @@ def parse_slow_link(text: str) -> tuple[int, int, float]:
     >>> parse_slow_link("3-4:2")
     (3, 4, 2.0)
     """
-    link, sep, factor = text.partition(":")
-    require(bool(sep), "slow link", text[:40], "write A-B:FACTOR, e.g. 3-4:2")
+    link, factor = _halves(text, "slow link", "write A-B:FACTOR, e.g. 3-4:2")
     a, b = _link(link, "slow link", "write A-B:FACTOR, e.g. 3-4:2", "slow link")
     return a, b, _factor("slow link factor", factor)
