@@ -49,6 +49,7 @@ from pipesched.errors import require
 from pipesched.pairing import (
     PARTING_SHARE,
     Comparison,
+    Deviations,
     deviations,
     kind_errors,
     prediction_error,
@@ -109,7 +110,6 @@ def render_html(
               for unit in {t.unit for t in timelines}}
     data["timelines"] = [timeline_data(t, s, scale=scales[t.unit])
                          for t, s in zip(timelines, summaries, strict=True)]
-    panel_of = {s.name: k for k, s in reversed(list(enumerate(summaries)))}
     contents = [("metrics", "Metrics")]
     sections = [
         f'<header><h1>{escape(heading)}</h1><p class="report-headline" id="report-headline">'
@@ -120,28 +120,41 @@ def render_html(
         # several schedules side by side, or one schedule's figures (simulate's rates)
         name = "Comparison" if len(comparison) > 1 else "Figures"
         contents.append(("comparison", name))
-        links = [f"timeline-{panel_of[str(row.get('schedule'))]}" if str(row.get("schedule")) in panel_of else ""
-                 for row in comparison]
-        sections.append(f'<section id="comparison"><h2>{name}</h2>'
-                        + comparison_table_html(comparison, row_data=links) + "</section>")
+        sections.append(_comparison_section_html(name, comparison, summaries))
     sections.extend(measured_section(t) for t in timelines if t.measured is not None)
     if distributions:
         contents.append(("distributions", "Iteration time distributions"))
         data["distributions"] = distribution_data(distributions)
-        sections.append(
-            '<section id="distributions-section"><h2>Iteration time distributions</h2><p class="hint">Monte Carlo '
-            "samples per schedule, every plot on the same time axis and count axis; hover a bar for its range and "
-            "count.</p>" + _order_note(data["distributions"]) + '<div id="distributions"></div></section>')
+        sections.append(_distributions_section(data["distributions"]))
     contents.append(("timelines-section", "Timelines"))
-    sections.append(
-        '<section id="timelines-section"><h2>Timelines</h2><p class="hint">Each panel has its own time axis '
-        "(a steady state shows one steady iteration, its iteration ends dashed). Ctrl+wheel or + / − to zoom "
-        "around what is visible, drag to pan, shift+drag to measure a time window, double-click to reset; "
-        "hover an op or an idle gap for what it waited for, click an op to pin its microbatch.</p>"
-        + _timeline_tools(share_axis=share_axis) + '<div id="timelines"></div></section>'
-    )
+    sections.append(_timelines_section(share_axis))
     sections.insert(1, _contents(contents, summaries))
     return html_page(heading, sections, data)
+
+
+def _comparison_section_html(name: str, comparison: Sequence[Mapping[str, object]], summaries: Sequence[Summary]) -> str:
+    """The comparison table, each row linked to its schedule's first timeline panel."""
+    panel_of = {s.name: k for k, s in reversed(list(enumerate(summaries)))}
+    links = [f"timeline-{panel_of[str(row.get('schedule'))]}" if str(row.get("schedule")) in panel_of else ""
+             for row in comparison]
+    return (f'<section id="comparison"><h2>{name}</h2>'
+            + comparison_table_html(comparison, row_data=links) + "</section>")
+
+
+def _distributions_section(distributions: dict) -> str:
+    """The iteration time histograms' section (drawn in the page from ``distributions``)."""
+    return ('<section id="distributions-section"><h2>Iteration time distributions</h2><p class="hint">Monte Carlo '
+            "samples per schedule, every plot on the same time axis and count axis; hover a bar for its range and "
+            "count.</p>" + _order_note(distributions) + '<div id="distributions"></div></section>')
+
+
+def _timelines_section(share_axis: bool) -> str:
+    """The timeline panels' section, with its tools (``share_axis``: opening on one time axis)."""
+    return ('<section id="timelines-section"><h2>Timelines</h2><p class="hint">Each panel has its own time axis '
+            "(a steady state shows one steady iteration, its iteration ends dashed). Ctrl+wheel or + / − to zoom "
+            "around what is visible, drag to pan, shift+drag to measure a time window, double-click to reset; "
+            "hover an op or an idle gap for what it waited for, click an op to pin its microbatch.</p>"
+            + _timeline_tools(share_axis=share_axis) + '<div id="timelines"></div></section>')
 
 
 def _contents(contents: Sequence[tuple[str, str]], summaries: Sequence[Summary]) -> str:
@@ -355,48 +368,72 @@ def render_comparison_html(
         predicted, measured = comparison.predicted, comparison.measured
         scale = time_scale(predicted.unit, max(predicted.makespan, measured.makespan))
         found = deviations(predicted, measured)
-        relative = np.round(found.relative, 4)
-        back = np.full(len(measured), -1, np.int64)  # predicted row of each measured row
-        back[found.partner[found.partner >= 0]] = np.flatnonzero(found.partner >= 0)
         first = len(data["timelines"])
-        for side, (timeline, links, shades) in enumerate((
-                (predicted, found.partner, relative),
-                (measured, back, np.where(back >= 0, relative[np.maximum(back, 0)], np.nan)))):
-            entry = timeline_data(timeline, summarize(timeline), scale=scale)
-            entry.update(view=f"pair-{k}", pairWith=first + 1 - side, links=links.tolist(),
-                         deviation=[None if math.isnan(x) else float(x) for x in shades])
-            data["timelines"].append(entry)
-        parting = found.parting(predicted.makespan)
-        data["comparisons"].append({
-            "name": predicted.schedule.name,
-            "predicted": first,
-            "measured": first + 1,
-            "timeUnit": scale.unit,
-            "predictedTime": predicted.makespan * scale.factor,
-            "predictedP50": None if comparison.predicted_p50 is None else comparison.predicted_p50 * scale.factor,
-            "predictedP99": None if comparison.predicted_p99 is None else comparison.predicted_p99 * scale.factor,
-            "measuredTime": measured.makespan * scale.factor,  # the step drawn: the median step of a run
-            "steps": [t * scale.factor for t in comparison.step_times],
-            # each step's prediction error, against the prediction and against its p50
-            "stepError": _errors(predicted.makespan, comparison.step_times),
-            "stepErrorP50": None if comparison.predicted_p50 is None else _errors(comparison.predicted_p50,
-                                                                                 comparison.step_times),
-            "parting": parting,  # predicted row where the timelines first part, -1 if they never do
-            "partingWith": -1 if parting < 0 else int(found.partner[parting]),
-        })
-        sections.append(
-            f'<section class="comparison" data-comparison="{k}"><h2>{escape(predicted.schedule.name)}</h2>'
-            f"{_figures_note(comparison, scale)}"
-            '<p class="hint">Top: predicted; bottom: measured, on one time axis (ctrl+wheel or + / − to zoom, '
-            "drag to pan, double-click to reset). Hover an op to outline its counterpart.</p>"
-            f"{_parting_note(predicted, found, parting, scale)}{_lanes_note(measured)}"
-            f'<div class="pair" id="pair-{k}"></div>'
-            f"<h3>Error per op kind</h3>{_kind_table(k, predicted, found, scale)}"
-            f'<h3>Largest deviations</h3><div class="deviations">'
-            f"{_deviation_table(k, predicted, found, scale, shown)}</div>"
-            f'<h3>Step times</h3><div class="steps" id="steps-{k}"></div></section>'
-        )
+        data["timelines"].extend(_paired_timelines(comparison, found, k, first, scale))
+        parting = found.parting(predicted.makespan)  # predicted row where the timelines first part
+        data["comparisons"].append(_comparison_data(comparison, found, parting, first, scale))
+        sections.append(_comparison_section(k, comparison, found, parting, scale, shown))
     return html_page(heading, sections, data, scripts=("report.js", "check.js"))
+
+
+def _paired_timelines(comparison: Comparison, found: Deviations, k: int, first: int, scale: TimeScale) -> list[dict]:
+    """The predicted and the measured timeline of pair ``k`` (rows ``first`` and the next of
+    the page's timelines), each op linked to its counterpart and shaded by its deviation."""
+    predicted, measured = comparison.predicted, comparison.measured
+    relative = np.round(found.relative, 4)
+    back = np.full(len(measured), -1, np.int64)  # predicted row of each measured row
+    back[found.partner[found.partner >= 0]] = np.flatnonzero(found.partner >= 0)
+    entries = []
+    for side, (timeline, links, shades) in enumerate((
+            (predicted, found.partner, relative),
+            (measured, back, np.where(back >= 0, relative[np.maximum(back, 0)], np.nan)))):
+        entry = timeline_data(timeline, summarize(timeline), scale=scale)
+        entry.update(view=f"pair-{k}", pairWith=first + 1 - side, links=links.tolist(),
+                     deviation=[None if math.isnan(x) else float(x) for x in shades])
+        entries.append(entry)
+    return entries
+
+
+def _comparison_data(comparison: Comparison, found: Deviations, parting: int, first: int, scale: TimeScale) -> dict:
+    """One pair's figures for the page: its times in ``scale``, each step's error, where the
+    timelines part."""
+    predicted, measured = comparison.predicted, comparison.measured
+    return {
+        "name": predicted.schedule.name,
+        "predicted": first,
+        "measured": first + 1,
+        "timeUnit": scale.unit,
+        "predictedTime": predicted.makespan * scale.factor,
+        "predictedP50": None if comparison.predicted_p50 is None else comparison.predicted_p50 * scale.factor,
+        "predictedP99": None if comparison.predicted_p99 is None else comparison.predicted_p99 * scale.factor,
+        "measuredTime": measured.makespan * scale.factor,  # the step drawn: the median step of a run
+        "steps": [t * scale.factor for t in comparison.step_times],
+        # each step's prediction error, against the prediction and against its p50
+        "stepError": _errors(predicted.makespan, comparison.step_times),
+        "stepErrorP50": None if comparison.predicted_p50 is None else _errors(comparison.predicted_p50,
+                                                                             comparison.step_times),
+        "parting": parting,  # predicted row where the timelines first part, -1 if they never do
+        "partingWith": -1 if parting < 0 else int(found.partner[parting]),
+    }
+
+
+def _comparison_section(k: int, comparison: Comparison, found: Deviations, parting: int, scale: TimeScale,
+                        shown: int) -> str:
+    """Pair ``k``'s section: its figures, the two timelines, the error per kind, the largest
+    ``shown`` deviations and the step times."""
+    predicted, measured = comparison.predicted, comparison.measured
+    return (
+        f'<section class="comparison" data-comparison="{k}"><h2>{escape(predicted.schedule.name)}</h2>'
+        f"{_figures_note(comparison, scale)}"
+        '<p class="hint">Top: predicted; bottom: measured, on one time axis (ctrl+wheel or + / − to zoom, '
+        "drag to pan, double-click to reset). Hover an op to outline its counterpart.</p>"
+        f"{_parting_note(predicted, found, parting, scale)}{_lanes_note(measured)}"
+        f'<div class="pair" id="pair-{k}"></div>'
+        f"<h3>Error per op kind</h3>{_kind_table(k, predicted, found, scale)}"
+        f'<h3>Largest deviations</h3><div class="deviations">'
+        f"{_deviation_table(k, predicted, found, scale, shown)}</div>"
+        f'<h3>Step times</h3><div class="steps" id="steps-{k}"></div></section>'
+    )
 
 
 def _errors(predicted: float, measured: Sequence[float]) -> list[float | None]:
