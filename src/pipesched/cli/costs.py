@@ -69,9 +69,9 @@ def costs(*, model: ModelOptions, device: DeviceName = None, as_json: AsJson = F
         rows = [{column: getattr(layer, column) for column in LAYER_COLUMNS}
                 | {"flops": layer.flops, "kind": layer.kind} for layer in layers]
         print_json({"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
-                               "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
-                               "recompute": settings.recompute, "dtype": settings.dtype,
-                               "sequence_parallel": settings.sequence_parallel, "layers": rows})
+                    "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
+                    "recompute": settings.recompute, "dtype": settings.dtype,
+                    "sequence_parallel": settings.sequence_parallel, "layers": rows})
         return
     output_console().print(_layer_table(spec.name, chip.name, settings, layers))
 
