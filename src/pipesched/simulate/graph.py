@@ -267,9 +267,14 @@ def _compile_ops(schedule: Schedule, costs: StageCosts, *, contention: bool, ove
                                                           num_devices)
     pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, np.full(producer.shape[0], -1, np.int32),
                                                     issued_after, n)
-    return _graph(schedule, costs, None, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
-                  op_duration, pred_ptr, pred_op, pred_via, _no_transfers(), num_devices + side * num_devices,
-                  memory_delta, memory_at_start, static, (*host[:2], side))
+    return TaskGraph(
+        schedule=schedule, costs=costs, network=None, contention=contention, overlap=overlap, ops=ops,
+        op_queue=op_queue, queue_rows=queue_rows, queue_offsets=queue_offsets, op_duration=op_duration,
+        pred_ptr=pred_ptr, pred_op=pred_op.astype(np.int32), pred_via=pred_via.astype(np.int32),
+        **_transfer_fields(_no_transfers()), num_resources=int(num_devices + side * num_devices),
+        memory_delta=memory_delta, memory_at_start=memory_at_start, static_bytes=static,
+        host_delta=host[0], host_at_start=host[1], side_queues=side,
+    )
 
 
 def _op_edges(schedule: Schedule, costs: StageCosts, network: Network | None,
@@ -324,11 +329,14 @@ def with_network(graph: TaskGraph, network: Network, *, contention: bool = True,
         pred_ptr, pred_op, pred_via, rel_ptr, rel = (program.pred_ptr, program.pred_op, program.pred_via,
                                                      program.tr_rel_ptr, program.tr_rel)
         steps = program.steps
-    transfers = (*columns, rel_ptr, rel, res_ptr, res)
-    return _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
-                  op_duration, pred_ptr, pred_op, pred_via, transfers, num_resources + side * num_devices,
-                  graph.memory_delta, graph.memory_at_start, graph.static_bytes,
-                  (graph.host_delta, graph.host_at_start, side), steps)
+    # the ops' memory and host-memory effects and static bytes are the graph's own
+    return dataclasses.replace(
+        graph, network=network, contention=contention, overlap=overlap, op_queue=op_queue, queue_rows=queue_rows,
+        queue_offsets=queue_offsets, op_duration=op_duration, pred_ptr=pred_ptr, pred_op=pred_op.astype(np.int32),
+        pred_via=pred_via.astype(np.int32), **_transfer_fields((*columns, rel_ptr, rel, res_ptr, res)),
+        num_resources=int(num_resources + side * num_devices), side_queues=side, blocking_steps=steps,
+        op_release=None,
+    )
 
 
 def _require_lowerable(graph: TaskGraph, network: Network) -> None:
@@ -505,21 +513,14 @@ def fuse_entries(ops: OpArrays, costs: StageCosts, op_duration: np.ndarray,
     return fused, ops.entry_head[consumer].astype(np.int32)
 
 
-def _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets, op_duration,
-           pred_ptr, pred_op, pred_via, transfers, num_resources, memory_delta, memory_at_start, static,
-           host, blocking_steps=None) -> TaskGraph:
-    src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res = transfers
-    host_delta, host_at_start, side = host
-    return TaskGraph(
-        schedule=schedule, costs=costs, network=network, contention=contention, overlap=overlap, ops=ops,
-        op_queue=op_queue, queue_rows=queue_rows, queue_offsets=queue_offsets, op_duration=op_duration,
-        pred_ptr=pred_ptr, pred_op=pred_op.astype(np.int32), pred_via=pred_via.astype(np.int32),
-        tr_src=src, tr_dst=dst, tr_kind=kind, tr_stage=stage, tr_microbatch=microbatch, tr_bytes=nbytes,
-        tr_duration=duration, tr_rel_ptr=rel_ptr, tr_rel=rel, tr_res_ptr=res_ptr, tr_res=res,
-        num_resources=int(num_resources), memory_delta=memory_delta, memory_at_start=memory_at_start,
-        static_bytes=static, host_delta=host_delta, host_at_start=host_at_start, side_queues=side,
-        blocking_steps=blocking_steps,
-    )
+def _transfer_fields(transfers: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
+    """The TaskGraph fields of the transfers' columns (src, dst, kind, stage, microbatch,
+    bytes, duration, then the release and resource CSRs)."""
+    return dict(zip(_TRANSFER_FIELDS, transfers, strict=True))
+
+
+_TRANSFER_FIELDS = ("tr_src", "tr_dst", "tr_kind", "tr_stage", "tr_microbatch", "tr_bytes", "tr_duration",
+                    "tr_rel_ptr", "tr_rel", "tr_res_ptr", "tr_res")
 
 
 def _no_transfers() -> tuple[np.ndarray, ...]:
