@@ -324,3 +324,25 @@ def test_a_rank_error_that_is_not_memory_is_left_as_it_is():
     assert message == "RuntimeError: Failed to run stage backward for stage 1"
     long = launch.rank_error_message(RuntimeError("x" * 1000))
     assert len(long) <= launch.MESSAGE_CHARS + 4 and long.endswith(" ...")
+
+
+# --- one JSON shape on stdout -----------------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ("list", "--json"),
+    ("costs", "--model", "llama3-8b", "--device", "h100-sxm", "-b", "1", "-s", "4096", "--json"),
+    ("synthesize", "-p", "2", "-m", "4", "--model", "tiny", "--cluster", "1x8-h100", "-t", "1", "--time-limit", "1",
+     "--json"),
+    ("simulate", "1f1b", "-p", "2", "-m", "4", "--json"),
+])
+def test_every_json_output_is_one_document_indented_by_one(cli, argv):
+    result = cli(*argv)
+    assert result.code == 0, result.err
+    assert result.out == json.dumps(json.loads(result.out), indent=1) + "\n"
+
+
+def test_validate_json_is_indented_by_one(cli, tmp_path):
+    path = tmp_path / "s.json"
+    assert cli("show", "1f1b", "-p", "2", "-m", "2", "-o", str(path)).code == 0
+    result = cli("validate", str(path), "--json")
+    assert result.code == 0 and json.loads(result.out)["valid"] is True
+    assert result.out == json.dumps(json.loads(result.out), indent=1) + "\n"

@@ -271,7 +271,7 @@ def test_bad_input_names_the_constraint(call, message):
 # --- docstring examples -------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "name",
-    ["interleaved", "looped_bfs", "zb_h1", "zb_h2", "zb_v", "v_half", "v_min"],
+    ["interleaved", "looped_bfs", "zb_h1", "zb_h2", "zb_v", "v_controllable"],
 )
 def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(f"pipesched.generators.{name}"))

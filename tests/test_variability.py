@@ -29,6 +29,7 @@ from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.generators import FAMILIES, generate
 from pipesched.io.stage_costs import save_stage_costs
+from pipesched.limits import MAX_CLUSTER_RANKS, MAX_NUMBER_CHARS
 from pipesched.simulate import Network, compile_graph, run, run_batch, simulate
 from pipesched.simulate.iterations import compile_iterations, run_iterations
 from pipesched.variability import (
@@ -328,8 +329,15 @@ def test_compare_ranks_by_mean_with_the_chance_of_being_fastest(cli, cost_file, 
     (("--jitter", "0.1", "--samples", "0"), ("samples=0",)),
     (("--random-straggler", "1.5:2"), ("random straggler probability=1.5",)),
     (("--slow-link", "1-1:2"), ("slow link=1-1",)),
+    (("--jitter", "link:2-2=0.3"), ("jitter=2-2", "two different devices")),
+    (("--random-straggler", "0.5"), ("random straggler=0.5", "PROBABILITY:SLOWDOWN")),
+    (("--slow-link", "1-2:0"), ("slow link factor=0", "factor > 0")),
     (("--seed", "3"), ("seed=3", "--jitter")),
     (("--jitter-file", "missing.repeats.csv"), ("jitter_file=missing.repeats.csv",)),
+    # numbers and device numbers are read by limits' one parser: bounded, one wording
+    (("--straggler", "x:1.5"), ("straggler='x'", "not a whole number")),
+    (("--slow-link", f"0-{MAX_CLUSTER_RANKS}:2"), (f"slow link={MAX_CLUSTER_RANKS}", "over the limit")),
+    (("--jitter", "1" * (MAX_NUMBER_CHARS + 1)), ("jitter=", f"at most {MAX_NUMBER_CHARS}")),
 ])
 def test_bad_variability_input_is_one_line(cli, cost_file, flags, fragments):
     result = cli("simulate", "1f1b", "-p", "4", "-m", "8", "--stage-costs", cost_file, *flags)
@@ -348,6 +356,10 @@ def test_a_bad_repeats_file_is_one_line(cli, cost_file, tmp_path):
                               "--jitter-file", str(path)), "seconds=-1.0")
     with pytest.raises(PipeschedError, match="header"):
         parse_repeats("stage,kind,seconds\n")
+    with pytest.raises(PipeschedError, match=f"seconds=.*at most {MAX_NUMBER_CHARS}"):
+        parse_repeats(f"stage,kind,repeat,seconds\n0,F,0,{'1' * (MAX_NUMBER_CHARS + 1)}\n")
+    with pytest.raises(PipeschedError, match="repeat='x': not a whole number"):
+        parse_repeats("stage,kind,repeat,seconds\n0,F,x,1.0\n")
 
 
 # --- fused entries and iterations back to back --------------------------------------------

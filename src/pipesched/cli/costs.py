@@ -25,6 +25,7 @@ from pipesched.cli.options import (
     parse_memory_limit,
 )
 from pipesched.cli.output import console as output_console
+from pipesched.cli.output import print_json
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require, shorten
 from pipesched.experiments.setup import check_partition
@@ -67,10 +68,10 @@ def costs(*, model: ModelOptions, device: DeviceName = None, as_json: AsJson = F
     if as_json:
         rows = [{column: getattr(layer, column) for column in LAYER_COLUMNS}
                 | {"flops": layer.flops, "kind": layer.kind} for layer in layers]
-        typer.echo(json.dumps({"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
-                               "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
-                               "recompute": settings.recompute, "dtype": settings.dtype,
-                               "sequence_parallel": settings.sequence_parallel, "layers": rows}, indent=1))
+        print_json({"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
+                    "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
+                    "recompute": settings.recompute, "dtype": settings.dtype,
+                    "sequence_parallel": settings.sequence_parallel, "layers": rows})
         return
     output_console().print(_layer_table(spec.name, chip.name, settings, layers))
 

@@ -3,10 +3,13 @@ goes to a file or a pipe (rich would otherwise squeeze them into 80 columns)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+import typer
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -77,3 +80,8 @@ def wrote(path: object, note: str = "") -> None:
     """Say that a file was written: ``wrote PATH`` (and a note), on stderr, the one place every
     command says it."""
     print(f"wrote {path}{note}", file=sys.stderr)
+
+
+def print_json(document: object) -> None:
+    """Print a command's result as JSON on stdout, as every command does (indented by one)."""
+    typer.echo(json.dumps(document, indent=1))

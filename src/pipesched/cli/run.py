@@ -3,7 +3,6 @@ simulator's error against real runs."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -30,7 +29,7 @@ from pipesched.cli.options import (
     split_names,
 )
 from pipesched.cli.output import console as output_console
-from pipesched.cli.output import wrote
+from pipesched.cli.output import print_json, wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import ViewPaths
@@ -123,7 +122,7 @@ def run_command(*, schedule_name: RunSchedule, p: RunDevices = None, m: RunMicro
     views.write([result.timeline], title=f"{schedule.name}: measured on {result.runtime}, {result.backend} "
                                          f"(median of {len(result.step_times)} steps)")
     if as_json:
-        typer.echo(json.dumps(result.to_dict(spec.name), indent=1))
+        print_json(result.to_dict(spec.name))
         return
     _print_run(schedule, spec.name, options, result)
 
@@ -212,7 +211,7 @@ def profile_command(*, model: RunModel = DEFAULTS.run_model, measure: MeasureOpt
         summary = profile_to_files(spec, options, request, on_status=status)
     target, link_path, repeats_path = request.paths()
     if as_json:
-        typer.echo(json.dumps(summary, indent=1))
+        print_json(summary)
         return
     wrote(target, f" ({summary['partition']})" if "partition" in summary else "")
     wrote(repeats_path, f" (every timed repeat: simulate --jitter-file {repeats_path})")
@@ -245,7 +244,7 @@ def check_command(*, schedules: CheckSchedules, p: RunDevices = None, m: RunMicr
     for path in write_check_views(report, html=html, trace=trace, title=f"prediction check: {real.model}, p={p}, m={m}"):
         wrote(path)
     if as_json:
-        typer.echo(json.dumps(report.to_dict(model=real.model, p=p, m=m), indent=1))
+        print_json(report.to_dict(model=real.model, p=p, m=m))
         return
     _print_check(report, real, p, m)
 

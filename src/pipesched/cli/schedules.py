@@ -6,7 +6,6 @@ rich or the generators' drawing code."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -21,7 +20,7 @@ from pipesched.cli.options import (
     command,
     family_options,
 )
-from pipesched.cli.output import console
+from pipesched.cli.output import console, print_json
 from pipesched.cli.views import ViewPaths
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, shorten, suggest
@@ -61,7 +60,7 @@ def list_command(
                              f"choose one of {', '.join(LISTS)}")
     rows = {"families": _families, "models": _models, "devices": _devices, "clusters": _clusters}[what]()
     if as_json:
-        typer.echo(json.dumps(rows, indent=1))
+        print_json(rows)
         return
     from rich.table import Table
 
@@ -326,13 +325,13 @@ def validate_file(
         kinds: dict[str, int] = {}
         for violation in violations:
             kinds[violation.kind] = kinds.get(violation.kind, 0) + 1
-        typer.echo(json.dumps({
+        print_json({
             "file": path, "valid": not violations, "schedule": schedule.name, "p": schedule.num_devices,
             "m": schedule.num_microbatches, "num_stages": schedule.num_stages, "num_ops": schedule.num_ops,
             "violation_count": len(violations), "violations_by_kind": kinds,
             "violations": [{"kind": v.kind, "message": v.message, "ops": [str(op) for op in v.ops],
                             "device": v.device} for v in violations[:REPORTED_VIOLATIONS]],
-        }, indent=1))
+        })
         if violations:
             raise typer.Exit(1)
         return

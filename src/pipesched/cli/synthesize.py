@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -21,6 +20,7 @@ from pipesched.cli.options import (
     command,
     parse_memory_limit,
 )
+from pipesched.cli.output import print_json
 from pipesched.cli.views import NoTimeline, ViewPaths, print_timeline
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
@@ -106,7 +106,7 @@ def synthesize_command(*, p: Devices = None, m: Microbatches = None, workload: W
     schedule_file = [Output(output, io.dumps(schedule, io.output_format(output)))] if output is not None else []
     views.write([result.timeline], title=f"synthesized, p={p}, m={m}: {setup.description}", others=schedule_file)
     if as_json:
-        typer.echo(json.dumps({**result.to_dict(), "partition": layout, "setup": setup.description}, indent=1))
+        print_json({**result.to_dict(), "partition": layout, "setup": setup.description})
         return
     _print(result, network, setup.description, timeline_view=not no_timeline)
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
-import typer
 from rich.console import Console
 from rich.table import Table
 
 from pipesched.cli.groups import TrainingOptions, VariabilityOptions
 from pipesched.cli.options import refuse_with
+from pipesched.cli.output import print_json
 from pipesched.cli.views import ViewPaths
 from pipesched.enums import Role
 from pipesched.errors import PipeschedError
@@ -76,7 +75,7 @@ def report_freeze_plan(plan: FreezePlan, points: Sequence[Point], *, as_json: bo
             raise PipeschedError(f"{plan.source}:{r.range.line}: no schedule could run steps {r.range.start:,}.."
                                  f"{r.range.end - 1:,}: {record.point.family}{others}: {record.error}")
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), indent=1))
+        print_json(result.to_dict())
         return
     print_freeze_plan(result)
 

@@ -53,79 +53,95 @@ def dual_program(half: int, n: int, h: int, op_of: PhaseOp, *, fused: bool = Tru
     ``op_of(phase, kind, microbatch)`` names the op. Each overlapped F&B pair is one fused
     op, or with ``fused=False`` its forward followed by its backward.
     """
-    ops: list[Op] = []
-    forwards = [0, 0]  # next microbatch to run forward, per phase
-    backwards = [0, 0]  # next microbatch to run backward (B or I), per phase
-    deferred: deque[Op] = deque()  # weight gradients owed, oldest first
-
-    def forward(phase: int) -> None:
-        ops.append(op_of(phase, F, forwards[phase]))
-        forwards[phase] += 1
-
-    def backward(phase: int, *, split: bool = False) -> None:
-        mb = backwards[phase]
-        backwards[phase] += 1
-        if split:
-            ops.append(op_of(phase, I, mb))
-            deferred.append(op_of(phase, W, mb))
-        else:
-            ops.append(op_of(phase, B, mb))
-
-    def weight() -> None:
-        if deferred:
-            ops.append(deferred.popleft())
-
-    def overlapped(forward_phase: int, backward_phase: int) -> None:
-        first = len(ops)
-        forward(forward_phase)
-        backward(backward_phase)
-        if fused:
-            ops[first:] = [Op.fused(*ops[first:])]
-
+    program = _DualProgram(op_of, fused)
     outer = half - h - 1  # phases that shrink toward the middle of the pipeline
     inner = h + 1  # phases that grow toward the middle
-    # 1. warm-up forwards of phase 0
-    for _ in range(2 * outer):
-        forward(0)
-    # 2. forwards of both phases
-    for _ in range(inner):
-        forward(0)
-        forward(1)
-    # 3. first backwards of phase 1, split so the gradient leaves before W runs
-    for _ in range(outer):
-        backward(1, split=True)
-        weight()
-        forward(1)
-    # 4. steady phase: overlapped forward/backward pairs of opposite phases
-    for i in range(n - 2 * half + h + 1):
-        if i == 0 and h == half - 1:
-            # the middle devices run this pair unoverlapped: it shortens the bubble
-            forward(0)
-            backward(1)
+    program.warm_up(outer, inner)
+    program.steady(n - 2 * half + h + 1, outer, middle=h == half - 1)
+    program.drain(outer, inner, odd=h % 2 == 1)
+    return program.ops
+
+
+class _DualProgram:
+    """One device's table as it is written: the next microbatch of each phase to run
+    forward and backward, and the weight gradients owed (oldest first)."""
+
+    def __init__(self, op_of: PhaseOp, fused: bool) -> None:
+        self.op_of, self.fused = op_of, fused
+        self.ops: list[Op] = []
+        self.forwards = [0, 0]  # next microbatch to run forward, per phase
+        self.backwards = [0, 0]  # next microbatch to run backward (B or I), per phase
+        self.deferred: deque[Op] = deque()  # weight gradients owed, oldest first
+
+    def forward(self, phase: int) -> None:
+        self.ops.append(self.op_of(phase, F, self.forwards[phase]))
+        self.forwards[phase] += 1
+
+    def backward(self, phase: int, *, split: bool = False) -> None:
+        mb = self.backwards[phase]
+        self.backwards[phase] += 1
+        if split:
+            self.ops.append(self.op_of(phase, I, mb))
+            self.deferred.append(self.op_of(phase, W, mb))
         else:
-            overlapped(0, 1)
-        overlapped(1, 0)
-    # 5. phase 1 drains while phase 0 still takes forwards
-    for _ in range(outer):
-        backward(1)
-        overlapped(1, 0)
-    # 6. last backwards of both phases; the second half defers W to fill the drain
-    split = False
-    for i in range(inner):
-        if i == inner // 2 and h % 2 == 1:
-            split = True
-        backward(1, split=split)
-        if i == inner // 2 and h % 2 == 0:
-            split = True
-        backward(0, split=split)
-    # 7. deferred W interleaved with the last phase-0 input gradients
-    for _ in range(outer):
-        weight()
-        backward(0, split=True)
-    # 8. the deferred W still owed
-    for _ in range(inner):
-        weight()
-    return ops
+            self.ops.append(self.op_of(phase, B, mb))
+
+    def weight(self) -> None:
+        if self.deferred:
+            self.ops.append(self.deferred.popleft())
+
+    def overlapped(self, forward_phase: int, backward_phase: int) -> None:
+        first = len(self.ops)
+        self.forward(forward_phase)
+        self.backward(backward_phase)
+        if self.fused:
+            self.ops[first:] = [Op.fused(*self.ops[first:])]
+
+    def warm_up(self, outer: int, inner: int) -> None:
+        """Phases 1 to 3: warm-up forwards of phase 0, forwards of both phases, then the
+        first backwards of phase 1, split so the gradient leaves before W runs."""
+        for _ in range(2 * outer):
+            self.forward(0)
+        for _ in range(inner):
+            self.forward(0)
+            self.forward(1)
+        for _ in range(outer):
+            self.backward(1, split=True)
+            self.weight()
+            self.forward(1)
+
+    def steady(self, pairs: int, outer: int, *, middle: bool) -> None:
+        """Phases 4 and 5: overlapped forward/backward pairs of opposite phases (a middle
+        device runs its first pair unoverlapped: it shortens the bubble), then phase 1
+        drains while phase 0 still takes forwards."""
+        for i in range(pairs):
+            if i == 0 and middle:
+                self.forward(0)
+                self.backward(1)
+            else:
+                self.overlapped(0, 1)
+            self.overlapped(1, 0)
+        for _ in range(outer):
+            self.backward(1)
+            self.overlapped(1, 0)
+
+    def drain(self, outer: int, inner: int, *, odd: bool) -> None:
+        """Phases 6 to 8: the last backwards of both phases (the second half defers W to
+        fill the drain, from phase 1's on an odd device, phase 0's on an even one), the
+        deferred W interleaved with the last phase-0 input gradients, then the W still owed."""
+        split = False
+        for i in range(inner):
+            if i == inner // 2 and odd:
+                split = True
+            self.backward(1, split=split)
+            if i == inner // 2 and not odd:
+                split = True
+            self.backward(0, split=split)
+        for _ in range(outer):
+            self.weight()
+            self.backward(0, split=True)
+        for _ in range(inner):
+            self.weight()
 
 
 def _check(p: int, m: int) -> None:
@@ -172,8 +188,13 @@ def dualpipe(p: int, m: int, *, fused: bool = True) -> Schedule:
         m,
         tuple(tuple(ops) for ops in _programs(p, m, fused)),
         route=tuple(0 if mb < m // 2 else 1 for mb in range(m)),
-        params={"p": p, "m": m} if fused else {"p": p, "m": m, "fused": 0},
+        params=dual_params(p, m, fused),
     )
+
+
+def dual_params(p: int, m: int, fused: bool) -> dict[str, int]:
+    """A DualPipe table's parameters: p and m, and ``fused: 0`` where its pairs are two ops."""
+    return {"p": p, "m": m} if fused else {"p": p, "m": m, "fused": 0}
 
 
 def fused_pair_time(c: StageCosts) -> float:

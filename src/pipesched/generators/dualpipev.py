@@ -14,7 +14,7 @@ from __future__ import annotations
 from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.generators.base import Family, FormulaEstimate, check_sizes, switch
-from pipesched.generators.dualpipe import dual_estimate, dual_program
+from pipesched.generators.dualpipe import dual_estimate, dual_params, dual_program
 from pipesched.ops import Op, OpKind
 from pipesched.schedule import Placement, Schedule
 
@@ -56,7 +56,7 @@ def dualpipev(p: int, m: int, *, fused: bool = True) -> Schedule:
         Placement.vshape(p),
         m,
         tuple(tuple(ops) for ops in _programs(p, m, fused)),
-        params={"p": p, "m": m} if fused else {"p": p, "m": m, "fused": 0},
+        params=dual_params(p, m, fused),
     )
 
 

@@ -22,15 +22,22 @@ def gpipe(p: int, m: int) -> Schedule:
     return Schedule("gpipe", Placement.one_per_device(p), m, device_ops, params={"p": p, "m": m})
 
 
-def gpipe_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
-    # every device idles (p-1)(F+B): the fill and drain of the pipeline; all m activations held
+def flushed_formula(p: int, m: int, c: StageCosts, peak: int) -> FormulaEstimate:
+    """A pipeline flushed every iteration, one stage per device: every device idles
+    (p-1)(F+B), the fill and drain, and works m(F+B); ``peak`` microbatches' activations
+    held (exact)."""
     return FormulaEstimate(
         idle=(p - 1) * (c.f + c.b),
         work=m * (c.f + c.b),
-        peak_inflight=m,
-        activation_units=m,
+        peak_inflight=peak,
+        activation_units=peak,
         exact=True,
     )
+
+
+def gpipe_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
+    # the fill and drain; all m activations held
+    return flushed_formula(p, m, c, m)
 
 
 FAMILY = Family(

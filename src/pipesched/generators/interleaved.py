@@ -91,10 +91,18 @@ def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     )
 
 
-def looped_idle(p: int, m: int, v: int, c: StageCosts) -> float:
-    """Idle of a looped (chunk s on device s mod p) schedule, in chunk-op slots: the fill and
-    drain (p-1)(F+B), plus (p-m)(F+B) at each of the v-1 chunk changes when m < p."""
-    return (p - 1) * (c.f + c.b) + (v - 1) * max(0, p - m) * (c.f + c.b)
+def looped_formula(p: int, m: int, v: int, c: StageCosts, peak: int, activation_units: float) -> FormulaEstimate:
+    """A looped (chunk s on device s mod p) schedule's closed form, in chunk-op slots: idle
+    the fill and drain (p-1)(F+B), plus (p-m)(F+B) at each of the v-1 chunk changes when
+    m < p; work v m (F+B); ``peak`` chunk activations in flight, ``activation_units`` stages'."""
+    return FormulaEstimate(
+        idle=(p - 1) * (c.f + c.b) + (v - 1) * max(0, p - m) * (c.f + c.b),
+        work=v * m * (c.f + c.b),
+        peak_inflight=peak,
+        activation_units=activation_units,
+        exact=True,
+        note="times in slots of one chunk op (divide by v for whole-stage ops)",
+    )
 
 
 def interleaved_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
@@ -108,14 +116,7 @@ def interleaved_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimat
     """
     first_round = round_sizes(p, m)[0]
     peak = min((v - 1) * first_round + 2 * (p - 1) + 1, v * m)
-    return FormulaEstimate(
-        idle=looped_idle(p, m, v, c),
-        work=v * m * (c.f + c.b),
-        peak_inflight=peak,
-        activation_units=peak / v,
-        exact=True,
-        note="times in slots of one chunk op (divide by v for whole-stage ops)",
-    )
+    return looped_formula(p, m, v, c, peak, peak / v)
 
 
 FAMILY = Family(

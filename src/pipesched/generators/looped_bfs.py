@@ -11,7 +11,7 @@ from __future__ import annotations
 from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.generators.base import Family, FormulaEstimate, check_sizes
-from pipesched.generators.interleaved import looped_idle
+from pipesched.generators.interleaved import looped_formula
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
@@ -45,14 +45,7 @@ def looped_bfs_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate
     """Slot costs are those of one chunk op. Fill and drain cost (p-1)(F+B) as in GPipe; with
     m < p each of the v-1 chunk changes also waits (p-m)(F+B) for the first microbatch to
     come round. Every device holds all v m chunk activations at the end of the forwards."""
-    return FormulaEstimate(
-        idle=looped_idle(p, m, v, c),
-        work=v * m * (c.f + c.b),
-        peak_inflight=v * m,
-        activation_units=m,
-        exact=True,
-        note="times in slots of one chunk op (divide by v for whole-stage ops)",
-    )
+    return looped_formula(p, m, v, c, v * m, m)
 
 
 FAMILY = Family(

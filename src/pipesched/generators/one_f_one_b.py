@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pipesched.costs import StageCosts
 from pipesched.generators.base import Family, FormulaEstimate, check_sizes
+from pipesched.generators.gpipe import flushed_formula
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
@@ -31,13 +32,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
 
 def one_f_one_b_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
     # same bubble as GPipe; device d holds at most p-d microbatches, device 0 holds min(p, m)
-    return FormulaEstimate(
-        idle=(p - 1) * (c.f + c.b),
-        work=m * (c.f + c.b),
-        peak_inflight=min(p, m),
-        activation_units=min(p, m),
-        exact=True,
-    )
+    return flushed_formula(p, m, c, min(p, m))
 
 
 FAMILY = Family(

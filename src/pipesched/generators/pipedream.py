@@ -117,26 +117,24 @@ def table_shape(p: int, m: int, v: int, options: dict[str, object]) -> tuple[int
     return p, check_iterations(options.get("iterations", 1)) * m
 
 
-FAMILY = Family(
-    name="pipedream",
-    summary="asynchronous 1F1B, weight stashing: an update per microbatch, p - s versions on stage s",
-    constraints="p >= 2, m >= 1; asynchronous (no flush); versions >= p",
-    build=lambda p, m, *, v=None, **options: pipedream(p, m, **options),
-    formula=steady_state_formula,
-    options=_OPTIONS,
-    asynchronous=True,
-    shape=table_shape,
+def _family_without_flush(name: str, summary: str, constraints: str, build) -> Family:
+    """A family without a flush: iterations back to back, its closed form the steady state's."""
+    return Family(name=name, summary=summary, constraints=constraints, build=build, formula=steady_state_formula,
+                  options=_OPTIONS, asynchronous=True, shape=table_shape)
+
+
+FAMILY = _family_without_flush(
+    "pipedream",
+    "asynchronous 1F1B, weight stashing: an update per microbatch, p - s versions on stage s",
+    "p >= 2, m >= 1; asynchronous (no flush); versions >= p",
+    lambda p, m, *, v=None, **options: pipedream(p, m, **options),
 )
 
-FAMILY_2BW = Family(
-    name="pipedream-2bw",
-    summary="asynchronous 1F1B, double-buffered weights: an update per iteration, 2 versions",
-    constraints="p >= 2, m >= 1; asynchronous (no flush); versions >= 2",
-    build=lambda p, m, *, v=None, **options: pipedream_2bw(p, m, **options),
-    formula=steady_state_formula,
-    options=_OPTIONS,
-    asynchronous=True,
-    shape=table_shape,
+FAMILY_2BW = _family_without_flush(
+    "pipedream-2bw",
+    "asynchronous 1F1B, double-buffered weights: an update per iteration, 2 versions",
+    "p >= 2, m >= 1; asynchronous (no flush); versions >= 2",
+    lambda p, m, *, v=None, **options: pipedream_2bw(p, m, **options),
 )
 
 FAMILY_FLUSH = Family(

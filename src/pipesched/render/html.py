@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from html import escape
 from importlib import resources
 
@@ -48,6 +49,7 @@ from pipesched.errors import require
 from pipesched.pairing import (
     PARTING_SHARE,
     Comparison,
+    Deviations,
     deviations,
     kind_errors,
     prediction_error,
@@ -106,7 +108,6 @@ def render_html(
               for unit in {t.unit for t in timelines}}
     data["timelines"] = [timeline_data(t, s, scale=scales[t.unit])
                          for t, s in zip(timelines, summaries, strict=True)]
-    panel_of = {s.name: k for k, s in reversed(list(enumerate(summaries)))}
     contents = [("metrics", "Metrics")]
     sections = [
         f'<header><h1>{escape(heading)}</h1><p class="report-headline" id="report-headline">'
@@ -117,28 +118,41 @@ def render_html(
         # several schedules side by side, or one schedule's figures (simulate's rates)
         name = "Comparison" if len(comparison) > 1 else "Figures"
         contents.append(("comparison", name))
-        links = [f"timeline-{panel_of[str(row.get('schedule'))]}" if str(row.get("schedule")) in panel_of else ""
-                 for row in comparison]
-        sections.append(f'<section id="comparison"><h2>{name}</h2>'
-                        + comparison_table_html(comparison, row_data=links) + "</section>")
+        sections.append(_comparison_section_html(name, comparison, summaries))
     sections.extend(measured_section(t) for t in timelines if t.measured is not None)
     if distributions:
         contents.append(("distributions", "Iteration time distributions"))
         data["distributions"] = distribution_data(distributions)
-        sections.append(
-            '<section id="distributions-section"><h2>Iteration time distributions</h2><p class="hint">Monte Carlo '
-            "samples per schedule, every plot on the same time axis and count axis; hover a bar for its range and "
-            "count.</p>" + _order_note(data["distributions"]) + '<div id="distributions"></div></section>')
+        sections.append(_distributions_section(data["distributions"]))
     contents.append(("timelines-section", "Timelines"))
-    sections.append(
-        '<section id="timelines-section"><h2>Timelines</h2><p class="hint">Each panel has its own time axis '
-        "(a steady state shows one steady iteration, its iteration ends dashed). Ctrl+wheel or + / − to zoom "
-        "around what is visible, drag to pan, shift+drag to measure a time window, double-click to reset; "
-        "hover an op or an idle gap for what it waited for, click an op to pin its microbatch.</p>"
-        + _timeline_tools(share_axis=share_axis) + '<div id="timelines"></div></section>'
-    )
+    sections.append(_timelines_section(share_axis))
     sections.insert(1, _contents(contents, summaries))
     return html_page(heading, sections, data)
+
+
+def _comparison_section_html(name: str, comparison: Sequence[Mapping[str, object]], summaries: Sequence[Summary]) -> str:
+    """The comparison table, each row linked to its schedule's first timeline panel."""
+    panel_of = {s.name: k for k, s in reversed(list(enumerate(summaries)))}
+    links = [f"timeline-{panel_of[str(row.get('schedule'))]}" if str(row.get("schedule")) in panel_of else ""
+             for row in comparison]
+    return (f'<section id="comparison"><h2>{name}</h2>'
+            + comparison_table_html(comparison, row_data=links) + "</section>")
+
+
+def _distributions_section(distributions: dict) -> str:
+    """The iteration time histograms' section (drawn in the page from ``distributions``)."""
+    return ('<section id="distributions-section"><h2>Iteration time distributions</h2><p class="hint">Monte Carlo '
+            "samples per schedule, every plot on the same time axis and count axis; hover a bar for its range and "
+            "count.</p>" + _order_note(distributions) + '<div id="distributions"></div></section>')
+
+
+def _timelines_section(share_axis: bool) -> str:
+    """The timeline panels' section, with its tools (``share_axis``: opening on one time axis)."""
+    return ('<section id="timelines-section"><h2>Timelines</h2><p class="hint">Each panel has its own time axis '
+            "(a steady state shows one steady iteration, its iteration ends dashed). Ctrl+wheel or + / − to zoom "
+            "around what is visible, drag to pan, shift+drag to measure a time window, double-click to reset; "
+            "hover an op or an idle gap for what it waited for, click an op to pin its microbatch.</p>"
+            + _timeline_tools(share_axis=share_axis) + '<div id="timelines"></div></section>')
 
 
 def _contents(contents: Sequence[tuple[str, str]], summaries: Sequence[Summary]) -> str:
@@ -352,48 +366,72 @@ def render_comparison_html(
         predicted, measured = comparison.predicted, comparison.measured
         scale = time_scale(predicted.unit, max(predicted.makespan, measured.makespan))
         found = deviations(predicted, measured)
-        relative = np.round(found.relative, 4)
-        back = np.full(len(measured), -1, np.int64)  # predicted row of each measured row
-        back[found.partner[found.partner >= 0]] = np.flatnonzero(found.partner >= 0)
         first = len(data["timelines"])
-        for side, (timeline, links, shades) in enumerate((
-                (predicted, found.partner, relative),
-                (measured, back, np.where(back >= 0, relative[np.maximum(back, 0)], np.nan)))):
-            entry = timeline_data(timeline, summarize(timeline), scale=scale)
-            entry.update(view=f"pair-{k}", pairWith=first + 1 - side, links=links.tolist(),
-                         deviation=[None if math.isnan(x) else float(x) for x in shades])
-            data["timelines"].append(entry)
-        parting = found.parting(predicted.makespan)
-        data["comparisons"].append({
-            "name": predicted.schedule.name,
-            "predicted": first,
-            "measured": first + 1,
-            "timeUnit": scale.unit,
-            "predictedTime": predicted.makespan * scale.factor,
-            "predictedP50": None if comparison.predicted_p50 is None else comparison.predicted_p50 * scale.factor,
-            "predictedP99": None if comparison.predicted_p99 is None else comparison.predicted_p99 * scale.factor,
-            "measuredTime": measured.makespan * scale.factor,  # the step drawn: the median step of a run
-            "steps": [t * scale.factor for t in comparison.step_times],
-            # each step's prediction error, against the prediction and against its p50
-            "stepError": _errors(predicted.makespan, comparison.step_times),
-            "stepErrorP50": None if comparison.predicted_p50 is None else _errors(comparison.predicted_p50,
-                                                                                 comparison.step_times),
-            "parting": parting,  # predicted row where the timelines first part, -1 if they never do
-            "partingWith": -1 if parting < 0 else int(found.partner[parting]),
-        })
-        sections.append(
-            f'<section class="comparison" data-comparison="{k}"><h2>{escape(predicted.schedule.name)}</h2>'
-            f"{_figures_note(comparison, scale)}"
-            '<p class="hint">Top: predicted; bottom: measured, on one time axis (ctrl+wheel or + / − to zoom, '
-            "drag to pan, double-click to reset). Hover an op to outline its counterpart.</p>"
-            f"{_parting_note(predicted, found, parting, scale)}{_lanes_note(measured)}"
-            f'<div class="pair" id="pair-{k}"></div>'
-            f"<h3>Error per op kind</h3>{_kind_table(k, predicted, found, scale)}"
-            f'<h3>Largest deviations</h3><div class="deviations">'
-            f"{_deviation_table(k, predicted, found, scale, shown)}</div>"
-            f'<h3>Step times</h3><div class="steps" id="steps-{k}"></div></section>'
-        )
+        data["timelines"].extend(_paired_timelines(comparison, found, k, first, scale))
+        parting = found.parting(predicted.makespan)  # predicted row where the timelines first part
+        data["comparisons"].append(_comparison_data(comparison, found, parting, first, scale))
+        sections.append(_comparison_section(k, comparison, found, parting, scale, shown))
     return html_page(heading, sections, data, scripts=("report.js", "check.js"))
+
+
+def _paired_timelines(comparison: Comparison, found: Deviations, k: int, first: int, scale: TimeScale) -> list[dict]:
+    """The predicted and the measured timeline of pair ``k`` (rows ``first`` and the next of
+    the page's timelines), each op linked to its counterpart and shaded by its deviation."""
+    predicted, measured = comparison.predicted, comparison.measured
+    relative = np.round(found.relative, 4)
+    back = np.full(len(measured), -1, np.int64)  # predicted row of each measured row
+    back[found.partner[found.partner >= 0]] = np.flatnonzero(found.partner >= 0)
+    entries = []
+    for side, (timeline, links, shades) in enumerate((
+            (predicted, found.partner, relative),
+            (measured, back, np.where(back >= 0, relative[np.maximum(back, 0)], np.nan)))):
+        entry = timeline_data(timeline, summarize(timeline), scale=scale)
+        entry.update(view=f"pair-{k}", pairWith=first + 1 - side, links=links.tolist(),
+                     deviation=[None if math.isnan(x) else float(x) for x in shades])
+        entries.append(entry)
+    return entries
+
+
+def _comparison_data(comparison: Comparison, found: Deviations, parting: int, first: int, scale: TimeScale) -> dict:
+    """One pair's figures for the page: its times in ``scale``, each step's error, where the
+    timelines part."""
+    predicted, measured = comparison.predicted, comparison.measured
+    return {
+        "name": predicted.schedule.name,
+        "predicted": first,
+        "measured": first + 1,
+        "timeUnit": scale.unit,
+        "predictedTime": predicted.makespan * scale.factor,
+        "predictedP50": None if comparison.predicted_p50 is None else comparison.predicted_p50 * scale.factor,
+        "predictedP99": None if comparison.predicted_p99 is None else comparison.predicted_p99 * scale.factor,
+        "measuredTime": measured.makespan * scale.factor,  # the step drawn: the median step of a run
+        "steps": [t * scale.factor for t in comparison.step_times],
+        # each step's prediction error, against the prediction and against its p50
+        "stepError": _errors(predicted.makespan, comparison.step_times),
+        "stepErrorP50": None if comparison.predicted_p50 is None else _errors(comparison.predicted_p50,
+                                                                             comparison.step_times),
+        "parting": parting,  # predicted row where the timelines first part, -1 if they never do
+        "partingWith": -1 if parting < 0 else int(found.partner[parting]),
+    }
+
+
+def _comparison_section(k: int, comparison: Comparison, found: Deviations, parting: int, scale: TimeScale,
+                        shown: int) -> str:
+    """Pair ``k``'s section: its figures, the two timelines, the error per kind, the largest
+    ``shown`` deviations and the step times."""
+    predicted, measured = comparison.predicted, comparison.measured
+    return (
+        f'<section class="comparison" data-comparison="{k}"><h2>{escape(predicted.schedule.name)}</h2>'
+        f"{_figures_note(comparison, scale)}"
+        '<p class="hint">Top: predicted; bottom: measured, on one time axis (ctrl+wheel or + / − to zoom, '
+        "drag to pan, double-click to reset). Hover an op to outline its counterpart.</p>"
+        f"{_parting_note(predicted, found, parting, scale)}{_lanes_note(measured)}"
+        f'<div class="pair" id="pair-{k}"></div>'
+        f"<h3>Error per op kind</h3>{_kind_table(k, predicted, found, scale)}"
+        f'<h3>Largest deviations</h3><div class="deviations">'
+        f"{_deviation_table(k, predicted, found, scale, shown)}</div>"
+        f'<h3>Step times</h3><div class="steps" id="steps-{k}"></div></section>'
+    )
 
 
 def _errors(predicted: float, measured: Sequence[float]) -> list[float | None]:
@@ -517,105 +555,141 @@ def script_json(data: object) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class _Clock:
+    """A timeline's times in its display unit: ``factor`` display units per time unit, kept
+    to ``digits`` decimals (a millionth of the iteration), measured from ``origin``."""
+
+    factor: float
+    digits: int
+    origin: float
+
+    @classmethod
+    def of(cls, timeline: Timeline, scale: TimeScale) -> _Clock:
+        span = timeline.makespan * scale.factor
+        return cls(scale.factor, max(0, 6 - math.floor(math.log10(span))) if span > 0 else 6, timeline.origin)
+
+    def times(self, values) -> list[float]:
+        """Instants, from the iteration start."""
+        return np.round((np.asarray(values, np.float64) - self.origin) * self.factor, self.digits).tolist()
+
+    def durations(self, values: np.ndarray) -> list:
+        """Lengths of time (an array of any shape)."""
+        return np.round(values * self.factor, self.digits).tolist()
+
+    def duration(self, value: float) -> float:
+        return round(value * self.factor, self.digits)
+
+
 def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | None = None) -> dict:
     """One timeline as columns: times in its display unit (``scale``, default the one that
     suits its length) from the iteration start, rounded to a millionth of the iteration."""
     scale = scale or time_scale(timeline.unit, timeline.makespan)
-    span = timeline.makespan * scale.factor
-    digits = max(0, 6 - math.floor(math.log10(span))) if span > 0 else 6
-
-    def times(values: np.ndarray) -> list[float]:
-        return np.round((np.asarray(values, np.float64) - timeline.origin) * scale.factor, digits).tolist()
-
+    clock = _Clock.of(timeline, scale)
     chunk, chunks = op_chunks(timeline)
-    waits = waited_for(timeline)
-    table = timeline.transfers
-    fused = np.flatnonzero(timeline.box_kind != timeline.op_kind).tolist()
     path = critical_path(timeline)
-    gaps = bubble_breakdown(timeline)
-    ends = [round(e * scale.factor, digits) for e in timeline.iteration_end]
-    data = {
+    fused = np.flatnonzero(timeline.box_kind != timeline.op_kind).tolist()
+    return {
         "name": summary.name,
         "source": summary.source,
         "unit": timeline.unit,
         "timeUnit": scale.unit,
-        "makespan": round(span, digits),
+        "makespan": clock.duration(timeline.makespan),
         "headline": summary.headline(),
         "devices": timeline.num_devices,
         "chunks": chunks.tolist(),
-        "idle": np.round(timeline.idle_per_device() * scale.factor, digits).tolist(),
+        "idle": clock.durations(timeline.idle_per_device()),
         # iterations back to back: when each ended; the view opens on one steady iteration
-        "iterationEnd": ends,
-        "home": [round(x * scale.factor, digits) for x in home_window(timeline)],
+        "iterationEnd": [clock.duration(e) for e in timeline.iteration_end],
+        "home": [clock.duration(x) for x in home_window(timeline)],
         "critical": {"ops": path.row[~path.is_transfer].tolist(), "transfers": path.row[path.is_transfer].tolist()},
-        # idle gaps of the compute streams and the time of each BUBBLE_PARTS part in them
-        "gaps": {
-            "device": gaps.device.tolist(),
-            "start": times(gaps.start),
-            "end": times(gaps.end),
-            "row": gaps.row.tolist(),
-            "parts": np.round(gaps.parts * scale.factor, digits).tolist(),
-        },
+        "gaps": _gaps_data(timeline, clock),
         # a fused op's text (its parts', ``(0F3;7B1)OVERLAP_F_B``) by the row of its first part
         "fused": {str(row): str(timeline.entry(row)) for row in fused},
-        "ops": {
-            "device": timeline.op_device.tolist(),
-            "stage": timeline.op_stage.tolist(),
-            "kind": timeline.box_kind.tolist(),
-            "microbatch": timeline.op_microbatch.tolist(),
-            "chunk": chunk.tolist(),
-            "start": times(timeline.op_start),
-            "end": times(timeline.op_end),
-            "cause": waits.cause.tolist(),  # WAIT_* code, see waits.py
-            "ref": waits.ref.tolist(),  # op row or transfer row of the cause
-        },
-        "transfers": {
-            "src": table.src_device.tolist(),
-            "dst": table.dst_device.tolist(),
-            "kind": table.kind.tolist(),
-            "stage": table.stage.tolist(),
-            "microbatch": table.microbatch.tolist(),
-            "bytes": table.nbytes.tolist(),
-            "channel": table.channel.tolist(),
-            "start": times(table.start),
-            "end": times(table.end),
-        },
-        "channels": [
-            table.channel_names[c] if c < len(table.channel_names) else f"channel {c}"
-            for c in range(int(table.channel.max(initial=-1)) + 1)
-        ],
-        "memory": None,
-        # devices whose host link offloads and reloads activations, and which ops run there
-        "hostLanes": [],
-        "onHost": None,
-        "hostMemory": None,
+        "ops": _ops_data(timeline, chunk, clock),
+        "transfers": _transfers_data(timeline.transfers, clock),
+        "channels": _channel_names(timeline.transfers),
+        **_memory_data(timeline, clock),
     }
+
+
+def _gaps_data(timeline: Timeline, clock: _Clock) -> dict:
+    """Idle gaps of the compute streams and the time of each BUBBLE_PARTS part in them."""
+    gaps = bubble_breakdown(timeline)
+    return {
+        "device": gaps.device.tolist(),
+        "start": clock.times(gaps.start),
+        "end": clock.times(gaps.end),
+        "row": gaps.row.tolist(),
+        "parts": clock.durations(gaps.parts),
+    }
+
+
+def _ops_data(timeline: Timeline, chunk: np.ndarray, clock: _Clock) -> dict:
+    """The ops' columns: where they run, what they are, when, and what each waited for."""
+    waits = waited_for(timeline)
+    return {
+        "device": timeline.op_device.tolist(),
+        "stage": timeline.op_stage.tolist(),
+        "kind": timeline.box_kind.tolist(),
+        "microbatch": timeline.op_microbatch.tolist(),
+        "chunk": chunk.tolist(),
+        "start": clock.times(timeline.op_start),
+        "end": clock.times(timeline.op_end),
+        "cause": waits.cause.tolist(),  # WAIT_* code, see waits.py
+        "ref": waits.ref.tolist(),  # op row or transfer row of the cause
+    }
+
+
+def _transfers_data(table, clock: _Clock) -> dict:
+    """The transfers' columns: between which devices, of what, how large, on which channel, when."""
+    return {
+        "src": table.src_device.tolist(),
+        "dst": table.dst_device.tolist(),
+        "kind": table.kind.tolist(),
+        "stage": table.stage.tolist(),
+        "microbatch": table.microbatch.tolist(),
+        "bytes": table.nbytes.tolist(),
+        "channel": table.channel.tolist(),
+        "start": clock.times(table.start),
+        "end": clock.times(table.end),
+    }
+
+
+def _channel_names(table) -> list[str]:
+    """The name of every channel up to the highest one a transfer uses."""
+    return [table.channel_names[c] if c < len(table.channel_names) else f"channel {c}"
+            for c in range(int(table.channel.max(initial=-1)) + 1)]
+
+
+def _memory_data(timeline: Timeline, clock: _Clock) -> dict:
+    """The device memory curves, the devices whose host link offloads and reloads
+    activations (and which ops run there), and the host memory of what they offloaded."""
+    data = {"memory": None, "hostLanes": [], "onHost": None, "hostMemory": None}
     on_host = ~timeline.on_compute
     if on_host.any():
         data["hostLanes"] = sorted({int(d) for d in timeline.op_device[on_host].tolist()})
         data["onHost"] = on_host.tolist()
-    memory = timeline.memory
-    if memory is not None:
-        host = timeline.host_memory
-        largest = max(max(memory.peak, default=0.0), max(host.peak, default=0.0) if host is not None else 0.0)
-        divisor, unit = memory_scale(memory.unit, largest)
-        data["memory"] = {
-            "unit": unit,
-            "times": [times(t) for t in memory.times],
-            "values": [np.round(np.asarray(v, np.float64) / divisor, 4).tolist() for v in memory.values],
-            "peak": [round(p / divisor, 4) for p in memory.peak],
-            "capacity": None if memory.capacity is None else [round(c / divisor, 4) for c in memory.capacity],
-            "oom": list(memory.out_of_memory),
-        }
-        if host is not None:
-            # host memory of offloaded activations, in the device curves' unit
-            data["hostMemory"] = {
-                "times": [times(t) for t in host.times],
-                "values": [np.round(np.asarray(v, np.float64) / divisor, 4).tolist() for v in host.values],
-                "peak": [round(p / divisor, 4) for p in host.peak],
-                "capacity": None if host.capacity is None else [round(c / divisor, 4) for c in host.capacity],
-            }
+    memory, host = timeline.memory, timeline.host_memory
+    if memory is None:
+        return data
+    largest = max(max(memory.peak, default=0.0), max(host.peak, default=0.0) if host is not None else 0.0)
+    divisor, unit = memory_scale(memory.unit, largest)
+    data["memory"] = {"unit": unit, **_memory_curves(memory, divisor, clock), "oom": list(memory.out_of_memory)}
+    if host is not None:
+        # host memory of offloaded activations, in the device curves' unit
+        data["hostMemory"] = _memory_curves(host, divisor, clock)
     return data
+
+
+def _memory_curves(memory, divisor: float, clock: _Clock) -> dict:
+    """Memory curves (times, values, peaks and capacities per device) in units of ``divisor``."""
+    return {
+        "times": [clock.times(t) for t in memory.times],
+        "values": [np.round(np.asarray(v, np.float64) / divisor, 4).tolist() for v in memory.values],
+        "peak": [round(p / divisor, 4) for p in memory.peak],
+        "capacity": None if memory.capacity is None else [round(c / divisor, 4) for c in memory.capacity],
+    }
 
 
 def metrics_table_html(summaries: Sequence[Summary]) -> str:

@@ -17,6 +17,7 @@ page, like the report (``render.html``), with
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
 
 from pipesched.render.html import (
@@ -178,6 +179,34 @@ def pareto_svg(rows: Sequence[StoredRow], front: Sequence[StoredRow], best: Stor
     evaluated = [row for row in rows if row.status == EVALUATED]
     if not evaluated:
         return '<p class="note">No configuration fits in memory: nothing to draw.</p>'
+    evaluated, over = _sampled_dots(rows, evaluated, front)
+    capacity = min((row.capacity_bytes for row in rows if row.capacity_bytes), default=None)
+    axes, over = _Axes.spanning(evaluated, over, capacity)
+    colors = family_colors(rows)
+    parts = [f'<svg class="pareto" viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" role="img" '
+             'aria-label="iteration time against peak memory" xmlns="http://www.w3.org/2000/svg">',
+             '<rect x="0" y="0" width="100%" height="100%" fill="#fff"/>', *axes.grid_svg()]
+    if capacity:
+        parts.append(f'<line x1="{axes.x(capacity / GiB):.1f}" x2="{axes.x(capacity / GiB):.1f}" y1="{axes.top}" '
+                     f'y2="{axes.top + axes.plot_h}" stroke="#c0392b" stroke-dasharray="5 4"/>')
+    # out of memory: hollow grey, only where they fall inside the axes of the configurations that fit
+    parts.extend(_oom_dot(row, axes) for row in over if axes.inside(row))
+    on_front = {row.key for row in front}
+    parts.extend(_config_dot(row, colors, axes) for row in evaluated if row.key not in on_front)
+    if front:
+        parts.extend(_front_svg(front, colors, axes))
+    if best is not None:
+        parts.append(f'<circle class="best" cx="{axes.x(best.peak_memory_bytes / GiB):.1f}" '
+                     f'cy="{axes.y(best.iteration_time_s):.1f}" r="9" fill="none" stroke="#c0392b" stroke-width="2" '
+                     f'pointer-events="none"><title>best: {escape(_tip(best))}</title></circle>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _sampled_dots(rows: Sequence[StoredRow], evaluated: list[StoredRow],
+                  front: Sequence[StoredRow]) -> tuple[list[StoredRow], list[StoredRow]]:
+    """The configurations that fit and those out of memory (with a peak and a time) to draw:
+    at most MAX_DOTS of each, evenly spaced, the front always among the first."""
     over = [row for row in rows if row.status == OUT_OF_MEMORY and row.peak_memory_bytes is not None
             and _time_of(row) is not None]
     if len(evaluated) > MAX_DOTS:
@@ -186,82 +215,94 @@ def pareto_svg(rows: Sequence[StoredRow], front: Sequence[StoredRow], best: Stor
         evaluated = list({row.key: row for row in (*sample, *front)}.values())
     if len(over) > MAX_DOTS:
         over = [over[int(k * len(over) / MAX_DOTS)] for k in range(MAX_DOTS)]
-    colors = family_colors(rows)
-    capacity = min((row.capacity_bytes for row in rows if row.capacity_bytes), default=None)
-    memory = [row.peak_memory_bytes / GiB for row in evaluated]
-    times = [row.iteration_time_s for row in evaluated]
-    # the axes reach the configurations out of memory up to half the capacity past it
-    reach = OOM_REACH * (capacity / GiB if capacity else max(memory))
-    over = [row for row in over if row.peak_memory_bytes / GiB <= reach and _time_of(row) <= OOM_REACH * max(times)]
-    x_ticks = nice_ticks(min(memory), max(memory + ([capacity / GiB] if capacity else [])
-                                      + [row.peak_memory_bytes / GiB for row in over]))
-    y_ticks = nice_ticks(min(times + [_time_of(row) for row in over]), max(times + [_time_of(row) for row in over]))
-    top, right, bottom, left = MARGIN
-    plot_w, plot_h = WIDTH - left - right, HEIGHT - top - bottom
+    return evaluated, over
 
-    def x(gib: float) -> float:
-        return left + (gib - x_ticks[0]) / (x_ticks[-1] - x_ticks[0] or 1.0) * plot_w
 
-    def y(seconds: float) -> float:
-        return top + plot_h - (seconds - y_ticks[0]) / (y_ticks[-1] - y_ticks[0] or 1.0) * plot_h
+@dataclass(frozen=True)
+class _Axes:
+    """The plot's axes: ticks of peak memory (GiB) and iteration time (s), and the plot area
+    in pixels inside MARGIN."""
 
-    def inside(row: StoredRow) -> bool:
+    x_ticks: list[float]
+    y_ticks: list[float]
+    top: float = MARGIN[0]
+    left: float = MARGIN[3]
+    plot_w: float = WIDTH - MARGIN[3] - MARGIN[1]
+    plot_h: float = HEIGHT - MARGIN[0] - MARGIN[2]
+
+    @classmethod
+    def spanning(cls, evaluated: list[StoredRow], over: list[StoredRow],
+                 capacity: float | None) -> tuple[_Axes, list[StoredRow]]:
+        """Axes over the configurations that fit, the capacity, and those out of memory up to
+        half the capacity past it (returned: the ones within that reach)."""
+        memory = [row.peak_memory_bytes / GiB for row in evaluated]
+        times = [row.iteration_time_s for row in evaluated]
+        reach = OOM_REACH * (capacity / GiB if capacity else max(memory))
+        over = [row for row in over
+                if row.peak_memory_bytes / GiB <= reach and _time_of(row) <= OOM_REACH * max(times)]
+        x_ticks = nice_ticks(min(memory), max(memory + ([capacity / GiB] if capacity else [])
+                                          + [row.peak_memory_bytes / GiB for row in over]))
+        over_times = [_time_of(row) for row in over]
+        y_ticks = nice_ticks(min(times + over_times), max(times + over_times))
+        return cls(x_ticks, y_ticks), over
+
+    def x(self, gib: float) -> float:
+        return self.left + (gib - self.x_ticks[0]) / (self.x_ticks[-1] - self.x_ticks[0] or 1.0) * self.plot_w
+
+    def y(self, seconds: float) -> float:
+        return self.top + self.plot_h - (seconds - self.y_ticks[0]) / (self.y_ticks[-1] - self.y_ticks[0] or 1.0) * self.plot_h
+
+    def inside(self, row: StoredRow) -> bool:
         gib, seconds = row.peak_memory_bytes / GiB, _time_of(row)
-        return x_ticks[0] <= gib <= x_ticks[-1] and y_ticks[0] <= seconds <= y_ticks[-1]
+        return self.x_ticks[0] <= gib <= self.x_ticks[-1] and self.y_ticks[0] <= seconds <= self.y_ticks[-1]
 
-    parts = [f'<svg class="pareto" viewBox="0 0 {WIDTH} {HEIGHT}" width="100%" role="img" '
-             'aria-label="iteration time against peak memory" xmlns="http://www.w3.org/2000/svg">',
-             '<rect x="0" y="0" width="100%" height="100%" fill="#fff"/>']
-    for value in x_ticks:
-        parts.append(f'<line x1="{x(value):.1f}" x2="{x(value):.1f}" y1="{top}" y2="{top + plot_h}" stroke="#eceff2"/>'
-                     f'<text x="{x(value):.1f}" y="{top + plot_h + 16}" text-anchor="middle" font-size="11" '
-                     f'fill="#57606a">{value:,g}</text>')
-    for value in y_ticks:
-        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#eceff2"/>'
-                     f'<text x="{left - 6}" y="{y(value) + 4:.1f}" text-anchor="end" font-size="11" '
-                     f'fill="#57606a">{value:.4g}</text>')
-    parts.append(f'<text x="{left + plot_w / 2:.0f}" y="{HEIGHT - 10}" text-anchor="middle" font-size="12" '
-                 'fill="#57606a">peak memory of the worst device (GiB)</text>'
-                 f'<text x="14" y="{top + plot_h / 2:.0f}" text-anchor="middle" font-size="12" fill="#57606a" '
-                 f'transform="rotate(-90 14 {top + plot_h / 2:.0f})">iteration time (s)</text>')
-    if capacity:
-        parts.append(f'<line x1="{x(capacity / GiB):.1f}" x2="{x(capacity / GiB):.1f}" y1="{top}" '
-                     f'y2="{top + plot_h}" stroke="#c0392b" stroke-dasharray="5 4"/>')
-    # out of memory: hollow grey, only where they fall inside the axes of the configurations that fit
-    for row in over:
-        if inside(row):
-            simulated = row.iteration_time_s is not None
-            parts.append(f'<circle class="oom" data-key="{escape(row.key, quote=True)}" cx="{x(row.peak_memory_bytes / GiB):.1f}" '
-                         f'cy="{y(_time_of(row)):.1f}" r="2.8" fill="none" stroke="{OOM_DOT}" stroke-opacity="0.7">'
-                         f"<title>out of memory{'' if simulated else ' (at its lower bound)'}: "
-                         f"{escape(_label(row))}; {escape(row.reason)}</title></circle>")
-    on_front = {row.key for row in front}
-    for row, gib, seconds in zip(evaluated, memory, times, strict=True):
-        if row.key in on_front:
-            continue
-        parts.append(f'<circle data-key="{escape(row.key, quote=True)}" cx="{x(gib):.1f}" cy="{y(seconds):.1f}" '
-                     f'r="3" fill="{colors[row.family]}" fill-opacity="0.6">'
-                     f"<title>{escape(_tip(row))}</title></circle>")
-    if front:
-        path = []
-        for k, row in enumerate(front):
-            px, py = x(row.peak_memory_bytes / GiB), y(row.iteration_time_s)
-            if k:
-                path.append(f"{px:.1f},{y(front[k - 1].iteration_time_s):.1f}")
-            path.append(f"{px:.1f},{py:.1f}")
-        parts.append(f'<polyline points="{" ".join(path)}" fill="none" stroke="#1f2328" stroke-width="1.2" '
-                     'stroke-opacity="0.7"/>')
-        for row in front:
-            parts.append(f'<circle class="front" data-key="{escape(row.key, quote=True)}" '
-                         f'cx="{x(row.peak_memory_bytes / GiB):.1f}" cy="{y(row.iteration_time_s):.1f}" r="5" '
-                         f'fill="{colors[row.family]}" stroke="#1f2328" stroke-width="1">'
-                         f"<title>{escape(_tip(row))}</title></circle>")
-    if best is not None:
-        parts.append(f'<circle class="best" cx="{x(best.peak_memory_bytes / GiB):.1f}" '
-                     f'cy="{y(best.iteration_time_s):.1f}" r="9" fill="none" stroke="#c0392b" stroke-width="2" '
-                     f'pointer-events="none"><title>best: {escape(_tip(best))}</title></circle>')
-    parts.append("</svg>")
-    return "".join(parts)
+    def grid_svg(self) -> list[str]:
+        """Grid lines and tick labels of both axes, and the axes' titles."""
+        top, left, plot_w, plot_h = self.top, self.left, self.plot_w, self.plot_h
+        parts = [f'<line x1="{self.x(value):.1f}" x2="{self.x(value):.1f}" y1="{top}" y2="{top + plot_h}" '
+                 f'stroke="#eceff2"/><text x="{self.x(value):.1f}" y="{top + plot_h + 16}" text-anchor="middle" '
+                 f'font-size="11" fill="#57606a">{value:,g}</text>' for value in self.x_ticks]
+        parts.extend(f'<line x1="{left}" x2="{left + plot_w}" y1="{self.y(value):.1f}" y2="{self.y(value):.1f}" '
+                     f'stroke="#eceff2"/><text x="{left - 6}" y="{self.y(value) + 4:.1f}" text-anchor="end" '
+                     f'font-size="11" fill="#57606a">{value:.4g}</text>' for value in self.y_ticks)
+        parts.append(f'<text x="{left + plot_w / 2:.0f}" y="{HEIGHT - 10}" text-anchor="middle" font-size="12" '
+                     'fill="#57606a">peak memory of the worst device (GiB)</text>'
+                     f'<text x="14" y="{top + plot_h / 2:.0f}" text-anchor="middle" font-size="12" fill="#57606a" '
+                     f'transform="rotate(-90 14 {top + plot_h / 2:.0f})">iteration time (s)</text>')
+        return parts
+
+
+def _oom_dot(row: StoredRow, axes: _Axes) -> str:
+    """A configuration out of memory: a hollow grey dot, at its lower bound where not simulated."""
+    simulated = row.iteration_time_s is not None
+    return (f'<circle class="oom" data-key="{escape(row.key, quote=True)}" cx="{axes.x(row.peak_memory_bytes / GiB):.1f}" '
+            f'cy="{axes.y(_time_of(row)):.1f}" r="2.8" fill="none" stroke="{OOM_DOT}" stroke-opacity="0.7">'
+            f"<title>out of memory{'' if simulated else ' (at its lower bound)'}: "
+            f"{escape(_label(row))}; {escape(row.reason)}</title></circle>")
+
+
+def _config_dot(row: StoredRow, colors: dict[str, str], axes: _Axes) -> str:
+    """A configuration that fits, off the front: a small dot in its family's colour."""
+    return (f'<circle data-key="{escape(row.key, quote=True)}" cx="{axes.x(row.peak_memory_bytes / GiB):.1f}" '
+            f'cy="{axes.y(row.iteration_time_s):.1f}" r="3" fill="{colors[row.family]}" fill-opacity="0.6">'
+            f"<title>{escape(_tip(row))}</title></circle>")
+
+
+def _front_svg(front: Sequence[StoredRow], colors: dict[str, str], axes: _Axes) -> list[str]:
+    """The Pareto front: a staircase through its configurations, each a ringed dot."""
+    path = []
+    for k, row in enumerate(front):
+        px, py = axes.x(row.peak_memory_bytes / GiB), axes.y(row.iteration_time_s)
+        if k:
+            path.append(f"{px:.1f},{axes.y(front[k - 1].iteration_time_s):.1f}")
+        path.append(f"{px:.1f},{py:.1f}")
+    parts = [f'<polyline points="{" ".join(path)}" fill="none" stroke="#1f2328" stroke-width="1.2" '
+             'stroke-opacity="0.7"/>']
+    parts.extend(f'<circle class="front" data-key="{escape(row.key, quote=True)}" '
+                 f'cx="{axes.x(row.peak_memory_bytes / GiB):.1f}" cy="{axes.y(row.iteration_time_s):.1f}" r="5" '
+                 f'fill="{colors[row.family]}" stroke="#1f2328" stroke-width="1">'
+                 f"<title>{escape(_tip(row))}</title></circle>" for row in front)
+    return parts
 
 
 def _tip(row: StoredRow) -> str:

@@ -97,6 +97,18 @@ def fits_grid(ip: IntegerProblem, plan: Plan) -> bool:
 MEMORY_RULES = ("counting", "reservoir")
 
 
+@dataclass
+class _Variables:
+    """The model's variables: an interval per op (its start and end on the time grid), and
+    a yes/no per stage to recompute and to offload (None where the stage has no choice)."""
+
+    start: dict[Op, object]
+    end: dict[Op, object]
+    interval: dict[Op, object]
+    recompute: list
+    offload: list
+
+
 def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 10.0,
           workers: int | None = None, memory_rule: str = "counting") -> SolverOutcome:
     """Minimise the makespan of ``ip`` within ``time_limit`` seconds, starting from ``hint``
@@ -104,111 +116,156 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
     cp_model = _cp_model()
     began = time.perf_counter()
     require(memory_rule in MEMORY_RULES, "memory_rule", memory_rule, f"choose one of {', '.join(MEMORY_RULES)}")
-    # --- data
-    p, m, kinds = ip.num_stages, ip.num_microbatches, ip.kinds
-    backward, last = (I, W) if ip.problem.split_backward else (B, B)
     hint_starts = grid_starts(ip, hint) if hint is not None else {}
     horizon = _horizon(ip, hint, hint_starts)
-
     model = cp_model.CpModel()
-    # --- variables: a recompute choice per stage, an interval per op
-    recompute = [model.new_bool_var(f"recompute_{s}") if ip.problem.allow_recompute else None for s in range(p)]
-    start: dict[Op, object] = {}
-    end: dict[Op, object] = {}
-    interval: dict[Op, object] = {}
-    for s in range(p):
-        for kind in kinds:
+    v = _op_intervals(model, ip, horizon)
+    _offload_intervals(model, ip, horizon, v)
+    _order_constraints(model, ip, v)
+    ended = _memory_literals(model, ip, v, memory_rule)
+    makespan = _makespan(model, ip, v, horizon)
+    if hint is not None:
+        _add_hint(model, ip, v, hint, hint_starts, ended, makespan)
+    solver = _solver(cp_model, max(0.05, time_limit - (time.perf_counter() - began)), workers)
+    code = solver.solve(model)
+    return _outcome(cp_model, solver, code, ip, v, began)
+
+
+def _backward_kinds(ip: IntegerProblem) -> tuple[OpKind, OpKind]:
+    """The kind a gradient leaves a stage by, and a stage's last kind: (I, W) split, (B, B) not."""
+    return (I, W) if ip.problem.split_backward else (B, B)
+
+
+def _op_intervals(model, ip: IntegerProblem, horizon: int) -> _Variables:
+    """A recompute choice per stage and an interval per compute op, recompute lengthening it."""
+    recompute = [model.new_bool_var(f"recompute_{s}") if ip.problem.allow_recompute else None
+                 for s in range(ip.num_stages)]
+    v = _Variables({}, {}, {}, recompute, [None] * ip.num_stages)
+    for s in range(ip.num_stages):
+        for kind in ip.kinds:
             base = ip.duration[kind][s]
             extra = ip.recomputed[kind][s] - base
             length = base + extra * recompute[s] if recompute[s] is not None and extra else base
-            for k in range(m):
+            for k in range(ip.num_microbatches):
                 op = Op(s, kind, k)
-                start[op] = model.new_int_var(0, horizon, f"start_{op}")
-                end[op] = model.new_int_var(0, horizon, f"end_{op}")
-                interval[op] = model.new_interval_var(start[op], length, end[op], f"op_{op}")
+                v.start[op] = model.new_int_var(0, horizon, f"start_{op}")
+                v.end[op] = model.new_int_var(0, horizon, f"end_{op}")
+                v.interval[op] = model.new_interval_var(v.start[op], length, v.end[op], f"op_{op}")
+    return v
 
-    # an offload choice per stage whose cap binds: an O after each forward and an R before
-    # each backward, optional intervals on the device's host link (one transfer at a time)
-    offload = [model.new_bool_var(f"offload_{s}") if ip.host_transfer and ip.memory[s].cap is not None else None
-               for s in range(p)]
-    for s, choice in enumerate(offload):
+
+def _offload_intervals(model, ip: IntegerProblem, horizon: int, v: _Variables) -> None:
+    """An offload choice per stage whose cap binds: an O after each forward and an R before
+    each backward, optional intervals on the device's host link (one transfer at a time)."""
+    v.offload = [model.new_bool_var(f"offload_{s}") if ip.host_transfer and ip.memory[s].cap is not None else None
+                 for s in range(ip.num_stages)]
+    for s, choice in enumerate(v.offload):
         if choice is None:
             continue
-        if recompute[s] is not None:
-            model.add_bool_or([~choice, ~recompute[s]])  # offload or recompute, not both
-        host_link = []
-        for k in range(m):
-            for kind in (O, R):
-                op = Op(s, kind, k)
-                start[op] = model.new_int_var(0, horizon, f"start_{op}")
-                end[op] = model.new_int_var(0, horizon, f"end_{op}")
-                interval[op] = model.new_optional_interval_var(start[op], ip.host_transfer[s], end[op], choice,
-                                                               f"op_{op}")
-                host_link.append(interval[op])
-            model.add(start[Op(s, O, k)] >= end[Op(s, F, k)]).only_enforce_if(choice)
-            model.add(start[Op(s, R, k)] >= end[Op(s, O, k)]).only_enforce_if(choice)
-            model.add(end[Op(s, R, k)] <= start[Op(s, backward, k)]).only_enforce_if(choice)
-            if k:  # in microbatch order, as the forwards and backwards
-                for kind in (O, R):
-                    model.add(start[Op(s, kind, k)] >= end[Op(s, kind, k - 1)]).only_enforce_if(choice)
-        model.add_no_overlap(host_link)
+        if v.recompute[s] is not None:
+            model.add_bool_or([~choice, ~v.recompute[s]])  # offload or recompute, not both
+        host_link = [_host_transfers(model, ip, horizon, v, Op(s, F, k), choice) for k in range(ip.num_microbatches)]
+        model.add_no_overlap([interval for pair in host_link for interval in pair])
 
-    # --- constraints
+
+def _host_transfers(model, ip: IntegerProblem, horizon: int, v: _Variables, forward: Op, choice) -> tuple:
+    """The O and R of ``forward``'s microbatch, under ``choice``: O after F, R after O and
+    before the backward, each in microbatch order. Returns their two intervals."""
+    s, k = forward.stage, forward.microbatch
+    intervals = []
+    for kind in (O, R):
+        op = Op(s, kind, k)
+        v.start[op] = model.new_int_var(0, horizon, f"start_{op}")
+        v.end[op] = model.new_int_var(0, horizon, f"end_{op}")
+        v.interval[op] = model.new_optional_interval_var(v.start[op], ip.host_transfer[s], v.end[op], choice,
+                                                         f"op_{op}")
+        intervals.append(v.interval[op])
+    backward = _backward_kinds(ip)[0]
+    start, end = v.start, v.end
+    model.add(start[Op(s, O, k)] >= end[forward]).only_enforce_if(choice)
+    model.add(start[Op(s, R, k)] >= end[Op(s, O, k)]).only_enforce_if(choice)
+    model.add(end[Op(s, R, k)] <= start[Op(s, backward, k)]).only_enforce_if(choice)
+    if k:  # in microbatch order, as the forwards and backwards
+        for kind in (O, R):
+            model.add(start[Op(s, kind, k)] >= end[Op(s, kind, k - 1)]).only_enforce_if(choice)
+    return tuple(intervals)
+
+
+def _order_constraints(model, ip: IntegerProblem, v: _Variables) -> None:
+    """One op at a time per device, a stage-microbatch's ops in kind order, each kind in
+    microbatch order, and the transfers between neighbouring stages with their delays."""
+    p, m, kinds = ip.num_stages, ip.num_microbatches, ip.kinds
+    start, end = v.start, v.end
     for s in range(p):
-        # one op at a time on each device
-        model.add_no_overlap([interval[Op(s, kind, k)] for kind in kinds for k in range(m)])
+        model.add_no_overlap([v.interval[Op(s, kind, k)] for kind in kinds for k in range(m)])
         for k in range(m):
             # a stage-microbatch's own ops in order: F, then I, then W (or F then B)
             for before, after in itertools.pairwise(kinds):
                 model.add(start[Op(s, after, k)] >= end[Op(s, before, k)])
-            # each kind in microbatch order on every stage
             if k + 1 < m:
                 for kind in kinds:
                     model.add(start[Op(s, kind, k + 1)] >= end[Op(s, kind, k)])
+    backward = _backward_kinds(ip)[0]
     for s in range(p - 1):
         for k in range(m):
             # the activation goes down, the gradient comes back, each over the link
             model.add(start[Op(s + 1, F, k)] >= end[Op(s, F, k)] + ip.activation_delay[s])
             model.add(start[Op(s, backward, k)] >= end[Op(s + 1, backward, k)] + ip.gradient_delay[s])
+
+
+def _memory_literals(model, ip: IntegerProblem, v: _Variables, memory_rule: str) -> dict[tuple[Op, Op], object]:
+    """Every device's memory cap (``_memory``); returns its literals keyed (F(s, k), op) for
+    "op ends before F(s, k) starts"."""
     ended = {}
-    for s in range(p):
-        for (k, kind, j), literal in _memory(model, ip, s, start, end, recompute[s], memory_rule,
-                                             offload[s]).items():
+    for s in range(ip.num_stages):
+        for (k, kind, j), literal in _memory(model, ip, s, v.start, v.end, v.recompute[s], memory_rule,
+                                             v.offload[s]).items():
             ended[(Op(s, F, k), Op(s, kind, j))] = literal
+    return ended
 
-    # --- objective
+
+def _makespan(model, ip: IntegerProblem, v: _Variables, horizon: int):
+    """The objective: the end of the last op on every stage, never below the lower bound."""
     makespan = model.new_int_var(ip.lower_bound, horizon, "makespan")
-    for s in range(p):
-        model.add(makespan >= end[Op(s, last, m - 1)])
+    last = _backward_kinds(ip)[1]
+    for s in range(ip.num_stages):
+        model.add(makespan >= v.end[Op(s, last, ip.num_microbatches - 1)])
     model.minimize(makespan)
+    return makespan
 
-    # --- solve, from the hint: every variable gets the value the hint's plan gives it
-    if hint is not None:
-        ends = {op: t + _length(ip, op.kind, op.stage, op.stage in hint.recompute) for op, t in hint_starts.items()}
-        for op, value in hint_starts.items():
-            if op in start:
-                model.add_hint(start[op], value)
-                model.add_hint(end[op], ends[op])
-        for s, choice in enumerate(recompute):
+
+def _add_hint(model, ip: IntegerProblem, v: _Variables, hint: Plan, hint_starts: dict[Op, int],
+              ended: dict[tuple[Op, Op], object], makespan) -> None:
+    """Every variable gets the value the hint's plan gives it."""
+    ends = {op: t + _length(ip, op.kind, op.stage, op.stage in hint.recompute) for op, t in hint_starts.items()}
+    for op, value in hint_starts.items():
+        if op in v.start:
+            model.add_hint(v.start[op], value)
+            model.add_hint(v.end[op], ends[op])
+    for choices, chosen in ((v.recompute, hint.recompute), (v.offload, hint.offload)):
+        for s, choice in enumerate(choices):
             if choice is not None:
-                model.add_hint(choice, s in hint.recompute)
-        for s, choice in enumerate(offload):
-            if choice is not None:
-                model.add_hint(choice, s in hint.offload)
-        for (forward, op), literal in ended.items():
-            model.add_hint(literal, ends[op] <= hint_starts[forward])
-        model.add_hint(makespan, max(ends.values()))
+                model.add_hint(choice, s in chosen)
+    for (forward, op), literal in ended.items():
+        model.add_hint(literal, ends[op] <= hint_starts[forward])
+    model.add_hint(makespan, max(ends.values()))
+
+
+def _solver(cp_model, seconds: float, workers: int | None):
+    """A CP-SAT solver limited to ``seconds`` of wall time."""
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, time_limit - (time.perf_counter() - began))
+    solver.parameters.max_time_in_seconds = seconds
     # probing every literal of the memory rule in presolve can outlast the time limit; and
     # a reservoir expanded into precedence literals costs O(events^2) booleans per device
     solver.parameters.cp_model_probing_level = 0
     solver.parameters.expand_reservoir_constraints = False
     if workers is not None:
         solver.parameters.num_workers = workers
-    code = solver.solve(model)
+    return solver
 
-    # --- extract
+
+def _outcome(cp_model, solver, code, ip: IntegerProblem, v: _Variables, began: float) -> SolverOutcome:
+    """The solver's answer: its status, bound and the plan read from its values."""
     names = {cp_model.OPTIMAL: SolverStatus.OPTIMAL, cp_model.FEASIBLE: SolverStatus.FEASIBLE,
              cp_model.INFEASIBLE: SolverStatus.INFEASIBLE}
     status = names.get(code, SolverStatus.UNKNOWN)
@@ -220,9 +277,10 @@ def solve(ip: IntegerProblem, *, hint: Plan | None = None, time_limit: float = 1
     bound = max(ip.lower_bound, math.ceil(solver.best_objective_bound - 1e-6))
     if status == SolverStatus.UNKNOWN:
         return SolverOutcome(status, None, None, bound, seconds)
-    offloaded = frozenset(s for s, choice in enumerate(offload) if choice is not None and solver.value(choice))
-    tables = tuple(_table(s, kinds, m, s in offloaded, solver.value, start, end) for s in range(p))
-    chosen = frozenset(s for s, choice in enumerate(recompute) if choice is not None and solver.value(choice))
+    offloaded = frozenset(s for s, choice in enumerate(v.offload) if choice is not None and solver.value(choice))
+    chosen = frozenset(s for s, choice in enumerate(v.recompute) if choice is not None and solver.value(choice))
+    tables = tuple(_table(s, ip.kinds, ip.num_microbatches, s in offloaded, solver.value, v.start, v.end)
+                   for s in range(ip.num_stages))
     return SolverOutcome(status, Plan(tables, chosen, source="solver", offload=offloaded), int(solver.objective_value),
                          bound, seconds)
 
@@ -285,62 +343,90 @@ def _memory(model, ip: IntegerProblem, s: int, start: dict, end: dict, recompute
     and its R takes them back as it starts. Returns the literals, keyed (k, kind, j)
     for "op (s, kind, j) ends before F(s, k) starts".
     """
-    grid = ip.memory[s]
-    m = ip.num_microbatches
-    ended: dict[tuple[int, OpKind, int], object] = {}
-    if grid.cap is None:
-        return ended
-
-    def ended_before(k: int, kind: OpKind, j: int):
-        """A literal that forces op (s, kind, j) to end before F(s, k) starts."""
-        if (k, kind, j) not in ended:
-            literal = model.new_bool_var(f"{s}{kind}{j}_ends_before_{s}F{k}")
-            model.add(start[Op(s, F, k)] >= end[Op(s, kind, j)]).only_enforce_if(literal)
-            ended[(k, kind, j)] = literal
-        return ended[(k, kind, j)]
-
+    cap = _DeviceCap(model, ip, s, start, end)
+    if cap.grid.cap is None:
+        return cap.ended
     reservoir: tuple[list, list, list] = ([], [], [])  # event times, level changes, active literals
     for choice in (0, 1) if recompute is not None else (0,):
-        first, *later = ip.kinds  # the allocating op, then the ops that free (or keep) its memory
-        alloc = grid.change(first, choice)
-        # kind -> (units it frees, units a microbatch still holds until it has run), from the
-        # rules' memory effects along one microbatch's ops; and the level's peak along them
-        frees, level = {}, alloc
-        for kind in later:
-            frees[kind] = (-grid.change(kind, choice), level)
-            level += grid.change(kind, choice)
-        peak = grid.peak(ip.kinds, choice)
-        if alloc == 0 or m * peak <= grid.cap:
-            continue
         when = [] if recompute is None else [recompute if choice else ~recompute]
-        pending = {kind: grid.cap // held for kind, (share, held) in frees.items() if share > 0}
+        needs_events = cap.constrain_choice(choice, when, rule, offload)
+        if needs_events:
+            active = True if recompute is None else when[0]
+            _reservoir_events(reservoir, ip, s, choice, start, end, active, offload if choice == 0 else None)
+    if reservoir[0]:
+        model.add_reservoir_constraint_with_active(*reservoir, 0, cap.grid.cap)
+    return cap.ended
+
+
+class _DeviceCap:
+    """The memory cap of device s under one recompute choice at a time (see ``_memory``);
+    ``ended`` keeps the literals "op (s, kind, j) ends before F(s, k) starts" by (k, kind, j)."""
+
+    def __init__(self, model, ip: IntegerProblem, s: int, start: dict, end: dict):
+        self.model, self.ip, self.s, self.start, self.end = model, ip, s, start, end
+        self.grid = ip.memory[s]
+        self.ended: dict[tuple[int, OpKind, int], object] = {}
+
+    def ended_before(self, k: int, kind: OpKind, j: int):
+        """A literal that forces op (s, kind, j) to end before F(s, k) starts."""
+        if (k, kind, j) not in self.ended:
+            literal = self.model.new_bool_var(f"{self.s}{kind}{j}_ends_before_{self.s}F{k}")
+            self.model.add(self.start[Op(self.s, F, k)] >= self.end[Op(self.s, kind, j)]).only_enforce_if(literal)
+            self.ended[(k, kind, j)] = literal
+        return self.ended[(k, kind, j)]
+
+    def frees(self, choice: int) -> dict[OpKind, tuple[int, int]]:
+        """kind -> (units it frees, units a microbatch still holds until it has run), from
+        the rules' memory effects along one microbatch's ops after the allocating one."""
+        first, *later = self.ip.kinds
+        frees, level = {}, self.grid.change(first, choice)
+        for kind in later:
+            frees[kind] = (-self.grid.change(kind, choice), level)
+            level += self.grid.change(kind, choice)
+        return frees
+
+    def constrain_choice(self, choice: int, when: list, rule: str, offload) -> bool:
+        """Write the cap under ``choice`` (enforced if ``when``) as precedences, and with rule
+        "counting" as counted literals. Returns whether the reservoir must check it too."""
+        first = self.ip.kinds[0]  # the allocating op
+        alloc = self.grid.change(first, choice)
+        peak = self.grid.peak(self.ip.kinds, choice)
+        if alloc == 0 or self.ip.num_microbatches * peak <= self.grid.cap:
+            return False
+        frees = self.frees(choice)
+        pending = {kind: self.grid.cap // held for kind, (share, held) in frees.items() if share > 0}
         # the level peaks also as a later op ends (I keeping more for W than it frees), or as
         # a reload starts: only the reservoir checks those
         events_only = peak > alloc or (offload is not None and choice == 0)
         partial = events_only
-        for k in range(0 if events_only else m):
-            need = alloc * (k + 1) - grid.cap  # units the ended ops must have freed by F(k)
+        for k in range(0 if events_only else self.ip.num_microbatches):
+            need = alloc * (k + 1) - self.grid.cap  # units the ended ops must have freed by F(k)
             if need <= 0:
                 continue
-            counted = 0
-            for kind, most in pending.items():
-                if k - most >= 0:
-                    # the ops of this kind up to k - most have ended: in order, the last of them
-                    model.add(start[Op(s, first, k)] >= end[Op(s, kind, k - most)]).only_enforce_if(when)
-                    counted += frees[kind][0] * (k - most + 1)
-            if counted >= need:
-                continue
-            partial = True
-            if rule == "counting" and not events_only:
-                freed = [frees[kind][0] * ended_before(k, kind, j)
-                         for kind, most in pending.items() for j in range(max(0, k - most + 1), k)]
-                model.add(sum(freed) >= need - counted).only_enforce_if(when)
-        if (rule == "reservoir" or events_only) and partial:
-            active = True if recompute is None else when[0]
-            _reservoir_events(reservoir, ip, s, choice, start, end, active, offload if choice == 0 else None)
-    if reservoir[0]:
-        model.add_reservoir_constraint_with_active(*reservoir, 0, grid.cap)
-    return ended
+            counted = self.force_oldest_ended(k, frees, pending, when)
+            if counted < need:
+                partial = True
+                if rule == "counting":
+                    self.count_freed(k, need - counted, frees, pending, when)
+        return (rule == "reservoir" or events_only) and partial
+
+    def force_oldest_ended(self, k: int, frees: dict, pending: dict, when: list) -> int:
+        """Force the ops of each freeing kind up to k - pending to end before F(k) (in
+        microbatch order, the last of them); returns the units they free."""
+        s, first = self.s, self.ip.kinds[0]
+        counted = 0
+        for kind, most in pending.items():
+            if k - most >= 0:
+                self.model.add(self.start[Op(s, first, k)] >= self.end[Op(s, kind, k - most)]).only_enforce_if(when)
+                counted += frees[kind][0] * (k - most + 1)
+        return counted
+
+    def count_freed(self, k: int, short: int, frees: dict, pending: dict, when: list) -> None:
+        """The recent ops that may still run: the literals of those that ended before F(k)
+        must count the ``short`` units the older ones did not free."""
+        freed = [frees[kind][0] * self.ended_before(k, kind, j)
+                 for kind, most in pending.items() for j in range(max(0, k - most + 1), k)]
+        self.model.add(sum(freed) >= short).only_enforce_if(when)
 
 
 def _reservoir_events(reservoir: tuple[list, list, list], ip: IntegerProblem, s: int, choice: int, start: dict,

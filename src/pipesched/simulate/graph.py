@@ -267,9 +267,14 @@ def _compile_ops(schedule: Schedule, costs: StageCosts, *, contention: bool, ove
                                                           num_devices)
     pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, np.full(producer.shape[0], -1, np.int32),
                                                     issued_after, n)
-    return _graph(schedule, costs, None, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
-                  op_duration, pred_ptr, pred_op, pred_via, _no_transfers(), num_devices + side * num_devices,
-                  memory_delta, memory_at_start, static, (*host[:2], side))
+    return TaskGraph(
+        schedule=schedule, costs=costs, network=None, contention=contention, overlap=overlap, ops=ops,
+        op_queue=op_queue, queue_rows=queue_rows, queue_offsets=queue_offsets, op_duration=op_duration,
+        pred_ptr=pred_ptr, pred_op=pred_op.astype(np.int32), pred_via=pred_via.astype(np.int32),
+        **_transfer_fields(_no_transfers()), num_resources=int(num_devices + side * num_devices),
+        memory_delta=memory_delta, memory_at_start=memory_at_start, static_bytes=static,
+        host_delta=host[0], host_at_start=host[1], side_queues=side,
+    )
 
 
 def _op_edges(schedule: Schedule, costs: StageCosts, network: Network | None,
@@ -298,43 +303,18 @@ def with_network(graph: TaskGraph, network: Network, *, contention: bool = True,
     """``graph`` (compiled with free communication) on ``network``: its messages and
     all-reduces as transfers holding their links, host-link ops at their links' time, and
     without ``overlap`` a blocking runtime's batches (see ``compile_graph``)."""
-    require(graph.network is None, "network", graph.network.name if graph.network is not None else "",
-            "the graph has a network already; lower one onto a graph of free communication")
+    _require_lowerable(graph, network)
     schedule, costs, ops = graph.schedule, graph.costs, graph.ops
-    require(
-        network.num_devices >= schedule.num_devices,
-        "devices",
-        network.num_devices,
-        f"the network has {network.num_devices} devices but the schedule places stages on "
-        f"{schedule.num_devices}; use a bigger cluster",
-    )
     n, num_devices = len(ops), schedule.num_devices
-    off_compute = _uses_side_streams(schedule)
     op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, network, graph.op_duration)
     sent = messages(schedule)
     reduces = allreduces(schedule, data_parallel=network.replicas > 1)
-    m_count, r_count = len(sent), len(reduces)
-    src = np.concatenate([sent.src, reduces.src]).astype(np.int32)
-    dst = np.concatenate([sent.dst, reduces.dst]).astype(np.int32)
-    kind = np.concatenate([sent.kind, np.full(r_count, ALLREDUCE, np.int8)]).astype(np.int8)
-    stage = np.concatenate([sent.stage, reduces.stage]).astype(np.int32)
-    microbatch = np.concatenate([sent.microbatch, np.full(r_count, -1, np.int32)]).astype(np.int32)
-    output = np.asarray(costs.output_bytes, np.float64)
-    nbytes = np.concatenate([output[sent.boundary],
-                             [gradient_bytes(costs, int(s)) for s in reduces.stage]]).astype(np.float64)
-    # a message: latency + bytes / bandwidth; an all-reduce: a collective's time
-    duration = network.latency[src, dst] + nbytes / network.bandwidth[src, dst]
-    duration[m_count:] = collective_seconds(network, reduces, nbytes[m_count:])
-    # the ops that release each transfer: its producer; an all-reduce: each replica's last
-    # weight-gradient op of the stage (row-major: the first device's, then the second's)
-    released = reduces.after >= 0
-    rel = np.concatenate([sent.producer, reduces.after[released]]).astype(np.int32)
-    rel_ptr = np.zeros(m_count + r_count + 1, np.int64)
-    np.cumsum(np.concatenate([np.ones(m_count, np.int64), released.sum(axis=1)]), out=rel_ptr[1:])
+    columns = _transfer_columns(costs, network, sent, reduces)
+    rel_ptr, rel = _release_rows(sent, reduces)
     res_ptr, res, num_resources = link_resources(network, sent.src, sent.dst, contention, num_devices)
-    if r_count:
+    if len(reduces):
         res_ptr, res, num_resources = _with_collective_resources(res_ptr, res, network, reduces, contention, overlap)
-    stream = rule_arrays(schedule.rules).stream if off_compute else None
+    stream = rule_arrays(schedule.rules).stream if _uses_side_streams(schedule) else None
     op_queue, queue_rows, queue_offsets, side = op_queues(ops, stream, num_devices, num_resources)
     pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, sent.via, issued_after, n)
     steps = None
@@ -344,16 +324,62 @@ def with_network(graph: TaskGraph, network: Network, *, contention: bool = True,
                                  "offloads with overlap, or drop the offload")
         program = blocking_program(schedule, steps=blocking_steps, queue_rows=queue_rows, queue_offsets=queue_offsets,
                                    kinds=ops.kind.astype(np.int64), pred_ptr=pred_ptr, pred_op=pred_op,
-                                   pred_via=pred_via, tr_rel_ptr=rel_ptr, tr_rel=rel, num_messages=m_count,
+                                   pred_via=pred_via, tr_rel_ptr=rel_ptr, tr_rel=rel, num_messages=len(sent),
                                    tails=ops.tails() if ops.fused else None)
         pred_ptr, pred_op, pred_via, rel_ptr, rel = (program.pred_ptr, program.pred_op, program.pred_via,
                                                      program.tr_rel_ptr, program.tr_rel)
         steps = program.steps
-    transfers = (src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res)
-    return _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets,
-                  op_duration, pred_ptr, pred_op, pred_via, transfers, num_resources + side * num_devices,
-                  graph.memory_delta, graph.memory_at_start, graph.static_bytes,
-                  (graph.host_delta, graph.host_at_start, side), steps)
+    # the ops' memory and host-memory effects and static bytes are the graph's own
+    return dataclasses.replace(
+        graph, network=network, contention=contention, overlap=overlap, op_queue=op_queue, queue_rows=queue_rows,
+        queue_offsets=queue_offsets, op_duration=op_duration, pred_ptr=pred_ptr, pred_op=pred_op.astype(np.int32),
+        pred_via=pred_via.astype(np.int32), **_transfer_fields((*columns, rel_ptr, rel, res_ptr, res)),
+        num_resources=int(num_resources + side * num_devices), side_queues=side, blocking_steps=steps,
+        op_release=None,
+    )
+
+
+def _require_lowerable(graph: TaskGraph, network: Network) -> None:
+    """Raise PipeschedError unless ``graph`` has no network yet and ``network`` holds its devices."""
+    require(graph.network is None, "network", graph.network.name if graph.network is not None else "",
+            "the graph has a network already; lower one onto a graph of free communication")
+    devices = graph.schedule.num_devices
+    require(
+        network.num_devices >= devices,
+        "devices",
+        network.num_devices,
+        f"the network has {network.num_devices} devices but the schedule places stages on "
+        f"{devices}; use a bigger cluster",
+    )
+
+
+def _transfer_columns(costs: StageCosts, network: Network, sent, reduces) -> tuple[np.ndarray, ...]:
+    """The transfers' columns, the messages then the all-reduces: src, dst, kind, stage,
+    microbatch (-1 for an all-reduce), bytes, and duration in seconds (a message: latency
+    + bytes / bandwidth; an all-reduce: a collective's time)."""
+    m_count, r_count = len(sent), len(reduces)
+    src = np.concatenate([sent.src, reduces.src]).astype(np.int32)
+    dst = np.concatenate([sent.dst, reduces.dst]).astype(np.int32)
+    kind = np.concatenate([sent.kind, np.full(r_count, ALLREDUCE, np.int8)]).astype(np.int8)
+    stage = np.concatenate([sent.stage, reduces.stage]).astype(np.int32)
+    microbatch = np.concatenate([sent.microbatch, np.full(r_count, -1, np.int32)]).astype(np.int32)
+    output = np.asarray(costs.output_bytes, np.float64)
+    nbytes = np.concatenate([output[sent.boundary],
+                             [gradient_bytes(costs, int(s)) for s in reduces.stage]]).astype(np.float64)
+    duration = network.latency[src, dst] + nbytes / network.bandwidth[src, dst]
+    duration[m_count:] = collective_seconds(network, reduces, nbytes[m_count:])
+    return src, dst, kind, stage, microbatch, nbytes, duration
+
+
+def _release_rows(sent, reduces) -> tuple[np.ndarray, np.ndarray]:
+    """The ops that release each transfer, as (pointer, rows): a message's producer; an
+    all-reduce's, each replica's last weight-gradient op of the stage (row-major: the first
+    device's, then the second's)."""
+    released = reduces.after >= 0
+    rel = np.concatenate([sent.producer, reduces.after[released]]).astype(np.int32)
+    rel_ptr = np.zeros(len(sent) + len(reduces) + 1, np.int64)
+    np.cumsum(np.concatenate([np.ones(len(sent), np.int64), released.sum(axis=1)]), out=rel_ptr[1:])
+    return rel_ptr, rel
 
 
 def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None) -> np.ndarray:
@@ -487,21 +513,14 @@ def fuse_entries(ops: OpArrays, costs: StageCosts, op_duration: np.ndarray,
     return fused, ops.entry_head[consumer].astype(np.int32)
 
 
-def _graph(schedule, costs, network, contention, overlap, ops, op_queue, queue_rows, queue_offsets, op_duration,
-           pred_ptr, pred_op, pred_via, transfers, num_resources, memory_delta, memory_at_start, static,
-           host, blocking_steps=None) -> TaskGraph:
-    src, dst, kind, stage, microbatch, nbytes, duration, rel_ptr, rel, res_ptr, res = transfers
-    host_delta, host_at_start, side = host
-    return TaskGraph(
-        schedule=schedule, costs=costs, network=network, contention=contention, overlap=overlap, ops=ops,
-        op_queue=op_queue, queue_rows=queue_rows, queue_offsets=queue_offsets, op_duration=op_duration,
-        pred_ptr=pred_ptr, pred_op=pred_op.astype(np.int32), pred_via=pred_via.astype(np.int32),
-        tr_src=src, tr_dst=dst, tr_kind=kind, tr_stage=stage, tr_microbatch=microbatch, tr_bytes=nbytes,
-        tr_duration=duration, tr_rel_ptr=rel_ptr, tr_rel=rel, tr_res_ptr=res_ptr, tr_res=res,
-        num_resources=int(num_resources), memory_delta=memory_delta, memory_at_start=memory_at_start,
-        static_bytes=static, host_delta=host_delta, host_at_start=host_at_start, side_queues=side,
-        blocking_steps=blocking_steps,
-    )
+def _transfer_fields(transfers: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
+    """The TaskGraph fields of the transfers' columns (src, dst, kind, stage, microbatch,
+    bytes, duration, then the release and resource CSRs)."""
+    return dict(zip(_TRANSFER_FIELDS, transfers, strict=True))
+
+
+_TRANSFER_FIELDS = ("tr_src", "tr_dst", "tr_kind", "tr_stage", "tr_microbatch", "tr_bytes", "tr_duration",
+                    "tr_rel_ptr", "tr_rel", "tr_res_ptr", "tr_res")
 
 
 def _no_transfers() -> tuple[np.ndarray, ...]:

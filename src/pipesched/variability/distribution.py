@@ -153,50 +153,75 @@ def monte_carlo(graph: TaskGraph | Iterations, variability: Variability, *, top_
     over that; the critical shares are of the whole run's critical path."""
     compiled = graph if isinstance(graph, Iterations) else None
     graph = compiled.graph if compiled is not None else graph
-    groups = compiled.groups if compiled is not None else None
-    rounds = compiled.iterations if compiled is not None else 1
     check_sampled_work(variability.samples, graph.num_ops + graph.num_transfers)
-    sampler = Sampler(graph, variability, iterations=compiled)
-    total = variability.samples
-    makespan = np.empty(total)  # the iteration time of each sample
-    whole = np.empty(total)  # the whole run's time of each sample (one iteration's without iterations)
-    busy = np.empty(total)
-    counts = np.zeros(graph.num_ops + graph.num_transfers, np.int64)
-    seconds = np.zeros(graph.num_ops + graph.num_transfers)
-    memory_constant = _memory_is_fixed(graph)
-    peaks = [] if not memory_constant else None
-    batch = max(1, min(BATCH_SAMPLES, BATCH_VALUES // max(graph.num_ops + graph.num_transfers, 1)))
-    for first in range(0, total, batch):
-        count = min(batch, total - first)
-        ops, transfers = sampler.draw(count)
-        result = run_batch(graph, ops, transfers, critical=True, groups=groups)
-        whole[first:first + count] = result.makespan
-        makespan[first:first + count] = (result.makespan if groups is None
-                                         else steady_iteration_time(result.group_end))
-        busy[first:first + count] = ops.sum(axis=1) / rounds
-        counts += np.concatenate([result.critical_ops, result.critical_transfers])
-        seconds += np.concatenate([result.critical_op_seconds, result.critical_transfer_seconds])
-        if peaks is not None:
-            for i in range(count):
-                timeline = run(graph, op_durations=ops[i],
-                               transfer_durations=None if transfers is None else transfers[i])
-                peaks.append(timeline.memory.peak)
+    samples = _Samples.of(graph, variability.samples, compiled)
+    samples.run(Sampler(graph, variability, iterations=compiled))
     deterministic = run(graph)
-    devices = graph.num_devices
     with np.errstate(divide="ignore", invalid="ignore"):
-        bubble = np.where(makespan > 0, 1.0 - busy / (devices * makespan), 0.0)
-    peak_memory = (np.asarray([deterministic.memory.peak], np.float64) if peaks is None
-                   else np.asarray(peaks, np.float64))
+        bubble = np.where(samples.makespan > 0, 1.0 - samples.busy / (graph.num_devices * samples.makespan), 0.0)
+    peak_memory = (np.asarray([deterministic.memory.peak], np.float64) if samples.peaks is None
+                   else np.asarray(samples.peaks, np.float64))
+    counts = _entries_only(graph, samples.counts)
     return Distribution(
         variability=variability,
-        deterministic=_deterministic(graph, groups, deterministic.makespan),
-        makespan=makespan,
+        deterministic=_deterministic(graph, samples.groups, deterministic.makespan),
+        makespan=samples.makespan,
         bubble=bubble,
         peak_memory=peak_memory,
-        memory_constant=peaks is None,
-        influences=_influences(graph, _entries_only(graph, counts), seconds, whole),
-        critical_ops=_top_ops(graph, _entries_only(graph, counts)[: graph.num_ops], total, top_ops),
+        memory_constant=samples.peaks is None,
+        influences=_influences(graph, counts, samples.seconds, samples.whole),
+        critical_ops=_top_ops(graph, counts[: graph.num_ops], variability.samples, top_ops),
     )
+
+
+@dataclass
+class _Samples:
+    """What the samples of one graph gave, filled batch by batch: per sample the iteration
+    time (``makespan``), the whole run's time, the busy time per iteration (summed over
+    devices), and the peak memory of every device (``peaks``; None when the durations
+    cannot change it); per op and transfer row, how often it was critical and its seconds
+    on the critical path. ``groups``, ``rounds``: the iterations back to back."""
+
+    graph: TaskGraph
+    groups: tuple[np.ndarray, np.ndarray, int] | None
+    rounds: int
+    makespan: np.ndarray
+    whole: np.ndarray
+    busy: np.ndarray
+    counts: np.ndarray
+    seconds: np.ndarray
+    peaks: list | None
+
+    @classmethod
+    def of(cls, graph: TaskGraph, total: int, compiled: Iterations | None) -> _Samples:
+        rows = graph.num_ops + graph.num_transfers
+        return cls(graph, compiled.groups if compiled is not None else None,
+                   compiled.iterations if compiled is not None else 1,
+                   np.empty(total), np.empty(total), np.empty(total), np.zeros(rows, np.int64), np.zeros(rows),
+                   None if _memory_is_fixed(graph) else [])
+
+    def run(self, sampler: Sampler) -> None:
+        """Draw and run every sample, in batches of at most BATCH_VALUES durations."""
+        graph, total = self.graph, len(self.makespan)
+        batch = max(1, min(BATCH_SAMPLES, BATCH_VALUES // max(graph.num_ops + graph.num_transfers, 1)))
+        for first in range(0, total, batch):
+            count = min(batch, total - first)
+            ops, transfers = sampler.draw(count)
+            self.record(slice(first, first + count), ops, transfers)
+
+    def record(self, rows: slice, ops: np.ndarray, transfers: np.ndarray | None) -> None:
+        """Run one batch of sampled durations and keep what it gave in ``rows``."""
+        result = run_batch(self.graph, ops, transfers, critical=True, groups=self.groups)
+        self.whole[rows] = result.makespan
+        self.makespan[rows] = result.makespan if self.groups is None else steady_iteration_time(result.group_end)
+        self.busy[rows] = ops.sum(axis=1) / self.rounds
+        self.counts += np.concatenate([result.critical_ops, result.critical_transfers])
+        self.seconds += np.concatenate([result.critical_op_seconds, result.critical_transfer_seconds])
+        if self.peaks is not None:
+            for i in range(len(ops)):
+                timeline = run(self.graph, op_durations=ops[i],
+                               transfer_durations=None if transfers is None else transfers[i])
+                self.peaks.append(timeline.memory.peak)
 
 
 def _deterministic(graph: TaskGraph, groups: tuple[np.ndarray, np.ndarray, int] | None, makespan: float) -> float:

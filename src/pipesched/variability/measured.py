@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import require
 from pipesched.io.files import read_text
+from pipesched.limits import MAX_REPEATS, parse_float, parse_int
 
 COLUMNS = ("kind", "repeat", "seconds")
 INDEX_COLUMNS = ("stage", "layer")
@@ -112,16 +113,12 @@ def parse_repeats(text: str, *, source: str = "<text>") -> MeasuredFactors:
     for number, row in enumerate(rows[1:], start=2):
         cells = [cell.strip() for cell in row]
         require(len(cells) == 4, f"{source}:{number}", f"{len(cells)} fields", "give stage, kind, repeat and seconds")
-        position = _whole(cells[0], f"{source}:{number}: {header[0]}")
-        require(position < MAX_INDEX, f"{source}:{number}: {header[0]}", position, f"must be below {MAX_INDEX:,}")
+        position = parse_int(f"{source}:{number}: {header[0]}", cells[0], MAX_INDEX - 1)
         kind = cells[1]
         require(0 < len(kind) <= 8 and kind.isalpha(), f"{source}:{number}: kind", kind[:20],
                 "an op kind letter like F, I, W or B")
-        _whole(cells[2], f"{source}:{number}: repeat")
-        try:
-            value = float(cells[3])
-        except ValueError:
-            raise PipeschedError(f"{source}:{number}: seconds={cells[3][:40]!r}: not a number") from None
+        parse_int(f"{source}:{number}: repeat", cells[2], MAX_REPEATS - 1)
+        value = parse_float(f"{source}:{number}: seconds", cells[3])
         require(math.isfinite(value) and value > 0, f"{source}:{number}: seconds", value, "must be a time > 0")
         seconds.setdefault(position, {}).setdefault(kind, []).append(value)
     count = max(seconds) + 1 if seconds else 0
@@ -133,12 +130,3 @@ def parse_repeats(text: str, *, source: str = "<text>") -> MeasuredFactors:
 
 def load_repeats(path: str | os.PathLike[str]) -> MeasuredFactors:
     return parse_repeats(read_text(path, "jitter_file"), source=str(path))
-
-
-def _whole(text: str, field: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise PipeschedError(f"{field}={text[:40]!r}: not a whole number") from None
-    require(value >= 0, field, value, "must be >= 0")
-    return value

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import PipeschedError, require
-from pipesched.limits import MAX_SAMPLES
+from pipesched.errors import require
+from pipesched.limits import MAX_CLUSTER_RANKS, MAX_SAMPLES, parse_float, parse_int
 from pipesched.variability.measured import MeasuredFactors
 
 # the most Monte Carlo samples one command draws is ``limits.MAX_SAMPLES``: 100,000
@@ -132,21 +132,33 @@ def check_factor(field: str, factor: float) -> None:
 
 
 # --- the command line ------------------------------------------------------------------------
-def _number(text: str, field: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise PipeschedError(f"{field}={text[:40]!r}: not a number") from None
-    return value
-
-
 def _device(text: str, field: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise PipeschedError(f"{field}={text[:40]!r}: not a device number (0, 1, ...)") from None
-    require(value >= 0, field, value, "devices are numbered from 0")
+    """A device number (from 0) read from ``text``; whether the cluster has it is checked later."""
+    return parse_int(field, text, MAX_CLUSTER_RANKS - 1, what="devices of a cluster")
+
+
+def _halves(text: str, field: str, form: str) -> tuple[str, str]:
+    """``text`` cut at its first colon, the two sides of an option's ``X:Y``; ``form``: how to write it."""
+    first, sep, second = text.partition(":")
+    require(bool(sep), field, text[:40], form)
+    return first, second
+
+
+def _factor(field: str, text: str) -> float:
+    """A slowdown factor read from ``text`` (see ``check_factor``)."""
+    value = parse_float(field, text)
+    check_factor(field, value)
     return value
+
+
+def _link(text: str, field: str, form: str, device_field: str) -> tuple[int, int]:
+    """A link ``A-B`` between two different devices, as (lower, higher); ``form``: how to
+    write it, ``device_field``: what a bad device number is called."""
+    ends = text.split("-")
+    require(len(ends) == 2, field, text[:40], form)
+    a, b = (_device(x, device_field) for x in ends)
+    require(a != b, field, text, "a link joins two different devices")
+    return min(a, b), max(a, b)
 
 
 def parse_jitter(text: str) -> tuple[tuple[str, float], ...]:
@@ -160,7 +172,7 @@ def parse_jitter(text: str) -> tuple[tuple[str, float], ...]:
     text = text.strip()
     require(bool(text), "jitter", "''", "give a CV like 0.1 or per kind like F=0.05,I=0.1,W=0.2,link=0.3")
     if "=" not in text:
-        cv = _number(text, "jitter")
+        cv = parse_float("jitter", text)
         check_cv(OPS, cv)
         return ((OPS, cv), (LINK, cv))
     pairs: dict[str, float] = {}
@@ -168,12 +180,10 @@ def parse_jitter(text: str) -> tuple[tuple[str, float], ...]:
         key, sep, value = (x.strip() for x in part.partition("="))
         require(bool(sep and key), "jitter", part.strip()[:40], "write KIND=CV, e.g. F=0.05 or link=0.3")
         if key.startswith(f"{LINK}:"):
-            ends = key[len(LINK) + 1:].split("-")
-            require(len(ends) == 2, "jitter", key[:40], "name a link by its two devices, e.g. link:0-1=0.5")
-            a, b = (_device(x, "jitter link") for x in ends)
-            require(a != b, "jitter", key, "a link joins two different devices")
-            key = f"{LINK}:{min(a, b)}-{max(a, b)}"
-        cv = _number(value, f"jitter {key}")
+            a, b = _link(key[len(LINK) + 1:], "jitter", "name a link by its two devices, e.g. link:0-1=0.5",
+                         "jitter link")
+            key = f"{LINK}:{a}-{b}"
+        cv = parse_float(f"jitter {key}", value)
         check_cv(key, cv)
         require(key not in pairs, "jitter", key, "given twice; give each kind once")
         pairs[key] = cv
@@ -186,10 +196,8 @@ def parse_straggler(text: str) -> tuple[int, float]:
     >>> parse_straggler("3:1.5")
     (3, 1.5)
     """
-    device, sep, factor = text.partition(":")
-    require(bool(sep), "straggler", text[:40], "write DEVICE:FACTOR, e.g. 3:1.5")
-    value = _number(factor, "straggler factor")
-    check_factor("straggler factor", value)
+    device, factor = _halves(text, "straggler", "write DEVICE:FACTOR, e.g. 3:1.5")
+    value = _factor("straggler factor", factor)
     return _device(device, "straggler"), value
 
 
@@ -199,12 +207,10 @@ def parse_random_straggler(text: str) -> tuple[float, float]:
     >>> parse_random_straggler("0.05:2")
     (0.05, 2.0)
     """
-    probability, sep, slowdown = text.partition(":")
-    require(bool(sep), "random straggler", text[:40], "write PROBABILITY:SLOWDOWN, e.g. 0.05:2")
-    chance = _number(probability, "random straggler probability")
+    probability, slowdown = _halves(text, "random straggler", "write PROBABILITY:SLOWDOWN, e.g. 0.05:2")
+    chance = parse_float("random straggler probability", probability)
     require(0.0 <= chance <= 1.0, "random straggler probability", chance, "give a probability from 0 to 1")
-    value = _number(slowdown, "random straggler slowdown")
-    check_factor("random straggler slowdown", value)
+    value = _factor("random straggler slowdown", slowdown)
     return chance, value
 
 
@@ -214,11 +220,6 @@ def parse_slow_link(text: str) -> tuple[int, int, float]:
     >>> parse_slow_link("3-4:2")
     (3, 4, 2.0)
     """
-    link, sep, factor = text.partition(":")
-    ends = link.split("-")
-    require(bool(sep) and len(ends) == 2, "slow link", text[:40], "write A-B:FACTOR, e.g. 3-4:2")
-    a, b = (_device(x, "slow link") for x in ends)
-    require(a != b, "slow link", link, "a link joins two different devices")
-    value = _number(factor, "slow link factor")
-    check_factor("slow link factor", value)
-    return min(a, b), max(a, b), value
+    link, factor = _halves(text, "slow link", "write A-B:FACTOR, e.g. 3-4:2")
+    a, b = _link(link, "slow link", "write A-B:FACTOR, e.g. 3-4:2", "slow link")
+    return a, b, _factor("slow link factor", factor)

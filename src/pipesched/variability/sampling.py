@@ -63,24 +63,22 @@ class Sampler:
     each task belongs to (see the module docstring)."""
 
     def __init__(self, graph: TaskGraph, variability: Variability, *, iterations: Iterations | None = None) -> None:
-        schedule = graph.schedule
-        letters = schedule.rules.letters
-        variability.check_for(graph.num_devices, letters)
+        variability.check_for(graph.num_devices, graph.schedule.rules.letters)
         self.graph, self.variability = graph, variability
-        ops, seed = graph.ops, variability.seed
-        devices = graph.num_devices
-        if iterations is None:
-            rounds, microbatches = 1, schedule.num_microbatches
-            op_iteration = np.zeros(graph.num_ops, np.int64)
-            tr_iteration = np.zeros(graph.num_transfers, np.int64)
-        else:
-            rounds, microbatches = iterations.iterations, iterations.microbatches
-            op_iteration = iterations.op_iteration.astype(np.int64)
-            tr_iteration = iterations.transfer_iteration.astype(np.int64)
-        self.shape = (devices, microbatches)
-        self.rounds = rounds
-        chunk_of = _chunks(schedule)
-        # --- ops: base durations with the fixed stragglers, then each kind's random part
+        self.rounds, microbatches, op_iteration, tr_iteration = _iteration_columns(graph, iterations)
+        self.shape = (graph.num_devices, microbatches)
+        chunk_of = _chunks(graph.schedule)
+        self._init_ops(chunk_of, op_iteration)
+        self._init_transfers(chunk_of, tr_iteration)
+        self.stragglers = ([_stream(variability.seed, STRAGGLERS, *_in_iteration(i)) for i in range(self.rounds)]
+                           if variability.random_straggler is not None else None)
+        self.drawn = 0
+
+    def _init_ops(self, chunk_of: np.ndarray, op_iteration: np.ndarray) -> None:
+        """Ops: base durations with the fixed stragglers, then each kind's random part, one
+        stream per (kind, chunk, iteration)."""
+        graph, variability = self.graph, self.variability
+        ops, (devices, microbatches) = graph.ops, self.shape
         device_factor = np.ones(devices)
         for device, factor in variability.stragglers:
             device_factor[device] *= factor
@@ -89,40 +87,47 @@ class Sampler:
         self.op_slot = op_iteration * devices + ops.device
         # each op's stream index: its device and its microbatch within its iteration
         self.op_index = ops.device.astype(np.int64) * microbatches + (ops.microbatch - op_iteration * microbatches)
-        n = graph.num_ops
-        self.op_sigma = np.zeros(n)
-        self.op_offset = np.zeros(n, np.int64)
-        self.op_length = np.zeros(n, np.int64)
+        self.op_sigma = np.zeros(graph.num_ops)
+        self.op_offset = np.zeros(graph.num_ops, np.int64)
+        self.op_length = np.zeros(graph.num_ops, np.int64)
+        self.op_groups: list[tuple[np.ndarray, np.random.Generator]] = []
         tables = [np.zeros(0)]
-        size = 0
-        measured = variability.measured
         kinds = _entry_kinds(ops)
         chunk = chunk_of[ops.device, ops.stage]
-        self.op_groups: list[tuple[np.ndarray, np.random.Generator]] = []
         for k in np.unique(kinds[kinds >= 0]).tolist():
-            letter = letters[k]
+            letter = graph.schedule.rules.letters[k]
             rows = np.flatnonzero(kinds == k)
-            if measured is not None and letter in measured.kinds:
-                per_stage = measured.for_stages(letter, schedule.num_stages)
-                starts = np.cumsum([0] + [a.size for a in per_stage])[:-1] + size
-                self.op_offset[rows] = starts[ops.stage[rows]]
-                self.op_length[rows] = np.array([a.size for a in per_stage])[ops.stage[rows]]
-                tables += per_stage
-                size += sum(a.size for a in per_stage)
-            else:
-                cv = variability.op_cv(letter)
-                if cv == 0:
-                    continue
-                self.op_sigma[rows] = math.sqrt(math.log1p(cv * cv))
+            if not self._op_spread(letter, rows, tables):
+                continue
             for c, i in _distinct(chunk[rows], op_iteration[rows]):
                 group = rows[(chunk[rows] == c) & (op_iteration[rows] == i)]
-                self.op_groups.append((group, _stream(seed, OPS, _kind_code(letter), c, *_in_iteration(i))))
+                self.op_groups.append((group, _stream(variability.seed, OPS, _kind_code(letter), c, *_in_iteration(i))))
         self.op_table = np.concatenate(tables)
-        drawn = np.zeros(n, np.bool_)
-        for rows, _ in self.op_groups:
-            drawn[rows] = True
-        self.op_fixed = np.flatnonzero(~drawn)
-        # --- transfers: base durations with the slow links, then the links' jitter
+        self.op_fixed = _undrawn(graph.num_ops, self.op_groups)
+
+    def _op_spread(self, letter: str, rows: np.ndarray, tables: list[np.ndarray]) -> bool:
+        """How the ops ``rows`` of kind ``letter`` vary: their stage's measured factors
+        (appended to ``tables``, the ops pointing into them) or a lognormal's sigma.
+        Returns whether they vary at all."""
+        measured, stage = self.variability.measured, self.graph.ops.stage[rows]
+        if measured is not None and letter in measured.kinds:
+            per_stage = measured.for_stages(letter, self.graph.schedule.num_stages)
+            sizes = [a.size for a in per_stage]
+            self.op_offset[rows] = (np.cumsum([0, *sizes])[:-1] + sum(a.size for a in tables))[stage]
+            self.op_length[rows] = np.array(sizes)[stage]
+            tables += per_stage
+            return True
+        cv = self.variability.op_cv(letter)
+        if cv == 0:
+            return False
+        self.op_sigma[rows] = math.sqrt(math.log1p(cv * cv))
+        return True
+
+    def _init_transfers(self, chunk_of: np.ndarray, tr_iteration: np.ndarray) -> None:
+        """Transfers: base durations with the slow links, then the links' jitter: a stream
+        per (kind, sender's chunk, iteration) for messages, per iteration for all-reduces."""
+        graph, variability, seed = self.graph, self.variability, self.variability.seed
+        devices, microbatches = self.shape
         src, dst = graph.tr_src.astype(np.int64), graph.tr_dst.astype(np.int64)
         link_factor = np.ones((devices, devices))
         for a, b, factor in variability.slow_links:
@@ -142,14 +147,8 @@ class Sampler:
         for i in np.unique(tr_iteration[jittered & reduces]).tolist():
             group = np.flatnonzero(jittered & reduces & (tr_iteration == i))
             self.tr_groups.append((group, graph.tr_stage[group].astype(np.int64),
-                                   _stream(seed, ALLREDUCES, *_in_iteration(i)), (schedule.num_stages,)))
-        drawn = np.zeros(graph.num_transfers, np.bool_)
-        for rows, *_ in self.tr_groups:
-            drawn[rows] = True
-        self.tr_fixed = np.flatnonzero(~drawn)
-        self.stragglers = ([_stream(seed, STRAGGLERS, *_in_iteration(i)) for i in range(rounds)]
-                           if variability.random_straggler is not None else None)
-        self.drawn = 0
+                                   _stream(seed, ALLREDUCES, *_in_iteration(i)), (graph.schedule.num_stages,)))
+        self.tr_fixed = _undrawn(graph.num_transfers, self.tr_groups)
 
     @property
     def transfers_vary(self) -> bool:
@@ -187,6 +186,24 @@ class Sampler:
             normal = stream.standard_normal((count, int(np.prod(shape))), dtype=np.float32)
             _lognormal(transfers, normal, rows, index, self.tr_base, self.tr_sigma, none, unslowed)
         return ops, transfers
+
+
+def _iteration_columns(graph: TaskGraph, iterations: Iterations | None) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """Iterations back to back in ``graph``, microbatches per iteration, and the iteration
+    of each op and of each transfer (all 0 for one iteration)."""
+    if iterations is None:
+        return (1, graph.schedule.num_microbatches, np.zeros(graph.num_ops, np.int64),
+                np.zeros(graph.num_transfers, np.int64))
+    return (iterations.iterations, iterations.microbatches, iterations.op_iteration.astype(np.int64),
+            iterations.transfer_iteration.astype(np.int64))
+
+
+def _undrawn(count: int, groups: list[tuple]) -> np.ndarray:
+    """The rows of ``count`` that no group (its rows first) draws: they keep their base."""
+    drawn = np.zeros(count, np.bool_)
+    for rows, *_ in groups:
+        drawn[rows] = True
+    return np.flatnonzero(~drawn)
 
 
 def _distinct(*columns: np.ndarray) -> list[tuple[int, ...]]:
