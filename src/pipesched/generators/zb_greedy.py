@@ -19,6 +19,8 @@ from its I until its W; a device may hold at most ``activation_limit`` (in units
 Three policy switches (bubble allowed before the first I, prioritise I, fill waits with W
 greedily) give eight variants; the one whose longest device span (first F to last W) is
 shortest wins, the first in switch order on ties. Each device's table is its ops by end time.
+A variant is not run when it differs from one already run only in switches that no
+decision of that run turned on: it would make the same decisions.
 
 This is the reference's algorithm (sail-sg/zero-bubble-pipeline-parallelism, scheduler
 ``zb.py``) step for step, tested op for op against its output, with one deviation: the
@@ -39,6 +41,7 @@ from pipesched.rules import RULES
 # order among ops that end together)
 _KINDS = (F, I, W)
 _F, _I, _W = range(3)
+SWITCHES = ("bubble_before_first_i", "prioritise_i", "greedy_fill")  # the policy switches, in their order
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ class _Pass:
         self._cost = [[costs.duration(Op(device, kind, 0)) for device in range(self.p)] for kind in _KINDS]
         self._delta = [memory.delta(kind) for kind in _KINDS]
         self._max_bubble = 0.0  # bubbles only grow: the running maximum is the maximum
+        # the switches some decision of this pass read with an outcome their other value
+        # would have changed: a pass with any others flipped makes the same decisions
+        self.decisive: set[str] = set()
 
     def cost(self, kind: int, device: int) -> float:
         return self._cost[kind][device]
@@ -132,8 +138,13 @@ class _Pass:
         while placed[_W] < placed[_I] and dev.free_at + w_cost <= ready:
             self.put(device, _W)
         waits = ready - dev.free_at
-        if placed[_W] < placed[_I] and waits > 0 and (waits > self._max_bubble - dev.bubble or self.greedy_fill):
-            self.put(device, _W)
+        if placed[_W] < placed[_I] and waits > 0:
+            if waits > self._max_bubble - dev.bubble:
+                self.put(device, _W)
+            else:
+                self.decisive.add("greedy_fill")
+                if self.greedy_fill:
+                    self.put(device, _W)
 
     def first_microbatch(self) -> None:
         p, m, latency = self.p, self.m, self.latency
@@ -148,10 +159,10 @@ class _Pass:
             held, busy = dev.held, dev.free_at
             while (dev.placed[_F] + extra[device] < m
                    and held + self._delta[_F] <= self.memory.limit):
-                if self.bubble_before_first_i:
-                    if busy + self.cost(_F, device) > arrives + latency:
-                        break
-                elif busy >= arrives + latency:
+                late = busy + self.cost(_F, device) > arrives + latency  # ends after the gradient
+                if late != (busy >= arrives + latency):  # ... or starts after it
+                    self.decisive.add("bubble_before_first_i")
+                if late if self.bubble_before_first_i else busy >= arrives + latency:
                     break
                 held += self._delta[_F]
                 busy += self.cost(_F, device)
@@ -177,11 +188,17 @@ class _Pass:
         dev = self.devices[device]
         if dev.placed[_F] >= self.m:
             return False
-        if not (device + 1 < self.p and self.prioritise_i
-                and dev.placed[_F] >= self.devices[device + 1].placed[_F] + 2):
+        if not (device + 1 < self.p and dev.placed[_F] >= self.devices[device + 1].placed[_F] + 2):
             return True
-        # the next device is two forwards behind: its F and I come first
-        nxt = self.devices[device + 1]
+        # the next device is two forwards behind: with prioritise_i its F and I come first
+        prioritised = self._prioritised(device)
+        if not prioritised:
+            self.decisive.add("prioritise_i")
+        return prioritised or not self.prioritise_i
+
+    def _prioritised(self, device: int) -> bool:
+        """Whether the device runs its next forward when its next device's F and I come first."""
+        dev, nxt = self.devices[device], self.devices[device + 1]
         next_done = nxt.free_at + self.cost(_F, device + 1) + self.cost(_I, device + 1) + self.latency
         if dev.free_at >= next_done:
             return False
@@ -246,10 +263,15 @@ def zb_greedy(m: int, costs: StageCosts, memory: Memory, *, latency: float = 0.0
     ['1F0', '1I0', '1F1', '1I1', '1W0', '1F2', '1I2', '1W1', '1W2']
     """
     best: tuple[float, list[list[Op]]] | None = None
-    for before_first_i, prioritise_i, greedy_fill in product((True, False), repeat=3):
-        attempt = _Pass(m, costs, memory, latency, bubble_before_first_i=before_first_i,
-                        prioritise_i=prioritise_i, greedy_fill=greedy_fill)
+    run: list[tuple[dict[str, bool], set[str]]] = []  # each pass run: its switches, the decisive ones
+    for values in product((True, False), repeat=3):
+        switches = dict(zip(SWITCHES, values, strict=True))
+        if any(all(switches[name] == done[name] or name not in decisive for name in SWITCHES)
+               for done, decisive in run):
+            continue  # it would repeat a pass already run, decision for decision
+        attempt = _Pass(m, costs, memory, latency, **switches)
         attempt.run()
+        run.append((switches, attempt.decisive))
         span = attempt.longest_span()
         if best is None or span < best[0]:
             best = (span, attempt.tables())
