@@ -28,6 +28,7 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -300,7 +301,8 @@ def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettin
     the gradients kept for W take ``memory_fragmentation`` times their bytes. With
     ``frozen`` (some layer is frozen) a stage whose layers are all frozen is marked so."""
     def total(field: str) -> tuple[float, ...]:
-        return tuple(sum(getattr(layer, field) for layer in stage) for stage in layers)
+        value = attrgetter(field)
+        return tuple(sum(map(value, stage)) for stage in layers)
 
     fragmentation = [device.memory_fragmentation for device in devices]
     overhead = [device.op_overhead_s for device in devices]
