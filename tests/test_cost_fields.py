@@ -248,3 +248,16 @@ def test_every_optional_per_stage_field_says_what_its_absence_means() -> None:
     stands for (the CSV's missing column, the JSON's missing key)."""
     unexplained = [f.name for f in COST_FIELDS if f.per_stage and not f.required and not f.absent]
     assert unexplained == []
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_bad_value_is_named_by_its_stage(bad):
+    """Costs are checked in one pass; a bad value is still named by the first stage holding it."""
+    for stage in range(3):
+        values = [0.0, 1.0, 2.0]
+        values[stage] = bad
+        with pytest.raises(PipeschedError, match=rf"^backward_input\[stage {stage}\]="):
+            StageCosts(forward=(1.0,) * 3, backward_input=values, backward_weight=(1.0,) * 3,
+                       activation_bytes=(0.0,) * 3, output_bytes=(0.0,) * 3)
+    assert StageCosts(forward=(1, 2), backward_input=(0, -0.0), backward_weight=(1, 1), activation_bytes=(0, 0),
+                      output_bytes=(0, 0)).backward_input == (0.0, -0.0)

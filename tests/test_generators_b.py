@@ -480,3 +480,11 @@ def test_half_size_microbatches_cost_half_in_time_memory_and_throughput():
 def test_backward_halving_is_not_run_for_real(cli):
     result = cli("run", "chimera", "-p", "2", "-m", "2", "--set", "backward_halving=1")
     assert result.code == 2 and "backward halving" in result.err and "Traceback" not in result.err
+
+
+def test_a_table_of_a_command_is_generated_once():
+    """A command asks for its table twice (to read it, then to simulate it): a table of
+    hundreds of thousands of ops comes back the same object, not built again."""
+    first = generate("zb-v", 64, 512)
+    assert first.num_ops > 100_000
+    assert generate("zb-v", 64, 512) is first

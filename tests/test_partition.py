@@ -226,6 +226,27 @@ def test_memory_method_fits_and_reports_the_smallest_memory():
         plan_stages(model, schedule.placement, cluster, settings, method="memory")
 
 
+def test_memory_method_plans_by_inflight_counts_and_names_each_schedule():
+    """Two schedules that hold as many microbatches per stage get the same memory-method
+    partition (the one the partitioner finds for those counts), each its own device peaks,
+    and an error that names the schedule asked about."""
+    model = load_model("llama3-70b")
+    cluster = load_cluster("4x8-h100")
+    settings = one_device(seq_len=4096, tensor_parallel=8)
+    short, long = generate("1f1b", 4, 8), generate("1f1b", 4, 16)
+    assert inflight_per_stage(short) == inflight_per_stage(long)
+    one = plan_stages(model, short.placement, cluster, settings, method="memory", schedule=short)
+    other = plan_stages(model, long.placement, cluster, settings, method="memory", schedule=long)
+    assert other.partition == one.partition and other.costs == one.costs
+    assert one.device_peak_bytes == tuple(device_peak_bytes(short, one.costs))
+    assert other.device_peak_bytes == tuple(device_peak_bytes(long, other.costs))
+    renamed = dataclasses.replace(long, name="my-1f1b")
+    for schedule in (short, renamed):
+        with pytest.raises(PipeschedError, match=f"fits under schedule {schedule.name};"):
+            plan_stages(model, schedule.placement, cluster, settings, method="memory", schedule=schedule,
+                        memory_limit=40 * 2**30)
+
+
 MEGATRON_EXAMPLE = "Et*3|(tt|)*29,m|L"  # DeepSeek-V3 on PP16 x VPP2, from Megatron's docs
 DEEPSEEK_KINDS = "E" + "t" * 61 + "mL"
 

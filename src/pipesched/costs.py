@@ -156,7 +156,9 @@ WORDS = {Quantity.TIME: "seconds", Quantity.BYTES: "bytes", Quantity.FRACTION: "
 
 
 def _floats(values: Sequence[float], field_name: str) -> tuple[float, ...]:
-    out = tuple(float(v) for v in values)
+    out = tuple(map(float, values))
+    if all(map(math.isfinite, out)) and min(out, default=0.0) >= 0:
+        return out  # the common case, checked in one pass; else the first bad stage is named
     for stage, value in enumerate(out):
         require(
             math.isfinite(value) and value >= 0,

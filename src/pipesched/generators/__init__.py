@@ -141,11 +141,12 @@ def _hashable(value: object) -> bool:
 
 
 # Generated schedules are pure functions of their arguments and immutable: a grid of
-# experiments reuses them. Tables up to this many ops are kept (about 10 MB each at most),
-# the most recently used first, up to CACHE_BUDGET_OPS ops in all (about 200 MB): a grid
-# of a few hundred schedule points, each under several workloads, stays cached whole.
-CACHED_OPS = 100_000
+# experiments reuses them, and a command asks for its table twice (to read the schedule,
+# then to simulate it). Tables up to half the budget are kept (about 100 MB), the most
+# recently used first, up to CACHE_BUDGET_OPS ops in all (about 200 MB): a grid of a few
+# hundred schedule points, each under several workloads, stays cached whole.
 CACHE_BUDGET_OPS = 2_000_000
+CACHED_OPS = CACHE_BUDGET_OPS // 2
 # Above this many ops the garbage collector pauses while the table is built: a table is
 # millions of small tuples that all survive, which the collector would scan again and again.
 QUIET_GC_OPS = 50_000

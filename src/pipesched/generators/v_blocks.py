@@ -19,6 +19,9 @@ All times here are in unit slots; the order is what the schedule keeps.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
 
 from pipesched.ops import F, I, Op, W
 from pipesched.rules import RULES
@@ -29,6 +32,7 @@ W_UP, W_DOWN = 4, 5  # after the final split of W by chunk
 PERIOD = 6  # slots per microbatch per device
 # stage-microbatches in flight each pass type adds (F, F, I, I, W), as the rules count them
 _MEMORY = tuple(RULES.units_delta(kind) for kind in (F, F, I, I, W))
+_MEMORY_UNITS = np.array(_MEMORY, dtype=np.float64)
 
 # times[device][pass type][microbatch] -> slot
 Times = list[list[list[int]]]
@@ -85,23 +89,16 @@ def place_w(device: Sequence[Sequence[int]], *, split: bool) -> list[list[int]]:
     return [list(slots) for slots in device[:4]] + placed
 
 
-def peak_memory(device: Sequence[Sequence[int]]) -> int:
+def peak_memory(device: Sequence[Sequence[int]]) -> float:
     """Peak stage-microbatches in flight on one device. Without a W list, owed W run in
     the free slots as ``place_w`` would put them."""
-    has_w = len(device) > 4
-    held = peak = owed = 0
-    last = -1
-    for slot, kind, _ in _events(device):
-        if not has_w:
-            freed = min(slot - last - 1, owed)
-            held -= freed
-            owed -= freed
-        held += _MEMORY[kind]
-        if kind in (I_UP, I_DOWN):
-            owed += 1
-        peak = max(peak, held)
-        last = slot
-    return peak
+    # compiled (pipesched.generators.v_memory), loaded when a V schedule is first built so
+    # that listing the families does not load the compiler
+    from pipesched.generators.v_memory import device_peak
+
+    slots = np.fromiter(chain.from_iterable(device), np.int64)
+    counts = np.array([len(passes) for passes in device], np.int64)
+    return float(device_peak(slots, counts, _MEMORY_UNITS, len(device) > 4))
 
 
 def _earliest(times: Times, device: int, kind: int, mb: int) -> int:

@@ -28,6 +28,8 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -155,6 +157,23 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
     if schedule is not None:
         require(schedule.placement.replicas == placement.replicas, "schedule", schedule.name,
                 "places stages differently from the given placement; pass schedule.placement")
+    inflight = tuple(inflight_per_stage(schedule)) if schedule is not None else None
+    plan = _planned(model, placement, cluster, settings, method, partition, memory_limit, modes, inflight)
+    if isinstance(plan, _NoFit):
+        raise plan.error(model.name, placement.num_stages, schedule.name if schedule is not None else "")
+    if schedule is None:
+        return plan
+    return dataclasses.replace(plan, device_peak_bytes=tuple(device_peak_bytes(schedule, plan.costs)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, method: str,
+             partition: Partition | None, memory_limit: float | None, modes: tuple[str, ...],
+             inflight: tuple[int, ...] | None) -> StagePlan | _NoFit:
+    """The plan of ``plan_stages`` without per-device peaks: a pure function of hashable
+    inputs, in which a schedule counts only by its in-flight microbatches per stage (a
+    search asks for the same plan for every family, ZeRO stage and data-parallel degree that
+    holds as many). When no partition fits under the memory method, what the error says."""
     tp = settings.tensor_parallel
     ranks_of_device = pipeline_ranks(placement, cluster, tp)
     stage_ranks = tuple(ranks_of_device[d] for d in placement.replicas[0])
@@ -189,7 +208,6 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
         send_backward[1:] = _transfer_times(cluster, stage_ranks[1:], stage_ranks[:-1], out[1:])
 
     capacity = [memory_limit if memory_limit is not None else cluster.devices[r].memory_bytes for r in ranks_of_device]
-    inflight = inflight_per_stage(schedule) if schedule is not None else None
     chosen = method if partition is None else "given"
     if partition is not None:
         require(partition.num_stages == num_stages, "partition", partition,
@@ -201,12 +219,13 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
     elif method == "balanced":
         partition = min_bottleneck(compute, send_forward=send_forward, send_backward=send_backward).partition
     else:
-        if schedule is None:
+        if inflight is None:
             raise PipeschedError("method=memory: needs a schedule for its in-flight activations; give one "
                                  "(CLI: --schedule NAME -m MICROBATCHES)")
-        partition = _fit_memory(model, settings, placement, [cluster.devices[r] for r in stage_ranks],
-                                per_stage, inflight, capacity,
-                                compute, send_forward, send_backward, schedule.name)
+        partition = _fit_memory(settings, placement, [cluster.devices[r] for r in stage_ranks],
+                                per_stage, inflight, capacity, compute, send_forward, send_backward)
+        if isinstance(partition, _NoFit):
+            return partition
 
     layers = tuple(tuple(per_stage[s][i] for i in partition.layers(s)) for s in range(num_stages))
     stage_devices = tuple(cluster.devices[r] for r in stage_ranks)
@@ -215,14 +234,11 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
                          send_forward=send_forward, send_backward=send_backward)
     stage_s = stage_values(partition, compute, send_forward=send_forward, send_backward=send_backward)
     stage_s = stage_s + np.array([3 * device.op_overhead_s for device in stage_devices])  # F, I and W
-    peaks = None
-    if schedule is not None:
-        peaks = tuple(device_peak_bytes(schedule, costs))
     return StagePlan(
         model=model, settings=settings, placement=placement, partition=partition, method=chosen,
         ranks=stage_ranks, devices=stage_devices, layers=layers,
         costs=costs, send_s=tuple(float(x) for x in sends), stage_s=tuple(float(x) for x in stage_s),
-        inflight=tuple(inflight) if inflight is not None else None, device_peak_bytes=peaks,
+        inflight=inflight,
         device_memory=tuple(capacity), recompute=modes,
     )
 
@@ -236,11 +252,11 @@ def _transfer_times(cluster: Cluster, sources: Sequence[int], targets: Sequence[
     return np.where(moving, latency + nbytes / bandwidth, 0.0)
 
 
-def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placement, devices: Sequence[DeviceSpec],
+def _fit_memory(settings: TrainingSettings, placement: Placement, devices: Sequence[DeviceSpec],
                 per_stage: list[list[LayerCost]], inflight: Sequence[int], capacity: Sequence[float],
-                compute: np.ndarray, send_forward: np.ndarray, send_backward: np.ndarray,
-                schedule_name: str) -> Partition:
-    """The balanced partition among those whose stages fit their share of device memory."""
+                compute: np.ndarray, send_forward: np.ndarray, send_backward: np.ndarray) -> Partition | _NoFit:
+    """The balanced partition among those whose stages fit their share of device memory;
+    when none does, what the error says."""
     fragmentation = [cluster_device.memory_fragmentation for cluster_device in devices]
     # each layer's static and activation bytes, once per layer list (stages on the same
     # device spec with the same recompute mode share one)
@@ -260,11 +276,22 @@ def _fit_memory(model: ModelSpec, settings: TrainingSettings, placement: Placeme
         return found.partition
     smallest = min_bottleneck(memory * share[:, None])
     assert smallest is not None
-    shared = " (a device holding k stage copies gives each 1/k of its memory)" if share.max() > 1 else ""
-    raise OutOfMemory(
-        f"memory={min(capacity) / GiB:.1f} GiB: no partition of {model.name} into {placement.num_stages} stages "
-        f"fits under schedule {schedule_name}; the smallest memory that fits is {smallest.value / GiB:.2f} GiB "
-        f"per device{shared}; use more devices, recompute, or a schedule with fewer microbatches in flight")
+    return _NoFit(min(capacity), float(smallest.value), bool(share.max() > 1))
+
+
+class _NoFit(NamedTuple):
+    """Why no partition fits under the memory method (bytes per device)."""
+
+    capacity: float  # the smallest device memory
+    smallest: float  # the smallest memory per device that some partition fits in
+    shared: bool  # some device holds several stage copies
+
+    def error(self, model: str, stages: int, schedule: str) -> OutOfMemory:
+        shared = " (a device holding k stage copies gives each 1/k of its memory)" if self.shared else ""
+        return OutOfMemory(
+            f"memory={self.capacity / GiB:.1f} GiB: no partition of {model} into {stages} stages fits under "
+            f"schedule {schedule}; the smallest memory that fits is {self.smallest / GiB:.2f} GiB per "
+            f"device{shared}; use more devices, recompute, or a schedule with fewer microbatches in flight")
 
 
 def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettings,
@@ -274,7 +301,8 @@ def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettin
     the gradients kept for W take ``memory_fragmentation`` times their bytes. With
     ``frozen`` (some layer is frozen) a stage whose layers are all frozen is marked so."""
     def total(field: str) -> tuple[float, ...]:
-        return tuple(sum(getattr(layer, field) for layer in stage) for stage in layers)
+        value = attrgetter(field)
+        return tuple(sum(map(value, stage)) for stage in layers)
 
     fragmentation = [device.memory_fragmentation for device in devices]
     overhead = [device.op_overhead_s for device in devices]
