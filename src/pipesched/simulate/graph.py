@@ -232,14 +232,19 @@ def compile_graph(schedule: Schedule, costs: StageCosts, network: Network | None
     costs and network do not fit it (``pipesched validate`` names every problem), or a
     blocking runtime deadlocks on it.
     """
-    graph = _compile_ops(schedule, costs, contention=contention, overlap=overlap)
+    fields = _op_fields(schedule, costs)
     if network is None:
-        return graph
-    return with_network(graph, network, contention=contention, overlap=overlap, blocking_steps=blocking_steps)
+        return TaskGraph(**fields, **_free_communication(schedule, fields["costs"], fields["ops"], fields["op_duration"]),
+                         network=None, contention=contention, overlap=overlap)
+    _require_devices(schedule, network)
+    # lowered at once: the free-communication queues and edges are not built to be replaced
+    return TaskGraph(**(fields | _network_fields(schedule, fields["costs"], fields["ops"], fields["op_duration"],
+                                                  network, contention, overlap, blocking_steps)))
 
 
-def _compile_ops(schedule: Schedule, costs: StageCosts, *, contention: bool, overlap: bool) -> TaskGraph:
-    """The graph of free communication: ops, their durations, dependencies and memory."""
+def _op_fields(schedule: Schedule, costs: StageCosts) -> dict:
+    """What a graph holds of its ops whatever the network: the ops, their durations with
+    free communication, memory and host-memory effects, static bytes."""
     require(
         costs.num_stages == schedule.num_stages,
         "stage_costs",
@@ -250,31 +255,33 @@ def _compile_ops(schedule: Schedule, costs: StageCosts, *, contention: bool, ove
     # backward halving) runs each at half of them
     costs = costs.of_microbatch_fraction(schedule.microbatch_fraction)
     ops = dependencies(schedule).ops
-    n, num_devices = len(ops), schedule.num_devices
     kinds = ops.kind.astype(np.int64)
     arrays = rule_arrays(schedule.rules)
-    off_compute = _uses_side_streams(schedule)
-    op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, None)
+    op_duration, _, _, _ = _op_edges(schedule, costs, None)
     # memory effects of each op (its stage role's effect x this stage's activation bytes)
     memory_delta, memory_at_start = memory_deltas(schedule, ops, costs)
-    host = (None, None, 0)
-    if off_compute:
+    host = (None, None)
+    if _uses_side_streams(schedule):
         activation = np.asarray(costs.activation_bytes, np.float64)[ops.stage]
         role = role_index(schedule.roles)[ops.stage] if schedule.frozen else 0
-        host = (arrays.role_host[role, kinds] * activation, arrays.role_host_at_start[role, kinds], 0)
-    static = static_per_device(schedule, costs)
-    op_queue, queue_rows, queue_offsets, side = op_queues(ops, arrays.stream if off_compute else None, num_devices,
-                                                          num_devices)
+        host = (arrays.role_host[role, kinds] * activation, arrays.role_host_at_start[role, kinds])
+    return dict(schedule=schedule, costs=costs, ops=ops, op_duration=op_duration, memory_delta=memory_delta,
+                memory_at_start=memory_at_start, static_bytes=static_per_device(schedule, costs),
+                host_delta=host[0], host_at_start=host[1])
+
+
+def _free_communication(schedule: Schedule, costs: StageCosts, ops, op_duration: np.ndarray) -> dict:
+    """A graph's queues and edges with free communication: no transfers, no links."""
+    num_devices = schedule.num_devices
+    _, consumer, producer, issued_after = _op_edges(schedule, costs, None, op_duration)
+    stream = rule_arrays(schedule.rules).stream if _uses_side_streams(schedule) else None
+    op_queue, queue_rows, queue_offsets, side = op_queues(ops, stream, num_devices, num_devices)
     pred_ptr, pred_op, pred_via = _with_issue_edges(consumer, producer, np.full(producer.shape[0], -1, np.int32),
-                                                    issued_after, n)
-    return TaskGraph(
-        schedule=schedule, costs=costs, network=None, contention=contention, overlap=overlap, ops=ops,
-        op_queue=op_queue, queue_rows=queue_rows, queue_offsets=queue_offsets, op_duration=op_duration,
-        pred_ptr=pred_ptr, pred_op=pred_op.astype(np.int32), pred_via=pred_via.astype(np.int32),
-        **_transfer_fields(_no_transfers()), num_resources=int(num_devices + side * num_devices),
-        memory_delta=memory_delta, memory_at_start=memory_at_start, static_bytes=static,
-        host_delta=host[0], host_at_start=host[1], side_queues=side,
-    )
+                                                    issued_after, len(ops))
+    return dict(op_queue=op_queue, queue_rows=queue_rows, queue_offsets=queue_offsets, pred_ptr=pred_ptr,
+                pred_op=pred_op.astype(np.int32), pred_via=pred_via.astype(np.int32),
+                **_transfer_fields(_no_transfers()), num_resources=int(num_devices + side * num_devices),
+                side_queues=side)
 
 
 def _op_edges(schedule: Schedule, costs: StageCosts, network: Network | None,
@@ -304,9 +311,17 @@ def with_network(graph: TaskGraph, network: Network, *, contention: bool = True,
     all-reduces as transfers holding their links, host-link ops at their links' time, and
     without ``overlap`` a blocking runtime's batches (see ``compile_graph``)."""
     _require_lowerable(graph, network)
-    schedule, costs, ops = graph.schedule, graph.costs, graph.ops
+    # the ops' memory and host-memory effects and static bytes are the graph's own
+    return dataclasses.replace(graph, **_network_fields(graph.schedule, graph.costs, graph.ops, graph.op_duration,
+                                                        network, contention, overlap, blocking_steps),
+                               op_release=None)
+
+
+def _network_fields(schedule: Schedule, costs: StageCosts, ops, durations: np.ndarray, network: Network,
+                    contention: bool, overlap: bool, blocking_steps: str) -> dict:
+    """A graph's queues, edges, durations and transfers on ``network``."""
     n, num_devices = len(ops), schedule.num_devices
-    op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, network, graph.op_duration)
+    op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, network, durations)
     sent = messages(schedule)
     reduces = allreduces(schedule, data_parallel=network.replicas > 1)
     columns = _transfer_columns(costs, network, sent, reduces)
@@ -329,21 +344,23 @@ def with_network(graph: TaskGraph, network: Network, *, contention: bool = True,
         pred_ptr, pred_op, pred_via, rel_ptr, rel = (program.pred_ptr, program.pred_op, program.pred_via,
                                                      program.tr_rel_ptr, program.tr_rel)
         steps = program.steps
-    # the ops' memory and host-memory effects and static bytes are the graph's own
-    return dataclasses.replace(
-        graph, network=network, contention=contention, overlap=overlap, op_queue=op_queue, queue_rows=queue_rows,
-        queue_offsets=queue_offsets, op_duration=op_duration, pred_ptr=pred_ptr, pred_op=pred_op.astype(np.int32),
-        pred_via=pred_via.astype(np.int32), **_transfer_fields((*columns, rel_ptr, rel, res_ptr, res)),
-        num_resources=int(num_resources + side * num_devices), side_queues=side, blocking_steps=steps,
-        op_release=None,
-    )
+    return dict(network=network, contention=contention, overlap=overlap, op_queue=op_queue, queue_rows=queue_rows,
+                queue_offsets=queue_offsets, op_duration=op_duration, pred_ptr=pred_ptr,
+                pred_op=pred_op.astype(np.int32), pred_via=pred_via.astype(np.int32),
+                **_transfer_fields((*columns, rel_ptr, rel, res_ptr, res)),
+                num_resources=int(num_resources + side * num_devices), side_queues=side, blocking_steps=steps)
 
 
 def _require_lowerable(graph: TaskGraph, network: Network) -> None:
     """Raise PipeschedError unless ``graph`` has no network yet and ``network`` holds its devices."""
     require(graph.network is None, "network", graph.network.name if graph.network is not None else "",
             "the graph has a network already; lower one onto a graph of free communication")
-    devices = graph.schedule.num_devices
+    _require_devices(graph.schedule, network)
+
+
+def _require_devices(schedule: Schedule, network: Network) -> None:
+    """Raise PipeschedError unless ``network`` holds the devices of ``schedule``."""
+    devices = schedule.num_devices
     require(
         network.num_devices >= devices,
         "devices",
