@@ -19,9 +19,6 @@ All times here are in unit slots; the order is what the schedule keeps.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
-
-import numpy as np
 
 from pipesched.ops import F, I, Op, W
 from pipesched.rules import RULES
@@ -32,7 +29,6 @@ W_UP, W_DOWN = 4, 5  # after the final split of W by chunk
 PERIOD = 6  # slots per microbatch per device
 # stage-microbatches in flight each pass type adds (F, F, I, I, W), as the rules count them
 _MEMORY = tuple(RULES.units_delta(kind) for kind in (F, F, I, I, W))
-_MEMORY_UNITS = np.array(_MEMORY, dtype=np.float64)
 
 # times[device][pass type][microbatch] -> slot
 Times = list[list[list[int]]]
@@ -94,11 +90,9 @@ def peak_memory(device: Sequence[Sequence[int]]) -> float:
     the free slots as ``place_w`` would put them."""
     # compiled (pipesched.generators.v_memory), loaded when a V schedule is first built so
     # that listing the families does not load the compiler
-    from pipesched.generators.v_memory import device_peak
+    from pipesched.generators.v_memory import lists_peak
 
-    slots = np.fromiter(chain.from_iterable(device), np.int64)
-    counts = np.array([len(passes) for passes in device], np.int64)
-    return float(device_peak(slots, counts, _MEMORY_UNITS, len(device) > 4))
+    return lists_peak(device, _MEMORY)
 
 
 def _earliest(times: Times, device: int, kind: int, mb: int) -> int:

@@ -10,6 +10,9 @@ a W, and owed W run in the free slots before each pass, freeing as they run.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import chain
+
 import numpy as np
 from numba import njit
 
@@ -46,3 +49,11 @@ def device_peak(slots, counts, memory, has_w):
             peak = held
         last = slot
     return peak
+
+
+def lists_peak(device: Sequence[Sequence[int]], memory: Sequence[float]) -> float:
+    """``device_peak`` of a device given as slot lists per pass type (``v_blocks``'
+    layout), ``memory[kind]`` as there; W passes present when there are more than four lists."""
+    slots = np.fromiter(chain.from_iterable(device), np.int64)
+    counts = np.array([len(passes) for passes in device], np.int64)
+    return float(device_peak(slots, counts, np.asarray(memory, np.float64), len(device) > 4))
