@@ -135,33 +135,36 @@ _SLOT_KEYS = {"iteration_time": "iteration_time_slots", "peak_memory": "peak_act
 
 
 @dataclass(frozen=True)
-class FormulaResult(LevelResult):
-    """Level 1, the family's closed form: slots of a 1F1B stage op, 1F1B-stage activations."""
+class _SlotResult(LevelResult):
+    """Levels 1 and 2: slots of a 1F1B stage op, 1F1B-stage activations, and the
+    stage-microbatches in flight."""
 
     peak_inflight: int | None = None  # stage-microbatches in the schedule's stages
-    exact: bool | None = None  # the closed form is exact at these sizes
 
-    level: ClassVar[Level] = Level.FORMULA
     time_unit: ClassVar[TimeUnit] = TimeUnit.SLOT
     memory_unit: ClassVar[MemoryUnit] = MemoryUnit.ACTIVATION_UNITS
     json_keys: ClassVar[dict[str, str]] = _SLOT_KEYS
 
 
 @dataclass(frozen=True)
-class TableResult(LevelResult):
-    """Level 2, the slot table: slots of a 1F1B stage op, 1F1B-stage activations; in the
-    steady state, the weights' staleness and versions."""
+class FormulaResult(_SlotResult):
+    """Level 1, the family's closed form."""
 
-    peak_inflight: int | None = None  # stage-microbatches in the schedule's stages
+    exact: bool | None = None  # the closed form is exact at these sizes
+
+    level: ClassVar[Level] = Level.FORMULA
+
+
+@dataclass(frozen=True)
+class TableResult(_SlotResult):
+    """Level 2, the slot table; in the steady state, the weights' staleness and versions."""
+
     steady_state: bool = False  # the steady-state iteration of iterations back to back
     staleness: int | None = None  # steady state: the most updates a forward's weights are behind
     mean_staleness: float | None = None  # steady state: the mean over the steady iterations' forwards
     weight_versions: int | None = None  # steady state: the most weight versions a stage keeps
 
     level: ClassVar[Level] = Level.TABLE
-    time_unit: ClassVar[TimeUnit] = TimeUnit.SLOT
-    memory_unit: ClassVar[MemoryUnit] = MemoryUnit.ACTIVATION_UNITS
-    json_keys: ClassVar[dict[str, str]] = _SLOT_KEYS
 
 
 @dataclass(frozen=True)
@@ -337,19 +340,9 @@ def sim_schedule(point: Point, setup, built: Schedule | None = None) -> Schedule
     """The schedule the sim level runs: built with the workload's costs when the family plans
     with them, and of several iterations for an asynchronous family; else ``built`` (the
     table of levels 1 and 2) when given."""
-    if built is not None and not _sim_table_differs(point):
+    if built is not None and not point.sim_table_differs:
         return built
     return point.build_schedule(setup, iterations=STEADY_ITERATIONS if _asynchronous(point) else None)
-
-
-def _sim_table_differs(point: Point) -> bool:
-    """Whether the sim level's table is not the one of levels 1 and 2 (``Point.build_schedule``
-    with a setup): a family that plans with the workload's own costs when the point gives
-    none, or an asynchronous family's table of several iterations."""
-    if point.schedule is not None:
-        return False
-    family = get_family(point.family)
-    return family.asynchronous or (family.plans_with_costs and "costs" not in dict(point.options))
 
 
 def keep_graph(point: Point, graph: TaskGraph) -> None:

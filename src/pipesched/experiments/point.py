@@ -218,6 +218,19 @@ class Point:
         frozen = bool(self.frozen_layers) or bool(self.stage_costs is not None and self.stage_costs.frozen_stages)
         return frozen or bool(self.offload)
 
+    @property
+    def plans_with_setup(self) -> bool:
+        """Whether ``build_schedule`` with a setup plans the family with the workload's own
+        costs: a family that plans with costs (zb-1p, zb-2p) when the point gives none."""
+        return (self.schedule is None and get_family(self.family).plans_with_costs
+                and "costs" not in dict(self.options))
+
+    @property
+    def sim_table_differs(self) -> bool:
+        """Whether the sim level's table is not the one of levels 1 and 2: one planned with
+        the setup's costs, or an asynchronous family's table of several iterations."""
+        return self.schedule is None and (get_family(self.family).asynchronous or self.plans_with_setup)
+
     def build_schedule(self, setup=None, *, iterations: int | None = None) -> Schedule:
         """The schedule of this point (generated tables are cached: see ``generate``): the
         family's table (or the given one) for the point's frozen stages, with its offloads.
@@ -234,7 +247,7 @@ class Point:
         else:
             family = get_family(self.family)
             options = dict(self.options)
-            if setup is not None and family.plans_with_costs and "costs" not in options:
+            if setup is not None and self.plans_with_setup:
                 options = {**planning_options(setup, self.p, self.m), **options}
             if iterations is not None and family.asynchronous:
                 options["iterations"] = iterations
