@@ -6,7 +6,11 @@ start from one scenario: Llama-3-70B on 4 nodes of 8 H100 (NVLink inside a node,
 parallelism 4 (sequence parallel, selective recompute), m = 32 microbatches of one
 4096-token sequence, bf16. Real runs (run, check, profile) execute a model on this
 machine's CPU ranks or GPUs: they start from the ``tiny`` model with 64-token sequences in
-float32 on p = 2 ranks with m = 8 microbatches, sizes a laptop runs in seconds.
+float32 on p = 2 ranks with m = 8 microbatches, sizes a laptop runs in seconds. Serving
+(``serve``) starts from Llama-3-70B on one node of 8 H100 as one replica of tensor
+parallelism 4 and 2 pipeline stages, Sarathi-Serve's scheduler with a 512-token chunk,
+and a synthetic Poisson trace (the ``serve_`` rows); its real runs (``serve run``, ``serve
+check``) from the ``tiny`` model on 2 CPU ranks.
 """
 
 from __future__ import annotations
@@ -48,6 +52,34 @@ class Defaults:
     run_steps: int = 5  # measured steps of a real run (after warm-up)
     run_warmup: int = 2  # steps run first and not measured
     run_timeout: float = 600.0  # seconds a real run may take before every rank is killed
+    # serving (serve simulate, capacity, search)
+    serve_model: str = "llama3-70b"  # model preset or file served
+    serve_cluster: str = "1x8-h100"  # cluster preset or file of the serving deployment
+    serve_tensor_parallel: int = 4  # devices of one pipeline stage
+    serve_p: int = 2  # pipeline stages of one replica
+    replicas: int = 1  # copies of the model serving the trace
+    scheduler: str = "sarathi"  # static, orca, vllm or sarathi
+    chunk: int = 512  # Sarathi-Serve's token budget per iteration
+    max_batch: int = 256  # sequences one iteration batches
+    max_tokens: int = 8192  # tokens one iteration batches (vLLM, Orca, static)
+    block_size: int = 16  # tokens per paged KV-cache block
+    kv_fraction: float = 0.9  # share of device memory the weights, workspace and KV cache may use
+    preemption: str = "recompute"  # recompute or swap, when the KV cache is full
+    routing: str = "round-robin"  # round-robin or least-loaded across replicas
+    cpu_overhead: float = 0.002  # seconds of scheduling and launch per iteration
+    requests: int = 1000  # requests of a synthetic trace
+    qps: float = 2.0  # requests per second of a synthetic trace
+    arrival: str = "poisson"  # poisson or gamma:CV
+    prompt_tokens: str = "lognormal:1024,0.8"  # prompt lengths: fixed:N, uniform:LO-HI, lognormal:MEDIAN,SIGMA, zipf:S,MAX or trace:FILE
+    output_tokens: str = "lognormal:256,0.8"  # output lengths, the same forms
+    slo_ttft: float = 2.0  # seconds to the first token
+    slo_tpot: float = 0.1  # seconds per output token after the first
+    attainment: float = 0.9  # share of requests that meet both SLOs (serve capacity)
+    serve_db: str = "pipesched-serve.sqlite"  # serving search results store, in the working folder
+    # real serving runs on this machine (serve run, serve check)
+    serve_run_model: str = "tiny"  # model preset or file of serve run and check
+    serve_run_p: int = 2  # ranks (pipeline stages) of serve run and check
+    serve_run_requests: int = 16  # requests of the trace a real run serves
 
 
 DEFAULTS = Defaults()

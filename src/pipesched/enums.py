@@ -83,3 +83,26 @@ class SolverStatus(Word):
     FEASIBLE = "feasible"
     INFEASIBLE = "infeasible"
     UNKNOWN = "unknown"  # no answer within the time limit
+
+
+class SchedulerName(Word):
+    """The replica-level batch schedulers (``pipesched.serving.schedulers``)."""
+
+    STATIC = "static"  # a batch runs to its last request's end before the next one forms
+    ORCA = "orca"  # iteration-level: whole prefills join between iterations
+    VLLM = "vllm"  # continuous batching, waiting prefills first, preemption when the cache is full
+    SARATHI = "sarathi"  # chunked prefill, running decodes first: stall-free batching
+
+
+class Preemption(Word):
+    """What happens to a request whose KV cache no longer fits."""
+
+    RECOMPUTE = "recompute"  # drop its cache; its prompt and the tokens made so far are prefilled again
+    SWAP = "swap"  # move its cache to host memory over the host link, and back when it resumes
+
+
+class Routing(Word):
+    """How arriving requests are spread over replicas (or decode instances)."""
+
+    ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"  # the replica with the fewest requests not yet finished

@@ -90,6 +90,16 @@ MAX_WORKERS = 256
 # p=100, m=66)
 MAX_SYNTHESIS_OPS = 12_288
 
+# --- serving ---------------------------------------------------------------------------------
+# requests of one trace (file or synthetic): a run keeps about 10 numbers per request plus
+# one time per output token (MAX_SERVED_TOKENS bounds those)
+MAX_REQUESTS = 2**20
+MAX_SERVED_TOKENS = 2**28  # output tokens of one trace, all requests together (2 GiB of token times)
+MAX_BATCH_TOKENS = 2**20  # tokens one serving iteration may batch (--max-tokens, --chunk)
+MAX_BATCH_REQUESTS = 2**16  # requests one serving iteration may batch (--max-batch)
+MAX_KV_BLOCK = 4096  # tokens of one paged KV-cache block
+MAX_QPS = 1e6  # requests per second of a synthetic trace or a capacity search
+
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
 MAX_TIMEOUT_S = 7 * 86400.0  # seconds a launch, or a solver (synthesize --time-limit), may be given
@@ -131,6 +141,12 @@ LIMITS = (
     ("MAX_WAVES", MAX_WAVES, "Hanayo waves (--set waves)"),
     ("MAX_ITERATIONS", MAX_ITERATIONS, "iterations strung together (--set iterations, steady state)"),
     ("MAX_V_HEURISTIC_DEVICES", MAX_V_HEURISTIC_DEVICES, "devices the zb-v heuristic plans (with costs or activation_limit)"),
+    ("MAX_REQUESTS", MAX_REQUESTS, "requests of one serving trace"),
+    ("MAX_SERVED_TOKENS", MAX_SERVED_TOKENS, "output tokens of one serving trace"),
+    ("MAX_BATCH_TOKENS", MAX_BATCH_TOKENS, "tokens of one serving iteration"),
+    ("MAX_BATCH_REQUESTS", MAX_BATCH_REQUESTS, "requests of one serving iteration"),
+    ("MAX_KV_BLOCK", MAX_KV_BLOCK, "tokens of one KV-cache block"),
+    ("MAX_QPS", MAX_QPS, "requests per second"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),
     ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout or a solver's time limit"),
     ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),

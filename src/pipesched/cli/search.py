@@ -278,6 +278,7 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
+_TEXT_COLUMNS = frozenset(("schedule", "recompute", "partition"))  # left-aligned columns
 _HEADER = ("rank", "schedule", "v", "dp", "tp", "pp", "b", "m", "recompute", "partition", "zero", "time (s)",
            "tokens/s", "MFU", "HFU", "peak memory")
 # the columns a narrow console drops first (the "best" line's command reproduces them)
@@ -287,7 +288,7 @@ _DROPPABLE = tuple(_HEADER.index(name) for name in ("partition", "recompute", "H
 def _table(title: str, rows: list[tuple[int, StoredRow]]) -> Table:
     table = Table(title=title)
     for heading in _HEADER:
-        table.add_column(heading, justify="left" if heading in ("schedule", "recompute", "partition") else "right")
+        table.add_column(heading, justify="left" if heading in _TEXT_COLUMNS else "right")
     for rank, row in rows:
         table.add_row(*_row_cells(rank, row))
     return table

@@ -17,14 +17,14 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(
         name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
         ffn_hidden_size=4 * hidden, vocab_size=51200, tied_embeddings=True,
-        position_embeddings=2048, bias=True, dropout=True,
+        position_embeddings=2048, context_length=2048, bias=True, dropout=True,
     )
 
 
 def _llama3(name: str, layers: int, hidden: int, heads: int, ffn: int) -> ModelSpec:
     return ModelSpec(
         name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=8,
-        ffn_hidden_size=ffn, vocab_size=128256, gated_mlp=True,
+        ffn_hidden_size=ffn, vocab_size=128256, gated_mlp=True, context_length=8192,
     )
 
 
@@ -33,10 +33,10 @@ MODELS: MappingProxyType[str, ModelSpec] = MappingProxyType({
     for spec in (
         # CPU-sized: 8 blocks, h=64, 4 heads, f=256, V=256 (about 0.4 M parameters)
         ModelSpec(name="tiny", num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4,
-                  ffn_hidden_size=256, vocab_size=256),
+                  ffn_hidden_size=256, vocab_size=256, context_length=1024),
         # CPU-sized: 8 blocks, h=256, 8 heads, f=1024, V=2048 (about 7.3 M parameters)
         ModelSpec(name="small", num_layers=8, hidden_size=256, num_heads=8, num_kv_heads=8,
-                  ffn_hidden_size=1024, vocab_size=2048),
+                  ffn_hidden_size=1024, vocab_size=2048, context_length=1024),
         _gpt3("gpt3-1.3b", 24, 2048, 16),
         _gpt3("gpt3-6.7b", 32, 4096, 32),
         _gpt3("gpt3-13b", 40, 5120, 40),
@@ -46,7 +46,7 @@ MODELS: MappingProxyType[str, ModelSpec] = MappingProxyType({
         _llama3("llama3-405b", 126, 16384, 128, 53248),
         ModelSpec(name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
                   ffn_hidden_size=14336, vocab_size=32000, num_experts=8, experts_per_token=2,
-                  gated_mlp=True),
+                  gated_mlp=True, context_length=32768),
     )
 })
 

@@ -61,6 +61,7 @@ _SHAPE_LIMITS = {
     "experts_per_token": (MAX_HEADS, "experts", ""),
     "head_dim": (MAX_WIDTH, "", "hidden_size / num_heads"),
     "position_embeddings": (MAX_VOCAB, "positions", "rotary positions"),
+    "context_length": (MAX_SEQ_LEN, "tokens", "no limit known"),
 }
 _SWITCHES = ("gated_mlp", "tied_embeddings", "bias", "dropout")
 
@@ -139,6 +140,7 @@ class ModelSpec:
     head_dim: int = 0  # per-head size; 0 = hidden_size / num_heads
     tied_embeddings: bool = False  # LM head shares the embedding matrix (the head stage keeps a copy)
     position_embeddings: int = 0  # learned absolute positions (GPT); 0 = rotary, no parameters
+    context_length: int = 0  # longest sequence (prompt + output) the model serves; 0 = no limit known
     bias: bool = False  # linear layers and norms have biases (GPT); False for RMSNorm models
     dropout: bool = False  # dropout masks are kept (Korthikanti's inventory assumes dropout)
     measured: tuple[LayerCost, ...] = ()  # measured per-layer costs, used as given

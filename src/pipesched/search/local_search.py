@@ -28,6 +28,7 @@ from pipesched.search.problem import SynthesisProblem
 _OWN_ORDER = {(F, I), (I, W), (F, B)}
 
 # (device, position) swaps position and position + 1; ("recompute" | "offload", stage) switches it
+_RECOMPUTE, _OFFLOAD = "recompute", "offload"  # the switch moves' tags
 Move = tuple[int, int] | tuple[str, int]
 
 
@@ -61,9 +62,9 @@ def _moves(problem: SynthesisProblem, current: Evaluation, rng: random.Random) -
     plan = current.plan
     switches = []
     if problem.allow_recompute:  # a stage that offloads does not recompute as well
-        switches += [("recompute", s) for s in range(problem.num_stages) if s not in plan.offload]
+        switches += [(_RECOMPUTE, s) for s in range(problem.num_stages) if s not in plan.offload]
     if problem.allow_offload:
-        switches += [("offload", s) for s in range(problem.num_stages) if s not in plan.recompute]
+        switches += [(_OFFLOAD, s) for s in range(problem.num_stages) if s not in plan.recompute]
     rng.shuffle(switches)
     yield from switches
     for _, _, move in swaps:
@@ -71,9 +72,9 @@ def _moves(problem: SynthesisProblem, current: Evaluation, rng: random.Random) -
 
 
 def _apply(problem: SynthesisProblem, plan: Plan, move: Move) -> Plan:
-    if move[0] == "recompute":
+    if move[0] == _RECOMPUTE:
         return Plan(plan.device_ops, plan.recompute ^ {move[1]}, source="local search", offload=plan.offload)
-    if move[0] == "offload":
+    if move[0] == _OFFLOAD:
         return _switch_offload(problem, plan, move[1])
     d, i = move
     ops = list(plan.device_ops[d])

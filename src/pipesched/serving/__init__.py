@@ -1,0 +1,12 @@
+"""Serving: requests streamed through pipeline stages, prefill then decode, with a paged KV
+cache and a batch scheduler per replica.
+
+- ``trace``: the workload (``Trace``), its CSV file and synthetic arrivals and lengths
+- ``config``: a deployment and its scheduler (``ServeConfig``)
+- ``deployment``: a config on a model and cluster -> per-stage iteration costs and KV capacity
+- ``kv_cache``: the paged block manager
+- ``schedulers``: static, Orca, vLLM, Sarathi-Serve batch selection
+- ``engine``: the discrete-event run of a trace -> ``ServeRun`` (``records``)
+- ``results``: TTFT, TBT, end-to-end latency, throughput, SLO attainment, goodput
+- ``capacity``: the highest rate that meets the SLOs
+"""

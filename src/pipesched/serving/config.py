@@ -1,0 +1,117 @@
+"""What a serving run deploys and how it schedules: the one record of a serving configuration.
+
+A deployment is ``replicas`` copies of the model, each a pipeline of ``pp`` stages of ``tp``
+devices; replica r's stage s runs on the cluster ranks ``(r x pp + s) x tp`` to ``+ tp - 1``.
+With ``disaggregate`` the prefill and decode phases run on their own instances (DistServe,
+Splitwise): ``Instances`` of their own TP x PP, the prefill instances first on the cluster's
+ranks, the decode instances after them, the KV cache of each prompt sent from one to the
+other over the cluster's links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipesched.defaults import DEFAULTS
+from pipesched.enums import Preemption, Routing, SchedulerName
+from pipesched.errors import require
+from pipesched.limits import (
+    MAX_BATCH_REQUESTS,
+    MAX_BATCH_TOKENS,
+    MAX_CLUSTER_RANKS,
+    MAX_KV_BLOCK,
+    MAX_SECONDS,
+    MAX_STAGES,
+    MAX_TENSOR_PARALLEL,
+    check_count,
+)
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    """A replica's scheduler and its caps."""
+
+    name: SchedulerName = SchedulerName.SARATHI  # DEFAULTS.scheduler
+    max_batch: int = DEFAULTS.max_batch  # sequences per iteration
+    max_tokens: int = DEFAULTS.max_tokens  # tokens per iteration (static, orca, vllm)
+    chunk: int = DEFAULTS.chunk  # token budget per iteration (sarathi)
+    preemption: Preemption = Preemption.RECOMPUTE  # DEFAULTS.preemption
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", SchedulerName(self.name))
+        object.__setattr__(self, "preemption", Preemption(self.preemption))
+        check_count("max_batch", self.max_batch, MAX_BATCH_REQUESTS, what="requests per iteration")
+        check_count("max_tokens", self.max_tokens, MAX_BATCH_TOKENS, what="tokens per iteration")
+        check_count("chunk", self.chunk, MAX_BATCH_TOKENS, what="tokens per iteration")
+
+    @property
+    def token_budget(self) -> int:
+        """Tokens one iteration may batch under this scheduler."""
+        return self.chunk if self.name == SchedulerName.SARATHI else self.max_tokens
+
+
+@dataclass(frozen=True)
+class KVSettings:
+    """The paged KV cache of every stage (vLLM's block manager)."""
+
+    block_size: int = DEFAULTS.block_size  # tokens per block
+    kv_fraction: float = DEFAULTS.kv_fraction  # share of device memory for weights + workspace + KV cache
+
+    def __post_init__(self) -> None:
+        check_count("block_size", self.block_size, MAX_KV_BLOCK, what="tokens per block")
+        require(0.0 < self.kv_fraction <= 1.0, "kv_fraction", self.kv_fraction, "give a share in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Instances:
+    """A group of identical model instances: ``count`` pipelines of ``pp`` stages of ``tp``."""
+
+    tp: int = DEFAULTS.serve_tensor_parallel
+    pp: int = DEFAULTS.serve_p
+    count: int = DEFAULTS.replicas
+
+    def __post_init__(self) -> None:
+        check_count("tensor_parallel", self.tp, MAX_TENSOR_PARALLEL, what="tensor-parallel ranks")
+        check_count("p", self.pp, MAX_STAGES, what="pipeline stages")
+        check_count("replicas", self.count, MAX_CLUSTER_RANKS, what="replicas")
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.count
+
+
+@dataclass(frozen=True)
+class Disaggregation:
+    """Prefill and decode on separate instances."""
+
+    prefill: Instances
+    decode: Instances
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """One serving configuration: the deployment, its scheduler, cache, routing and overhead.
+
+    The model, the cluster and the costs are given beside it (``pipesched.serving.deployment``
+    builds them into stage iteration costs); ``instances`` is the colocated deployment, unused
+    when ``disaggregate`` is set.
+    """
+
+    instances: Instances = field(default_factory=Instances)
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    kv: KVSettings = field(default_factory=KVSettings)
+    routing: Routing = Routing.ROUND_ROBIN  # DEFAULTS.routing
+    cpu_overhead_s: float = DEFAULTS.cpu_overhead  # per iteration, on the first stage
+    disaggregate: Disaggregation | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "routing", Routing(self.routing))
+        require(0.0 <= self.cpu_overhead_s <= MAX_SECONDS, "cpu_overhead", self.cpu_overhead_s,
+                f"give seconds from 0 to {MAX_SECONDS:g}")
+
+    @property
+    def devices(self) -> int:
+        """Cluster ranks the deployment takes."""
+        if self.disaggregate is not None:
+            return self.disaggregate.prefill.devices + self.disaggregate.decode.devices
+        return self.instances.devices
