@@ -98,7 +98,7 @@ def parse_trace(text: str, *, source: str = "<text>") -> Trace:
     _check_arrivals(arrived, lines, source)
     prefill = _whole(_numbers(cells[PREFILL], lines, PREFILL, source), lines, PREFILL, source)
     decode = _whole(_numbers(cells[DECODE], lines, DECODE, source), lines, DECODE, source)
-    _check_served(decode, source)
+    _check_served(decode, f"trace={source}")
     return Trace(arrived, prefill, decode)
 
 
@@ -133,10 +133,10 @@ def _rows(text: str, source: str) -> list[tuple[int, list[str]]]:
     rows: list[tuple[int, list[str]]] = []
     reader = csv.reader(io.StringIO(text), strict=True)
     try:
-        for number, row in enumerate(reader, start=1):
+        for row in reader:
             if any(cell.strip() for cell in row):
                 if len(rows) > MAX_REQUESTS:
-                    raise PipeschedError(f"{source}:{number}: more than {MAX_REQUESTS:,} requests, over the limit of "
+                    raise PipeschedError(f"{source}:{reader.line_num}: more than {MAX_REQUESTS:,} requests, over the limit of "
                                          "one trace; give a shorter trace")
                 rows.append((reader.line_num, row))
     except csv.Error as exc:
@@ -459,7 +459,7 @@ def unit_trace(spec: TraceSpec) -> Trace:
     if spec.max_context:
         decode = np.minimum(decode, spec.max_context - 1)
         prefill = np.minimum(prefill, spec.max_context - decode)
-    _check_served(decode, "output_tokens")
+    _check_served(decode, f"output_tokens={spec.output}")
     return Trace(arrived, prefill, decode)
 
 
