@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pipesched.errors import PipeschedError
+from pipesched.io.latency_model import load_latency_model, parse_latency_model, save_latency_model
 from pipesched.model import load_cluster, load_model
 from pipesched.model.inference import (
     LatencyRow,
@@ -230,3 +231,33 @@ def test_more_stages_than_blocks():
     with pytest.raises(PipeschedError, match=r"p=9: tiny has 8 transformer blocks"):
         stage_iteration_costs(load_model("tiny"), load_cluster("4x8-h100"), tp=1, first_ranks=tuple(range(9)),
                               max_tokens=8, max_batch=2)
+
+
+HEADER = "stage,base_s,prefill_token_s,prefill_attention_s,decode_request_s,kv_token_s\n"
+
+
+def test_latency_model_file_round_trip(tmp_path):
+    rows = (LatencyRow(0, 1e-3, 2e-5, 3e-9, 1e-4, 4e-8), LatencyRow(1, 2.5e-3, 1.25e-5, 0.0, 5e-5, 1 / 3 * 1e-7))
+    path = tmp_path / "latency.csv"
+    save_latency_model(rows, path)
+    assert load_latency_model(path, num_stages=2) == rows
+    # columns in any order, rows in any order
+    text = "kv_token_s,stage,base_s,decode_request_s,prefill_attention_s,prefill_token_s\n2e-8,1,2,3,4,5\n1e-8,0,1,2,3,4\n"
+    first, second = parse_latency_model(text)
+    assert (first.stage, first.base_s, first.prefill_token_s, second.kv_token_s) == (0, 1.0, 4.0, 2e-8)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", r"latency_model=f.csv: empty file"),
+    ("stage,base_s\n0,1\n", r"f.csv:1: header=stage,base_s: give the columns stage,base_s,prefill_token_s"),
+    (HEADER + "0,1,2,3,4\n", r"f.csv:2: row has 5 fields, the header 6"),
+    (HEADER + "0,1,2,-3,4,5\n", r"f.csv:2: prefill_attention_s=-3.0: must be finite seconds"),
+    (HEADER + "0,1,2,nan,4,5\n", r"f.csv:2: prefill_attention_s=nan: must be finite"),
+    (HEADER + "0,1,x,3,4,5\n", r"f.csv:2: prefill_token_s='x': not a number"),
+    (HEADER + "0,1,2,3,4,5\n0,1,2,3,4,5\n", r"f.csv:3: stage=0: appears twice"),
+    (HEADER + "1,1,2,3,4,5\n", r"latency_model=f.csv: stage=0: missing; give one row for each stage 0..0"),
+    (HEADER + "0,1,2,3,4,5\n1,1,2,3,4,5\n2,1,2,3,4,5\n", r"stage=2: extra row; give one row for each stage 0..1"),
+])
+def test_latency_model_file_errors(text, message):
+    with pytest.raises(PipeschedError, match=message):
+        parse_latency_model(text, source="f.csv", num_stages=2 if "extra" in message else None)

@@ -14,7 +14,8 @@ cache). Its time on a stage, per device of the stage's tensor-parallel group::
 with T = prefill chunk tokens + D. ``send_s[T]`` is the hidden state of T tokens sent to the
 next stage (zeros on the last stage). The kernel model fills ``token_s`` from the GEMM
 shapes at each token count (decode sizes are memory-bound: the weights are read once per
-iteration); a fitted latency model (DistServe's form, ``--latency-model``) fills it as a line.
+iteration); a fitted latency model (DistServe's form, ``--latency-model``: its rows are
+``pipesched.io.latency_model.LatencyRow``) fills it as a line.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 
 import pipesched.model.kernels as kernels
 from pipesched.errors import PipeschedError, require
+from pipesched.io.latency_model import LatencyRow
 from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
 from pipesched.model.hardware import Cluster, DeviceSpec
 from pipesched.model.spec import DTYPE_BYTES, EMBEDDING, LOSS, ModelSpec, TrainingSettings
@@ -78,22 +80,6 @@ class StageIterationCosts:
     def flops(self, tokens: int, attention: float, kv_tokens: float) -> float:
         """Model FLOPs of one iteration on this stage (all its devices)."""
         return self.flops_per_token * tokens + self.flops_per_attention * (attention + kv_tokens)
-
-
-@dataclass(frozen=True)
-class LatencyRow:
-    """One stage's fitted latency model (``--latency-model FILE``, CSV ``stage,base_s,
-    prefill_token_s,prefill_attention_s,decode_request_s,kv_token_s``; DistServe's form): an
-    iteration takes ``base_s + prefill_token_s x prefill tokens + prefill_attention_s x sum
-    of chunk x (context + chunk) + decode_request_s x decode requests + kv_token_s x KV
-    tokens the decodes read`` on that stage."""
-
-    stage: int
-    base_s: float
-    prefill_token_s: float
-    prefill_attention_s: float
-    decode_request_s: float
-    kv_token_s: float
 
 
 # --- the kernel model's iteration costs -------------------------------------------------
