@@ -22,6 +22,7 @@ from pipesched.model.inference import (
     nonnegative_least_squares,
     stage_iteration_costs,
 )
+from pipesched.model.kernels import matmul_time
 from pipesched.serving.config import (
     Disaggregation,
     Instances,
@@ -262,3 +263,23 @@ def test_latency_model_file_round_trip(tmp_path):
 def test_latency_model_file_errors(text, message):
     with pytest.raises(PipeschedError, match=message):
         parse_latency_model(text, source="f.csv", num_stages=2 if "extra" in message else None)
+
+
+def test_skinny_matmuls_split_k_and_whole_tiles_do_not():
+    """[1, 8192] x [8192, 2560] has 20 output tiles for 132 SMs: split over k it fills them
+    and streams its weights at the memory rate. At 128 rows (one whole tile row) the time is
+    still the partial wave's: 20 of 132 SMs busy, by hand."""
+    device = H100.devices[0]
+    n, k = 2560, 8192
+    bandwidth = device.memory_bandwidth * device.bandwidth_efficiency
+    skinny = 2 * (1 * k + k * n + 1 * n)
+    assert matmul_time(device, 1, n, k, traffic=skinny) == pytest.approx(skinny / bandwidth + device.kernel_overhead_s)
+    wave = 128 * n / (device.sm_count * 128 * 128)  # 20 tiles of 128 x 128 in one wave of 132
+    compute = 2 * 128 * n * k / (device.peak_flops * device.matmul_efficiency * wave)
+    whole = 2 * (128 * k + k * n + 128 * n)
+    assert matmul_time(device, 128, n, k, traffic=whole) == pytest.approx(compute + device.kernel_overhead_s)
+    # the same rows as an array of token counts give the same times
+    rows = np.array([1.0, 128.0])
+    times = matmul_time(device, rows, n, k, traffic=2 * (rows * k + k * n + rows * n))
+    assert times.tolist() == pytest.approx([skinny / bandwidth + device.kernel_overhead_s,
+                                            compute + device.kernel_overhead_s])
