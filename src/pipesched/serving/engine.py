@@ -106,7 +106,7 @@ from pipesched.serving.schedulers import (
     blocks_of,
     select_batch,
 )
-from pipesched.serving.trace import Trace
+from pipesched.serving.trace import Trace, check_context
 
 _seconds = njit(cache=True)(iteration_seconds)
 _flops = njit(cache=True)(iteration_flops)
@@ -146,11 +146,9 @@ def simulate_serving(deployment: Deployment, trace: Trace) -> ServeRun:
 def _check(deployment: Deployment, trace: Trace) -> None:
     spec = deployment.config.scheduler
     check_count("output_tokens", int(trace.decode_tokens.sum()), MAX_SERVED_TOKENS, what="output tokens of a trace")
+    check_context(trace, deployment.max_context)
     longest = int(np.argmax(trace.total_tokens))
     tokens = int(trace.total_tokens[longest])
-    require(tokens <= deployment.max_context, "num_prefill_tokens", int(trace.prefill_tokens[longest]),
-            f"request {longest}'s prompt + output ({tokens:,} tokens) is over the model's context length "
-            f"{deployment.max_context:,}; shorten it")
     blocks = blocks_of(tokens, deployment.config.kv.block_size)
     for plan in deployment.instances:
         require(plan.kv_capacity_blocks >= blocks, "kv_capacity_blocks", plan.kv_capacity_blocks,
