@@ -9,6 +9,7 @@ import pytest
 from pipesched.enums import Preemption, SchedulerName
 from pipesched.serving.config import Disaggregation, Instances, SchedulerSpec, ServeConfig
 from pipesched.serving.engine import simulate_serving
+from pipesched.serving.results import token_gaps
 from pipesched.serving.trace import Trace
 from serving_engine_helpers import DEVICE_LINK, Line, deployment, poisson_trace
 
@@ -163,20 +164,13 @@ def test_ttft_p99_rises_with_the_rate() -> None:
     assert p99[0] < p99[1] < p99[2]
 
 
-def _gaps(run) -> np.ndarray:
-    """Every time between two tokens of one request."""
-    same = np.ones(run.token_times.size - 1, bool)
-    same[run.token_offsets[1:-1] - 1] = False  # the last token of one request, the first of the next
-    return np.diff(run.token_times)[same]
-
-
 def test_sarathi_trades_a_longer_ttft_for_a_shorter_p99_time_between_tokens() -> None:
     # a mixed trace: long prompts beside long outputs, at a rate both sustain
     trace = poisson_trace(400, 6.0, prompt=(500, 3000), output=(50, 400), seed=7)
     runs = {}
     for name in (SchedulerName.VLLM, SchedulerName.SARATHI):
         runs[name] = simulate_serving(deployment(_config(name, pp=2, max_batch=128), line=LINE), trace)
-    tbt = {name: np.quantile(_gaps(run), 0.99) for name, run in runs.items()}
+    tbt = {name: np.quantile(token_gaps(run.token_times, run.token_offsets), 0.99) for name, run in runs.items()}
     ttft = {name: np.mean(run.first_token_at - trace.arrived_at) for name, run in runs.items()}
     assert tbt[SchedulerName.SARATHI] < tbt[SchedulerName.VLLM]
     assert ttft[SchedulerName.VLLM] < ttft[SchedulerName.SARATHI]
