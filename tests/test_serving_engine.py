@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pipesched.enums import Preemption, SchedulerName
+from pipesched.errors import PipeschedError
 from pipesched.serving.config import Disaggregation, Instances, SchedulerSpec, ServeConfig
 from pipesched.serving.engine import simulate_serving
 from pipesched.serving.results import token_gaps
@@ -224,3 +225,12 @@ def test_disaggregated_runs_keep_every_token_and_the_caches_bounds(name: Schedul
     assert np.array_equal(run.instance[run.moves.request[transfers]], 1 + np.arange(len(trace)) % 2)
     for blocks, capacity in zip(run.kv.blocks, run.kv.capacity_blocks, strict=True):
         assert blocks.max() <= capacity and blocks[-1] == 0
+
+
+def test_a_request_no_cache_or_context_can_hold_is_named() -> None:
+    trace = Trace(np.zeros(2), np.array([100, 900]), np.array([10, 200]))
+    config = _config(SchedulerName.SARATHI)
+    with pytest.raises(PipeschedError, match=r"^kv_capacity_blocks=50: .*request 1 alone \(69 blocks\)"):
+        simulate_serving(deployment(config, line=LINE, capacity_blocks=50), trace)
+    with pytest.raises(PipeschedError, match=r"^num_prefill_tokens=900: request 1 needs"):
+        simulate_serving(deployment(config, line=LINE, max_context=1000), trace)
