@@ -34,6 +34,8 @@ from pipesched.serving.config import (
     ServeConfig,
 )
 from pipesched.serving.deployment import build_deployment
+from pipesched.serving.engine import simulate_serving
+from pipesched.serving.trace import Trace
 from pipesched.units import GiB
 
 H100 = load_cluster("1x8-h100")
@@ -346,3 +348,24 @@ def test_decode_gemms_within_15_percent_of_published_measurements():
     assert set(errors) == {"h100-sxm", "a100-80gb"}
     for device, values in errors.items():
         assert len(values) == 168 and statistics.median(values) < 0.15, device
+
+
+def test_a_request_alone_takes_the_kernel_models_stage_times():
+    """Served alone on a kernel-model deployment, a request's first token comes after each
+    chunk's iteration on both stages and the send between them (and the host's overhead per
+    iteration); each later token after one decode step reading the cache so far."""
+    config = ServeConfig(instances=Instances(tp=2, pp=2, count=1),
+                         scheduler=SchedulerSpec(name="sarathi", chunk=512, max_batch=8))
+    deployment = build_deployment(config, LLAMA_8B, H100)
+    first, last = deployment.instances[0].stages
+    prompt, output = 700, 4
+    run = simulate_serving(deployment, Trace(np.array([0.0]), np.array([prompt]), np.array([output])))
+
+    def iteration(tokens: int, attention: float, decodes: int, kv_tokens: int, sampled: int) -> float:
+        return (config.cpu_overhead_s + first.time(tokens, attention, decodes, kv_tokens, 0)
+                + float(first.send_s[tokens]) + last.time(tokens, attention, decodes, kv_tokens, sampled))
+
+    ttft = iteration(512, 512 * 512, 0, 0, 0) + iteration(188, 188 * 700, 0, 0, 1)
+    gaps = [iteration(1, 0.0, 1, prompt + k, 1) for k in range(1, output)]
+    assert run.first_token_at[0] == pytest.approx(ttft, rel=1e-12)
+    assert np.diff(run.token_times) == pytest.approx(gaps, rel=1e-9)
