@@ -106,4 +106,3 @@ class Routing(Word):
 
     ROUND_ROBIN = "round-robin"
     LEAST_LOADED = "least-loaded"  # the replica with the fewest requests not yet finished
-
