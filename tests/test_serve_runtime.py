@@ -9,7 +9,7 @@ import pytest
 from pipesched.enums import SchedulerName
 from pipesched.errors import PipeschedError
 from pipesched.model.loading import load_model
-from pipesched.runtime.serve_batches import RequestStates, next_batch, profile_batches
+from pipesched.runtime.serve_batches import RequestStates, cache_blocks, profile_batches
 from pipesched.runtime.serve_run import ServeRunOptions, check_serve_inputs, serve_run
 from pipesched.serving.config import SchedulerSpec
 from pipesched.serving.trace import Trace
@@ -20,22 +20,25 @@ def _trace(prompts, outputs, arrivals=None) -> Trace:
     return Trace(np.asarray(arrivals, float), np.asarray(prompts), np.asarray(outputs))
 
 
-def _run_to_end(states: RequestStates, spec: SchedulerSpec) -> list[list]:
+def _states(trace: Trace, spec: SchedulerSpec, p: int = 1) -> RequestStates:
+    return RequestStates(trace, spec, p=p, block_size=16)
+
+
+def _run_to_end(states: RequestStates) -> list[list]:
     """Every batch until the trace is served, one batch in flight at a time."""
     batches = []
-    states.arrived = len(states.prompt)
+    states.arrive(len(states.reqs.prompt))
     while not states.done:
-        entries = next_batch(states, spec)
+        entries = states.next_batch(0.0)
         assert entries, "nothing to run while requests remain"
         batches.append(entries)
-        states.complete(entries)
+        states.complete(entries, 0.0)
     return batches
 
 
 def test_sarathi_runs_decodes_first_then_chunks_prefills_to_the_budget():
-    states = RequestStates(_trace([10, 30], [3, 2]), slots=4)
     spec = SchedulerSpec(name=SchedulerName.SARATHI, chunk=8)
-    batches = _run_to_end(states, spec)
+    batches = _run_to_end(_states(_trace([10, 30], [3, 2]), spec))
     first = batches[0]
     assert [(e.request, e.context, e.tokens, e.emits) for e in first] == [(0, 0, 8, False)]
     second = batches[1]  # request 0's last 2 prompt tokens (it makes token 1), then 6 of request 1's
@@ -51,41 +54,47 @@ def test_sarathi_runs_decodes_first_then_chunks_prefills_to_the_budget():
 
 
 def test_vllm_takes_whole_prompts_first_and_no_decodes_with_them():
-    states = RequestStates(_trace([5, 6, 7], [2, 2, 2]), slots=2)
-    spec = SchedulerSpec(name=SchedulerName.VLLM, max_tokens=12)
-    states.arrived = 3
-    first = next_batch(states, spec)
-    assert [(e.request, e.tokens) for e in first] == [(0, 5), (1, 6)]  # 2 slots, 11 of 12 tokens
-    states.complete(first)
-    second = next_batch(states, spec)  # request 2 waits for a slot: decodes only
+    spec = SchedulerSpec(name=SchedulerName.VLLM, max_tokens=12, max_batch=2)
+    states = _states(_trace([5, 6, 7], [2, 2, 2]), spec)
+    states.arrive(3)
+    first = states.next_batch(0.0)
+    assert [(e.request, e.tokens) for e in first] == [(0, 5), (1, 6)]  # 2 running at most, 11 of 12 tokens
+    states.complete(first, 0.0)
+    second = states.next_batch(0.0)  # request 2 waits for room: decodes only
     assert [(e.request, e.decode, e.context) for e in second] == [(0, True, 5), (1, True, 6)]
-    states.complete(second)  # both finish (2 tokens each): their slots are free again
-    assert states.free_slots and states.running == []
-    third = next_batch(states, spec)
+    states.complete(second, 0.0)  # both finish (2 tokens each): their slots are free again
+    assert len(states.free_slots) == 2 and states.inst.running == 0
+    third = states.next_batch(0.0)
     assert [(e.request, e.tokens) for e in third] == [(2, 7)]
 
 
 def test_a_request_in_flight_joins_no_other_batch():
-    states = RequestStates(_trace([4, 4], [3, 3]), slots=2)
     spec = SchedulerSpec(name=SchedulerName.SARATHI, chunk=64)
-    states.arrived = 1
-    first = next_batch(states, spec)
+    states = _states(_trace([4, 4], [3, 3]), spec, p=3)
+    states.arrive(1)
+    first = states.next_batch(0.0)
     assert [e.request for e in first] == [0]
-    states.arrived = 2
-    second = next_batch(states, spec)  # request 0 is still in flight: only the new one
+    states.arrive(2)
+    second = states.next_batch(0.0)  # request 0 is still in flight: only the new one
     assert [e.request for e in second] == [1]
-    assert next_batch(states, spec) == []
+    assert states.next_batch(0.0) == []  # a third batch may fly, but every request is in one
+    states.complete(first, 0.0)
+    assert [(e.request, e.decode) for e in states.next_batch(0.0)] == [(0, True)]
 
 
-def test_slots_bound_the_requests_running_at_once():
-    states = RequestStates(_trace([3] * 5, [4] * 5), slots=2)
-    spec = SchedulerSpec(name=SchedulerName.ORCA, max_tokens=100)
-    states.arrived = 5
+def test_slots_bound_the_requests_running_at_once_and_the_cache_never_preempts():
+    trace = _trace([3, 40, 3, 17, 9], [4, 30, 2, 8, 5])
+    spec = SchedulerSpec(name=SchedulerName.ORCA, max_tokens=100, max_batch=2)
+    states = _states(trace, spec)
+    # every slot at the longest request (70 tokens: 5 blocks of 16), the 1% watermark on top
+    assert cache_blocks(trace, 2, 16) == 12
+    states.arrive(5)
     while not states.done:
-        entries = next_batch(states, spec)
-        assert len({e.slot for e in entries}) == len(entries) <= 2
-        assert len(states.running) <= 2
-        states.complete(entries)
+        entries = states.next_batch(0.0)
+        slots = [e.slot for e in entries]
+        assert len(set(slots)) == len(entries) <= 2 and all(0 <= s < 2 for s in slots)
+        states.complete(entries, 0.0)
+    assert states.reqs.preemptions.sum() == 0 and np.array_equal(states.reqs.made, trace.decode_tokens)
 
 
 def test_profile_batches_stay_within_the_cache_and_the_slots():
@@ -109,12 +118,6 @@ def test_a_scheduler_the_real_run_does_not_run_is_refused():
     with pytest.raises(PipeschedError, match="scheduler=static"):
         check_serve_inputs(load_model("tiny"), _trace([8], [2]),
                            ServeRunOptions(scheduler=SchedulerSpec(name=SchedulerName.STATIC)))
-
-
-def test_a_prompt_no_iteration_can_hold_is_refused():
-    with pytest.raises(PipeschedError, match="max_tokens=16"):
-        check_serve_inputs(load_model("tiny"), _trace([32], [2]),
-                           ServeRunOptions(scheduler=SchedulerSpec(name=SchedulerName.VLLM, max_tokens=16)))
 
 
 @pytest.fixture(scope="module")

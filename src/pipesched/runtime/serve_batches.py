@@ -1,24 +1,19 @@
-"""The batch a real serving run's first rank forms each iteration (no torch here).
+"""The batches a real serving run's first rank forms: the simulator's own scheduler
+(``serving.schedulers.select_batch``) on the simulator's request and instance state, driven
+by the wall clock (no torch here).
 
-The run keeps one KV-cache slot per running request: a request is admitted (given a slot)
-when its prefill first joins a batch and holds it to its last token, so at most
-``max_batch`` requests run at once and the cache never overflows (no preemption). A
-request in a batch still in flight through the pipeline joins no other batch: its next
-token needs the one that batch makes (vLLM's pipeline parallelism: each in-flight batch
-holds its own requests).
+The real KV cache is preallocated per request slot (``serve_model``): a request takes a
+slot when its prefill first joins a batch and keeps it to its last token. The scheduler's
+paged cache (``PagedKVCache``) is sized to hold every slot's longest request with the
+watermark to spare, so it never preempts: at most ``max_batch`` x p requests run at once
+(the scheduler's cap), and that is the number of slots. ``cache_blocks`` is that size; a
+prediction of the run gives its deployment the same.
 
-Policies, by ``SchedulerSpec.name`` (each iteration, over the requests not in flight):
-
-- ``sarathi``: a budget of ``chunk`` tokens; running decodes first (one token each), then
-  the prefills already begun, then new requests in arrival order, each prefill chunked to
-  what is left of the budget (Sarathi-Serve's stall-free batching);
-- ``orca``: the same order without chunking: whole prompts join while ``max_tokens`` allows;
-- ``vllm``: waiting prompts first, whole, while ``max_tokens`` allows; an iteration that
-  takes one takes no decodes; else every running decode.
-
-Token positions: a request's prompt of p tokens fills positions 0..p-1 and makes output
-token 1; decode step j (j >= 1) feeds output token j at position p + j - 1, attends over
-its p + j cached keys and makes output token j + 1.
+What a batch holds, per request (``BatchEntry``): the tokens already in its cache
+(context) and the tokens it feeds, a decode step's one or a prefill chunk; whether it makes
+a token (every decode, and the chunk that ends the prompt). Token positions: a prompt of p
+tokens fills positions 0..p-1 and makes output token 1; the decode that feeds output token
+j sits at position p + j - 1 and reads its p + j cached keys (``kv_read``, the engine's K).
 """
 
 from __future__ import annotations
@@ -30,6 +25,10 @@ import numpy as np
 from pipesched.enums import SchedulerName
 from pipesched.errors import require
 from pipesched.serving.config import SchedulerSpec
+from pipesched.serving.deployment import InstancePlan
+from pipesched.serving.kv_cache import WATERMARK, PagedKVCache
+from pipesched.serving.schedulers import Plan, select_batch
+from pipesched.serving.state import InstanceState, Requests
 from pipesched.serving.trace import Trace
 
 POLICIES = (SchedulerName.SARATHI, SchedulerName.ORCA, SchedulerName.VLLM)
@@ -60,124 +59,97 @@ class BatchEntry:
 def check_policy(spec: SchedulerSpec, trace: Trace) -> None:
     """Refuse a scheduler the real run does not run, or a prompt its policy can never batch."""
     require(spec.name in POLICIES, "scheduler", spec.name.value,
-            f"a real run schedules with {', '.join(p.value for p in POLICIES)}")
-    if spec.name != SchedulerName.SARATHI and len(trace):
-        longest = int(trace.prefill_tokens.max())
-        require(longest <= spec.max_tokens, "max_tokens", spec.max_tokens,
-                f"a prompt of {longest} tokens never fits one iteration; give --max-tokens {longest} or more")
+            f"a real run schedules with {', '.join(p.value for p in POLICIES)} (static batching waits for "
+            "whole batches, which the real loop does not do)")
+
+
+def slot_count(trace: Trace, spec: SchedulerSpec, p: int) -> int:
+    """KV slots of a real run: the most requests the scheduler runs at once, at most the trace's."""
+    return min(spec.max_batch * p, len(trace))
+
+
+def cache_blocks(trace: Trace, slots: int, block_size: int) -> int:
+    """Blocks the scheduler's paged cache gets: every slot at the trace's longest request,
+    and the watermark on top (so it never preempts)."""
+    need = slots * -(-int(trace.total_tokens.max()) // block_size)
+    return int(np.ceil(need / (1.0 - WATERMARK))) + 1
 
 
 class RequestStates:
-    """Where every request of the trace is; what ``next_batch`` reads and ``complete`` moves."""
+    """The scheduler's state of one replica of ``p`` stages, and the slots of its requests."""
 
-    def __init__(self, trace: Trace, slots: int) -> None:
-        n = len(trace)
-        self.prompt = trace.prefill_tokens
-        self.output = trace.decode_tokens
-        self.prefilled = np.zeros(n, np.int64)  # prompt tokens in the cache
-        self.generated = np.zeros(n, np.int64)  # output tokens made
-        self.slot = np.full(n, -1, np.int64)
-        self.in_flight = np.zeros(n, bool)
-        self.finished = np.zeros(n, bool)
-        self.arrived = 0  # requests 0..arrived-1 have arrived
-        self.admitted = 0  # requests 0..admitted-1 have had a slot (arrival order)
+    def __init__(self, trace: Trace, spec: SchedulerSpec, *, p: int, block_size: int) -> None:
+        self.spec = spec
+        self.reqs = Requests(trace)
+        slots = slot_count(trace, spec, p)
+        capacity = cache_blocks(trace, slots, block_size)
+        plan = InstancePlan(kind="replica", stages=(), devices=tuple(range(p)), tp=1,
+                            kv_capacity_blocks=capacity, kv_bytes_per_token=0.0)
+        self.inst = InstanceState(0, plan, PagedKVCache(capacity, block_size, self.reqs.held))
+        self.inst.p = p  # batches in flight (the plan carries no stage costs here)
+        self.arrived = 0  # requests 0..arrived-1 have joined the waiting queue
+        self.slot = np.full(len(trace), -1, np.int64)
         self.free_slots = list(range(slots - 1, -1, -1))
-        self.running: list[int] = []  # requests holding a slot, in admission order
 
     @property
     def done(self) -> bool:
-        return bool(self.finished.all())
+        return not bool(np.isnan(self.reqs.finished_at).any())
 
-    def admit(self) -> int:
-        """Give the next waiting request a slot; its row."""
-        request = self.admitted
-        self.slot[request] = self.free_slots.pop()
-        self.running.append(request)
-        self.admitted += 1
-        return request
+    def arrive(self, count: int) -> None:
+        """Requests up to row ``count`` have arrived: they wait for the scheduler."""
+        for request in range(self.arrived, count):
+            self.inst.waiting.append(request)
+            self.inst.unfinished += 1
+        self.arrived = max(self.arrived, count)
 
-    def can_admit(self) -> bool:
-        return self.admitted < self.arrived and bool(self.free_slots)
+    def next_batch(self, now: float) -> list[BatchEntry]:
+        """The next iteration's batch (``select_batch``); [] when nothing can run now."""
+        if self.inst.in_flight >= self.inst.p:
+            return []
+        plan = select_batch(self.spec, self.inst, self.reqs, now)
+        require(not plan.swap_out and not plan.swap_in, "kv_capacity_blocks", self.inst.cache.capacity,
+                "the real run's cache preempted; it is sized never to")
+        if plan.empty:
+            return []
+        self.inst.in_flight += 1
+        return self._entries(plan)
 
-    def complete(self, entries: list[BatchEntry]) -> list[int]:
-        """The batch's tokens are back: move its requests on; the requests it finished."""
-        finished = []
-        for entry in entries:
-            request = entry.request
-            self.in_flight[request] = False
-            if self.prefilled[request] < self.prompt[request]:
-                self.prefilled[request] += entry.tokens
-            if entry.emits:
-                self.generated[request] += 1
-                if self.generated[request] == self.output[request]:
-                    self.finished[request] = True
-                    self.free_slots.append(int(self.slot[request]))
-                    self.running.remove(request)
-                    finished.append(request)
-        return finished
-
-
-def _decode(states: RequestStates, request: int) -> BatchEntry:
-    context = int(states.prompt[request] + states.generated[request] - 1)
-    return BatchEntry(request, int(states.slot[request]), context, 1, True, True)
-
-
-def _prefill(states: RequestStates, request: int, budget: int) -> BatchEntry:
-    done = int(states.prefilled[request])
-    chunk = min(int(states.prompt[request]) - done, budget)
-    return BatchEntry(request, int(states.slot[request]), done, chunk, bool(done + chunk == states.prompt[request]), False)
-
-
-def _ready(states: RequestStates) -> tuple[list[int], list[int]]:
-    """Running requests not in flight: (decoding, prefilling), in admission order."""
-    decoding, prefilling = [], []
-    for request in states.running:
-        if not states.in_flight[request]:
-            (decoding if states.prefilled[request] == states.prompt[request] else prefilling).append(request)
-    return decoding, prefilling
-
-
-def next_batch(states: RequestStates, spec: SchedulerSpec) -> list[BatchEntry]:
-    """The next iteration's batch under ``spec`` (module docstring); [] when nothing can
-    run now. Marks its requests in flight and admits the new ones it takes."""
-    if spec.name == SchedulerName.VLLM:
-        entries = _vllm(states, spec)
-    else:
-        entries = _decodes_first(states, spec, chunked=spec.name == SchedulerName.SARATHI)
-    for entry in entries:
-        states.in_flight[entry.request] = True
-    return entries
-
-
-def _decodes_first(states: RequestStates, spec: SchedulerSpec, *, chunked: bool) -> list[BatchEntry]:
-    budget = spec.chunk if chunked else spec.max_tokens
-    decoding, prefilling = _ready(states)
-    entries = [_decode(states, r) for r in decoding[:budget]]
-    budget -= len(entries)
-    for request in prefilling:
-        left = int(states.prompt[request] - states.prefilled[request])
-        if budget <= 0 or (not chunked and left > budget):
-            break
-        entries.append(_prefill(states, request, budget))
-        budget -= entries[-1].tokens
-    while budget > 0 and states.can_admit():
-        if not chunked and states.prompt[states.admitted] > budget:
-            break
-        entries.append(_prefill(states, states.admit(), budget))
-        budget -= entries[-1].tokens
-    return entries
-
-
-def _vllm(states: RequestStates, spec: SchedulerSpec) -> list[BatchEntry]:
-    budget = spec.max_tokens
-    entries = []
-    while states.can_admit() and states.prompt[states.admitted] <= budget:
-        entries.append(_prefill(states, states.admit(), budget))
-        budget -= entries[-1].tokens
-    if entries:
+    def _entries(self, plan: Plan) -> list[BatchEntry]:
+        reqs = self.reqs
+        entries = []
+        for r in plan.decodes.tolist():
+            entries.append(BatchEntry(r, int(self.slot[r]), int(reqs.cached[r]), 1, True, True))
+        for r, chunk in zip(plan.prefill.tolist(), plan.chunks.tolist(), strict=True):
+            if self.slot[r] < 0:
+                self.slot[r] = self.free_slots.pop()
+            context = int(reqs.cached[r])
+            entries.append(BatchEntry(r, int(self.slot[r]), context, chunk, context + chunk == reqs.target[r], False))
         return entries
-    decoding, _ = _ready(states)
-    return [_decode(states, r) for r in decoding[:budget]]
+
+    def complete(self, entries: list[BatchEntry], now: float) -> None:
+        """The batch's tokens are back: its requests go on or finish (the engine's batch end)."""
+        reqs, inst = self.reqs, self.inst
+        inst.in_flight -= 1
+        made = []
+        for entry in entries:
+            r = entry.request
+            reqs.cached[r] += entry.tokens
+            if entry.emits:
+                made.append(r)
+            elif not entry.decode:
+                inst.partial.append(r)
+        rows = np.asarray(made, np.int64)
+        reqs.made[rows] += 1
+        over = reqs.made[rows] == reqs.out[rows]
+        finished, going = rows[over], rows[~over]
+        if finished.size:
+            reqs.finished_at[finished] = now
+            inst.cache.release(finished, now)
+            inst.running -= finished.size
+            inst.unfinished -= finished.size
+            self.free_slots.extend(int(s) for s in self.slot[finished])
+        if going.size:
+            inst.available.append(going)
 
 
 def profile_batches(trace: Trace, spec: SchedulerSpec, slots: int) -> list[list[BatchEntry]]:
@@ -190,8 +162,8 @@ def profile_batches(trace: Trace, spec: SchedulerSpec, slots: int) -> list[list[
     sizes = sorted({max(1, chunk // 8), max(1, chunk // 4), max(1, chunk // 2), chunk})
     batches = [[BatchEntry(0, 0, 0, n, True, False)] for n in sizes]
     half = max(1, chunk // 2)
-    if chunk >= 2:
-        batches.append([BatchEntry(0, 0, 0, half, True, False), BatchEntry(1 % slots, 1 % slots, 0, half, True, False)])
+    if chunk >= 2 and slots >= 2:
+        batches.append([BatchEntry(0, 0, 0, half, True, False), BatchEntry(1, 1, 0, half, True, False)])
     if longest - chunk // 4 > chunk // 2 and chunk >= 4:
         batches.append([BatchEntry(0, 0, chunk // 2, chunk // 4, True, False)])
     counts = sorted({1, max(1, slots // 4), max(1, slots // 2), slots})

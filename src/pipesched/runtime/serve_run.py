@@ -9,15 +9,19 @@ first, head last). Rank 0 also schedules: each iteration it admits the requests 
 arrived by the wall clock (arrival times counted from a common start after every rank is
 ready), forms a batch (``serve_batches``), runs its stage, and sends the batch's entry table
 and hidden states to rank 1; each stage sends its output on, the last samples greedily and
-sends the tokens back to rank 0. Up to ``in_flight`` batches (default P, vLLM's pipeline
-parallelism) travel through the stages at once, each with its own requests.
+sends the tokens back to rank 0. Up to P batches (vLLM's pipeline parallelism, the engine's
+semantics) travel through the stages at once, each with its own requests; the batches are
+the simulator's scheduler's (``serve_batches``).
 
 Times (every rank on the host's monotonic clock, ``measure``): a stage's iteration runs
 from when its input was in hand (rank 0: when the batch was formed) to when its output was
 ready; a token is made when the last stage's iteration that sampled it ended. A request is
 scheduled when its first chunk's iteration started on the first stage. Rank 0's time to
 form each batch (admission and the policy, its entry table and inputs) is the per-iteration
-CPU overhead, kept apart (``ServeRunReport.overhead_s``).
+CPU overhead, kept apart (``ServeRunReport.overhead_s``) and inside stage 0's rows (the
+engine adds ``cpu_overhead_s`` to stage 0 likewise). The KV use reported is the
+scheduler's paged cache, blocks taken when a batch forms and freed when rank 0 has a
+request's last token.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from pipesched.runtime.runs import (
     memory_problem,
     stage_partition,
 )
-from pipesched.runtime.serve_batches import BatchEntry, check_policy
+from pipesched.runtime.serve_batches import BatchEntry, check_policy, slot_count
 from pipesched.serving.config import Instances, KVSettings, SchedulerSpec, ServeConfig
 from pipesched.serving.records import IterationLog, KVTrace, ServeRun
 from pipesched.serving.trace import Trace
@@ -64,7 +68,6 @@ class ServeRunOptions:
 
     p: int = DEFAULTS.serve_run_p  # ranks, one pipeline stage each
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
-    in_flight: int = 0  # batches in flight through the stages at once; 0 = p
     dtype: str = DEFAULTS.run_dtype
     backend: str = "gloo"  # gloo (CPU ranks) or nccl (one GPU per rank)
     seed: int = 0  # weights and prompt token ids
@@ -78,16 +81,11 @@ class ServeRunOptions:
 
     def __post_init__(self) -> None:
         check_count("p", self.p, MAX_STAGES, what="ranks")
-        check_count("in_flight", self.in_flight, MAX_STAGES, minimum=0, what="batches in flight")
         check_count("threads", self.threads, MAX_THREADS, what="threads")
         check_count("profile_repeats", self.profile_repeats, MAX_REPEATS, minimum=0, what="repeats")
         require(self.dtype in RUNTIME_DTYPES, "dtype", self.dtype, f"must be one of {', '.join(RUNTIME_DTYPES)}")
         require(self.backend in BACKENDS, "backend", self.backend, f"must be one of {', '.join(BACKENDS)}")
         check_amount("timeout", self.timeout_s, limit=MAX_TIMEOUT_S, above_minimum=True, unit="seconds")
-
-    @property
-    def batches_in_flight(self) -> int:
-        return self.in_flight or self.p
 
 
 @dataclass(frozen=True)
@@ -117,6 +115,10 @@ class RankServeResult:
     # profile phase: (composition index, seconds of each repeat); link: (tokens, one-way seconds)
     profile: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)
     link: list[tuple[int, float]] = field(default_factory=list)
+    # rank 0: the scheduler's paged cache over time (seconds from the start) and its size
+    kv_times: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    kv_capacity: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ def check_serve_inputs(model: ModelSpec, trace: Trace, options: ServeRunOptions)
 
 
 def _slots(trace: Trace, options: ServeRunOptions) -> int:
-    return min(options.scheduler.max_batch, len(trace))
+    return slot_count(trace, options.scheduler, options.p)
 
 
 def serve_bytes_per_rank(model: ModelSpec, partition: Partition, options: ServeRunOptions, *, slots: int,
@@ -245,7 +247,7 @@ def measured_serve_run(task: ServeTask, ranks: list[RankServeResult]) -> ServeRu
         trace=task.trace, config=config, instance=np.zeros(len(task.trace), np.int32), scheduled_at=scheduled,
         first_token_at=flat[offsets[:-1]], finished_at=flat[offsets[1:] - 1],
         preemptions=np.zeros(len(task.trace), np.int32), token_times=flat, token_offsets=offsets,
-        iterations=iteration_log(ranks, entries, origin), kv=kv_trace(task, entries, started, made),
+        iterations=iteration_log(ranks, entries, origin), kv=KVTrace((lead.kv_times,), (lead.kv_blocks,), (lead.kv_capacity,), task.options.block_size),
         instance_kind=("replica",), instance_devices=(tuple(range(task.options.p)),), tp=(1,),
         peak_flops=load_device("cpu").peak_flops if task.options.backend == "gloo" else 0.0,
         source="measured",
@@ -282,26 +284,3 @@ def iteration_log(ranks: list[RankServeResult], entries: list[list[BatchEntry]],
         decodes=decodes[batch], kv_tokens=kv_tokens[batch], flops=np.zeros(batch.size),
         members=members, offsets=offsets,
     )
-
-
-def kv_trace(task: ServeTask, entries: list[list[BatchEntry]], started: np.ndarray, made: np.ndarray) -> KVTrace:
-    """KV blocks in use over time: a request's blocks grow to hold its context when its batch
-    starts on the first stage and are freed when its last token is made."""
-    size = task.options.block_size
-    held = np.zeros(len(task.trace), np.int64)
-    event_time, event_delta = [], []
-    for batch, batch_entries in enumerate(entries):
-        for entry in batch_entries:
-            blocks = -(-(entry.context + entry.tokens) // size)
-            if blocks != held[entry.request]:
-                event_time.append(started[batch])
-                event_delta.append(blocks - held[entry.request])
-                held[entry.request] = blocks
-            if entry.emits and entry.context + entry.tokens == task.trace.total_tokens[entry.request] - 1:
-                event_time.append(made[batch])
-                event_delta.append(-held[entry.request])
-    order = np.argsort(np.asarray(event_time), kind="stable")
-    times = np.asarray(event_time, np.float64)[order]
-    blocks = np.cumsum(np.asarray(event_delta, np.int64)[order])
-    capacity = task.slots * -(-task.max_len // size)
-    return KVTrace(times=(times,), blocks=(blocks,), capacity_blocks=(capacity,), block_size=size)

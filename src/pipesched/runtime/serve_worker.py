@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.runtime.launch import LaunchSpec, RankContext
-from pipesched.runtime.serve_batches import BatchEntry, RequestStates, next_batch
+from pipesched.runtime.serve_batches import BatchEntry, RequestStates
 from pipesched.runtime.serve_model import CacheShape, ServeStage
 from pipesched.runtime.serve_profile import profile_link, profile_stage
 from pipesched.runtime.serve_run import RankServeResult, ServeTask
@@ -85,11 +85,13 @@ class Lead:
     def __init__(self, task: ServeTask, channel: Channel) -> None:
         trace = task.trace
         self.task, self.channel = task, channel
-        self.states = RequestStates(trace, task.slots)
+        self.states = RequestStates(trace, task.options.scheduler, p=task.options.p,
+                                    block_size=task.options.block_size)
         generator = torch.Generator().manual_seed(task.options.seed)
         self.prompts = [torch.randint(task.model.vocab_size, (int(n),), generator=generator) for n in trace.prefill_tokens]
         self.tokens: list[list[int]] = [[] for _ in range(len(trace))]
         self.in_flight = 0  # batches sent and not yet back
+        self.origin_ns = 0  # the common start: the trace's time 0 on the host clock
         # a thread waits for each batch's messages in dispatch order (a gloo receive says it
         # is complete only to a wait) and hands the batch back here
         self.posted: queue.Queue[InFlight | None] = queue.Queue()
@@ -116,7 +118,7 @@ class Lead:
         except queue.Empty:
             return False
         self.in_flight -= 1
-        self.finish(flight)
+        self.finish(flight, (time.perf_counter_ns() - self.origin_ns) * 1e-9)
         return True
 
     def close(self) -> None:
@@ -136,28 +138,27 @@ class Lead:
         device = self.channel.device
         return torch.cat(ids).to(device), torch.cat(positions).to(device), table
 
-    def finish(self, flight: InFlight) -> None:
+    def finish(self, flight: InFlight, now: float) -> None:
         """Take a batch's tokens: every emitting request gets its next token."""
         made = flight.tokens.tolist()
         emitting = [e for e in flight.entries if e.emits]
         for entry, token in zip(emitting, made, strict=True):
             self.tokens[entry.request].append(int(token))
-        self.states.complete(flight.entries)
+        self.states.complete(flight.entries, now)
 
 
 def _lead(stage: ServeStage, task: ServeTask, channel: Channel, result: RankServeResult, context: RankContext) -> None:
     lead = Lead(task, channel)
     states = lead.states
     arrive_ns = np.asarray(task.trace.arrived_at * 1e9, np.int64)
-    result.origin_ns = origin = time.perf_counter_ns()
-    limit = task.options.batches_in_flight
+    result.origin_ns = lead.origin_ns = origin = time.perf_counter_ns()
     try:
         while not states.done:
             while lead.take(0):
                 pass
             begun = time.perf_counter_ns()
-            states.arrived = int(np.searchsorted(arrive_ns, begun - origin, side="right"))
-            entries = next_batch(states, task.options.scheduler) if lead.in_flight < limit else []
+            states.arrive(int(np.searchsorted(arrive_ns, begun - origin, side="right")))
+            entries = states.next_batch((begun - origin) * 1e-9)
             if entries:
                 _dispatch(stage, lead, entries, begun, result, context)
                 continue
@@ -166,6 +167,8 @@ def _lead(stage: ServeStage, task: ServeTask, channel: Channel, result: RankServ
         lead.close()
     _stop(task, channel)
     result.tokens = lead.tokens
+    result.kv_times, result.kv_blocks = states.inst.cache.trace()
+    result.kv_capacity = states.inst.cache.capacity
 
 
 def _wait(lead: Lead, arrive_ns: np.ndarray, origin: int) -> None:
