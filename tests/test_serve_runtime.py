@@ -19,6 +19,7 @@ from pipesched.runtime.serve_check import (
     fit_links,
     fit_stage_rows,
     predicted_deployment,
+    serve_check,
 )
 from pipesched.runtime.serve_run import (
     RankServeResult,
@@ -266,3 +267,21 @@ def test_the_comparison_is_the_signed_relative_error_per_request():
     for metric in compare_runs(measured, predicted):
         assert metric.errors == pytest.approx(np.full(metric.errors.size, 0.2))
         assert metric.median_abs_error == pytest.approx(0.2)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_serve_check_runs_profiles_predicts_and_reports_one_json_shape():
+    pytest.importorskip("torch")
+    trace = _trace([24, 9, 30], [5, 7, 3], arrivals=[0.0, 0.04, 0.08])
+    options = ServeRunOptions(p=2, profile_repeats=3, scheduler=SchedulerSpec(chunk=32, max_batch=2), timeout_s=120)
+    report = serve_check(load_model("tiny"), trace, options=options)
+    out = report.to_dict()
+    assert set(out["metrics"]) == {"ttft_s", "tpot_s", "e2e_s"}
+    assert [row["stage"] for row in out["latency_model"]] == [0, 1]
+    assert out["passed"] == all(m["median_abs_error"] <= out["tolerance"] for m in out["metrics"].values())
+    # the prediction ran the same requests to their last token
+    assert np.array_equal(np.diff(report.predicted.token_offsets), trace.decode_tokens)
+    run = report.measured.to_dict()
+    assert [r["output_tokens"] for r in run["per_request"]] == trace.decode_tokens.tolist()
+    assert run["p"] == 2 and run["requests"] == 3

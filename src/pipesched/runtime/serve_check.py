@@ -54,7 +54,6 @@ from pipesched.serving.trace import Trace
 
 TOLERANCE = 0.10  # the check passes when every metric's median absolute error is within this
 CHECK_REPEATS = 20  # timed repeats of each profile composition (and of each link message)
-METRICS = ("ttft_s", "tpot_s", "e2e_s")
 
 
 @dataclass(frozen=True)
