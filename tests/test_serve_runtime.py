@@ -18,6 +18,7 @@ from pipesched.runtime.serve_check import (
     compare_runs,
     fit_links,
     fit_stage_rows,
+    host_delays,
     predicted_deployment,
     serve_check,
 )
@@ -285,3 +286,18 @@ def test_serve_check_runs_profiles_predicts_and_reports_one_json_shape():
     run = report.measured.to_dict()
     assert [r["output_tokens"] for r in run["per_request"]] == trace.decode_tokens.tolist()
     assert run["p"] == 2 and run["requests"] == 3
+
+
+def test_host_delays_find_a_hop_the_link_does_not_explain_and_no_return_in_a_simulated_run():
+    model = load_model("tiny")
+    trace = _trace([30, 12, 50, 8], [4, 6, 2, 5], arrivals=[0.0, 0.001, 0.02, 0.03])
+    options = ServeRunOptions(p=2, scheduler=SchedulerSpec(chunk=32, max_batch=4))
+    link = LinkFit(0, 5e-5, 1e9, (), ())
+    hidden = model.hidden_size * 4
+    plain = simulate_serving(predicted_deployment(model, trace, options, ROWS, (link,), cpu_overhead_s=2e-4,
+                                                  slots=4), trace)
+    none = host_delays(plain, (link,), hidden)
+    assert none.hop_s[0] == pytest.approx(0.0, abs=1e-12) and none.return_s == pytest.approx(0.0, abs=1e-12)
+    slowed = simulate_serving(predicted_deployment(model, trace, options, ROWS, (link,), cpu_overhead_s=2e-4,
+                                                   slots=4, hop_s=(3e-3,)), trace)
+    assert host_delays(slowed, (link,), hidden).hop_s[0] == pytest.approx(3e-3, rel=1e-9)

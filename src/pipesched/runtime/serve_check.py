@@ -16,8 +16,8 @@ The host's delays. On a shared machine a message waits for its receiver to get a
 hidden states of a batch reach the next stage later than the link alone says, and a
 batch's tokens reach rank 0 later than the last stage made them (the engine makes a batch's
 requests ready at its end on the last stage). Both are measured from the run like the CPU
-overhead (``host_delays``, means: the metrics add them up): the hop, each stage's start after the later of its input's
-end on the stage before and its own previous end, less the link's time for the message;
+overhead (``host_delays``, means: the metrics add them up): the hop, a stage's start after its input's end on the stage
+before when it was idle by then, less the link's time for the message;
 the return, stage 0's idle time between a batch's end on the last stage and the next batch
 with one of its requests. The prediction adds the hop to each stage's ``send_s`` and the
 return to ``cpu_overhead_s``; ``profile_only`` is the prediction without them.
@@ -117,9 +117,9 @@ def host_delays(run: ServeRun, links: Sequence[LinkFit], hidden_bytes_per_token:
     for stage, link in enumerate(links):
         before, after = rows[stage], rows[stage + 1]
         free = np.concatenate([[-np.inf], log.end[after][:-1]])
-        wait = log.start[after] - np.maximum(log.end[before], free)
-        hops.append(max(0.0, float(np.mean(wait - (link.latency_s + tokens * hidden_bytes_per_token
-                                                          / link.bandwidth)))))
+        idle = free <= log.end[before]  # the message alone decides when the stage starts
+        wait = log.start[after] - log.end[before] - (link.latency_s + tokens * hidden_bytes_per_token / link.bandwidth)
+        hops.append(max(0.0, float(np.mean(wait[idle]))) if idle.any() else 0.0)
     first, last = rows[0], rows[-1]
     idle = []
     seen: dict[int, int] = {}  # request -> the last batch that held it
