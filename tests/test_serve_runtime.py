@@ -283,9 +283,11 @@ def test_serve_check_runs_profiles_predicts_and_reports_one_json_shape():
     assert out["passed"] == all(m["median_abs_error"] <= out["tolerance"] for m in out["metrics"].values())
     # the prediction ran the same requests to their last token
     assert np.array_equal(np.diff(report.predicted.token_offsets), trace.decode_tokens)
-    run = report.measured.to_dict()
+    run = report.measured.to_dict(per_request=True)
     assert [r["output_tokens"] for r in run["per_request"]] == trace.decode_tokens.tolist()
-    assert run["p"] == 2 and run["requests"] == 3
+    assert run["p"] == 2 and run["requests"] == 3 and run["source"] == "measured"
+    measured_ttft = report.measured.run.first_token_at - trace.arrived_at
+    assert [r["ttft_s"] for r in run["per_request"]] == pytest.approx(measured_ttft.tolist())
 
 
 def test_host_delays_find_a_hop_the_link_does_not_explain_and_no_return_in_a_simulated_run():

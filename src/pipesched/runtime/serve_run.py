@@ -60,6 +60,7 @@ from pipesched.runtime.runs import (
 from pipesched.runtime.serve_batches import BatchEntry, check_policy, slot_count
 from pipesched.serving.config import Instances, KVSettings, SchedulerSpec, ServeConfig
 from pipesched.serving.records import IterationLog, KVTrace, ServeRun
+from pipesched.serving.results import serve_result
 from pipesched.serving.trace import Trace
 
 NS = 1e-9  # seconds per nanosecond of the host clock
@@ -144,23 +145,15 @@ class ServeRunReport:
         """The median per-iteration CPU overhead (``ServeConfig.cpu_overhead_s`` of a prediction)."""
         return float(np.median(self.overhead_s)) if self.overhead_s.size else 0.0
 
-    def to_dict(self) -> dict:
-        """The JSON shape of ``serve run --json``: the run's settings, then per request its
-        arrival and measured times (seconds from the trace's time 0)."""
+    def to_dict(self, *, per_request: bool = False) -> dict:
+        """The JSON shape of ``serve run --json``: how it ran, then the metrics of the measured
+        run in the shape of ``serve simulate`` (``serving.results``)."""
         run = self.run
-        ttft = run.first_token_at - run.trace.arrived_at
         return {
             "model": self.model, "p": len(self.partition.sizes), "partition": str(self.partition),
-            "backend": self.backend, "scheduler": run.config.scheduler.name.value,
-            "requests": len(run.trace), "iterations": int(run.iterations.offsets.size - 1),
-            "duration_s": run.duration, "cpu_overhead_s": self.cpu_overhead_s,
-            "ttft_s": {"median": float(np.median(ttft)) if ttft.size else 0.0},
-            "per_request": [
-                {"arrived_at": float(run.trace.arrived_at[r]), "scheduled_at": float(run.scheduled_at[r]),
-                 "first_token_at": float(run.first_token_at[r]), "finished_at": float(run.finished_at[r]),
-                 "output_tokens": int(run.token_offsets[r + 1] - run.token_offsets[r])}
-                for r in range(len(run.trace))
-            ],
+            "backend": self.backend, "scheduler": run.config.scheduler.name.value, "source": run.source,
+            "iterations": int(run.iterations.offsets.size - 1), "cpu_overhead_s": self.cpu_overhead_s,
+            **serve_result(run).to_dict(per_request=per_request),
         }
 
 
