@@ -303,3 +303,10 @@ def test_host_delays_find_a_hop_the_link_does_not_explain_and_no_return_in_a_sim
     slowed = simulate_serving(predicted_deployment(model, trace, options, ROWS, (link,), cpu_overhead_s=2e-4,
                                                    slots=4, hop_s=(3e-3,)), trace)
     assert host_delays(slowed, (link,), hidden).hop_s[0] == pytest.approx(3e-3, rel=1e-9)
+
+
+def test_a_model_the_machine_cannot_serve_in_the_timeout_is_refused_before_launch():
+    trace = _trace([512] * 4, [64] * 4)
+    with pytest.raises(PipeschedError, match=r"model=gpt3-1\.3b: serving these 4 requests is expected"):
+        check_serve_inputs(load_model("gpt3-1.3b"), trace, ServeRunOptions(timeout_s=1.0))
+    check_serve_inputs(load_model("tiny"), trace, ServeRunOptions(timeout_s=1.0))  # tiny is far quicker

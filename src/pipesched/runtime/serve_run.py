@@ -59,6 +59,8 @@ from pipesched.runtime.runs import (
 )
 from pipesched.runtime.serve_batches import BatchEntry, check_policy, slot_count
 from pipesched.serving.config import Instances, KVSettings, SchedulerSpec, ServeConfig
+from pipesched.serving.deployment import build_deployment
+from pipesched.serving.engine import simulate_serving
 from pipesched.serving.records import IterationLog, KVTrace, ServeRun
 from pipesched.serving.results import serve_result
 from pipesched.serving.trace import Trace
@@ -181,7 +183,8 @@ def serve_partition(model: ModelSpec, options: ServeRunOptions) -> Partition:
 
 def check_serve_inputs(model: ModelSpec, trace: Trace, options: ServeRunOptions) -> None:
     """Refuse, before any rank starts, what a real run cannot serve: a request longer than
-    the model's context, a scheduler it does not run, ranks or memory the machine lacks."""
+    the model's context, a scheduler it does not run, ranks or memory the machine lacks, a
+    model it cannot serve the trace with in the timeout."""
     require(len(trace) >= 1, "requests", 0, "give a trace of at least one request")
     longest = int(np.argmax(trace.total_tokens))
     limit = model.context_length
@@ -199,6 +202,21 @@ def check_serve_inputs(model: ModelSpec, trace: Trace, options: ServeRunOptions)
         raise PipeschedError(f"model={model.name}: {problem.replace('weights and gradients', 'weights and KV cache')}; "
                              "use a smaller model (tiny, small), more ranks, fewer requests at once (--max-batch) "
                              "or a smaller dtype")
+    expected = expected_duration_s(model, trace, options)
+    require(expected <= options.timeout_s, "model", model.name,
+            f"serving these {len(trace)} requests is expected to take {expected:,.0f} s on this machine (the kernel "
+            f"model's cpu preset), more than timeout={options.timeout_s:g}s; use a smaller model (tiny, small), "
+            "fewer or shorter requests, or a longer timeout")
+
+
+def expected_duration_s(model: ModelSpec, trace: Trace, options: ServeRunOptions) -> float:
+    """Seconds from the trace's start to its last token as the engine predicts it with the
+    kernel model's ``cpu`` preset: a lower bound of a real CPU run's (the preset is a
+    nominal server CPU; Python's per-iteration work comes on top)."""
+    config = ServeConfig(instances=Instances(tp=1, pp=options.p, count=1), scheduler=options.scheduler,
+                         kv=KVSettings(block_size=options.block_size))
+    deployment = build_deployment(config, model, serve_cluster(options), dtype=serving_dtype(options.dtype))
+    return float(simulate_serving(deployment, trace).finished_at.max())
 
 
 def _slots(trace: Trace, options: ServeRunOptions) -> int:
