@@ -249,10 +249,11 @@ def compare_runs(measured: ServeRun, predicted: ServeRun) -> tuple[MetricError, 
 
 def serve_check(model: ModelSpec, trace: Trace, *, options: ServeRunOptions | None = None,
                 tolerance: float = TOLERANCE, on_status: StatusCallback | None = None) -> ServeCheckReport:
-    """Serve ``trace`` for real with a profile first, predict it on the fitted model, compare."""
-    options = options or ServeRunOptions(profile_repeats=CHECK_REPEATS)
-    require(options.profile_repeats > 0, "profile_repeats", options.profile_repeats,
-            "a check fits its prediction on a profile: give at least 1 repeat")
+    """Serve ``trace`` for real with a profile first (``options.profile_repeats``, or
+    CHECK_REPEATS when 0), predict it on the fitted model, compare."""
+    options = options or ServeRunOptions()
+    if options.profile_repeats == 0:  # a check fits its prediction on a profile
+        options = dataclasses.replace(options, profile_repeats=CHECK_REPEATS)
     require(0 < tolerance < 1, "tolerance", tolerance, "give a share in (0, 1)")
     measured = serve_run(model, trace, options=options, on_status=on_status)
     slots = measured.slots
