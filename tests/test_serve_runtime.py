@@ -26,6 +26,7 @@ from pipesched.runtime.serve_run import (
     RankServeResult,
     ServeRunOptions,
     check_serve_inputs,
+    kernel_stage_costs,
     serve_run,
 )
 from pipesched.serving.config import SchedulerSpec
@@ -310,3 +311,19 @@ def test_a_model_the_machine_cannot_serve_in_the_timeout_is_refused_before_launc
     with pytest.raises(PipeschedError, match=r"model=gpt3-1\.3b: serving these 4 requests is expected"):
         check_serve_inputs(load_model("gpt3-1.3b"), trace, ServeRunOptions(timeout_s=1.0))
     check_serve_inputs(load_model("tiny"), trace, ServeRunOptions(timeout_s=1.0))  # tiny is far quicker
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_each_measured_iteration_carries_its_model_flops(served):
+    _, report = served
+    log = report.run.iterations
+    costs = kernel_stage_costs(load_model("tiny"), ServeRunOptions(p=2, dtype="float64",
+                                                                   scheduler=SchedulerSpec(chunk=16, max_batch=3)))
+    for row in range(len(log)):
+        batch = int(log.batch[row])
+        entries = report.ranks[0].entries[batch]
+        attention = sum(e.tokens * (e.context + e.tokens) for e in entries if not e.decode)
+        expected = costs[int(log.stage[row])].flops(int(log.prefill_tokens[row] + log.decodes[row]), attention,
+                                                    int(log.kv_tokens[row]))
+        assert log.flops[row] == pytest.approx(expected) and expected > 0
