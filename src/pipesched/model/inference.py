@@ -365,8 +365,10 @@ def fit_latency_rows(samples: np.ndarray) -> tuple[LatencyRow, ...]:
     data = np.asarray(samples, np.float64)
     require(data.ndim == 2 and data.shape[1] == len(SAMPLE_COLUMNS), "samples", data.shape,
             f"give one row of {', '.join(SAMPLE_COLUMNS)} per measured iteration")
-    require(bool(np.isfinite(data).all()) and data.min() >= 0, "samples", "a negative or non-finite value",
+    require(bool(np.isfinite(data).all()) and data.min(initial=0.0) >= 0, "samples", "a negative or non-finite value",
             "give finite measurements >= 0")
+    require(bool((data[:, 1] >= data[:, 3]).all()), "samples", "fewer tokens than decodes",
+            "count each decode among the iteration's tokens (tokens = prefill tokens + decodes)")
     rows = []
     for stage in np.unique(data[:, 0]).astype(int):
         part = data[data[:, 0] == stage]
