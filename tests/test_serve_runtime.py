@@ -31,6 +31,7 @@ from pipesched.runtime.serve_run import (
 )
 from pipesched.serving.config import SchedulerSpec
 from pipesched.serving.engine import simulate_serving
+from pipesched.serving.queues import MADE, PREEMPTED
 from pipesched.serving.trace import Trace
 
 
@@ -46,7 +47,7 @@ def _states(trace: Trace, spec: SchedulerSpec, p: int = 1) -> RequestStates:
 def _run_to_end(states: RequestStates) -> list[list]:
     """Every batch until the trace is served, one batch in flight at a time."""
     batches = []
-    states.arrive(len(states.reqs.prompt))
+    states.arrive(len(states.slot))
     while not states.done:
         entries = states.next_batch(0.0)
         assert entries, "nothing to run while requests remain"
@@ -82,7 +83,7 @@ def test_vllm_takes_whole_prompts_first_and_no_decodes_with_them():
     second = states.next_batch(0.0)  # request 2 waits for room: decodes only
     assert [(e.request, e.decode, e.context) for e in second] == [(0, True, 5), (1, True, 6)]
     states.complete(second, 0.0)  # both finish (2 tokens each): their slots are free again
-    assert len(states.free_slots) == 2 and states.inst.running == 0
+    assert len(states.free_slots) == 2 and states.done is False
     third = states.next_batch(0.0)
     assert [(e.request, e.tokens) for e in third] == [(2, 7)]
 
@@ -113,7 +114,7 @@ def test_slots_bound_the_requests_running_at_once_and_the_cache_never_preempts()
         slots = [e.slot for e in entries]
         assert len(set(slots)) == len(entries) <= 2 and all(0 <= s < 2 for s in slots)
         states.complete(entries, 0.0)
-    assert states.reqs.preemptions.sum() == 0 and np.array_equal(states.reqs.made, trace.decode_tokens)
+    assert states.req[:, PREEMPTED].sum() == 0 and np.array_equal(states.req[:, MADE], trace.decode_tokens)
 
 
 def test_profile_batches_stay_within_the_cache_and_the_slots():
