@@ -27,7 +27,7 @@ from pipesched.errors import require
 from pipesched.serving.config import SchedulerSpec
 
 # the engine's own batch end (its requests go on, finish or wait for their next chunk)
-from pipesched.serving.engine import _end_batch as end_batch
+from pipesched.serving.engine import end_batch
 from pipesched.serving.kv_cache import WATERMARK, watermark_blocks
 from pipesched.serving.queues import (
     CACHED,
