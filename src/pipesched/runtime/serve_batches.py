@@ -208,6 +208,16 @@ class RequestStates:
                 self.slot[entry.request] = -1
 
 
+def warm_up(spec: SchedulerSpec, *, p: int, block_size: int) -> None:
+    """Serve a one-request trace on the tables, so that the compiled scheduler and batch end
+    are loaded (or compiled) before a run's clock starts."""
+    states = RequestStates(Trace(np.zeros(1), np.ones(1, np.int64), np.full(1, 2, np.int64)), spec, p=p,
+                           block_size=block_size)
+    states.arrive(1)
+    while not states.done:
+        states.complete(states.next_batch(0.0), 0.0)
+
+
 def profile_batches(trace: Trace, spec: SchedulerSpec, slots: int) -> list[list[BatchEntry]]:
     """The batch compositions a stage is timed at before a fitted prediction: prefill chunks
     of a few sizes (alone, in pairs, over a cached context), decode batches of a few sizes

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipesched.runtime.launch import LaunchSpec, RankContext
-from pipesched.runtime.serve_batches import BatchEntry, RequestStates
+from pipesched.runtime.serve_batches import BatchEntry, RequestStates, warm_up
 from pipesched.runtime.serve_model import CacheShape, ServeStage
 from pipesched.runtime.serve_profile import profile_link, profile_stage
 from pipesched.runtime.serve_run import RankServeResult, ServeTask
@@ -88,6 +88,7 @@ class Lead:
     def __init__(self, task: ServeTask, channel: Channel) -> None:
         trace = task.trace
         self.task, self.channel = task, channel
+        warm_up(task.options.scheduler, p=task.options.p, block_size=task.options.block_size)
         self.states = RequestStates(trace, task.options.scheduler, p=task.options.p,
                                     block_size=task.options.block_size)
         generator = torch.Generator().manual_seed(task.options.seed)
