@@ -345,7 +345,7 @@ def _event(priority, payload, t, req, times, token_offsets, token_times, ins, ba
     Returns how many KV caches a prefill instance's batch sent (their ends in ``ends``)."""
     if priority == _BATCH_END:
         i = batches[payload, 0]
-        sent = _end_batch(payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going)
+        sent = end_batch(payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going)
         _log_kv(kv_log, counts, i, t, ins)
         touched[i] = True
         for k in range(sent):
@@ -365,7 +365,7 @@ def _event(priority, payload, t, req, times, token_offsets, token_times, ins, ba
 
 
 @njit(cache=True, _nrt=False)
-def _end_batch(b, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going):
+def end_batch(b, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going):
     """The batch's tokens are made: its requests go on, finish, or (from a prefill instance)
     leave for a decode instance (written to ``going``; returns how many)."""
     i, first, decodes, prefills = batches[b, 0], batches[b, 1], batches[b, 2], batches[b, 3]
