@@ -27,15 +27,20 @@ from pipesched.cli.options import (
     Dtype,
     Model,
     OptionGroup,
+    RayAddress,
+    RayFlag,
     SeqLen,
     SequenceParallel,
+    Top,
+    Workers,
     command,
     split_names,
+    whole_numbers,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_whole, wrote
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import require
 from pipesched.experiments.grid import process_map
 from pipesched.experiments.ray_pool import ray_pool, require_ray
 from pipesched.io.files import Output, check_outputs, write_all
@@ -59,20 +64,6 @@ from pipesched.wording import counted
 def _listed(axis: str) -> str:
     """The default values of a SearchSpace axis (its defaults live there, once)."""
     return ",".join(str(value) for value in SearchSpace.__dataclass_fields__[axis].default)
-
-
-def _numbers(field: str, text: str | None) -> tuple[int, ...]:
-    """``"1,2,4"`` -> (1, 2, 4); None -> () (every value)."""
-    if text is None:
-        return ()
-    values = []
-    for part in split_names(text):
-        try:
-            values.append(int(part))
-        except ValueError:
-            raise PipeschedError(f"{field}={text[:40]!r}: give whole numbers separated by commas, e.g. 1,2,4") from None
-    require(bool(values), field, repr(text), "give at least one value")
-    return tuple(values)
 
 
 @dataclass(frozen=True)
@@ -116,11 +107,11 @@ class SpaceOptions(OptionGroup):
             "model": self.model, "cluster": self.cluster, "global_batch": self.global_batch,
             "seq_len": self.seq_len, "gpus": self.gpus, "dtype": self.dtype,
             "sequence_parallel": self.sequence_parallel, "schedules": _names(self.schedules),
-            "chunks": _numbers("chunks", self.chunks) or None, "partitions": _names(self.partitions),
-            "recompute": _names(self.recompute), "zero": _numbers("zero", self.zero) or None,
-            "tensor_parallel": _numbers("tensor-parallel", self.tensor_parallel),
-            "pipeline": _numbers("pipeline", self.pipeline), "data_parallel": _numbers("dp", self.dp),
-            "micro_batch_sizes": _numbers("micro-batch-sizes", self.micro_batch_sizes),
+            "chunks": whole_numbers("chunks", self.chunks) or None, "partitions": _names(self.partitions),
+            "recompute": _names(self.recompute), "zero": whole_numbers("zero", self.zero) or None,
+            "tensor_parallel": whole_numbers("tensor-parallel", self.tensor_parallel),
+            "pipeline": whole_numbers("pipeline", self.pipeline), "data_parallel": whole_numbers("dp", self.dp),
+            "micro_batch_sizes": whole_numbers("micro-batch-sizes", self.micro_batch_sizes),
         }
         return SearchSpace(**{name: value for name, value in given.items() if value is not None})
 
@@ -136,12 +127,9 @@ class RunOptions(OptionGroup):
 
     db: Annotated[str, typer.Option("--db", help="SQLite store of the results: a search started again with the same "
                                                  "store and options resumes")] = DEFAULTS.search_db
-    workers: Annotated[int | None, typer.Option(
-        "--workers", help=f"local worker processes, at most {MAX_WORKERS} [default: the CPU count]")] = None
-    ray: Annotated[bool, typer.Option("--ray", help="run on a local Ray (loopback only) instead of a process "
-                                                    "pool")] = False
-    ray_address: Annotated[str | None, typer.Option(
-        "--ray-address", help="run on the Ray cluster at this HOST:PORT (ray start --head prints it)")] = None
+    workers: Workers = None
+    ray: RayFlag = False
+    ray_address: RayAddress = None
     no_prune: Annotated[bool, typer.Option("--no-prune", help="simulate every point that fits, even those the "
                                                               "bound rules out")] = False
 
@@ -172,7 +160,7 @@ class RunOptions(OptionGroup):
 class ReportOptions(OptionGroup):
     """What is printed and written of the results."""
 
-    top: Annotated[int, typer.Option("--top", help="configurations to print (0: all)")] = DEFAULTS.top
+    top: Top = DEFAULTS.top
     show: Annotated[bool, typer.Option("--show", help="print the results stored in --db and stop")] = False
     csv: Annotated[str | None, typer.Option("--csv", help="write every point's row to this CSV file")] = None
     as_json: AsJson = False

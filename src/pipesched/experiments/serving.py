@@ -15,14 +15,29 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
+from functools import partial
 
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SearchStatus
-from pipesched.errors import require
+from pipesched.errors import OutOfMemory, PipeschedError, require
 from pipesched.experiments.point import record_key
 from pipesched.io.files import read_text
 from pipesched.limits import MAX_QPS, MAX_SECONDS
+from pipesched.model import load_cluster, load_model
+from pipesched.serving.capacity import CapacityResult, capacity
 from pipesched.serving.config import ServeConfig
+from pipesched.serving.deployment import Deployment, build_deployment
+from pipesched.serving.engine import simulate_serving
+from pipesched.serving.records import ServeRun
+from pipesched.serving.trace import (
+    Trace,
+    TraceSpec,
+    at_unit_rate,
+    check_context,
+    rate_scaled,
+    read_trace,
+    unit_trace,
+)
 
 
 @dataclass(frozen=True)
@@ -35,14 +50,14 @@ class ServingWorkload:
     trace: str | None = None  # CSV arrived_at,num_prefill_tokens,num_decode_tokens
     trace_digest: str = ""  # of the trace file's text (``trace_digest``)
     requests: int = DEFAULTS.requests
-    qps: float = DEFAULTS.qps  # requests per second
+    qps: float | None = DEFAULTS.qps  # requests per second (None: a trace file's own arrivals)
     arrival: str = DEFAULTS.arrival  # poisson or gamma:CV
     prompt_tokens: str = DEFAULTS.prompt_tokens
     output_tokens: str = DEFAULTS.output_tokens
     seed: int = DEFAULTS.seed
 
     def __post_init__(self) -> None:
-        require(0.0 < self.qps <= MAX_QPS, "qps", self.qps, f"give requests per second in (0, {MAX_QPS:g}]")
+        require(self.qps is None or 0.0 < self.qps <= MAX_QPS, "qps", self.qps, f"give requests per second in (0, {MAX_QPS:g}]")
 
 
 def trace_digest(path: str) -> str:
@@ -114,3 +129,87 @@ class CapacityRecord:
     def qps_per_gpu(self) -> float | None:
         """Capacity per device: what a search ranks by."""
         return None if self.max_qps is None else self.max_qps / self.devices
+
+
+# --- the requests of a point ------------------------------------------------------------------
+def trace_spec(workload: ServingWorkload, *, max_context: int = 0) -> TraceSpec:
+    """The synthetic trace a workload without a file asks for (requests cut to ``max_context``
+    tokens, 0: none)."""
+    return TraceSpec(requests=workload.requests, qps=workload.qps or DEFAULTS.qps, arrival=workload.arrival,
+                     prompt=workload.prompt_tokens, output=workload.output_tokens, seed=workload.seed,
+                     max_context=max_context)
+
+
+def check_workload(workload: ServingWorkload) -> None:
+    """The synthetic forms read and their counts are within bounds, before anything runs."""
+    if workload.trace is None:
+        trace_spec(workload)
+
+
+def unit_rate_requests(workload: ServingWorkload, max_context: int) -> Trace:
+    """The workload's requests at one request per second (what capacity scales to each rate):
+    the trace file's, checked against the model's context, or the synthetic ones, cut to it."""
+    if workload.trace is None:
+        return unit_trace(trace_spec(workload, max_context=max_context))
+    trace = read_trace(workload.trace)
+    check_context(trace, max_context)
+    return at_unit_rate(trace)
+
+
+def served_requests(workload: ServingWorkload, max_context: int) -> Trace:
+    """The requests one run serves: at ``workload.qps`` (a trace file's own arrivals when it
+    is None)."""
+    if workload.trace is not None and workload.qps is None:
+        trace = read_trace(workload.trace)
+        check_context(trace, max_context)
+        return trace
+    return rate_scaled(unit_rate_requests(workload, max_context), workload.qps or DEFAULTS.qps)
+
+
+# --- evaluation -------------------------------------------------------------------------------
+def point_deployment(point: ServingPoint) -> Deployment:
+    """The point's configuration built on its model and cluster: every stage's iteration costs
+    (the kernel model's, or the fitted latency model's) and every instance's KV cache."""
+    latency = read_latency_model(point.latency_model) if point.latency_model is not None else None
+    return build_deployment(point.config, load_model(point.model), load_cluster(point.cluster), latency=latency,
+                            dtype=point.dtype)
+
+
+def simulate_point(point: ServingPoint) -> ServeRun:
+    """One simulated run of the point's requests at its rate (``serve simulate``)."""
+    deployment = point_deployment(point)
+    return simulate_serving(deployment, served_requests(point.workload, deployment.max_context))
+
+
+def point_capacity(point: ServingPoint) -> CapacityResult:
+    """The point's capacity (``serve capacity``): the highest rate at which its targets'
+    attainment of the requests meet both SLOs, the same requests at every rate probed."""
+    deployment = point_deployment(point)
+    workload = point.workload
+    requests: TraceSpec | Trace = (trace_spec(workload, max_context=deployment.max_context) if workload.trace is None
+                                   else served_requests(workload, deployment.max_context))
+    targets = point.targets
+    return capacity(partial(simulate_serving, deployment), requests, slo_ttft=targets.slo_ttft,
+                    slo_tpot=targets.slo_tpot, attainment=targets.attainment)
+
+
+def evaluate_capacity(point: ServingPoint) -> CapacityRecord:
+    """``point_capacity`` as a search stores it: never raises for a point that cannot be
+    built or served (its record says why)."""
+    key, devices = serving_key(point), point.devices
+    try:
+        found = point_capacity(point)
+    except OutOfMemory as exc:
+        return CapacityRecord(key, SearchStatus.OUT_OF_MEMORY, devices, reason=str(exc))
+    except PipeschedError as exc:
+        # a KV cache that cannot hold one request is the deployment's memory, not a bad point
+        status = SearchStatus.OUT_OF_MEMORY if str(exc).startswith(KV_CACHE_FIELD) else SearchStatus.INVALID
+        return CapacityRecord(key, status, devices, reason=str(exc))
+    at = min(found.probes, key=lambda probe: abs(probe.qps - found.max_qps))
+    return CapacityRecord(key, SearchStatus.EVALUATED, devices, max_qps=found.max_qps,
+                          slo_attainment=at.attainment, ttft_p99_s=at.ttft_s.p99, tpot_p99_s=at.tpot_s.p99,
+                          probes=len(found.probes))
+
+
+# the field a deployment's error names when a KV cache cannot hold one request
+KV_CACHE_FIELD = "kv_cache="

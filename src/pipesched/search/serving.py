@@ -31,7 +31,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import Preemption, Routing, SchedulerName
@@ -45,10 +46,22 @@ from pipesched.experiments.serving import (
     evaluate_capacity,
     serving_key,
 )
-from pipesched.limits import MAX_BATCH_REQUESTS, MAX_BATCH_TOKENS, MAX_SEARCH_POINTS, check_count, check_name
+from pipesched.limits import (
+    MAX_BATCH_REQUESTS,
+    MAX_BATCH_TOKENS,
+    MAX_SEARCH_POINTS,
+    check_count,
+    check_name,
+)
 from pipesched.model import load_cluster
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, SearchStore, store_schema
-from pipesched.serving.config import Disaggregation, Instances, KVSettings, SchedulerSpec, ServeConfig
+from pipesched.serving.config import (
+    Disaggregation,
+    Instances,
+    KVSettings,
+    SchedulerSpec,
+    ServeConfig,
+)
 
 Evaluate = Callable[[ServingPoint], CapacityRecord]
 Progress = Callable[[int, int], None]  # (done, total)
@@ -75,8 +88,8 @@ class ServingSpace:
     preemption: str = DEFAULTS.preemption
     routing: str = DEFAULTS.routing
     cpu_overhead: float = DEFAULTS.cpu_overhead
-    workload: ServingWorkload = ServingWorkload()
-    targets: Targets = Targets()
+    workload: ServingWorkload = field(default_factory=ServingWorkload)
+    targets: Targets = field(default_factory=Targets)
     latency_model: str | None = None
 
     def __post_init__(self) -> None:
@@ -251,7 +264,7 @@ class ServingStore(SearchStore):
     VERSION = VERSION
     SCHEMA = store_schema(FORMAT, VERSION, _POINTS_TABLE)
     ROW = ServingRow
-    NEEDED = {EVALUATED: ("max_qps", "qps_per_gpu")}
+    NEEDED: ClassVar[dict[str, tuple[str, ...]]] = {EVALUATED: ("max_qps", "qps_per_gpu")}
 
     def check_space(self, space: dict) -> None:
         names = {f.name for f in fields(ServingSpace)}
@@ -349,7 +362,7 @@ def read_serving_rows(path: str | os.PathLike[str]) -> list[ServingSearchResult]
                 for search, space in store.searches()]
 
 
-def simulate_command(space: dict, row: ServingRow) -> str:
+def capacity_command_line(space: dict, row: ServingRow) -> str:
     """The ``pipesched serve capacity`` command line of ``row``'s configuration."""
     if row.prefill:
         layout = f"--disaggregate {row.prefill},{row.tp}x{row.pp}x{row.replicas}"

@@ -26,6 +26,7 @@ import typing
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
+from typing import ClassVar
 from functools import cache
 from pathlib import Path
 from urllib.parse import quote
@@ -145,7 +146,7 @@ class SearchStore:
     SCHEMA = store_schema(FORMAT, VERSION, _POINTS_TABLE)
     ROW: type = StoredRow
     # the values a row must have in each status (the others may be NULL)
-    NEEDED: dict[str, tuple[str, ...]] = {
+    NEEDED: ClassVar[dict[str, tuple[str, ...]]] = {
         BOUNDED: ("bound_s", "peak_memory_bytes"),
         EVALUATED: ("bound_s", "peak_memory_bytes", "iteration_time_s", "throughput_tokens_per_s")}
 
