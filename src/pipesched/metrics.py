@@ -201,6 +201,17 @@ def _union_length(starts, ends):
     return total
 
 
+def union_length(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Length of the union of the intervals [starts, ends), in any order.
+
+    >>> union_length(np.array([5.0, 0.0, 1.0]), np.array([6.0, 2.0, 3.0]))
+    4.0
+    """
+    order = np.argsort(starts, kind="stable")
+    return float(_union_length(np.ascontiguousarray(starts[order], np.float64),
+                               np.ascontiguousarray(ends[order], np.float64)))
+
+
 @njit(cache=True)
 def _overlap_with_busy(starts, ends, busy_starts, busy_ends):
     """Length of (union of intervals sorted by start) intersected with the disjoint, sorted

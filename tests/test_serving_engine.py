@@ -1,0 +1,130 @@
+"""The serving engine against hand computations from the latency formula, and its laws:
+pipeline batches in flight, the paged cache's bounds, preemption, Little's law."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipesched.enums import Preemption, SchedulerName
+from pipesched.serving.config import Instances, SchedulerSpec, ServeConfig
+from pipesched.serving.engine import simulate_serving
+from pipesched.serving.trace import Trace
+from serving_engine_helpers import Line, deployment, poisson_trace
+
+LINE = Line(base=0.003, token=2e-5, attention=3e-10, decode=1e-5, kv=2e-7, send=1e-6)
+OVERHEAD = 0.001
+
+
+def _config(name: SchedulerName, *, pp: int = 2, replicas: int = 1, chunk: int = 512, max_tokens: int = 4096,
+            max_batch: int = 64, preemption: Preemption = Preemption.RECOMPUTE, **kwargs) -> ServeConfig:
+    return ServeConfig(instances=Instances(tp=1, pp=pp, count=replicas),
+                       scheduler=SchedulerSpec(name=name, max_batch=max_batch, max_tokens=max_tokens, chunk=chunk,
+                                               preemption=preemption),
+                       cpu_overhead_s=OVERHEAD, **kwargs)
+
+
+def _iteration(pp: int, tokens: int, attention: float, decodes: int, kv_tokens: int) -> float:
+    """One batch through the pipeline, alone: overhead, each stage, each send but the last."""
+    stage = LINE.time(tokens, attention, decodes, kv_tokens)
+    return OVERHEAD + pp * stage + (pp - 1) * LINE.send * tokens
+
+
+def _chunks(prompt: int, chunk: int) -> list[int]:
+    return [min(chunk, prompt - start) for start in range(0, prompt, chunk)]
+
+
+def _alone(prompt: int, output: int, chunks: list[int], pp: int) -> tuple[float, list[float]]:
+    """TTFT and the later token gaps of a request served alone, from the formula."""
+    ttft, cached = 0.0, 0
+    for c in chunks:
+        ttft += _iteration(pp, c, c * (cached + c), 0, 0)
+        cached += c
+    gaps = [_iteration(pp, 1, 0.0, 1, prompt + k) for k in range(1, output)]
+    return ttft, gaps
+
+
+@pytest.mark.parametrize(("name", "pp"), [(SchedulerName.SARATHI, 2), (SchedulerName.VLLM, 2),
+                                          (SchedulerName.ORCA, 1), (SchedulerName.STATIC, 3)])
+def test_one_request_at_a_time_matches_the_formula_exactly(name: SchedulerName, pp: int) -> None:
+    trace = Trace(np.array([0.0, 50.0, 100.0]), np.array([1000, 37, 1300]), np.array([5, 1, 9]))
+    config = _config(name, pp=pp)
+    run = simulate_serving(deployment(config, line=LINE), trace)
+    for r in range(len(trace)):
+        prompt, output = int(trace.prefill_tokens[r]), int(trace.decode_tokens[r])
+        chunks = _chunks(prompt, 512) if name == SchedulerName.SARATHI else [prompt]
+        ttft, gaps = _alone(prompt, output, chunks, pp)
+        times = run.token_times[run.token_offsets[r]:run.token_offsets[r + 1]]
+        assert run.first_token_at[r] - trace.arrived_at[r] == pytest.approx(ttft, rel=1e-12)
+        assert np.diff(times) == pytest.approx(gaps, rel=1e-9)
+        assert run.finished_at[r] == times[-1]
+        assert run.scheduled_at[r] == pytest.approx(trace.arrived_at[r] + OVERHEAD)
+
+
+def test_two_batches_in_flight_overlap_on_two_stages() -> None:
+    trace = Trace(np.zeros(2), np.array([1000, 1000]), np.array([3, 3]))
+    run = simulate_serving(deployment(_config(SchedulerName.SARATHI), line=LINE), trace)
+    log = run.iterations
+    s0_b1 = (log.batch == 1) & (log.stage == 0)
+    s1_b0 = (log.batch == 0) & (log.stage == 1)
+    assert log.start[s0_b1][0] < log.end[s1_b0][0] and log.start[s1_b0][0] < log.end[s0_b1][0]
+    members = [set(log.members[log.offsets[b]:log.offsets[b + 1]].tolist()) for b in range(2)]
+    assert members == [{0}, {1}]
+
+
+def test_never_more_than_p_batches_in_flight() -> None:
+    run = simulate_serving(deployment(_config(SchedulerName.SARATHI, pp=3), line=LINE), poisson_trace(200, 40.0))
+    log = run.iterations
+    batches = int(log.batch.max()) + 1
+    begin = np.full(batches, np.inf)
+    finish = np.zeros(batches)
+    np.minimum.at(begin, log.batch, log.start)
+    np.maximum.at(finish, log.batch, log.end)
+    for b in range(batches):
+        assert np.count_nonzero((begin <= begin[b]) & (finish > begin[b])) <= 3
+
+
+def test_the_bubble_between_batches_of_different_times_is_in_the_log() -> None:
+    # a 100-token prompt then a 1000-token one: the second's longer stage 0 leaves stage 1 idle
+    trace = Trace(np.zeros(2), np.array([100, 1000]), np.array([1, 1]))
+    run = simulate_serving(deployment(_config(SchedulerName.VLLM, max_batch=1), line=LINE), trace)
+    log = run.iterations
+    stage1 = np.flatnonzero(log.stage == 1)
+    small = LINE.time(100, 100 * 100, 0, 0)
+    big = LINE.time(1000, 1000 * 1000, 0, 0)
+    # batch 1 forms when batch 0 leaves stage 0, pays the overhead, runs stage 0 and its send
+    gap = (OVERHEAD + big + LINE.send * 1000) - (LINE.send * 100 + small)
+    assert log.start[stage1[1]] - log.end[stage1[0]] == pytest.approx(gap, rel=1e-9)
+
+
+def _small_cache_run(name: SchedulerName, preemption: Preemption, capacity: int = 300):
+    config = _config(name, pp=2, max_batch=32, preemption=preemption, replicas=2)
+    trace = poisson_trace(300, 60.0, prompt=(100, 600), output=(20, 300), seed=3)
+    return trace, simulate_serving(deployment(config, line=LINE, capacity_blocks=capacity), trace)
+
+
+@pytest.mark.parametrize("name", list(SchedulerName))
+@pytest.mark.parametrize("preemption", list(Preemption))
+def test_the_paged_cache_never_holds_more_than_it_has(name: SchedulerName, preemption: Preemption) -> None:
+    _, run = _small_cache_run(name, preemption)
+    for blocks, capacity in zip(run.kv.blocks, run.kv.capacity_blocks, strict=True):
+        assert blocks.max() <= capacity
+        assert blocks[-1] == 0  # every block given back at the end
+
+
+@pytest.mark.parametrize("name", [SchedulerName.VLLM, SchedulerName.SARATHI])
+@pytest.mark.parametrize("preemption", list(Preemption))
+def test_a_preempted_request_finishes_with_all_its_tokens(name: SchedulerName, preemption: Preemption) -> None:
+    trace, run = _small_cache_run(name, preemption)
+    assert run.preemptions.sum() > 0
+    counts = np.diff(run.token_offsets)
+    assert np.array_equal(counts, trace.decode_tokens)
+    assert np.isfinite(run.token_times).all()
+    for r in np.flatnonzero(run.preemptions):
+        times = run.token_times[run.token_offsets[r]:run.token_offsets[r + 1]]
+        assert np.all(np.diff(times) > 0)
+        assert run.finished_at[r] == times[-1] and run.first_token_at[r] == times[0]
+    if preemption == Preemption.SWAP:
+        kinds = set(run.moves.kind)
+        assert kinds <= {"swap-out", "swap-in"} and "swap-out" in kinds
+        assert run.moves.kind.count("swap-out") == run.moves.kind.count("swap-in")
