@@ -9,8 +9,11 @@ import pytest
 
 from pipesched.errors import PipeschedError
 from pipesched.serving.capacity import capacity
+from pipesched.serving.config import Instances, ServeConfig
+from pipesched.serving.engine import simulate_serving
 from pipesched.serving.results import serve_result
 from pipesched.serving.trace import TraceSpec, mean_rate, rate_scaled, synthetic_trace, unit_trace
+from serving_engine_helpers import deployment
 from serving_results_helpers import fifo_run
 
 PREFILL_TOKEN_S, DECODE_S = 0.001, 0.05
@@ -88,3 +91,21 @@ def test_bad_capacity_options_are_one_error() -> None:
         capacity(_queue, spec, attainment=1.5)
     with pytest.raises(PipeschedError, match="tolerance=0: give a share"):
         capacity(_queue, spec, tolerance=0)
+
+
+def test_capacity_of_an_engine_run_meets_the_slos_below_it_and_misses_them_above() -> None:
+    dep = deployment(ServeConfig(instances=Instances(tp=1, pp=2, count=1)))
+    spec = TraceSpec(requests=200, qps=10.0, prompt="uniform:64-512", output="uniform:8-64", seed=11)
+
+    def simulate(trace):
+        return simulate_serving(dep, trace)
+
+    found = capacity(simulate, spec, slo_ttft=0.2, slo_tpot=0.025)
+    assert found.converged and found.max_qps > spec.qps
+    unit = unit_trace(spec)
+
+    def attained(qps: float) -> float:
+        return serve_result(simulate(rate_scaled(unit, qps)), slo_ttft=0.2, slo_tpot=0.025).slo_attainment
+
+    assert attained(0.95 * found.max_qps) >= 0.9
+    assert attained(1.10 * found.max_qps) < 0.9

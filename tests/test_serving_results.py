@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 from pipesched.errors import PipeschedError
+from pipesched.serving.config import Instances, ServeConfig
+from pipesched.serving.engine import simulate_serving
 from pipesched.serving.results import serve_result, summarize, token_gaps
-from pipesched.serving.trace import TraceSpec, synthetic_trace
+from pipesched.serving.trace import TraceSpec, mean_rate, rate_scaled, synthetic_trace, unit_trace
+from serving_engine_helpers import deployment
 from serving_results_helpers import fifo_run, hand_run
 
 # three requests (arrival, first scheduled, token times), worked by hand:
@@ -148,3 +151,24 @@ def test_littles_law_on_a_long_queue() -> None:
     result = serve_result(fifo_run(trace, prefill_token_s=0.005, decode_s=0.05))  # 0.45 s of work per request
     little = 1.0 * float(result.e2e_s.mean())  # L = lambda x W, lambda the offered 1 request/s
     assert mean_in_system(trace.arrived_at, trace.arrived_at + result.e2e_s) == pytest.approx(little, rel=0.05)
+
+
+def _engine(pp: int = 2):
+    return deployment(ServeConfig(instances=Instances(tp=1, pp=pp, count=1)))
+
+
+def test_littles_law_on_a_long_engine_run() -> None:
+    trace = synthetic_trace(TraceSpec(requests=1000, qps=30.0, prompt="uniform:64-512", output="uniform:8-64", seed=12))
+    result = serve_result(simulate_serving(_engine(), trace))
+    assert result.stage_busy[0][0] > 0.5  # a loaded pipeline, requests overlapping
+    little = mean_rate(trace) * float(result.e2e_s.mean())  # L = lambda x W
+    finished = trace.arrived_at + result.e2e_s
+    assert mean_in_system(trace.arrived_at, finished) == pytest.approx(little, rel=0.05)
+    assert little > 2  # many requests in the system at once
+
+
+def test_ttft_p99_rises_with_the_rate() -> None:
+    unit = unit_trace(TraceSpec(requests=300, prompt="uniform:64-512", output="uniform:8-64", seed=13))
+    p99 = [serve_result(simulate_serving(_engine(), rate_scaled(unit, qps))).to_dict()["ttft_s"]["p99"]
+           for qps in (15.0, 30.0, 60.0, 90.0)]
+    assert p99 == sorted(p99) and p99[-1] > 2 * p99[0]

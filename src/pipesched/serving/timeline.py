@@ -60,6 +60,8 @@ from pipesched.timeline import (
 PREFILL, DECODE, MIXED = IterationKind.PREFILL, IterationKind.DECODE, IterationKind.MIXED
 # iterations a timeline holds when no window is given
 DEFAULT_VIEW_ITERATIONS = 400
+# a device row's short label by its instance's kind (``ServeRun.instance_kind``): r0 s1, pf0 s0, dc1 s1
+_SHORT = {"replica": "r", "prefill": "pf", "decode": "dc"}
 
 
 def _iteration_kind(kind: IterationKind, summary: str) -> KindRule:
@@ -202,7 +204,7 @@ class _Groups:
             kind = run.instance_kind[i]
             ranks = f"rank {rank}" if width == 1 else f"ranks {rank}-{rank + width - 1}"
             names.append(f"{kind} {ordinal[i]} · stage {s} · {ranks}")
-            labels.append(f"{kind[0]}{ordinal[i]} s{s}")
+            labels.append(f"{_SHORT.get(kind, kind[:2])}{ordinal[i]} s{s}")
         return cls(offset, stages, instance, stage, first_rank, tp, tuple(names), tuple(labels))
 
     def __len__(self) -> int:

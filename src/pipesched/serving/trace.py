@@ -9,6 +9,7 @@ first output token is the prefill's; each later one is one decode iteration).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import os
@@ -97,7 +98,7 @@ def parse_trace(text: str, *, source: str = "<text>") -> Trace:
     _check_arrivals(arrived, lines, source)
     prefill = _whole(_numbers(cells[PREFILL], lines, PREFILL, source), lines, PREFILL, source)
     decode = _whole(_numbers(cells[DECODE], lines, DECODE, source), lines, DECODE, source)
-    _check_served(decode, source)
+    _check_served(decode, f"trace={source}")
     return Trace(arrived, prefill, decode)
 
 
@@ -132,10 +133,10 @@ def _rows(text: str, source: str) -> list[tuple[int, list[str]]]:
     rows: list[tuple[int, list[str]]] = []
     reader = csv.reader(io.StringIO(text), strict=True)
     try:
-        for number, row in enumerate(reader, start=1):
+        for row in reader:
             if any(cell.strip() for cell in row):
                 if len(rows) > MAX_REQUESTS:
-                    raise PipeschedError(f"{source}:{number}: more than {MAX_REQUESTS:,} requests, over the limit of "
+                    raise PipeschedError(f"{source}:{reader.line_num}: more than {MAX_REQUESTS:,} requests, over the limit of "
                                          "one trace; give a shorter trace")
                 rows.append((reader.line_num, row))
     except csv.Error as exc:
@@ -409,8 +410,9 @@ def _two(field: str, text: str, value: str, separator: str) -> tuple[str, str]:
 @dataclass(frozen=True, eq=False)
 class TraceSpec:
     """A synthetic trace: ``requests`` arrivals at ``qps`` requests per second, prompt and
-    output lengths drawn from their distributions (text forms as ``parse_arrival`` and
-    ``parse_lengths`` read them, or the records), all from ``seed``.
+    output lengths drawn from their distributions, all from ``seed``. ``arrival``,
+    ``prompt`` and ``output`` take the records or their text forms (``parse_arrival``,
+    ``parse_lengths``: ``TraceSpec(prompt="uniform:16-64")``).
 
     Common random numbers: the gaps are drawn at one request per second and divided by
     ``qps``, and the lengths come from streams of their own, so two specs that differ only in
@@ -420,26 +422,25 @@ class TraceSpec:
     """
 
     requests: int = DEFAULTS.requests
-    qps: float = DEFAULTS.qps
-    arrival: Arrival | str = DEFAULTS.arrival
-    prompt: LengthSpec | str = DEFAULTS.prompt_tokens
-    output: LengthSpec | str = DEFAULTS.output_tokens
+    qps: float = DEFAULTS.qps  # requests per second
+    arrival: Arrival = dataclasses.field(default_factory=lambda: parse_arrival(DEFAULTS.arrival))
+    prompt: LengthSpec = dataclasses.field(default_factory=lambda: parse_lengths(DEFAULTS.prompt_tokens, "prompt_tokens"))
+    output: LengthSpec = dataclasses.field(default_factory=lambda: parse_lengths(DEFAULTS.output_tokens, "output_tokens"))
     seed: int = DEFAULTS.seed
-    max_context: int = 0
+    max_context: int = 0  # tokens of prompt + output a request may have; 0: no limit
 
     def __post_init__(self) -> None:
         check_count("requests", self.requests, MAX_REQUESTS, what="requests")
         check_amount("qps", self.qps, limit=MAX_QPS, above_minimum=True, unit="requests/s")
         check_count("seed", self.seed, MAX_SEED, minimum=0)
         check_count("max_context", self.max_context, MAX_SEQ_LEN, minimum=0, what="tokens")
-        if isinstance(self.arrival, str):
-            object.__setattr__(self, "arrival", parse_arrival(self.arrival))
-        if isinstance(self.prompt, str):
-            object.__setattr__(self, "prompt", parse_lengths(self.prompt, "prompt_tokens"))
-        if isinstance(self.output, str):
-            object.__setattr__(self, "output", parse_lengths(self.output, "output_tokens"))
         require(self.max_context != 1, "max_context", 1, "give at least 2 tokens (a prompt token and an output "
                 "token), or 0 for no limit")
+        if isinstance(self.arrival, str):
+            object.__setattr__(self, "arrival", parse_arrival(self.arrival))
+        for name, option in (("prompt", "prompt_tokens"), ("output", "output_tokens")):
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, parse_lengths(getattr(self, name), option))
 
 
 def unit_trace(spec: TraceSpec) -> Trace:
@@ -451,14 +452,14 @@ def unit_trace(spec: TraceSpec) -> Trace:
     if isinstance(prompt, ResampledLengths) and isinstance(output, ResampledLengths) and prompt.path == output.path:
         output_seed = prompt_seed  # the same row indices for both columns
     n = spec.requests
-    gaps = spec.arrival.gaps(np.random.default_rng(arrival_seed), n - 1)  # type: ignore[union-attr]
+    gaps = spec.arrival.gaps(np.random.default_rng(arrival_seed), n - 1)
     arrived = np.concatenate([[0.0], np.cumsum(gaps)])
-    prefill = prompt.draw(np.random.default_rng(prompt_seed), n)  # type: ignore[union-attr]
-    decode = output.draw(np.random.default_rng(output_seed), n)  # type: ignore[union-attr]
+    prefill = prompt.draw(np.random.default_rng(prompt_seed), n)
+    decode = output.draw(np.random.default_rng(output_seed), n)
     if spec.max_context:
         decode = np.minimum(decode, spec.max_context - 1)
         prefill = np.minimum(prefill, spec.max_context - decode)
-    _check_served(decode, "output_tokens")
+    _check_served(decode, f"output_tokens={spec.output}")
     return Trace(arrived, prefill, decode)
 
 
