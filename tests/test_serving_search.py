@@ -48,11 +48,6 @@ def stopping_after(count: int):
     return evaluate
 
 
-@pytest.fixture(autouse=True)
-def _fresh_count():
-    EVALUATED_KEYS.clear()
-
-
 SMALL = dict(model="llama3-8b", cluster="1x8-h100", workload=ServingWorkload(requests=20))
 
 
@@ -115,6 +110,7 @@ def test_rows_rank_by_capacity_per_device(tmp_path) -> None:
 def test_a_search_started_again_evaluates_no_settled_point(tmp_path) -> None:
     space = ServingSpace(**SMALL, tensor_parallel=(2, 4), pipeline=(1, 2))
     db = tmp_path / "s.sqlite"
+    EVALUATED_KEYS.clear()
     first = search_serving(space, db=db, evaluate=known_capacity)
     assert len(EVALUATED_KEYS) == len(space.points()) == first.evaluated_now
     EVALUATED_KEYS.clear()
@@ -127,6 +123,7 @@ def test_a_search_started_again_evaluates_no_settled_point(tmp_path) -> None:
 def test_a_killed_search_keeps_what_it_finished_and_resumes(tmp_path) -> None:
     space = ServingSpace(**SMALL, tensor_parallel=(2, 4), pipeline=(1, 2))
     db = tmp_path / "s.sqlite"
+    EVALUATED_KEYS.clear()
     with pytest.raises(Stop):
         search_serving(space, db=db, evaluate=stopping_after(5))
     (stored,) = read_serving_rows(db)

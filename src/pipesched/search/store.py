@@ -26,9 +26,9 @@ import typing
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
-from typing import ClassVar
 from functools import cache
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import quote
 
 from pipesched.enums import SearchStatus
