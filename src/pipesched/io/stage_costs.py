@@ -56,7 +56,7 @@ def parse_stage_costs(text: str, *, source: str = "<text>", num_stages: int | No
     file must cover. Every problem raises PipeschedError naming the line, field and value."""
     if num_stages is not None:
         check_count("stages", num_stages, MAX_STAGES, what="stages")
-    lines = _lines(text, source)
+    lines = stage_rows(text, source)
     if not lines:
         raise PipeschedError(f"stage_costs={source}: empty file; write the header {','.join(REQUIRED_COLUMNS)} and one row per stage")
     header_line, header = lines[0]
@@ -155,7 +155,7 @@ def save_stage_costs(costs: StageCosts, path: str | os.PathLike[str]) -> None:
     write_atomic(path, dumps_stage_costs(costs))
 
 
-def _lines(text: str, source: str) -> list[tuple[int, list[str]]]:
+def stage_rows(text: str, source: str) -> list[tuple[int, list[str]]]:
     """The non-blank rows with their line numbers: a header and at most MAX_STAGES rows."""
     lines = []
     reader = csv.reader(io.StringIO(text))

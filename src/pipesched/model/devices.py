@@ -97,6 +97,10 @@ HOST_LINK_EFFICIENCY = 0.85  # PCIE: achievable fraction of a host link's signal
 PCIE_GEN4_X16 = 31.5 * GB  # PCIE: bytes/s per direction
 PCIE_GEN5_X16 = 63.0 * GB
 NVLINK_C2C = 450 * GB  # NVLINK-C2C: bytes/s per direction
+# a device with no host link of its own (a cluster file's device without host_bandwidth)
+# swaps a preempted request's KV cache over a PCIe Gen5 x16 link at the presets' efficiency
+DEFAULT_HOST_BANDWIDTH = HOST_LINK_EFFICIENCY * PCIE_GEN5_X16
+HOST_COPY_LATENCY_S = 10e-6  # assumed: launching one device-host copy and waiting for it
 
 
 def _gpu(name: str, *, peak_flops: float, memory_bytes: float, memory_bandwidth: float, matmul_efficiency: float,

@@ -15,6 +15,21 @@ sm_count)`` and a partial last wave or partial edge tiles idle part of the devic
 The max is the roofline: below the ridge point (FLOPs per byte under peak / bandwidth) a
 kernel is memory-bound.
 
+Skinny matmuls (``m`` below the smallest tile's rows: a decode step's few tokens against a
+weight matrix) have too few output tiles to fill the device, and the GEMM libraries run them
+split-K: each tile's ``k`` is cut into ``splits = min(sm_count // tiles, k / SPLIT_K_DEPTH)``
+slices that run on their own compute units and are summed after, so the tiles x splits fill
+the waves::
+
+    tile efficiency = m n groups splits / (waves x sm_count x tile rows x tile columns),
+    waves = ceil(tiles x splits / sm_count)
+
+Such a matmul then streams its weights at the memory rate: against Vidur's profiled fp16
+GEMMs of Llama-2-7B, CodeLlama-34B and Llama-2-70B at 1-64 tokens (tensor parallelism 1 and
+4) the time is within 7.5% median on an H100 and an A100, against 10% and 21% when the
+partial wave of a few tiles sets it (``benchmarks/bench_decode_kernels.py``). At ``m`` of
+a whole tile and more nothing changes.
+
 Fused causal attention as FlashAttention runs it: per (sequence, head) the ``s`` queries are
 cut into ``n = ceil(s / flash_block)`` query tiles; query tile ``i`` visits the key tiles
 ``0..i`` (causal masking skips the rest: about half of the ``s x s`` scores, and the
@@ -40,29 +55,65 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from pipesched.model.hardware import DeviceSpec
 
+# rows of ``k`` one split-K slice takes at least (a few of the kernel's 32- to 64-deep main
+# loop steps, so each slice still pipelines its loads)
+SPLIT_K_DEPTH = 128
 # FLOPs of the FlashAttention backward per forward FLOP: 5 matmuls per tile visit
 # (recomputed scores, dV, dP, dQ, dK) against the forward's 2
 FLASH_BACKWARD_FLOPS = 2.5
 
 
-def tile_efficiency(device: DeviceSpec, m: float, n: float, groups: float = 1.0) -> float:
+def tile_efficiency(device: DeviceSpec, m: float, n: float, groups: float = 1.0, k: float = 0.0) -> float:
     """Useful share of the tile-slots an ``m x n`` output (``groups`` of them) occupies, best
-    over the device's tile shapes.
+    over the device's tile shapes; a skinny one (``m`` under every tile's rows, ``k`` given)
+    split-K over ``k`` (module docstring).
 
     >>> from pipesched.model.devices import load_device
-    >>> round(tile_efficiency(load_device("h100-sxm"), 8192, 8192), 3)
+    >>> h100 = load_device("h100-sxm")
+    >>> round(tile_efficiency(h100, 8192, 8192), 3)
     0.97
+    >>> [round(128 * tile_efficiency(h100, 1, 2560, **deep), 3) for deep in ({}, {"k": 8192})]  # SMs busy
+    [0.152, 0.985]
     """
     best = 0.0
     units = device.sm_count
+    skinny = k > 0 and _below(m, min(rows for rows, _ in device.matmul_tiles))
     for rows, columns in device.matmul_tiles:
-        tiles = groups * math.ceil(m / rows) * math.ceil(n / columns)
-        waves = math.ceil(tiles / units)
-        if waves > 0:
-            best = max(best, groups * m * n / (waves * units * rows * columns))
+        tiles = groups * _ceil(m / rows) * _ceil(n / columns)
+        splits = 1.0
+        if skinny is not False:
+            splits = _where(skinny, _clip(units // tiles, 1.0, max(1.0, k // SPLIT_K_DEPTH)), 1.0)
+        waves = _ceil(tiles * splits / units)
+        if isinstance(waves, np.ndarray):
+            best = np.maximum(best, groups * m * n * splits / (np.maximum(waves, 1) * units * rows * columns))
+        elif waves > 0:
+            best = max(best, groups * m * n * splits / (waves * units * rows * columns))
     return best
+
+
+def _below(x, bound):
+    """``x < bound``, of a number or element by element."""
+    return x < bound if isinstance(x, np.ndarray) else bool(x < bound)
+
+
+def _where(condition, a, b):
+    if isinstance(condition, np.ndarray):
+        return np.where(condition, a, b)
+    return a if condition else b
+
+
+def _clip(x, low, high):
+    return np.clip(x, low, high) if isinstance(x, np.ndarray) else min(max(x, low), high)
+
+
+def _ceil(x):
+    """``math.ceil`` of a number, or of every element of an array (the token counts of a
+    serving iteration's table)."""
+    return np.ceil(x) if isinstance(x, np.ndarray) else math.ceil(x)
 
 
 def _matmul_peak(device: DeviceSpec, fp32: bool) -> float:
@@ -77,13 +128,22 @@ def memory_time(device: DeviceSpec, traffic: float) -> float:
 
 def matmul_time(device: DeviceSpec, m: float, n: float, k: float, *, groups: float = 1.0, traffic: float = 0.0,
                 fp32: bool = False) -> float:
-    """Seconds of ``groups`` matmuls ``[m, k] x [k, n]`` moving ``traffic`` bytes in all."""
-    if m <= 0 or n <= 0 or k <= 0:
+    """Seconds of ``groups`` matmuls ``[m, k] x [k, n]`` moving ``traffic`` bytes in all.
+
+    ``m`` and ``traffic`` may be arrays of the same shape (one matmul per row count, every
+    count >= 1: a serving iteration's table over its token counts); the time is then the
+    array of their times."""
+    if not isinstance(m, np.ndarray) and (m <= 0 or n <= 0 or k <= 0):
         return memory_time(device, traffic)
     flops = 2.0 * groups * m * n * k
-    compute = flops / (_matmul_peak(device, fp32) * tile_efficiency(device, m, n, groups))
+    compute = flops / (_matmul_peak(device, fp32) * tile_efficiency(device, m, n, groups, k))
     memory = traffic / (device.memory_bandwidth * device.bandwidth_efficiency)
-    return max(compute, memory) + device.kernel_overhead_s
+    return _larger(compute, memory) + device.kernel_overhead_s
+
+
+def _larger(a, b):
+    """The roofline's max, of numbers or element by element."""
+    return np.maximum(a, b) if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) else max(a, b)
 
 
 def uses_flash(device: DeviceSpec, element_bytes: int) -> bool:

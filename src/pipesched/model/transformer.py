@@ -157,7 +157,7 @@ def _elementwise(name: str, traffic: float, *, attention_core: bool = False, bac
 
 
 @dataclass(frozen=True)
-class _LayerPlan:
+class LayerPlan:
     """A layer before timing: its kernels, its tensor-parallel collectives and its memory."""
 
     name: str
@@ -177,7 +177,7 @@ class _LayerPlan:
     attention_traffic: float = 0.0
 
 
-def _embedding(model: ModelSpec, x: _Shape) -> _LayerPlan:
+def _embedding(model: ModelSpec, x: _Shape) -> LayerPlan:
     tokens, h, e = x.tokens, x.hidden, x.elem
     hidden_bytes = tokens * h * e * x.replicated
     # token ids have no gradient: the whole backward is the embedding's weight gradient (W)
@@ -190,7 +190,7 @@ def _embedding(model: ModelSpec, x: _Shape) -> _LayerPlan:
                                     backward=WEIGHT_ELEMENTWISE))
         mask = tokens * h * x.replicated
     ids = 8.0 * tokens  # int64 token ids
-    return _LayerPlan(
+    return LayerPlan(
         name="embedding", kind=EMBEDDING, kernels=tuple(kernels),
         forward_collectives=(tokens * h * e,) if x.tp > 1 else (),
         backward_collectives=(),
@@ -201,7 +201,7 @@ def _embedding(model: ModelSpec, x: _Shape) -> _LayerPlan:
     )
 
 
-def _block(model: ModelSpec, x: _Shape, index: int) -> _LayerPlan:
+def _block(model: ModelSpec, x: _Shape, index: int) -> LayerPlan:
     b, s, tokens, h, e, r = x.batch, x.seq, x.tokens, x.hidden, x.elem, x.replicated
     hidden_bytes = tokens * h * e * r  # one replicated hidden-state tensor on this rank
     mask_hidden = tokens * h * r if model.dropout else 0.0  # 1-byte dropout mask
@@ -266,7 +266,7 @@ def _block(model: ModelSpec, x: _Shape, index: int) -> _LayerPlan:
         mlp_params += experts * (up_width + h)
 
     selective = attention_kept + mlp_kept
-    return _LayerPlan(
+    return LayerPlan(
         name=f"layer.{index}", kind=TRANSFORMER, kernels=tuple(kernels),
         forward_collectives=(tokens * h * e,) * 2 if x.tp > 1 else (),
         backward_collectives=(tokens * h * e,) * 2 if x.tp > 1 else (),
@@ -281,7 +281,7 @@ def _block(model: ModelSpec, x: _Shape, index: int) -> _LayerPlan:
     )
 
 
-def _head(model: ModelSpec, x: _Shape) -> _LayerPlan:
+def _head(model: ModelSpec, x: _Shape) -> LayerPlan:
     tokens, h, e = x.tokens, x.hidden, x.elem
     hidden_bytes = tokens * h * e * x.replicated
     logits = tokens * x.vocab  # logit elements on this rank
@@ -292,7 +292,7 @@ def _head(model: ModelSpec, x: _Shape) -> _LayerPlan:
         _elementwise("cross entropy", logits * (e + 4)),
     )
     kept = 2 * hidden_bytes + 4 * logits  # norm input, head input, fp32 logits (Korthikanti: 4sbh/t (1 + V/h))
-    return _LayerPlan(
+    return LayerPlan(
         name="head", kind=LOSS, kernels=kernels,
         # vocab-parallel cross-entropy: max and sum over the vocabulary shards (fp32 per token)
         forward_collectives=(4.0 * tokens, 4.0 * tokens) if x.tp > 1 else (),
@@ -304,7 +304,7 @@ def _head(model: ModelSpec, x: _Shape) -> _LayerPlan:
     )
 
 
-def layer_plans(model: ModelSpec, settings: TrainingSettings) -> list[_LayerPlan]:
+def layer_plans(model: ModelSpec, settings: TrainingSettings) -> list[LayerPlan]:
     x = _shape(model, settings)
     return [_embedding(model, x), *(_block(model, x, i) for i in range(model.num_layers)), _head(model, x)]
 
@@ -330,7 +330,26 @@ class _Times:
     core: float
 
 
-def _times(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> _Times:
+def kernel_times(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings) -> tuple[float, float, float]:
+    """Seconds of one kernel's forward and of its parts of I and W (``_times`` says how a
+    kernel's backward splits)."""
+    fp32 = settings.dtype == "fp32"
+    if kernel.groups == 0:
+        backward = kernels.memory_time(device, 2 * kernel.traffic)
+        weight = kernel.backward == WEIGHT_ELEMENTWISE
+        return kernels.memory_time(device, kernel.traffic), 0.0 if weight else backward, backward if weight else 0.0
+    matmul = functools.partial(kernels.matmul_time, device, groups=kernel.groups, traffic=kernel.traffic, fp32=fp32)
+    forward = matmul(kernel.m, kernel.n, kernel.k)
+    if kernel.backward != WEIGHT_MATMUL:
+        return forward, matmul(kernel.m, kernel.k, kernel.n) + matmul(kernel.k, kernel.n, kernel.m), 0.0
+    weight = matmul(kernel.k, kernel.n, kernel.m)
+    accumulate = device.grad_accumulation_traffic * kernel.groups * kernel.k * kernel.n * settings.element_bytes
+    if accumulate > 0:
+        weight += kernels.memory_time(device, accumulate)
+    return forward, matmul(kernel.m, kernel.k, kernel.n), weight
+
+
+def _times(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> _Times:
     """The time model (``pipesched.model.kernels``) applied to every kernel of the layer.
 
     Backward, per kernel: ``Y = X W`` gives ``dX = dY W^T`` (an [m, k] output) in I and
@@ -339,33 +358,15 @@ def _times(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, lin
     gradients in I. With fused attention the scores, softmax, dropout and context kernels are
     one flash kernel in F and one in I.
     """
-    fp32 = settings.dtype == "fp32"
-    elem = settings.element_bytes
-    flash = plan.attention is not None and kernels.uses_flash(device, elem)
+    flash = plan.attention is not None and kernels.uses_flash(device, settings.element_bytes)
     forward = backward_input = backward_weight = core = 0.0
     for kernel in plan.kernels:
         if flash and kernel.attention_core:
             continue
-        if kernel.groups > 0:
-            matmul = functools.partial(kernels.matmul_time, device, groups=kernel.groups, traffic=kernel.traffic,
-                                       fp32=fp32)
-            step = matmul(kernel.m, kernel.n, kernel.k)
-            if kernel.backward == WEIGHT_MATMUL:
-                backward_input += matmul(kernel.m, kernel.k, kernel.n)
-                accumulate = device.grad_accumulation_traffic * kernel.groups * kernel.k * kernel.n * elem
-                backward_weight += matmul(kernel.k, kernel.n, kernel.m)
-                if accumulate > 0:
-                    backward_weight += kernels.memory_time(device, accumulate)
-            else:
-                backward_input += matmul(kernel.m, kernel.k, kernel.n) + matmul(kernel.k, kernel.n, kernel.m)
-        else:
-            step = kernels.memory_time(device, kernel.traffic)
-            backward = kernels.memory_time(device, 2 * kernel.traffic)
-            if kernel.backward == WEIGHT_ELEMENTWISE:
-                backward_weight += backward
-            else:
-                backward_input += backward
+        step, backward, weight = kernel_times(kernel, device, settings)
         forward += step
+        backward_input += backward
+        backward_weight += weight
         if kernel.attention_core:
             core += step
     if flash:
@@ -381,14 +382,14 @@ def _times(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, lin
     return _Times(forward, backward_input, backward_weight, core)
 
 
-def _flops(plan: _LayerPlan, settings: TrainingSettings) -> float:
+def _flops(plan: LayerPlan, settings: TrainingSettings) -> float:
     """Matmul FLOPs of F + I + W (+ recompute): what the device executes, independent of
     any device. Backward FLOPs are twice the forward's (two products per matmul), as in
     Narayanan et al."""
     return sum(3 * kernel.flops for kernel in plan.kernels if kernel.groups > 0) + _recompute_flops(plan, settings)
 
 
-def _recompute_flops(plan: _LayerPlan, settings: TrainingSettings) -> float:
+def _recompute_flops(plan: LayerPlan, settings: TrainingSettings) -> float:
     """Forward FLOPs the backward redoes: the attention core with selective recompute, the
     whole forward with full recompute (transformer blocks only)."""
     if plan.kind == TRANSFORMER and settings.recompute == "selective":
@@ -398,7 +399,7 @@ def _recompute_flops(plan: _LayerPlan, settings: TrainingSettings) -> float:
     return 0.0
 
 
-def _kept_for_w(plan: _LayerPlan, settings: TrainingSettings) -> float:
+def _kept_for_w(plan: LayerPlan, settings: TrainingSettings) -> float:
     """Bytes I computes that W still needs: the output gradient of every weight matmul (``dW
     = X^T dY`` needs dY), or the whole output gradient of a layer whose backward is all W
     (the embedding)."""
@@ -409,7 +410,7 @@ def _kept_for_w(plan: _LayerPlan, settings: TrainingSettings) -> float:
     return kept
 
 
-def _cost(plan: _LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> LayerCost:
+def _cost(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> LayerCost:
     times = _times(plan, device, settings, link)
     forward, backward_input = times.forward, times.backward_input
     activation = plan.activation_bytes

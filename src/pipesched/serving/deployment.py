@@ -4,13 +4,25 @@ runs a trace on."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.model.hardware import LinkSpec
-from pipesched.model.inference import StageIterationCosts
-from pipesched.serving.config import ServeConfig
+from pipesched.errors import PipeschedError
+from pipesched.model.devices import DEFAULT_HOST_BANDWIDTH, HOST_COPY_LATENCY_S
+from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
+from pipesched.model.inference import (
+    LatencyRow,
+    StageIterationCosts,
+    latency_costs,
+    stage_iteration_costs,
+)
+from pipesched.model.spec import DTYPE_BYTES, ModelSpec
+from pipesched.serving.config import Instances, KVSettings, ServeConfig
+from pipesched.units import GiB
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,3 +53,115 @@ class Deployment:
     def transfer_s(self, src: int, dst: int, nbytes: float) -> float:
         """Seconds to send ``nbytes`` of KV cache from instance ``src`` to ``dst``."""
         return float(self.link_latency[src, dst] + nbytes / self.link_bandwidth[src, dst])
+
+
+def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
+                     latency: Sequence[LatencyRow] | None = None, dtype: str = "bf16") -> Deployment:
+    """``config`` placed on ``cluster``: its instances on the ranks ``config.py`` lays out
+    (replicas; or the prefill instances first, then the decode instances), each stage's
+    iteration costs from the kernel model (or from the fitted ``latency`` rows, one per
+    stage) sized for the scheduler's token budget and batch, and each instance's paged KV
+    cache: the blocks its tightest stage holds in ``kv_fraction`` of device memory after its
+    weights and workspace. Stage 0 of every instance carries ``config.cpu_overhead_s`` in
+    its ``base_s`` (the scheduler's work before each iteration).
+
+    >>> from pipesched.model import load_cluster, load_model
+    >>> deployment = build_deployment(ServeConfig(), load_model("llama3-70b"), load_cluster("1x8-h100"))
+    >>> [(plan.kind, plan.devices) for plan in deployment.instances]
+    [('replica', (0, 4))]
+    """
+    groups = _groups(config)
+    _check_devices(config, cluster, groups)
+    spec = config.scheduler
+    max_tokens = max(spec.token_budget, spec.max_batch)  # a decode-only iteration batches max_batch tokens
+    instances = []
+    offset = 0
+    for kind, group in groups:
+        for _ in range(group.count):
+            ranks = tuple(offset + stage * group.tp for stage in range(group.pp))
+            stages = _stage_costs(model, cluster, group, ranks, latency, max_tokens, spec.max_batch, dtype)
+            stages = (dataclasses.replace(stages[0], base_s=stages[0].base_s + config.cpu_overhead_s), *stages[1:])
+            instances.append(InstancePlan(kind=kind, stages=stages, devices=ranks, tp=group.tp,
+                                          kv_capacity_blocks=_kv_blocks(stages, cluster, ranks, config.kv),
+                                          kv_bytes_per_token=model_kv_bytes_per_token(model, dtype)))
+            offset += group.devices // group.count
+    max_context = model.context_length or min(plan.kv_capacity_blocks for plan in instances) * config.kv.block_size
+    for index, plan in enumerate(instances):
+        _check_holds_one_request(plan, index, cluster, config.kv, max_context)
+    firsts = [plan.devices[0] for plan in instances]
+    latency_matrix = np.array([[0.0 if a == b else cluster.latency(a, b) for b in firsts] for a in firsts])
+    bandwidth = np.array([[np.inf if a == b else cluster.link(a, b).bandwidth for b in firsts] for a in firsts])
+    device = cluster.devices[0]
+    host = device.host_bandwidth or DEFAULT_HOST_BANDWIDTH
+    return Deployment(config=config, instances=tuple(instances), max_context=max_context,
+                      peak_flops=device.peak_flops, host_link=LinkSpec(bandwidth=host, latency=HOST_COPY_LATENCY_S),
+                      link_latency=latency_matrix, link_bandwidth=bandwidth)
+
+
+def _groups(config: ServeConfig) -> tuple[tuple[str, Instances], ...]:
+    """The kinds of instances in rank order."""
+    if config.disaggregate is None:
+        return (("replica", config.instances),)
+    return (("prefill", config.disaggregate.prefill), ("decode", config.disaggregate.decode))
+
+
+def _check_devices(config: ServeConfig, cluster: Cluster, groups: Sequence[tuple[str, Instances]]) -> None:
+    """The deployment fits on the cluster's ranks."""
+    if config.devices <= cluster.num_devices:
+        return
+    parts = " + ".join(f"{group.count} {kind}{'s' if group.count > 1 else ''} of tp {group.tp} x p {group.pp}"
+                       for kind, group in groups)
+    field = "disaggregate" if config.disaggregate is not None else "replicas"
+    raise PipeschedError(f"{field}={parts}: needs {config.devices} devices; the cluster {cluster.name} has "
+                         f"{cluster.num_devices}; give fewer instances, a smaller -t or -p, or a bigger cluster")
+
+
+def _stage_costs(model: ModelSpec, cluster: Cluster, group: Instances, ranks: tuple[int, ...],
+                 latency: Sequence[LatencyRow] | None, max_tokens: int, max_batch: int,
+                 dtype: str) -> tuple[StageIterationCosts, ...]:
+    if latency is None:
+        return stage_iteration_costs(model, cluster, tp=group.tp, first_ranks=ranks, max_tokens=max_tokens,
+                                     max_batch=max_batch, dtype=dtype)
+    return latency_costs(latency, model, cluster, tp=group.tp, first_ranks=ranks, max_tokens=max_tokens,
+                         max_batch=max_batch, dtype=dtype)
+
+
+def _kv_free_bytes(stage: StageIterationCosts, device: DeviceSpec, kv: KVSettings) -> float:
+    """Bytes a stage's device has for its KV cache: its share of memory after weights and
+    workspace."""
+    return device.memory_bytes * kv.kv_fraction - stage.weight_bytes - stage.workspace_bytes
+
+
+def _kv_blocks(stages: Sequence[StageIterationCosts], cluster: Cluster, ranks: Sequence[int], kv: KVSettings) -> int:
+    """Blocks of the instance's paged cache: every stage holds every block's tokens for its
+    layers, so the tightest stage decides."""
+    blocks = [math.floor(max(_kv_free_bytes(stage, cluster.devices[rank], kv), 0.0)
+                         / (stage.kv_bytes_per_token * kv.block_size))
+              for stage, rank in zip(stages, ranks, strict=True) if stage.kv_bytes_per_token > 0]
+    return min(blocks) if blocks else 0
+
+
+def _check_holds_one_request(plan: InstancePlan, index: int, cluster: Cluster, kv: KVSettings,
+                             max_context: int) -> None:
+    """A KV cache that cannot hold one request of the longest context is an error that
+    says how much memory is short on the tightest stage and what to change."""
+    needed = math.ceil(max_context / kv.block_size)
+    if plan.kv_capacity_blocks >= needed:
+        return
+    devices = [cluster.devices[rank] for rank in plan.devices]
+    # bytes each stage lacks for ``needed`` blocks of its layers' keys and values
+    short = [needed * kv.block_size * stage.kv_bytes_per_token - _kv_free_bytes(stage, device, kv)
+             for stage, device in zip(plan.stages, devices, strict=True)]
+    position = int(np.argmax(short))
+    stage, device = plan.stages[position], devices[position]
+    raise PipeschedError(
+        f"kv_cache={plan.kv_capacity_blocks} blocks: {plan.kind} {index} cannot hold one request of "
+        f"{max_context:,} tokens ({needed:,} blocks of {kv.block_size}); its stage {position} has "
+        f"{kv.kv_fraction:g} x {device.memory_bytes / GiB:.1f} GiB for {stage.weight_bytes / GiB:.1f} GiB of "
+        f"weights, {stage.workspace_bytes / GiB:.2f} GiB of workspace and the cache: {short[position] / GiB:.2f} GiB "
+        "short; give a larger -t or -p, a higher --kv-fraction, a smaller --max-tokens, or a smaller model")
+
+
+def model_kv_bytes_per_token(model: ModelSpec, dtype: str) -> float:
+    """Bytes of one token's keys and values over the whole model (every layer, every rank)."""
+    return 2.0 * model.num_kv_heads * model.kv_channels * DTYPE_BYTES[dtype] * model.num_layers
