@@ -135,6 +135,28 @@ def test_a_trace_file_is_served_as_written(cli, tmp_path) -> None:
     assert [row["arrived_at"] for row in faster["per_request"]] == pytest.approx([0.0, 0.25, 0.5])
 
 
+
+def test_a_fitted_latency_model_gives_a_lone_requests_times_exactly(cli, tmp_path) -> None:
+    """One request on one stage: its prefill is one iteration of the fitted form, every later
+    token one decode iteration reading the context so far (the issue's hand computation)."""
+    model = tmp_path / "latency.csv"
+    model.write_text("stage,base_s,prefill_token_s,prefill_attention_s,decode_request_s,kv_token_s\n"
+                     "0,0.004,2e-5,1e-10,1e-5,1e-7\n")
+    trace = tmp_path / "one.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,100,4\n")
+    result = cli("serve", "simulate", "--model", "llama3-8b", "-t", "1", "-p", "1", "--trace", str(trace),
+                 "--latency-model", str(model), "--cpu-overhead", "0", "--json", "--per-request")
+    assert result.code == 0, result
+    (request,) = json.loads(result.out)["per_request"]
+    ttft = 0.004 + 2e-5 * 100 + 1e-10 * 100 * (0 + 100)
+    decodes = [0.004 + 1e-5 + 1e-7 * (100 + k) for k in range(1, 4)]
+    assert request["ttft_s"] == pytest.approx(ttft, rel=1e-12)
+    assert request["e2e_s"] == pytest.approx(ttft + sum(decodes), rel=1e-12)
+    assert request["tpot_s"] == pytest.approx(sum(decodes) / 3, rel=1e-12)
+    short = cli("serve", "simulate", "--model", "llama3-8b", "-t", "1", "-p", "2", "--trace", str(trace),
+                "--latency-model", str(model))
+    assert_one_line_error(short, "latency_model=1 stages", "one row per pipeline stage (2)")
+
 @pytest.mark.slow
 def test_capacity_meets_the_slos_below_it_and_misses_them_above(cli) -> None:
     sizes = ("--model", "llama3-8b", "-t", "1", "-p", "2", "--requests", "60", "--slo-ttft", "0.5",

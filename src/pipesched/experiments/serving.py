@@ -22,6 +22,7 @@ from pipesched.enums import SearchStatus
 from pipesched.errors import OutOfMemory, PipeschedError, require
 from pipesched.experiments.point import record_key
 from pipesched.io.files import read_text
+from pipesched.io.latency_model import load_latency_model
 from pipesched.limits import MAX_QPS, MAX_SECONDS
 from pipesched.model import load_cluster, load_model
 from pipesched.serving.capacity import CapacityResult, capacity
@@ -170,7 +171,7 @@ def served_requests(workload: ServingWorkload, max_context: int) -> Trace:
 def point_deployment(point: ServingPoint) -> Deployment:
     """The point's configuration built on its model and cluster: every stage's iteration costs
     (the kernel model's, or the fitted latency model's) and every instance's KV cache."""
-    latency = read_latency_model(point.latency_model) if point.latency_model is not None else None
+    latency = load_latency_model(point.latency_model) if point.latency_model is not None else None
     return build_deployment(point.config, load_model(point.model), load_cluster(point.cluster), latency=latency,
                             dtype=point.dtype)
 
