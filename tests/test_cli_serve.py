@@ -172,10 +172,11 @@ def test_capacity_meets_the_slos_below_it_and_misses_them_above(cli) -> None:
     assert line.out.startswith("capacity: ") and "requests/s" in line.out
 
 
+@pytest.mark.slow
 def test_serve_search_ranks_resumes_and_shows(cli, tmp_path) -> None:
     db = str(tmp_path / "serve.sqlite")
     argv = ("serve", "search", "--model", "llama3-8b", "--gpus", "2", "-t", "1,2", "--pipeline", "1",
-            "--replicas", "1", "--scheduler", "sarathi", "--requests", "30", "--db", db, "--workers", "1")
+            "--replicas", "1", "--scheduler", "sarathi", "--requests", "100", "--db", db, "--workers", "1")
     first = cli(*argv, "--json")
     assert first.code == 0, first
     (search,) = json.loads(first.out)["searches"]
@@ -218,6 +219,23 @@ def test_slos_no_rate_meets_are_refused(cli) -> None:
     result = cli("serve", "capacity", "--model", "llama3-8b", "-t", "1", "-p", "2", "--requests", "4",
                  "--slo-ttft", "1e-6")
     assert_one_line_error(result, "slo_ttft=1e-06", "relax")
+
+
+def test_slos_no_configuration_meets_end_a_search(cli, tmp_path) -> None:
+    result = cli("serve", "search", "--model", "llama3-8b", "--gpus", "1", "-t", "1", "--pipeline", "1",
+                 "--replicas", "1", "--scheduler", "sarathi", "--requests", "4", "--slo-tpot", "1e-6",
+                 "--db", str(tmp_path / "s.sqlite"), "--workers", "1")
+    assert_one_line_error(result, "slo_ttft=2: no configuration of the search meets the SLOs", "slo_tpot=1e-06",
+                          "relax")
+
+
+def test_a_trace_too_short_to_load_the_deployment_has_no_capacity_to_rank(cli, tmp_path) -> None:
+    """Four requests served at once meet the SLOs at any rate: the search says so rather than
+    ranking an unbounded figure."""
+    result = cli("serve", "search", "--model", "llama3-8b", "--gpus", "2", "-t", "1", "--pipeline", "2",
+                 "--replicas", "1", "--scheduler", "vllm", "--requests", "4", "--db", str(tmp_path / "s.sqlite"),
+                 "--workers", "1")
+    assert_one_line_error(result, "requests=4: no rate up to", "give more requests")
 
 
 def test_a_disaggregated_split_larger_than_the_cluster_is_refused(cli) -> None:

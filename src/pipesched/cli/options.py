@@ -235,6 +235,7 @@ RayFlag = Annotated[bool, typer.Option("--ray", help="run on a local Ray (loopba
 RayAddress = Annotated[str | None, typer.Option(
     "--ray-address", help="run on the Ray cluster at this HOST:PORT (ray start --head prints it)")]
 Top = Annotated[int, typer.Option("--top", help="configurations to print (0: all)")]
+Gpus = Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")]
 
 
 def parse_settings(pairs: list[str] | None) -> dict[str, object]:

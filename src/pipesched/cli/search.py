@@ -25,6 +25,7 @@ from pipesched.cli.options import (
     AsJson,
     ClusterName,
     Dtype,
+    Gpus,
     Model,
     OptionGroup,
     RayAddress,
@@ -79,7 +80,7 @@ class SpaceOptions(OptionGroup):
     seq_len: SeqLen = None
     dtype: Dtype = None
     sequence_parallel: SequenceParallel = None
-    gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None
+    gpus: Gpus = None
     schedules: Annotated[str | None, typer.Option(
         "--schedules", help="comma-separated families [default: every synchronous family; name pipedream or "
                             "pipedream-2bw to search them too]")] = None

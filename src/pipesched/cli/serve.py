@@ -24,6 +24,7 @@ from pipesched.cli.groups import (
 from pipesched.cli.options import (
     AsJson,
     Attainment,
+    Gpus,
     LatencyModelFile,
     OptionGroup,
     PerRequest,
@@ -41,10 +42,16 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.views import Html
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import require
+from pipesched.errors import PipeschedError, require
 from pipesched.experiments.grid import process_map
 from pipesched.experiments.ray_pool import ray_pool, require_ray
-from pipesched.experiments.serving import ServingPoint, point_capacity, simulate_point
+from pipesched.experiments.serving import (
+    ServingPoint,
+    Targets,
+    point_capacity,
+    simulate_point,
+    unbounded_reason,
+)
 from pipesched.io.files import Output, check_outputs, write_all
 from pipesched.limits import MAX_WORKERS, check_count
 from pipesched.render.serving import serving_report
@@ -57,6 +64,7 @@ from pipesched.search.serving import (
     read_serving_rows,
     search_serving,
 )
+from pipesched.serving.capacity import CapacityResult
 from pipesched.serving.results import ServeResult, serve_result, summarize
 
 HELP = """Serve a model: simulate a trace, find a configuration's capacity, search a cluster's
@@ -129,6 +137,18 @@ def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
     print_summary(point, result, output_console())
 
 
+def print_capacity(point: ServingPoint, found: CapacityResult) -> None:
+    """The capacity line (and, when no rate tried missed the SLOs, why the figure is a floor)."""
+    targets = point.targets
+    bound = "" if found.converged else "at least "
+    output_console().print(
+        f"capacity: {bound}{found.max_qps:.3g} requests/s ({found.max_qps / point.devices:.3g} per device) with "
+        f"{targets.attainment:.0%} of requests within TTFT {targets.slo_ttft:g} s and TPOT {targets.slo_tpot:g} s; "
+        f"{_deployment_line(point)}; {len(found.probes)} rates simulated", highlight=False, markup=False)
+    if not found.converged:
+        output_console(stderr=True).print(f"note: {unbounded_reason(found)}", highlight=False, markup=False)
+
+
 @command
 def capacity_command(*, deployment: DeploymentOptions, batch: BatchOptions, cache: CacheOptions,
                      requests: RequestOptions, slo: SloOptions, attainment: Attainment = None,
@@ -146,11 +166,7 @@ def capacity_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
     if as_json:
         print_json(found.to_dict())
         return
-    targets = point.targets
-    output_console().print(
-        f"capacity: {found.max_qps:.3g} requests/s ({found.max_qps / point.devices:.3g} per device) with "
-        f"{targets.attainment:.0%} of requests within TTFT {targets.slo_ttft:g} s and TPOT {targets.slo_tpot:g} s; "
-        f"{_deployment_line(point)}; {len(found.probes)} rates simulated", highlight=False, markup=False)
+    print_capacity(point, found)
 
 
 @dataclass(frozen=True)
@@ -159,7 +175,7 @@ class ServeSpaceOptions(OptionGroup):
 
     model: ServeModel = None
     cluster: ServeCluster = None
-    gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None
+    gpus: Gpus = None
     tensor_parallel: Annotated[str | None, typer.Option(
         "--tensor-parallel", "-t", help="tensor-parallel degrees to try, like 2,4 [default: every divisor of the node "
                                         "size]")] = None
@@ -235,11 +251,28 @@ def search_command(*, space: ServeSpaceOptions, cache: CacheOptions, requests: R
       pipesched serve search --db serve.sqlite --show
     """
     results = read_serving_rows(pool.db) if pool.show else [pool.search(space.space(cache, requests, slo, attainment))]
+    if not pool.show:
+        check_found(results[0])
     if as_json:
         print_json({"db": pool.db, "searches": [result.to_dict(top=pool.top or None) for result in results]})
         return
     for result in results:
         print_search(result, top=pool.top)
+
+
+def check_found(result: ServingSearchResult) -> None:
+    """A search without a configuration to rank is an error: too few requests to load any
+    deployment, or SLOs that none meets."""
+    if result.best is not None:
+        return
+    targets = Targets(**result.space["targets"])
+    _, example = result.why("invalid")
+    if example is not None and example.reason.startswith("requests="):
+        raise PipeschedError(f"{example.reason} (every configuration of the search, e.g. {example.label})")
+    why = f" (e.g. {example.label}: {example.reason})" if example is not None else ""
+    raise PipeschedError(f"slo_ttft={targets.slo_ttft:g}: no configuration of the search meets the SLOs (TTFT "
+                         f"{targets.slo_ttft:g} s, TPOT {targets.slo_tpot:g} s for {targets.attainment:.0%} of "
+                         f"requests){why}; relax --slo-ttft, --slo-tpot or --attainment, or widen the space")
 
 
 _HEADER = ("rank", "layout", "scheduler", "batch", "tokens", "devices", "max qps", "qps/device", "SLO met",

@@ -206,10 +206,20 @@ def evaluate_capacity(point: ServingPoint) -> CapacityRecord:
         # a KV cache that cannot hold one request is the deployment's memory, not a bad point
         status = SearchStatus.OUT_OF_MEMORY if str(exc).startswith(KV_CACHE_FIELD) else SearchStatus.INVALID
         return CapacityRecord(key, status, devices, reason=str(exc))
+    if not found.converged:
+        return CapacityRecord(key, SearchStatus.INVALID, devices, max_qps=None, probes=len(found.probes),
+                              reason=unbounded_reason(found))
     at = min(found.probes, key=lambda probe: abs(probe.qps - found.max_qps))
     return CapacityRecord(key, SearchStatus.EVALUATED, devices, max_qps=found.max_qps,
                           slo_attainment=at.attainment, ttft_p99_s=at.ttft_s.p99, tpot_p99_s=at.tpot_s.p99,
                           probes=len(found.probes))
+
+
+def unbounded_reason(found: CapacityResult) -> str:
+    """Why a capacity search found no rate that misses the SLOs: too few requests to load
+    the deployment (all of them fit in its first batches at any rate)."""
+    return (f"requests={found.requests}: no rate up to {found.max_qps:.3g} requests/s missed the SLOs in "
+            f"{len(found.probes)} runs; give more requests (--requests, or a longer --trace) to load the deployment")
 
 
 # the field a deployment's error names when a KV cache cannot hold one request
