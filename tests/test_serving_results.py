@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import doctest
 import math
 
 import numpy as np
 import pytest
 
+from pipesched import metrics as metrics_module
 from pipesched.errors import PipeschedError
+from pipesched.serving import results as results_module
 from pipesched.serving.config import Instances, ServeConfig
 from pipesched.serving.engine import simulate_serving
 from pipesched.serving.results import serve_result, summarize, token_gaps
@@ -172,3 +175,9 @@ def test_ttft_p99_rises_with_the_rate() -> None:
     p99 = [serve_result(simulate_serving(_engine(), rate_scaled(unit, qps))).to_dict()["ttft_s"]["p99"]
            for qps in (15.0, 30.0, 60.0, 90.0)]
     assert p99 == sorted(p99) and p99[-1] > 2 * p99[0]
+
+
+@pytest.mark.parametrize("module", [results_module, metrics_module])
+def test_the_docstring_examples_run(module) -> None:
+    result = doctest.testmod(module)
+    assert result.attempted >= 2 and result.failed == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 from pathlib import Path
 
@@ -205,3 +206,8 @@ def test_the_shipped_example_is_the_scripts_output(tmp_path: Path) -> None:
     example = read_trace(str(shipped))
     assert len(example) == 500 and example.total_tokens.max() <= 4096
     assert 1.5 < mean_rate(example) < 2.5
+
+
+def test_the_docstring_examples_run() -> None:
+    result = doctest.testmod(trace_module)
+    assert result.attempted >= 3 and result.failed == 0

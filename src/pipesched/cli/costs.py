@@ -35,6 +35,7 @@ from pipesched.model import (
     LAYER_COLUMNS,
     METHODS,
     Cluster,
+    LayerCost,
     StagePlan,
     TrainingSettings,
     homogeneous_cluster,
@@ -45,35 +46,93 @@ from pipesched.model import (
 )
 from pipesched.model.freezing import parse_frozen_layers
 from pipesched.model.recompute import recompute_modes, uniform_mode
+from pipesched.model.transformer import LayerOps, layer_ops
 from pipesched.partition import format_layout, parse_layout
 from pipesched.schedule import Placement, Schedule
 from pipesched.units import GiB, MiB
 
 PlanSchedule = Annotated[str | None, typer.Option("--schedule", help="schedule family for in-flight memory")]
 ShowLayout = Annotated[bool, typer.Option("--layout", help="print the Megatron layout string")]
+ShowOps = Annotated[bool, typer.Option("--ops", help="list every kernel of each layer and its collectives")]
 
 
 
 @command
-def costs(*, model: ModelOptions, device: DeviceName = None, as_json: AsJson = False) -> None:
+def costs(*, model: ModelOptions, device: DeviceName = None, ops: ShowOps = False, as_json: AsJson = False) -> None:
     """Per-layer costs of one microbatch: forward, backward-input, backward-weight seconds,
-    activation bytes, parameters and the bytes sent to the next layer.
+    activation bytes, parameters and the bytes sent to the next layer; with --ops every
+    kernel of each layer (its shape, FLOPs, bytes, times and whether compute or memory sets
+    them) and its tensor-parallel collectives.
 
     \b
     Examples:
       pipesched costs --model llama3-8b --device h100-sxm -b 1 -s 4096
+      pipesched costs --model llama3-70b --device h100-sxm -t 4 -b 32 -s 1 --ops   # a decode step of 32 requests
     """
     spec, chip, settings = model.spec(), model.device(device), model.settings()
     layers = layer_costs(spec, chip, settings)
+    listed = layer_ops(spec, chip, settings) if ops else None
     if as_json:
-        rows = [{column: getattr(layer, column) for column in LAYER_COLUMNS}
-                | {"flops": layer.flops, "kind": layer.kind} for layer in layers]
-        print_json({"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
-                    "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
-                    "recompute": settings.recompute, "dtype": settings.dtype,
-                    "sequence_parallel": settings.sequence_parallel, "layers": rows})
+        header = {"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
+                  "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
+                  "recompute": settings.recompute, "dtype": settings.dtype,
+                  "sequence_parallel": settings.sequence_parallel}
+        rows = [_layer_row(layer) for layer in layers] if listed is None else [_ops_row(entry) for entry in listed]
+        print_json(header | {"layers": rows})
         return
-    output_console().print(_layer_table(spec.name, chip.name, settings, layers))
+    if listed is None:
+        output_console().print(_layer_table(spec.name, chip.name, settings, layers))
+        return
+    for table in _ops_tables(spec.name, chip.name, settings, listed):
+        output_console().print(table)
+
+
+def _layer_row(layer: LayerCost) -> dict[str, object]:
+    return {column: getattr(layer, column) for column in LAYER_COLUMNS} | {"flops": layer.flops, "kind": layer.kind}
+
+
+def _ops_row(entry: LayerOps) -> dict[str, object]:
+    """A layer's costs with its kernels (``ops``) and collectives."""
+    ops = [{"name": op.name, "m": op.m, "n": op.n, "k": op.k, "groups": op.groups, "flops": op.flops,
+            "bytes": op.traffic, "forward_s": op.forward_s, "backward_input_s": op.backward_input_s,
+            "backward_weight_s": op.backward_weight_s, "bound": op.bound} for op in entry.kernels]
+    collectives = [{"name": c.name, "bytes": c.traffic, "group": c.group, "forward_s": c.forward_s,
+                    "backward_s": c.backward_s} for c in entry.collectives]
+    return _layer_row(entry.cost) | {"ops": ops, "collectives": collectives}
+
+
+def _ops_tables(model: str, device: str, settings: TrainingSettings, listed: list[LayerOps]) -> list[Table]:
+    """A table per distinct layer (the blocks of a model are alike: one table, with their
+    count): a row per kernel and collective, microseconds, and the layer's totals."""
+    groups: dict[tuple, list[LayerOps]] = {}
+    for entry in listed:
+        key = (entry.cost.kind, entry.kernels, entry.collectives)
+        groups.setdefault(key, []).append(entry)
+    tables = []
+    for entries in groups.values():
+        names = entries[0].cost.name if len(entries) == 1 else \
+            f"{entries[0].cost.name} ... {entries[-1].cost.name} ({len(entries)} alike)"
+        table = Table(title=f"{model} on {device}: {names}, b={settings.micro_batch_size} s={settings.seq_len} "
+                            f"t={settings.tensor_parallel}; times in us")
+        for column in ("op", "m", "n", "k", "GFLOP", "MB", "F", "I", "W", "bound"):
+            table.add_column(column, justify="left" if column in ("op", "bound") else "right")
+        entry = entries[0]
+        for op in entry.kernels:
+            shape = [f"{value:g}" if op.groups else "" for value in (op.m, op.n, op.k)]
+            table.add_row(op.name, *shape, f"{op.flops / 1e9:.3f}", f"{op.traffic / 1e6:.2f}",
+                          *(f"{t * 1e6:.1f}" for t in (op.forward_s, op.backward_input_s, op.backward_weight_s)),
+                          str(op.bound))
+        for collective in entry.collectives:
+            table.add_row(f"{collective.name} ({collective.group})", "", "", "", "",
+                          f"{collective.traffic / 1e6:.2f}", f"{collective.forward_s * 1e6:.1f}",
+                          f"{collective.backward_s * 1e6:.1f}", "", "")
+        cost = entry.cost
+        table.add_section()
+        table.add_row("total" + (" (I with recompute)" if cost.recompute_s else ""), "", "", "",
+                      f"{cost.forward_flops / 1e9:.3f}", "",
+                      *(f"{t * 1e6:.1f}" for t in (cost.forward_s, cost.backward_input_s, cost.backward_weight_s)), "")
+        tables.append(table)
+    return tables
 
 
 def _layer_table(model: str, device: str, settings: TrainingSettings, layers: list) -> Table:

@@ -151,7 +151,7 @@ def layer_forward_s(plan: LayerPlan, device: DeviceSpec, levels: tuple[Collectiv
 def _from_zero(values: np.ndarray) -> np.ndarray:
     """``values`` at counts 1..N behind a 0 at count 0, read-only (cached tables are shared)."""
     table = np.concatenate([[0.0], values])
-    table.flags.writeable = False
+    table.setflags(write=False)
     return table
 
 

@@ -135,10 +135,17 @@ def matmul_time(device: DeviceSpec, m: float, n: float, k: float, *, groups: flo
     array of their times."""
     if not isinstance(m, np.ndarray) and (m <= 0 or n <= 0 or k <= 0):
         return memory_time(device, traffic)
+    compute, memory = matmul_roofline(device, m, n, k, groups=groups, traffic=traffic, fp32=fp32)
+    return _larger(compute, memory) + device.kernel_overhead_s
+
+
+def matmul_roofline(device: DeviceSpec, m, n: float, k: float, *, groups: float = 1.0, traffic=0.0,
+                    fp32: bool = False):
+    """The two sides of a matmul's roofline (``matmul_time`` is the larger plus the fixed
+    cost): seconds of its FLOPs at the quantized matmul rate, and of its bytes."""
     flops = 2.0 * groups * m * n * k
     compute = flops / (_matmul_peak(device, fp32) * tile_efficiency(device, m, n, groups, k))
-    memory = traffic / (device.memory_bandwidth * device.bandwidth_efficiency)
-    return _larger(compute, memory) + device.kernel_overhead_s
+    return compute, traffic / (device.memory_bandwidth * device.bandwidth_efficiency)
 
 
 def _larger(a, b):
@@ -169,14 +176,21 @@ def flash_attention_time(device: DeviceSpec, *, heads: float, seq: float, head_d
                          traffic: float = 0.0, backward: bool = False) -> float:
     """Seconds of a fused causal attention over ``heads`` (sequences x heads) of ``seq``
     tokens; ``backward`` for its backward kernel."""
+    compute, memory = flash_attention_roofline(device, heads=heads, seq=seq, head_dim=head_dim, traffic=traffic,
+                                               backward=backward)
+    return max(compute, memory) + device.kernel_overhead_s
+
+
+def flash_attention_roofline(device: DeviceSpec, *, heads: float, seq: float, head_dim: float,
+                             traffic: float = 0.0, backward: bool = False) -> tuple[float, float]:
+    """The compute and memory sides of ``flash_attention_time``, seconds."""
     block = device.flash_block
     flops = heads * flash_tile_visits(device, seq, backward=backward) * 4.0 * block * block * head_dim
     if backward:
         compute = FLASH_BACKWARD_FLOPS * flops / (device.peak_flops * device.flash_backward_efficiency)
     else:
         compute = flops / (device.peak_flops * device.flash_forward_efficiency)
-    memory = traffic / (device.memory_bandwidth * device.bandwidth_efficiency)
-    return max(compute, memory) + device.kernel_overhead_s
+    return compute, traffic / (device.memory_bandwidth * device.bandwidth_efficiency)
 
 
 def causal_attention_flops(heads: float, seq: float, head_dim: float) -> float:

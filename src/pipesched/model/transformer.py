@@ -51,6 +51,7 @@ import functools
 from dataclasses import dataclass
 
 import pipesched.model.kernels as kernels
+from pipesched.enums import Bound
 from pipesched.errors import require
 from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
 from pipesched.model.devices import load_device
@@ -516,3 +517,124 @@ def _flops_per_microbatch(model: ModelSpec, settings: TrainingSettings, *, hardw
     per_rank = sum(_flops(plan, settings) if hardware else _flops(plan, settings) - _recompute_flops(plan, settings)
                    for plan in plans)
     return per_rank * settings.tensor_parallel
+
+
+# --- every kernel of a layer (``pipesched costs --ops``) ------------------------------------
+# names of a layer's collectives, in the order its plan lists their bytes: (forward, backward)
+_COLLECTIVE_NAMES = {
+    EMBEDDING: (("embedding all-reduce",), ()),
+    TRANSFORMER: (("attention output all-reduce", "mlp output all-reduce"),
+                  ("qkv input-gradient all-reduce", "mlp input-gradient all-reduce")),
+    LOSS: (("logits max all-reduce", "logits sum all-reduce"), ("head input-gradient all-reduce",)),
+}
+TENSOR_GROUP = "tensor"  # the group every layer collective runs over
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """One kernel of a layer on one device, and which side of its roofline sets its time."""
+
+    name: str
+    m: float  # rows of each matmul [m, k] x [k, n] (0 for a memory-bound kernel)
+    n: float
+    k: float
+    groups: float  # matmuls in the kernel (heads x sequences, experts; 0 for a memory-bound kernel)
+    flops: float  # forward FLOPs
+    traffic: float  # forward bytes read and written
+    forward_s: float
+    backward_input_s: float  # its part of I
+    backward_weight_s: float  # its part of W
+    bound: Bound  # of its forward
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """One tensor-parallel collective of a layer: in the forward or in I."""
+
+    name: str
+    traffic: float  # bytes all-reduced
+    group: str  # the ranks it runs over (TENSOR_GROUP)
+    forward_s: float
+    backward_s: float  # in I
+
+
+@dataclass(frozen=True)
+class LayerOps:
+    """A layer's cost (as ``layer_costs`` gives it) with the kernels and collectives it sums:
+    F = the kernels' forward + the forward collectives; I = the kernels' I + the backward
+    collectives + ``cost.recompute_s``; W = the kernels' W."""
+
+    cost: LayerCost
+    kernels: tuple[KernelCost, ...]
+    collectives: tuple[CollectiveCost, ...]
+
+
+def layer_ops(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings, *,
+              tp_link: LinkSpec | None = None) -> list[LayerOps]:
+    """Every layer's kernels and collectives with their times, beside its ``layer_costs``
+    row (the same settings: decode sizes are ``micro_batch_size`` requests of ``seq_len``
+    1).
+
+    >>> from pipesched.model import load_device, load_model
+    >>> ops = layer_ops(load_model("tiny"), load_device("h100-sxm"), TrainingSettings(seq_len=128))
+    >>> [kernel.name for kernel in ops[1].kernels][:4]
+    ['norm 1', 'qkv', 'flash attention', 'projection']
+    """
+    require(not model.measured, "model", model.name, "its layers are measured, with no kernels to list; "
+            "give a model with its shape")
+    costs = layer_costs(model, device, settings, tp_link=tp_link)
+    if settings.optimizer_shards != 1:
+        settings = dataclasses.replace(settings, optimizer_shards=1)
+    link = tp_link or DEFAULT_TP_LINK
+    return [LayerOps(cost, _kernel_costs(plan, device, settings), _collective_costs(plan, settings, link))
+            for cost, plan in zip(costs, layer_plans(model, settings), strict=True)]
+
+
+def _kernel_costs(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings) -> tuple[KernelCost, ...]:
+    """The layer's kernels as ``_times`` times them: with fused attention its core kernels
+    are one flash kernel, where the first of them stood."""
+    flash = plan.attention is not None and kernels.uses_flash(device, settings.element_bytes)
+    listed = []
+    for kernel in plan.kernels:
+        if flash and kernel.attention_core:
+            if not any(cost.name == FLASH_KERNEL for cost in listed):
+                listed.append(_flash_cost(plan, device))
+            continue
+        forward, backward_input, backward_weight = kernel_times(kernel, device, settings)
+        listed.append(KernelCost(kernel.name, kernel.m, kernel.n, kernel.k, kernel.groups, kernel.flops,
+                                 kernel.traffic, forward, backward_input, backward_weight,
+                                 _bound(kernel, device, settings)))
+    return tuple(listed)
+
+
+FLASH_KERNEL = "flash attention"
+
+
+def _flash_cost(plan: LayerPlan, device: DeviceSpec) -> KernelCost:
+    assert plan.attention is not None
+    heads, seq, head_dim = plan.attention
+    shape = {"heads": heads, "seq": seq, "head_dim": head_dim, "traffic": plan.attention_traffic}
+    compute, memory = kernels.flash_attention_roofline(device, **shape)
+    # FLOPs as the layer counts them: the score and context matmuls it fuses
+    flops = sum(kernel.flops for kernel in plan.kernels if kernel.attention_core)
+    return KernelCost(FLASH_KERNEL, seq, seq, head_dim, heads, flops, plan.attention_traffic,
+                      kernels.flash_attention_time(device, **shape),
+                      kernels.flash_attention_time(device, **shape, backward=True), 0.0,
+                      Bound.COMPUTE if compute >= memory else Bound.MEMORY)
+
+
+def _bound(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings) -> Bound:
+    if kernel.groups == 0:
+        return Bound.MEMORY
+    compute, memory = kernels.matmul_roofline(device, kernel.m, kernel.n, kernel.k, groups=kernel.groups,
+                                              traffic=kernel.traffic, fp32=settings.dtype == "fp32")
+    return Bound.COMPUTE if compute >= memory else Bound.MEMORY
+
+
+def _collective_costs(plan: LayerPlan, settings: TrainingSettings, link: LinkSpec) -> tuple[CollectiveCost, ...]:
+    forward_names, backward_names = _COLLECTIVE_NAMES[plan.kind]
+    tp = settings.tensor_parallel
+    return (*(CollectiveCost(name, nbytes, TENSOR_GROUP, allreduce_time(nbytes, tp, link), 0.0)
+              for name, nbytes in zip(forward_names, plan.forward_collectives, strict=False)),
+            *(CollectiveCost(name, nbytes, TENSOR_GROUP, 0.0, allreduce_time(nbytes, tp, link))
+              for name, nbytes in zip(backward_names, plan.backward_collectives, strict=False)))

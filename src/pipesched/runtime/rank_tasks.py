@@ -13,6 +13,7 @@ from pipesched.runtime.gpu import CudaRecorder
 from pipesched.runtime.launch import LaunchSpec, RankContext
 from pipesched.runtime.measure import HostRecorder
 from pipesched.runtime.runs import PROFILE_WARMUP, PipelineTask, RankJobResult, RunJob, RunOptions
+from pipesched.runtime.serve_worker import run_serve
 from pipesched.runtime.torch_import import require_torch
 from pipesched.runtime.torch_model import build_stage, make_batch, torch_dtype
 
@@ -176,4 +177,4 @@ def run_profile(spec: LaunchSpec, context: RankContext) -> list:
     return time_ranges(spec.task, rank=context.rank, sync=sync)
 
 
-HANDLERS = {"pipeline": run_pipeline, "p2p": run_p2p, "profile": run_profile}
+HANDLERS = {"pipeline": run_pipeline, "p2p": run_p2p, "profile": run_profile, "serve": run_serve}

@@ -4,7 +4,6 @@ runs a trace on."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,8 +61,8 @@ def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
     iteration costs from the kernel model (or from the fitted ``latency`` rows, one per
     stage) sized for the scheduler's token budget and batch, and each instance's paged KV
     cache: the blocks its tightest stage holds in ``kv_fraction`` of device memory after its
-    weights and workspace. Stage 0 of every instance carries ``config.cpu_overhead_s`` in
-    its ``base_s`` (the scheduler's work before each iteration).
+    weights and workspace. The stages' ``base_s`` is device work only: the engine pays
+    ``config.cpu_overhead_s`` (the host's scheduling and launch) before each batch itself.
 
     >>> from pipesched.model import load_cluster, load_model
     >>> deployment = build_deployment(ServeConfig(), load_model("llama3-70b"), load_cluster("1x8-h100"))
@@ -80,7 +79,6 @@ def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
         for _ in range(group.count):
             ranks = tuple(offset + stage * group.tp for stage in range(group.pp))
             stages = _stage_costs(model, cluster, group, ranks, latency, max_tokens, spec.max_batch, dtype)
-            stages = (dataclasses.replace(stages[0], base_s=stages[0].base_s + config.cpu_overhead_s), *stages[1:])
             instances.append(InstancePlan(kind=kind, stages=stages, devices=ranks, tp=group.tp,
                                           kv_capacity_blocks=_kv_blocks(stages, cluster, ranks, config.kv),
                                           kv_bytes_per_token=model_kv_bytes_per_token(model, dtype)))

@@ -1,0 +1,255 @@
+"""A serving rank: one pipeline stage with its KV cache (``serve_model``); rank 0 also forms
+the batches (``serve_batches``). Runs inside ``pipesched.runtime.worker`` after the process
+group is up; ``serve_run``'s module docstring says what is measured."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipesched.runtime.launch import LaunchSpec, RankContext
+from pipesched.runtime.serve_batches import BatchEntry, RequestStates
+from pipesched.runtime.serve_model import CacheShape, ServeStage
+from pipesched.runtime.serve_profile import profile_link, profile_stage
+from pipesched.runtime.serve_run import RankServeResult, ServeTask
+from pipesched.runtime.torch_import import require_torch
+from pipesched.runtime.torch_model import torch_dtype
+
+torch = require_torch()
+dist = torch.distributed
+
+HEADER = 3  # int64 message before each batch: (batch, entries, tokens); batch -1 ends the run
+WARMUP = 3  # untimed iterations of every stage before the run
+
+
+@dataclass
+class Channel:
+    """How a rank talks to its neighbours: the control group carries the headers, entry
+    tables and tokens (gloo, on the CPU), the data group the hidden states."""
+
+    control: object  # None: the default group
+    data: object
+    device: torch.device
+    dtype: torch.dtype
+
+
+def run_serve(spec: LaunchSpec, context: RankContext) -> RankServeResult:
+    """Warm up, profile when asked, then serve the trace (rank 0 leads, the others follow)."""
+    task: ServeTask = spec.task
+    rank = context.rank
+    device = torch.device("cuda", rank) if spec.backend == "nccl" else torch.device("cpu")
+    if spec.backend == "nccl":
+        torch.cuda.set_device(rank)
+    dtype = torch_dtype(task.options.dtype)
+    channel = Channel(dist.new_group(backend="gloo") if spec.backend == "nccl" else None, None, device, dtype)
+    stage = ServeStage(task.model, task.partition.layers(rank), CacheShape(task.slots, task.max_len),
+                       seed=task.options.seed, dtype=dtype, device=device)
+    result = RankServeResult()
+    profile_stage(stage, task, result, repeats=WARMUP, record=False)
+    if task.options.profile_repeats:
+        dist.barrier(group=channel.control)
+        profile_stage(stage, task, result, repeats=task.options.profile_repeats, record=True)
+        result.link = profile_link(task, rank, channel, repeats=task.options.profile_repeats)
+    dist.barrier(group=channel.control)
+    context.progress.update(0, 0, 0)
+    if rank == 0:
+        _lead(stage, task, channel, result, context)
+    else:
+        _follow(stage, task, channel, result, context, rank, spec.world_size)
+    return result
+
+
+def _synchronize(channel: Channel) -> None:
+    if channel.device.type == "cuda":
+        torch.cuda.synchronize(channel.device)
+
+
+@dataclass
+class InFlight:
+    """A batch sent down the pipeline whose tokens rank 0 awaits."""
+
+    batch: int
+    entries: list[BatchEntry]
+    tokens: torch.Tensor  # int64 [emitting entries], filled by the last stage's message
+    works: list  # the posted sends and the token receive
+    buffers: tuple = ()  # the tensors being sent, kept alive until their sends complete
+
+
+class Lead:
+    """Rank 0's state: the requests, their prompt ids and generated tokens."""
+
+    def __init__(self, task: ServeTask, channel: Channel) -> None:
+        trace = task.trace
+        self.task, self.channel = task, channel
+        self.states = RequestStates(trace, task.options.scheduler, p=task.options.p,
+                                    block_size=task.options.block_size)
+        generator = torch.Generator().manual_seed(task.options.seed)
+        self.prompts = [torch.randint(task.model.vocab_size, (int(n),), generator=generator) for n in trace.prefill_tokens]
+        self.tokens: list[list[int]] = [[] for _ in range(len(trace))]
+        self.in_flight = 0  # batches sent and not yet back
+        self.origin_ns = 0  # the common start: the trace's time 0 on the host clock
+        # a thread waits for each batch's messages in dispatch order (a gloo receive says it
+        # is complete only to a wait) and hands the batch back here
+        self.posted: queue.Queue[InFlight | None] = queue.Queue()
+        self.returned: queue.Queue[InFlight] = queue.Queue()
+        self.waiter = threading.Thread(target=self._await_batches, daemon=True)
+        self.waiter.start()
+
+    def _await_batches(self) -> None:
+        while (flight := self.posted.get()) is not None:
+            for work in flight.works:
+                work.wait()
+            self.returned.put(flight)
+
+    def send(self, flight: InFlight) -> None:
+        self.in_flight += 1
+        self.posted.put(flight)
+
+    def take(self, timeout_s: float | None) -> bool:
+        """Take the oldest returned batch, waiting up to ``timeout_s`` (None: no wait); whether one came."""
+        try:
+            flight = self.returned.get(timeout=timeout_s) if timeout_s is None or timeout_s > 0 else None
+            if flight is None:
+                flight = self.returned.get_nowait()
+        except queue.Empty:
+            return False
+        self.in_flight -= 1
+        self.finish(flight, (time.perf_counter_ns() - self.origin_ns) * 1e-9)
+        return True
+
+    def close(self) -> None:
+        self.posted.put(None)
+        self.waiter.join()
+
+    def inputs(self, entries: list[BatchEntry]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The batch's token ids and positions (flat, in entry order) and its entry table."""
+        ids, positions = [], []
+        for e in entries:
+            if e.decode:
+                ids.append(torch.tensor([self.tokens[e.request][-1]]))
+            else:
+                ids.append(self.prompts[e.request][e.context:e.context + e.tokens])
+            positions.append(torch.arange(e.context, e.context + e.tokens))
+        table = torch.tensor([[e.slot, e.context, e.tokens, int(e.emits)] for e in entries], dtype=torch.int64)
+        device = self.channel.device
+        return torch.cat(ids).to(device), torch.cat(positions).to(device), table
+
+    def finish(self, flight: InFlight, now: float) -> None:
+        """Take a batch's tokens: every emitting request gets its next token."""
+        made = flight.tokens.tolist()
+        emitting = [e for e in flight.entries if e.emits]
+        for entry, token in zip(emitting, made, strict=True):
+            self.tokens[entry.request].append(int(token))
+        self.states.complete(flight.entries, now)
+
+
+def _lead(stage: ServeStage, task: ServeTask, channel: Channel, result: RankServeResult, context: RankContext) -> None:
+    lead = Lead(task, channel)
+    states = lead.states
+    arrive_ns = np.asarray(task.trace.arrived_at * 1e9, np.int64)
+    result.origin_ns = lead.origin_ns = origin = time.perf_counter_ns()
+    try:
+        while not states.done:
+            while lead.take(0):
+                pass
+            begun = time.perf_counter_ns()
+            states.arrive(int(np.searchsorted(arrive_ns, begun - origin, side="right")))
+            entries = states.next_batch((begun - origin) * 1e-9)
+            if entries:
+                _dispatch(stage, lead, entries, begun, result, context)
+                continue
+            _wait(lead, arrive_ns, origin)
+    finally:
+        lead.close()
+    _stop(task, channel)
+    result.tokens = lead.tokens
+    result.kv_times, result.kv_blocks = states.inst.cache.trace()
+    result.kv_capacity = states.inst.cache.capacity
+
+
+def _wait(lead: Lead, arrive_ns: np.ndarray, origin: int) -> None:
+    """Nothing to form now: wait for a batch in flight to come back, or the next arrival."""
+    states = lead.states
+    until = (int(arrive_ns[states.arrived]) + origin - time.perf_counter_ns()) * 1e-9 \
+        if states.arrived < arrive_ns.size else None
+    if lead.in_flight:
+        lead.take(None if until is None else max(until, 1e-6))
+    elif until is not None:
+        time.sleep(max(0.0, until))
+
+
+def _dispatch(stage: ServeStage, lead: Lead, entries: list[BatchEntry], begun: int, result: RankServeResult,
+              context: RankContext) -> None:
+    """Run the batch on stage 0 and send it on (or, with one stage, take its tokens)."""
+    batch = len(result.entries)
+    context.progress.update(0, batch, 0)
+    ids, positions, table = lead.inputs(entries)
+    start = time.perf_counter_ns()
+    out = stage.forward(ids, table.to(lead.channel.device), positions)
+    _synchronize(lead.channel)
+    end = time.perf_counter_ns()
+    result.entries.append(entries)
+    result.overhead_ns.append(start - begun)
+    result.batch.append(batch)
+    result.start_ns.append(begun)
+    result.end_ns.append(end)
+    emitting = sum(1 for e in entries if e.emits)
+    if stage.last:
+        lead.send(InFlight(batch, entries, out.cpu(), []))
+        return
+    channel = lead.channel
+    header = torch.tensor([batch, len(entries), int(ids.shape[0])], dtype=torch.int64)
+    tokens = torch.empty(emitting, dtype=torch.int64)
+    hidden = out.contiguous()
+    works = [dist.isend(header, 1, group=channel.control), dist.isend(table, 1, group=channel.control),
+             dist.isend(hidden, 1, group=channel.data),
+             dist.irecv(tokens, dist.get_world_size() - 1, group=channel.control)]
+    lead.send(InFlight(batch, entries, tokens, works, (header, table, hidden)))
+
+
+def _stop(task: ServeTask, channel: Channel) -> None:
+    if task.options.p > 1:
+        dist.send(torch.tensor([-1, 0, 0], dtype=torch.int64), 1, group=channel.control)
+
+
+def _follow(stage: ServeStage, task: ServeTask, channel: Channel, result: RankServeResult, context: RankContext,
+            rank: int, world: int) -> None:
+    """Stage ``rank`` > 0: take each batch from the stage before, run it, pass it on (the
+    last stage sends the sampled tokens to rank 0)."""
+    pending: list = []  # sends of the previous batch, waited before the next is sent
+    sending: tuple = ()  # their tensors, kept alive until then
+    while True:
+        header = torch.empty(HEADER, dtype=torch.int64)
+        dist.recv(header, rank - 1, group=channel.control)
+        batch, count, tokens = header.tolist()
+        if batch < 0:
+            if rank < world - 1:
+                dist.send(header, rank + 1, group=channel.control)
+            break
+        table = torch.empty((count, 4), dtype=torch.int64)
+        dist.recv(table, rank - 1, group=channel.control)
+        hidden = torch.empty((tokens, task.model.hidden_size), dtype=channel.dtype, device=channel.device)
+        dist.recv(hidden, rank - 1, group=channel.data)
+        context.progress.update(0, batch, 0)
+        start = time.perf_counter_ns()
+        out = stage.forward(hidden, table.to(channel.device))
+        _synchronize(channel)
+        end = time.perf_counter_ns()
+        result.batch.append(batch)
+        result.start_ns.append(start)
+        result.end_ns.append(end)
+        for work in pending:
+            work.wait()
+        sending = (out.cpu(),) if stage.last else (header, table, out.contiguous())
+        if stage.last:
+            pending = [dist.isend(sending[0], 0, group=channel.control)]
+        else:
+            pending = [dist.isend(sending[0], rank + 1, group=channel.control),
+                       dist.isend(sending[1], rank + 1, group=channel.control),
+                       dist.isend(sending[2], rank + 1, group=channel.data)]
+    for work in pending:
+        work.wait()

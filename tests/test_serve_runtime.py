@@ -1,0 +1,170 @@
+"""Serving for real: the batches rank 0 forms, the measured ServeRun, and a real run of a
+small trace whose greedy tokens match a cache-free single-process model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipesched.enums import SchedulerName
+from pipesched.errors import PipeschedError
+from pipesched.model.loading import load_model
+from pipesched.runtime.serve_batches import RequestStates, cache_blocks, profile_batches
+from pipesched.runtime.serve_run import ServeRunOptions, check_serve_inputs, serve_run
+from pipesched.serving.config import SchedulerSpec
+from pipesched.serving.trace import Trace
+
+
+def _trace(prompts, outputs, arrivals=None) -> Trace:
+    arrivals = np.zeros(len(prompts)) if arrivals is None else arrivals
+    return Trace(np.asarray(arrivals, float), np.asarray(prompts), np.asarray(outputs))
+
+
+def _states(trace: Trace, spec: SchedulerSpec, p: int = 1) -> RequestStates:
+    return RequestStates(trace, spec, p=p, block_size=16)
+
+
+def _run_to_end(states: RequestStates) -> list[list]:
+    """Every batch until the trace is served, one batch in flight at a time."""
+    batches = []
+    states.arrive(len(states.reqs.prompt))
+    while not states.done:
+        entries = states.next_batch(0.0)
+        assert entries, "nothing to run while requests remain"
+        batches.append(entries)
+        states.complete(entries, 0.0)
+    return batches
+
+
+def test_sarathi_runs_decodes_first_then_chunks_prefills_to_the_budget():
+    spec = SchedulerSpec(name=SchedulerName.SARATHI, chunk=8)
+    batches = _run_to_end(_states(_trace([10, 30], [3, 2]), spec))
+    first = batches[0]
+    assert [(e.request, e.context, e.tokens, e.emits) for e in first] == [(0, 0, 8, False)]
+    second = batches[1]  # request 0's last 2 prompt tokens (it makes token 1), then 6 of request 1's
+    assert [(e.request, e.context, e.tokens, e.emits) for e in second] == [(0, 8, 2, True), (1, 0, 6, False)]
+    third = batches[2]  # request 0 decodes first (its token 2 at position 10), then request 1's chunk
+    assert [(e.request, e.context, e.tokens, e.decode) for e in third] == [(0, 10, 1, True), (1, 6, 7, False)]
+    for entries in batches:
+        assert sum(e.tokens for e in entries) <= spec.chunk
+    # every request gets exactly its output tokens: decodes + the prefill's last chunk
+    for request, output in enumerate([3, 2]):
+        assert sum(e.emits for b in batches for e in b if e.request == request) == output
+        assert sum(e.tokens for b in batches for e in b if e.request == request and not e.decode) == [10, 30][request]
+
+
+def test_vllm_takes_whole_prompts_first_and_no_decodes_with_them():
+    spec = SchedulerSpec(name=SchedulerName.VLLM, max_tokens=12, max_batch=2)
+    states = _states(_trace([5, 6, 7], [2, 2, 2]), spec)
+    states.arrive(3)
+    first = states.next_batch(0.0)
+    assert [(e.request, e.tokens) for e in first] == [(0, 5), (1, 6)]  # 2 running at most, 11 of 12 tokens
+    states.complete(first, 0.0)
+    second = states.next_batch(0.0)  # request 2 waits for room: decodes only
+    assert [(e.request, e.decode, e.context) for e in second] == [(0, True, 5), (1, True, 6)]
+    states.complete(second, 0.0)  # both finish (2 tokens each): their slots are free again
+    assert len(states.free_slots) == 2 and states.inst.running == 0
+    third = states.next_batch(0.0)
+    assert [(e.request, e.tokens) for e in third] == [(2, 7)]
+
+
+def test_a_request_in_flight_joins_no_other_batch():
+    spec = SchedulerSpec(name=SchedulerName.SARATHI, chunk=64)
+    states = _states(_trace([4, 4], [3, 3]), spec, p=3)
+    states.arrive(1)
+    first = states.next_batch(0.0)
+    assert [e.request for e in first] == [0]
+    states.arrive(2)
+    second = states.next_batch(0.0)  # request 0 is still in flight: only the new one
+    assert [e.request for e in second] == [1]
+    assert states.next_batch(0.0) == []  # a third batch may fly, but every request is in one
+    states.complete(first, 0.0)
+    assert [(e.request, e.decode) for e in states.next_batch(0.0)] == [(0, True)]
+
+
+def test_slots_bound_the_requests_running_at_once_and_the_cache_never_preempts():
+    trace = _trace([3, 40, 3, 17, 9], [4, 30, 2, 8, 5])
+    spec = SchedulerSpec(name=SchedulerName.ORCA, max_tokens=100, max_batch=2)
+    states = _states(trace, spec)
+    # every slot at the longest request (70 tokens: 5 blocks of 16), the 1% watermark on top
+    assert cache_blocks(trace, 2, 16) == 12
+    states.arrive(5)
+    while not states.done:
+        entries = states.next_batch(0.0)
+        slots = [e.slot for e in entries]
+        assert len(set(slots)) == len(entries) <= 2 and all(0 <= s < 2 for s in slots)
+        states.complete(entries, 0.0)
+    assert states.reqs.preemptions.sum() == 0 and np.array_equal(states.reqs.made, trace.decode_tokens)
+
+
+def test_profile_batches_stay_within_the_cache_and_the_slots():
+    trace = _trace([20, 100], [8, 30])
+    slots = 2
+    for entries in profile_batches(trace, SchedulerSpec(chunk=64), slots):
+        assert entries
+        assert all(0 <= e.slot < slots for e in entries)
+        assert all(e.context + e.tokens <= int(trace.total_tokens.max()) for e in entries)
+        assert len({e.slot for e in entries}) == len(entries)
+
+
+def test_a_request_longer_than_the_context_is_refused_before_launch():
+    model = load_model("tiny")
+    trace = _trace([model.context_length - 4], [8])
+    with pytest.raises(PipeschedError, match=r"num_prefill_tokens=.*context is 1024"):
+        check_serve_inputs(model, trace, ServeRunOptions())
+
+
+def test_a_scheduler_the_real_run_does_not_run_is_refused():
+    with pytest.raises(PipeschedError, match="scheduler=static"):
+        check_serve_inputs(load_model("tiny"), _trace([8], [2]),
+                           ServeRunOptions(scheduler=SchedulerSpec(name=SchedulerName.STATIC)))
+
+
+@pytest.fixture(scope="module")
+def served():
+    pytest.importorskip("torch")
+    trace = _trace([12, 40, 7, 25], [6, 3, 9, 5], arrivals=[0.0, 0.02, 0.05, 0.3])
+    options = ServeRunOptions(p=2, dtype="float64", scheduler=SchedulerSpec(chunk=16, max_batch=3), timeout_s=120)
+    return trace, serve_run(load_model("tiny"), trace, options=options)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_pipelined_cached_run_makes_the_tokens_of_the_whole_model_without_a_cache(served):
+    import torch
+
+    from pipesched.runtime.serve_model import reference_tokens
+    from pipesched.runtime.torch_model import torch_dtype
+
+    trace, report = served
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(256, (int(n),), generator=generator) for n in trace.prefill_tokens]
+    for request, prompt in enumerate(prompts):
+        expected = reference_tokens(load_model("tiny"), prompt, int(trace.decode_tokens[request]), seed=0,
+                                    dtype=torch_dtype("float64"))
+        assert report.tokens[request].tolist() == expected.tolist()
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_measured_times_are_in_order_and_every_token_is_timed(served):
+    trace, report = served
+    run = report.run
+    assert run.source == "measured"
+    assert np.all(trace.arrived_at <= run.scheduled_at)
+    assert np.all(run.scheduled_at < run.first_token_at)
+    assert np.all(run.first_token_at <= run.finished_at)
+    assert np.array_equal(np.diff(run.token_offsets), trace.decode_tokens)
+    for r in range(len(trace)):
+        times = run.token_times[run.token_offsets[r]:run.token_offsets[r + 1]]
+        assert np.all(np.diff(times) > 0)
+    log = run.iterations
+    for stage in range(2):  # a stage runs one iteration at a time, each batch after the one before
+        rows = np.flatnonzero(log.stage == stage)
+        assert np.all(log.start[rows][1:] >= log.end[rows][:-1])
+        assert np.array_equal(log.batch[rows], np.arange(rows.size))
+    first, second = np.flatnonzero(log.stage == 0), np.flatnonzero(log.stage == 1)
+    assert np.all(log.start[second] >= log.end[first])  # stage 1 takes a batch after stage 0 sent it
+    # at most p = 2 batches in flight: batch b + 2 starts on stage 0 after batch b left stage 1
+    assert np.all(log.start[first][2:] >= log.end[second][:-2])
+    assert np.all(run.kv.blocks[0] <= run.kv.capacity_blocks[0]) and run.kv.blocks[0][-1] == 0
