@@ -57,6 +57,10 @@ from pipesched.cli.options import (
     SequenceParallel,
     ServeCluster,
     ServeModel,
+    ServeRunOutputTokens,
+    ServeRunPromptTokens,
+    ServeRunQps,
+    ServeRunRequests,
     ServeStages,
     ServeTensorParallel,
     SloTpot,
@@ -377,21 +381,44 @@ class RequestOptions(OptionGroup):
     output_tokens: OutputTokens = None
     seed: Seed = None
 
-    def workload(self, *, requests: int = DEFAULTS.requests) -> ServingWorkload:
-        """The workload asked for (``requests``: the default count of a synthetic trace)."""
-        if self.trace is not None:
-            refuse_with("trace", {"arrival": self.arrival, "requests": self.requests,
-                                  "prompt-tokens": self.prompt_tokens, "output-tokens": self.output_tokens,
-                                  "seed": self.seed}, "which gives the requests")
-        synthetic = ServingWorkload(requests=_or(self.requests, requests), qps=_or(self.qps, DEFAULTS.qps),
-                                    arrival=self.arrival or DEFAULTS.arrival,
-                                    prompt_tokens=self.prompt_tokens or DEFAULTS.prompt_tokens,
-                                    output_tokens=self.output_tokens or DEFAULTS.output_tokens,
-                                    seed=_or(self.seed, DEFAULTS.seed))
-        if self.trace is None:
-            check_workload(synthetic)
-            return synthetic
-        return dataclasses.replace(synthetic, trace=self.trace, trace_digest=trace_digest(self.trace))
+    def workload(self) -> ServingWorkload:
+        """The workload asked for, each unset option from DEFAULTS."""
+        return serving_workload(self, requests=DEFAULTS.requests, qps=DEFAULTS.qps, prompt=DEFAULTS.prompt_tokens,
+                                output=DEFAULTS.output_tokens)
+
+
+@dataclass(frozen=True)
+class RealRequestOptions(OptionGroup):
+    """The requests a real run serves: a trace file, or a small synthetic trace (the
+    serve_run_ rows: sizes this machine serves in seconds)."""
+
+    trace: RequestTrace = None
+    qps: ServeRunQps = None
+    arrival: ArrivalForm = None
+    requests: ServeRunRequests = None
+    prompt_tokens: ServeRunPromptTokens = None
+    output_tokens: ServeRunOutputTokens = None
+    seed: Seed = None
+
+    def workload(self) -> ServingWorkload:
+        return serving_workload(self, requests=DEFAULTS.serve_run_requests, qps=DEFAULTS.serve_run_qps,
+                                prompt=DEFAULTS.serve_run_prompt_tokens, output=DEFAULTS.serve_run_output_tokens)
+
+
+def serving_workload(given: RequestOptions | RealRequestOptions, *, requests: int, qps: float, prompt: str,
+                     output: str) -> ServingWorkload:
+    """The workload of the request options ``given``, each unset one from the defaults
+    passed; a trace file refuses the synthetic options (``--qps`` rescales it)."""
+    if given.trace is not None:
+        refuse_with("trace", {"arrival": given.arrival, "requests": given.requests,
+                              "prompt-tokens": given.prompt_tokens, "output-tokens": given.output_tokens,
+                              "seed": given.seed}, "which gives the requests")
+        return ServingWorkload(trace=given.trace, trace_digest=trace_digest(given.trace), qps=given.qps)
+    synthetic = ServingWorkload(requests=_or(given.requests, requests), qps=_or(given.qps, qps),
+                                arrival=given.arrival or DEFAULTS.arrival, prompt_tokens=given.prompt_tokens or prompt,
+                                output_tokens=given.output_tokens or output, seed=_or(given.seed, DEFAULTS.seed))
+    check_workload(synthetic)
+    return synthetic
 
 
 @dataclass(frozen=True)

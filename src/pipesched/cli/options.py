@@ -228,6 +228,22 @@ Attainment = Annotated[float | None, typer.Option(
     "--attainment", help=f"share of requests that must meet both SLOs [default: {DEFAULTS.attainment:g}]")]
 PerRequest = Annotated[bool, typer.Option("--per-request", help="with --json: every request's arrival, TTFT, "
                                                                 "end-to-end latency and output tokens")]
+# --- real serving runs (serve run, serve check): the serve_run_ rows ---------------------------
+ServeRunModel = Annotated[str, typer.Option(
+    "--model", help=f"model preset (tiny, small, ...), config.json or YAML/CSV model file "
+                    f"[default: {DEFAULTS.serve_run_model}]", show_default=False)]
+ServeRunStages = Annotated[int, typer.Option(
+    "-p", help=f"ranks, one pipeline stage each [default: {DEFAULTS.serve_run_p}]", show_default=False)]
+ServeRunQps = Annotated[float | None, typer.Option(
+    "--qps", help=f"requests per second of a synthetic trace [default: {DEFAULTS.serve_run_qps:g}]")]
+ServeRunRequests = Annotated[int | None, typer.Option(
+    "--requests", help=f"requests of a synthetic trace [default: {DEFAULTS.serve_run_requests}]")]
+ServeRunPromptTokens = Annotated[str | None, typer.Option(
+    "--prompt-tokens", help=f"prompt lengths: fixed:N, uniform:LO-HI, lognormal:MEDIAN,SIGMA, zipf:S,MAX or trace:FILE "
+                            f"[default: {DEFAULTS.serve_run_prompt_tokens}]")]
+ServeRunOutputTokens = Annotated[str | None, typer.Option(
+    "--output-tokens", help=f"output lengths, the first token included; the forms of --prompt-tokens "
+                            f"[default: {DEFAULTS.serve_run_output_tokens}]")]
 # --- searches: where the points are evaluated, what is printed -------------------------------
 Workers = Annotated[int | None, typer.Option(
     "--workers", help=f"local worker processes, at most {MAX_WORKERS} [default: the CPU count]")]

@@ -17,6 +17,7 @@ from pipesched.cli.groups import (
     BatchOptions,
     CacheOptions,
     DeploymentOptions,
+    RealRequestOptions,
     RequestOptions,
     SloOptions,
     serving_point,
@@ -24,14 +25,19 @@ from pipesched.cli.groups import (
 from pipesched.cli.options import (
     AsJson,
     Attainment,
+    Backend,
     Gpus,
     LatencyModelFile,
     OptionGroup,
     PerRequest,
     RayAddress,
     RayFlag,
+    RunDtype,
     ServeCluster,
     ServeModel,
+    ServeRunModel,
+    ServeRunStages,
+    Timeout,
     Top,
     Workers,
     command,
@@ -40,6 +46,7 @@ from pipesched.cli.options import (
 )
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
+from pipesched.cli.progress import StatusLine
 from pipesched.cli.views import Html
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
@@ -49,12 +56,15 @@ from pipesched.experiments.serving import (
     ServingPoint,
     Targets,
     point_capacity,
+    served_requests,
     simulate_point,
     unbounded_reason,
 )
 from pipesched.io.files import Output, check_outputs, write_all
 from pipesched.limits import MAX_WORKERS, check_count
+from pipesched.model import load_model
 from pipesched.render.serving import serving_report
+from pipesched.runtime.serve_run import ServeRunOptions, serve_run
 from pipesched.search.serving import (
     ServingRow,
     ServingSearchResult,
@@ -85,10 +95,11 @@ def _deployment_line(point: ServingPoint) -> str:
             f"{scheduler.name} ({caps}, max batch {scheduler.max_batch})")
 
 
-def print_summary(point: ServingPoint, result: ServeResult, console: Console) -> None:
-    """The latencies' table, then throughput, SLOs, cache and stages, one line each."""
-    console.print(f"serve: {_deployment_line(point)}; {result.requests:,} requests over {result.duration_s:.1f} s",
-                  highlight=False, markup=False)
+def print_summary(what: str, result: ServeResult, console: Console) -> None:
+    """``what`` was served: the latencies' table, then throughput, SLOs, cache and stages,
+    one line each."""
+    console.print(f"{what}; {result.requests:,} requests over {result.duration_s:.1f} s", highlight=False,
+                  markup=False)
     table = Table(title="latency (s)")
     for heading in ("", "mean", "p50", "p90", "p99"):
         table.add_column(heading, justify="left" if not heading else "right")
@@ -134,7 +145,7 @@ def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
     if as_json:
         print_json(result.to_dict(per_request=per_request))
         return
-    print_summary(point, result, output_console())
+    print_summary(f"serve: {_deployment_line(point)}", result, output_console())
 
 
 def print_capacity(point: ServingPoint, found: CapacityResult) -> None:
@@ -324,10 +335,38 @@ def print_search(result: ServingSearchResult, *, top: int) -> None:
     console.print(f"results in {result.db} (run {result.runs})", highlight=False, markup=False)
 
 
+@command
+def run_command(*, model: ServeRunModel = DEFAULTS.serve_run_model, p: ServeRunStages = DEFAULTS.serve_run_p,
+                requests: RealRequestOptions, batch: BatchOptions, slo: SloOptions, dtype: RunDtype = DEFAULTS.run_dtype,
+                backend: Backend = "gloo", timeout: Timeout = DEFAULTS.run_timeout, as_json: AsJson = False) -> None:
+    """Serve a trace for real: the model's prefill and decode with a KV cache on P PyTorch
+    processes (gloo on CPU, NCCL on GPU), one pipeline stage each, rank 0 forming the
+    batches with the simulator's scheduler; every request's token times measured.
+
+    \b
+    Examples:
+      pipesched serve run --requests 8
+      pipesched serve run --requests 8 --scheduler vllm --json
+    """
+    spec = load_model(model)
+    trace = served_requests(requests.workload(), spec.context_length)
+    options = ServeRunOptions(p=p, scheduler=batch.spec(), dtype=dtype, backend=backend, timeout_s=timeout)
+    with StatusLine(f"serve run ({len(trace)} requests on {p} ranks)") as status:
+        report = serve_run(spec, trace, options=options, on_status=status)
+    targets = slo.targets()
+    result = serve_result(report.run, slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot)
+    if as_json:
+        print_json({**report.to_dict(), "metrics": result.to_dict()})
+        return
+    print_summary(f"serve run: {spec.name} on {p} {backend} ranks ({report.partition}), measured", result,
+                  output_console())
+
+
 def register(app: typer.Typer) -> None:
     serve = typer.Typer(help=HELP, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                         no_args_is_help=True)
     serve.command("simulate")(simulate_command)
     serve.command("capacity")(capacity_command)
     serve.command("search")(search_command)
+    serve.command("run")(run_command)
     app.add_typer(serve, name="serve")
