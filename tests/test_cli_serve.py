@@ -145,11 +145,12 @@ def test_a_fitted_latency_model_gives_a_lone_requests_times_exactly(cli, tmp_pat
     trace = tmp_path / "one.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,100,4\n")
     result = cli("serve", "simulate", "--model", "llama3-8b", "-t", "1", "-p", "1", "--trace", str(trace),
-                 "--latency-model", str(model), "--cpu-overhead", "0", "--json", "--per-request")
+                 "--latency-model", str(model), "--cpu-overhead", "0.001", "--json", "--per-request")
     assert result.code == 0, result
     (request,) = json.loads(result.out)["per_request"]
-    ttft = 0.004 + 2e-5 * 100 + 1e-10 * 100 * (0 + 100)
-    decodes = [0.004 + 1e-5 + 1e-7 * (100 + k) for k in range(1, 4)]
+    # every iteration: the scheduler's overhead, then the stage's fitted time
+    ttft = 0.001 + 0.004 + 2e-5 * 100 + 1e-10 * 100 * (0 + 100)
+    decodes = [0.001 + 0.004 + 1e-5 + 1e-7 * (100 + k) for k in range(1, 4)]
     assert request["ttft_s"] == pytest.approx(ttft, rel=1e-12)
     assert request["e2e_s"] == pytest.approx(ttft + sum(decodes), rel=1e-12)
     assert request["tpot_s"] == pytest.approx(sum(decodes) / 3, rel=1e-12)
@@ -170,6 +171,16 @@ def test_capacity_meets_the_slos_below_it_and_misses_them_above(cli) -> None:
         assert (run["slo_attainment"] >= DEFAULTS.attainment) is meets, (share, run["slo_attainment"])
     line = cli("serve", "capacity", *sizes)
     assert line.out.startswith("capacity: ") and "requests/s" in line.out
+
+
+def test_capacity_writes_the_report_at_its_rate_with_every_rate_probed(cli, tmp_path) -> None:
+    path = tmp_path / "capacity.html"
+    result = cli("serve", "capacity", "--model", "llama3-8b", "-t", "1", "-p", "2", "--requests", "40",
+                 "--slo-ttft", "0.3", "--slo-tpot", "0.03", "--html", str(path))
+    assert result.code == 0, result
+    assert f"wrote {path}" in result.err
+    page = path.read_text(encoding="utf-8")
+    assert "Latency against request rate" in page and "Time to first token" in page
 
 
 @pytest.mark.slow

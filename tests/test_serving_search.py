@@ -10,6 +10,7 @@ import pytest
 
 from pipesched.enums import SchedulerName, SearchStatus
 from pipesched.errors import PipeschedError
+from pipesched.experiments.grid import process_map
 from pipesched.experiments.serving import CapacityRecord, ServingPoint, ServingWorkload, serving_key
 from pipesched.search.serving import (
     ServingSpace,
@@ -161,3 +162,30 @@ def test_a_space_that_does_not_fit_is_refused_before_any_store(tmp_path) -> None
     with pytest.raises(PipeschedError, match="gpus=8"):
         search_serving(ServingSpace(**SMALL, tensor_parallel=(16,)), db=db, evaluate=known_capacity)
     assert not db.exists()
+
+
+def _values(result) -> list[tuple]:
+    return [(row.key, row.status, row.max_qps, row.reason) for row in result.rows]
+
+
+def test_the_same_rows_with_a_process_pool(tmp_path) -> None:
+    space = ServingSpace(**SMALL, tensor_parallel=(1, 2), pipeline=(1, 2), replicas=(1,))
+    alone = search_serving(space, db=tmp_path / "one.sqlite", evaluate=known_capacity)
+    pooled = search_serving(space, db=tmp_path / "two.sqlite", mapper=process_map(2), evaluate=known_capacity)
+    assert _values(pooled) == _values(alone)
+
+
+@pytest.mark.slow
+def test_the_same_rows_on_a_local_ray(tmp_path) -> None:
+    ray = pytest.importorskip("ray")  # imported first: the pool binds to the loopback whatever the order
+    from pipesched.experiments.ray_pool import ray_pool
+
+    # the real capacity search (Ray's workers import pipesched, not this test module)
+    space = ServingSpace(model="llama3-8b", cluster="1x8-h100", gpus=2, tensor_parallel=(1,), pipeline=(1, 2),
+                         replicas=(1,), schedulers=("sarathi",), workload=ServingWorkload(requests=100))
+    alone = search_serving(space, db=tmp_path / "one.sqlite")
+    with ray_pool(workers=2) as mapper:
+        assert ray.util.get_node_ip_address() == "127.0.0.1"  # loopback only
+        on_ray = search_serving(space, db=tmp_path / "ray.sqlite", mapper=mapper)
+    assert _values(on_ray) == _values(alone)
+    assert alone.count("evaluated") == 2

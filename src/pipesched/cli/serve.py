@@ -55,7 +55,9 @@ from pipesched.experiments.ray_pool import ray_pool, require_ray
 from pipesched.experiments.serving import (
     ServingPoint,
     Targets,
+    at_capacity,
     point_capacity,
+    rate_rows,
     served_requests,
     simulate_point,
     unbounded_reason,
@@ -75,6 +77,7 @@ from pipesched.search.serving import (
     search_serving,
 )
 from pipesched.serving.capacity import CapacityResult
+from pipesched.serving.records import ServeRun
 from pipesched.serving.results import ServeResult, serve_result, summarize
 
 HELP = """Serve a model: simulate a trace, find a configuration's capacity, search a cluster's
@@ -120,6 +123,18 @@ def print_summary(what: str, result: ServeResult, console: Console) -> None:
         console.print(line, highlight=False, markup=False)
 
 
+def write_report(point: ServingPoint, path: str, *, run: ServeRun | None = None, result: ServeResult | None = None,
+                 probes: list[dict[str, float]] | None = None) -> None:
+    """The HTML report of a run of ``point`` (simulated here unless given) at ``path``."""
+    run = run if run is not None else simulate_point(point)
+    targets = point.targets
+    result = result or serve_result(run, slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot)
+    page = serving_report(run, result.to_dict(), probes=probes, title=f"serve: {_deployment_line(point)}",
+                          slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot)
+    for written in write_all([Output(path, page, "html")]):
+        wrote(written)
+
+
 @command
 def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cache: CacheOptions,
                      requests: RequestOptions, slo: SloOptions, as_json: AsJson = False, html: Html = None,
@@ -140,8 +155,7 @@ def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
     run = simulate_point(point)
     result = serve_result(run, slo_ttft=point.targets.slo_ttft, slo_tpot=point.targets.slo_tpot)
     if html is not None:
-        for path in write_all([Output(html, serving_report(run, result.to_dict()), "html")]):
-            wrote(path)
+        write_report(point, html, run=run, result=result)
     if as_json:
         print_json(result.to_dict(per_request=per_request))
         return
@@ -163,17 +177,22 @@ def print_capacity(point: ServingPoint, found: CapacityResult) -> None:
 @command
 def capacity_command(*, deployment: DeploymentOptions, batch: BatchOptions, cache: CacheOptions,
                      requests: RequestOptions, slo: SloOptions, attainment: Attainment = None,
-                     as_json: AsJson = False) -> None:
+                     as_json: AsJson = False, html: Html = None) -> None:
     """The highest request rate at which --attainment of the requests meet both SLOs: a
-    bisection over rates on the same requests (their arrivals scaled to each rate).
+    bisection over rates on the same requests (their arrivals scaled to each rate). --html
+    writes the report of a run at that rate, with latency against every rate probed.
 
     \b
     Examples:
       pipesched serve capacity --requests 100
       pipesched serve capacity --requests 100 --scheduler vllm --slo-ttft 1 --json
+      pipesched serve capacity --requests 100 --html capacity.html
     """
+    check_outputs((("html", html),))
     point = serving_point(deployment, batch, cache, requests, slo, attainment=attainment)
     found = point_capacity(point)
+    if html is not None:
+        write_report(at_capacity(point, found), html, probes=rate_rows(found))
     if as_json:
         print_json(found.to_dict())
         return

@@ -215,6 +215,19 @@ def evaluate_capacity(point: ServingPoint) -> CapacityRecord:
                           probes=len(found.probes))
 
 
+def at_capacity(point: ServingPoint, found: CapacityResult) -> ServingPoint:
+    """``point`` with its requests at the capacity found (what a report of it draws)."""
+    return point.replace(workload=dataclasses.replace(point.workload, qps=found.max_qps))
+
+
+def rate_rows(found: CapacityResult) -> list[dict[str, float]]:
+    """Every rate a capacity search probed, by rate: its p50 and p99 TTFT and TBT and its
+    attainment (the latency-against-rate plot's points)."""
+    return [{"qps": probe.qps, "ttft_p50_s": probe.ttft_s.p50, "ttft_p99_s": probe.ttft_s.p99,
+             "tbt_p50_s": probe.tbt_s.p50, "tbt_p99_s": probe.tbt_s.p99, "attainment": probe.attainment}
+            for probe in sorted(found.probes, key=lambda probe: probe.qps)]
+
+
 def unbounded_reason(found: CapacityResult) -> str:
     """Why a capacity search found no rate that misses the SLOs: too few requests to load
     the deployment (all of them fit in its first batches at any rate)."""
