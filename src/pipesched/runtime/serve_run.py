@@ -42,7 +42,10 @@ from pipesched.limits import (
     check_count,
 )
 from pipesched.model import layer_params
+from pipesched.model.clusters import homogeneous_cluster
 from pipesched.model.devices import load_device
+from pipesched.model.hardware import Cluster
+from pipesched.model.inference import stage_iteration_costs
 from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition
 from pipesched.runtime.launch import LaunchSpec, StatusCallback, launch
@@ -131,6 +134,7 @@ class ServeRunReport:
     backend: str
     tokens: tuple[np.ndarray, ...]  # per request, the output token ids it generated (greedy)
     overhead_s: np.ndarray  # per iteration, rank 0's time to form the batch
+    slots: int  # KV-cache slots of every stage
     ranks: tuple[RankServeResult, ...] = field(repr=False, default=())
 
     @property
@@ -158,6 +162,28 @@ class ServeRunReport:
         }
 
 
+def serving_dtype(runtime_dtype: str) -> str:
+    """The kernel model's dtype for a runtime dtype (float64 is costed as fp32)."""
+    return "bf16" if runtime_dtype == "bfloat16" else "fp32"
+
+
+def serve_cluster(options: ServeRunOptions) -> Cluster:
+    """The machine of a real run as the kernel model sees it: p ranks of the ``cpu`` preset
+    on one node (its links are measured, not taken from here)."""
+    return homogeneous_cluster(load_device("cpu"), options.p, devices_per_node=options.p)
+
+
+def serve_partition(model: ModelSpec, options: ServeRunOptions) -> Partition:
+    """The layers of each stage: the serving costs' own split (``stage_iteration_costs``,
+    the training partitioner over each layer's time in the largest iteration)."""
+    spec = options.scheduler
+    costs = stage_iteration_costs(model, serve_cluster(options), tp=1, first_ranks=tuple(range(options.p)),
+                                  max_tokens=max(spec.token_budget, spec.max_batch), max_batch=spec.max_batch,
+                                  dtype=serving_dtype(options.dtype))
+    bounds = (0, *(stage.layers[1] for stage in costs))
+    return stage_partition(model, options.p, Partition(bounds))
+
+
 def check_serve_inputs(model: ModelSpec, trace: Trace, options: ServeRunOptions) -> None:
     """Refuse, before any rank starts, what a real run cannot serve: a request longer than
     the model's context, a scheduler it does not run, ranks or memory the machine lacks."""
@@ -170,7 +196,7 @@ def check_serve_inputs(model: ModelSpec, trace: Trace, options: ServeRunOptions)
             f"context is {limit}; give shorter prompts or outputs")
     check_policy(options.scheduler, trace)
     check_capacity(options.p, options.backend)
-    partition = stage_partition(model, options.p)
+    partition = serve_partition(model, options)
     need = serve_bytes_per_rank(model, partition, options, slots=_slots(trace, options),
                                 max_len=int(trace.total_tokens.max()))
     problem = memory_problem(need, options.backend)
@@ -207,7 +233,7 @@ def serve_run(model: ModelSpec, trace: Trace, *, options: ServeRunOptions | None
 
     check_buildable(model)
     check_serve_inputs(model, trace, options)
-    partition = stage_partition(model, options.p)
+    partition = serve_partition(model, options)
     task = ServeTask(model, partition, trace, options, slots=_slots(trace, options),
                      max_len=int(trace.total_tokens.max()))
     spec = LaunchSpec(handler="serve", task=task, world_size=options.p, backend=options.backend,
@@ -217,7 +243,7 @@ def serve_run(model: ModelSpec, trace: Trace, *, options: ServeRunOptions | None
     return ServeRunReport(
         run=measured_serve_run(task, ranks), model=model.name, partition=partition, backend=options.backend,
         tokens=tuple(np.asarray(t, np.int64) for t in ranks[0].tokens),
-        overhead_s=np.asarray(ranks[0].overhead_ns, np.float64) * NS, ranks=tuple(ranks),
+        overhead_s=np.asarray(ranks[0].overhead_ns, np.float64) * NS, slots=task.slots, ranks=tuple(ranks),
     )
 
 

@@ -22,7 +22,10 @@ from pipesched.runtime.torch_model import torch_dtype
 torch = require_torch()
 dist = torch.distributed
 
-HEADER = 3  # int64 message before each batch: (batch, entries, tokens); batch -1 ends the run
+# message tags: a stage posts its next announcement's receive before the current batch's
+# hidden states come, so each kind of message is matched on its own tag
+CONTROL, HIDDEN, TOKENS = 1, 2, 3
+HEADER = 3  # int64s that open a batch's announcement: (batch, entries, tokens); batch -1 ends the run
 WARMUP = 3  # untimed iterations of every stage before the run
 
 
@@ -182,58 +185,67 @@ def _wait(lead: Lead, arrive_ns: np.ndarray, origin: int) -> None:
         time.sleep(max(0.0, until))
 
 
+def control_message(batch: int, table: torch.Tensor, tokens: int, max_entries: int) -> torch.Tensor:
+    """The fixed-size message that announces a batch: (batch, entries, tokens), then the
+    entry table, padded to ``max_entries`` rows (batch -1: the run is over)."""
+    message = torch.zeros(HEADER + 4 * max_entries, dtype=torch.int64)
+    message[:HEADER] = torch.tensor([batch, table.shape[0], tokens])
+    message[HEADER:HEADER + table.numel()] = table.reshape(-1)
+    return message
+
+
 def _dispatch(stage: ServeStage, lead: Lead, entries: list[BatchEntry], begun: int, result: RankServeResult,
               context: RankContext) -> None:
-    """Run the batch on stage 0 and send it on (or, with one stage, take its tokens)."""
+    """Announce the batch down the pipeline, run it on stage 0 and send its hidden states
+    on (with one stage, take its tokens). The announcement goes first so that every stage
+    has posted its receive of the hidden states before they are sent (a gloo send waits for
+    the receiver's request, which a busy core may answer late)."""
     batch = len(result.entries)
     context.progress.update(0, batch, 0)
     ids, positions, table = lead.inputs(entries)
+    channel = lead.channel
+    works, buffers = [], []
+    tokens = torch.empty(sum(1 for e in entries if e.emits), dtype=torch.int64)
+    if not stage.last:
+        control = control_message(batch, table, int(ids.shape[0]), lead.task.options.scheduler.max_batch)
+        works.append(dist.isend(control, 1, group=channel.control, tag=CONTROL))
+        works.append(dist.irecv(tokens, dist.get_world_size() - 1, group=channel.control, tag=TOKENS))
+        buffers.append(control)
     start = time.perf_counter_ns()
-    out = stage.forward(ids, table.to(lead.channel.device), positions)
-    _synchronize(lead.channel)
+    out = stage.forward(ids, table.to(channel.device), positions)
+    _synchronize(channel)
     end = time.perf_counter_ns()
     result.entries.append(entries)
     result.overhead_ns.append(start - begun)
     result.batch.append(batch)
     result.start_ns.append(begun)
     result.end_ns.append(end)
-    emitting = sum(1 for e in entries if e.emits)
     if stage.last:
         lead.send(InFlight(batch, entries, out.cpu(), []))
         return
-    channel = lead.channel
-    header = torch.tensor([batch, len(entries), int(ids.shape[0])], dtype=torch.int64)
-    tokens = torch.empty(emitting, dtype=torch.int64)
     hidden = out.contiguous()
-    works = [dist.isend(header, 1, group=channel.control), dist.isend(table, 1, group=channel.control),
-             dist.isend(hidden, 1, group=channel.data),
-             dist.irecv(tokens, dist.get_world_size() - 1, group=channel.control)]
-    lead.send(InFlight(batch, entries, tokens, works, (header, table, hidden)))
+    works.append(dist.isend(hidden, 1, group=channel.data, tag=HIDDEN))
+    buffers.append(hidden)
+    lead.send(InFlight(batch, entries, tokens, works, tuple(buffers)))
 
 
 def _stop(task: ServeTask, channel: Channel) -> None:
     if task.options.p > 1:
-        dist.send(torch.tensor([-1, 0, 0], dtype=torch.int64), 1, group=channel.control)
+        stop = control_message(-1, torch.zeros((0, 4), dtype=torch.int64), 0, task.options.scheduler.max_batch)
+        dist.send(stop, 1, group=channel.control, tag=CONTROL)
 
 
 def _follow(stage: ServeStage, task: ServeTask, channel: Channel, result: RankServeResult, context: RankContext,
             rank: int, world: int) -> None:
-    """Stage ``rank`` > 0: take each batch from the stage before, run it, pass it on (the
-    last stage sends the sampled tokens to rank 0)."""
-    pending: list = []  # sends of the previous batch, waited before the next is sent
-    sending: tuple = ()  # their tensors, kept alive until then
-    while True:
-        header = torch.empty(HEADER, dtype=torch.int64)
-        dist.recv(header, rank - 1, group=channel.control)
-        batch, count, tokens = header.tolist()
-        if batch < 0:
-            if rank < world - 1:
-                dist.send(header, rank + 1, group=channel.control)
-            break
-        table = torch.empty((count, 4), dtype=torch.int64)
-        dist.recv(table, rank - 1, group=channel.control)
-        hidden = torch.empty((tokens, task.model.hidden_size), dtype=channel.dtype, device=channel.device)
-        dist.recv(hidden, rank - 1, group=channel.data)
+    """Stage ``rank`` > 0: run each announced batch when its hidden states come and send its
+    output on (the last stage: the sampled tokens to rank 0)."""
+    arrivals: queue.Queue = queue.Queue()
+    listener = threading.Thread(target=_listen, args=(task, channel, rank, world, arrivals), daemon=True)
+    listener.start()
+    pending: list = []  # sends not yet complete, and their tensors
+    while (arrival := arrivals.get()) is not None:
+        batch, table, hidden, received = arrival
+        received.wait()
         context.progress.update(0, batch, 0)
         start = time.perf_counter_ns()
         out = stage.forward(hidden, table.to(channel.device))
@@ -242,14 +254,41 @@ def _follow(stage: ServeStage, task: ServeTask, channel: Channel, result: RankSe
         result.batch.append(batch)
         result.start_ns.append(start)
         result.end_ns.append(end)
-        for work in pending:
-            work.wait()
-        sending = (out.cpu(),) if stage.last else (header, table, out.contiguous())
-        if stage.last:
-            pending = [dist.isend(sending[0], 0, group=channel.control)]
-        else:
-            pending = [dist.isend(sending[0], rank + 1, group=channel.control),
-                       dist.isend(sending[1], rank + 1, group=channel.control),
-                       dist.isend(sending[2], rank + 1, group=channel.data)]
-    for work in pending:
+        sending = out.cpu() if stage.last else out.contiguous()
+        target, group, tag = (0, channel.control, TOKENS) if stage.last else (rank + 1, channel.data, HIDDEN)
+        pending.append((dist.isend(sending, target, group=group, tag=tag), sending))
+        pending = _settled(pending)
+    listener.join()
+    for work, _ in pending:
         work.wait()
+
+
+def _listen(task: ServeTask, channel: Channel, rank: int, world: int, arrivals: queue.Queue) -> None:
+    """A follower's listening thread: takes each announcement as it comes, passes it on,
+    and posts the receive of its hidden states at once (so a sender never waits on this
+    rank's busy compute to ask for them); hands (batch, table, hidden, receive) to the
+    stage, then None after the last."""
+    size = HEADER + 4 * task.options.scheduler.max_batch
+    forwarded: list = []
+    while True:
+        message = torch.empty(size, dtype=torch.int64)
+        dist.recv(message, rank - 1, group=channel.control, tag=CONTROL)
+        batch, count, tokens = message[:HEADER].tolist()
+        if rank < world - 1:
+            forwarded.append((dist.isend(message, rank + 1, group=channel.control, tag=CONTROL), message))
+            forwarded = _settled(forwarded)
+        if batch < 0:
+            break
+        hidden = torch.empty((tokens, task.model.hidden_size), dtype=channel.dtype, device=channel.device)
+        received = dist.irecv(hidden, rank - 1, group=channel.data, tag=HIDDEN)
+        arrivals.put((batch, message[HEADER:HEADER + 4 * count].view(count, 4), hidden, received))
+    for work, _ in forwarded:
+        work.wait()
+    arrivals.put(None)
+
+
+def _settled(pending: list) -> list:
+    """Wait for all but the newest sends (a send done long ago returns at once)."""
+    for work, _ in pending[:-2]:
+        work.wait()
+    return pending[-2:]

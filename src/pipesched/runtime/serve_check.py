@@ -1,0 +1,201 @@
+"""The serving prediction check: a trace served for real against the simulator's run of it on
+a latency model fitted on this machine.
+
+One launch (``serve_run`` with ``profile_repeats``): every rank first times its stage at
+fixed batch compositions (``serve_batches.profile_batches``) and ranks s and s + 1 time
+hidden-state messages, all outside the run; then the trace is served and measured. The
+profile is fitted: each stage's ``LatencyRow`` (``fit_latency_rows``, the medians of each
+composition's repeats) and each link's latency and bandwidth (``nonnegative_least_squares``
+of the one-way times on the message bytes). The prediction is ``simulate_serving`` on the
+``Deployment`` of those rows (``build_deployment``): one replica of p stages, the same
+scheduler and caps, the same KV-cache size as the real run's scheduler (so neither
+preempts), each stage's ``send_s`` the fitted link at its hidden-state bytes, and the
+run's median per-iteration CPU overhead as ``cpu_overhead_s``.
+
+Compared per request: time to first token, time per output token after the first (the
+mean time between its tokens; requests of one token have none) and end-to-end latency;
+each error is (predicted - measured) / measured (``pairing.prediction_error``). The
+verdict: each metric's median absolute error over the requests within ``tolerance``.
+
+What the engine does not see: the tokens' way back from the last rank to rank 0 (a batch's
+requests may go on only when rank 0 has them; one small message, about the link latency).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipesched.errors import require
+from pipesched.model.hardware import LinkSpec
+from pipesched.model.inference import LatencyRow, fit_latency_rows, nonnegative_least_squares
+from pipesched.model.spec import ModelSpec
+from pipesched.pairing import prediction_error
+from pipesched.runtime.launch import StatusCallback
+from pipesched.runtime.measure import ELEMENT_BYTES
+from pipesched.runtime.serve_batches import cache_blocks, profile_batches
+from pipesched.runtime.serve_run import (
+    RankServeResult,
+    ServeRunOptions,
+    ServeRunReport,
+    serve_cluster,
+    serve_run,
+    serving_dtype,
+)
+from pipesched.serving.config import Instances, KVSettings, ServeConfig
+from pipesched.serving.deployment import Deployment, build_deployment
+from pipesched.serving.engine import simulate_serving
+from pipesched.serving.records import ServeRun
+from pipesched.serving.results import serve_result
+from pipesched.serving.trace import Trace
+
+TOLERANCE = 0.10  # the check passes when every metric's median absolute error is within this
+CHECK_REPEATS = 20  # timed repeats of each profile composition (and of each link message)
+METRICS = ("ttft_s", "tpot_s", "e2e_s")
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """The link from stage ``stage`` to the next: a message of n bytes takes latency + n / bandwidth."""
+
+    stage: int
+    latency_s: float
+    bandwidth: float  # bytes/s
+    tokens: tuple[int, ...]  # hidden states timed, tokens
+    one_way_s: tuple[float, ...]  # their median one-way seconds
+
+
+@dataclass(frozen=True)
+class MetricError:
+    """One metric over the requests: measured and predicted per request, and their errors."""
+
+    name: str
+    measured: np.ndarray  # seconds, per compared request
+    predicted: np.ndarray
+    requests: np.ndarray  # int64 trace rows compared
+
+    @property
+    def errors(self) -> np.ndarray:
+        return prediction_error(self.predicted, self.measured)
+
+    @property
+    def median_error(self) -> float:
+        return float(np.median(self.errors)) if self.errors.size else 0.0
+
+    @property
+    def median_abs_error(self) -> float:
+        return float(np.median(np.abs(self.errors))) if self.errors.size else 0.0
+
+
+@dataclass(frozen=True)
+class ServeCheckReport:
+    """A trace served for real and predicted on its fitted latency model."""
+
+    measured: ServeRunReport
+    predicted: ServeRun
+    rows: tuple[LatencyRow, ...]  # the fitted latency model, one row per stage
+    links: tuple[LinkFit, ...]
+    metrics: tuple[MetricError, ...]  # TTFT, TPOT, end-to-end
+    tolerance: float = TOLERANCE
+
+    @property
+    def passed(self) -> bool:
+        return all(metric.median_abs_error <= self.tolerance for metric in self.metrics)
+
+    def to_dict(self) -> dict:
+        """The JSON shape of ``serve check --json``."""
+        return {
+            "model": self.measured.model, "p": len(self.rows), "partition": str(self.measured.partition),
+            "backend": self.measured.backend, "scheduler": self.predicted.config.scheduler.name.value,
+            "requests": len(self.predicted.trace), "cpu_overhead_s": self.measured.cpu_overhead_s,
+            "latency_model": [dataclasses.asdict(row) for row in self.rows],
+            "links": [{"stage": link.stage, "latency_s": link.latency_s, "bandwidth_bytes_per_s": link.bandwidth}
+                      for link in self.links],
+            "metrics": {m.name: {"median_error": m.median_error, "median_abs_error": m.median_abs_error,
+                                 "measured_median": float(np.median(m.measured)) if m.measured.size else 0.0,
+                                 "predicted_median": float(np.median(m.predicted)) if m.predicted.size else 0.0,
+                                 "requests": int(m.requests.size)}
+                        for m in self.metrics},
+            "tolerance": self.tolerance, "passed": self.passed,
+        }
+
+
+def fit_stage_rows(ranks: Sequence[RankServeResult], trace: Trace, options: ServeRunOptions,
+                   slots: int) -> tuple[LatencyRow, ...]:
+    """Each stage's latency row fitted to the medians of its profiled compositions."""
+    batches = profile_batches(trace, options.scheduler, slots)
+    samples = []
+    for stage, rank in enumerate(ranks):
+        for index, seconds in rank.profile:
+            entries = batches[index]
+            decodes = sum(1 for e in entries if e.decode)
+            samples.append([stage, sum(e.tokens for e in entries), sum(e.attention for e in entries), decodes,
+                            sum(e.kv_read for e in entries), float(np.median(seconds))])
+    require(len(samples) > 0, "profile_repeats", options.profile_repeats, "give at least 1 repeat to fit a model")
+    return fit_latency_rows(np.asarray(samples, np.float64))
+
+
+def fit_links(ranks: Sequence[RankServeResult], hidden_bytes_per_token: float) -> tuple[LinkFit, ...]:
+    """Each link's latency and bandwidth, fitted to its timed messages."""
+    fits = []
+    for stage, rank in enumerate(ranks[:-1]):
+        tokens = np.array([t for t, _ in rank.link], np.float64)
+        seconds = np.array([s for _, s in rank.link], np.float64)
+        latency, per_byte = nonnegative_least_squares(np.column_stack([np.ones_like(tokens),
+                                                                       tokens * hidden_bytes_per_token]), seconds)
+        fits.append(LinkFit(stage, latency, 1.0 / per_byte if per_byte > 0 else float("inf"),
+                            tuple(int(t) for t in tokens), tuple(seconds.tolist())))
+    return tuple(fits)
+
+
+def predicted_deployment(model: ModelSpec, trace: Trace, options: ServeRunOptions, rows: Sequence[LatencyRow],
+                         links: Sequence[LinkFit], *, cpu_overhead_s: float, slots: int) -> Deployment:
+    """The deployment the prediction runs (the module docstring)."""
+    config = ServeConfig(instances=Instances(tp=1, pp=options.p, count=1), scheduler=options.scheduler,
+                         kv=KVSettings(block_size=options.block_size), cpu_overhead_s=cpu_overhead_s)
+    cluster = serve_cluster(options)
+    deployment = build_deployment(config, model, cluster, latency=rows, dtype=serving_dtype(options.dtype))
+    hidden = model.hidden_size * ELEMENT_BYTES[options.dtype]  # bytes of one token's hidden state
+    plan = deployment.instances[0]
+    stages = []
+    for stage, costs in enumerate(plan.stages):
+        if stage < len(links):
+            tokens = np.arange(costs.send_s.size, dtype=np.float64)
+            link = LinkSpec(bandwidth=links[stage].bandwidth, latency=links[stage].latency_s)
+            send = np.where(tokens > 0, link.latency + tokens * hidden / link.bandwidth, 0.0)
+            costs = dataclasses.replace(costs, send_s=send)
+        stages.append(costs)
+    plan = dataclasses.replace(plan, stages=tuple(stages),
+                               kv_capacity_blocks=cache_blocks(trace, slots, options.block_size))
+    return dataclasses.replace(deployment, instances=(plan,))
+
+
+def compare_runs(measured: ServeRun, predicted: ServeRun) -> tuple[MetricError, ...]:
+    """TTFT, TPOT and end-to-end per request (TPOT of the requests with two tokens or more)."""
+    real, model = serve_result(measured), serve_result(predicted)
+    several = np.flatnonzero(measured.trace.decode_tokens >= 2)
+    every = np.arange(len(measured.trace))
+    return (MetricError("ttft_s", real.ttft_s, model.ttft_s, every),
+            MetricError("tpot_s", real.tpot_s[several], model.tpot_s[several], several),
+            MetricError("e2e_s", real.e2e_s, model.e2e_s, every))
+
+
+def serve_check(model: ModelSpec, trace: Trace, *, options: ServeRunOptions | None = None,
+                tolerance: float = TOLERANCE, on_status: StatusCallback | None = None) -> ServeCheckReport:
+    """Serve ``trace`` for real with a profile first, predict it on the fitted model, compare."""
+    options = options or ServeRunOptions(profile_repeats=CHECK_REPEATS)
+    require(options.profile_repeats > 0, "profile_repeats", options.profile_repeats,
+            "a check fits its prediction on a profile: give at least 1 repeat")
+    require(0 < tolerance < 1, "tolerance", tolerance, "give a share in (0, 1)")
+    measured = serve_run(model, trace, options=options, on_status=on_status)
+    slots = measured.slots
+    rows = fit_stage_rows(measured.ranks, trace, options, slots)
+    links = fit_links(measured.ranks, model.hidden_size * ELEMENT_BYTES[options.dtype])
+    deployment = predicted_deployment(model, trace, options, rows, links, cpu_overhead_s=measured.cpu_overhead_s,
+                                      slots=slots)
+    predicted = simulate_serving(deployment, trace)
+    return ServeCheckReport(measured=measured, predicted=predicted, rows=rows, links=links,
+                            metrics=compare_runs(measured.run, predicted), tolerance=tolerance)
