@@ -277,3 +277,43 @@ def test_a_trace_refuses_the_synthetic_options(cli, tmp_path) -> None:
     assert_one_line_error(cli("serve", "simulate", "--trace", path, "--requests", "5"), "requests=5",
                           "not with --trace")
 
+
+
+# --- real runs -----------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.torch
+def test_serve_run_measures_every_request(cli) -> None:
+    pytest.importorskip("torch")
+    result = cli("serve", "run", "--requests", "4", "--json")
+    assert result.code == 0, result
+    data = json.loads(result.out)
+    assert (data["model"], data["p"], data["requests"]) == (DEFAULTS.serve_run_model, DEFAULTS.serve_run_p, 4)
+    assert len(data["per_request"]) == 4
+    assert all(row["arrived_at"] <= row["first_token_at"] <= row["finished_at"] for row in data["per_request"])
+    assert ISSUE_KEYS <= set(data["metrics"]) and data["metrics"]["requests"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_serve_check_writes_the_fitted_model_that_simulate_reads(cli, tmp_path) -> None:
+    pytest.importorskip("torch")
+    fitted = tmp_path / "fitted.csv"
+    result = cli("serve", "check", "--requests", "4", "-o", str(fitted), "--json")
+    assert result.code == 0, result
+    report = json.loads(result.out)
+    assert set(report["metrics"]) == {"ttft_s", "tpot_s", "e2e_s"}
+    assert report["passed"] == all(m["median_abs_error"] <= report["tolerance"] for m in report["metrics"].values())
+    assert f"wrote {fitted}" in result.err
+    rows = fitted.read_text().splitlines()
+    assert rows[0] == "stage,base_s,prefill_token_s,prefill_attention_s,decode_request_s,kv_token_s"
+    assert len(rows) == 1 + DEFAULTS.serve_run_p
+    simulated = cli("serve", "simulate", "--model", "tiny", "-t", "1", "-p", str(DEFAULTS.serve_run_p),
+                    "--latency-model", str(fitted), "--requests", "4", "--prompt-tokens", "uniform:16-128",
+                    "--output-tokens", "uniform:8-32", "--json")
+    assert simulated.code == 0, simulated
+
+
+def test_real_runs_refuse_what_they_cannot_serve(cli, tmp_path) -> None:
+    long = _trace(tmp_path, "0,2000,8\n")  # tiny reads 1,024 tokens
+    assert_one_line_error(cli("serve", "run", "--trace", long), "num_prefill_tokens=2000", "context")
+    assert_one_line_error(cli("serve", "run", "--requests", "2", "--scheduler", "static"), "scheduler=static")

@@ -244,6 +244,8 @@ ServeRunPromptTokens = Annotated[str | None, typer.Option(
 ServeRunOutputTokens = Annotated[str | None, typer.Option(
     "--output-tokens", help=f"output lengths, the first token included; the forms of --prompt-tokens "
                             f"[default: {DEFAULTS.serve_run_output_tokens}]")]
+LatencyModelOut = Annotated[str | None, typer.Option(
+    "--output", "-o", help="write the fitted latency model to this CSV (what --latency-model reads)")]
 # --- searches: where the points are evaluated, what is printed -------------------------------
 Workers = Annotated[int | None, typer.Option(
     "--workers", help=f"local worker processes, at most {MAX_WORKERS} [default: the CPU count]")]

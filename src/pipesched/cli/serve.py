@@ -28,6 +28,7 @@ from pipesched.cli.options import (
     Backend,
     Gpus,
     LatencyModelFile,
+    LatencyModelOut,
     OptionGroup,
     PerRequest,
     RayAddress,
@@ -63,9 +64,11 @@ from pipesched.experiments.serving import (
     unbounded_reason,
 )
 from pipesched.io.files import Output, check_outputs, write_all
+from pipesched.io.latency_model import dumps_latency_model
 from pipesched.limits import MAX_WORKERS, check_count
 from pipesched.model import load_model
 from pipesched.render.serving import serving_report
+from pipesched.runtime.serve_check import CHECK_REPEATS, ServeCheckReport, serve_check
 from pipesched.runtime.serve_run import ServeRunOptions, serve_run
 from pipesched.search.serving import (
     ServingRow,
@@ -381,6 +384,50 @@ def run_command(*, model: ServeRunModel = DEFAULTS.serve_run_model, p: ServeRunS
                   output_console())
 
 
+@command
+def check_command(*, model: ServeRunModel = DEFAULTS.serve_run_model, p: ServeRunStages = DEFAULTS.serve_run_p,
+                  requests: RealRequestOptions, batch: BatchOptions, dtype: RunDtype = DEFAULTS.run_dtype,
+                  backend: Backend = "gloo", timeout: Timeout = DEFAULTS.run_timeout, output: LatencyModelOut = None,
+                  as_json: AsJson = False) -> None:
+    """Check the simulation against a real run: profile every stage, serve the trace for
+    real, fit a latency model to the profile, simulate the same trace on it, and compare
+    every request's TTFT, TPOT and end-to-end latency (median error; pass within 10%).
+
+    \\b
+    Examples:
+      pipesched serve check --requests 8
+      pipesched serve check --requests 8 -o fitted.csv --json
+    """
+    check_outputs((("output", output),))
+    spec = load_model(model)
+    trace = served_requests(requests.workload(), spec.context_length)
+    options = ServeRunOptions(p=p, scheduler=batch.spec(), dtype=dtype, backend=backend, timeout_s=timeout,
+                              profile_repeats=CHECK_REPEATS)
+    with StatusLine(f"serve check ({len(trace)} requests on {p} ranks)") as status:
+        report = serve_check(spec, trace, options=options, on_status=status)
+    if output is not None:
+        for path in write_all([Output(output, dumps_latency_model(report.rows), "csv")]):
+            wrote(path)
+    if as_json:
+        print_json(report.to_dict())
+        return
+    print_check(report, output_console())
+
+
+def print_check(report: ServeCheckReport, console: Console) -> None:
+    """Predicted against measured, metric by metric, and the verdict."""
+    table = Table(title="predicted against measured (error = (predicted - measured) / measured)")
+    for heading in ("", "measured p50 (s)", "predicted p50 (s)", "median error", "median |error|", "requests"):
+        table.add_column(heading, justify="left" if not heading else "right")
+    for name, values in report.to_dict()["metrics"].items():
+        table.add_row(name, f"{values['measured_median']:.4f}", f"{values['predicted_median']:.4f}",
+                      f"{values['median_error']:+.1%}", f"{values['median_abs_error']:.1%}", str(values["requests"]))
+    print_whole(console, table)
+    verdict = "pass" if report.passed else "fail"
+    console.print(f"{verdict}: every median |error| within {report.tolerance:.0%}" if report.passed else
+                  f"{verdict}: a median |error| over {report.tolerance:.0%}", highlight=False, markup=False)
+
+
 def register(app: typer.Typer) -> None:
     serve = typer.Typer(help=HELP, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                         no_args_is_help=True)
@@ -388,4 +435,5 @@ def register(app: typer.Typer) -> None:
     serve.command("capacity")(capacity_command)
     serve.command("search")(search_command)
     serve.command("run")(run_command)
+    serve.command("check")(check_command)
     app.add_typer(serve, name="serve")
