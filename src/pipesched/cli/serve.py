@@ -428,9 +428,16 @@ def print_check(report: ServeCheckReport, console: Console) -> None:
                   f"{verdict}: a median |error| over {report.tolerance:.0%}", highlight=False, markup=False)
 
 
+def serve_help(ctx: typer.Context) -> None:
+    """(bare `pipesched serve`: its help, and success, as bare `pipesched`)"""
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+
+
 def register(app: typer.Typer) -> None:
-    serve = typer.Typer(help=HELP, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
-                        no_args_is_help=True)
+    serve = typer.Typer(help=HELP, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    serve.callback(invoke_without_command=True)(serve_help)
     serve.command("simulate")(simulate_command)
     serve.command("capacity")(capacity_command)
     serve.command("search")(search_command)
