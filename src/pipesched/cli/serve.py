@@ -6,6 +6,7 @@ simulation against it."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -101,9 +102,9 @@ def _deployment_line(point: ServingPoint) -> str:
             f"{scheduler.name} ({caps}, max batch {scheduler.max_batch})")
 
 
-def print_summary(what: str, result: ServeResult, console: Console) -> None:
-    """``what`` was served: the latencies' table, then throughput, SLOs, cache and stages,
-    one line each."""
+def print_summary(what: str, run: ServeRun, result: ServeResult, console: Console) -> None:
+    """``what`` was served (``run``): the latencies' table, then throughput, SLOs, cache and
+    stages, one line each."""
     console.print(f"{what}; {result.requests:,} requests over {result.duration_s:.1f} s", highlight=False,
                   markup=False)
     table = Table(title="latency (s)")
@@ -114,7 +115,11 @@ def print_summary(what: str, result: ServeResult, console: Console) -> None:
         summary = summarize(values)
         table.add_row(name, *(f"{value:.4f}" for value in (summary.mean, summary.p50, summary.p90, summary.p99)))
     print_whole(console, table)
-    busy = "; ".join(" ".join(f"{share:.0%}" for share in shares) for shares in result.stage_busy)
+    numbers = Counter()
+    busy = []
+    for kind, shares in zip(run.instance_kind, result.stage_busy, strict=True):
+        busy.append(f"{kind} {numbers[kind]}: {' '.join(f'{share:.0%}' for share in shares)}")
+        numbers[kind] += 1
     for line in (f"throughput: {result.throughput_tokens_per_s:,.0f} output tokens/s, "
                  f"{result.requests_per_s:.2f} requests/s, MFU {result.mfu:.1%}",
                  f"SLOs (TTFT <= {result.slo_ttft_s:g} s, TPOT <= {result.slo_tpot_s:g} s): "
@@ -122,7 +127,7 @@ def print_summary(what: str, result: ServeResult, console: Console) -> None:
                  "requests/s",
                  f"preemptions: {int(result.preemptions.sum()):,}; KV cache peak {result.kv_peak_fraction:.1%} "
                  "of its blocks",
-                 f"stage busy (per instance, stage by stage): {busy}; pipeline bubble {result.bubble:.1%}"):
+                 f"stage busy (stage by stage): {'; '.join(busy)}; pipeline bubble {result.bubble:.1%}"):
         console.print(line, highlight=False, markup=False)
 
 
@@ -162,7 +167,7 @@ def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
     if as_json:
         print_json(result.to_dict(per_request=per_request))
         return
-    print_summary(f"serve: {_deployment_line(point)}", result, output_console())
+    print_summary(f"serve: {_deployment_line(point)}", run, result, output_console())
 
 
 def print_capacity(point: ServingPoint, found: CapacityResult) -> None:
@@ -380,8 +385,8 @@ def run_command(*, model: ServeRunModel = DEFAULTS.serve_run_model, p: ServeRunS
     if as_json:
         print_json({**report.to_dict(), "metrics": result.to_dict()})
         return
-    print_summary(f"serve run: {spec.name} on {p} {backend} ranks ({report.partition}), measured", result,
-                  output_console())
+    print_summary(f"serve run: {spec.name} on {p} {backend} ranks ({report.partition}), measured", report.run,
+                  result, output_console())
 
 
 @command
