@@ -148,7 +148,7 @@ class RunOptions(OptionGroup):
     def search(self, space: SearchSpace, *, timelines: bool = False) -> SearchResult:
         """Search ``space`` in the store, with a progress bar on stderr; ``timelines``: keep
         the timelines of the front's points it simulates (for the HTML page)."""
-        bar = _ProgressBar(Console(stderr=True))
+        bar = ProgressBar(Console(stderr=True))
         # a pool the search starts before its store: a Ray that cannot start or be joined leaves no store behind
         pool = ray_pool(self.ray_address) if self.ray or self.ray_address is not None else process_map(self.workers)
         try:
@@ -225,7 +225,7 @@ def _write_files(results: list[SearchResult], *, csv: str | None, html: str | No
         wrote(path)
 
 
-class _ProgressBar:
+class ProgressBar:
     """A progress bar with the time left on stderr, when stderr is a terminal."""
 
     def __init__(self, console: Console) -> None:

@@ -49,6 +49,7 @@ from pipesched.cli.options import (
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.progress import StatusLine
+from pipesched.cli.search import ProgressBar
 from pipesched.cli.views import Html
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
@@ -272,7 +273,11 @@ class ServePoolOptions(OptionGroup):
             require(self.workers is None, "workers", self.workers, "not with --ray or --ray-address")
             require_ray("--ray" if self.ray else "--ray-address")
         pool = ray_pool(self.ray_address) if remote else process_map(self.workers)
-        return search_serving(space, db=self.db, mapper=pool)
+        bar = ProgressBar(Console(stderr=True))
+        try:
+            return search_serving(space, db=self.db, mapper=pool, progress=bar)
+        finally:
+            bar.close()
 
 
 @command

@@ -55,6 +55,7 @@ from pipesched.limits import (
 )
 from pipesched.model import load_cluster
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, SearchStore, store_schema
+from pipesched.search.sweep import Progress
 from pipesched.serving.config import (
     Disaggregation,
     Instances,
@@ -64,7 +65,6 @@ from pipesched.serving.config import (
 )
 
 Evaluate = Callable[[ServingPoint], CapacityRecord]
-Progress = Callable[[int, int], None]  # (done, total)
 
 
 @dataclass(frozen=True)
@@ -330,7 +330,8 @@ def search_serving(space: ServingSpace, *, db: str | os.PathLike[str],
     """Search ``space`` into the store at ``db`` (module docstring), resuming what it holds
     of the space. The space is enumerated first: a space refused leaves no store. ``mapper``
     as ``search.sweep.search`` takes it; ``evaluate``: one point's capacity (a module-level
-    function, so that it travels to workers)."""
+    function, so that it travels to workers); ``progress(phase, done, total)`` is called as
+    points settle, phase "capacity"."""
     began = time.monotonic()
     points = {serving_key(point): point for point in space.points()}
     pool = mapper if isinstance(mapper, AbstractContextManager) else nullcontext(mapper)
@@ -344,7 +345,7 @@ def search_serving(space: ServingSpace, *, db: str | os.PathLike[str],
             rows[row.key] = row
             done += 1
             if progress is not None:
-                progress(done, len(points))
+                progress("capacity", done, len(points))
     return ServingSearchResult(space.spec(), tuple(rows[key] for key in points if key in rows),
                                seconds=time.monotonic() - began, db=str(store.path), runs=run,
                                evaluated_now=len(pending))
