@@ -115,10 +115,3 @@ class Routing(Word):
 
     ROUND_ROBIN = "round-robin"
     LEAST_LOADED = "least-loaded"  # the replica with the fewest requests not yet finished
-
-
-class Bound(Word):
-    """Which side of its roofline sets a kernel's time (``pipesched costs --ops``)."""
-
-    COMPUTE = "compute"  # its FLOPs at the (quantized) matmul or attention rate
-    MEMORY = "memory"  # its bytes at the achievable memory bandwidth

@@ -62,12 +62,13 @@ def costs(*, model: ModelOptions, device: DeviceName = None, ops: ShowOps = Fals
     """Per-layer costs of one microbatch: forward, backward-input, backward-weight seconds,
     activation bytes, parameters and the bytes sent to the next layer; with --ops every
     kernel of each layer (its shape, FLOPs, bytes, times and whether compute or memory sets
-    them) and its tensor-parallel collectives.
+    them) and its tensor-parallel collectives, at training sizes or a decode step's (-b 32
+    -s 1: 32 requests of one new token each).
 
     \b
     Examples:
       pipesched costs --model llama3-8b --device h100-sxm -b 1 -s 4096
-      pipesched costs --model llama3-70b --device h100-sxm -t 4 -b 32 -s 1 --ops   # a decode step of 32 requests
+      pipesched costs --model llama3-70b --device h100-sxm -t 4 -b 32 -s 1 --ops
     """
     spec, chip, settings = model.spec(), model.device(device), model.settings()
     layers = layer_costs(spec, chip, settings)

@@ -74,12 +74,28 @@ class StageIterationCosts:
 
     def time(self, tokens: int, attention: float, decodes: int, kv_tokens: float, sampled: int) -> float:
         """Seconds of one iteration of ``tokens`` tokens (module docstring)."""
-        return (self.base_s + float(self.token_s[tokens]) + self.prefill_attention_s * attention
-                + self.decode_request_s * decodes + self.kv_token_s * kv_tokens + float(self.sample_s[sampled]))
+        return iteration_seconds(self.base_s, float(self.token_s[tokens]), self.prefill_attention_s, attention,
+                                 self.decode_request_s, decodes, self.kv_token_s, kv_tokens,
+                                 float(self.sample_s[sampled]))
 
     def flops(self, tokens: int, attention: float, kv_tokens: float) -> float:
         """Model FLOPs of one iteration on this stage (all its devices)."""
-        return self.flops_per_token * tokens + self.flops_per_attention * (attention + kv_tokens)
+        return iteration_flops(self.flops_per_token, tokens, self.flops_per_attention, attention, kv_tokens)
+
+
+def iteration_seconds(base_s, token_s, prefill_attention_s, attention, decode_request_s, decodes, kv_token_s,
+                      kv_tokens, sample_s):
+    """The iteration time of the module docstring from a stage's terms, ``token_s`` and
+    ``sample_s`` already read at the batch's T and n: plain arithmetic, so the serving
+    engine compiles this one statement of it."""
+    return (base_s + token_s + prefill_attention_s * attention + decode_request_s * decodes
+            + kv_token_s * kv_tokens + sample_s)
+
+
+def iteration_flops(flops_per_token, tokens, flops_per_attention, attention, kv_tokens):
+    """Model FLOPs of an iteration on a stage: its GEMMs at T tokens, its attention (plain
+    arithmetic, compiled by the serving engine)."""
+    return flops_per_token * tokens + flops_per_attention * (attention + kv_tokens)
 
 
 # --- the kernel model's iteration costs -------------------------------------------------
@@ -349,8 +365,10 @@ def fit_latency_rows(samples: np.ndarray) -> tuple[LatencyRow, ...]:
     data = np.asarray(samples, np.float64)
     require(data.ndim == 2 and data.shape[1] == len(SAMPLE_COLUMNS), "samples", data.shape,
             f"give one row of {', '.join(SAMPLE_COLUMNS)} per measured iteration")
-    require(bool(np.isfinite(data).all()) and data.min() >= 0, "samples", "a negative or non-finite value",
+    require(bool(np.isfinite(data).all()) and data.min(initial=0.0) >= 0, "samples", "a negative or non-finite value",
             "give finite measurements >= 0")
+    require(bool((data[:, 1] >= data[:, 3]).all()), "samples", "fewer tokens than decodes",
+            "count each decode among the iteration's tokens (tokens = prefill tokens + decodes)")
     rows = []
     for stage in np.unique(data[:, 0]).astype(int):
         part = data[data[:, 0] == stage]

@@ -81,12 +81,9 @@ def tile_efficiency(device: DeviceSpec, m: float, n: float, groups: float = 1.0,
     """
     best = 0.0
     units = device.sm_count
-    skinny = k > 0 and _below(m, min(rows for rows, _ in device.matmul_tiles))
     for rows, columns in device.matmul_tiles:
         tiles = groups * _ceil(m / rows) * _ceil(n / columns)
-        splits = 1.0
-        if skinny is not False:
-            splits = _where(skinny, _clip(units // tiles, 1.0, max(1.0, k // SPLIT_K_DEPTH)), 1.0)
+        splits = _splits(device, m, tiles, k)
         waves = _ceil(tiles * splits / units)
         if isinstance(waves, np.ndarray):
             best = np.maximum(best, groups * m * n * splits / (np.maximum(waves, 1) * units * rows * columns))
@@ -95,19 +92,17 @@ def tile_efficiency(device: DeviceSpec, m: float, n: float, groups: float = 1.0,
     return best
 
 
-def _below(x, bound):
-    """``x < bound``, of a number or element by element."""
-    return x < bound if isinstance(x, np.ndarray) else bool(x < bound)
-
-
-def _where(condition, a, b):
-    if isinstance(condition, np.ndarray):
-        return np.where(condition, a, b)
-    return a if condition else b
-
-
-def _clip(x, low, high):
-    return np.clip(x, low, high) if isinstance(x, np.ndarray) else min(max(x, low), high)
+def _splits(device: DeviceSpec, m, tiles, k: float):
+    """Split-K slices per output tile: as many as fill the compute units, each at least
+    ``SPLIT_K_DEPTH`` deep, for a skinny matmul (``m`` under every tile's rows); 1 for a
+    matmul of whole tiles, or of no known ``k``."""
+    if k <= 0:
+        return 1.0
+    deepest = max(1.0, k // SPLIT_K_DEPTH)
+    skinny = m < min(rows for rows, _ in device.matmul_tiles)
+    if isinstance(m, np.ndarray):
+        return np.where(skinny, np.clip(device.sm_count // tiles, 1.0, deepest), 1.0)
+    return min(max(device.sm_count // tiles, 1.0), deepest) if skinny else 1.0
 
 
 def _ceil(x):

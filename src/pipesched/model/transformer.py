@@ -51,7 +51,6 @@ import functools
 from dataclasses import dataclass
 
 import pipesched.model.kernels as kernels
-from pipesched.enums import Bound
 from pipesched.errors import require
 from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
 from pipesched.model.devices import load_device
@@ -528,6 +527,7 @@ _COLLECTIVE_NAMES = {
     LOSS: (("logits max all-reduce", "logits sum all-reduce"), ("head input-gradient all-reduce",)),
 }
 TENSOR_GROUP = "tensor"  # the group every layer collective runs over
+BOUNDS = {True: "memory", False: "compute"}  # a kernel's bound, by whether its bytes set its time
 
 
 @dataclass(frozen=True)
@@ -544,7 +544,12 @@ class KernelCost:
     forward_s: float
     backward_input_s: float  # its part of I
     backward_weight_s: float  # its part of W
-    bound: Bound  # of its forward
+    memory_bound: bool  # its forward's bytes, not its FLOPs, set its time
+
+    @property
+    def bound(self) -> str:
+        """``memory`` or ``compute``: the side of the roofline that sets the forward."""
+        return BOUNDS[self.memory_bound]
 
 
 @dataclass(frozen=True)
@@ -603,7 +608,7 @@ def _kernel_costs(plan: LayerPlan, device: DeviceSpec, settings: TrainingSetting
         forward, backward_input, backward_weight = kernel_times(kernel, device, settings)
         listed.append(KernelCost(kernel.name, kernel.m, kernel.n, kernel.k, kernel.groups, kernel.flops,
                                  kernel.traffic, forward, backward_input, backward_weight,
-                                 _bound(kernel, device, settings)))
+                                 _memory_bound(kernel, device, settings)))
     return tuple(listed)
 
 
@@ -620,15 +625,15 @@ def _flash_cost(plan: LayerPlan, device: DeviceSpec) -> KernelCost:
     return KernelCost(FLASH_KERNEL, seq, seq, head_dim, heads, flops, plan.attention_traffic,
                       kernels.flash_attention_time(device, **shape),
                       kernels.flash_attention_time(device, **shape, backward=True), 0.0,
-                      Bound.COMPUTE if compute >= memory else Bound.MEMORY)
+                      memory > compute)
 
 
-def _bound(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings) -> Bound:
+def _memory_bound(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings) -> bool:
     if kernel.groups == 0:
-        return Bound.MEMORY
+        return True
     compute, memory = kernels.matmul_roofline(device, kernel.m, kernel.n, kernel.k, groups=kernel.groups,
                                               traffic=kernel.traffic, fp32=settings.dtype == "fp32")
-    return Bound.COMPUTE if compute >= memory else Bound.MEMORY
+    return memory > compute
 
 
 def _collective_costs(plan: LayerPlan, settings: TrainingSettings, link: LinkSpec) -> tuple[CollectiveCost, ...]:

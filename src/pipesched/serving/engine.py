@@ -8,11 +8,11 @@ batch in flight holds (``schedulers.select_batch``). It pays ``config.cpu_overhe
 then runs stage 0, sends its hidden state of T tokens to stage 1 (``send_s[T]``), runs
 stage 1, and so on; each stage serves batches in the order they formed. A stage's time is
 ``StageIterationCosts.time(T, A, D, K, n)`` of the batch: T = prefill chunk tokens + D
-decodes, A = sum over chunks c after x cached tokens of c x (x + c), K = sum over decodes
-of the tokens their attention reads (the tokens cached before the step, + 1 for the new
-one), n = tokens the batch makes (sampled on the last stage). Every (batch, stage) is a
-row of the ``IterationLog``, so a stage idle between two batches of different times (the
-pipeline bubble) shows as a gap between its rows.
+decodes, A = sum over chunks of c tokens after x cached of c x (x + c), K = sum over the
+decodes of the tokens their attention reads (those cached before the step, + 1 for the
+new one), n = the tokens the batch makes (sampled on the last stage). Every (batch, stage)
+is a row of the ``IterationLog``, so a stage idle between two batches of different times
+(the pipeline bubble) shows as a gap between its rows.
 
 Tokens. A batch's tokens are made when it ends on the last stage: one per decode, and one
 per prefill whose chunk was its prompt's last (the first output token, or after a
@@ -24,17 +24,20 @@ then stage 0 becoming free; batches then form on the instances those touched, in
 order. Ties break by the order events were made: the same inputs give the same run.
 
 Routing (``config.routing``): an arriving request goes to a replica (or a prefill
-instance) round-robin or to the one with the fewest unfinished requests (lowest index on a
-tie); when disaggregated, a request whose prompt is prefilled goes the same way to a
-decode instance: its first token is made, its KV cache (prompt tokens x
-``kv_bytes_per_token``) sent over ``Deployment.transfer_s`` (the transfers between one
-pair of instances one after the other, ``KVMoves`` "transfer"), its blocks on the prefill
-instance freed when the transfer ends, and it joins the decode instance's batches then.
+instance) round-robin or to the one with the fewest unfinished requests (the lowest index
+on a tie). Disaggregated: when a prompt's prefill ends its first token is made and its KV
+cache (prompt tokens x ``kv_bytes_per_token``) is sent to a decode instance routed the same
+way, over ``Deployment.transfer_s`` (transfers between one pair of instances one after the
+other, ``KVMoves`` "transfer"); its blocks on the prefill instance are freed when the
+transfer ends, and it joins the decode instance's batches then.
 
 Swap preemption moves a request's cache (its tokens x the largest per-device
-``kv_bytes_per_token`` of the stages, all devices in parallel) over ``deployment.host_link``,
+``kv_bytes_per_token`` of the stages, all devices at once) over ``deployment.host_link``,
 one move after the other per instance, before the batch that needs the room (swap-out) or
 the request back (swap-in) starts.
+
+The run is compiled (numba): the request and instance state are integer tables
+(``queues``), the loop does per-iteration work only.
 """
 
 from __future__ import annotations
@@ -43,287 +46,483 @@ import heapq
 import math
 
 import numpy as np
+from numba import njit
 
-from pipesched.enums import Routing
+from pipesched.enums import Preemption, Routing
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_SERVED_TOKENS, check_count
+from pipesched.model.inference import iteration_flops, iteration_seconds
 from pipesched.serving.deployment import Deployment
-from pipesched.serving.kv_cache import PagedKVCache
+from pipesched.serving.kv_cache import release, watermark_blocks
+from pipesched.serving.queues import (
+    AVAILABLE,
+    CACHED,
+    CAPACITY,
+    COHORT,
+    COUNT,
+    FINISHED_AT,
+    FIRST_STAGE,
+    FIRST_TOKEN_AT,
+    HEAD,
+    IN_FLIGHT,
+    INCOMING,
+    INSTANCE,
+    INSTANCE_COLUMNS,
+    KIND,
+    KIND_CODES,
+    MADE,
+    OUT,
+    PARTIAL,
+    PREEMPTED,
+    PREFILL,
+    PROMPT,
+    QUEUE,
+    REQUEST_COLUMNS,
+    REQUEST_TIMES,
+    RUNNING,
+    SCHEDULED_AT,
+    STAGES,
+    TARGET,
+    UNFINISHED,
+    USED,
+    WAITING,
+    WATERMARK,
+    push_back,
+)
 from pipesched.serving.records import IterationLog, KVMoves, KVTrace, ServeRun
-from pipesched.serving.schedulers import Plan, select_batch
-from pipesched.serving.state import InstanceState, Requests
+from pipesched.serving.schedulers import (
+    BLOCK,
+    BUDGET,
+    DECODES,
+    MAX_BATCH,
+    NAME,
+    PLAN_FIELDS,
+    PREFILLS,
+    SCHEDULER_CODES,
+    SPEC_FIELDS,
+    SWAP,
+    SWAP_OUT,
+    SWAPS,
+    blocks_of,
+    select_batch,
+)
 from pipesched.serving.trace import Trace
+
+_seconds = njit(cache=True)(iteration_seconds)
+_flops = njit(cache=True)(iteration_flops)
 
 # event priorities at one time
 _BATCH_END, _TRANSFER_END, _STAGE_FREE = 0, 1, 2
+# stage terms (float64 table, one row per stage of every instance)
+_BASE, _ATTENTION, _DECODE, _KV, _FLOPS_TOKEN, _FLOPS_ATTENTION, _KV_DEVICE = range(7)
+_TERMS = 7
+# settings (float64): per-iteration overhead, host link
+_OVERHEAD, _HOST_LATENCY, _HOST_BANDWIDTH = range(3)
+# run counters (int64)
+_ROWS, _BATCHES, _MEMBERS, _KV_LOG, _MOVES, _TRANSFERS, _SEQUENCE, _TURN_ENTRY, _TURN_DECODE = range(9)
+_COUNTERS = 9
+# iteration rows (float64): batch, instance, stage, first device, start, end, prefill tokens, decodes, kv tokens, flops
+_ROW_FIELDS = 10
+# batches (int64): instance, first member, decodes, prefills
+_BATCH_FIELDS = 4
+# moves (float64): request, kind, source device, destination device, bytes, start, end
+_MOVE_FIELDS = 7
+_MOVE_KINDS = ("transfer", "swap-out", "swap-in")
+_TRANSFER = 0
 _HOST = -1  # device of host memory in KVMoves
 
 
 def simulate_serving(deployment: Deployment, trace: Trace) -> ServeRun:
     """Every request of ``trace`` served on ``deployment`` (module docstring)."""
     _check(deployment, trace)
-    run = _Run(deployment, trace)
-    run.loop()
-    return run.result()
+    tables = _Tables(deployment, trace)
+    logs = _run(trace.arrived_at, tables.req, tables.times, tables.token_offsets, tables.token_times, tables.ins,
+                tables.stage_free, tables.terms, tables.token_s, tables.send_s, tables.sample_s, tables.device,
+                tables.kv_bytes, tables.spec, tables.settings, tables.link_latency, tables.link_bandwidth,
+                tables.entry, tables.decode, tables.least_loaded)
+    return _result(deployment, trace, tables, logs)
 
 
 def _check(deployment: Deployment, trace: Trace) -> None:
     spec = deployment.config.scheduler
     check_count("output_tokens", int(trace.decode_tokens.sum()), MAX_SERVED_TOKENS, what="output tokens of a trace")
     longest = int(np.argmax(trace.total_tokens))
-    require(int(trace.total_tokens[longest]) <= deployment.max_context, "num_prefill_tokens",
-            int(trace.prefill_tokens[longest]), f"request {longest}'s prompt + output "
-            f"({int(trace.total_tokens[longest]):,} tokens) is over the model's context length "
+    tokens = int(trace.total_tokens[longest])
+    require(tokens <= deployment.max_context, "num_prefill_tokens", int(trace.prefill_tokens[longest]),
+            f"request {longest}'s prompt + output ({tokens:,} tokens) is over the model's context length "
             f"{deployment.max_context:,}; shorten it")
-    block = deployment.config.kv.block_size
+    blocks = blocks_of(tokens, deployment.config.kv.block_size)
     for plan in deployment.instances:
-        blocks = -(-int(trace.total_tokens[longest]) // block)
         require(plan.kv_capacity_blocks >= blocks, "kv_capacity_blocks", plan.kv_capacity_blocks,
-                f"a {plan.kind} instance's KV cache cannot hold request {longest} alone ({blocks:,} blocks "
-                "needed); give more memory to the cache, more devices per stage or shorter requests")
+                f"a {plan.kind} instance's KV cache cannot hold request {longest} alone ({blocks:,} blocks); "
+                "give the cache more memory, a stage more devices, or shorten the requests")
         for costs in plan.stages:
             require(costs.max_tokens >= spec.token_budget and costs.max_batch >= spec.max_batch, "stage_costs",
                     f"{costs.max_tokens} tokens, {costs.max_batch} sequences",
                     f"build the stage costs for {spec.token_budget} tokens and {spec.max_batch} sequences")
 
 
-class _Run:
-    """The state of one run: requests, instances, the event heap and the logs."""
+class _Tables:
+    """The run's state and inputs as the compiled loop reads them."""
 
     def __init__(self, deployment: Deployment, trace: Trace) -> None:
-        self.deployment = deployment
-        self.config = deployment.config
-        self.trace = trace
-        self.reqs = Requests(trace)
-        block = self.config.kv.block_size
-        self.insts = [InstanceState(i, plan, PagedKVCache(plan.kv_capacity_blocks, block, self.reqs.held))
-                      for i, plan in enumerate(deployment.instances)]
-        self.entry = [i for i, plan in enumerate(deployment.instances) if plan.kind != "decode"]
-        self.decode = [i for i, plan in enumerate(deployment.instances) if plan.kind == "decode"]
-        self.turn = {"entry": 0, "decode": 0}  # round-robin counters
-        self.heap: list[tuple[float, int, int, int]] = []  # (time, priority, sequence, payload)
-        self.seq = 0
-        self.batches = _BatchLog()
-        self.moves = _MoveLog()
-        self.link_free: dict[tuple[int, int], float] = {}  # KV transfers between instances
-        self.transfers: list[tuple[int, int, int]] = []  # (request, source, destination)
+        config = deployment.config
+        spec = config.scheduler
+        n = len(trace)
+        self.req = np.zeros((n, REQUEST_COLUMNS), np.int64)
+        self.req[:, PROMPT] = trace.prefill_tokens
+        self.req[:, TARGET] = trace.prefill_tokens
+        self.req[:, OUT] = trace.decode_tokens
+        self.req[:, INSTANCE] = -1
+        self.req[:, QUEUE] = -1
+        self.times = np.full((n, REQUEST_TIMES), np.nan)
+        self.token_offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(trace.decode_tokens, out=self.token_offsets[1:])
+        self.token_times = np.full(int(self.token_offsets[-1]), np.nan)
+        plans = deployment.instances
+        stages = [costs for plan in plans for costs in plan.stages]
+        self.ins = np.zeros((len(plans), INSTANCE_COLUMNS), np.int64)
+        self.ins[:, HEAD:COUNT] = -1
+        first = np.cumsum([0] + [len(plan.stages) for plan in plans])
+        for i, plan in enumerate(plans):
+            self.ins[i, [KIND, STAGES, FIRST_STAGE, CAPACITY, WATERMARK]] = (
+                KIND_CODES[plan.kind], len(plan.stages), first[i], plan.kv_capacity_blocks,
+                watermark_blocks(plan.kv_capacity_blocks))
+        self.stage_free = np.zeros(len(stages))
+        self.terms = np.array([[c.base_s, c.prefill_attention_s, c.decode_request_s, c.kv_token_s, c.flops_per_token,
+                                c.flops_per_attention, c.kv_bytes_per_token] for c in stages], np.float64)
+        self.token_s = np.stack([c.token_s[:spec.token_budget + 1] for c in stages])
+        self.send_s = np.stack([c.send_s[:spec.token_budget + 1] for c in stages])
+        self.sample_s = np.stack([c.sample_s[:spec.max_batch + 1] for c in stages])
+        self.device = np.array([d for plan in plans for d in plan.devices], np.int64)
+        self.kv_bytes = np.array([plan.kv_bytes_per_token for plan in plans], np.float64)
+        self.spec = np.zeros(SPEC_FIELDS, np.int64)
+        self.spec[[NAME, MAX_BATCH, BUDGET, SWAP, BLOCK]] = (
+            SCHEDULER_CODES[spec.name], spec.max_batch, spec.token_budget, spec.preemption == Preemption.SWAP,
+            config.kv.block_size)
+        host = deployment.host_link
+        self.settings = np.array([config.cpu_overhead_s, host.latency, host.bandwidth], np.float64)
+        self.link_latency = np.ascontiguousarray(deployment.link_latency, np.float64)
+        self.link_bandwidth = np.ascontiguousarray(deployment.link_bandwidth, np.float64)
+        kinds = [plan.kind for plan in plans]
+        self.entry = np.array([i for i, k in enumerate(kinds) if k != "decode"], np.int64)
+        self.decode = np.array([i for i, k in enumerate(kinds) if k == "decode"], np.int64)
+        self.least_loaded = config.routing == Routing.LEAST_LOADED
 
-    def push(self, time: float, priority: int, payload: int) -> None:
-        heapq.heappush(self.heap, (time, priority, self.seq, payload))
-        self.seq += 1
 
-    def loop(self) -> None:
-        arrived = self.trace.arrived_at
-        n = len(self.trace)
-        nxt = 0
-        while True:
-            t = min(self.heap[0][0] if self.heap else math.inf, arrived[nxt] if nxt < n else math.inf)
-            if t == math.inf:
-                return
-            touched: set[int] = set()
-            while self.heap and self.heap[0][0] == t:
-                _, priority, _, payload = heapq.heappop(self.heap)
-                touched.update(self.handle(priority, payload, t))
-            while nxt < n and arrived[nxt] == t:
-                touched.add(self.arrive(nxt))
-                nxt += 1
-            for i in sorted(touched):
-                self.form(self.insts[i], t)
+@njit(cache=True)
+def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms, token_s, send_s, sample_s, device,
+         kv_bytes, spec, settings, link_latency, link_bandwidth, entry, decode, least_loaded):
+    """The event loop (module docstring); returns the logs and their counters."""
+    n, nins = arrived.shape[0], ins.shape[0]
+    stages = ins[:, STAGES].max()
+    counts = np.zeros(_COUNTERS, np.int64)
+    rows, batches = np.empty((1024, _ROW_FIELDS)), np.empty((1024, _BATCH_FIELDS), np.int64)
+    members, chunks_of = np.empty(4096, np.int64), np.empty(4096, np.int64)
+    kv_log, moves = np.empty((1024, 3)), np.empty((16, _MOVE_FIELDS))
+    transfers = np.empty((16, 3), np.int64)
+    host_free, link_free = np.zeros(nins), np.zeros((nins, nins))
+    scratch = np.empty((4, spec[MAX_BATCH] * (stages + 2) + 1), np.int64)  # plan rows, chunks, swaps, swap kinds
+    plan = np.zeros(PLAN_FIELDS, np.int64)
+    touched = np.zeros(nins, np.bool_)
+    heap = [(0.0, 0, 0, 0)]
+    heap.pop()
+    nxt = 0
+    while True:
+        t = heap[0][0] if len(heap) > 0 else math.inf
+        if nxt < n and arrived[nxt] < t:
+            t = arrived[nxt]
+        if t == math.inf:
+            break
+        while len(heap) > 0 and heap[0][0] == t:
+            _, priority, _, payload = heapq.heappop(heap)
+            grow = spec[MAX_BATCH] + 2
+            kv_log = _room(kv_log, counts[_KV_LOG] + 2)
+            moves = _room(moves, counts[_MOVES] + grow)
+            transfers = _room(transfers, counts[_TRANSFERS] + grow)
+            _event(priority, payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of,
+                   kv_log, moves, transfers, counts, heap, touched, device, kv_bytes, link_latency, link_bandwidth,
+                   link_free, decode, least_loaded, scratch[0])
+        while nxt < n and arrived[nxt] == t:
+            i = _route(entry, ins, least_loaded, counts, _TURN_ENTRY)
+            push_back(req, ins, i, WAITING, nxt)
+            ins[i, UNFINISHED] += 1
+            req[nxt, INSTANCE] = i
+            touched[i] = True
+            nxt += 1
+        for i in range(nins):
+            if not touched[i]:
+                continue
+            touched[i] = False
+            if stage_free[ins[i, FIRST_STAGE]] > t or ins[i, IN_FLIGHT] >= ins[i, STAGES]:
+                continue
+            rows = _room(rows, counts[_ROWS] + stages)
+            batches = _room(batches, counts[_BATCHES] + 1)
+            members = _room_1d(members, counts[_MEMBERS] + spec[MAX_BATCH])
+            chunks_of = _room_1d(chunks_of, counts[_MEMBERS] + spec[MAX_BATCH])
+            kv_log = _room(kv_log, counts[_KV_LOG] + 1)
+            moves = _room(moves, counts[_MOVES] + scratch.shape[1])
+            _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec,
+                  settings, host_free, rows, batches, members, chunks_of, kv_log, moves, counts, heap, scratch, plan)
+    return rows, batches, members, kv_log, moves, counts
 
-    def handle(self, priority: int, payload: int, now: float) -> tuple[int, ...]:
-        if priority == _BATCH_END:
-            return self.end_batch(payload, now)
-        if priority == _TRANSFER_END:
-            r, src, dst = self.transfers[payload]
-            self.insts[src].cache.release(r, now)
-            self.insts[dst].incoming.append(r)
-            return (src, dst)
-        return (payload,)
 
-    def route(self, group: str, candidates: list[int]) -> int:
-        if self.config.routing == Routing.LEAST_LOADED:
-            return min(candidates, key=lambda i: (self.insts[i].unfinished, i))
-        turn = self.turn[group]
-        self.turn[group] = turn + 1
-        return candidates[turn % len(candidates)]
+@njit(cache=True)
+def _room(buf, rows):
+    """``buf`` (a table), or a copy with room for ``rows`` rows."""
+    if rows <= buf.shape[0]:
+        return buf
+    bigger = np.empty((max(rows, 2 * buf.shape[0]), buf.shape[1]), buf.dtype)
+    bigger[:buf.shape[0]] = buf
+    return bigger
 
-    def arrive(self, r: int) -> int:
-        i = self.route("entry", self.entry)
-        inst = self.insts[i]
-        inst.waiting.append(r)
-        inst.unfinished += 1
-        self.reqs.instance[r] = i
-        return i
 
-    def form(self, inst: InstanceState, now: float) -> None:
-        """Start the instance's next batch if its stage 0 is free and it may have one more in flight."""
-        if inst.stage_free[0] > now or inst.in_flight >= inst.p:
-            return
-        plan = select_batch(self.config.scheduler, inst, self.reqs, now)
-        start = self.swaps(inst, plan, now, now + self.config.cpu_overhead_s)
-        if plan.empty:
-            return
-        end, stage0_end = self.batches.add(inst, plan, self.reqs, start)
-        fresh = plan.prefill[np.isnan(self.reqs.scheduled_at[plan.prefill])]
-        self.reqs.scheduled_at[fresh] = self.batches.stage0_start
-        inst.in_flight += 1
-        self.push(end, _BATCH_END, len(self.batches.instance) - 1)
-        self.push(stage0_end, _STAGE_FREE, inst.index)
+@njit(cache=True)
+def _room_1d(buf, size):
+    """``buf`` (a column), or a copy with room for ``size`` values."""
+    if size <= buf.shape[0]:
+        return buf
+    bigger = np.empty(max(size, 2 * buf.shape[0]), buf.dtype)
+    bigger[:buf.shape[0]] = buf
+    return bigger
 
-    def swaps(self, inst: InstanceState, plan: Plan, now: float, start: float) -> float:
-        """Move the plan's swapped caches over the host link; when the batch may start."""
-        if not plan.swap_out and not plan.swap_in:
-            return start
-        per_device = max(costs.kv_bytes_per_token for costs in inst.plan.stages)
-        link = self.deployment.host_link
-        device = inst.plan.devices[0]
-        for kind, rows, src, dst in (("swap-out", plan.swap_out, device, _HOST),
-                                     ("swap-in", plan.swap_in, _HOST, device)):
-            for r in rows:
-                tokens = float(self.reqs.cached[r])
-                begin = max(now, inst.host_free)
-                inst.host_free = begin + link.transfer_time(per_device * tokens)
-                self.moves.add(r, kind, src, dst, inst.plan.kv_bytes_per_token * tokens, begin, inst.host_free)
-        return max(start, inst.host_free)
 
-    def end_batch(self, b: int, now: float) -> tuple[int, ...]:
-        """The batch's tokens are made: requests go on, finish, or leave for a decode instance."""
-        reqs = self.reqs
-        inst = self.insts[self.batches.instance[b]]
-        inst.in_flight -= 1
-        dec, pre, chunks = self.batches.decodes[b], self.batches.prefill[b], self.batches.chunks[b]
-        reqs.cached[dec] += 1
-        if pre.size:
-            reqs.cached[pre] += chunks
-            done = reqs.cached[pre] == reqs.target[pre]
-            inst.partial.extend(int(r) for r in pre[~done])
-            made = np.concatenate((dec, pre[done]))
+@njit(cache=True)
+def _push(heap, counts, time, priority, payload):
+    heapq.heappush(heap, (time, priority, counts[_SEQUENCE], payload))
+    counts[_SEQUENCE] += 1
+
+
+@njit(cache=True)
+def _route(candidates, ins, least_loaded, counts, turn):
+    """The instance a request goes to: round-robin, or the fewest unfinished (lowest index on a tie)."""
+    if least_loaded:
+        best = candidates[0]
+        for i in candidates:
+            if ins[i, UNFINISHED] < ins[best, UNFINISHED]:
+                best = i
+        return best
+    counts[turn] += 1
+    return candidates[(counts[turn] - 1) % candidates.shape[0]]
+
+
+@njit(cache=True)
+def _log_kv(kv_log, counts, i, t, ins):
+    row = counts[_KV_LOG]
+    kv_log[row, 0] = i
+    kv_log[row, 1] = t
+    kv_log[row, 2] = ins[i, USED]
+    counts[_KV_LOG] += 1
+
+
+@njit(cache=True)
+def _log_move(moves, counts, r, kind, src, dst, nbytes, start, end):
+    row = moves[counts[_MOVES]]
+    row[0], row[1], row[2], row[3], row[4], row[5], row[6] = r, kind, src, dst, nbytes, start, end
+    counts[_MOVES] += 1
+
+
+@njit(cache=True)
+def _event(priority, payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, kv_log,
+           moves, transfers, counts, heap, touched, device, kv_bytes, link_latency, link_bandwidth, link_free,
+           decode, least_loaded, going):
+    """One event: a batch ends (its tokens are made), a KV transfer ends, or a stage 0 frees."""
+    if priority == _BATCH_END:
+        i = batches[payload, 0]
+        sent = _end_batch(payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going)
+        _log_kv(kv_log, counts, i, t, ins)
+        touched[i] = True
+        for k in range(sent):
+            _send(going[k], i, t, req, ins, moves, transfers, counts, heap, device, kv_bytes, link_latency,
+                  link_bandwidth, link_free, decode, least_loaded)
+    elif priority == _TRANSFER_END:
+        r, src, dst = transfers[payload, 0], transfers[payload, 1], transfers[payload, 2]
+        release(req, ins, src, r)
+        _log_kv(kv_log, counts, src, t, ins)
+        push_back(req, ins, dst, INCOMING, r)
+        touched[src] = True
+        touched[dst] = True
+    else:
+        touched[payload] = True
+
+
+@njit(cache=True)
+def _end_batch(b, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going):
+    """The batch's tokens are made: its requests go on, finish, or (from a prefill instance)
+    leave for a decode instance (written to ``going``; returns how many)."""
+    i, first, decodes, prefills = batches[b, 0], batches[b, 1], batches[b, 2], batches[b, 3]
+    ins[i, IN_FLIGHT] -= 1
+    sent = 0
+    for k in range(first, first + decodes + prefills):
+        r = members[k]
+        req[r, CACHED] += 1 if k < first + decodes else chunks_of[k]
+        if req[r, CACHED] < req[r, TARGET]:  # a prefill chunk, not its prompt's last
+            push_back(req, ins, i, PARTIAL, r)
+            continue
+        req[r, MADE] += 1
+        token_times[token_offsets[r] + req[r, MADE] - 1] = t
+        if req[r, MADE] == 1:
+            times[r, FIRST_TOKEN_AT] = t
+        if req[r, MADE] == req[r, OUT]:
+            times[r, FINISHED_AT] = t
+            release(req, ins, i, r)
+            ins[i, RUNNING] -= 1
+            ins[i, UNFINISHED] -= 1
+        elif ins[i, KIND] == PREFILL:
+            going[sent] = r
+            sent += 1
         else:
-            made = dec
-        reqs.made[made] += 1
-        reqs.token_times[reqs.token_offsets[made] + reqs.made[made] - 1] = now
-        first = made[reqs.made[made] == 1]
-        reqs.first_token_at[first] = now
-        over = reqs.made[made] == reqs.out[made]
-        finished, going = made[over], made[~over]
-        if finished.size:
-            reqs.finished_at[finished] = now
-            inst.cache.release(finished, now)
-            inst.running -= finished.size
-            self.release_unfinished(finished)
-        if inst.kind == "prefill":
-            return (inst.index, *(self.send(int(r), inst, now) for r in going))
-        if going.size:
-            inst.available.append(going)
-        return (inst.index,)
-
-    def release_unfinished(self, finished: np.ndarray) -> None:
-        owners, counts = np.unique(self.reqs.instance[finished], return_counts=True)
-        for i, c in zip(owners.tolist(), counts.tolist(), strict=True):
-            self.insts[i].unfinished -= c
-
-    def send(self, r: int, src: InstanceState, now: float) -> int:
-        """Send request r's KV cache from prefill instance ``src`` to a decode instance."""
-        dst = self.route("decode", self.decode)
-        nbytes = float(self.reqs.cached[r]) * src.plan.kv_bytes_per_token
-        begin = max(now, self.link_free.get((src.index, dst), 0.0))
-        end = begin + self.deployment.transfer_s(src.index, dst, nbytes)
-        self.link_free[(src.index, dst)] = end
-        self.moves.add(r, "transfer", src.plan.devices[-1], self.insts[dst].plan.devices[0], nbytes, begin, end)
-        self.transfers.append((r, src.index, dst))
-        self.push(end, _TRANSFER_END, len(self.transfers) - 1)
-        src.running -= 1
-        src.unfinished -= 1
-        self.insts[dst].unfinished += 1
-        self.reqs.instance[r] = dst
-        return src.index
-
-    def result(self) -> ServeRun:
-        reqs = self.reqs
-        stuck = np.flatnonzero(np.isnan(reqs.finished_at))
-        if stuck.size:
-            r = int(stuck[0])
-            raise PipeschedError(f"kv_capacity_blocks={self.insts[reqs.instance[r]].cache.capacity}: request {r} "
-                                 "never got the KV blocks it needs; give the cache more memory or shorter requests")
-        caches = [inst.cache for inst in self.insts]
-        traces = [cache.trace() for cache in caches]
-        plans = self.deployment.instances
-        return ServeRun(
-            trace=self.trace, config=self.config, instance=reqs.instance, scheduled_at=reqs.scheduled_at,
-            first_token_at=reqs.first_token_at, finished_at=reqs.finished_at, preemptions=reqs.preemptions,
-            token_times=reqs.token_times, token_offsets=reqs.token_offsets, iterations=self.batches.log(),
-            kv=KVTrace(tuple(t for t, _ in traces), tuple(b for _, b in traces),
-                       tuple(cache.capacity for cache in caches), self.config.kv.block_size),
-            instance_kind=tuple(plan.kind for plan in plans),
-            instance_devices=tuple(tuple(plan.devices) for plan in plans),
-            tp=tuple(plan.tp for plan in plans), peak_flops=self.deployment.peak_flops,
-            moves=self.moves.log())
+            req[r, COHORT] = b
+            push_back(req, ins, i, AVAILABLE, r)
+    return sent
 
 
-class _BatchLog:
-    """Every batch (its requests and chunks) and every (batch, stage) row it ran."""
-
-    def __init__(self) -> None:
-        self.instance: list[int] = []
-        self.decodes: list[np.ndarray] = []
-        self.prefill: list[np.ndarray] = []
-        self.chunks: list[np.ndarray] = []
-        self.rows: list[tuple[int, int, int, int, float, float, int, int, int, float]] = []
-        self.stage0_start = 0.0
-
-    def add(self, inst: InstanceState, plan: Plan, reqs: Requests, start: float) -> tuple[float, float]:
-        """Log the batch on each stage from ``start``; its end on the last stage and on stage 0."""
-        pre, chunks, dec = plan.prefill, plan.chunks, plan.decodes
-        attention = float(np.dot(chunks, reqs.cached[pre] + chunks)) if pre.size else 0.0
-        sampled = dec.size + int(np.count_nonzero(reqs.cached[pre] + chunks == reqs.target[pre]))
-        decodes = int(dec.size)
-        kv_tokens = int(reqs.cached[dec].sum()) + decodes
-        prefill_tokens = int(chunks.sum())
-        tokens = prefill_tokens + decodes
-        b = len(self.instance)
-        ready = start
-        end = start
-        for s, costs in enumerate(inst.plan.stages):
-            begin = max(ready, inst.stage_free[s])
-            end = begin + costs.time(tokens, attention, decodes, kv_tokens, sampled)
-            inst.stage_free[s] = end
-            if s == 0:
-                self.stage0_start = begin
-            self.rows.append((b, inst.index, s, inst.plan.devices[s], begin, end, prefill_tokens, decodes,
-                              kv_tokens, costs.flops(tokens, attention, kv_tokens)))
-            ready = end + float(costs.send_s[tokens])
-        self.instance.append(inst.index)
-        self.decodes.append(dec)
-        self.prefill.append(pre)
-        self.chunks.append(chunks)
-        return end, inst.stage_free[0]
-
-    def log(self) -> IterationLog:
-        cols = list(zip(*self.rows, strict=True)) if self.rows else [()] * 10
-        members = [np.concatenate((d, p)) for d, p in zip(self.decodes, self.prefill, strict=True)]
-        offsets = np.zeros(len(members) + 1, np.int64)
-        np.cumsum([m.size for m in members], out=offsets[1:])
-        return IterationLog(
-            batch=np.asarray(cols[0], np.int64), instance=np.asarray(cols[1], np.int32),
-            stage=np.asarray(cols[2], np.int32), first_device=np.asarray(cols[3], np.int32),
-            start=np.asarray(cols[4], np.float64), end=np.asarray(cols[5], np.float64),
-            prefill_tokens=np.asarray(cols[6], np.int64), decodes=np.asarray(cols[7], np.int64),
-            kv_tokens=np.asarray(cols[8], np.int64), flops=np.asarray(cols[9], np.float64),
-            members=np.concatenate(members) if members else np.zeros(0, np.int64), offsets=offsets)
+@njit(cache=True)
+def _send(r, src, t, req, ins, moves, transfers, counts, heap, device, kv_bytes, link_latency, link_bandwidth,
+          link_free, decode, least_loaded):
+    """Send request r's KV cache from prefill instance ``src`` to a decode instance."""
+    dst = _route(decode, ins, least_loaded, counts, _TURN_DECODE)
+    nbytes = req[r, CACHED] * kv_bytes[src]
+    begin = max(t, link_free[src, dst])
+    end = begin + link_latency[src, dst] + nbytes / link_bandwidth[src, dst]  # Deployment.transfer_s
+    link_free[src, dst] = end
+    last_stage = ins[src, FIRST_STAGE] + ins[src, STAGES] - 1
+    _log_move(moves, counts, r, _TRANSFER, device[last_stage], device[ins[dst, FIRST_STAGE]], nbytes, begin, end)
+    row = transfers[counts[_TRANSFERS]]
+    row[0], row[1], row[2] = r, src, dst
+    _push(heap, counts, end, _TRANSFER_END, counts[_TRANSFERS])
+    counts[_TRANSFERS] += 1
+    ins[src, RUNNING] -= 1
+    ins[src, UNFINISHED] -= 1
+    ins[dst, UNFINISHED] += 1
+    req[r, INSTANCE] = dst
 
 
-class _MoveLog:
-    """KV caches moved over a link, one row each."""
+@njit(cache=True)
+def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec, settings,
+          host_free, rows, batches, members, chunks_of, kv_log, moves, counts, heap, scratch, plan):
+    """Start instance i's next batch at t, if its scheduler finds one."""
+    select_batch(spec, req, ins, i, scratch[0], scratch[1], scratch[2], scratch[3], plan)
+    start = _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, scratch, plan)
+    _log_kv(kv_log, counts, i, t, ins)
+    decodes, prefills = plan[DECODES], plan[PREFILLS]
+    if decodes + prefills == 0:
+        return
+    b, m = counts[_BATCHES], counts[_MEMBERS]
+    attention, kv_tokens, prefill_tokens, sampled = 0.0, 0, 0, decodes
+    for k in range(decodes + prefills):
+        r, c = scratch[0, k], scratch[1, k]
+        members[m + k] = r
+        chunks_of[m + k] = c
+        if k < decodes:
+            kv_tokens += req[r, CACHED] + 1
+        else:
+            attention += c * (req[r, CACHED] + c)
+            prefill_tokens += c
+            if req[r, CACHED] + c == req[r, TARGET]:
+                sampled += 1
+    row = batches[b]
+    row[0], row[1], row[2], row[3] = i, m, decodes, prefills
+    counts[_BATCHES] += 1
+    counts[_MEMBERS] += decodes + prefills
+    end = _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, device, rows, counts,
+                  prefill_tokens, decodes, attention, kv_tokens, sampled)
+    stage0_start = rows[counts[_ROWS] - ins[i, STAGES], 4]
+    for k in range(decodes, decodes + prefills):
+        if np.isnan(times[scratch[0, k], SCHEDULED_AT]):
+            times[scratch[0, k], SCHEDULED_AT] = stage0_start
+    ins[i, IN_FLIGHT] += 1
+    _push(heap, counts, end, _BATCH_END, b)
+    _push(heap, counts, stage_free[ins[i, FIRST_STAGE]], _STAGE_FREE, i)
 
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, str, int, int, float, float, float]] = []
 
-    def add(self, r: int, kind: str, src: int, dst: int, nbytes: float, start: float, end: float) -> None:
-        self.rows.append((r, kind, src, dst, nbytes, start, end))
+@njit(cache=True)
+def _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, device, rows, counts, prefill_tokens,
+            decodes, attention, kv_tokens, sampled):
+    """Run batch b through instance i's stages from ``start``, each after its last batch; its end."""
+    tokens = prefill_tokens + decodes
+    ready, end = start, start
+    for g in range(ins[i, FIRST_STAGE], ins[i, FIRST_STAGE] + ins[i, STAGES]):
+        begin = max(ready, stage_free[g])
+        end = begin + _seconds(terms[g, _BASE], token_s[g, tokens], terms[g, _ATTENTION], attention,
+                               terms[g, _DECODE], decodes, terms[g, _KV], kv_tokens, sample_s[g, sampled])
+        stage_free[g] = end
+        flops = _flops(terms[g, _FLOPS_TOKEN], tokens, terms[g, _FLOPS_ATTENTION], attention, kv_tokens)
+        row = rows[counts[_ROWS]]
+        row[0], row[1], row[2], row[3], row[4] = b, i, g - ins[i, FIRST_STAGE], device[g], begin
+        row[5], row[6], row[7], row[8], row[9] = end, prefill_tokens, decodes, kv_tokens, flops
+        counts[_ROWS] += 1
+        ready = end + send_s[g, tokens]
+    return end
 
-    def log(self) -> KVMoves:
-        if not self.rows:
-            return KVMoves.empty()
-        r, kind, src, dst, nbytes, start, end = zip(*self.rows, strict=True)
-        return KVMoves(np.asarray(r, np.int64), tuple(kind), np.asarray(src, np.int32), np.asarray(dst, np.int32),
-                       np.asarray(nbytes, np.float64), np.asarray(start, np.float64), np.asarray(end, np.float64))
+
+@njit(cache=True)
+def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, scratch, plan):
+    """Move the plan's swapped caches over instance i's host link; when its batch may start."""
+    start = t + settings[_OVERHEAD]
+    first = ins[i, FIRST_STAGE]
+    per_device = terms[first:first + ins[i, STAGES], _KV_DEVICE].max()
+    for k in range(plan[SWAPS]):
+        r, kind = scratch[2, k], scratch[3, k]
+        tokens = req[r, CACHED]
+        begin = max(t, host_free[i])
+        host_free[i] = begin + settings[_HOST_LATENCY] + per_device * tokens / settings[_HOST_BANDWIDTH]
+        src, dst = (device[first], _HOST) if kind == SWAP_OUT else (_HOST, device[first])
+        _log_move(moves, counts, r, 1 + kind, src, dst, kv_bytes[i] * tokens, begin, host_free[i])
+        start = max(start, host_free[i])
+    return start
+
+
+def _result(deployment: Deployment, trace: Trace, tables: _Tables, logs: tuple) -> ServeRun:
+    rows, batches, members, kv_log, moves, counts = logs
+    req, times = tables.req, tables.times
+    stuck = np.flatnonzero(np.isnan(times[:, FINISHED_AT]))
+    if stuck.size:
+        r = int(stuck[0])
+        capacity = int(tables.ins[max(int(req[r, INSTANCE]), 0), CAPACITY])
+        raise PipeschedError(f"kv_capacity_blocks={capacity}: request {r} never got the KV blocks it needs; "
+                             "give the cache more memory or shorten the requests")
+    config, plans = deployment.config, deployment.instances
+    return ServeRun(
+        trace=trace, config=config, instance=req[:, INSTANCE].astype(np.int32),
+        scheduled_at=times[:, SCHEDULED_AT].copy(), first_token_at=times[:, FIRST_TOKEN_AT].copy(),
+        finished_at=times[:, FINISHED_AT].copy(), preemptions=req[:, PREEMPTED].astype(np.int32),
+        token_times=tables.token_times, token_offsets=tables.token_offsets,
+        iterations=_iteration_log(rows[:counts[_ROWS]], batches[:counts[_BATCHES]], members[:counts[_MEMBERS]]),
+        kv=_kv_trace(kv_log[:counts[_KV_LOG]], tables, config.kv.block_size),
+        instance_kind=tuple(plan.kind for plan in plans),
+        instance_devices=tuple(tuple(plan.devices) for plan in plans),
+        tp=tuple(plan.tp for plan in plans), peak_flops=deployment.peak_flops,
+        moves=_moves(moves[:counts[_MOVES]]))
+
+
+def _iteration_log(rows: np.ndarray, batches: np.ndarray, members: np.ndarray) -> IterationLog:
+    offsets = np.zeros(batches.shape[0] + 1, np.int64)
+    np.cumsum(batches[:, 2] + batches[:, 3], out=offsets[1:])
+    ints = rows.astype(np.int64)
+    return IterationLog(
+        batch=ints[:, 0], instance=ints[:, 1].astype(np.int32), stage=ints[:, 2].astype(np.int32),
+        first_device=ints[:, 3].astype(np.int32), start=rows[:, 4].copy(), end=rows[:, 5].copy(),
+        prefill_tokens=ints[:, 6], decodes=ints[:, 7], kv_tokens=ints[:, 8], flops=rows[:, 9].copy(),
+        members=members.copy(), offsets=offsets)
+
+
+def _kv_trace(kv_log: np.ndarray, tables: _Tables, block_size: int) -> KVTrace:
+    """Blocks in use per instance from each time on (the last change at a time kept)."""
+    times, blocks = [], []
+    for i in range(tables.ins.shape[0]):
+        mine = kv_log[kv_log[:, 0] == i]
+        t = np.concatenate(([0.0], mine[:, 1]))
+        used = np.concatenate(([0], mine[:, 2].astype(np.int64)))
+        last = np.append(t[1:] != t[:-1], True)
+        times.append(t[last])
+        blocks.append(used[last])
+    return KVTrace(tuple(times), tuple(blocks), tuple(int(c) for c in tables.ins[:, CAPACITY]), block_size)
+
+
+def _moves(moves: np.ndarray) -> KVMoves:
+    if moves.shape[0] == 0:
+        return KVMoves.empty()
+    return KVMoves(moves[:, 0].astype(np.int64), tuple(_MOVE_KINDS[int(k)] for k in moves[:, 1]),
+                   moves[:, 2].astype(np.int32), moves[:, 3].astype(np.int32), moves[:, 4].copy(),
+                   moves[:, 5].copy(), moves[:, 6].copy())
