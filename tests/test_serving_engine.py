@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 from pipesched.enums import Preemption, SchedulerName
-from pipesched.serving.config import Instances, SchedulerSpec, ServeConfig
+from pipesched.serving.config import Disaggregation, Instances, SchedulerSpec, ServeConfig
 from pipesched.serving.engine import simulate_serving
+from pipesched.serving.results import token_gaps
 from pipesched.serving.trace import Trace
-from serving_engine_helpers import Line, deployment, poisson_trace
+from serving_engine_helpers import DEVICE_LINK, Line, deployment, poisson_trace
 
 LINE = Line(base=0.003, token=2e-5, attention=3e-10, decode=1e-5, kv=2e-7, send=1e-6)
 OVERHEAD = 0.001
@@ -128,3 +129,79 @@ def test_a_preempted_request_finishes_with_all_its_tokens(name: SchedulerName, p
         kinds = set(run.moves.kind)
         assert kinds <= {"swap-out", "swap-in"} and "swap-out" in kinds
         assert run.moves.kind.count("swap-out") == run.moves.kind.count("swap-in")
+
+
+def test_the_same_inputs_give_the_same_run() -> None:
+    config = _config(SchedulerName.SARATHI, replicas=2, routing="least-loaded")
+    trace = poisson_trace(300, 50.0, seed=5)
+    one, two = (simulate_serving(deployment(config, line=LINE, capacity_blocks=400), trace) for _ in range(2))
+    for name in ("first_token_at", "finished_at", "token_times", "preemptions", "instance"):
+        assert np.array_equal(getattr(one, name), getattr(two, name))
+    assert np.array_equal(one.iterations.start, two.iterations.start)
+    assert np.array_equal(one.iterations.members, two.iterations.members)
+
+
+def test_littles_law_on_a_long_run() -> None:
+    qps = 30.0
+    trace = poisson_trace(3000, qps, seed=11)
+    run = simulate_serving(deployment(_config(SchedulerName.SARATHI), line=LINE), trace)
+    e2e = run.finished_at - trace.arrived_at
+    # mean requests in the system, sampled over the arrivals' span: arrived minus finished
+    probes = np.linspace(trace.arrived_at[0], trace.arrived_at[-1], 20_000)
+    in_system = (np.searchsorted(trace.arrived_at, probes, side="right")
+                 - np.searchsorted(np.sort(run.finished_at), probes, side="right"))
+    assert in_system.mean() == pytest.approx(qps * e2e.mean(), rel=0.05)
+
+
+def test_ttft_p99_rises_with_the_rate() -> None:
+    unit = poisson_trace(600, 1.0, seed=2)
+    line = deployment(_config(SchedulerName.SARATHI), line=LINE)
+    p99 = []
+    for qps in (10.0, 25.0, 40.0):
+        trace = Trace(unit.arrived_at / qps, unit.prefill_tokens, unit.decode_tokens)
+        run = simulate_serving(line, trace)
+        p99.append(np.quantile(run.first_token_at - trace.arrived_at, 0.99))
+    assert p99[0] < p99[1] < p99[2]
+
+
+def test_sarathi_trades_a_longer_ttft_for_a_shorter_p99_time_between_tokens() -> None:
+    # a mixed trace: long prompts beside long outputs, at a rate both sustain
+    trace = poisson_trace(400, 6.0, prompt=(500, 3000), output=(50, 400), seed=7)
+    runs = {}
+    for name in (SchedulerName.VLLM, SchedulerName.SARATHI):
+        runs[name] = simulate_serving(deployment(_config(name, pp=2, max_batch=128), line=LINE), trace)
+    tbt = {name: np.quantile(token_gaps(run.token_times, run.token_offsets), 0.99) for name, run in runs.items()}
+    ttft = {name: np.mean(run.first_token_at - trace.arrived_at) for name, run in runs.items()}
+    assert tbt[SchedulerName.SARATHI] < tbt[SchedulerName.VLLM]
+    assert ttft[SchedulerName.VLLM] < ttft[SchedulerName.SARATHI]
+
+
+def test_round_robin_and_least_loaded_routing() -> None:
+    # request 0 is long; 1 is short and done before 2 arrives
+    trace = Trace(np.array([0.0, 0.0, 5.0]), np.array([100, 100, 100]), np.array([2000, 2, 2]))
+    robin = simulate_serving(deployment(_config(SchedulerName.VLLM, replicas=2), line=LINE), trace)
+    least = simulate_serving(deployment(_config(SchedulerName.VLLM, replicas=2, routing="least-loaded"),
+                                        line=LINE), trace)
+    assert robin.instance.tolist() == [0, 1, 0]
+    assert least.instance.tolist() == [0, 1, 1]
+
+
+def test_disaggregated_prefill_sends_the_cache_and_decodes_elsewhere() -> None:
+    split = Disaggregation(prefill=Instances(tp=1, pp=2, count=1), decode=Instances(tp=2, pp=1, count=1))
+    config = _config(SchedulerName.SARATHI, disaggregate=split)
+    built = deployment(config, line=LINE)
+    trace = Trace(np.array([0.0]), np.array([1000]), np.array([4]))
+    run = simulate_serving(built, trace)
+    ttft, _ = _alone(1000, 4, _chunks(1000, 512), 2)
+    assert run.first_token_at[0] == pytest.approx(ttft, rel=1e-12)
+    nbytes = 1000 * built.instances[0].kv_bytes_per_token
+    assert run.moves.kind == ("transfer",)
+    assert run.moves.nbytes[0] == nbytes
+    arrived = run.first_token_at[0] + DEVICE_LINK.latency + nbytes / DEVICE_LINK.bandwidth
+    assert run.moves.end[0] == pytest.approx(arrived, rel=1e-12)
+    times = run.token_times
+    # the decode instance is one stage: each later token one decode iteration after the last
+    assert times[1] == pytest.approx(arrived + _iteration(1, 1, 0.0, 1, 1001), rel=1e-12)
+    assert np.diff(times[1:]) == pytest.approx([_iteration(1, 1, 0.0, 1, 1000 + k) for k in (2, 3)], rel=1e-9)
+    assert run.instance[0] == 1 and run.moves.src_device[0] == 1 and run.moves.dst_device[0] == 2
+    assert all(blocks[-1] == 0 for blocks in run.kv.blocks)

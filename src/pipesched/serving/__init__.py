@@ -4,6 +4,7 @@ cache and a batch scheduler per replica.
 - ``trace``: the workload (``Trace``), its CSV file and synthetic arrivals and lengths
 - ``config``: a deployment and its scheduler (``ServeConfig``)
 - ``deployment``: a config on a model and cluster -> per-stage iteration costs and KV capacity
+- ``queues``: the run's request and instance tables, each instance's queues as linked lists
 - ``kv_cache``: the paged block manager
 - ``schedulers``: static, Orca, vLLM, Sarathi-Serve batch selection
 - ``engine``: the discrete-event run of a trace -> ``ServeRun`` (``records``)

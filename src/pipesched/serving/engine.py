@@ -106,7 +106,7 @@ from pipesched.serving.schedulers import (
     blocks_of,
     select_batch,
 )
-from pipesched.serving.trace import Trace
+from pipesched.serving.trace import Trace, check_context
 
 _seconds = njit(cache=True)(iteration_seconds)
 _flops = njit(cache=True)(iteration_flops)
@@ -119,12 +119,12 @@ _TERMS = 7
 # settings (float64): per-iteration overhead, host link
 _OVERHEAD, _HOST_LATENCY, _HOST_BANDWIDTH = range(3)
 # run counters (int64)
-_ROWS, _BATCHES, _MEMBERS, _KV_LOG, _MOVES, _TRANSFERS, _SEQUENCE, _TURN_ENTRY, _TURN_DECODE = range(9)
-_COUNTERS = 9
+_ROWS, _BATCHES, _MEMBERS, _KV_LOG, _MOVES, _TRANSFERS, _SEQUENCE, _TURN_ENTRY, _TURN_DECODE, _CHUNKS = range(10)
+_COUNTERS = 10
 # iteration rows (float64): batch, instance, stage, first device, start, end, prefill tokens, decodes, kv tokens, flops
 _ROW_FIELDS = 10
-# batches (int64): instance, first member, decodes, prefills
-_BATCH_FIELDS = 4
+# batches (int64): instance, first member, decodes, prefills, first chunk (of its prefills, in the chunk column)
+_BATCH_FIELDS = 5
 # moves (float64): request, kind, source device, destination device, bytes, start, end
 _MOVE_FIELDS = 7
 _MOVE_KINDS = ("transfer", "swap-out", "swap-in")
@@ -146,11 +146,9 @@ def simulate_serving(deployment: Deployment, trace: Trace) -> ServeRun:
 def _check(deployment: Deployment, trace: Trace) -> None:
     spec = deployment.config.scheduler
     check_count("output_tokens", int(trace.decode_tokens.sum()), MAX_SERVED_TOKENS, what="output tokens of a trace")
+    check_context(trace, deployment.max_context)
     longest = int(np.argmax(trace.total_tokens))
     tokens = int(trace.total_tokens[longest])
-    require(tokens <= deployment.max_context, "num_prefill_tokens", int(trace.prefill_tokens[longest]),
-            f"request {longest}'s prompt + output ({tokens:,} tokens) is over the model's context length "
-            f"{deployment.max_context:,}; shorten it")
     blocks = blocks_of(tokens, deployment.config.kv.block_size)
     for plan in deployment.instances:
         require(plan.kv_capacity_blocks >= blocks, "kv_capacity_blocks", plan.kv_capacity_blocks,
@@ -217,8 +215,10 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
     n, nins = arrived.shape[0], ins.shape[0]
     stages = ins[:, STAGES].max()
     counts = np.zeros(_COUNTERS, np.int64)
+    # logs sized for a run without preemption: a member per output token and per prefill chunk
+    chunks = n + (req[:, PROMPT].sum() + spec[BUDGET] - 1) // spec[BUDGET]
+    members, chunks_of = np.empty(token_times.shape[0] + chunks, np.int64), np.empty(chunks, np.int64)
     rows, batches = np.empty((1024, _ROW_FIELDS)), np.empty((1024, _BATCH_FIELDS), np.int64)
-    members, chunks_of = np.empty(4096, np.int64), np.empty(4096, np.int64)
     kv_log, moves = np.empty((1024, 3)), np.empty((16, _MOVE_FIELDS))
     transfers = np.empty((16, 3), np.int64)
     host_free, link_free = np.zeros(nins), np.zeros((nins, nins))
@@ -259,7 +259,7 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
             rows = _room(rows, counts[_ROWS] + stages)
             batches = _room(batches, counts[_BATCHES] + 1)
             members = _room_1d(members, counts[_MEMBERS] + spec[MAX_BATCH])
-            chunks_of = _room_1d(chunks_of, counts[_MEMBERS] + spec[MAX_BATCH])
+            chunks_of = _room_1d(chunks_of, counts[_CHUNKS] + spec[MAX_BATCH])
             kv_log = _room(kv_log, counts[_KV_LOG] + 1)
             moves = _room(moves, counts[_MOVES] + scratch.shape[1])
             _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec,
@@ -351,11 +351,12 @@ def _end_batch(b, t, req, times, token_offsets, token_times, ins, batches, membe
     """The batch's tokens are made: its requests go on, finish, or (from a prefill instance)
     leave for a decode instance (written to ``going``; returns how many)."""
     i, first, decodes, prefills = batches[b, 0], batches[b, 1], batches[b, 2], batches[b, 3]
+    chunk = batches[b, 4] - first - decodes  # the chunk column's row of member k is chunk + k
     ins[i, IN_FLIGHT] -= 1
     sent = 0
     for k in range(first, first + decodes + prefills):
         r = members[k]
-        req[r, CACHED] += 1 if k < first + decodes else chunks_of[k]
+        req[r, CACHED] += 1 if k < first + decodes else chunks_of[chunk + k]
         if req[r, CACHED] < req[r, TARGET]:  # a prefill chunk, not its prompt's last
             push_back(req, ins, i, PARTIAL, r)
             continue
@@ -413,16 +414,17 @@ def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, d
     for k in range(decodes + prefills):
         r, c = scratch[0, k], scratch[1, k]
         members[m + k] = r
-        chunks_of[m + k] = c
         if k < decodes:
             kv_tokens += req[r, CACHED] + 1
         else:
+            chunks_of[counts[_CHUNKS] + k - decodes] = c
             attention += c * (req[r, CACHED] + c)
             prefill_tokens += c
             if req[r, CACHED] + c == req[r, TARGET]:
                 sampled += 1
     row = batches[b]
-    row[0], row[1], row[2], row[3] = i, m, decodes, prefills
+    row[0], row[1], row[2], row[3], row[4] = i, m, decodes, prefills, counts[_CHUNKS]
+    counts[_CHUNKS] += prefills
     counts[_BATCHES] += 1
     counts[_MEMBERS] += decodes + prefills
     end = _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, device, rows, counts,
@@ -504,7 +506,7 @@ def _iteration_log(rows: np.ndarray, batches: np.ndarray, members: np.ndarray) -
         batch=ints[:, 0], instance=ints[:, 1].astype(np.int32), stage=ints[:, 2].astype(np.int32),
         first_device=ints[:, 3].astype(np.int32), start=rows[:, 4].copy(), end=rows[:, 5].copy(),
         prefill_tokens=ints[:, 6], decodes=ints[:, 7], kv_tokens=ints[:, 8], flops=rows[:, 9].copy(),
-        members=members.copy(), offsets=offsets)
+        members=members, offsets=offsets)
 
 
 def _kv_trace(kv_log: np.ndarray, tables: _Tables, block_size: int) -> KVTrace:
