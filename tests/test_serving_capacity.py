@@ -109,3 +109,18 @@ def test_capacity_of_an_engine_run_meets_the_slos_below_it_and_misses_them_above
 
     assert attained(0.95 * found.max_qps) >= 0.9
     assert attained(1.10 * found.max_qps) < 0.9
+
+
+def test_halving_stops_once_the_requests_no_longer_wait_for_each_other() -> None:
+    # 0.2 s of work a request, at most one a second: no request waits at 1 or 0.5 requests/s,
+    # so halving to 0.5 changes nothing and the search stops there
+    calls = []
+
+    def counting(trace):
+        calls.append(trace)
+        return _queue(trace)
+
+    spec = TraceSpec(requests=50, qps=1.0, arrival="gamma:0", prompt="fixed:100", output="fixed:3")
+    with pytest.raises(PipeschedError, match=r"slo_ttft=0.05: .* even at 0.5 requests/s"):
+        capacity(counting, spec, slo_ttft=0.05, slo_tpot=1.0)
+    assert len(calls) == 2

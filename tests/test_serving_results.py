@@ -11,7 +11,7 @@ import pytest
 from pipesched import metrics as metrics_module
 from pipesched.errors import PipeschedError
 from pipesched.serving import results as results_module
-from pipesched.serving.config import Instances, ServeConfig
+from pipesched.serving.config import Instances, SchedulerSpec, ServeConfig
 from pipesched.serving.engine import simulate_serving
 from pipesched.serving.results import serve_result, summarize, token_gaps
 from pipesched.serving.trace import TraceSpec, mean_rate, rate_scaled, synthetic_trace, unit_trace
@@ -181,3 +181,13 @@ def test_ttft_p99_rises_with_the_rate() -> None:
 def test_the_docstring_examples_run(module) -> None:
     result = doctest.testmod(module)
     assert result.attempted >= 2 and result.failed == 0
+
+
+def test_a_tight_cache_preempts_and_every_request_still_gets_all_its_tokens() -> None:
+    config = ServeConfig(instances=Instances(tp=1, pp=2, count=1), scheduler=SchedulerSpec(name="vllm"))
+    trace = synthetic_trace(TraceSpec(requests=120, qps=20.0, prompt="uniform:64-512", output="uniform:8-64", seed=14))
+    run = simulate_serving(deployment(config, capacity_blocks=60), trace)
+    result = serve_result(run)
+    assert result.to_dict()["preemptions"] == int(run.preemptions.sum()) > 0
+    assert np.array_equal(result.output_tokens, trace.decode_tokens)
+    assert 0.9 < result.kv_peak_fraction <= 1.0  # full, never over

@@ -211,3 +211,16 @@ def test_the_shipped_example_is_the_scripts_output(tmp_path: Path) -> None:
 def test_the_docstring_examples_run() -> None:
     result = doctest.testmod(trace_module)
     assert result.attempted >= 3 and result.failed == 0
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"requests": 0}, "requests=0: must be at least 1"),
+    ({"qps": 0.0}, "qps=0.0: must be > 0"),
+    ({"seed": -1}, "seed=-1: must be at least 0"),
+    ({"max_context": 1}, "max_context=1: give at least 2 tokens"),
+    ({"arrival": "gamma:-1"}, "arrival=-1.0: must be >= 0"),
+    ({"prompt": "fixed:x"}, "prompt_tokens='x': not a whole number"),
+])
+def test_bad_trace_specs_are_one_error(fields: dict, words: str) -> None:
+    with pytest.raises(PipeschedError, match=words):
+        TraceSpec(**fields)

@@ -3,7 +3,9 @@
 ``capacity`` runs a simulation at a rate, asks what share of requests met both SLOs, and
 bisects over rates: from a starting rate it doubles (or halves) until one rate meets the
 asked attainment and another misses it, then halves that bracket until its ends are within
-``tolerance`` of each other (relative to the lower end). Every run serves the same requests
+``tolerance`` of each other (relative to the lower end). Halving stops, and the SLOs are
+called unmeetable, when a halving changes nothing (the requests no longer wait for each
+other) or at the starting rate / 2^10. Every run serves the same requests
 (common random numbers: one trace drawn at one request per second, its arrivals divided by
 the rate), so two rates differ only in how close together the requests arrive, and the
 attainment falls with the rate as it does in a queue. The answer is the highest rate that
@@ -136,11 +138,25 @@ def _bracket(search: _Search, first: float, probes: list[Probe]) -> tuple[float,
     floor = max(first / 2**HALVINGS, 2 * max(float(search.unit.arrived_at[-1]), 1.0) / MAX_SECONDS)
     high = first
     while high / 2 >= floor and len(probes) < search.max_probes:
-        meets, result = _probe(search, high / 2, probes)
+        meets, slower = _probe(search, high / 2, probes)
         if meets:
             return high / 2, high
-        high /= 2
-    raise _unmet(search, result, probes[-1].qps)
+        if _no_gain(result, slower, search.attainment):
+            break
+        high, result = high / 2, slower
+    raise _unmet(search, slower, probes[-1].qps)
+
+
+def _no_gain(faster: ServeResult, slower: ServeResult, share: float) -> bool:
+    """Whether halving the rate changed nothing: no more requests within the SLOs, and the
+    TTFT and TPOT that ``share`` of the requests meet within 1%; the requests no longer
+    wait for each other, and a lower rate cannot meet the SLOs either."""
+    def close(a: np.ndarray, b: np.ndarray) -> bool:
+        high, low = float(np.quantile(a, share)), float(np.quantile(b, share))
+        return abs(high - low) <= 0.01 * max(abs(high), abs(low))
+
+    return (slower.slo_attainment <= faster.slo_attainment and close(faster.ttft_s, slower.ttft_s)
+            and close(faster.tpot_s, slower.tpot_s))
 
 
 def _probe(search: _Search, qps: float, probes: list[Probe]) -> tuple[bool, ServeResult]:

@@ -220,7 +220,8 @@ def check_context(trace: Trace, max_context: int) -> None:
         raise PipeschedError(
             f"{PREFILL}={trace.prefill_tokens[k]}: request {k} needs {trace.prefill_tokens[k]:,} prompt + "
             f"{trace.decode_tokens[k]:,} output tokens, over the model's context of {max_context:,} "
-            f"({over.size:,} requests are); shorten them, or serve a model with a longer context")
+            f"({over.size:,} of {len(trace):,} requests are over it); shorten them, or serve a model with a longer "
+            "context")
 
 
 # --- rates: common random numbers -------------------------------------------------------------
