@@ -257,7 +257,8 @@ class _Run:
             instance_kind=tuple(plan.kind for plan in plans),
             instance_devices=tuple(tuple(plan.devices) for plan in plans),
             tp=tuple(plan.tp for plan in plans), peak_flops=self.deployment.peak_flops,
-            moves=self.moves.log())
+            moves=self.moves.log(),
+            kv_bytes_per_token=tuple(tuple(costs.kv_bytes_per_token for costs in plan.stages) for plan in plans))
 
 
 class _BatchLog:
@@ -269,6 +270,7 @@ class _BatchLog:
         self.prefill: list[np.ndarray] = []
         self.chunks: list[np.ndarray] = []
         self.rows: list[tuple[int, int, int, int, float, float, int, int, int, float]] = []
+        self.send_end: list[float] = []  # per row: when its hidden state reached the next stage
         self.stage0_start = 0.0
 
     def add(self, inst: InstanceState, plan: Plan, reqs: Requests, start: float) -> tuple[float, float]:
@@ -292,6 +294,7 @@ class _BatchLog:
             self.rows.append((b, inst.index, s, inst.plan.devices[s], begin, end, prefill_tokens, decodes,
                               kv_tokens, costs.flops(tokens, attention, kv_tokens)))
             ready = end + float(costs.send_s[tokens])
+            self.send_end.append(ready)
         self.instance.append(inst.index)
         self.decodes.append(dec)
         self.prefill.append(pre)
@@ -309,7 +312,8 @@ class _BatchLog:
             start=np.asarray(cols[4], np.float64), end=np.asarray(cols[5], np.float64),
             prefill_tokens=np.asarray(cols[6], np.int64), decodes=np.asarray(cols[7], np.int64),
             kv_tokens=np.asarray(cols[8], np.int64), flops=np.asarray(cols[9], np.float64),
-            members=np.concatenate(members) if members else np.zeros(0, np.int64), offsets=offsets)
+            members=np.concatenate(members) if members else np.zeros(0, np.int64), offsets=offsets,
+            send_end=np.asarray(self.send_end, np.float64))
 
 
 class _MoveLog:
