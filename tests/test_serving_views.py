@@ -395,7 +395,7 @@ def test_the_serving_report_page():
     assert "<th>throughput_tokens_per_s</th><td>135.1</td>" in page
     for anchor in ("serving-results", "serving-requests", "serving-window", "timelines-section"):
         assert f'href="#{anchor}"' in page and f'id="{anchor}"' in page
-    assert "The timeline below draws every iteration of the run (4)." in page
+    assert "The timeline below draws every iteration of the run (4); the run spans 0 to 0.037 s." in page
     assert report_data(page)["timelines"][0]["serving"]["batch"] == [0, 1, 2, 3]
 
 

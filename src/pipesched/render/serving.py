@@ -264,7 +264,9 @@ def serving_report(run: ServeRun, result: Mapping[str, object] | None = None, *,
     figures = "".join(_figure_html(run, name, result, probes, slo_ttft, slo_tpot) for name in plots)
     sections.append(("serving-requests", "Requests", '<div class="serving-plots">' + figures + "</div>"))
     assert timeline.serving is not None
-    note = f'<p class="note">The timeline below draws {escape(timeline.serving.how)}.</p>'
+    first, last = timeline.serving.run_span
+    note = (f'<p class="note">The timeline below draws {escape(timeline.serving.how)}; the run spans '
+            f"{first:.6g} to {last:.6g} s.</p>")
     sections.append(("serving-window", "Window", note))
     heading = title or f"serving report: {len(run.trace):,} requests"
     return render_html([timeline], title=heading, extra_sections=sections)
