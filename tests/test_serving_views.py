@@ -441,3 +441,11 @@ def test_an_engine_run_drawn():
     assert render_gantt([timeline], fmt="png").startswith(b"\x89PNG")
     assert len(trace_document([timeline])["traceEvents"]) > len(timeline)
     assert "report-data" in serving_report(run, serve_result(run).to_dict())
+
+
+def test_preemptions_are_recorded_and_marked():
+    run = engine_run(capacity=60)
+    # one recorded time per preemption, each when its instance's cache was in use
+    assert sum(len(times) for times in run.kv.preempted_at) == int(run.preemptions.sum()) > 0
+    kv = lines_by_label(request_figure(run, plots=("kv",)).axes[0])["preemption"]
+    assert len(kv.get_xdata()) == len(run.kv.preempted_at[0])

@@ -214,6 +214,7 @@ def _preempt(spec: SchedulerSpec, inst: InstanceState, reqs: Requests, r: int, n
     inst.cache.release(r, now)
     inst.running -= 1
     reqs.preemptions[r] += 1
+    inst.preempted_at.append(now)
     if swap and spec.preemption == Preemption.SWAP and reqs.made[r] > 0:
         inst.swapped.appendleft(r)
         return True

@@ -59,6 +59,7 @@ class InstanceState:
         self.available: list[np.ndarray] = []
         self.swapped: deque[int] = deque()
         self.incoming: deque[int] = deque()
+        self.preempted_at: list[float] = []  # seconds: when it preempted a request (ServeRun.kv.preempted_at)
 
     def has_work(self) -> bool:
         """Whether a request here waits for a batch (not counting those in flight)."""
