@@ -111,6 +111,7 @@ def test_one_op_per_iteration_and_stage_group():
     assert info.kv_tokens.tolist() == [0, 100, 151, 153]
     assert [info.members[info.offsets[k]:info.offsets[k + 1]].tolist() for k in range(4)] == [[0], [1, 0], [0, 1], [0, 1]]
     assert info.how == "every iteration of the run (4)"
+    assert timeline.schedule.name == "sarathi · 1 x TP2 PP2"  # the default scheduler, its shape
 
 
 def test_iteration_kinds_by_content():
@@ -189,6 +190,7 @@ def test_disaggregated_instances_are_rows_of_their_own():
     info = timeline.serving
     assert info.device_labels == ("pf0 s0", "dc0 s0", "dc0 s1")
     assert info.device_names[2] == "decode 0 · stage 1 · ranks 4-5"
+    assert timeline.schedule.name == "sarathi · prefill 1 x TP2 PP1 + decode 1 x TP2 PP2"
     # the prefill on device 0 only, the decode batch on devices 1 and 2: global stages 0, 1, 2
     assert [str(timeline.op(r)) for r in range(len(timeline))] == ["0P0", "1D1", "2D1"]
     assert validate(timeline.schedule) == []
@@ -282,8 +284,9 @@ def test_idle_share_in_the_headline_is_the_stages_idle_time():
 def test_the_trace_names_stage_groups_and_batch_contents():
     events = trace_document([serving_timeline(hand_run())])["traceEvents"]
     processes = [e["args"]["name"] for e in events if e["name"] == "process_name"]
-    assert processes == ["serving · replica 0 · stage 0 · ranks 0-1", "serving · replica 0 · stage 1 · ranks 2-3",
-                         "serving · critical path"]
+    name = "sarathi · 1 x TP2 PP2"
+    assert processes == [f"{name} · replica 0 · stage 0 · ranks 0-1", f"{name} · replica 0 · stage 1 · ranks 2-3",
+                         f"{name} · critical path"]
     op = next(e for e in events if e["ph"] == "X" and e["name"] == "1M1")
     assert (op["args"]["batch"], op["args"]["requests"], op["args"]["request rows"]) == (1, 2, [1, 0])
     assert (op["args"]["prefill tokens"], op["args"]["decodes"], op["args"]["kv tokens read"]) == (50, 1, 100)
@@ -303,10 +306,10 @@ def test_the_gantt_chart_and_terminal_label_rows_by_stage_group():
     assert {"P  prefill iteration", "D  decode iteration", "M  mixed prefill + decode iteration",
             "activation transfer", "swap-out transfer"} <= set(legend)
     assert render_gantt([timeline], fmt="svg").count(b'xlink:href="#op-0-') == 8
-    console = Console(width=100, record=True, color_system=None)
-    console.print(timeline_view(timeline, width=100))
+    console = Console(width=120, record=True, color_system=None)
+    console.print(timeline_view(timeline, width=120))
     lines = console.export_text().splitlines()
-    assert lines[0].startswith("serving (simulated): window 37 ms: 4 of 4 iterations")
+    assert lines[0].startswith("sarathi · 1 x TP2 PP2 (simulated): window 37 ms: 4 of 4 iterations")
     assert lines[1].startswith("r0 s0 ") and lines[2].startswith("r0 s1 ")
 
 
@@ -449,3 +452,12 @@ def test_preemptions_are_recorded_and_marked():
     assert sum(len(times) for times in run.kv.preempted_at) == int(run.preemptions.sum()) > 0
     kv = lines_by_label(request_figure(run, plots=("kv",)).axes[0])["preemption"]
     assert len(kv.get_xdata()) == len(run.kv.preempted_at[0])
+
+
+def test_the_module_examples_run():
+    import doctest
+
+    import pipesched.serving.timeline as module
+
+    failures, tried = doctest.testmod(module, verbose=False)
+    assert tried >= 2 and failures == 0
