@@ -6,6 +6,7 @@ expectation worked from the hand table."""
 from __future__ import annotations
 
 import base64
+import doctest
 import json
 import re
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+import pipesched.serving.timeline as serving_timeline_module
 from pipesched.enums import MemoryUnit, SchedulerName
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
@@ -455,9 +457,5 @@ def test_preemptions_are_recorded_and_marked():
 
 
 def test_the_module_examples_run():
-    import doctest
-
-    import pipesched.serving.timeline as module
-
-    failures, tried = doctest.testmod(module, verbose=False)
+    failures, tried = doctest.testmod(serving_timeline_module, verbose=False)
     assert tried >= 2 and failures == 0
