@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 import pipesched.serving.timeline as serving_timeline_module
-from pipesched.enums import MemoryUnit, SchedulerName
+from pipesched.enums import MemoryUnit, Preemption, SchedulerName
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.render.gantt import gantt_figure, render_gantt
@@ -38,7 +38,7 @@ from pipesched.serving.results import Summary, serve_result
 from pipesched.serving.timeline import SERVING_RULES, iteration_kinds, serving_timeline
 from pipesched.serving.trace import Trace
 from pipesched.slots import slot_table
-from pipesched.timeline import ACTIVATION, KV_CACHE, SWAP_OUT, Source
+from pipesched.timeline import ACTIVATION, KV_CACHE, SWAP_IN, SWAP_OUT, Source
 from pipesched.validation import validate
 from pipesched.waits import WAIT_DEVICE, WAIT_NONE, WAIT_TRANSFER, waited_for
 from serving_engine_helpers import Line, deployment, poisson_trace
@@ -408,9 +408,10 @@ def test_the_serving_report_page():
 LINE = Line(base=0.003, token=2e-5, attention=3e-10, decode=1e-5, kv=2e-7, send=1e-6)
 
 
-def engine_run(capacity: int = 300) -> ServeRun:
+def engine_run(capacity: int = 300, preemption: Preemption = Preemption.RECOMPUTE) -> ServeRun:
     config = ServeConfig(instances=Instances(tp=1, pp=2, count=2),
-                         scheduler=SchedulerSpec(name=SchedulerName.SARATHI, max_batch=32, chunk=512))
+                         scheduler=SchedulerSpec(name=SchedulerName.SARATHI, max_batch=32, chunk=512,
+                                                 preemption=preemption))
     trace = poisson_trace(120, 40.0, prompt=(100, 600), output=(20, 200), seed=3)
     return simulate_serving(deployment(config, line=LINE, capacity_blocks=capacity), trace)
 
@@ -459,3 +460,19 @@ def test_preemptions_are_recorded_and_marked():
 def test_the_module_examples_run():
     failures, tried = doctest.testmod(serving_timeline_module, verbose=False)
     assert tried >= 2 and failures == 0
+
+
+def test_swaps_of_an_engine_run_are_drawn_on_host_links():
+    run = engine_run(capacity=60, preemption=Preemption.SWAP)
+    timeline = serving_timeline(run, iterations=200)
+    table = timeline.transfers
+    low, high = timeline.origin, timeline.origin + timeline.makespan
+    moves = run.moves
+    shown = (moves.start < high) & (moves.end > low)
+    swaps = (table.kind == SWAP_OUT) | (table.kind == SWAP_IN)
+    # every swap overlapping the window, each on the host link of its instance's first stage
+    assert int(swaps.sum()) == int(shown.sum()) > 0
+    assert {table.channel_names[c] for c in table.channel[swaps]} <= {"r0 s0 host link", "r1 s0 host link"}
+    assert sorted(table.start[swaps].tolist()) == sorted(moves.start[shown].tolist())
+    with pytest.raises(PipeschedError, match=r"^iterations=True: give a whole number"):
+        serving_timeline(run, iterations=True)

@@ -128,8 +128,8 @@ def _choose(run: ServeRun, batches: np.ndarray, first_start: np.ndarray, window,
     """The batches drawn (ascending) and how they were chosen, in words."""
     if window is not None:
         return _in_window(run, batches, window)
-    require(isinstance(iterations, int) and 1 <= iterations <= MAX_VIEW_ITERATIONS, "iterations", iterations,
-            f"give a whole number of iterations from 1 to {MAX_VIEW_ITERATIONS:,}")
+    require(isinstance(iterations, int) and not isinstance(iterations, bool) and 1 <= iterations <= MAX_VIEW_ITERATIONS,
+            "iterations", iterations, f"give a whole number of iterations from 1 to {MAX_VIEW_ITERATIONS:,}")
     if len(batches) <= iterations:
         return batches, f"every iteration of the run ({len(batches):,})"
     at, fraction = _fullest(run)
