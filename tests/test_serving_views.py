@@ -6,6 +6,7 @@ expectation worked from the hand table."""
 from __future__ import annotations
 
 import base64
+import doctest
 import json
 import re
 
@@ -13,7 +14,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from pipesched.enums import MemoryUnit
+import pipesched.serving.timeline as serving_timeline_module
+from pipesched.enums import MemoryUnit, Preemption, SchedulerName
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.render.gantt import gantt_figure, render_gantt
@@ -22,21 +24,24 @@ from pipesched.render.serving import (
     PLOTS,
     probe_rows,
     request_figure,
+    request_latencies,
     serving_figure,
     serving_report,
-    time_between_tokens,
-    time_to_first_token,
 )
 from pipesched.render.terminal import timeline_view
 from pipesched.render.trace import trace_document
-from pipesched.serving.config import Disaggregation, Instances, ServeConfig
+from pipesched.serving.capacity import Probe
+from pipesched.serving.config import Disaggregation, Instances, SchedulerSpec, ServeConfig
+from pipesched.serving.engine import simulate_serving
 from pipesched.serving.records import IterationLog, KVMoves, KVTrace, ServeRun
+from pipesched.serving.results import Summary, serve_result
 from pipesched.serving.timeline import SERVING_RULES, iteration_kinds, serving_timeline
 from pipesched.serving.trace import Trace
 from pipesched.slots import slot_table
-from pipesched.timeline import ACTIVATION, KV_CACHE, SWAP_OUT, Source
+from pipesched.timeline import ACTIVATION, KV_CACHE, SWAP_IN, SWAP_OUT, Source
 from pipesched.validation import validate
 from pipesched.waits import WAIT_DEVICE, WAIT_NONE, WAIT_TRANSFER, waited_for
+from serving_engine_helpers import Line, deployment, poisson_trace
 
 BLOCK = 16  # tokens per KV block
 BYTES_PER_TOKEN = (1024.0, 2048.0)  # per device, stage 0 and stage 1
@@ -108,6 +113,7 @@ def test_one_op_per_iteration_and_stage_group():
     assert info.kv_tokens.tolist() == [0, 100, 151, 153]
     assert [info.members[info.offsets[k]:info.offsets[k + 1]].tolist() for k in range(4)] == [[0], [1, 0], [0, 1], [0, 1]]
     assert info.how == "every iteration of the run (4)"
+    assert timeline.schedule.name == "sarathi · 1 x TP2 PP2"  # the default scheduler, its shape
 
 
 def test_iteration_kinds_by_content():
@@ -186,6 +192,7 @@ def test_disaggregated_instances_are_rows_of_their_own():
     info = timeline.serving
     assert info.device_labels == ("pf0 s0", "dc0 s0", "dc0 s1")
     assert info.device_names[2] == "decode 0 · stage 1 · ranks 4-5"
+    assert timeline.schedule.name == "sarathi · prefill 1 x TP2 PP1 + decode 1 x TP2 PP2"
     # the prefill on device 0 only, the decode batch on devices 1 and 2: global stages 0, 1, 2
     assert [str(timeline.op(r)) for r in range(len(timeline))] == ["0P0", "1D1", "2D1"]
     assert validate(timeline.schedule) == []
@@ -279,8 +286,9 @@ def test_idle_share_in_the_headline_is_the_stages_idle_time():
 def test_the_trace_names_stage_groups_and_batch_contents():
     events = trace_document([serving_timeline(hand_run())])["traceEvents"]
     processes = [e["args"]["name"] for e in events if e["name"] == "process_name"]
-    assert processes == ["serving · replica 0 · stage 0 · ranks 0-1", "serving · replica 0 · stage 1 · ranks 2-3",
-                         "serving · critical path"]
+    name = "sarathi · 1 x TP2 PP2"
+    assert processes == [f"{name} · replica 0 · stage 0 · ranks 0-1", f"{name} · replica 0 · stage 1 · ranks 2-3",
+                         f"{name} · critical path"]
     op = next(e for e in events if e["ph"] == "X" and e["name"] == "1M1")
     assert (op["args"]["batch"], op["args"]["requests"], op["args"]["request rows"]) == (1, 2, [1, 0])
     assert (op["args"]["prefill tokens"], op["args"]["decodes"], op["args"]["kv tokens read"]) == (50, 1, 100)
@@ -300,31 +308,31 @@ def test_the_gantt_chart_and_terminal_label_rows_by_stage_group():
     assert {"P  prefill iteration", "D  decode iteration", "M  mixed prefill + decode iteration",
             "activation transfer", "swap-out transfer"} <= set(legend)
     assert render_gantt([timeline], fmt="svg").count(b'xlink:href="#op-0-') == 8
-    console = Console(width=100, record=True, color_system=None)
-    console.print(timeline_view(timeline, width=100))
+    console = Console(width=120, record=True, color_system=None)
+    console.print(timeline_view(timeline, width=120))
     lines = console.export_text().splitlines()
-    assert lines[0].startswith("serving (simulated): window 37 ms: 4 of 4 iterations")
+    assert lines[0].startswith("sarathi · 1 x TP2 PP2 (simulated): window 37 ms: 4 of 4 iterations")
     assert lines[1].startswith("r0 s0 ") and lines[2].startswith("r0 s1 ")
 
 
 def test_request_latencies_by_hand():
-    run = hand_run()
+    found = request_latencies(hand_run())
     # arrivals 0 and 5 ms; first tokens at 21 and 27 ms
-    assert time_to_first_token(run).tolist() == pytest.approx([0.021, 0.022])
+    assert found.ttft_s.tolist() == pytest.approx([0.021, 0.022])
     # request 0's tokens at 21, 27, 30 ms; request 1's at 27, 37 ms: no gap across requests
-    assert time_between_tokens(run).tolist() == pytest.approx([0.006, 0.003, 0.010])
+    assert found.tbt_s.tolist() == pytest.approx([0.006, 0.003, 0.010])
 
 
-def test_probes_are_read_from_mappings_or_records():
-    class Probe:
-        def __init__(self, qps, ttft_p99_s):
-            self.qps, self.ttft_p99_s = qps, ttft_p99_s
-
-    rows = probe_rows([{"qps": 4.0, "ttft_p50_s": 0.2}, Probe(2.0, 0.5)])
-    assert rows["qps"].tolist() == [2.0, 4.0]  # sorted by rate
-    assert np.isnan(rows["ttft_p50_s"][0]) and rows["ttft_p50_s"][1] == 0.2 and rows["ttft_p99_s"][0] == 0.5
+def test_probes_are_read_from_capacity_probes_or_their_dicts():
+    fast, slow = Summary(0.1, 0.1, 0.2, 0.3), Summary(0.2, 0.2, 0.5, 0.9)
+    gap = Summary(0.01, 0.01, 0.02, 0.03)
+    record = Probe(4.0, 0.5, False, 2.0, slow, gap, gap, slow)
+    rows = probe_rows([record, Probe(2.0, 1.0, True, 2.0, fast, gap, gap, fast).to_dict(), {"qps": 3.0}])
+    assert rows["qps"].tolist() == [2.0, 3.0, 4.0]  # sorted by rate
+    assert rows["ttft_p99_s"][[0, 2]].tolist() == [0.3, 0.9] and np.isnan(rows["ttft_p99_s"][1])
+    assert rows["tbt_p50_s"][[0, 2]].tolist() == [0.01, 0.01] and rows["attainment"][[0, 2]].tolist() == [1.0, 0.5]
     with pytest.raises(PipeschedError, match=r"^probes\.qps=missing: give each probe its request rate"):
-        probe_rows([{"ttft_p50_s": 0.2}])
+        probe_rows([{"ttft_s": {"p50": 0.2}}])
 
 
 def lines_by_label(ax) -> dict[str, object]:
@@ -340,19 +348,19 @@ def test_distributions_draw_the_results_percentiles_and_the_slo():
     lines = lines_by_label(ttft)
     # the result's p50 drawn (ms); the SLO line says one of the two requests (21 of 21, 22 ms) is within it
     assert lines["p50 21.5 ms"].get_xdata()[0] == pytest.approx(21.5)
-    assert lines["SLO 21.5 ms: 50.0% within"].get_xdata()[0] == pytest.approx(21.5)
+    assert lines["TTFT SLO 21.5 ms: 50.0% of requests within"].get_xdata()[0] == pytest.approx(21.5)
     # the CDF reaches 1 at the slowest request
     curve = ttft.lines[0]
     assert curve.get_ydata()[-1] == 1.0 and curve.get_xdata()[-1] == pytest.approx(22.0)
     # no result for TBT: numpy's percentiles of the three gaps; the TPOT SLO holds one of three (3 ms)
     gaps = np.array([6.0, 3.0, 10.0])
     assert lines_by_label(tbt)[f"p50 {np.percentile(gaps, 50):.4g} ms"].get_xdata()[0] == pytest.approx(6.0)
-    assert "SLO 5 ms: 33.3% within" in lines_by_label(tbt)
+    assert "TPOT SLO 5 ms: 33.3% of token gaps within" in lines_by_label(tbt)
 
 
 def test_the_rate_plot_and_kv_plot():
-    probes = [{"qps": 1.0, "ttft_p50_s": 0.1, "ttft_p99_s": 0.3, "attainment": 1.0},
-              {"qps": 3.0, "ttft_p50_s": 0.2, "ttft_p99_s": 0.9, "attainment": 0.5}]
+    probes = [{"qps": 1.0, "ttft_s": {"p50": 0.1, "p99": 0.3}, "attainment": 1.0},
+              {"qps": 3.0, "ttft_s": {"p50": 0.2, "p99": 0.9}, "attainment": 0.5}]
     figure = request_figure(hand_run(), probes=probes, slo_ttft=0.5, plots=("rate", "kv"))
     by_label = {ax.get_ylabel(): ax for ax in figure.axes}
     rate, kv = by_label["latency (s)"], by_label["blocks in use / capacity"]
@@ -381,7 +389,7 @@ def test_figure_files_and_bad_input():
 def test_the_serving_report_page():
     result = {"requests": 2, "ttft_s": {"mean": 0.0215, "p50": 0.0215, "p90": 0.0219, "p99": 0.02199},
               "throughput_tokens_per_s": 135.1, "per_request": [{"arrived_at": 0.0}]}
-    probes = [{"qps": 1.0, "ttft_p99_s": 0.3}]
+    probes = [{"qps": 1.0, "ttft_s": {"p50": 0.1, "p99": 0.3}}]
     page = serving_report(hand_run(), result, probes=probes, slo_ttft=0.025)
     plots = re.findall(r'<figure class="serving-plot" data-plot="(\w+)"><img src="data:image/svg\+xml;base64,([^"]+)"',
                        page)
@@ -392,5 +400,79 @@ def test_the_serving_report_page():
     assert "<th>throughput_tokens_per_s</th><td>135.1</td>" in page
     for anchor in ("serving-results", "serving-requests", "serving-window", "timelines-section"):
         assert f'href="#{anchor}"' in page and f'id="{anchor}"' in page
-    assert "The timeline below draws every iteration of the run (4)." in page
+    assert "The timeline below draws every iteration of the run (4); the run spans 0 to 0.037 s." in page
     assert report_data(page)["timelines"][0]["serving"]["batch"] == [0, 1, 2, 3]
+
+
+# an engine run: 2 replicas of 2 stages, every stage a latency line (serving_engine_helpers)
+LINE = Line(base=0.003, token=2e-5, attention=3e-10, decode=1e-5, kv=2e-7, send=1e-6)
+
+
+def engine_run(capacity: int = 300, preemption: Preemption = Preemption.RECOMPUTE) -> ServeRun:
+    config = ServeConfig(instances=Instances(tp=1, pp=2, count=2),
+                         scheduler=SchedulerSpec(name=SchedulerName.SARATHI, max_batch=32, chunk=512,
+                                                 preemption=preemption))
+    trace = poisson_trace(120, 40.0, prompt=(100, 600), output=(20, 200), seed=3)
+    return simulate_serving(deployment(config, line=LINE, capacity_blocks=capacity), trace)
+
+
+def test_an_engine_run_drawn():
+    run = engine_run()
+    log = run.iterations
+    timeline = serving_timeline(run, iterations=50)
+    info = timeline.serving
+    assert len(info.batch) == 50 and len(timeline) == 2 * 50
+    # every op is its log row: (instance, stage) as device instance x 2 + stage, the same times
+    rows = {(int(b), int(i) * 2 + int(s)): (float(a), float(e))
+            for b, i, s, a, e in zip(log.batch, log.instance, log.stage, log.start, log.end, strict=True)}
+    drawn = {(int(info.batch[mb]), int(d)): (float(a), float(e)) for mb, d, a, e in
+             zip(timeline.op_microbatch, timeline.op_device, timeline.op_start, timeline.op_end, strict=True)}
+    assert drawn == {key: rows[key] for key in drawn}
+    # the window holds the moment the fullest cache was fullest
+    shares = [(float(b.max()) / c, float(t[np.argmax(b)])) for t, b, c in
+              zip(run.kv.times, run.kv.blocks, run.kv.capacity_blocks, strict=True)]
+    at = max(shares)[1]
+    assert timeline.op_start.min() <= at <= timeline.op_end.max()
+    # each hidden state takes the line's send time: 1 us per token of its batch
+    table = timeline.transfers
+    sends = np.flatnonzero(table.kind == ACTIVATION)
+    tokens = info.prefill_tokens[table.microbatch[sends]] + info.decodes[table.microbatch[sends]]
+    assert (table.end[sends] - table.start[sends]).tolist() == pytest.approx((LINE.send * tokens).tolist())
+    # the KV cache per device: blocks x block size x the stage's bytes per token (1e5 here)
+    instance = 1
+    blocks = run.kv.blocks[instance][(run.kv.times[instance] > timeline.origin)
+                                     & (run.kv.times[instance] <= timeline.origin + timeline.makespan)]
+    assert timeline.memory.values[2][1:].tolist() == (blocks * run.kv.block_size * 1e5).tolist()
+    # the views draw it
+    assert render_gantt([timeline], fmt="png").startswith(b"\x89PNG")
+    assert len(trace_document([timeline])["traceEvents"]) > len(timeline)
+    assert "report-data" in serving_report(run, serve_result(run).to_dict())
+
+
+def test_preemptions_are_recorded_and_marked():
+    run = engine_run(capacity=60)
+    # one recorded time per preemption, each when its instance's cache was in use
+    assert sum(len(times) for times in run.kv.preempted_at) == int(run.preemptions.sum()) > 0
+    kv = lines_by_label(request_figure(run, plots=("kv",)).axes[0])["preemption"]
+    assert len(kv.get_xdata()) == len(run.kv.preempted_at[0])
+
+
+def test_the_module_examples_run():
+    failures, tried = doctest.testmod(serving_timeline_module, verbose=False)
+    assert tried >= 2 and failures == 0
+
+
+def test_swaps_of_an_engine_run_are_drawn_on_host_links():
+    run = engine_run(capacity=60, preemption=Preemption.SWAP)
+    timeline = serving_timeline(run, iterations=200)
+    table = timeline.transfers
+    low, high = timeline.origin, timeline.origin + timeline.makespan
+    moves = run.moves
+    shown = (moves.start < high) & (moves.end > low)
+    swaps = (table.kind == SWAP_OUT) | (table.kind == SWAP_IN)
+    # every swap overlapping the window, each on the host link of its instance's first stage
+    assert int(swaps.sum()) == int(shown.sum()) > 0
+    assert {table.channel_names[c] for c in table.channel[swaps]} <= {"r0 s0 host link", "r1 s0 host link"}
+    assert sorted(table.start[swaps].tolist()) == sorted(moves.start[shown].tolist())
+    with pytest.raises(PipeschedError, match=r"^iterations=True: give a whole number"):
+        serving_timeline(run, iterations=True)

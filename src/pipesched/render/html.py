@@ -729,6 +729,11 @@ def metrics_table_html(summaries: Sequence[Summary]) -> str:
     header = ("schedule", "level", "devices", "stages", "microbatches", "ops", "iteration time",
               "bubble", "bubble / work", "bubble from", "critical path: compute + comm",
               "comm exposed / hidden (sum of devices)", "peak memory")
+    if summaries and all(s.serving is not None for s in summaries):
+        # a serving window: its devices are stage groups, its microbatches iterations, its span no iteration
+        header = ("run", "level", "stage groups", "stages", "iterations", "ops", "window", "idle", "idle / work",
+                  "idle from", "critical path: compute + comm", "comm exposed / hidden (sum of stage groups)",
+                  "KV cache peak")
     rows = []
     for s in summaries:
         scale = time_scale(s.unit, s.iteration_time)

@@ -5,10 +5,9 @@ stages.
   and p99 the results report and the TTFT SLO, the share of requests within it noted;
 - time between tokens: the distribution of every gap between two output tokens of one
   request (the decode iterations a user waits through), with its percentiles and the TPOT SLO;
-- latency against request rate: a capacity search's probes (any records or mappings with
-  ``qps`` and some of ``ttft_p50_s``, ``ttft_p99_s``, ``tbt_p50_s``, ``tbt_p99_s``,
-  ``attainment``: see ``PROBE_FIELDS``), TTFT and TBT percentiles on a log scale and the SLO
-  attainment on a second axis;
+- latency against request rate: a capacity search's probes (``serving.capacity.Probe``
+  records or their ``to_dict()``: see ``probe_rows``), TTFT and TBT p50 and p99 on a log
+  scale and the SLO attainment on a second axis;
 - KV-cache use over time: each instance's blocks in use over its capacity, a mark at each
   preemption (the run's recorded preemption times, and its swaps to host memory).
 
@@ -17,15 +16,17 @@ stages.
 these plots as inline SVG images, then the timeline report of a window of the run
 (``pipesched.serving.timeline``) with its hovers.
 
-The percentiles drawn are the results' own when a result mapping is given (the figures in
-``--json``: ``ttft_s``, ``tpot_s`` with ``p50``, ``p90``, ``p99``); without one they are the
-drawn sample's (numpy's linear interpolation).
+The per-request figures are the results' (``serving.results.serve_result``), and the
+percentiles and SLOs drawn are the result mapping's when one is given (``ServeResult.to_dict``,
+the ``--json`` object: ``ttft_s`` and ``tbt_s`` with ``p50``, ``p90``, ``p99``, and
+``slo_ttft_s``, ``slo_tpot_s``); without one, the sample's (numpy's linear percentiles).
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import math
 from collections.abc import Mapping, Sequence
 from html import escape
 from typing import TYPE_CHECKING
@@ -36,6 +37,7 @@ from pipesched.errors import require
 from pipesched.render.html import render_html
 from pipesched.render.style import OOM_COLOR, device_color, time_scale
 from pipesched.serving.records import ServeRun
+from pipesched.serving.results import ServeResult, serve_result
 from pipesched.serving.timeline import DEFAULT_VIEW_ITERATIONS, serving_timeline
 
 if TYPE_CHECKING:
@@ -45,8 +47,9 @@ if TYPE_CHECKING:
 PLOTS = ("ttft", "tbt", "rate", "kv")
 PLOT_TITLES = {"ttft": "Time to first token", "tbt": "Time between tokens",
                "rate": "Latency against request rate", "kv": "KV cache over time"}
-# what a probe of a capacity search may carry (seconds, requests per second, a share)
-PROBE_FIELDS = ("qps", "ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "attainment")
+# what a probe of a capacity search carries (``serving.capacity.Probe``): its rate (requests/s),
+# the share of requests within both SLOs, and latency summaries (seconds, with p50 and p99)
+PROBE_FIELDS = ("qps", "attainment", "ttft_s", "tbt_s", "tpot_s")
 PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0))
 PERCENTILE_COLORS = {"p50": "#3274b5", "p90": "#f28e2b", "p99": "#6a3d9a"}
 SLO_COLOR = OOM_COLOR
@@ -55,30 +58,31 @@ FORMATS = ("png", "svg")
 PLOT_WIDTH, PLOT_HEIGHT = 7.5, 3.0
 
 
-def time_to_first_token(run: ServeRun) -> np.ndarray:
-    """Seconds from each request's arrival to its first output token (trace order)."""
-    return run.first_token_at - run.trace.arrived_at
-
-
-def time_between_tokens(run: ServeRun) -> np.ndarray:
-    """Every gap between two consecutive output tokens of one request, seconds (request
-    after request): a request of n tokens has n - 1 gaps."""
-    gaps = np.diff(run.token_times)
-    # a difference across two requests' tokens is no gap: the last token of one, the first of the next
-    inside = np.ones(gaps.shape[0], np.bool_)
-    ends = run.token_offsets[1:-1] - 1
-    inside[ends[(ends >= 0) & (ends < gaps.shape[0])]] = False
-    return gaps[inside]
+def request_latencies(run: ServeRun) -> ServeResult:
+    """The run's per-request figures, as the results define them (``serve_result``: TTFT,
+    every gap between two tokens of a request), under no SLO."""
+    return serve_result(run, slo_ttft=math.inf, slo_tpot=math.inf)
 
 
 def probe_rows(probes: Sequence[object]) -> dict[str, np.ndarray]:
-    """The probes' ``PROBE_FIELDS`` as columns sorted by rate (NaN where a probe lacks one);
-    each probe a mapping or a record with those attributes."""
-    def value(probe: object, name: str) -> float:
-        found = probe.get(name) if isinstance(probe, Mapping) else getattr(probe, name, None)
-        return float("nan") if found is None else float(found)
+    """The probes' rate, attainment and latency percentiles as columns sorted by rate (NaN
+    where a probe lacks one): ``qps``, ``attainment``, and ``ttft_p50_s``, ``ttft_p99_s``,
+    ``tbt_p50_s``, ``tbt_p99_s``, ``tpot_p50_s``, ``tpot_p99_s``. Each probe is a capacity
+    search's ``Probe`` or its ``to_dict()`` (``PROBE_FIELDS``: the latencies a mapping or a
+    record with ``p50`` and ``p99``)."""
+    def get(thing: object, name: str) -> object:
+        return thing.get(name) if isinstance(thing, Mapping) else getattr(thing, name, None)
 
-    columns = {name: np.array([value(p, name) for p in probes], np.float64) for name in PROBE_FIELDS}
+    def number(found: object) -> float:
+        ok = isinstance(found, int | float) and not isinstance(found, bool)
+        return float(found) if ok else float("nan")
+
+    columns = {name: np.array([number(get(p, name)) for p in probes], np.float64) for name in ("qps", "attainment")}
+    for latency in PROBE_FIELDS[2:]:
+        for label in ("p50", "p99"):
+            values = [number(get(get(p, latency), label)) if get(p, latency) is not None else float("nan")
+                      for p in probes]
+            columns[f"{latency[:-2]}_{label}_s"] = np.array(values, np.float64)
     require(bool(np.isfinite(columns["qps"]).all()), "probes.qps", "missing", "give each probe its request rate")
     order = np.argsort(columns["qps"], kind="stable")
     return {name: column[order] for name, column in columns.items()}
@@ -119,16 +123,26 @@ def _save(figure: Figure, fmt: str) -> bytes:
 
 
 def _draw(ax: Axes, name: str, run: ServeRun, result, probes, slo_ttft, slo_tpot) -> None:
+    slo_ttft = _slo(slo_ttft, result, "slo_ttft_s")
+    slo_tpot = _slo(slo_tpot, result, "slo_tpot_s")
     if name == "ttft":
-        _distribution(ax, time_to_first_token(run), _stats(result, "ttft_s"), slo_ttft, "time to first token",
-                      "requests")
+        _distribution(ax, request_latencies(run).ttft_s, _stats(result, "ttft_s"), (slo_ttft, "TTFT SLO"),
+                      "time to first token", "requests")
     elif name == "tbt":
-        _distribution(ax, time_between_tokens(run), _stats(result, "tpot_s"), slo_tpot, "time between tokens",
-                      "token gaps")
+        _distribution(ax, request_latencies(run).tbt_s, _stats(result, "tbt_s"), (slo_tpot, "TPOT SLO"),
+                      "time between tokens", "token gaps")
     elif name == "rate":
         _rate(ax, probe_rows(probes or ()), slo_ttft, slo_tpot)
     else:
         _kv(ax, run)
+
+
+def _slo(given: float | None, result: Mapping[str, object] | None, key: str) -> float | None:
+    """The SLO drawn: the one given, else the result's (None: none)."""
+    if given is not None:
+        return given
+    found = result.get(key) if result is not None else None
+    return float(found) if isinstance(found, int | float) and not isinstance(found, bool) else None
 
 
 def _stats(result: Mapping[str, object] | None, key: str) -> dict[str, float] | None:
@@ -139,8 +153,11 @@ def _stats(result: Mapping[str, object] | None, key: str) -> dict[str, float] | 
     return {label: float(found[label]) for label, _ in PERCENTILES if isinstance(found.get(label), int | float)}
 
 
-def _distribution(ax: Axes, values: np.ndarray, stats, slo: float | None, what: str, counted: str) -> None:
-    """An empirical CDF of ``values`` (seconds) with its percentiles and the SLO."""
+def _distribution(ax: Axes, values: np.ndarray, stats, target: tuple[float | None, str], what: str,
+                  counted: str) -> None:
+    """An empirical CDF of ``values`` (seconds) with its percentiles and the SLO ``target``
+    (seconds or None, and its name)."""
+    slo, slo_name = target
     ax.set_title(f"{what}: {values.size:,} {counted}", loc="left", fontsize=10)
     if values.size == 0:
         ax.text(0.5, 0.5, f"no {counted}", ha="center", va="center", transform=ax.transAxes)
@@ -158,7 +175,7 @@ def _distribution(ax: Axes, values: np.ndarray, stats, slo: float | None, what: 
     if slo is not None:
         within = float(np.mean(values <= slo))
         ax.axvline(slo * scale.factor, color=SLO_COLOR, linewidth=1.4, linestyle="--",
-                   label=f"SLO {scale.format(slo)}: {within:.1%} within")
+                   label=f"{slo_name} {scale.format(slo)}: {within:.1%} of {counted} within")
     ax.set_xlabel(f"{what} ({scale.unit})", fontsize=9)
     ax.set_ylabel(f"share of {counted}", fontsize=9)
     ax.set_ylim(0, 1.02)
@@ -247,7 +264,9 @@ def serving_report(run: ServeRun, result: Mapping[str, object] | None = None, *,
     figures = "".join(_figure_html(run, name, result, probes, slo_ttft, slo_tpot) for name in plots)
     sections.append(("serving-requests", "Requests", '<div class="serving-plots">' + figures + "</div>"))
     assert timeline.serving is not None
-    note = f'<p class="note">The timeline below draws {escape(timeline.serving.how)}.</p>'
+    first, last = timeline.serving.run_span
+    note = (f'<p class="note">The timeline below draws {escape(timeline.serving.how)}; the run spans '
+            f"{first:.6g} to {last:.6g} s.</p>")
     sections.append(("serving-window", "Window", note))
     heading = title or f"serving report: {len(run.trace):,} requests"
     return render_html([timeline], title=heading, extra_sections=sections)

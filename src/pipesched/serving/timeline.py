@@ -44,6 +44,7 @@ from pipesched.limits import MAX_VIEW_ITERATIONS
 from pipesched.ops import Op
 from pipesched.rules import ACTIVATION, KindRule, Need, Rules
 from pipesched.schedule import Placement, Schedule
+from pipesched.serving.config import ServeConfig
 from pipesched.serving.records import ServeRun
 from pipesched.timeline import ACTIVATION as ACTIVATION_KIND
 from pipesched.timeline import (
@@ -104,7 +105,7 @@ def serving_timeline(run: ServeRun, *, window: tuple[float, float] | None = None
     device = groups.offset[log.instance[rows]] + log.stage[rows]
     microbatch = np.searchsorted(chosen, log.batch[rows]).astype(np.int32)
     kinds = _batch_kinds(log, chosen)
-    schedule = _schedule(device, microbatch, kinds[microbatch], groups, len(chosen))
+    schedule = _schedule(run_name(run.config), device, microbatch, kinds[microbatch], groups, len(chosen))
     transfers, carried = _transfers(run, rows, device, microbatch, groups)
     start, end = float(log.start[rows].min()), float(log.end[rows].max())
     info = _info(run, chosen, groups, carried, (start, end), how)
@@ -127,8 +128,8 @@ def _choose(run: ServeRun, batches: np.ndarray, first_start: np.ndarray, window,
     """The batches drawn (ascending) and how they were chosen, in words."""
     if window is not None:
         return _in_window(run, batches, window)
-    require(isinstance(iterations, int) and 1 <= iterations <= MAX_VIEW_ITERATIONS, "iterations", iterations,
-            f"give a whole number of iterations from 1 to {MAX_VIEW_ITERATIONS:,}")
+    require(isinstance(iterations, int) and not isinstance(iterations, bool) and 1 <= iterations <= MAX_VIEW_ITERATIONS,
+            "iterations", iterations, f"give a whole number of iterations from 1 to {MAX_VIEW_ITERATIONS:,}")
     if len(batches) <= iterations:
         return batches, f"every iteration of the run ({len(batches):,})"
     at, fraction = _fullest(run)
@@ -217,13 +218,30 @@ class _Groups:
         return np.where(inside.any(axis=1), np.argmax(inside, axis=1), -1)
 
 
-def _schedule(device: np.ndarray, microbatch: np.ndarray, kind: np.ndarray, groups: _Groups, batches: int) -> Schedule:
+def _schedule(name: str, device: np.ndarray, microbatch: np.ndarray, kind: np.ndarray, groups: _Groups,
+              batches: int) -> Schedule:
     """The table of the window's ops: device by device, in start order."""
     letters = [rule.kind for rule in SERVING_RULES.kinds]
     ops = [Op(d, letters[k], mb) for d, k, mb in zip(device.tolist(), kind.tolist(), microbatch.tolist(), strict=True)]
     cuts = np.searchsorted(device, np.arange(len(groups) + 1))
     rows = tuple(tuple(ops[cuts[g]:cuts[g + 1]]) for g in range(len(groups)))
-    return Schedule("serving", Placement.one_per_device(len(groups)), batches, rows, rules=SERVING_RULES)
+    return Schedule(name, Placement.one_per_device(len(groups)), batches, rows, rules=SERVING_RULES)
+
+
+def run_name(config: ServeConfig) -> str:
+    """A serving configuration in a few words: ``sarathi · 2 x TP4 PP2``, or with
+    disaggregation ``vllm · prefill 1 x TP2 PP1 + decode 2 x TP2 PP2``.
+
+    >>> run_name(ServeConfig())
+    'sarathi · 1 x TP4 PP2'
+    """
+    def group(instances) -> str:
+        return f"{instances.count} x TP{instances.tp} PP{instances.pp}"
+
+    split = config.disaggregate
+    shape = (group(config.instances) if split is None
+             else f"prefill {group(split.prefill)} + decode {group(split.decode)}")
+    return f"{config.scheduler.name} · {shape}"
 
 
 def _transfers(run: ServeRun, rows: np.ndarray, device: np.ndarray, microbatch: np.ndarray,

@@ -549,7 +549,7 @@
     top *= 1.08;
     var oomDevices = [];
     memory.oom.forEach(function (oom, d) { if (oom) oomDevices.push(rowLabel(t, d)); });
-    var title = html("p", "memory-title", "memory in use per device (" + memory.unit + ")" + (showCaps ? "; dashed: capacity" : "") +
+    var title = html("p", "memory-title", (t.serving ? "KV cache in use per stage group (" : "memory in use per device (") + memory.unit + ")" + (showCaps ? "; dashed: capacity" : "") +
       (host ? "; dotted: host memory of offloaded activations" : "") + "; hover for the values at a time", panel);
     if (oomDevices.length) {
       var oomNote = html("span", "oom-note", " out of memory: " + oomDevices.join(", ") + " (red above the capacity)", title);
