@@ -3,15 +3,31 @@ small trace whose greedy tokens match a cache-free single-process model."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from pipesched.enums import SchedulerName
 from pipesched.errors import PipeschedError
+from pipesched.model.inference import LatencyRow
 from pipesched.model.loading import load_model
-from pipesched.runtime.serve_batches import RequestStates, cache_blocks, profile_batches
-from pipesched.runtime.serve_run import ServeRunOptions, check_serve_inputs, serve_run
+from pipesched.runtime.serve_batches import BatchEntry, RequestStates, cache_blocks, profile_batches
+from pipesched.runtime.serve_check import (
+    LinkFit,
+    compare_runs,
+    fit_links,
+    fit_stage_rows,
+    predicted_deployment,
+)
+from pipesched.runtime.serve_run import (
+    RankServeResult,
+    ServeRunOptions,
+    check_serve_inputs,
+    serve_run,
+)
 from pipesched.serving.config import SchedulerSpec
+from pipesched.serving.engine import simulate_serving
 from pipesched.serving.trace import Trace
 
 
@@ -168,3 +184,85 @@ def test_measured_times_are_in_order_and_every_token_is_timed(served):
     # at most p = 2 batches in flight: batch b + 2 starts on stage 0 after batch b left stage 1
     assert np.all(log.start[first][2:] >= log.end[second][:-2])
     assert np.all(run.kv.blocks[0] <= run.kv.capacity_blocks[0]) and run.kv.blocks[0][-1] == 0
+
+
+# --- the check: fits, the predicted deployment, the comparison ------------------------------
+ROWS = (LatencyRow(0, 1.5e-3, 4e-5, 2e-7, 6e-4, 2e-6), LatencyRow(1, 1.0e-3, 3e-5, 1e-7, 5e-4, 1e-6))
+
+
+def _row_seconds(row: LatencyRow, entries) -> float:
+    """The fitted form, written out: base + per prefill token + per attention unit + per
+    decode + per KV token read."""
+    prefill = sum(e.tokens for e in entries if not e.decode)
+    attention = sum(e.tokens * (e.context + e.tokens) for e in entries if not e.decode)
+    decodes = [e for e in entries if e.decode]
+    return (row.base_s + row.prefill_token_s * prefill + row.prefill_attention_s * attention
+            + row.decode_request_s * len(decodes) + row.kv_token_s * sum(e.context + 1 for e in decodes))
+
+
+def test_the_fit_recovers_the_rows_that_made_the_profile():
+    trace = _trace([20, 100, 64], [8, 30, 4])
+    options = ServeRunOptions(scheduler=SchedulerSpec(chunk=64, max_batch=4))
+    slots = 3
+    batches = profile_batches(trace, options.scheduler, slots)
+    ranks = [RankServeResult(profile=[(i, (_row_seconds(row, b),) * 3) for i, b in enumerate(batches)])
+             for row in ROWS]
+    for fitted, row in zip(fit_stage_rows(ranks, trace, options, slots), ROWS, strict=True):
+        for name in ("base_s", "prefill_token_s", "prefill_attention_s", "decode_request_s", "kv_token_s"):
+            assert getattr(fitted, name) == pytest.approx(getattr(row, name), rel=1e-6, abs=1e-12)
+
+
+def test_the_link_fit_recovers_latency_and_bandwidth_on_one_clock():
+    latency, bandwidth, per_token = 50e-6, 2e9, 64 * 4  # seconds, bytes/s, bytes of one token's hidden state
+    sent, received = [], []
+    clock = 10**9
+    for tokens in (1, 16, 64, 256):
+        for _ in range(3):
+            clock += 10**6
+            sent.append((0, tokens, clock))
+            received.append((0, tokens, clock + round((latency + tokens * per_token / bandwidth) * 1e9)))
+    (fit,) = fit_links([RankServeResult(link_sent=sent), RankServeResult(link_received=received)], per_token)
+    assert fit.latency_s == pytest.approx(latency, rel=1e-3)
+    assert fit.bandwidth == pytest.approx(bandwidth, rel=1e-3)
+
+
+def test_one_request_alone_is_predicted_as_its_stage_times_and_sends():
+    model = load_model("tiny")
+    trace = _trace([40], [3])
+    options = ServeRunOptions(p=2, scheduler=SchedulerSpec(chunk=64, max_batch=4))
+    link = LinkFit(0, 1e-4, 1e8, (1,), (1e-4,))
+    overhead = 3e-4
+    deployment = predicted_deployment(model, trace, options, ROWS, (link,), cpu_overhead_s=overhead, slots=1)
+    run = simulate_serving(deployment, trace)
+
+    def send(tokens: int) -> float:
+        return link.latency_s + tokens * model.hidden_size * 4 / link.bandwidth
+
+    prefill = [BatchEntry(0, 0, 0, 40, True, False)]
+    ttft = overhead + _row_seconds(ROWS[0], prefill) + send(40) + _row_seconds(ROWS[1], prefill)
+    assert run.first_token_at[0] == pytest.approx(ttft, rel=1e-9)
+    for step, context in enumerate((40, 41), start=1):  # each later token: one decode through both stages
+        decode = [BatchEntry(0, 0, context, 1, True, True)]
+        gap = overhead + _row_seconds(ROWS[0], decode) + send(1) + _row_seconds(ROWS[1], decode)
+        assert run.token_times[step] - run.token_times[step - 1] == pytest.approx(gap, rel=1e-9)
+
+
+def test_the_comparison_is_the_signed_relative_error_per_request():
+    model = load_model("tiny")
+    trace = _trace([30, 12, 50], [4, 6, 2], arrivals=[0.0, 0.001, 0.5])
+    options = ServeRunOptions(p=2, scheduler=SchedulerSpec(chunk=32, max_batch=4))
+    deployment = predicted_deployment(model, trace, options, ROWS, (LinkFit(0, 0.0, float("inf"), (), ()),),
+                                      cpu_overhead_s=0.0, slots=3)
+    measured = simulate_serving(deployment, trace)
+    # a prediction 20% slower in every stage and link: every latency is 1.2 times as long
+    # when the arrivals are stretched alike (same batches, same order)
+    slow = dataclasses.replace(trace, arrived_at=trace.arrived_at * 1.2)
+    scaled = tuple(dataclasses.replace(row, **{k: getattr(row, k) * 1.2 for k in
+                                                 ("base_s", "prefill_token_s", "prefill_attention_s",
+                                                  "decode_request_s", "kv_token_s")}) for row in ROWS)
+    predicted = simulate_serving(predicted_deployment(model, slow, options, scaled,
+                                                      (LinkFit(0, 0.0, float("inf"), (), ()),),
+                                                      cpu_overhead_s=0.0, slots=3), slow)
+    for metric in compare_runs(measured, predicted):
+        assert metric.errors == pytest.approx(np.full(metric.errors.size, 0.2))
+        assert metric.median_abs_error == pytest.approx(0.2)

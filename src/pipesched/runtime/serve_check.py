@@ -139,15 +139,22 @@ def fit_stage_rows(ranks: Sequence[RankServeResult], trace: Trace, options: Serv
 
 
 def fit_links(ranks: Sequence[RankServeResult], hidden_bytes_per_token: float) -> tuple[LinkFit, ...]:
-    """Each link's latency and bandwidth, fitted to its timed messages."""
+    """Each link's latency and bandwidth, fitted to the medians of its timed messages (from
+    the send posted on one rank to the data in hand on the next, one clock)."""
     fits = []
-    for stage, rank in enumerate(ranks[:-1]):
-        tokens = np.array([t for t, _ in rank.link], np.float64)
-        seconds = np.array([s for _, s in rank.link], np.float64)
+    for stage in range(len(ranks) - 1):
+        sent = [(t, ns) for s, t, ns in ranks[stage].link_sent if s == stage]
+        received = [(t, ns) for s, t, ns in ranks[stage + 1].link_received if s == stage]
+        require(len(sent) == len(received) > 0, "profile", f"link {stage}", "the link's messages were not all timed")
+        sizes = sorted({t for t, _ in sent})
+        one_way = [float(np.median([(r - s) * 1e-9 for (t, s), (_, r) in zip(sent, received, strict=True)
+                                    if t == size])) for size in sizes]
+        tokens = np.asarray(sizes, np.float64)
         latency, per_byte = nonnegative_least_squares(np.column_stack([np.ones_like(tokens),
-                                                                       tokens * hidden_bytes_per_token]), seconds)
-        fits.append(LinkFit(stage, latency, 1.0 / per_byte if per_byte > 0 else float("inf"),
-                            tuple(int(t) for t in tokens), tuple(seconds.tolist())))
+                                                                       tokens * hidden_bytes_per_token]),
+                                                      np.asarray(one_way))
+        fits.append(LinkFit(stage, latency, 1.0 / per_byte if per_byte > 0 else float("inf"), tuple(sizes),
+                            tuple(one_way)))
     return tuple(fits)
 
 

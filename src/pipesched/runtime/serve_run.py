@@ -115,9 +115,11 @@ class RankServeResult:
     entries: list[list[BatchEntry]] = field(default_factory=list)
     overhead_ns: list[int] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)  # per request, its output token ids
-    # profile phase: (composition index, seconds of each repeat); link: (tokens, one-way seconds)
+    # profile phase: (composition index, seconds of each repeat); the link's messages
+    # (stage sending, tokens, ns on the common clock): sent when posted, received when in hand
     profile: list[tuple[int, tuple[float, ...]]] = field(default_factory=list)
-    link: list[tuple[int, float]] = field(default_factory=list)
+    link_sent: list[tuple[int, int, int]] = field(default_factory=list)
+    link_received: list[tuple[int, int, int]] = field(default_factory=list)
     # rank 0: the scheduler's paged cache over time (seconds from the start) and its size
     kv_times: np.ndarray = field(default_factory=lambda: np.zeros(0))
     kv_blocks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))

@@ -56,7 +56,7 @@ def run_serve(spec: LaunchSpec, context: RankContext) -> RankServeResult:
     if task.options.profile_repeats:
         dist.barrier(group=channel.control)
         profile_stage(stage, task, result, repeats=task.options.profile_repeats, record=True)
-        result.link = profile_link(task, rank, channel, repeats=task.options.profile_repeats)
+        profile_link(task, rank, channel, result, repeats=task.options.profile_repeats)
     dist.barrier(group=channel.control)
     context.progress.update(0, 0, 0)
     if rank == 0:
