@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -70,8 +70,6 @@ from pipesched.io.latency_model import dumps_latency_model
 from pipesched.limits import MAX_WORKERS, check_count
 from pipesched.model import load_model
 from pipesched.render.serving import serving_report
-from pipesched.runtime.serve_check import CHECK_REPEATS, ServeCheckReport, serve_check
-from pipesched.runtime.serve_run import ServeRunOptions, serve_run
 from pipesched.search.serving import (
     ServingRow,
     ServingSearchResult,
@@ -84,6 +82,9 @@ from pipesched.search.serving import (
 from pipesched.serving.capacity import CapacityResult
 from pipesched.serving.records import ServeRun
 from pipesched.serving.results import ServeResult, serve_result, summarize
+
+if TYPE_CHECKING:  # the real runs' modules load when a real run is asked for (run, check)
+    from pipesched.runtime.serve_check import ServeCheckReport
 
 HELP = """Serve a model: simulate a trace, find a configuration's capacity, search a cluster's
 configurations, run a small model for real and check the simulation against it.
@@ -380,6 +381,8 @@ def run_command(*, model: ServeRunModel = DEFAULTS.serve_run_model, p: ServeRunS
       pipesched serve run --requests 8
       pipesched serve run --requests 8 --scheduler vllm --json
     """
+    from pipesched.runtime.serve_run import ServeRunOptions, serve_run
+
     spec = load_model(model)
     trace = served_requests(requests.workload(), spec.context_length)
     options = ServeRunOptions(p=p, scheduler=batch.spec(), dtype=dtype, backend=backend, timeout_s=timeout)
@@ -408,6 +411,9 @@ def check_command(*, model: ServeRunModel = DEFAULTS.serve_run_model, p: ServeRu
       pipesched serve check --requests 8
       pipesched serve check --requests 8 -o fitted.csv --json
     """
+    from pipesched.runtime.serve_check import CHECK_REPEATS, serve_check
+    from pipesched.runtime.serve_run import ServeRunOptions
+
     check_outputs((("output", output),))
     spec = load_model(model)
     trace = served_requests(requests.workload(), spec.context_length)
