@@ -319,3 +319,16 @@ def test_real_runs_refuse_what_they_cannot_serve(cli, tmp_path) -> None:
     long = _trace(tmp_path, "0,2000,8\n")  # tiny reads 1,024 tokens
     assert_one_line_error(cli("serve", "run", "--trace", long), "num_prefill_tokens=2000", "context")
     assert_one_line_error(cli("serve", "run", "--requests", "2", "--scheduler", "static"), "scheduler=static")
+
+
+@pytest.mark.parametrize(("argv", "fragments"), [
+    (("--scheduler", "fcfs"), ("scheduler=fcfs", "sarathi")),
+    (("--preemption", "drop"), ("preemption=drop", "swap")),
+    (("-t", "a"), ("tensor-parallel='a'", "whole numbers")),
+    (("-t", "3"), ("gpus=8", "widen --tensor-parallel")),
+    (("--workers", "0"), ("workers=0",)),
+])
+def test_a_bad_search_option_is_one_line_and_leaves_no_store(cli, tmp_path, argv, fragments) -> None:
+    db = tmp_path / "s.sqlite"
+    assert_one_line_error(cli("serve", "search", "--requests", "10", "--db", str(db), *argv), *fragments)
+    assert not db.exists()

@@ -109,6 +109,7 @@ from pipesched.serving.config import (
     KVSettings,
     SchedulerSpec,
     ServeConfig,
+    vocabulary_word,
 )
 from pipesched.variability import (
     load_repeats,
@@ -335,17 +336,9 @@ class BatchOptions(OptionGroup):
     chunk: Chunk = None
 
     def spec(self, preemption: str | None = None) -> SchedulerSpec:
-        name = self.scheduler or DEFAULTS.scheduler
-        require(name in tuple(SchedulerName), "scheduler", name, f"choose {', '.join(SchedulerName)}")
-        return SchedulerSpec(SchedulerName(name), _or(self.max_batch, DEFAULTS.max_batch),
+        return SchedulerSpec(vocabulary_word(SchedulerName, "scheduler", self.scheduler or DEFAULTS.scheduler), _or(self.max_batch, DEFAULTS.max_batch),
                              _or(self.max_tokens, DEFAULTS.max_tokens), _or(self.chunk, DEFAULTS.chunk),
-                             _word(Preemption, "preemption", preemption or DEFAULTS.preemption))
-
-
-def _word(kind: type, field: str, text: str) -> object:
-    """The member of a closed vocabulary ``text`` names; one error line naming the choices."""
-    require(text in tuple(kind), field, text, f"choose {' or '.join(kind)}")
-    return kind(text)
+                             vocabulary_word(Preemption, "preemption", preemption or DEFAULTS.preemption))
 
 
 @dataclass(frozen=True)
@@ -363,7 +356,7 @@ class CacheOptions(OptionGroup):
         return KVSettings(_or(self.block_size, DEFAULTS.block_size), _or(self.kv_fraction, DEFAULTS.kv_fraction))
 
     def routed(self) -> Routing:
-        return _word(Routing, "routing", self.routing or DEFAULTS.routing)
+        return vocabulary_word(Routing, "routing", self.routing or DEFAULTS.routing)
 
     def overhead(self) -> float:
         return _or(self.cpu_overhead, DEFAULTS.cpu_overhead)

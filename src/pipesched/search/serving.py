@@ -49,7 +49,10 @@ from pipesched.experiments.serving import (
 from pipesched.limits import (
     MAX_BATCH_REQUESTS,
     MAX_BATCH_TOKENS,
+    MAX_CLUSTER_RANKS,
     MAX_SEARCH_POINTS,
+    MAX_STAGES,
+    MAX_TENSOR_PARALLEL,
     check_count,
     check_name,
 )
@@ -62,6 +65,7 @@ from pipesched.serving.config import (
     KVSettings,
     SchedulerSpec,
     ServeConfig,
+    vocabulary_word,
 )
 
 Evaluate = Callable[[ServingPoint], CapacityRecord]
@@ -95,12 +99,13 @@ class ServingSpace:
     def __post_init__(self) -> None:
         check_name("model", self.model)
         check_name("cluster", self.cluster)
-        for name, limit in (("tensor_parallel", 1024), ("pipeline", 1024), ("replicas", 1024),
+        for name, limit in (("tensor_parallel", MAX_TENSOR_PARALLEL), ("pipeline", MAX_STAGES),
+                            ("replicas", MAX_CLUSTER_RANKS),
                             ("max_batch", MAX_BATCH_REQUESTS), ("max_tokens", MAX_BATCH_TOKENS),
                             ("chunks", MAX_BATCH_TOKENS)):
             values = tuple(sorted({check_count(name, value, limit) for value in getattr(self, name)}))
             object.__setattr__(self, name, values)
-        names = tuple(dict.fromkeys(SchedulerName(name) for name in self.schedulers))
+        names = tuple(dict.fromkeys(vocabulary_word(SchedulerName, "scheduler", name) for name in self.schedulers))
         require(bool(names), "schedulers", "''", f"give at least one of {', '.join(SchedulerName)}")
         object.__setattr__(self, "schedulers", names)
         for name in ("max_batch", "max_tokens", "chunks"):
@@ -108,8 +113,8 @@ class ServingSpace:
         for name, kind in (("workload", ServingWorkload), ("targets", Targets)):
             value = getattr(self, name)
             object.__setattr__(self, name, kind(**value) if isinstance(value, dict) else value)
-        Preemption(self.preemption)
-        Routing(self.routing)
+        vocabulary_word(Preemption, "preemption", self.preemption)
+        vocabulary_word(Routing, "routing", self.routing)
         KVSettings(self.block_size, self.kv_fraction)
 
     def spec(self) -> dict:
