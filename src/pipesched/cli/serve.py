@@ -52,6 +52,7 @@ from pipesched.cli.progress import StatusLine
 from pipesched.cli.search import ProgressBar
 from pipesched.cli.views import Html
 from pipesched.defaults import DEFAULTS
+from pipesched.enums import SchedulerName, SearchStatus
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.grid import process_map
 from pipesched.experiments.ray_pool import ray_pool, require_ray
@@ -99,7 +100,7 @@ Examples:
 def _deployment_line(point: ServingPoint) -> str:
     config = point.config
     scheduler = config.scheduler
-    caps = (f"chunk {scheduler.chunk}" if scheduler.name == "sarathi" else f"max {scheduler.max_tokens} tokens")
+    caps = (f"chunk {scheduler.chunk}" if scheduler.name == SchedulerName.SARATHI else f"max {scheduler.max_tokens} tokens")
     return (f"{point.model} on {point.cluster}: {layout_label(config)} ({config.devices} devices), "
             f"{scheduler.name} ({caps}, max batch {scheduler.max_batch})")
 
@@ -310,7 +311,7 @@ def check_found(result: ServingSearchResult) -> None:
     if result.best is not None:
         return
     targets = Targets(**result.space["targets"])
-    _, example = result.why("invalid")
+    _, example = result.why(SearchStatus.INVALID)
     if example is not None and example.reason.startswith("requests="):
         raise PipeschedError(f"{example.reason} (every configuration of the search, e.g. {example.label})")
     why = f" (e.g. {example.label}: {example.reason})" if example is not None else ""
@@ -324,7 +325,7 @@ _HEADER = ("rank", "layout", "scheduler", "batch", "tokens", "devices", "max qps
 
 
 def _cells(rank: int, row: ServingRow) -> list[str]:
-    tokens = row.chunk if row.scheduler == "sarathi" else row.max_tokens
+    tokens = row.chunk if row.scheduler == SchedulerName.SARATHI else row.max_tokens
     return [str(rank), row.layout, row.scheduler, str(row.max_batch), str(tokens), str(row.devices),
             f"{row.max_qps:.3g}", f"{row.qps_per_gpu:.3g}", _share(row.slo_attainment), _seconds(row.ttft_p99_s),
             _seconds(row.tpot_p99_s)]
@@ -352,9 +353,9 @@ def print_search(result: ServingSearchResult, *, top: int) -> None:
         for rank, row in enumerate(shown, start=1):
             table.add_row(*_cells(rank, row))
         print_whole(console, table)
-    console.print(f"{result.count('evaluated'):,} evaluated, {result.count('out of memory'):,} out of memory, "
-                  f"{result.count('invalid'):,} invalid", highlight=False)
-    for status in ("out of memory", "invalid"):
+    console.print(f"{result.count(SearchStatus.EVALUATED):,} evaluated, {result.count(SearchStatus.OUT_OF_MEMORY):,} out of memory, "
+                  f"{result.count(SearchStatus.INVALID):,} invalid", highlight=False)
+    for status in (SearchStatus.OUT_OF_MEMORY, SearchStatus.INVALID):
         kinds, example = result.why(status)
         if example is not None:
             console.print(f"  {status}: {', '.join(f'{k} {n}' for k, n in kinds.most_common(4))}; e.g. "
