@@ -63,6 +63,13 @@ def test_the_space_holds_every_deployment_that_fits_the_devices() -> None:
     assert {str(p.config.scheduler.name) for p in points} == {"vllm", "sarathi"}
 
 
+def test_a_deployment_need_not_fill_the_devices() -> None:
+    # 6 devices: one pipeline of TP 4 leaves two idle; TP 2 takes 1, 2 or 3 replicas of 1 stage, one of 3
+    space = ServingSpace(**SMALL, gpus=6, tensor_parallel=(2, 4))
+    found = {(i.tp, i.pp, i.count) for i in space.deployments()}
+    assert found == {(4, 1, 1), (2, 1, 1), (2, 1, 2), (2, 1, 3), (2, 3, 1)}
+
+
 def test_disaggregated_splits_fit_the_cluster_together() -> None:
     space = ServingSpace(**SMALL, tensor_parallel=(2, 4), pipeline=(1,), replicas=(1, 2), disaggregated=True,
                          schedulers=("sarathi",))

@@ -134,7 +134,7 @@ class ServingSpace:
         devices = self.devices()
         node_size = math.gcd(*Counter(cluster.node_of[:devices]).values())
         found = [Instances(tp, pp, count)
-                 for tp in self.tensor_parallel or _divisors(node_size) if devices % tp == 0
+                 for tp in self.tensor_parallel or _divisors(node_size) if tp <= devices
                  for pp in self.pipeline or _divisors(devices // tp)
                  for count in self.replicas or range(1, devices // (tp * pp) + 1)
                  if tp * pp * count <= devices]
