@@ -116,12 +116,20 @@ def test_simulate_prints_the_summary(cli) -> None:
         assert fragment in result.out, fragment
 
 
-def test_simulate_writes_its_report(cli, tmp_path) -> None:
-    path = tmp_path / "serve.html"
-    result = cli("serve", "simulate", *SMALL, "--html", str(path))
+def test_simulate_writes_its_report_chart_and_trace(cli, tmp_path) -> None:
+    paths = {name: tmp_path / f"serve.{ext}" for name, ext in (("html", "html"), ("png", "png"), ("perfetto", "json"))}
+    result = cli("serve", "simulate", *SMALL, *(arg for name, path in paths.items() for arg in (f"--{name}", str(path))))
     assert result.code == 0, result
-    assert f"wrote {path}" in result.err
-    assert path.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
+    for path in paths.values():
+        assert f"wrote {path}" in result.err
+    assert paths["html"].read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
+    assert paths["png"].read_bytes().startswith(b"\x89PNG")
+    events = json.loads(paths["perfetto"].read_text())
+    assert any(event.get("ph") == "X" for event in (events["traceEvents"] if isinstance(events, dict) else events))
+    # one path for two views is refused before any work, and nothing is written
+    clash = tmp_path / "twice.png"
+    assert_one_line_error(cli("serve", "simulate", *SMALL, "--png", str(clash), "--svg", str(clash)), "svg=")
+    assert not clash.exists()
 
 
 def test_a_trace_file_is_served_as_written(cli, tmp_path) -> None:

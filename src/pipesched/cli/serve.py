@@ -50,7 +50,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.search import ProgressBar
-from pipesched.cli.views import Html
+from pipesched.cli.views import Html, Png, Svg
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SchedulerName, SearchStatus
 from pipesched.errors import PipeschedError, require
@@ -71,6 +71,7 @@ from pipesched.io.latency_model import dumps_latency_model
 from pipesched.limits import MAX_WORKERS, check_count
 from pipesched.model import load_model
 from pipesched.render.serving import serving_report
+from pipesched.render.views import render_views
 from pipesched.search.serving import (
     ServingRow,
     ServingSearchResult,
@@ -83,6 +84,7 @@ from pipesched.search.serving import (
 from pipesched.serving.capacity import CapacityResult
 from pipesched.serving.records import ServeRun
 from pipesched.serving.results import ServeResult, serve_result, summarize
+from pipesched.serving.timeline import serving_timeline
 
 if TYPE_CHECKING:  # the real runs' modules load when a real run is asked for (run, check)
     from pipesched.runtime.serve_check import ServeCheckReport
@@ -134,25 +136,60 @@ def print_summary(what: str, run: ServeRun, result: ServeResult, console: Consol
         console.print(line, highlight=False, markup=False)
 
 
-def write_report(point: ServingPoint, path: str, *, run: ServeRun | None = None, result: ServeResult | None = None,
-                 probes: list[dict[str, float]] | None = None) -> None:
-    """The HTML report of a run of ``point`` (simulated here unless given) at ``path``."""
-    run = run if run is not None else simulate_point(point)
-    targets = point.targets
-    result = result or serve_result(run, slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot)
-    page = serving_report(run, result.to_dict(), probes=probes, title=f"serve: {_deployment_line(point)}",
-                          slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot)
-    for written in write_all([Output(path, page, "html")]):
-        wrote(written)
+Perfetto = Annotated[str | None, typer.Option(
+    "--perfetto", help="write a Perfetto / Chrome trace (JSON) of the serving timeline to this file")]
+
+
+@dataclass(frozen=True)
+class ServeViews(OptionGroup):
+    """The pictures of a serving run asked for, a path each: the report, the Gantt chart of
+    its timeline (stage groups' iterations around the fullest KV cache) and its trace."""
+
+    html: Html = None
+    png: Png = None
+    svg: Svg = None
+    perfetto: Perfetto = None
+
+    def check(self) -> ServeViews:
+        """Fail on an unwritable path (or two views on one file) before any work is done."""
+        check_outputs([(name, path) for name in ("html", "png", "svg", "perfetto")
+                       if (path := getattr(self, name)) is not None])
+        return self
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, name) is not None for name in ("html", "png", "svg", "perfetto"))
+
+    def write(self, point: ServingPoint, *, run: ServeRun | None = None, result: ServeResult | None = None,
+              probes: list[dict[str, float]] | None = None) -> None:
+        """Draw the views of a run of ``point`` (simulated here unless given) and write them,
+        all or none; ``probes``: the rates of a capacity search, for the report."""
+        if not self.any:
+            return
+        run = run if run is not None else simulate_point(point)
+        targets = point.targets
+        result = result or serve_result(run, slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot)
+        title = f"serve: {_deployment_line(point)}"
+        outputs = []
+        if self.png is not None or self.svg is not None or self.perfetto is not None:
+            outputs += render_views([serving_timeline(run)], png=self.png, svg=self.svg, trace=self.perfetto,
+                                    title=title)
+        if self.html is not None:
+            outputs.append(Output(self.html, serving_report(run, result.to_dict(), probes=probes, title=title,
+                                                            slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot),
+                                  "html"))
+        for written in write_all(outputs):
+            wrote(written)
 
 
 @command
 def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cache: CacheOptions,
-                     requests: RequestOptions, slo: SloOptions, as_json: AsJson = False, html: Html = None,
+                     requests: RequestOptions, slo: SloOptions, views: ServeViews, as_json: AsJson = False,
                      per_request: PerRequest = False) -> None:
     """Simulate serving a trace: every iteration of every instance, stage by stage, with the
     paged KV cache and the scheduler; TTFT, TPOT, end-to-end latency, throughput, SLO
-    attainment, goodput, KV-cache use, stage busy time and the pipeline bubble.
+    attainment, goodput, KV-cache use, stage busy time and the pipeline bubble; --html the
+    report, --png / --svg the Gantt chart, --perfetto the trace of the serving timeline.
 
     \b
     Examples:
@@ -161,12 +198,11 @@ def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
       pipesched serve simulate --requests 100 --disaggregate 2x1x2,4x1 --qps 4
     """
     require(as_json or not per_request, "per-request", "true", "add --json (the requests are listed in it)")
-    check_outputs((("html", html),))
+    views.check()
     point = serving_point(deployment, batch, cache, requests, slo)
     run = simulate_point(point)
     result = serve_result(run, slo_ttft=point.targets.slo_ttft, slo_tpot=point.targets.slo_tpot)
-    if html is not None:
-        write_report(point, html, run=run, result=result)
+    views.write(point, run=run, result=result)
     if as_json:
         print_json(result.to_dict(per_request=per_request))
         return
@@ -188,10 +224,11 @@ def print_capacity(point: ServingPoint, found: CapacityResult) -> None:
 @command
 def capacity_command(*, deployment: DeploymentOptions, batch: BatchOptions, cache: CacheOptions,
                      requests: RequestOptions, slo: SloOptions, attainment: Attainment = None,
-                     as_json: AsJson = False, html: Html = None) -> None:
+                     views: ServeViews, as_json: AsJson = False) -> None:
     """The highest request rate at which --attainment of the requests meet both SLOs: a
-    bisection over rates on the same requests (their arrivals scaled to each rate). --html
-    writes the report of a run at that rate, with latency against every rate probed.
+    bisection over rates on the same requests (their arrivals scaled to each rate). The views
+    (--html, --png, --svg, --perfetto) are of a run at that rate; the report adds latency
+    against every rate probed.
 
     \b
     Examples:
@@ -199,11 +236,10 @@ def capacity_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
       pipesched serve capacity --requests 100 --scheduler vllm --slo-ttft 1 --json
       pipesched serve capacity --requests 100 --html capacity.html
     """
-    check_outputs((("html", html),))
+    views.check()
     point = serving_point(deployment, batch, cache, requests, slo, attainment=attainment)
     found = point_capacity(point)
-    if html is not None:
-        write_report(at_capacity(point, found), html, probes=rate_rows(found))
+    views.write(at_capacity(point, found), probes=rate_rows(found))
     if as_json:
         print_json(found.to_dict())
         return
