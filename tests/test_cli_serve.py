@@ -250,6 +250,12 @@ def test_slos_no_configuration_meets_end_a_search(cli, tmp_path) -> None:
                           "relax")
 
 
+def test_a_size_the_model_cannot_take_is_named(cli, tmp_path) -> None:
+    result = cli("serve", "search", "--model", "llama3-8b", "--gpus", "3", "-t", "3", "--pipeline", "1",
+                 "--replicas", "1", "--scheduler", "sarathi", "--requests", "4", "--db", str(tmp_path / "s.sqlite"))
+    assert_one_line_error(result, "tensor_parallel=3: must divide num_heads=32", "no configuration of the search")
+
+
 def test_a_trace_too_short_to_load_the_deployment_has_no_capacity_to_rank(cli, tmp_path) -> None:
     """Four requests served at once meet the SLOs at any rate: the search says so rather than
     ranking an unbounded figure."""
@@ -333,7 +339,7 @@ def test_real_runs_refuse_what_they_cannot_serve(cli, tmp_path) -> None:
     (("--scheduler", "fcfs"), ("scheduler=fcfs", "sarathi")),
     (("--preemption", "drop"), ("preemption=drop", "swap")),
     (("-t", "a"), ("tensor-parallel='a'", "whole numbers")),
-    (("-t", "3"), ("gpus=8", "widen --tensor-parallel")),
+    (("-t", "16"), ("gpus=8", "widen --tensor-parallel")),
     (("--workers", "0"), ("workers=0",)),
 ])
 def test_a_bad_search_option_is_one_line_and_leaves_no_store(cli, tmp_path, argv, fragments) -> None:

@@ -342,18 +342,23 @@ def search_command(*, space: ServeSpaceOptions, cache: CacheOptions, requests: R
 
 
 def check_found(result: ServingSearchResult) -> None:
-    """A search without a configuration to rank is an error: too few requests to load any
-    deployment, or SLOs that none meets."""
+    """A search without a configuration to rank is an error: SLOs that none meets, or what
+    kept the most of them from a capacity (too few requests to load any deployment, a size
+    the model cannot take, a cache that cannot hold one request)."""
     if result.best is not None:
         return
     targets = Targets(**result.space["targets"])
+    missed = sorted((row for row in result.rows if row.reason.startswith(("slo_ttft=", "slo_tpot="))),
+                    key=lambda row: row.label)
+    if missed:
+        raise PipeschedError(f"slo_ttft={targets.slo_ttft:g}: no configuration of the search meets the SLOs (TTFT "
+                             f"{targets.slo_ttft:g} s, TPOT {targets.slo_tpot:g} s for {targets.attainment:.0%} of "
+                             f"requests) (e.g. {missed[0].label}: {missed[0].reason}); relax --slo-ttft, "
+                             "--slo-tpot or --attainment, or widen the space")
     _, example = result.why(SearchStatus.INVALID)
-    if example is not None and example.reason.startswith("requests="):
-        raise PipeschedError(f"{example.reason} (every configuration of the search, e.g. {example.label})")
-    why = f" (e.g. {example.label}: {example.reason})" if example is not None else ""
-    raise PipeschedError(f"slo_ttft={targets.slo_ttft:g}: no configuration of the search meets the SLOs (TTFT "
-                         f"{targets.slo_ttft:g} s, TPOT {targets.slo_tpot:g} s for {targets.attainment:.0%} of "
-                         f"requests){why}; relax --slo-ttft, --slo-tpot or --attainment, or widen the space")
+    if example is None:
+        _, example = result.why(SearchStatus.OUT_OF_MEMORY)
+    raise PipeschedError(f"{example.reason} (no configuration of the search has a capacity; e.g. {example.label})")
 
 
 _HEADER = ("rank", "layout", "scheduler", "batch", "tokens", "devices", "max qps", "qps/device", "SLO met",
