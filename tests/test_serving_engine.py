@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pipesched.enums import Preemption, SchedulerName
+from pipesched.errors import PipeschedError
 from pipesched.serving.config import Disaggregation, Instances, SchedulerSpec, ServeConfig
 from pipesched.serving.engine import simulate_serving
 from pipesched.serving.results import token_gaps
@@ -205,3 +206,31 @@ def test_disaggregated_prefill_sends_the_cache_and_decodes_elsewhere() -> None:
     assert np.diff(times[1:]) == pytest.approx([_iteration(1, 1, 0.0, 1, 1000 + k) for k in (2, 3)], rel=1e-9)
     assert run.instance[0] == 1 and run.moves.src_device[0] == 1 and run.moves.dst_device[0] == 2
     assert all(blocks[-1] == 0 for blocks in run.kv.blocks)
+
+
+@pytest.mark.parametrize("name", [SchedulerName.SARATHI, SchedulerName.VLLM])
+@pytest.mark.parametrize("preemption", list(Preemption))
+def test_disaggregated_runs_keep_every_token_and_the_caches_bounds(name: SchedulerName,
+                                                                   preemption: Preemption) -> None:
+    # two decode instances with small caches: they preempt, and recomputed prompts prefill there
+    split = Disaggregation(prefill=Instances(tp=1, pp=2, count=1), decode=Instances(tp=1, pp=1, count=2))
+    config = _config(name, disaggregate=split, max_batch=32, preemption=preemption)
+    trace = poisson_trace(200, 40.0, prompt=(100, 600), output=(20, 300), seed=9)
+    run = simulate_serving(deployment(config, line=LINE, capacity_blocks=200), trace)
+    assert np.array_equal(np.diff(run.token_offsets), trace.decode_tokens)
+    assert np.isfinite(run.token_times).all() and run.preemptions.sum() > 0
+    assert set(run.instance.tolist()) == {1, 2}  # every request ends on a decode instance
+    transfers = [k for k, kind in enumerate(run.moves.kind) if kind == "transfer"]
+    assert len(transfers) == len(trace)  # each prompt's cache sent once (all outputs are over one token)
+    assert np.array_equal(run.instance[run.moves.request[transfers]], 1 + np.arange(len(trace)) % 2)
+    for blocks, capacity in zip(run.kv.blocks, run.kv.capacity_blocks, strict=True):
+        assert blocks.max() <= capacity and blocks[-1] == 0
+
+
+def test_a_request_no_cache_or_context_can_hold_is_named() -> None:
+    trace = Trace(np.zeros(2), np.array([100, 900]), np.array([10, 200]))
+    config = _config(SchedulerName.SARATHI)
+    with pytest.raises(PipeschedError, match=r"^kv_capacity_blocks=50: .*request 1 alone \(69 blocks\)"):
+        simulate_serving(deployment(config, line=LINE, capacity_blocks=50), trace)
+    with pytest.raises(PipeschedError, match=r"^num_prefill_tokens=900: request 1 needs"):
+        simulate_serving(deployment(config, line=LINE, max_context=1000), trace)

@@ -211,21 +211,24 @@ class _Tables:
 @njit(cache=True)
 def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms, token_s, send_s, sample_s, device,
          kv_bytes, spec, settings, link_latency, link_bandwidth, entry, decode, least_loaded):
-    """The event loop (module docstring); returns the logs and their counters."""
+    """The event loop (module docstring); returns the logs and their counters. The functions
+    it calls allocate nothing and are compiled without reference counting (numba's
+    ``_nrt=False``: no atomic count per array argument per call, half the time of a batch);
+    the logs grow here, before each call that may write them."""
     n, nins = arrived.shape[0], ins.shape[0]
-    stages = ins[:, STAGES].max()
+    stages, grow = ins[:, STAGES].max(), spec[MAX_BATCH] * (ins[:, STAGES].max() + 2) + 1
     counts = np.zeros(_COUNTERS, np.int64)
     # logs sized for a run without preemption: a member per output token and per prefill chunk
     chunks = n + (req[:, PROMPT].sum() + spec[BUDGET] - 1) // spec[BUDGET]
     members, chunks_of = np.empty(token_times.shape[0] + chunks, np.int64), np.empty(chunks, np.int64)
-    rows, batches = np.empty((1024, _ROW_FIELDS)), np.empty((1024, _BATCH_FIELDS), np.int64)
-    kv_log, moves = np.empty((1024, 3)), np.empty((16, _MOVE_FIELDS))
-    transfers = np.empty((16, 3), np.int64)
-    host_free, link_free = np.zeros(nins), np.zeros((nins, nins))
-    scratch = np.empty((4, spec[MAX_BATCH] * (stages + 2) + 1), np.int64)  # plan rows, chunks, swaps, swap kinds
+    rows, batches = np.empty((4096, _ROW_FIELDS)), np.empty((4096, _BATCH_FIELDS), np.int64)
+    kv_log, moves, transfers = np.empty((4096, 3)), np.empty((grow, _MOVE_FIELDS)), np.empty((grow, 3), np.int64)
+    host_free, link_free, ends = np.zeros(nins), np.zeros((nins, nins)), np.zeros(grow)
+    plan_rows, plan_chunks = np.empty(grow, np.int64), np.empty(grow, np.int64)  # the plan's requests, chunks
+    swaps, swap_kind, going = np.empty(grow, np.int64), np.empty(grow, np.int64), np.empty(grow, np.int64)
     plan = np.zeros(PLAN_FIELDS, np.int64)
     touched = np.zeros(nins, np.bool_)
-    heap = [(0.0, 0, 0, 0)]
+    heap = [(0.0, 0, 0, 0)]  # (time, priority, sequence, payload)
     heap.pop()
     nxt = 0
     while True:
@@ -236,34 +239,37 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
             break
         while len(heap) > 0 and heap[0][0] == t:
             _, priority, _, payload = heapq.heappop(heap)
-            grow = spec[MAX_BATCH] + 2
-            kv_log = _room(kv_log, counts[_KV_LOG] + 2)
-            moves = _room(moves, counts[_MOVES] + grow)
-            transfers = _room(transfers, counts[_TRANSFERS] + grow)
-            _event(priority, payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of,
-                   kv_log, moves, transfers, counts, heap, touched, device, kv_bytes, link_latency, link_bandwidth,
-                   link_free, decode, least_loaded, scratch[0])
-        while nxt < n and arrived[nxt] == t:
-            i = _route(entry, ins, least_loaded, counts, _TURN_ENTRY)
-            push_back(req, ins, i, WAITING, nxt)
-            ins[i, UNFINISHED] += 1
-            req[nxt, INSTANCE] = i
-            touched[i] = True
-            nxt += 1
+            if counts[_KV_LOG] + 2 > kv_log.shape[0] or counts[_MOVES] + grow > moves.shape[0]:
+                kv_log, moves = _room(kv_log, counts[_KV_LOG] + 2), _room(moves, counts[_MOVES] + grow)
+            if counts[_TRANSFERS] + grow > transfers.shape[0]:
+                transfers = _room(transfers, counts[_TRANSFERS] + grow)
+            sent = _event(priority, payload, t, req, times, token_offsets, token_times, ins, batches, members,
+                          chunks_of, kv_log, moves, transfers, counts, touched, device, kv_bytes, link_latency,
+                          link_bandwidth, link_free, decode, least_loaded, going, ends)
+            for k in range(sent):  # KV caches on their way to decode instances
+                heapq.heappush(heap, (ends[k], _TRANSFER_END, counts[_SEQUENCE], counts[_TRANSFERS] - sent + k))
+                counts[_SEQUENCE] += 1
+        nxt = _arrive(nxt, t, arrived, req, ins, entry, least_loaded, counts, touched)
         for i in range(nins):
             if not touched[i]:
                 continue
             touched[i] = False
             if stage_free[ins[i, FIRST_STAGE]] > t or ins[i, IN_FLIGHT] >= ins[i, STAGES]:
                 continue
-            rows = _room(rows, counts[_ROWS] + stages)
-            batches = _room(batches, counts[_BATCHES] + 1)
-            members = _room_1d(members, counts[_MEMBERS] + spec[MAX_BATCH])
-            chunks_of = _room_1d(chunks_of, counts[_CHUNKS] + spec[MAX_BATCH])
-            kv_log = _room(kv_log, counts[_KV_LOG] + 1)
-            moves = _room(moves, counts[_MOVES] + scratch.shape[1])
-            _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec,
-                  settings, host_free, rows, batches, members, chunks_of, kv_log, moves, counts, heap, scratch, plan)
+            if counts[_ROWS] + stages > rows.shape[0] or counts[_BATCHES] + 1 > batches.shape[0]:
+                rows, batches = _room(rows, counts[_ROWS] + stages), _room(batches, counts[_BATCHES] + 1)
+            if counts[_MEMBERS] + grow > members.shape[0] or counts[_CHUNKS] + grow > chunks_of.shape[0]:
+                members = _room_1d(members, counts[_MEMBERS] + grow)
+                chunks_of = _room_1d(chunks_of, counts[_CHUNKS] + grow)
+            if counts[_KV_LOG] + 1 > kv_log.shape[0] or counts[_MOVES] + grow > moves.shape[0]:
+                kv_log, moves = _room(kv_log, counts[_KV_LOG] + 1), _room(moves, counts[_MOVES] + grow)
+            b = _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec,
+                      settings, host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows,
+                      plan_chunks, swaps, swap_kind, plan, ends)
+            if b >= 0:  # its end on the last stage, and stage 0 free for the next
+                heapq.heappush(heap, (ends[0], _BATCH_END, counts[_SEQUENCE], b))
+                heapq.heappush(heap, (ends[1], _STAGE_FREE, counts[_SEQUENCE] + 1, i))
+                counts[_SEQUENCE] += 2
     return rows, batches, members, kv_log, moves, counts
 
 
@@ -287,13 +293,20 @@ def _room_1d(buf, size):
     return bigger
 
 
-@njit(cache=True)
-def _push(heap, counts, time, priority, payload):
-    heapq.heappush(heap, (time, priority, counts[_SEQUENCE], payload))
-    counts[_SEQUENCE] += 1
+@njit(cache=True, _nrt=False)
+def _arrive(nxt, t, arrived, req, ins, entry, least_loaded, counts, touched):
+    """Route the requests arriving at t, from trace row ``nxt`` on; the next row to arrive."""
+    while nxt < arrived.shape[0] and arrived[nxt] == t:
+        i = _route(entry, ins, least_loaded, counts, _TURN_ENTRY)
+        push_back(req, ins, i, WAITING, nxt)
+        ins[i, UNFINISHED] += 1
+        req[nxt, INSTANCE] = i
+        touched[i] = True
+        nxt += 1
+    return nxt
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _route(candidates, ins, least_loaded, counts, turn):
     """The instance a request goes to: round-robin, or the fewest unfinished (lowest index on a tie)."""
     if least_loaded:
@@ -306,7 +319,7 @@ def _route(candidates, ins, least_loaded, counts, turn):
     return candidates[(counts[turn] - 1) % candidates.shape[0]]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _log_kv(kv_log, counts, i, t, ins):
     row = counts[_KV_LOG]
     kv_log[row, 0] = i
@@ -315,27 +328,30 @@ def _log_kv(kv_log, counts, i, t, ins):
     counts[_KV_LOG] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _log_move(moves, counts, r, kind, src, dst, nbytes, start, end):
-    row = moves[counts[_MOVES]]
-    row[0], row[1], row[2], row[3], row[4], row[5], row[6] = r, kind, src, dst, nbytes, start, end
+    row = counts[_MOVES]
+    moves[row, 0], moves[row, 1], moves[row, 2], moves[row, 3] = r, kind, src, dst
+    moves[row, 4], moves[row, 5], moves[row, 6] = nbytes, start, end
     counts[_MOVES] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _event(priority, payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, kv_log,
-           moves, transfers, counts, heap, touched, device, kv_bytes, link_latency, link_bandwidth, link_free,
-           decode, least_loaded, going):
-    """One event: a batch ends (its tokens are made), a KV transfer ends, or a stage 0 frees."""
+           moves, transfers, counts, touched, device, kv_bytes, link_latency, link_bandwidth, link_free, decode,
+           least_loaded, going, ends):
+    """One event: a batch ends (its tokens are made), a KV transfer ends, or a stage 0 frees.
+    Returns how many KV caches a prefill instance's batch sent (their ends in ``ends``)."""
     if priority == _BATCH_END:
         i = batches[payload, 0]
         sent = _end_batch(payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going)
         _log_kv(kv_log, counts, i, t, ins)
         touched[i] = True
         for k in range(sent):
-            _send(going[k], i, t, req, ins, moves, transfers, counts, heap, device, kv_bytes, link_latency,
-                  link_bandwidth, link_free, decode, least_loaded)
-    elif priority == _TRANSFER_END:
+            ends[k] = _send(going[k], i, t, req, ins, moves, transfers, counts, device, kv_bytes, link_latency,
+                            link_bandwidth, link_free, decode, least_loaded)
+        return sent
+    if priority == _TRANSFER_END:
         r, src, dst = transfers[payload, 0], transfers[payload, 1], transfers[payload, 2]
         release(req, ins, src, r)
         _log_kv(kv_log, counts, src, t, ins)
@@ -344,9 +360,10 @@ def _event(priority, payload, t, req, times, token_offsets, token_times, ins, ba
         touched[dst] = True
     else:
         touched[payload] = True
+    return 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _end_batch(b, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going):
     """The batch's tokens are made: its requests go on, finish, or (from a prefill instance)
     leave for a decode instance (written to ``going``; returns how many)."""
@@ -378,10 +395,10 @@ def _end_batch(b, t, req, times, token_offsets, token_times, ins, batches, membe
     return sent
 
 
-@njit(cache=True)
-def _send(r, src, t, req, ins, moves, transfers, counts, heap, device, kv_bytes, link_latency, link_bandwidth,
-          link_free, decode, least_loaded):
-    """Send request r's KV cache from prefill instance ``src`` to a decode instance."""
+@njit(cache=True, _nrt=False)
+def _send(r, src, t, req, ins, moves, transfers, counts, device, kv_bytes, link_latency, link_bandwidth, link_free,
+          decode, least_loaded):
+    """Send request r's KV cache from prefill instance ``src`` to a decode instance; when it arrives."""
     dst = _route(decode, ins, least_loaded, counts, _TURN_DECODE)
     nbytes = req[r, CACHED] * kv_bytes[src]
     begin = max(t, link_free[src, dst])
@@ -389,30 +406,34 @@ def _send(r, src, t, req, ins, moves, transfers, counts, heap, device, kv_bytes,
     link_free[src, dst] = end
     last_stage = ins[src, FIRST_STAGE] + ins[src, STAGES] - 1
     _log_move(moves, counts, r, _TRANSFER, device[last_stage], device[ins[dst, FIRST_STAGE]], nbytes, begin, end)
-    row = transfers[counts[_TRANSFERS]]
-    row[0], row[1], row[2] = r, src, dst
-    _push(heap, counts, end, _TRANSFER_END, counts[_TRANSFERS])
+    transfers[counts[_TRANSFERS], 0] = r
+    transfers[counts[_TRANSFERS], 1] = src
+    transfers[counts[_TRANSFERS], 2] = dst
     counts[_TRANSFERS] += 1
     ins[src, RUNNING] -= 1
     ins[src, UNFINISHED] -= 1
     ins[dst, UNFINISHED] += 1
     req[r, INSTANCE] = dst
+    return end
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec, settings,
-          host_free, rows, batches, members, chunks_of, kv_log, moves, counts, heap, scratch, plan):
-    """Start instance i's next batch at t, if its scheduler finds one."""
-    select_batch(spec, req, ins, i, scratch[0], scratch[1], scratch[2], scratch[3], plan)
-    start = _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, scratch, plan)
+          host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows, plan_chunks, swaps,
+          swap_kind, plan, ends):
+    """Start instance i's next batch at t, if its scheduler finds one: its index (its end on
+    the last stage and on stage 0 in ``ends``), or -1."""
+    select_batch(spec, req, ins, i, plan_rows, plan_chunks, swaps, swap_kind, plan)
+    start = _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, swaps, swap_kind,
+                   plan)
     _log_kv(kv_log, counts, i, t, ins)
     decodes, prefills = plan[DECODES], plan[PREFILLS]
     if decodes + prefills == 0:
-        return
+        return -1
     b, m = counts[_BATCHES], counts[_MEMBERS]
     attention, kv_tokens, prefill_tokens, sampled = 0.0, 0, 0, decodes
     for k in range(decodes + prefills):
-        r, c = scratch[0, k], scratch[1, k]
+        r, c = plan_rows[k], plan_chunks[k]
         members[m + k] = r
         if k < decodes:
             kv_tokens += req[r, CACHED] + 1
@@ -422,23 +443,23 @@ def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, d
             prefill_tokens += c
             if req[r, CACHED] + c == req[r, TARGET]:
                 sampled += 1
-    row = batches[b]
-    row[0], row[1], row[2], row[3], row[4] = i, m, decodes, prefills, counts[_CHUNKS]
+    batches[b, 0], batches[b, 1], batches[b, 2] = i, m, decodes
+    batches[b, 3], batches[b, 4] = prefills, counts[_CHUNKS]
     counts[_CHUNKS] += prefills
     counts[_BATCHES] += 1
     counts[_MEMBERS] += decodes + prefills
-    end = _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, device, rows, counts,
-                  prefill_tokens, decodes, attention, kv_tokens, sampled)
+    ends[0] = _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, device, rows, counts,
+                      prefill_tokens, decodes, attention, kv_tokens, sampled)
+    ends[1] = stage_free[ins[i, FIRST_STAGE]]
     stage0_start = rows[counts[_ROWS] - ins[i, STAGES], 4]
     for k in range(decodes, decodes + prefills):
-        if np.isnan(times[scratch[0, k], SCHEDULED_AT]):
-            times[scratch[0, k], SCHEDULED_AT] = stage0_start
+        if np.isnan(times[plan_rows[k], SCHEDULED_AT]):
+            times[plan_rows[k], SCHEDULED_AT] = stage0_start
     ins[i, IN_FLIGHT] += 1
-    _push(heap, counts, end, _BATCH_END, b)
-    _push(heap, counts, stage_free[ins[i, FIRST_STAGE]], _STAGE_FREE, i)
+    return b
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, device, rows, counts, prefill_tokens,
             decodes, attention, kv_tokens, sampled):
     """Run batch b through instance i's stages from ``start``, each after its last batch; its end."""
@@ -450,22 +471,25 @@ def _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, devi
                                terms[g, _DECODE], decodes, terms[g, _KV], kv_tokens, sample_s[g, sampled])
         stage_free[g] = end
         flops = _flops(terms[g, _FLOPS_TOKEN], tokens, terms[g, _FLOPS_ATTENTION], attention, kv_tokens)
-        row = rows[counts[_ROWS]]
-        row[0], row[1], row[2], row[3], row[4] = b, i, g - ins[i, FIRST_STAGE], device[g], begin
-        row[5], row[6], row[7], row[8], row[9] = end, prefill_tokens, decodes, kv_tokens, flops
+        row = counts[_ROWS]
+        rows[row, 0], rows[row, 1], rows[row, 2], rows[row, 3] = b, i, g - ins[i, FIRST_STAGE], device[g]
+        rows[row, 4], rows[row, 5], rows[row, 6], rows[row, 7] = begin, end, prefill_tokens, decodes
+        rows[row, 8], rows[row, 9] = kv_tokens, flops
         counts[_ROWS] += 1
         ready = end + send_s[g, tokens]
     return end
 
 
-@njit(cache=True)
-def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, scratch, plan):
+@njit(cache=True, _nrt=False)
+def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, swaps, swap_kind, plan):
     """Move the plan's swapped caches over instance i's host link; when its batch may start."""
     start = t + settings[_OVERHEAD]
     first = ins[i, FIRST_STAGE]
-    per_device = terms[first:first + ins[i, STAGES], _KV_DEVICE].max()
+    per_device = 0.0  # bytes per token on the stage's devices that hold the most
+    for g in range(first, first + ins[i, STAGES]):
+        per_device = max(per_device, terms[g, _KV_DEVICE])
     for k in range(plan[SWAPS]):
-        r, kind = scratch[2, k], scratch[3, k]
+        r, kind = swaps[k], swap_kind[k]
         tokens = req[r, CACHED]
         begin = max(t, host_free[i])
         host_free[i] = begin + settings[_HOST_LATENCY] + per_device * tokens / settings[_HOST_BANDWIDTH]

@@ -33,36 +33,36 @@ def watermark_blocks(capacity: int) -> int:
     return int(WATERMARK * capacity)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def blocks_for(tokens, block):
     """Blocks that hold ``tokens`` tokens."""
     return -(-tokens // block)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def need(req, r, tokens, block):
     """More blocks request r must take to hold ``tokens`` tokens."""
     return max(0, blocks_for(tokens, block) - req[r, HELD])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def free(ins, i):
     return ins[i, CAPACITY] - ins[i, USED]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def admits(ins, i, blocks):
     """Whether a new prompt may take ``blocks`` and leave the watermark free."""
     return free(ins, i) - blocks >= ins[i, WATERMARK_BLOCKS]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def take(req, ins, i, r, blocks):
     req[r, HELD] += blocks
     ins[i, USED] += blocks
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def release(req, ins, i, r):
     """Give back every block request r holds on instance i."""
     ins[i, USED] -= req[r, HELD]

@@ -67,7 +67,7 @@ DECODE = 2
 KIND_CODES = {"replica": REPLICA, "prefill": PREFILL, "decode": DECODE}
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def push_back(req, ins, i, q, r):
     """Append request r to queue q of instance i."""
     tail = ins[i, TAIL + q]
@@ -82,7 +82,7 @@ def push_back(req, ins, i, q, r):
     ins[i, COUNT + q] += 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def push_front(req, ins, i, q, r):
     """Put request r first in queue q of instance i."""
     head = ins[i, HEAD + q]
@@ -97,7 +97,7 @@ def push_front(req, ins, i, q, r):
     ins[i, COUNT + q] += 1
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, _nrt=False, inline="always")
 def remove(req, ins, i, r):
     """Take request r out of its queue on instance i."""
     q = req[r, QUEUE]
@@ -114,7 +114,7 @@ def remove(req, ins, i, r):
     ins[i, COUNT + q] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def latest(req, ins, i, q):
     """The most recently arrived request of queue q (the highest trace row), -1 if empty."""
     best = -1

@@ -92,7 +92,7 @@ PLAN_FIELDS = 6
 SWAP_OUT, SWAP_IN = 0, 1  # swap directions (the plan's swap_kind)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def select_batch(spec, req, ins, i, rows, chunks, swaps, swap_kind, plan):
     """Write the next batch of instance i into the plan (module docstring); its ``DECODES``
     and ``PREFILLS`` are 0 when nothing can run (its swap-outs, if any, still move)."""
@@ -103,7 +103,7 @@ def select_batch(spec, req, ins, i, rows, chunks, swaps, swap_kind, plan):
         _select(spec, req, ins, i, rows, chunks, swaps, swap_kind, plan)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _select(spec, req, ins, i, rows, chunks, swaps, swap_kind, plan):
     plan[DECODES] = 0
     plan[PREFILLS] = 0
@@ -127,13 +127,13 @@ def _select(spec, req, ins, i, rows, chunks, swaps, swap_kind, plan):
         _prefills(spec, req, ins, i, rows, chunks, plan, chunked)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _cap(spec, ins, i):
     """Running requests the instance may hold: max_batch per batch in flight."""
     return spec[MAX_BATCH] * ins[i, STAGES]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _decodes(spec, req, ins, i, rows, chunks, swaps, swap_kind, plan):
     """The running decodes of the batch (static: one cohort), each with room for its next
     token: the most recently arrived are preempted until the others fit."""
@@ -165,7 +165,7 @@ def _decodes(spec, req, ins, i, rows, chunks, swaps, swap_kind, plan):
     plan[SEQS_LEFT] -= plan[DECODES]
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _latest_row(rows, n):
     best = -1
     for k in range(n):
@@ -173,7 +173,7 @@ def _latest_row(rows, n):
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _drop_row(rows, chunks, plan, r):
     """Take decode r out of the plan's decodes (order kept)."""
     n = plan[DECODES]
@@ -186,7 +186,7 @@ def _drop_row(rows, chunks, plan, r):
     plan[DECODES] = n - 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _preempt(spec, req, ins, i, r, swaps, swap_kind, plan, may_swap):
     """Preempt running request r (in no queue): swap its cache out, or recompute it."""
     if may_swap and spec[SWAP] == 1 and req[r, MADE] > 0 and req[r, CACHED] >= req[r, TARGET]:
@@ -203,7 +203,7 @@ def _preempt(spec, req, ins, i, r, swaps, swap_kind, plan, may_swap):
     req[r, PREEMPTED] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _join(spec, req, ins, i, q, rows, chunks, swaps, swap_kind, plan):
     """Requests of queue q (swapped out, or arrived from a prefill instance) join the batch
     as decodes while the caps and the cache (watermark kept) allow."""
@@ -229,7 +229,7 @@ def _join(spec, req, ins, i, q, rows, chunks, swaps, swap_kind, plan):
             plan[SWAPS] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _prefills(spec, req, ins, i, rows, chunks, plan, chunked):
     """Prefill chunks of the batch: the prefills in progress, then new prompts in arrival order."""
     block = spec[BLOCK]
@@ -257,7 +257,7 @@ def _prefills(spec, req, ins, i, rows, chunks, plan, chunked):
         _add_chunk(req, ins, i, r, c, blocks, rows, chunks, plan)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _new_chunk(remaining, tokens_left, budget, chunked, first):
     """Tokens of a new prompt's first chunk, 0 if it does not fit this iteration: chunked to
     the budget left, else whole (one longer than the whole budget runs alone, in chunks)."""
@@ -266,7 +266,7 @@ def _new_chunk(remaining, tokens_left, budget, chunked, first):
     return budget if first and tokens_left == budget else 0
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _reserved_tokens(spec, req, r, chunk, chunked):
     """Tokens a new prompt takes blocks for: its chunk (chunked), its whole prompt (vLLM), or
     its prompt and all its output (static, Orca)."""
@@ -277,7 +277,7 @@ def _reserved_tokens(spec, req, r, chunk, chunked):
     return max(req[r, TARGET], req[r, CACHED] + chunk)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _add_chunk(req, ins, i, r, c, blocks, rows, chunks, plan):
     take(req, ins, i, r, blocks)
     k = plan[DECODES] + plan[PREFILLS]
@@ -288,7 +288,7 @@ def _add_chunk(req, ins, i, r, c, blocks, rows, chunks, plan):
     plan[SEQS_LEFT] -= 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _unstick(spec, req, ins, i, swaps, swap_kind, plan):
     """Preempt by recompute the most recently arrived request holding blocks that no batch
     holds, when nothing is in flight and nothing can run; False when that cannot help."""
