@@ -106,7 +106,7 @@ class ServingSpace:
             values = tuple(sorted({check_count(name, value, limit) for value in getattr(self, name)}))
             object.__setattr__(self, name, values)
         names = tuple(dict.fromkeys(vocabulary_word(SchedulerName, "scheduler", name) for name in self.schedulers))
-        require(bool(names), "schedulers", "''", f"give at least one of {', '.join(SchedulerName)}")
+        require(bool(names), "scheduler", "''", f"give at least one of {', '.join(SchedulerName)}")
         object.__setattr__(self, "schedulers", names)
         for name in ("max_batch", "max_tokens", "chunks"):
             require(bool(getattr(self, name)), name, "''", "give at least one value")
@@ -169,7 +169,7 @@ class ServingSpace:
         size = len(layouts) * len(schedulers)
         require(size <= MAX_SEARCH_POINTS, "space", f"{size:,} points",
                 f"at most {MAX_SEARCH_POINTS:,} in one search; narrow it with --tensor-parallel, --pipeline, "
-                "--replicas or --schedulers")
+                "--replicas or --scheduler")
         template = ServingPoint(model=self.model, cluster=self.cluster, workload=self.workload, targets=self.targets,
                                 latency_model=self.latency_model)
         kv, routing = KVSettings(self.block_size, self.kv_fraction), Routing(self.routing)
