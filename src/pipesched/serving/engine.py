@@ -11,8 +11,9 @@ stage 1, and so on; each stage serves batches in the order they formed. A stage'
 decodes, A = sum over chunks of c tokens after x cached of c x (x + c), K = sum over the
 decodes of the tokens their attention reads (those cached before the step, + 1 for the
 new one), n = the tokens the batch makes (sampled on the last stage). Every (batch, stage)
-is a row of the ``IterationLog``, so a stage idle between two batches of different times
-(the pipeline bubble) shows as a gap between its rows.
+is a row of the ``IterationLog`` (a batch's members: its decodes, then its prefill
+chunks), so a stage idle between two batches of different times (the pipeline bubble)
+shows as a gap between its rows.
 
 Tokens. A batch's tokens are made when it ends on the last stage: one per decode, and one
 per prefill whose chunk was its prompt's last (the first output token, or after a
