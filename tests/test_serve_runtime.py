@@ -18,16 +18,20 @@ from pipesched.runtime.serve_check import (
     compare_runs,
     fit_links,
     fit_stage_rows,
+    host_delays,
     predicted_deployment,
+    serve_check,
 )
 from pipesched.runtime.serve_run import (
     RankServeResult,
     ServeRunOptions,
     check_serve_inputs,
+    kernel_stage_costs,
     serve_run,
 )
 from pipesched.serving.config import SchedulerSpec
 from pipesched.serving.engine import simulate_serving
+from pipesched.serving.queues import MADE, PREEMPTED
 from pipesched.serving.trace import Trace
 
 
@@ -43,7 +47,7 @@ def _states(trace: Trace, spec: SchedulerSpec, p: int = 1) -> RequestStates:
 def _run_to_end(states: RequestStates) -> list[list]:
     """Every batch until the trace is served, one batch in flight at a time."""
     batches = []
-    states.arrive(len(states.reqs.prompt))
+    states.arrive(len(states.slot))
     while not states.done:
         entries = states.next_batch(0.0)
         assert entries, "nothing to run while requests remain"
@@ -79,7 +83,7 @@ def test_vllm_takes_whole_prompts_first_and_no_decodes_with_them():
     second = states.next_batch(0.0)  # request 2 waits for room: decodes only
     assert [(e.request, e.decode, e.context) for e in second] == [(0, True, 5), (1, True, 6)]
     states.complete(second, 0.0)  # both finish (2 tokens each): their slots are free again
-    assert len(states.free_slots) == 2 and states.inst.running == 0
+    assert len(states.free_slots) == 2 and states.done is False
     third = states.next_batch(0.0)
     assert [(e.request, e.tokens) for e in third] == [(2, 7)]
 
@@ -110,7 +114,7 @@ def test_slots_bound_the_requests_running_at_once_and_the_cache_never_preempts()
         slots = [e.slot for e in entries]
         assert len(set(slots)) == len(entries) <= 2 and all(0 <= s < 2 for s in slots)
         states.complete(entries, 0.0)
-    assert states.reqs.preemptions.sum() == 0 and np.array_equal(states.reqs.made, trace.decode_tokens)
+    assert states.req[:, PREEMPTED].sum() == 0 and np.array_equal(states.req[:, MADE], trace.decode_tokens)
 
 
 def test_profile_batches_stay_within_the_cache_and_the_slots():
@@ -266,3 +270,61 @@ def test_the_comparison_is_the_signed_relative_error_per_request():
     for metric in compare_runs(measured, predicted):
         assert metric.errors == pytest.approx(np.full(metric.errors.size, 0.2))
         assert metric.median_abs_error == pytest.approx(0.2)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_serve_check_runs_profiles_predicts_and_reports_one_json_shape():
+    pytest.importorskip("torch")
+    trace = _trace([24, 9, 30], [5, 7, 3], arrivals=[0.0, 0.04, 0.08])
+    options = ServeRunOptions(p=2, profile_repeats=3, scheduler=SchedulerSpec(chunk=32, max_batch=2), timeout_s=120)
+    report = serve_check(load_model("tiny"), trace, options=options)
+    out = report.to_dict()
+    assert set(out["metrics"]) == {"ttft_s", "tpot_s", "e2e_s"}
+    assert [row["stage"] for row in out["latency_model"]] == [0, 1]
+    assert out["passed"] == all(m["median_abs_error"] <= out["tolerance"] for m in out["metrics"].values())
+    # the prediction ran the same requests to their last token
+    assert np.array_equal(np.diff(report.predicted.token_offsets), trace.decode_tokens)
+    run = report.measured.to_dict(per_request=True)
+    assert [r["output_tokens"] for r in run["per_request"]] == trace.decode_tokens.tolist()
+    assert run["p"] == 2 and run["requests"] == 3 and run["source"] == "measured"
+    measured_ttft = report.measured.run.first_token_at - trace.arrived_at
+    assert [r["ttft_s"] for r in run["per_request"]] == pytest.approx(measured_ttft.tolist())
+
+
+def test_host_delays_find_a_hop_the_link_does_not_explain_and_no_return_in_a_simulated_run():
+    model = load_model("tiny")
+    trace = _trace([30, 12, 50, 8], [4, 6, 2, 5], arrivals=[0.0, 0.001, 0.02, 0.03])
+    options = ServeRunOptions(p=2, scheduler=SchedulerSpec(chunk=32, max_batch=4))
+    link = LinkFit(0, 5e-5, 1e9, (), ())
+    hidden = model.hidden_size * 4
+    plain = simulate_serving(predicted_deployment(model, trace, options, ROWS, (link,), cpu_overhead_s=2e-4,
+                                                  slots=4), trace)
+    none = host_delays(plain, (link,), hidden)
+    assert none.hop_s[0] == pytest.approx(0.0, abs=1e-12) and none.return_s == pytest.approx(0.0, abs=1e-12)
+    slowed = simulate_serving(predicted_deployment(model, trace, options, ROWS, (link,), cpu_overhead_s=2e-4,
+                                                   slots=4, hop_s=(3e-3,)), trace)
+    assert host_delays(slowed, (link,), hidden).hop_s[0] == pytest.approx(3e-3, rel=1e-9)
+
+
+def test_a_model_the_machine_cannot_serve_in_the_timeout_is_refused_before_launch():
+    trace = _trace([512] * 4, [64] * 4)
+    with pytest.raises(PipeschedError, match=r"model=gpt3-1\.3b: serving these 4 requests is expected"):
+        check_serve_inputs(load_model("gpt3-1.3b"), trace, ServeRunOptions(timeout_s=1.0))
+    check_serve_inputs(load_model("tiny"), trace, ServeRunOptions(timeout_s=1.0))  # tiny is far quicker
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_each_measured_iteration_carries_its_model_flops(served):
+    _, report = served
+    log = report.run.iterations
+    costs = kernel_stage_costs(load_model("tiny"), ServeRunOptions(p=2, dtype="float64",
+                                                                   scheduler=SchedulerSpec(chunk=16, max_batch=3)))
+    for row in range(len(log)):
+        batch = int(log.batch[row])
+        entries = report.ranks[0].entries[batch]
+        attention = sum(e.tokens * (e.context + e.tokens) for e in entries if not e.decode)
+        expected = costs[int(log.stage[row])].flops(int(log.prefill_tokens[row] + log.decodes[row]), attention,
+                                                    int(log.kv_tokens[row]))
+        assert log.flops[row] == pytest.approx(expected) and expected > 0

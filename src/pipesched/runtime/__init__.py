@@ -1,5 +1,6 @@
 """Real runs: schedules executed on P local ranks with PyTorch, layers profiled in
-isolation, and the simulator checked against measured step times.
+isolation, and the simulator checked against measured step times; serving traces run for
+real (prefill and decode with a KV cache) and checked against the serving engine.
 
 Importing this package does not import torch; the functions start rank processes that do.
 
@@ -25,6 +26,8 @@ from pipesched.runtime.profile import (
     stage_costs_csv,
 )
 from pipesched.runtime.runs import RunOptions, RunResult, choose_runtime, run_schedules
+from pipesched.runtime.serve_check import ServeCheckReport, serve_check
+from pipesched.runtime.serve_run import ServeRunOptions, ServeRunReport, serve_run
 
 __all__ = [
     "CheckReport",
@@ -34,6 +37,9 @@ __all__ = [
     "ProfileOptions",
     "RunOptions",
     "RunResult",
+    "ServeCheckReport",
+    "ServeRunOptions",
+    "ServeRunReport",
     "add_op_overhead",
     "check_schedules",
     "choose_runtime",
@@ -44,5 +50,7 @@ __all__ = [
     "profile_overhead",
     "profile_stages",
     "run_schedules",
+    "serve_check",
+    "serve_run",
     "stage_costs_csv",
 ]

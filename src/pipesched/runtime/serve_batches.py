@@ -4,7 +4,7 @@ by the wall clock (no torch here).
 
 The real KV cache is preallocated per request slot (``serve_model``): a request takes a
 slot when its prefill first joins a batch and keeps it to its last token. The scheduler's
-paged cache (``PagedKVCache``) is sized to hold every slot's longest request with the
+paged cache (``kv_cache``, in the engine's tables) is sized to hold every slot's longest request with the
 watermark to spare, so it never preempts: at most ``max_batch`` x p requests run at once
 (the scheduler's cap), and that is the number of slots. ``cache_blocks`` is that size; a
 prediction of the run gives its deployment the same.
@@ -25,10 +25,50 @@ import numpy as np
 from pipesched.enums import SchedulerName
 from pipesched.errors import require
 from pipesched.serving.config import SchedulerSpec
-from pipesched.serving.deployment import InstancePlan
-from pipesched.serving.kv_cache import WATERMARK, PagedKVCache
-from pipesched.serving.schedulers import Plan, select_batch
-from pipesched.serving.state import InstanceState, Requests
+
+# the engine's own batch end (its requests go on, finish or wait for their next chunk)
+from pipesched.serving.engine import _end_batch as end_batch
+from pipesched.serving.kv_cache import WATERMARK, watermark_blocks
+from pipesched.serving.queues import (
+    CACHED,
+    CAPACITY,
+    COHORT,
+    COUNT,
+    FINISHED_AT,
+    FIRST_STAGE,
+    HEAD,
+    IN_FLIGHT,
+    INSTANCE,
+    INSTANCE_COLUMNS,
+    KIND,
+    OUT,
+    PROMPT,
+    QUEUE,
+    REPLICA,
+    REQUEST_COLUMNS,
+    REQUEST_TIMES,
+    STAGES,
+    TARGET,
+    UNFINISHED,
+    USED,
+    WAITING,
+    push_back,
+)
+from pipesched.serving.queues import WATERMARK as WATERMARK_BLOCKS
+from pipesched.serving.schedulers import (
+    BLOCK,
+    BUDGET,
+    DECODES,
+    MAX_BATCH,
+    NAME,
+    PLAN_FIELDS,
+    PREFILLS,
+    SCHEDULER_CODES,
+    SPEC_FIELDS,
+    SWAP,
+    SWAPS,
+    select_batch,
+)
 from pipesched.serving.trace import Trace
 
 POLICIES = (SchedulerName.SARATHI, SchedulerName.ORCA, SchedulerName.VLLM)
@@ -76,80 +116,96 @@ def cache_blocks(trace: Trace, slots: int, block_size: int) -> int:
 
 
 class RequestStates:
-    """The scheduler's state of one replica of ``p`` stages, and the slots of its requests."""
+    """The scheduler's tables of one replica of ``p`` stages (``serving.queues``, as the
+    engine holds them), and the KV slots of its requests."""
 
     def __init__(self, trace: Trace, spec: SchedulerSpec, *, p: int, block_size: int) -> None:
-        self.spec = spec
-        self.reqs = Requests(trace)
+        n = len(trace)
+        self.req = np.zeros((n, REQUEST_COLUMNS), np.int64)
+        self.req[:, PROMPT] = trace.prefill_tokens
+        self.req[:, TARGET] = trace.prefill_tokens
+        self.req[:, OUT] = trace.decode_tokens
+        self.req[:, INSTANCE] = -1
+        self.req[:, QUEUE] = -1
+        self.times = np.full((n, REQUEST_TIMES), np.nan)  # the run's clock, seconds
+        self.token_offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(trace.decode_tokens, out=self.token_offsets[1:])
+        self.token_times = np.full(int(self.token_offsets[-1]), np.nan)
         slots = slot_count(trace, spec, p)
         capacity = cache_blocks(trace, slots, block_size)
-        plan = InstancePlan(kind="replica", stages=(), devices=tuple(range(p)), tp=1,
-                            kv_capacity_blocks=capacity, kv_bytes_per_token=0.0)
-        self.inst = InstanceState(0, plan, PagedKVCache(capacity, block_size, self.reqs.held))
-        self.inst.p = p  # batches in flight (the plan carries no stage costs here)
+        self.ins = np.zeros((1, INSTANCE_COLUMNS), np.int64)
+        self.ins[:, HEAD:COUNT] = -1
+        self.ins[0, [KIND, STAGES, FIRST_STAGE, CAPACITY, WATERMARK_BLOCKS]] = (
+            REPLICA, p, 0, capacity, watermark_blocks(capacity))
+        self.spec = np.zeros(SPEC_FIELDS, np.int64)
+        self.spec[[NAME, MAX_BATCH, BUDGET, SWAP, BLOCK]] = (
+            SCHEDULER_CODES[spec.name], spec.max_batch, spec.token_budget, 0, block_size)
+        width = max(spec.max_batch, 1)
+        self.rows, self.chunks = np.zeros(width, np.int64), np.zeros(width, np.int64)
+        self.swaps, self.swap_kind = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
+        self.plan = np.zeros(PLAN_FIELDS, np.int64)
         self.arrived = 0  # requests 0..arrived-1 have joined the waiting queue
-        self.slot = np.full(len(trace), -1, np.int64)
+        self.slot = np.full(n, -1, np.int64)
         self.free_slots = list(range(slots - 1, -1, -1))
+        self.batches = 0
+        self.kv_log: list[tuple[float, int]] = []  # (seconds, blocks in use) after every change
 
     @property
     def done(self) -> bool:
-        return not bool(np.isnan(self.reqs.finished_at).any())
+        return not bool(np.isnan(self.times[:, FINISHED_AT]).any())
+
+    @property
+    def capacity(self) -> int:
+        return int(self.ins[0, CAPACITY])
 
     def arrive(self, count: int) -> None:
         """Requests up to row ``count`` have arrived: they wait for the scheduler."""
         for request in range(self.arrived, count):
-            self.inst.waiting.append(request)
-            self.inst.unfinished += 1
+            push_back(self.req, self.ins, 0, WAITING, request)
+            self.ins[0, UNFINISHED] += 1
+            self.req[request, INSTANCE] = 0
         self.arrived = max(self.arrived, count)
 
     def next_batch(self, now: float) -> list[BatchEntry]:
         """The next iteration's batch (``select_batch``); [] when nothing can run now."""
-        if self.inst.in_flight >= self.inst.p:
+        if self.ins[0, IN_FLIGHT] >= self.ins[0, STAGES]:
             return []
-        plan = select_batch(self.spec, self.inst, self.reqs, now)
-        require(not plan.swap_out and not plan.swap_in, "kv_capacity_blocks", self.inst.cache.capacity,
+        select_batch(self.spec, self.req, self.ins, 0, self.rows, self.chunks, self.swaps, self.swap_kind, self.plan)
+        require(self.plan[SWAPS] == 0, "kv_capacity_blocks", self.capacity,
                 "the real run's cache preempted; it is sized never to")
-        if plan.empty:
+        decodes, prefills = int(self.plan[DECODES]), int(self.plan[PREFILLS])
+        if decodes + prefills == 0:
             return []
-        self.inst.in_flight += 1
-        return self._entries(plan)
-
-    def _entries(self, plan: Plan) -> list[BatchEntry]:
-        reqs = self.reqs
+        self.ins[0, IN_FLIGHT] += 1
+        self.kv_log.append((now, int(self.ins[0, USED])))
         entries = []
-        for r in plan.decodes.tolist():
-            entries.append(BatchEntry(r, int(self.slot[r]), int(reqs.cached[r]), 1, True, True))
-        for r, chunk in zip(plan.prefill.tolist(), plan.chunks.tolist(), strict=True):
+        for k in range(decodes + prefills):
+            r, chunk = int(self.rows[k]), int(self.chunks[k])
+            context = int(self.req[r, CACHED])
+            if k < decodes:
+                entries.append(BatchEntry(r, int(self.slot[r]), context, 1, True, True))
+                continue
             if self.slot[r] < 0:
                 self.slot[r] = self.free_slots.pop()
-            context = int(reqs.cached[r])
-            entries.append(BatchEntry(r, int(self.slot[r]), context, chunk, context + chunk == reqs.target[r], False))
+            entries.append(BatchEntry(r, int(self.slot[r]), context, chunk,
+                                      context + chunk == int(self.req[r, TARGET]), False))
         return entries
 
     def complete(self, entries: list[BatchEntry], now: float) -> None:
         """The batch's tokens are back: its requests go on or finish (the engine's batch end)."""
-        reqs, inst = self.reqs, self.inst
-        inst.in_flight -= 1
-        made = []
+        decodes = sum(1 for e in entries if e.decode)
+        members = np.array([e.request for e in entries], np.int64)
+        chunks = np.array([e.tokens for e in entries if not e.decode], np.int64)
+        batch = np.array([[0, 0, decodes, len(entries) - decodes, 0]], np.int64)
+        end_batch(0, now, self.req, self.times, self.token_offsets, self.token_times, self.ins, batch, members,
+                  chunks, np.zeros(len(entries), np.int64))
+        self.req[members, COHORT] = self.batches  # cohorts in the order batches came back
+        self.batches += 1
+        self.kv_log.append((now, int(self.ins[0, USED])))
         for entry in entries:
-            r = entry.request
-            reqs.cached[r] += entry.tokens
-            if entry.emits:
-                made.append(r)
-            elif not entry.decode:
-                inst.partial.append(r)
-        rows = np.asarray(made, np.int64)
-        reqs.made[rows] += 1
-        over = reqs.made[rows] == reqs.out[rows]
-        finished, going = rows[over], rows[~over]
-        if finished.size:
-            reqs.finished_at[finished] = now
-            inst.cache.release(finished, now)
-            inst.running -= finished.size
-            inst.unfinished -= finished.size
-            self.free_slots.extend(int(s) for s in self.slot[finished])
-        if going.size:
-            inst.available.append(going)
+            if self.times[entry.request, FINISHED_AT] == now and self.slot[entry.request] >= 0:
+                self.free_slots.append(int(self.slot[entry.request]))
+                self.slot[entry.request] = -1
 
 
 def profile_batches(trace: Trace, spec: SchedulerSpec, slots: int) -> list[list[BatchEntry]]:

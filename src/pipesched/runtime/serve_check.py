@@ -4,13 +4,23 @@ a latency model fitted on this machine.
 One launch (``serve_run`` with ``profile_repeats``): every rank first times its stage at
 fixed batch compositions (``serve_batches.profile_batches``) and ranks s and s + 1 time
 hidden-state messages, all outside the run; then the trace is served and measured. The
-profile is fitted: each stage's ``LatencyRow`` (``fit_latency_rows``, the medians of each
-composition's repeats) and each link's latency and bandwidth (``nonnegative_least_squares``
+profile is fitted: each stage's ``LatencyRow`` (``fit_latency_rows`` on the means of each
+composition's repeats, see ``fit_stage_rows``) and each link's latency and bandwidth (``nonnegative_least_squares``
 of the one-way times on the message bytes). The prediction is ``simulate_serving`` on the
 ``Deployment`` of those rows (``build_deployment``): one replica of p stages, the same
 scheduler and caps, the same KV-cache size as the real run's scheduler (so neither
 preempts), each stage's ``send_s`` the fitted link at its hidden-state bytes, and the
 run's median per-iteration CPU overhead as ``cpu_overhead_s``.
+
+The host's delays. On a shared machine a message waits for its receiver to get a core: the
+hidden states of a batch reach the next stage later than the link alone says, and a
+batch's tokens reach rank 0 later than the last stage made them (the engine makes a batch's
+requests ready at its end on the last stage). Both are measured from the run like the CPU
+overhead (``host_delays``, means: the metrics add them up): the hop, a stage's start after its input's end on the stage
+before when it was idle by then, less the link's time for the message;
+the return, stage 0's idle time between a batch's end on the last stage and the next batch
+with one of its requests. The prediction adds the hop to each stage's ``send_s`` and the
+return to ``cpu_overhead_s``; ``profile_only`` is the prediction without them.
 
 Compared per request: time to first token, time per output token after the first (the
 mean time between its tokens; requests of one token have none) and end-to-end latency;
@@ -54,7 +64,6 @@ from pipesched.serving.trace import Trace
 
 TOLERANCE = 0.10  # the check passes when every metric's median absolute error is within this
 CHECK_REPEATS = 20  # timed repeats of each profile composition (and of each link message)
-METRICS = ("ttft_s", "tpot_s", "e2e_s")
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,40 @@ class MetricError:
 
 
 @dataclass(frozen=True)
+class HostDelays:
+    """Mean waits of the run's messages beyond the work (the module docstring), seconds."""
+
+    hop_s: tuple[float, ...]  # per link: hidden states to the next stage, beyond the link's time
+    return_s: float  # tokens back to rank 0: stage 0 idle while a batch's requests come back
+
+
+def host_delays(run: ServeRun, links: Sequence[LinkFit], hidden_bytes_per_token: float) -> HostDelays:
+    """The host's delays of a measured run (the module docstring)."""
+    log = run.iterations
+    stages = int(log.stage.max()) + 1
+    rows = [np.flatnonzero(log.stage == s) for s in range(stages)]  # batch order on every stage
+    tokens = (log.prefill_tokens + log.decodes)[rows[0]]
+    hops = []
+    for stage, link in enumerate(links):
+        before, after = rows[stage], rows[stage + 1]
+        free = np.concatenate([[-np.inf], log.end[after][:-1]])
+        idle = free <= log.end[before]  # the message alone decides when the stage starts
+        wait = log.start[after] - log.end[before] - (link.latency_s + tokens * hidden_bytes_per_token / link.bandwidth)
+        hops.append(max(0.0, float(np.mean(wait[idle]))) if idle.any() else 0.0)
+    first, last = rows[0], rows[-1]
+    idle = []
+    seen: dict[int, int] = {}  # request -> the last batch that held it
+    for batch in range(first.size):
+        members = log.members[log.offsets[batch]:log.offsets[batch + 1]].tolist()
+        held = [seen[r] for r in members if r in seen]
+        if held and batch > 0:
+            ready = max(float(log.end[last[max(held)]]), float(log.end[first[batch - 1]]))
+            idle.append(max(0.0, float(log.start[first[batch]]) - ready - run.config.cpu_overhead_s))
+        seen.update((r, batch) for r in members)
+    return HostDelays(tuple(hops), float(np.mean(idle)) if idle else 0.0)
+
+
+@dataclass(frozen=True)
 class ServeCheckReport:
     """A trace served for real and predicted on its fitted latency model."""
 
@@ -99,6 +142,8 @@ class ServeCheckReport:
     rows: tuple[LatencyRow, ...]  # the fitted latency model, one row per stage
     links: tuple[LinkFit, ...]
     metrics: tuple[MetricError, ...]  # TTFT, TPOT, end-to-end
+    delays: HostDelays
+    profile_only: tuple[MetricError, ...]  # the same, predicted without the host's delays
     tolerance: float = TOLERANCE
 
     @property
@@ -114,18 +159,27 @@ class ServeCheckReport:
             "latency_model": [dataclasses.asdict(row) for row in self.rows],
             "links": [{"stage": link.stage, "latency_s": link.latency_s, "bandwidth_bytes_per_s": link.bandwidth}
                       for link in self.links],
-            "metrics": {m.name: {"median_error": m.median_error, "median_abs_error": m.median_abs_error,
-                                 "measured_median": float(np.median(m.measured)) if m.measured.size else 0.0,
-                                 "predicted_median": float(np.median(m.predicted)) if m.predicted.size else 0.0,
-                                 "requests": int(m.requests.size)}
-                        for m in self.metrics},
+            "host_delays": {"hop_s": list(self.delays.hop_s), "return_s": self.delays.return_s},
+            "metrics": _metrics_dict(self.metrics),
+            "profile_only": _metrics_dict(self.profile_only),
             "tolerance": self.tolerance, "passed": self.passed,
         }
 
 
+def _metrics_dict(metrics: Sequence[MetricError]) -> dict:
+    return {m.name: {"median_error": m.median_error, "median_abs_error": m.median_abs_error,
+                     "measured_median": float(np.median(m.measured)) if m.measured.size else 0.0,
+                     "predicted_median": float(np.median(m.predicted)) if m.predicted.size else 0.0,
+                     "requests": int(m.requests.size)}
+            for m in metrics}
+
+
 def fit_stage_rows(ranks: Sequence[RankServeResult], trace: Trace, options: ServeRunOptions,
                    slots: int) -> tuple[LatencyRow, ...]:
-    """Each stage's latency row fitted to the medians of its profiled compositions."""
+    """Each stage's latency row fitted to the mean of each profiled composition's repeats:
+    on a shared machine an iteration's time has a long tail (another process takes the
+    core), and the metrics compared add iterations up (a request's time per token is a mean,
+    its latency a sum), so the expected time is what they need, not the typical one."""
     batches = profile_batches(trace, options.scheduler, slots)
     samples = []
     for stage, rank in enumerate(ranks):
@@ -133,7 +187,7 @@ def fit_stage_rows(ranks: Sequence[RankServeResult], trace: Trace, options: Serv
             entries = batches[index]
             decodes = sum(1 for e in entries if e.decode)
             samples.append([stage, sum(e.tokens for e in entries), sum(e.attention for e in entries), decodes,
-                            sum(e.kv_read for e in entries), float(np.median(seconds))])
+                            sum(e.kv_read for e in entries), float(np.mean(seconds))])
     require(len(samples) > 0, "profile_repeats", options.profile_repeats, "give at least 1 repeat to fit a model")
     return fit_latency_rows(np.asarray(samples, np.float64))
 
@@ -159,8 +213,10 @@ def fit_links(ranks: Sequence[RankServeResult], hidden_bytes_per_token: float) -
 
 
 def predicted_deployment(model: ModelSpec, trace: Trace, options: ServeRunOptions, rows: Sequence[LatencyRow],
-                         links: Sequence[LinkFit], *, cpu_overhead_s: float, slots: int) -> Deployment:
-    """The deployment the prediction runs (the module docstring)."""
+                         links: Sequence[LinkFit], *, cpu_overhead_s: float, slots: int,
+                         hop_s: Sequence[float] = ()) -> Deployment:
+    """The deployment the prediction runs (the module docstring); ``hop_s[s]`` is added to
+    every message from stage s."""
     config = ServeConfig(instances=Instances(tp=1, pp=options.p, count=1), scheduler=options.scheduler,
                          kv=KVSettings(block_size=options.block_size), cpu_overhead_s=cpu_overhead_s)
     cluster = serve_cluster(options)
@@ -172,7 +228,8 @@ def predicted_deployment(model: ModelSpec, trace: Trace, options: ServeRunOption
         if stage < len(links):
             tokens = np.arange(costs.send_s.size, dtype=np.float64)
             link = LinkSpec(bandwidth=links[stage].bandwidth, latency=links[stage].latency_s)
-            send = np.where(tokens > 0, link.latency + tokens * hidden / link.bandwidth, 0.0)
+            extra = hop_s[stage] if stage < len(hop_s) else 0.0
+            send = np.where(tokens > 0, link.latency + extra + tokens * hidden / link.bandwidth, 0.0)
             costs = dataclasses.replace(costs, send_s=send)
         stages.append(costs)
     plan = dataclasses.replace(plan, stages=tuple(stages),
@@ -192,17 +249,22 @@ def compare_runs(measured: ServeRun, predicted: ServeRun) -> tuple[MetricError, 
 
 def serve_check(model: ModelSpec, trace: Trace, *, options: ServeRunOptions | None = None,
                 tolerance: float = TOLERANCE, on_status: StatusCallback | None = None) -> ServeCheckReport:
-    """Serve ``trace`` for real with a profile first, predict it on the fitted model, compare."""
-    options = options or ServeRunOptions(profile_repeats=CHECK_REPEATS)
-    require(options.profile_repeats > 0, "profile_repeats", options.profile_repeats,
-            "a check fits its prediction on a profile: give at least 1 repeat")
+    """Serve ``trace`` for real with a profile first (``options.profile_repeats``, or
+    CHECK_REPEATS when 0), predict it on the fitted model, compare."""
+    options = options or ServeRunOptions()
+    if options.profile_repeats == 0:  # a check fits its prediction on a profile
+        options = dataclasses.replace(options, profile_repeats=CHECK_REPEATS)
     require(0 < tolerance < 1, "tolerance", tolerance, "give a share in (0, 1)")
     measured = serve_run(model, trace, options=options, on_status=on_status)
     slots = measured.slots
     rows = fit_stage_rows(measured.ranks, trace, options, slots)
     links = fit_links(measured.ranks, model.hidden_size * ELEMENT_BYTES[options.dtype])
-    deployment = predicted_deployment(model, trace, options, rows, links, cpu_overhead_s=measured.cpu_overhead_s,
-                                      slots=slots)
+    delays = host_delays(measured.run, links, model.hidden_size * ELEMENT_BYTES[options.dtype])
+    bare = simulate_serving(predicted_deployment(model, trace, options, rows, links,
+                                                 cpu_overhead_s=measured.cpu_overhead_s, slots=slots), trace)
+    deployment = predicted_deployment(model, trace, options, rows, links, slots=slots, hop_s=delays.hop_s,
+                                      cpu_overhead_s=measured.cpu_overhead_s + delays.return_s)
     predicted = simulate_serving(deployment, trace)
     return ServeCheckReport(measured=measured, predicted=predicted, rows=rows, links=links,
-                            metrics=compare_runs(measured.run, predicted), tolerance=tolerance)
+                            metrics=compare_runs(measured.run, predicted), delays=delays,
+                            profile_only=compare_runs(measured.run, bare), tolerance=tolerance)

@@ -23,10 +23,6 @@ from pipesched.runtime.torch_model import Block, Embedding, Head, build_stage
 torch = require_torch()
 functional = torch.nn.functional
 
-# columns of a batch's entry table (int64 [entries, 4]), the message that tells every stage
-# what the batch holds
-SLOT, CONTEXT, TOKENS, EMITS = range(4)
-
 
 @dataclass(frozen=True)
 class CacheShape:
@@ -53,8 +49,9 @@ class ServeStage:
     def forward(self, inputs, entries, positions=None):
         """One iteration: token ids ``[T]`` (first stage) or hidden states ``[T, h]`` in,
         hidden states ``[T, h]`` out, or on the last stage the sampled token of each
-        emitting entry (int64 ``[emitting entries]``). ``entries``: int64 ``[n, 4]``
-        (SLOT, CONTEXT, TOKENS, EMITS) in the order of the flat sequence; ``positions``:
+        emitting entry (int64 ``[emitting entries]``). ``entries``: the batch's entry
+        table, int64 ``[n, 4]``, a row per request in the order of the flat sequence: its
+        cache slot, its tokens cached before, the tokens it feeds, 1 if it makes a token; ``positions``:
         each token's position, for learned position embeddings."""
         rows = entries.tolist()
         x = inputs

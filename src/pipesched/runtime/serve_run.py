@@ -27,6 +27,7 @@ request's last token.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +46,7 @@ from pipesched.model import layer_params
 from pipesched.model.clusters import homogeneous_cluster
 from pipesched.model.devices import load_device
 from pipesched.model.hardware import Cluster
-from pipesched.model.inference import stage_iteration_costs
+from pipesched.model.inference import StageIterationCosts, stage_iteration_costs
 from pipesched.model.spec import ModelSpec
 from pipesched.partition import Partition
 from pipesched.runtime.launch import LaunchSpec, StatusCallback, launch
@@ -59,7 +60,10 @@ from pipesched.runtime.runs import (
 )
 from pipesched.runtime.serve_batches import BatchEntry, check_policy, slot_count
 from pipesched.serving.config import Instances, KVSettings, SchedulerSpec, ServeConfig
+from pipesched.serving.deployment import build_deployment
+from pipesched.serving.engine import simulate_serving
 from pipesched.serving.records import IterationLog, KVTrace, ServeRun
+from pipesched.serving.results import serve_result
 from pipesched.serving.trace import Trace
 
 NS = 1e-9  # seconds per nanosecond of the host clock
@@ -144,23 +148,15 @@ class ServeRunReport:
         """The median per-iteration CPU overhead (``ServeConfig.cpu_overhead_s`` of a prediction)."""
         return float(np.median(self.overhead_s)) if self.overhead_s.size else 0.0
 
-    def to_dict(self) -> dict:
-        """The JSON shape of ``serve run --json``: the run's settings, then per request its
-        arrival and measured times (seconds from the trace's time 0)."""
+    def to_dict(self, *, per_request: bool = False) -> dict:
+        """The JSON shape of ``serve run --json``: how it ran, then the metrics of the measured
+        run in the shape of ``serve simulate`` (``serving.results``)."""
         run = self.run
-        ttft = run.first_token_at - run.trace.arrived_at
         return {
             "model": self.model, "p": len(self.partition.sizes), "partition": str(self.partition),
-            "backend": self.backend, "scheduler": run.config.scheduler.name.value,
-            "requests": len(run.trace), "iterations": int(run.iterations.offsets.size - 1),
-            "duration_s": run.duration, "cpu_overhead_s": self.cpu_overhead_s,
-            "ttft_s": {"median": float(np.median(ttft)) if ttft.size else 0.0},
-            "per_request": [
-                {"arrived_at": float(run.trace.arrived_at[r]), "scheduled_at": float(run.scheduled_at[r]),
-                 "first_token_at": float(run.first_token_at[r]), "finished_at": float(run.finished_at[r]),
-                 "output_tokens": int(run.token_offsets[r + 1] - run.token_offsets[r])}
-                for r in range(len(run.trace))
-            ],
+            "backend": self.backend, "scheduler": run.config.scheduler.name.value, "source": run.source,
+            "iterations": int(run.iterations.offsets.size - 1), "cpu_overhead_s": self.cpu_overhead_s,
+            **serve_result(run).to_dict(per_request=per_request),
         }
 
 
@@ -175,20 +171,26 @@ def serve_cluster(options: ServeRunOptions) -> Cluster:
     return homogeneous_cluster(load_device("cpu"), options.p, devices_per_node=options.p)
 
 
-def serve_partition(model: ModelSpec, options: ServeRunOptions) -> Partition:
-    """The layers of each stage: the serving costs' own split (``stage_iteration_costs``,
-    the training partitioner over each layer's time in the largest iteration)."""
+def kernel_stage_costs(model: ModelSpec, options: ServeRunOptions) -> tuple[StageIterationCosts, ...]:
+    """The kernel model's iteration costs of the run's stages on the ``cpu`` preset: their
+    layers (the serving costs' own split, the training partitioner over each layer's time in
+    the largest iteration) and the model FLOPs of an iteration."""
     spec = options.scheduler
-    costs = stage_iteration_costs(model, serve_cluster(options), tp=1, first_ranks=tuple(range(options.p)),
-                                  max_tokens=max(spec.token_budget, spec.max_batch), max_batch=spec.max_batch,
-                                  dtype=serving_dtype(options.dtype))
-    bounds = (0, *(stage.layers[1] for stage in costs))
+    return stage_iteration_costs(model, serve_cluster(options), tp=1, first_ranks=tuple(range(options.p)),
+                                 max_tokens=max(spec.token_budget, spec.max_batch), max_batch=spec.max_batch,
+                                 dtype=serving_dtype(options.dtype))
+
+
+def serve_partition(model: ModelSpec, options: ServeRunOptions) -> Partition:
+    """The layers of each stage (``kernel_stage_costs``), checked for a real run."""
+    bounds = (0, *(stage.layers[1] for stage in kernel_stage_costs(model, options)))
     return stage_partition(model, options.p, Partition(bounds))
 
 
 def check_serve_inputs(model: ModelSpec, trace: Trace, options: ServeRunOptions) -> None:
     """Refuse, before any rank starts, what a real run cannot serve: a request longer than
-    the model's context, a scheduler it does not run, ranks or memory the machine lacks."""
+    the model's context, a scheduler it does not run, ranks or memory the machine lacks, a
+    model it cannot serve the trace with in the timeout."""
     require(len(trace) >= 1, "requests", 0, "give a trace of at least one request")
     longest = int(np.argmax(trace.total_tokens))
     limit = model.context_length
@@ -206,6 +208,21 @@ def check_serve_inputs(model: ModelSpec, trace: Trace, options: ServeRunOptions)
         raise PipeschedError(f"model={model.name}: {problem.replace('weights and gradients', 'weights and KV cache')}; "
                              "use a smaller model (tiny, small), more ranks, fewer requests at once (--max-batch) "
                              "or a smaller dtype")
+    expected = expected_duration_s(model, trace, options)
+    require(expected <= options.timeout_s, "model", model.name,
+            f"serving these {len(trace)} requests is expected to take {expected:,.0f} s on this machine (the kernel "
+            f"model's cpu preset), more than timeout={options.timeout_s:g}s; use a smaller model (tiny, small), "
+            "fewer or shorter requests, or a longer timeout")
+
+
+def expected_duration_s(model: ModelSpec, trace: Trace, options: ServeRunOptions) -> float:
+    """Seconds from the trace's start to its last token as the engine predicts it with the
+    kernel model's ``cpu`` preset: a lower bound of a real CPU run's (the preset is a
+    nominal server CPU; Python's per-iteration work comes on top)."""
+    config = ServeConfig(instances=Instances(tp=1, pp=options.p, count=1), scheduler=options.scheduler,
+                         kv=KVSettings(block_size=options.block_size))
+    deployment = build_deployment(config, model, serve_cluster(options), dtype=serving_dtype(options.dtype))
+    return float(simulate_serving(deployment, trace).finished_at.max())
 
 
 def _slots(trace: Trace, options: ServeRunOptions) -> int:
@@ -243,14 +260,16 @@ def serve_run(model: ModelSpec, trace: Trace, *, options: ServeRunOptions | None
                       pin_cpus=options.pin_cpus and options.backend == "gloo")
     ranks: list[RankServeResult] = launch(spec, describe=["serve"], on_status=on_status)
     return ServeRunReport(
-        run=measured_serve_run(task, ranks), model=model.name, partition=partition, backend=options.backend,
+        run=measured_serve_run(task, ranks, kernel_stage_costs(model, options)), model=model.name, partition=partition, backend=options.backend,
         tokens=tuple(np.asarray(t, np.int64) for t in ranks[0].tokens),
         overhead_s=np.asarray(ranks[0].overhead_ns, np.float64) * NS, slots=task.slots, ranks=tuple(ranks),
     )
 
 
-def measured_serve_run(task: ServeTask, ranks: list[RankServeResult]) -> ServeRun:
-    """The ``ServeRun`` of what the ranks recorded: seconds from the trace's time 0."""
+def measured_serve_run(task: ServeTask, ranks: list[RankServeResult],
+                       costs: Sequence[StageIterationCosts]) -> ServeRun:
+    """The ``ServeRun`` of what the ranks recorded: seconds from the trace's time 0; each
+    row's model FLOPs from ``costs`` (the stages' kernel-model costs)."""
     lead, last = ranks[0], ranks[-1]
     origin = lead.origin_ns
     entries = lead.entries
@@ -275,7 +294,7 @@ def measured_serve_run(task: ServeTask, ranks: list[RankServeResult]) -> ServeRu
         trace=task.trace, config=config, instance=np.zeros(len(task.trace), np.int32), scheduled_at=scheduled,
         first_token_at=flat[offsets[:-1]], finished_at=flat[offsets[1:] - 1],
         preemptions=np.zeros(len(task.trace), np.int32), token_times=flat, token_offsets=offsets,
-        iterations=iteration_log(ranks, entries, origin), kv=KVTrace((lead.kv_times,), (lead.kv_blocks,), (lead.kv_capacity,), task.options.block_size),
+        iterations=iteration_log(ranks, entries, origin, costs), kv=KVTrace((lead.kv_times,), (lead.kv_blocks,), (lead.kv_capacity,), task.options.block_size),
         instance_kind=("replica",), instance_devices=(tuple(range(task.options.p)),), tp=(1,),
         peak_flops=load_device("cpu").peak_flops if task.options.backend == "gloo" else 0.0,
         source="measured",
@@ -295,7 +314,8 @@ def _token_times(trace: Trace, entries: list[list[BatchEntry]], made: np.ndarray
     return [np.asarray(t, np.float64) for t in times]
 
 
-def iteration_log(ranks: list[RankServeResult], entries: list[list[BatchEntry]], origin: int) -> IterationLog:
+def iteration_log(ranks: list[RankServeResult], entries: list[list[BatchEntry]], origin: int,
+                  costs: Sequence[StageIterationCosts]) -> IterationLog:
     """One row per (batch, stage), stage by stage, each stage's rows in the order they ran."""
     batch = np.concatenate([np.asarray(r.batch, np.int64) for r in ranks])
     stage = np.concatenate([np.full(len(r.batch), s, np.int32) for s, r in enumerate(ranks)])
@@ -304,11 +324,14 @@ def iteration_log(ranks: list[RankServeResult], entries: list[list[BatchEntry]],
     prefill = np.array([sum(e.tokens for e in b if not e.decode) for b in entries], np.int64)
     decodes = np.array([sum(1 for e in b if e.decode) for b in entries], np.int64)
     kv_tokens = np.array([sum(e.kv_read for e in b) for b in entries], np.int64)
+    attention = np.array([sum(e.attention for e in b) for b in entries], np.float64)
+    flops = np.array([costs[s].flops(int(prefill[b] + decodes[b]), float(attention[b]), float(kv_tokens[b]))
+                      for b, s in zip(batch.tolist(), stage.tolist(), strict=True)])
     members = np.array([e.request for b in entries for e in b], np.int64)
     offsets = np.concatenate([[0], np.cumsum([len(b) for b in entries])]).astype(np.int64)
     return IterationLog(
         batch=batch, instance=np.zeros(batch.size, np.int32), stage=stage, first_device=stage.copy(),
         start=(start - origin) * NS, end=(end - origin) * NS, prefill_tokens=prefill[batch],
-        decodes=decodes[batch], kv_tokens=kv_tokens[batch], flops=np.zeros(batch.size),
+        decodes=decodes[batch], kv_tokens=kv_tokens[batch], flops=flops,
         members=members, offsets=offsets,
     )

@@ -170,8 +170,9 @@ def _lead(stage: ServeStage, task: ServeTask, channel: Channel, result: RankServ
         lead.close()
     _stop(task, channel)
     result.tokens = lead.tokens
-    result.kv_times, result.kv_blocks = states.inst.cache.trace()
-    result.kv_capacity = states.inst.cache.capacity
+    result.kv_times = np.array([t for t, _ in states.kv_log], np.float64)
+    result.kv_blocks = np.array([b for _, b in states.kv_log], np.int64)
+    result.kv_capacity = states.capacity
 
 
 def _wait(lead: Lead, arrive_ns: np.ndarray, origin: int) -> None:
