@@ -300,13 +300,15 @@ def test_a_trace_refuses_the_synthetic_options(cli, tmp_path) -> None:
 @pytest.mark.torch
 def test_serve_run_measures_every_request(cli) -> None:
     pytest.importorskip("torch")
-    result = cli("serve", "run", "--requests", "4", "--json")
+    result = cli("serve", "run", "--requests", "4", "--slo-ttft", "0.5", "--json", "--per-request")
     assert result.code == 0, result
     data = json.loads(result.out)
-    assert (data["model"], data["p"], data["requests"]) == (DEFAULTS.serve_run_model, DEFAULTS.serve_run_p, 4)
+    assert (data["model"], data["p"], data["requests"], data["source"]) == (
+        DEFAULTS.serve_run_model, DEFAULTS.serve_run_p, 4, "measured")
+    assert set(data) >= ISSUE_KEYS and data["slo_ttft_s"] == 0.5  # serve simulate's keys, under the SLOs asked for
     assert len(data["per_request"]) == 4
-    assert all(row["arrived_at"] <= row["first_token_at"] <= row["finished_at"] for row in data["per_request"])
-    assert set(data["metrics"]) >= ISSUE_KEYS and data["metrics"]["requests"] == 4
+    assert all(row["ttft_s"] <= row["e2e_s"] for row in data["per_request"])
+    assert data["slo_attainment"] == sum(row["meets_slo"] for row in data["per_request"]) / 4
 
 
 @pytest.mark.slow

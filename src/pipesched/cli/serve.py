@@ -413,7 +413,8 @@ def print_search(result: ServingSearchResult, *, top: int) -> None:
 @command
 def run_command(*, model: ServeRunModel = DEFAULTS.serve_run_model, p: ServeRunStages = DEFAULTS.serve_run_p,
                 requests: RealRequestOptions, batch: BatchOptions, slo: SloOptions, dtype: RunDtype = DEFAULTS.run_dtype,
-                backend: Backend = "gloo", timeout: Timeout = DEFAULTS.run_timeout, as_json: AsJson = False) -> None:
+                backend: Backend = "gloo", timeout: Timeout = DEFAULTS.run_timeout, as_json: AsJson = False,
+                per_request: PerRequest = False) -> None:
     """Serve a trace for real: the model's prefill and decode with a KV cache on P PyTorch
     processes (gloo on CPU, NCCL on GPU), one pipeline stage each, rank 0 forming the
     batches with the simulator's scheduler; every request's token times measured.
@@ -425,6 +426,7 @@ def run_command(*, model: ServeRunModel = DEFAULTS.serve_run_model, p: ServeRunS
     """
     from pipesched.runtime.serve_run import ServeRunOptions, serve_run
 
+    require(as_json or not per_request, "per-request", "true", "add --json (the requests are listed in it)")
     spec = load_model(model)
     trace = served_requests(requests.workload(), spec.context_length)
     options = ServeRunOptions(p=p, scheduler=batch.spec(), dtype=dtype, backend=backend, timeout_s=timeout)
@@ -432,8 +434,8 @@ def run_command(*, model: ServeRunModel = DEFAULTS.serve_run_model, p: ServeRunS
         report = serve_run(spec, trace, options=options, on_status=status)
     targets = slo.targets()
     result = serve_result(report.run, slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot)
-    if as_json:
-        print_json({**report.to_dict(), "metrics": result.to_dict()})
+    if as_json:  # how it ran, then the measured metrics under the SLOs asked for (serve simulate's keys)
+        print_json({**report.to_dict(), **result.to_dict(per_request=per_request)})
         return
     print_summary(f"serve run: {spec.name} on {p} {backend} ranks ({report.partition}), measured", report.run,
                   result, output_console())
