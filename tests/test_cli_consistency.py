@@ -127,16 +127,24 @@ def test_activation_limits_have_their_own_name(cli, tmp_path) -> None:
 
 
 # --- one flag, one meaning, one default ---------------------------------------------------
-# the commands that run a model for real start from the real-run defaults (DEFAULTS.run_*)
-REAL_RUNS = {"run", "check", "profile"}
+# the commands whose defaults are rows of their own (DEFAULTS.PREFIX_*): real runs start from
+# the sizes this machine runs in seconds, serving from its own scenario
+FAMILY_OF = {"run": "real", "check": "real", "profile": "real", "serve simulate": "serve",
+             "serve capacity": "serve", "serve search": "serve", "serve run": "serve-real",
+             "serve check": "serve-real"}
+DEFAULTS_PREFIX = {"real": ("run_",), "serve": ("serve_",), "serve-real": ("serve_run_", "run_", "serve_")}
 # where a flag legitimately reads differently, and why
 EXEMPT = {
     # search takes each of these as the list of values to try
-    **{flag: ({"search"}, "a list of values to try") for flag in (
-        "--tensor-parallel", "-t", "--dp", "--zero", "--recompute", "--schedules", "-b")},
-    # each command writes its own result to the file it is given
-    **{flag: ({"check", "search", "show", "synthesize", "profile"}, "the command's own result")
+    **{flag: ({"search", "serve search"}, "a list of values to try") for flag in (
+        "--tensor-parallel", "-t", "--dp", "--zero", "--recompute", "--schedules", "-b", "--pipeline", "--replicas",
+        "--scheduler", "--max-batch", "--max-tokens", "--chunk")},
+    # each command writes its own result to the file it is given; serving reads its requests from --trace
+    **{flag: ({"check", "search", "show", "synthesize", "profile", "serve simulate", "serve capacity",
+               "serve search", "serve run", "serve check"}, "the command's own result, or the requests served")
        for flag in ("--html", "--trace", "-o", "--output")},
+    # each search keeps its own kind of store
+    "--db": ({"serve search"}, "the serving search's own store"),
     # profile times single ops (untimed repeats first) on a torch device, adds one runtime's
     # per-op overhead, and writes per-stage costs of its own split
     **{flag: ({"profile"}, "profiling's op repeats, torch device and stage split")
@@ -147,13 +155,22 @@ EXEMPT = {
 
 
 def _commands() -> dict:
+    """Every command by its name on the line, a group's (``serve``) as ``serve simulate``."""
+    import click
     import typer
 
     from pipesched.cli import COMMANDS, app
 
     group = typer.main.get_group(app)
     context = typer.Context(group)
-    return {name: group.get_command(context, name) for name in COMMANDS}
+    found = {}
+    for name in COMMANDS:
+        command = group.get_command(context, name)
+        if isinstance(command, click.Group):
+            found |= {f"{name} {sub}": command.get_command(context, sub) for sub in command.list_commands(context)}
+        else:
+            found[name] = command
+    return found
 
 
 def _signature(param) -> tuple:
@@ -167,23 +184,24 @@ def _options(command) -> list:
 def test_every_flag_has_one_type_help_and_default_in_every_command() -> None:
     from pipesched.defaults import DEFAULTS
 
-    seen: dict[tuple[str, bool], dict[str, tuple]] = {}
-    for name, command in _commands().items():
+    commands = _commands()
+    seen: dict[tuple[str, str], dict[str, tuple]] = {}
+    for name, command in commands.items():
         for param in _options(command):
             for flag in param.opts:
                 exempt, _ = EXEMPT.get(flag, (set(), ""))
                 if name in exempt:
                     continue
-                seen.setdefault((flag, name in REAL_RUNS), {})[name] = _signature(param)
+                seen.setdefault((flag, FAMILY_OF.get(name, "")), {})[name] = _signature(param)
     checked = 0
-    for (flag, real), by_command in seen.items():
+    for (flag, family), by_command in seen.items():
         assert len(set(by_command.values())) == 1, (flag, by_command)
         checked += len(by_command) > 1
-        other = seen.get((flag, not real))
-        if real and other is not None and set(other.values()) != set(by_command.values()):
-            # a real-run flag that differs from the analytical one has its own default
-            param = next(p for p in _commands()[next(iter(by_command))].params if flag in getattr(p, "opts", ()))
-            assert hasattr(DEFAULTS, f"run_{param.name}"), flag
+        other = seen.get((flag, ""))
+        if family and other is not None and set(other.values()) != set(by_command.values()):
+            # a flag that differs from the analytical one has its own default row
+            param = next(p for p in commands[next(iter(by_command))].params if flag in getattr(p, "opts", ()))
+            assert any(hasattr(DEFAULTS, f"{prefix}{param.name}") for prefix in DEFAULTS_PREFIX[family]), flag
     assert checked >= 30  # most flags are shared
 
 

@@ -489,10 +489,10 @@ def test_progress_bar_with_time_left_on_a_terminal_only() -> None:
 
     from rich.console import Console
 
-    from pipesched.cli.search import _ProgressBar
+    from pipesched.cli.search import ProgressBar
 
     screen = io.StringIO()
-    bar = _ProgressBar(Console(file=screen, force_terminal=True, width=100))
+    bar = ProgressBar(Console(file=screen, force_terminal=True, width=100))
     for done in range(0, 101, 25):
         bar("bound", done, 100)
     bar("simulate", 3, 10)
@@ -500,7 +500,7 @@ def test_progress_bar_with_time_left_on_a_terminal_only() -> None:
     shown = screen.getvalue()
     assert "bound" in shown and "simulate" in shown and "ETA" in shown and "3/10" in shown
     piped = io.StringIO()
-    quiet = _ProgressBar(Console(file=piped, force_terminal=False))
+    quiet = ProgressBar(Console(file=piped, force_terminal=False))
     quiet("bound", 5, 10)
     quiet.close()
     assert piped.getvalue() == ""

@@ -41,6 +41,7 @@ COMMANDS: dict[str, CommandEntry] = {
     "run": CommandEntry("pipesched.cli.run", "Run a schedule for real with PyTorch and measure every op."),
     "profile": CommandEntry("pipesched.cli.run", "Measure layer or stage op times and the link between ranks."),
     "check": CommandEntry("pipesched.cli.run", "Profile, simulate, run and report the prediction error."),
+    "serve": CommandEntry("pipesched.cli.serve", "Serve a model: simulate, capacity, search, run and check."),
 }
 
 

@@ -11,10 +11,15 @@ import dataclasses
 from dataclasses import dataclass
 
 from pipesched.cli.options import (
+    ArrivalForm,
     Bandwidth,
     BandwidthEfficiency,
+    BlockSize,
+    Chunk,
     ClusterName,
+    CpuOverhead,
     DataParallelSize,
+    Disaggregate,
     Dtype,
     FreezePlan,
     FrozenLayers,
@@ -22,21 +27,44 @@ from pipesched.cli.options import (
     HostMemory,
     Jitter,
     JitterFile,
+    KvFraction,
     Latency,
+    LatencyModelFile,
     MatmulEfficiency,
+    MaxBatch,
+    MaxTokens,
     MicroBatchSize,
     Model,
     NoContention,
     NoOverlap,
     Offload,
     OptionGroup,
+    OutputTokens,
     PartitionOption,
+    PreemptionChoice,
+    PromptTokens,
+    Qps,
     RandomStraggler,
     Recompute,
+    Replicas,
+    Requests,
+    RequestTrace,
+    RoutingChoice,
     Samples,
+    SchedulerChoice,
     Seed,
     SeqLen,
     SequenceParallel,
+    ServeCluster,
+    ServeModel,
+    ServeRunOutputTokens,
+    ServeRunPromptTokens,
+    ServeRunQps,
+    ServeRunRequests,
+    ServeStages,
+    ServeTensorParallel,
+    SloTpot,
+    SloTtft,
     SlowLink,
     StageCostsFile,
     SteadyStateFlag,
@@ -51,20 +79,38 @@ from pipesched.cli.options import (
     tuned_device,
 )
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import PipeschedError
+from pipesched.enums import Preemption, Routing, SchedulerName
+from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
+from pipesched.experiments.serving import (
+    ServingPoint,
+    ServingWorkload,
+    Targets,
+    check_workload,
+    trace_digest,
+)
 from pipesched.experiments.setup import check_partition
 from pipesched.io.stage_costs import load_stage_costs
 from pipesched.limits import (
+    MAX_CLUSTER_RANKS,
     MAX_MICRO_BATCH_SIZE,
     MAX_SECONDS,
     MAX_SEQ_LEN,
     check_amount,
     check_count,
+    parse_int,
 )
 from pipesched.model import load_device, load_model
 from pipesched.model.hardware import Cluster, DeviceSpec
 from pipesched.model.spec import ModelSpec, TrainingSettings
+from pipesched.serving.config import (
+    Disaggregation,
+    Instances,
+    KVSettings,
+    SchedulerSpec,
+    ServeConfig,
+    vocabulary_word,
+)
 from pipesched.variability import (
     load_repeats,
     parse_jitter,
@@ -232,3 +278,160 @@ class VariabilityOptions(OptionGroup):
         )
 
 
+
+
+# --- serving (serve simulate, capacity, search) ----------------------------------------------
+@dataclass(frozen=True)
+class DeploymentOptions(OptionGroup):
+    """Where the model is served: the model and cluster, replicas of TP x PP, or prefill and
+    decode instances of their own; a fitted latency model instead of the kernel model."""
+
+    model: ServeModel = None
+    cluster: ServeCluster = None
+    tensor_parallel: ServeTensorParallel = None
+    p: ServeStages = None
+    replicas: Replicas = None
+    disaggregate: Disaggregate = None
+    latency_model: LatencyModelFile = None
+
+    def instances(self) -> Instances:
+        """The colocated replicas asked for (each unset size from DEFAULTS)."""
+        return Instances(_or(self.tensor_parallel, DEFAULTS.serve_tensor_parallel), _or(self.p, DEFAULTS.serve_p),
+                         _or(self.replicas, DEFAULTS.replicas))
+
+    def split(self) -> Disaggregation | None:
+        """``--disaggregate``'s prefill and decode instances; None when not given."""
+        if self.disaggregate is None:
+            return None
+        refuse_with("disaggregate", {"tensor-parallel": self.tensor_parallel, "p": self.p, "replicas": self.replicas},
+                    "which gives each side's TPxPPxN")
+        return parse_disaggregation(self.disaggregate)
+
+
+def parse_disaggregation(text: str) -> Disaggregation:
+    """``PREFILL,DECODE``, each ``TPxPP`` or ``TPxPPxN`` -> the two sides' instances.
+
+    >>> parse_disaggregation("2x1x2,4x1").decode
+    Instances(tp=4, pp=1, count=1)
+    """
+    sides = text.split(",")
+    form = "give PREFILL,DECODE, each TPxPP or TPxPPxN, like 2x1x2,4x1"
+    require(len(sides) == 2, "disaggregate", text, form)
+    parsed = []
+    for side in sides:
+        sizes = side.strip().lower().split("x")
+        require(len(sizes) in (2, 3) and all(size.strip().isdigit() for size in sizes), "disaggregate", text, form)
+        numbers = [parse_int("disaggregate", size, MAX_CLUSTER_RANKS, minimum=1) for size in sizes]
+        parsed.append(Instances(*numbers))
+    return Disaggregation(*parsed)
+
+
+@dataclass(frozen=True)
+class BatchOptions(OptionGroup):
+    """The batch scheduler of every instance and its caps."""
+
+    scheduler: SchedulerChoice = None
+    max_batch: MaxBatch = None
+    max_tokens: MaxTokens = None
+    chunk: Chunk = None
+
+    def spec(self, preemption: str | None = None) -> SchedulerSpec:
+        return SchedulerSpec(vocabulary_word(SchedulerName, "scheduler", self.scheduler or DEFAULTS.scheduler), _or(self.max_batch, DEFAULTS.max_batch),
+                             _or(self.max_tokens, DEFAULTS.max_tokens), _or(self.chunk, DEFAULTS.chunk),
+                             vocabulary_word(Preemption, "preemption", preemption or DEFAULTS.preemption))
+
+
+@dataclass(frozen=True)
+class CacheOptions(OptionGroup):
+    """The paged KV cache, what a full one does, how requests spread over replicas, and the
+    per-iteration overhead."""
+
+    block_size: BlockSize = None
+    kv_fraction: KvFraction = None
+    preemption: PreemptionChoice = None
+    routing: RoutingChoice = None
+    cpu_overhead: CpuOverhead = None
+
+    def kv(self) -> KVSettings:
+        return KVSettings(_or(self.block_size, DEFAULTS.block_size), _or(self.kv_fraction, DEFAULTS.kv_fraction))
+
+    def routed(self) -> Routing:
+        return vocabulary_word(Routing, "routing", self.routing or DEFAULTS.routing)
+
+    def overhead(self) -> float:
+        return _or(self.cpu_overhead, DEFAULTS.cpu_overhead)
+
+
+@dataclass(frozen=True)
+class RequestOptions(OptionGroup):
+    """The requests served: a trace file, or a synthetic trace."""
+
+    trace: RequestTrace = None
+    qps: Qps = None
+    arrival: ArrivalForm = None
+    requests: Requests = None
+    prompt_tokens: PromptTokens = None
+    output_tokens: OutputTokens = None
+    seed: Seed = None
+
+    def workload(self) -> ServingWorkload:
+        """The workload asked for, each unset option from DEFAULTS."""
+        return serving_workload(self, requests=DEFAULTS.requests, qps=DEFAULTS.qps, prompt=DEFAULTS.prompt_tokens,
+                                output=DEFAULTS.output_tokens)
+
+
+@dataclass(frozen=True)
+class RealRequestOptions(OptionGroup):
+    """The requests a real run serves: a trace file, or a small synthetic trace (the
+    serve_run_ rows: sizes this machine serves in seconds)."""
+
+    trace: RequestTrace = None
+    qps: ServeRunQps = None
+    arrival: ArrivalForm = None
+    requests: ServeRunRequests = None
+    prompt_tokens: ServeRunPromptTokens = None
+    output_tokens: ServeRunOutputTokens = None
+    seed: Seed = None
+
+    def workload(self) -> ServingWorkload:
+        return serving_workload(self, requests=DEFAULTS.serve_run_requests, qps=DEFAULTS.serve_run_qps,
+                                prompt=DEFAULTS.serve_run_prompt_tokens, output=DEFAULTS.serve_run_output_tokens)
+
+
+def serving_workload(given: RequestOptions | RealRequestOptions, *, requests: int, qps: float, prompt: str,
+                     output: str) -> ServingWorkload:
+    """The workload of the request options ``given``, each unset one from the defaults
+    passed; a trace file refuses the synthetic options (``--qps`` rescales it)."""
+    if given.trace is not None:
+        refuse_with("trace", {"arrival": given.arrival, "requests": given.requests,
+                              "prompt-tokens": given.prompt_tokens, "output-tokens": given.output_tokens,
+                              "seed": given.seed}, "which gives the requests")
+        return ServingWorkload(trace=given.trace, trace_digest=trace_digest(given.trace), qps=given.qps)
+    synthetic = ServingWorkload(requests=_or(given.requests, requests), qps=_or(given.qps, qps),
+                                arrival=given.arrival or DEFAULTS.arrival, prompt_tokens=given.prompt_tokens or prompt,
+                                output_tokens=given.output_tokens or output, seed=_or(given.seed, DEFAULTS.seed))
+    check_workload(synthetic)
+    return synthetic
+
+
+@dataclass(frozen=True)
+class SloOptions(OptionGroup):
+    """The latency targets."""
+
+    slo_ttft: SloTtft = None
+    slo_tpot: SloTpot = None
+
+    def targets(self, attainment: float | None = None) -> Targets:
+        return Targets(_or(self.slo_ttft, DEFAULTS.slo_ttft), _or(self.slo_tpot, DEFAULTS.slo_tpot),
+                       _or(attainment, DEFAULTS.attainment))
+
+
+def serving_point(deployment: DeploymentOptions, batch: BatchOptions, cache: CacheOptions, requests: RequestOptions,
+                  slo: SloOptions, *, attainment: float | None = None) -> ServingPoint:
+    """The serving point the options ask for, each unset option from DEFAULTS."""
+    config = ServeConfig(deployment.instances(), batch.spec(cache.preemption), cache.kv(), cache.routed(),
+                         cache.overhead(), deployment.split())
+    return ServingPoint(model=deployment.model or DEFAULTS.serve_model,
+                        cluster=deployment.cluster or DEFAULTS.serve_cluster, config=config,
+                        workload=requests.workload(), targets=slo.targets(attainment),
+                        latency_model=deployment.latency_model)

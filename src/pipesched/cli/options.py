@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import PipeschedError, shorten
+from pipesched.errors import PipeschedError, require, shorten
 from pipesched.indices import MAX_INDEX_COUNT
 from pipesched.limits import (
     MAX_AMOUNT,
     MAX_NUMBER_CHARS,
     MAX_SAMPLES,
+    MAX_WORKERS,
     check_number_text,
     check_rate,
 )
@@ -166,6 +167,94 @@ Samples = Annotated[int | None, typer.Option(
     "--samples", help=f"Monte Carlo iterations [default: {DEFAULTS.samples}; at most {MAX_SAMPLES:,}]")]
 Seed = Annotated[int | None, typer.Option("--seed", help=f"seed of the random streams [default: {DEFAULTS.seed}]")]
 
+# --- serving (serve simulate, capacity, search): the serve_ rows of the defaults --------------
+ServeModel = Annotated[str | None, typer.Option(
+    "--model", help=f"model preset, config.json or YAML/CSV model file [default: {DEFAULTS.serve_model}]")]
+ServeCluster = Annotated[str | None, typer.Option(
+    "--cluster", help=f"cluster preset or YAML file [default: {DEFAULTS.serve_cluster}]")]
+ServeTensorParallel = Annotated[int | None, typer.Option(
+    "--tensor-parallel", "-t", help=f"tensor-parallel degree: devices of one pipeline stage "
+                                    f"[default: {DEFAULTS.serve_tensor_parallel}]")]
+ServeStages = Annotated[int | None, typer.Option("-p", help=f"pipeline stages of one replica [default: {DEFAULTS.serve_p}]")]
+Replicas = Annotated[int | None, typer.Option(
+    "--replicas", help=f"copies of the model serving the trace; replica r holds cluster ranks r x p x t onwards "
+                       f"[default: {DEFAULTS.replicas}]")]
+Disaggregate = Annotated[str | None, typer.Option(
+    "--disaggregate", help="PREFILL,DECODE: prefill and decode on instances of their own, each TPxPP or TPxPPxN "
+                           "(N instances of TP x PP devices, default 1), like 2x1x2,4x1; the prefill instances take "
+                           "the cluster's first ranks, the KV cache of each prompt goes to a decode instance over the "
+                           "cluster's links (instead of -t, -p and --replicas)")]
+LatencyModelFile = Annotated[str | None, typer.Option(
+    "--latency-model", help="CSV of a fitted latency model, stage,base_s,prefill_token_s,prefill_attention_s,"
+                            "decode_request_s,kv_token_s, one row per stage: the stage times instead of the kernel "
+                            "model's")]
+CpuOverhead = Annotated[float | None, typer.Option(
+    "--cpu-overhead", help=f"seconds of scheduling and launch per iteration [default: {DEFAULTS.cpu_overhead:g}]")]
+SchedulerChoice = Annotated[str | None, typer.Option(
+    "--scheduler", help=f"static, orca, vllm or sarathi (README \"Serving\") [default: {DEFAULTS.scheduler}]")]
+MaxBatch = Annotated[int | None, typer.Option(
+    "--max-batch", help=f"sequences one iteration batches [default: {DEFAULTS.max_batch}]")]
+MaxTokens = Annotated[int | None, typer.Option(
+    "--max-tokens", help=f"tokens one iteration batches (static, orca, vllm) [default: {DEFAULTS.max_tokens}]")]
+Chunk = Annotated[int | None, typer.Option(
+    "--chunk", help=f"Sarathi-Serve's token budget per iteration [default: {DEFAULTS.chunk}]")]
+BlockSize = Annotated[int | None, typer.Option(
+    "--block-size", help=f"tokens per paged KV-cache block [default: {DEFAULTS.block_size}]")]
+KvFraction = Annotated[float | None, typer.Option(
+    "--kv-fraction", help=f"share of device memory the weights, workspace and KV cache may use "
+                          f"[default: {DEFAULTS.kv_fraction:g}]")]
+PreemptionChoice = Annotated[str | None, typer.Option(
+    "--preemption", help=f"recompute or swap, when the KV cache is full [default: {DEFAULTS.preemption}]")]
+RoutingChoice = Annotated[str | None, typer.Option(
+    "--routing", help=f"round-robin or least-loaded across replicas [default: {DEFAULTS.routing}]")]
+RequestTrace = Annotated[str | None, typer.Option(
+    "--trace", help="request trace CSV arrived_at,num_prefill_tokens,num_decode_tokens (the Splitwise and Vidur "
+                    "traces' format; instead of the synthetic options)")]
+Qps = Annotated[float | None, typer.Option("--qps", help=f"requests per second of a synthetic trace [default: {DEFAULTS.qps:g}]")]
+ArrivalForm = Annotated[str | None, typer.Option(
+    "--arrival", help=f"poisson or gamma:CV (CV the gaps' coefficient of variation) [default: {DEFAULTS.arrival}]")]
+Requests = Annotated[int | None, typer.Option("--requests", help=f"requests of a synthetic trace [default: {DEFAULTS.requests}]")]
+PromptTokens = Annotated[str | None, typer.Option(
+    "--prompt-tokens", help=f"prompt lengths: fixed:N, uniform:LO-HI, lognormal:MEDIAN,SIGMA, zipf:S,MAX or trace:FILE "
+                            f"[default: {DEFAULTS.prompt_tokens}]")]
+OutputTokens = Annotated[str | None, typer.Option(
+    "--output-tokens", help=f"output lengths, the first token included; the forms of --prompt-tokens "
+                            f"[default: {DEFAULTS.output_tokens}]")]
+SloTtft = Annotated[float | None, typer.Option(
+    "--slo-ttft", help=f"target seconds to the first token [default: {DEFAULTS.slo_ttft:g}]")]
+SloTpot = Annotated[float | None, typer.Option(
+    "--slo-tpot", help=f"target seconds per output token after the first [default: {DEFAULTS.slo_tpot:g}]")]
+Attainment = Annotated[float | None, typer.Option(
+    "--attainment", help=f"share of requests that must meet both SLOs [default: {DEFAULTS.attainment:g}]")]
+PerRequest = Annotated[bool, typer.Option("--per-request", help="with --json: every request's arrival, TTFT, "
+                                                                "end-to-end latency and output tokens")]
+# --- real serving runs (serve run, serve check): the serve_run_ rows ---------------------------
+ServeRunModel = Annotated[str, typer.Option(
+    "--model", help=f"model preset (tiny, small, ...), config.json or YAML/CSV model file "
+                    f"[default: {DEFAULTS.serve_run_model}]", show_default=False)]
+ServeRunStages = Annotated[int, typer.Option(
+    "-p", help=f"ranks, one pipeline stage each [default: {DEFAULTS.serve_run_p}]", show_default=False)]
+ServeRunQps = Annotated[float | None, typer.Option(
+    "--qps", help=f"requests per second of a synthetic trace [default: {DEFAULTS.serve_run_qps:g}]")]
+ServeRunRequests = Annotated[int | None, typer.Option(
+    "--requests", help=f"requests of a synthetic trace [default: {DEFAULTS.serve_run_requests}]")]
+ServeRunPromptTokens = Annotated[str | None, typer.Option(
+    "--prompt-tokens", help=f"prompt lengths: fixed:N, uniform:LO-HI, lognormal:MEDIAN,SIGMA, zipf:S,MAX or trace:FILE "
+                            f"[default: {DEFAULTS.serve_run_prompt_tokens}]")]
+ServeRunOutputTokens = Annotated[str | None, typer.Option(
+    "--output-tokens", help=f"output lengths, the first token included; the forms of --prompt-tokens "
+                            f"[default: {DEFAULTS.serve_run_output_tokens}]")]
+LatencyModelOut = Annotated[str | None, typer.Option(
+    "--output", "-o", help="write the fitted latency model to this CSV (what --latency-model reads)")]
+# --- searches: where the points are evaluated, what is printed -------------------------------
+Workers = Annotated[int | None, typer.Option(
+    "--workers", help=f"local worker processes, at most {MAX_WORKERS} [default: the CPU count]")]
+RayFlag = Annotated[bool, typer.Option("--ray", help="run on a local Ray (loopback only) instead of a process pool")]
+RayAddress = Annotated[str | None, typer.Option(
+    "--ray-address", help="run on the Ray cluster at this HOST:PORT (ray start --head prints it)")]
+Top = Annotated[int, typer.Option("--top", help="configurations to print (0: all)")]
+Gpus = Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")]
+
 
 def parse_settings(pairs: list[str] | None) -> dict[str, object]:
     """``["waves=2", "activation_limit=4"]`` -> {"waves": 2, "activation_limit": 4}; numbers are
@@ -203,6 +292,20 @@ def _number(text: str) -> object:
 
 def split_names(text: str) -> list[str]:
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def whole_numbers(field: str, text: str | None) -> tuple[int, ...]:
+    """``"1,2,4"`` -> (1, 2, 4); None -> () (every value): the values a search tries."""
+    if text is None:
+        return ()
+    values = []
+    for part in split_names(text):
+        try:
+            values.append(int(part))
+        except ValueError:
+            raise PipeschedError(f"{field}={text[:40]!r}: give whole numbers separated by commas, e.g. 1,2,4") from None
+    require(bool(values), field, repr(text), "give at least one value")
+    return tuple(values)
 
 
 def slot_costs_option(value: object) -> StageCosts:

@@ -25,17 +25,23 @@ from pipesched.cli.options import (
     AsJson,
     ClusterName,
     Dtype,
+    Gpus,
     Model,
     OptionGroup,
+    RayAddress,
+    RayFlag,
     SeqLen,
     SequenceParallel,
+    Top,
+    Workers,
     command,
     split_names,
+    whole_numbers,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_whole, wrote
 from pipesched.defaults import DEFAULTS
-from pipesched.errors import PipeschedError, require
+from pipesched.errors import require
 from pipesched.experiments.grid import process_map
 from pipesched.experiments.ray_pool import ray_pool, require_ray
 from pipesched.io.files import Output, check_outputs, write_all
@@ -61,20 +67,6 @@ def _listed(axis: str) -> str:
     return ",".join(str(value) for value in SearchSpace.__dataclass_fields__[axis].default)
 
 
-def _numbers(field: str, text: str | None) -> tuple[int, ...]:
-    """``"1,2,4"`` -> (1, 2, 4); None -> () (every value)."""
-    if text is None:
-        return ()
-    values = []
-    for part in split_names(text):
-        try:
-            values.append(int(part))
-        except ValueError:
-            raise PipeschedError(f"{field}={text[:40]!r}: give whole numbers separated by commas, e.g. 1,2,4") from None
-    require(bool(values), field, repr(text), "give at least one value")
-    return tuple(values)
-
-
 @dataclass(frozen=True)
 class SpaceOptions(OptionGroup):
     """What the search tries: the model, cluster and batch, and the values of each axis
@@ -88,7 +80,7 @@ class SpaceOptions(OptionGroup):
     seq_len: SeqLen = None
     dtype: Dtype = None
     sequence_parallel: SequenceParallel = None
-    gpus: Annotated[int | None, typer.Option("--gpus", help="use the cluster's first N devices [default: all]")] = None
+    gpus: Gpus = None
     schedules: Annotated[str | None, typer.Option(
         "--schedules", help="comma-separated families [default: every synchronous family; name pipedream or "
                             "pipedream-2bw to search them too]")] = None
@@ -116,11 +108,11 @@ class SpaceOptions(OptionGroup):
             "model": self.model, "cluster": self.cluster, "global_batch": self.global_batch,
             "seq_len": self.seq_len, "gpus": self.gpus, "dtype": self.dtype,
             "sequence_parallel": self.sequence_parallel, "schedules": _names(self.schedules),
-            "chunks": _numbers("chunks", self.chunks) or None, "partitions": _names(self.partitions),
-            "recompute": _names(self.recompute), "zero": _numbers("zero", self.zero) or None,
-            "tensor_parallel": _numbers("tensor-parallel", self.tensor_parallel),
-            "pipeline": _numbers("pipeline", self.pipeline), "data_parallel": _numbers("dp", self.dp),
-            "micro_batch_sizes": _numbers("micro-batch-sizes", self.micro_batch_sizes),
+            "chunks": whole_numbers("chunks", self.chunks) or None, "partitions": _names(self.partitions),
+            "recompute": _names(self.recompute), "zero": whole_numbers("zero", self.zero) or None,
+            "tensor_parallel": whole_numbers("tensor-parallel", self.tensor_parallel),
+            "pipeline": whole_numbers("pipeline", self.pipeline), "data_parallel": whole_numbers("dp", self.dp),
+            "micro_batch_sizes": whole_numbers("micro-batch-sizes", self.micro_batch_sizes),
         }
         return SearchSpace(**{name: value for name, value in given.items() if value is not None})
 
@@ -136,12 +128,9 @@ class RunOptions(OptionGroup):
 
     db: Annotated[str, typer.Option("--db", help="SQLite store of the results: a search started again with the same "
                                                  "store and options resumes")] = DEFAULTS.search_db
-    workers: Annotated[int | None, typer.Option(
-        "--workers", help=f"local worker processes, at most {MAX_WORKERS} [default: the CPU count]")] = None
-    ray: Annotated[bool, typer.Option("--ray", help="run on a local Ray (loopback only) instead of a process "
-                                                    "pool")] = False
-    ray_address: Annotated[str | None, typer.Option(
-        "--ray-address", help="run on the Ray cluster at this HOST:PORT (ray start --head prints it)")] = None
+    workers: Workers = None
+    ray: RayFlag = False
+    ray_address: RayAddress = None
     no_prune: Annotated[bool, typer.Option("--no-prune", help="simulate every point that fits, even those the "
                                                               "bound rules out")] = False
 
@@ -159,7 +148,7 @@ class RunOptions(OptionGroup):
     def search(self, space: SearchSpace, *, timelines: bool = False) -> SearchResult:
         """Search ``space`` in the store, with a progress bar on stderr; ``timelines``: keep
         the timelines of the front's points it simulates (for the HTML page)."""
-        bar = _ProgressBar(Console(stderr=True))
+        bar = ProgressBar(Console(stderr=True))
         # a pool the search starts before its store: a Ray that cannot start or be joined leaves no store behind
         pool = ray_pool(self.ray_address) if self.ray or self.ray_address is not None else process_map(self.workers)
         try:
@@ -172,7 +161,7 @@ class RunOptions(OptionGroup):
 class ReportOptions(OptionGroup):
     """What is printed and written of the results."""
 
-    top: Annotated[int, typer.Option("--top", help="configurations to print (0: all)")] = DEFAULTS.top
+    top: Top = DEFAULTS.top
     show: Annotated[bool, typer.Option("--show", help="print the results stored in --db and stop")] = False
     csv: Annotated[str | None, typer.Option("--csv", help="write every point's row to this CSV file")] = None
     as_json: AsJson = False
@@ -236,7 +225,7 @@ def _write_files(results: list[SearchResult], *, csv: str | None, html: str | No
         wrote(path)
 
 
-class _ProgressBar:
+class ProgressBar:
     """A progress bar with the time left on stderr, when stderr is a terminal."""
 
     def __init__(self, console: Console) -> None:

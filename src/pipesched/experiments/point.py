@@ -385,6 +385,12 @@ def point_key(point: Point) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]  # 128 bits
 
 
+def record_key(record: object) -> str:
+    """The name of any frozen record (a serving point, ``experiments.serving``) in a results
+    store: a digest of its fields as canonical JSON, as ``point_key`` names a Point."""
+    return hashlib.sha256(_record_json(record).encode()).hexdigest()[:32]  # 128 bits
+
+
 @functools.lru_cache(maxsize=4096)
 def _record_json(record: object) -> str:
     """One record's fields as canonical JSON (cached: the points of a grid share records)."""

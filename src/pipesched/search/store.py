@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import quote
 
 from pipesched.enums import SearchStatus
@@ -108,11 +109,7 @@ def row_point(space: dict, row: StoredRow) -> Point:
     return SearchSpace(**space).template().replace(**{name: getattr(row, name) for name in POINT_COLUMNS})
 
 
-_COLUMNS = tuple(f.name for f in fields(StoredRow))
-_SCHEMA = (
-    "CREATE TABLE format (name TEXT NOT NULL, version INTEGER NOT NULL)",
-    "CREATE TABLE searches (id INTEGER PRIMARY KEY, space TEXT NOT NULL UNIQUE, runs INTEGER NOT NULL DEFAULT 0)",
-    """CREATE TABLE points (
+_POINTS_TABLE = """CREATE TABLE points (
     search INTEGER NOT NULL REFERENCES searches(id),
     key TEXT NOT NULL, family TEXT NOT NULL, v INTEGER, dp INTEGER NOT NULL, tp INTEGER NOT NULL,
     p INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL, m INTEGER NOT NULL, recompute TEXT NOT NULL,
@@ -120,17 +117,38 @@ _SCHEMA = (
     peak_memory_bytes REAL, capacity_bytes REAL, iteration_time_s REAL, throughput_tokens_per_s REAL,
     mfu REAL, hfu REAL, reason TEXT NOT NULL, run INTEGER NOT NULL,
     PRIMARY KEY (search, key)
-)""",
-    f"PRAGMA application_id = {APPLICATION_ID}",
-    f"INSERT INTO format VALUES ('{FORMAT}', {VERSION})",
-)
-# the values a row must have in each status (the others may be NULL)
-_NEEDED = {BOUNDED: ("bound_s", "peak_memory_bytes"),
-           EVALUATED: ("bound_s", "peak_memory_bytes", "iteration_time_s", "throughput_tokens_per_s")}
+)"""
+
+
+def store_schema(format_name: str, version: int, points_table: str) -> tuple[str, ...]:
+    """The statements that create a store of ``format_name`` at ``version``: its format row,
+    its searches (one per space) and ``points_table`` (a ``points`` table keyed by search and
+    point key, one column per field of the store's row record)."""
+    return (
+        "CREATE TABLE format (name TEXT NOT NULL, version INTEGER NOT NULL)",
+        "CREATE TABLE searches (id INTEGER PRIMARY KEY, space TEXT NOT NULL UNIQUE, runs INTEGER NOT NULL DEFAULT 0)",
+        points_table,
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        f"INSERT INTO format VALUES ('{format_name}', {version})",
+    )
 
 
 class SearchStore:
-    """An open results store (see the module docstring). Use ``SearchStore.open``."""
+    """An open results store (see the module docstring). Use ``SearchStore.open``.
+
+    A store of another kind of search (``search.serving``) is a subclass with its own
+    ``FORMAT``, ``VERSION``, ``SCHEMA``, row record ``ROW`` (a frozen dataclass with ``key``,
+    ``status`` and ``label``), the values ``NEEDED`` in each status, and ``check_space``.
+    """
+
+    FORMAT = FORMAT
+    VERSION = VERSION
+    SCHEMA = store_schema(FORMAT, VERSION, _POINTS_TABLE)
+    ROW: type = StoredRow
+    # the values a row must have in each status (the others may be NULL)
+    NEEDED: ClassVar[dict[str, tuple[str, ...]]] = {
+        BOUNDED: ("bound_s", "peak_memory_bytes"),
+        EVALUATED: ("bound_s", "peak_memory_bytes", "iteration_time_s", "throughput_tokens_per_s")}
 
     def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
         self.path = path
@@ -165,7 +183,7 @@ class SearchStore:
         try:
             created = self._is_empty()
             if created:
-                for statement in _SCHEMA:
+                for statement in self.SCHEMA:
                     db.execute(statement)
             else:
                 self._check_format()
@@ -193,14 +211,15 @@ class SearchStore:
                                  f"tables {', '.join(sorted(tables)) or 'none'}); it was left as it is; give a new "
                                  "file or a pipesched search store to --db")
         found = db.execute("SELECT * FROM format").fetchmany(2)  # one row, or not this format
-        if len(found) == 1 and found[0][0] == FORMAT and isinstance(found[0][1], int) and found[0][1] < VERSION:
+        name, version = self.FORMAT, self.VERSION
+        if len(found) == 1 and found[0][0] == name and isinstance(found[0][1], int) and found[0][1] < version:
             raise PipeschedError(f"db={self.path}: a search store made by an older pipesched (format version "
-                                 f"{found[0][1]}, this one reads {VERSION}); it was left as it is; search again "
+                                 f"{found[0][1]}, this one reads {version}); it was left as it is; search again "
                                  "into a new --db")
-        if found != [(FORMAT, VERSION)]:
+        if found != [(name, version)]:
             raise PipeschedError(f"db={self.path}: a search store of format {shorten(found)}, this pipesched reads "
-                                 f"({FORMAT!r}, {VERSION}); it was left as it is; give another --db")
-        for table, columns in _table_columns().items():
+                                 f"({name!r}, {version}); it was left as it is; give another --db")
+        for table, columns in _table_columns(self.SCHEMA).items():
             have = tuple(tuple(row[1:3]) for row in db.execute(f"PRAGMA table_info({table})"))
             if have != columns:
                 what = f"the {table} table is missing" if not have else f"the {table} table has other columns"
@@ -236,7 +255,31 @@ class SearchStore:
         """(id, space) of every stored search, oldest first."""
         with self._errors():
             stored = self._db.execute("SELECT id, space FROM searches ORDER BY id").fetchall()
-        return [(search, _space(self.path, search, text)) for search, text in stored]
+        return [(search, self._space(search, text)) for search, text in stored]
+
+    def check_space(self, space: dict) -> None:
+        """Raise a PipeschedError (or TypeError) unless ``space`` is a space this store's
+        search reads."""
+        names = {f.name for f in fields(SearchSpace)}
+        if set(space) != names:
+            raise PipeschedError(f"space: fields {sorted(set(space) ^ names)} differ")
+        check_name("model", space["model"])
+        check_name("cluster", space["cluster"])
+        SearchSpace(**space)
+
+    def _space(self, search: int, text: object) -> dict:
+        """A stored search's space, checked as the search reads it."""
+        try:
+            space = json.loads(text) if isinstance(text, str) else None
+        except ValueError:
+            space = None
+        if not isinstance(space, dict):
+            raise _damaged(self.path, f"search {search} has no readable space ({shorten(text)})")
+        try:
+            self.check_space(space)
+        except (PipeschedError, TypeError) as exc:
+            raise _damaged(self.path, f"search {search} has a space this pipesched cannot read ({exc})") from None
+        return space
 
     # --- points ------------------------------------------------------------------------
     def write(self, search: int, rows: Iterable[StoredRow]) -> None:
@@ -244,17 +287,33 @@ class SearchStore:
         rows = list(rows)
         if not rows:
             return
-        marks = ", ".join("?" * (len(_COLUMNS) + 1))
+        columns = _columns(self.ROW)
+        marks = ", ".join("?" * (len(columns) + 1))
         with self._errors(), self._transaction():
-            self._db.executemany(f"INSERT OR REPLACE INTO points (search, {', '.join(_COLUMNS)}) VALUES ({marks})",
-                                 [(search, *(getattr(row, name) for name in _COLUMNS)) for row in rows])
+            self._db.executemany(f"INSERT OR REPLACE INTO points (search, {', '.join(columns)}) VALUES ({marks})",
+                                 [(search, *(getattr(row, name) for name in columns)) for row in rows])
 
     def rows(self, search: int) -> list[StoredRow]:
         """Every stored row of ``search``."""
         with self._errors():
-            stored = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM points WHERE search = ? ORDER BY key",
-                                      (search,)).fetchall()
-        return [_row(self.path, search, values) for values in stored]
+            stored = self._db.execute(f"SELECT {', '.join(_columns(self.ROW))} FROM points WHERE search = ? "
+                                      "ORDER BY key", (search,)).fetchall()
+        return [self._row(search, values) for values in stored]
+
+    def _row(self, search: int, values: tuple) -> object:
+        """A stored row, each value of its field's type and the values of its status present."""
+        columns, types = _columns(self.ROW), _column_types(self.ROW)
+        if not all(map(isinstance, values, types)):
+            name, value = next((n, v) for n, v, t in zip(columns, values, types, strict=True) if not isinstance(v, t))
+            raise _damaged(self.path, f"search {search} point {shorten(values[0])}: {name}={shorten(value)} is not of "
+                                      "its type")
+        row = self.ROW(*values)
+        if row.status not in _STATUSES:
+            raise _damaged(self.path, f"search {search} point {row.label}: status={shorten(row.status)} is unknown")
+        missing = [name for name in self.NEEDED.get(row.status, ()) if getattr(row, name) is None]
+        if missing:
+            raise _damaged(self.path, f"search {search} point {row.label}: {row.status} but no {', '.join(missing)}")
+        return row
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)
@@ -328,10 +387,10 @@ def _damaged(path: Path, what: str) -> PipeschedError:
 
 
 @cache
-def _table_columns() -> dict[str, tuple[tuple[str, str], ...]]:
-    """(name, declared type) of every column of each table, as the schema creates them."""
+def _table_columns(schema: tuple[str, ...]) -> dict[str, tuple[tuple[str, str], ...]]:
+    """(name, declared type) of every column of each table, as ``schema`` creates them."""
     with sqlite3.connect(":memory:") as scratch:
-        for statement in _SCHEMA:
+        for statement in schema:
             scratch.execute(statement)
         tables = [row[0] for row in scratch.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         columns = {table: tuple(tuple(row[1:3]) for row in scratch.execute(f"PRAGMA table_info({table})"))
@@ -340,50 +399,22 @@ def _table_columns() -> dict[str, tuple[tuple[str, str], ...]]:
     return columns
 
 
-def _space(path: Path, search: int, text: object) -> dict:
-    """A stored search's space, checked as a SearchSpace reads it."""
-    try:
-        space = json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        space = None
-    names = {f.name for f in fields(SearchSpace)}
-    if not isinstance(space, dict) or set(space) != names:
-        raise _damaged(path, f"search {search} has no readable space ({shorten(text)})")
-    try:
-        check_name("model", space["model"])
-        check_name("cluster", space["cluster"])
-        SearchSpace(**space)
-    except (PipeschedError, TypeError) as exc:
-        raise _damaged(path, f"search {search} has a space this pipesched cannot read ({exc})") from None
-    return space
+@cache
+def _columns(row_type: type) -> tuple[str, ...]:
+    """The columns of a store's points table: its row record's fields, in order."""
+    return tuple(f.name for f in fields(row_type))
 
 
 @cache
-def _column_types() -> tuple[tuple[type, ...], ...]:
-    """The types each StoredRow field takes, in column order (a float field takes an int too;
-    SQLite gives no other kinds of value)."""
-    hints = typing.get_type_hints(StoredRow)
+def _column_types(row_type: type) -> tuple[tuple[type, ...], ...]:
+    """The types each field of ``row_type`` takes, in column order (a float field takes an
+    int too; SQLite gives no other kinds of value)."""
+    hints = typing.get_type_hints(row_type)
     types = []
-    for name in _COLUMNS:
+    for name in _columns(row_type):
         allowed = typing.get_args(hints[name]) or (hints[name],)
         types.append(allowed + ((int,) if float in allowed else ()))
     return tuple(types)
-
-
-def _row(path: Path, search: int, values: tuple) -> StoredRow:
-    """A stored row, each value of its field's type and the values of its status present."""
-    types = _column_types()
-    if not all(map(isinstance, values, types)):
-        name, value = next((n, v) for n, v, t in zip(_COLUMNS, values, types, strict=True) if not isinstance(v, t))
-        raise _damaged(path, f"search {search} point {shorten(values[0])}: {name}={shorten(value)} is not of its "
-                             "type")
-    row = StoredRow(*values)
-    if row.status not in _STATUSES:
-        raise _damaged(path, f"search {search} point {row.label}: status={shorten(row.status)} is unknown")
-    missing = [name for name in _NEEDED.get(row.status, ()) if getattr(row, name) is None]
-    if missing:
-        raise _damaged(path, f"search {search} point {row.label}: {row.status} but no {', '.join(missing)}")
-    return row
 
 
 def read_rows(path: str | os.PathLike[str]) -> Iterator[tuple[dict, list[StoredRow]]]:

@@ -27,6 +27,13 @@ from pipesched.limits import (
 )
 
 
+def vocabulary_word(kind: type, field: str, text: object) -> object:
+    """The member of the closed vocabulary ``kind`` (``SchedulerName``, ``Preemption``,
+    ``Routing``) that ``text`` names; else one error line naming the choices."""
+    require(text in tuple(kind), field, text, f"choose {' or '.join(kind)}")
+    return kind(text)
+
+
 @dataclass(frozen=True)
 class SchedulerSpec:
     """A replica's scheduler and its caps."""
