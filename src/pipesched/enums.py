@@ -64,6 +64,15 @@ class MemoryUnit(Word):
     BYTES = "bytes"
     STAGE_MICROBATCHES = "stage-microbatches"  # a slot table's in-flight activations
     ACTIVATION_UNITS = "1F1B-stage activations"  # the same rescaled to a 1F1B stage's
+    KV_TOKENS = "KV tokens"  # a serving timeline's KV cache when its bytes per token are unknown
+
+
+class IterationKind(Word):
+    """What one serving iteration batches (``pipesched.serving.timeline``'s op kinds)."""
+
+    PREFILL = "P"  # prefill chunks only
+    DECODE = "D"  # decode steps only
+    MIXED = "M"  # prefill chunks and decode steps together (Sarathi-Serve's stall-free batches)
 
 
 class SearchStatus(Word):

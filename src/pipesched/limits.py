@@ -99,6 +99,8 @@ MAX_BATCH_TOKENS = 2**20  # tokens one serving iteration may batch (--max-tokens
 MAX_BATCH_REQUESTS = 2**16  # requests one serving iteration may batch (--max-batch)
 MAX_KV_BLOCK = 4096  # tokens of one paged KV-cache block
 MAX_QPS = 1e6  # requests per second of a synthetic trace or a capacity search
+# iterations one serving timeline draws (a window of the run: its stages x this many ops)
+MAX_VIEW_ITERATIONS = 20_000
 
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
@@ -147,6 +149,7 @@ LIMITS = (
     ("MAX_BATCH_REQUESTS", MAX_BATCH_REQUESTS, "requests of one serving iteration"),
     ("MAX_KV_BLOCK", MAX_KV_BLOCK, "tokens of one KV-cache block"),
     ("MAX_QPS", MAX_QPS, "requests per second"),
+    ("MAX_VIEW_ITERATIONS", MAX_VIEW_ITERATIONS, "iterations one serving timeline draws"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),
     ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout or a solver's time limit"),
     ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),

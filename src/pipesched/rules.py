@@ -82,9 +82,11 @@ from pipesched.ops import OVERLAP_F_B, B, F, I, O, Op, OpKind, R, W
 ACTIVATION = "activation"  # F(s) -> F(s+1): the hidden state, output_bytes[s]
 GRADIENT = "gradient"  # I/B(s+1) -> I/B(s): the gradient of that hidden state, output_bytes[s]
 # every transfer kind, messages, the replicas' gradient all-reduce and an all-to-all's pair
-# parts; a transfer table stores a kind as its index here (``timeline.ACTIVATION``,
-# ``GRADIENT``, ``ALLREDUCE``, ``ALL_TO_ALL``)
-TRANSFER_KIND_NAMES = (ACTIVATION, GRADIENT, "allreduce", "all-to-all")
+# parts, and serving's KV-cache moves (a prompt's cache sent from a prefill to a decode
+# instance, a preempted request's cache swapped to host memory and back); a transfer table
+# stores a kind as its index here (``timeline.ACTIVATION``, ``GRADIENT``, ``ALLREDUCE``,
+# ``ALL_TO_ALL``, ``KV_CACHE``, ``SWAP_OUT``, ``SWAP_IN``)
+TRANSFER_KIND_NAMES = (ACTIVATION, GRADIENT, "allreduce", "all-to-all", "kv-cache", "swap-out", "swap-in")
 
 # most kinds in one table: a set of kinds is a bit mask in one int64 (complete sets)
 MAX_KINDS = 63

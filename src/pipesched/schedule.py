@@ -398,7 +398,7 @@ class Schedule:
         found = []
         for need in self.rules[op.kind].needs:
             stage, step = op.stage + need.offset, op.step + need.step_offset
-            if not 0 <= stage < self.num_stages or step < 0:
+            if not 0 <= stage < self.num_stages or step < 0 or self._runs_nothing(stage, op.microbatch, step):
                 continue
             kinds = need.kinds
             kind = kinds[0]
@@ -406,6 +406,13 @@ class Schedule:
                 kind = next((k for k in kinds if Op(stage, k, op.microbatch, step=step) in self.op_set), kind)
             found.append(Op(stage, kind, op.microbatch, step=step))
         return tuple(found)
+
+    def _runs_nothing(self, stage: int, microbatch: int, step: int) -> bool:
+        """Whether the stage-microbatch runs no op where the rules let it (an empty complete
+        set: a serving batch on the stages of another instance); a need of it is then none."""
+        if frozenset() not in self.rules.complete:
+            return False
+        return not any(Op(stage, rule.kind, microbatch, step=step) in self.op_set for rule in self.rules)
 
     def with_ops(self, device_ops: tuple[tuple[Op, ...], ...], *, name: str | None = None,
                  frozen: frozenset[int] | None = None, params: Mapping[str, object] | None = None,

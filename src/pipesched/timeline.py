@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from pipesched.simulate.network import Network
 
 # Transfer kinds stored in TransferTable.kind: their index in rules.TRANSFER_KIND_NAMES; an
-# all-to-all is one transfer per pair of its group (``pipesched.simulate.collective``)
-ACTIVATION, GRADIENT, ALLREDUCE, ALL_TO_ALL = range(len(TRANSFER_KIND_NAMES))
+# all-to-all is one transfer per pair of its group (``pipesched.simulate.collective``); a
+# serving timeline's KV-cache moves (``pipesched.serving.timeline``)
+ACTIVATION, GRADIENT, ALLREDUCE, ALL_TO_ALL, KV_CACHE, SWAP_OUT, SWAP_IN = range(len(TRANSFER_KIND_NAMES))
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,6 +166,28 @@ class MeasuredInfo:
 
 
 @dataclass(frozen=True, eq=False)
+class ServingInfo:
+    """What a serving timeline (``pipesched.serving.timeline``) draws beside the times: its
+    microbatches are a window of the run's iterations (batches), its devices the stages'
+    tensor-parallel groups, and each batch's content is kept for the views' hovers."""
+
+    batch: np.ndarray  # int64 per microbatch: the run's iteration (batch) number
+    instance: np.ndarray  # int32 per microbatch: the instance that ran it
+    prefill_tokens: np.ndarray  # int64 per microbatch: prefill chunk tokens
+    decodes: np.ndarray  # int64 per microbatch: decode requests
+    kv_tokens: np.ndarray  # int64 per microbatch: KV tokens its decodes read
+    members: np.ndarray  # int64: request rows (of the run's trace), microbatch after microbatch
+    offsets: np.ndarray  # int64 [microbatches + 1] into members
+    device_names: tuple[str, ...]  # per device: "replica 0 · stage 1 · ranks 4-7"
+    device_labels: tuple[str, ...]  # per device, short: "r0 s1"
+    transfer_request: np.ndarray  # int64 per transfer row: the request a KV-cache move carries (-1: a batch's)
+    window: tuple[float, float]  # seconds of the run drawn (the first batch's start to the last's end)
+    run_iterations: int  # iterations of the whole run
+    run_span: tuple[float, float]  # seconds: the run's first start and last end
+    how: str  # how the window was chosen, in words
+
+
+@dataclass(frozen=True, eq=False)
 class Timeline:
     """Start and end of every compute op (and transfer) of one iteration.
 
@@ -199,6 +222,8 @@ class Timeline:
     iteration_end: tuple[float, ...] = ()
     # each row's step index (``Op.step``: a decode step); None when every op is at step 0
     op_step: np.ndarray | None = None  # int32
+    # a serving run's window (``pipesched.serving.timeline``): its batches and device groups
+    serving: ServingInfo | None = None
 
     def __len__(self) -> int:
         return int(self.op_start.shape[0])

@@ -45,6 +45,7 @@ from pipesched.render.style import (
     chunk_names,
     chunk_shade,
     device_color,
+    device_labels,
     home_window,
     kind_styles,
     lighten,
@@ -265,7 +266,8 @@ def _draw_panel(axes: Axes, timeline: Timeline, index: int, scale: TimeScale, *,
                           inches_per_unit=inches_per_unit, skip=hidden)
 
     ticks = list(range(devices)) + [host_y[d] for d in hosts] + [link_y[c] for c in channels]
-    names = ([f"d{d}" for d in range(devices)] + [f"d{d} host link" for d in hosts]
+    rows_named = device_labels(timeline)
+    names = (list(rows_named) + [f"{rows_named[d]} host link" for d in hosts]
              + [_channel_name(table, c) for c in channels])
     axes.set_yticks(ticks, names)
     for tick in axes.get_yticklabels()[devices:]:
@@ -379,13 +381,14 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
         axes.annotate(f"peak {peaks[device] / divisor:.3g} {unit}", xy=(1.0, device), xycoords=("axes fraction", "data"),
                       xytext=(4, 0), textcoords="offset points", va="center", fontsize=6.5,
                       color=OOM_COLOR if memory.out_of_memory[device] else "#555555")
-    axes.set_yticks(range(devices), [f"d{d}" for d in range(devices)], fontsize=8)
+    axes.set_yticks(range(devices), device_labels(timeline), fontsize=8)
     axes.set_ylim(devices - 0.5, -0.5)
     axes.tick_params(axis="y", length=0)
     axes.tick_params(axis="x", labelsize=8)
     for side in ("top", "right", "left"):
         axes.spines[side].set_visible(False)
-    note = f"memory in use per device (rows share one scale, full row = {top / divisor:.3g} {unit})"
+    what = "KV cache in use per stage group" if timeline.serving is not None else "memory in use per device"
+    note = f"{what} (rows share one scale, full row = {top / divisor:.3g} {unit})"
     if timeline.host_memory is not None:
         note += "; dashed grey: host memory of offloaded activations"
     if show_capacity:
@@ -393,7 +396,8 @@ def _draw_memory(axes: Axes, timeline: Timeline, scale: TimeScale) -> None:
     axes.set_title(note, loc="left", fontsize=8, color="#333333")
     short = [d for d, oom in enumerate(memory.out_of_memory) if oom]
     if short:
-        axes.set_title(f"out of memory: {', '.join(f'd{d}' for d in short)} (red: above capacity)", loc="right",
+        labels = device_labels(timeline)
+        axes.set_title(f"out of memory: {', '.join(labels[d] for d in short)} (red: above capacity)", loc="right",
                        fontsize=8, fontweight="bold", color=OOM_COLOR)
 
 

@@ -56,6 +56,7 @@ from pipesched.pairing import (
 )
 from pipesched.render.style import (
     IDLE_COLOR,
+    LISTED_REQUESTS,
     OOM_COLOR,
     TRANSFER_COLORS,
     TRANSFER_NAMES,
@@ -93,8 +94,11 @@ def render_html(
     title: str = "",
     distributions: Sequence[Mapping[str, object]] | None = None,
     share_axis: bool = False,
+    extra_sections: Sequence[tuple[str, str, str]] = (),
 ) -> str:
-    """The report page as text (``share_axis``: it opens with every panel on one time axis).
+    """The report page as text (``share_axis``: it opens with every panel on one time axis;
+    ``extra_sections``: (anchor, heading, HTML) sections placed before the timelines, listed
+    in the contents: a serving run's results and request plots).
 
     distributions: per schedule ``{"name", "samples" (iteration times, seconds),
     "deterministic" (seconds), optionally "fastest" (share of samples)}``, drawn as
@@ -124,6 +128,9 @@ def render_html(
         contents.append(("distributions", "Iteration time distributions"))
         data["distributions"] = distribution_data(distributions)
         sections.append(_distributions_section(data["distributions"]))
+    for anchor, name, body in extra_sections:
+        contents.append((anchor, name))
+        sections.append(f'<section id="{escape(anchor, quote=True)}"><h2>{escape(name)}</h2>{body}</section>')
     contents.append(("timelines-section", "Timelines"))
     sections.append(_timelines_section(share_axis))
     sections.insert(1, _contents(contents, summaries))
@@ -610,7 +617,32 @@ def timeline_data(timeline: Timeline, summary: Summary, *, scale: TimeScale | No
         "transfers": _transfers_data(timeline.transfers, clock),
         "channels": _channel_names(timeline.transfers),
         **_memory_data(timeline, clock),
+        **_serving_data(timeline),
     }
+
+
+def _serving_data(timeline: Timeline) -> dict:
+    """A serving timeline's row labels and, per microbatch (a batch of the run), what it
+    batched, for the hovers (nothing for any other timeline)."""
+    info = timeline.serving
+    if info is None:
+        return {}
+    counts = np.diff(info.offsets)
+    return {"serving": {
+        "deviceLabels": list(info.device_labels),
+        "deviceNames": list(info.device_names),
+        "batch": info.batch.tolist(),
+        "instance": info.instance.tolist(),
+        "prefillTokens": info.prefill_tokens.tolist(),
+        "decodes": info.decodes.tolist(),
+        "kvTokens": info.kv_tokens.tolist(),
+        "requests": counts.tolist(),
+        # the first request rows of each batch (the hover lists them)
+        "requestRows": [info.members[a:min(a + LISTED_REQUESTS, b)].tolist()
+                        for a, b in zip(info.offsets[:-1].tolist(), info.offsets[1:].tolist(), strict=True)],
+        "transferRequest": info.transfer_request.tolist(),
+        "how": info.how,
+    }}
 
 
 def _gaps_data(timeline: Timeline, clock: _Clock) -> dict:
@@ -697,6 +729,11 @@ def metrics_table_html(summaries: Sequence[Summary]) -> str:
     header = ("schedule", "level", "devices", "stages", "microbatches", "ops", "iteration time",
               "bubble", "bubble / work", "bubble from", "critical path: compute + comm",
               "comm exposed / hidden (sum of devices)", "peak memory")
+    if summaries and all(s.serving is not None for s in summaries):
+        # a serving window: its devices are stage groups, its microbatches iterations, its span no iteration
+        header = ("run", "level", "stage groups", "stages", "iterations", "ops", "window", "idle", "idle / work",
+                  "idle from", "critical path: compute + comm", "comm exposed / hidden (sum of stage groups)",
+                  "KV cache peak")
     rows = []
     for s in summaries:
         scale = time_scale(s.unit, s.iteration_time)

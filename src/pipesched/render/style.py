@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from pipesched.enums import MemoryUnit, TimeUnit
+from pipesched.enums import IterationKind, MemoryUnit, TimeUnit
 from pipesched.rules import RULES, Rules
 from pipesched.timeline import TRANSFER_KIND_NAMES, Timeline
 from pipesched.units import GiB, KiB, MiB, TiB
@@ -41,22 +41,34 @@ class KindStyles:
     colors: tuple[str, ...]
 
 
+# a serving timeline's iteration kinds (``pipesched.serving.timeline``): prefill in the
+# forward's blue, decode green, a mixed batch orange (no training kind is drawn beside them)
+SERVING_KIND_COLORS = {IterationKind.PREFILL: "#3274b5", IterationKind.DECODE: "#4e9f50",
+                       IterationKind.MIXED: "#f28e2b"}
+
+
 def kind_styles(rules: Rules) -> KindStyles:
-    """The styles of ``rules``' kinds: a default kind's own, another kind its letter, its
-    rule's summary and the next of EXTRA_KIND_COLORS."""
+    """The styles of ``rules``' kinds: a default kind's own, a serving iteration kind its
+    SERVING_KIND_COLORS colour, another kind its letter, its rule's summary and the next of
+    EXTRA_KIND_COLORS."""
     known = {letter: k for k, letter in enumerate(KIND_LETTERS)}
     extra = iter(itertools.cycle(EXTRA_KIND_COLORS))
     found = []
     for rule in rules:
         letter = str(rule.kind)
         k = known.get(letter)
-        found.append((letter, KIND_MARKS[k], KIND_NAMES[k], KIND_COLORS[k]) if k is not None
-                     else (letter, letter[0], rule.summary, next(extra)))
+        if k is not None:
+            found.append((letter, KIND_MARKS[k], KIND_NAMES[k], KIND_COLORS[k]))
+        elif isinstance(rule.kind, IterationKind):
+            found.append((letter, letter, rule.summary, SERVING_KIND_COLORS[rule.kind]))
+        else:
+            found.append((letter, letter[0], rule.summary, next(extra)))
     return KindStyles(*(tuple(column) for column in zip(*found, strict=True)))
 
 # index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce,
-# all-to-all): teal, gold, purple and slate, apart from every op colour and its lighter shades
-TRANSFER_COLORS: tuple[str, ...] = ("#5fb3b0", "#e3b52f", "#9d7cc1", "#607d8b")
+# all-to-all, kv-cache, swap-out, swap-in): teal, gold, purple, slate, then serving's KV moves
+# crimson and the swaps rose and pale rose, apart from every op colour and its lighter shades
+TRANSFER_COLORS: tuple[str, ...] = ("#5fb3b0", "#e3b52f", "#9d7cc1", "#607d8b", "#a63d57", "#d47a8f", "#e8b4c0")
 TRANSFER_NAMES: tuple[str, ...] = TRANSFER_KIND_NAMES
 
 # one colour per device (memory curves), cycling beyond ten devices: apart from the red of
@@ -65,6 +77,8 @@ DEVICE_COLORS: tuple[str, ...] = ("#4c78a8", "#54a24b", "#b279a2", "#9d755d", "#
                                   "#7f7f7f", "#17becf", "#bcbd22")
 
 IDLE_COLOR = "#ececec"
+# request rows a serving op's hover lists (its count is always given)
+LISTED_REQUESTS = 64
 OOM_COLOR = "#c0392b"
 # text drawn on a box of each kind (white reads on every fill)
 LABEL_ON_KIND = "#ffffff"
@@ -75,6 +89,22 @@ def op_label(timeline: Timeline, row: int, *, several_stages: bool) -> str:
     several stages; a fused op's parts joined by ``&`` (``F3&B1``, ``0F3&7B1``)."""
     entry = timeline.entry(row) if timeline.op_entry is not None else timeline.op(row)
     return "&".join(str(op) if several_stages else f"{op.kind}{op.microbatch}" for op in entry.atoms)
+
+
+def device_labels(timeline: Timeline) -> tuple[str, ...]:
+    """Each device's row label: ``d3``, or a serving timeline's stage group (``r0 s1``:
+    replica 0's stage 1)."""
+    if timeline.serving is not None:
+        return timeline.serving.device_labels
+    return tuple(f"d{d}" for d in range(timeline.num_devices))
+
+
+def device_names(timeline: Timeline) -> tuple[str, ...]:
+    """Each device in full: ``device 3``, or a serving stage group with its cluster ranks
+    (``replica 0 · stage 1 · ranks 4-7``)."""
+    if timeline.serving is not None:
+        return timeline.serving.device_names
+    return tuple(f"device {d}" for d in range(timeline.num_devices))
 
 
 def device_color(device: int) -> str:

@@ -16,7 +16,7 @@ from pipesched.bubbles import BUBBLE_PARTS, bubble_breakdown
 from pipesched.metrics import bubble_over_work, bubble_ratio, iteration_microbatches
 from pipesched.metrics import summarize as timeline_metrics
 from pipesched.render.style import format_memory, time_scale
-from pipesched.timeline import Timeline
+from pipesched.timeline import ServingInfo, Timeline
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,15 @@ class Summary:
     critical_comm: float = 0.0  # and in transfers
     exposed_comm: float = 0.0  # communication no compute hides, summed over devices, one iteration
     hidden_comm: float = 0.0  # communication under compute, summed over devices, one iteration
+    serving: ServingInfo | None = None  # a serving run's window: its ops are iterations, not a schedule's
 
     def headline(self) -> str:
         """One line for a title: ``iteration 33 slots · bubble 27.3% · peak memory 4 ...``
         (``steady-state iteration 24 slots (4 iterations of m=8 back to back) · ...`` for a
         steady state)."""
         scale = time_scale(self.unit, self.iteration_time)
+        if self.serving is not None:
+            return self._serving_headline()
         iteration = f"iteration {scale.format(self.iteration_time)}"
         if self.iterations > 1:
             iteration = (f"steady-state {iteration} ({self.iterations} iterations of m={self.microbatches:g} "
@@ -59,6 +62,18 @@ class Summary:
             parts.append(f"peak memory {format_memory(self.peak_memory, self.memory_unit)}")
             if self.out_of_memory:
                 parts.append("OUT OF MEMORY")
+        return " · ".join(parts)
+
+    def _serving_headline(self) -> str:
+        """``window 1.2 s: 400 of 9,120 iterations · idle 23.1% · KV cache peak 3.20 GiB``:
+        a serving window has no iteration of its own, and its idle time is the stages'."""
+        info = self.serving
+        assert info is not None
+        scale = time_scale(self.unit, self.makespan)
+        parts = [f"window {scale.format(self.makespan)}: {len(info.batch):,} of {info.run_iterations:,} iterations",
+                 f"idle {self.bubble_ratio:.1%}"]
+        if self.peak_memory is not None and self.memory_unit is not None:
+            parts.append(f"KV cache peak {format_memory(self.peak_memory, self.memory_unit)}")
         return " · ".join(parts)
 
 
@@ -87,6 +102,7 @@ def summarize(timeline: Timeline) -> Summary:
         critical_comm=figures.critical_path_comm,
         exposed_comm=float(sum(figures.exposed_comm)),
         hidden_comm=float(sum(figures.hidden_comm)),
+        serving=timeline.serving,
     )
 
 

@@ -28,6 +28,7 @@ from pipesched.errors import require
 from pipesched.render.style import (
     LABEL_ON_KIND,
     chunk_shade,
+    device_labels,
     format_memory,
     kind_styles,
     lighten,
@@ -64,7 +65,8 @@ def timeline_view(timeline: Timeline, *, width: int) -> Group:
     """
     require(width >= 24, "width", width, "the terminal timeline needs at least 24 columns")
     summary = summarize(timeline)
-    label_width = len(f"d{timeline.num_devices - 1}") + 1
+    names = device_labels(timeline)
+    label_width = max(len(name) for name in names) + 1
     columns = max(_MIN_BAR, width - label_width - _IDLE_WIDTH)
     span = timeline.makespan
     cell_rows = _cell_rows(timeline, columns)
@@ -74,7 +76,7 @@ def timeline_view(timeline: Timeline, *, width: int) -> Group:
 
     lines = [Text(f"{summary.name} ({summary.source}): {summary.headline()}", style="bold")]
     for device in range(timeline.num_devices):
-        line = Text(f"d{device}".ljust(label_width), style="bold")
+        line = Text(names[device].ljust(label_width), style="bold")
         line.append_text(_device_bar(timeline, cell_rows[device], chunk, int(chunks[device])))
         line.append(f"{idle_share[device]:>{_IDLE_WIDTH}.1%}", style="dim")
         lines.append(line)

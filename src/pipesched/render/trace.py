@@ -41,7 +41,7 @@ import numpy as np
 from pipesched.enums import Stream, TimeUnit
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_TRACE_TASKS
-from pipesched.render.style import TRANSFER_NAMES, kind_styles
+from pipesched.render.style import LISTED_REQUESTS, TRANSFER_NAMES, device_names, kind_styles
 from pipesched.render.waits import wait_texts
 from pipesched.simulate.critical import critical_path
 from pipesched.timeline import Timeline
@@ -197,9 +197,10 @@ class _Threads:
 def _process_names(timeline: Timeline, pid_of: list[int], suffix: str) -> list[dict]:
     """One process per device, ``<schedule> · device <d><suffix>``, sorted by its pid."""
     events = []
+    names = device_names(timeline)
     for device, pid in enumerate(pid_of):
         events += [
-            _meta("process_name", pid, 0, name=f"{timeline.schedule.name} · device {device}{suffix}"),
+            _meta("process_name", pid, 0, name=f"{timeline.schedule.name} · {names[device]}{suffix}"),
             _meta("process_sort_index", pid, 0, sort_index=pid),
         ]
     return events
@@ -273,6 +274,7 @@ def _op_events(timeline: Timeline, ops: _Slices, sends: _Slices, path) -> list[d
     kinds, stages, microbatches = (timeline.box_kind.tolist(), timeline.op_stage.tolist(),
                                    timeline.op_microbatch.tolist())
     critical = _on_path(path, len(timeline), transfers=False)
+    batches = batch_texts(timeline)
     events = []
     for row in range(len(timeline)):
         kind = kinds[row]
@@ -292,9 +294,27 @@ def _op_events(timeline: Timeline, ops: _Slices, sends: _Slices, path) -> list[d
                 "critical": critical[row],
                 "waited for": wait_words[row],
                 **({"waited for event": waited_event[row]} if waited_event[row] is not None else {}),
+                **(batches[microbatches[row]] if batches else {}),
             },
         })
     return events
+
+
+def batch_texts(timeline: Timeline) -> list[dict]:
+    """Per microbatch of a serving timeline, what its iteration batched (empty for any other
+    timeline): the run's batch number, its instance, its requests (the first LISTED_REQUESTS
+    trace rows), prefill tokens, decodes and the KV tokens they read."""
+    info = timeline.serving
+    if info is None:
+        return []
+    found = []
+    for mb in range(len(info.batch)):
+        members = info.members[info.offsets[mb]:info.offsets[mb + 1]]
+        found.append({"batch": int(info.batch[mb]), "instance": int(info.instance[mb]),
+                      "requests": int(members.size), "request rows": members[:LISTED_REQUESTS].tolist(),
+                      "prefill tokens": int(info.prefill_tokens[mb]), "decodes": int(info.decodes[mb]),
+                      "kv tokens read": int(info.kv_tokens[mb])})
+    return found
 
 
 def _transfer_events(timeline: Timeline, sends: _Slices, ops: _Slices, deps, path) -> list[dict]:
@@ -302,6 +322,9 @@ def _transfer_events(timeline: Timeline, sends: _Slices, ops: _Slices, deps, pat
     produce and consume its data."""
     table = timeline.transfers
     critical = _on_path(path, len(table), transfers=True)
+    # a serving timeline's KV-cache moves carry one request each
+    requests = (timeline.serving.transfer_request.tolist() if timeline.serving is not None
+                else [-1] * len(table))
     events = []
     for row in range(len(table)):
         src, dst = int(table.src_device[row]), int(table.dst_device[row])
@@ -317,6 +340,7 @@ def _transfer_events(timeline: Timeline, sends: _Slices, ops: _Slices, deps, pat
             "args": {"event": sends.event[row], "src device": src, "dst device": dst, "stage": int(table.stage[row]),
                      "microbatch": int(table.microbatch[row]), "bytes": float(table.nbytes[row]),
                      "critical": critical[row],
+                     **({"request": requests[row]} if requests[row] >= 0 else {}),
                      **({"producer": ops.event[producer]} if producer >= 0 else {}),
                      **({"consumer": ops.event[consumer]} if consumer >= 0 else {})},
         })

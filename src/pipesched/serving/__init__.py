@@ -10,4 +10,7 @@ cache and a batch scheduler per replica.
 - ``engine``: the discrete-event run of a trace -> ``ServeRun`` (``records``)
 - ``results``: TTFT, TBT, end-to-end latency, throughput, SLO attainment, goodput
 - ``capacity``: the highest rate that meets the SLOs
+- ``timeline``: a run's window as a ``Timeline`` (one op per iteration and stage group, the
+  ``SERVING_RULES`` kinds P, D, M), which every view draws (``pipesched.render.serving`` adds
+  the request-level plots and the serving page)
 """

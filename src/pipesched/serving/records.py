@@ -37,6 +37,10 @@ class IterationLog:
     flops: np.ndarray  # float64: model FLOPs of the row (StageIterationCosts.flops)
     members: np.ndarray  # int64: request rows, batch after batch
     offsets: np.ndarray  # int64 [batches + 1] into members
+    # the hidden state each row sends to the next stage of its instance: when it arrived there
+    # (seconds; its end on the last stage) and its bytes; None when the run does not record them
+    send_end: np.ndarray | None = None  # float64
+    send_bytes: np.ndarray | None = None  # float64
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
@@ -50,6 +54,7 @@ class KVTrace:
     blocks: tuple[np.ndarray, ...]  # per instance: blocks in use from then on
     capacity_blocks: tuple[int, ...]  # per instance: blocks its cache holds (the tightest stage's)
     block_size: int  # tokens per block
+    preempted_at: tuple[np.ndarray, ...] = ()  # per instance: when it preempted a request (seconds); () unrecorded
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,6 +101,9 @@ class ServeRun:
     peak_flops: float  # per device, for MFU
     moves: KVMoves = field(default_factory=KVMoves.empty)
     source: str = "simulated"  # or "measured"
+    # per instance, per stage: KV cache of one token on each device of the stage, bytes
+    # (``StageIterationCosts.kv_bytes_per_token``); () when not recorded
+    kv_bytes_per_token: tuple[tuple[float, ...], ...] = ()
 
     @property
     def duration(self) -> float:

@@ -238,24 +238,41 @@
     if (code === 0) return "nothing: it starts the iteration";
     if (code === 2) {
       var tr = t.transfers;
-      return data.transferKinds.names[tr.kind[ref]] + " transfer of microbatch " + tr.microbatch[ref] +
-        " from d" + tr.src[ref] + " to d" + tr.dst[ref] + " (" + (t.channels[tr.channel[ref]] || "") +
+      return data.transferKinds.names[tr.kind[ref]] + " transfer of " + (t.serving ? "batch " : "microbatch ") + tr.microbatch[ref] +
+        " from " + rowLabel(t, tr.src[ref]) + " to " + rowLabel(t, tr.dst[ref]) + " (" + (t.channels[tr.channel[ref]] || "") +
         "), arrived at " + fmtTime(tr.end[ref], unit);
     }
     var what = code === 1 ? "its input " : "the device: previous op ";
-    return what + opText(t, ref) + " on d" + ops.device[ref] + ", ended at " + fmtTime(ops.end[ref], unit);
+    return what + opText(t, ref) + " on " + rowLabel(t, ops.device[ref]) + ", ended at " + fmtTime(ops.end[ref], unit);
+  }
+  // a device's row label: d3, or a serving timeline's stage group (r0 s1)
+  function rowLabel(t, d) { return t.serving ? t.serving.deviceLabels[d] : "d" + d; }
+  // what a serving op's iteration batched (its microbatch is a batch of the run)
+  function batchRows(t, mb) {
+    var s = t.serving, listed = s.requestRows[mb], more = s.requests[mb] - listed.length;
+    return [
+      ["batch", String(s.batch[mb]) + " of the run (" + mb + " in this window)"],
+      ["requests", s.requests[mb] + ": " + listed.join(", ") + (more > 0 ? " and " + more + " more" : "")],
+      ["prefill tokens", String(s.prefillTokens[mb])],
+      ["decodes", String(s.decodes[mb])],
+      ["KV tokens read", String(s.kvTokens[mb])]
+    ];
   }
   function opTip(t, row) {
     var ops = t.ops;
-    var rows = [
+    var rows = t.serving ? [
+      ["run", t.name + " (" + t.source + ")"],
+      ["stage group", t.serving.deviceNames[ops.device[row]]]
+    ].concat(batchRows(t, ops.microbatch[row])) : [
       ["schedule", t.name + (t.links ? " (" + t.source + ")" : "")],
       ["device", "d" + ops.device[row]],
       ["stage", String(ops.stage[row])],
-      ["microbatch", String(ops.microbatch[row])],
+      ["microbatch", String(ops.microbatch[row])]];
+    rows = rows.concat([
       ["start", fmtTime(ops.start[row], t.timeUnit)],
       ["end", fmtTime(ops.end[row], t.timeUnit)],
       ["duration", fmtTime(ops.end[row] - ops.start[row], t.timeUnit)]
-    ];
+    ]);
     if (t.onPath && t.onPath.ops[row]) rows.push(["critical path", "on it"]);
     if (t.links) {
       var other = data.timelines[t.pairWith], partner = t.links[row];
@@ -275,9 +292,10 @@
     var tr = t.transfers, unit = t.timeUnit;
     var rows = [
       ["schedule", t.name],
-      ["route", "d" + tr.src[row] + " → d" + tr.dst[row] + " on " + (t.channels[tr.channel[row]] || "")],
+      ["route", rowLabel(t, tr.src[row]) + " → " + rowLabel(t, tr.dst[row]) + " on " + (t.channels[tr.channel[row]] || "")],
       ["stage", String(tr.stage[row])],
-      ["microbatch", tr.microbatch[row] < 0 ? "all" : String(tr.microbatch[row])],
+      t.serving && tr.microbatch[row] < 0 ? ["request", String(t.serving.transferRequest[row])] :
+        [t.serving ? "batch" : "microbatch", tr.microbatch[row] < 0 ? "all" : String(tr.microbatch[row])],
       ["bytes", formatBytes(tr.bytes[row])],
       ["start", fmtTime(tr.start[row], unit)],
       ["end", fmtTime(tr.end[row], unit)],
@@ -345,7 +363,7 @@
       var y = d * ROW;
       if (!gaps) el("rect", { x: 0, y: y + ROW * (1 - BOX) / 2, width: t.makespan, height: ROW * BOX, fill: data.idleColor }, idleBars);
       var name = el("text", { x: GUTTER - 8, y: y + ROW / 2 + 4, "text-anchor": "end", "class": "row-label" }, svg);
-      name.textContent = "d" + d;
+      name.textContent = rowLabel(t, d);
       var idle = el("text", { y: y + ROW / 2 + 4, "class": "side-label" }, side);
       idle.textContent = Math.round(100 * t.idle[d] / (t.makespan || 1)) + "% idle";
     }
@@ -359,7 +377,7 @@
     var ops = t.ops, opNodes = new Array(ops.start.length);
     hosts.forEach(function (device, k) {
       var label = el("text", { x: GUTTER - 8, y: hostTop + k * LINK_ROW + LINK_ROW / 2 + 3, "text-anchor": "end", "class": "link-label" }, svg);
-      label.textContent = "d" + device + " host link";
+      label.textContent = rowLabel(t, device) + " host link";
     });
     for (var row = 0; row < ops.start.length; row++) {
       var device = ops.device[row];
@@ -530,8 +548,8 @@
     if (showCaps) top = Math.max(top, Math.max.apply(null, caps));
     top *= 1.08;
     var oomDevices = [];
-    memory.oom.forEach(function (oom, d) { if (oom) oomDevices.push("d" + d); });
-    var title = html("p", "memory-title", "memory in use per device (" + memory.unit + ")" + (showCaps ? "; dashed: capacity" : "") +
+    memory.oom.forEach(function (oom, d) { if (oom) oomDevices.push(rowLabel(t, d)); });
+    var title = html("p", "memory-title", (t.serving ? "KV cache in use per stage group (" : "memory in use per device (") + memory.unit + ")" + (showCaps ? "; dashed: capacity" : "") +
       (host ? "; dotted: host memory of offloaded activations" : "") + "; hover for the values at a time", panel);
     if (oomDevices.length) {
       var oomNote = html("span", "oom-note", " out of memory: " + oomDevices.join(", ") + " (red above the capacity)", title);
@@ -605,7 +623,7 @@
         var text = fmtMemory(value, memory.unit) + " (peak " + fmtMemory(memory.peak[d], memory.unit) + ")";
         if (caps && value > caps[d]) text += " over " + fmtMemory(caps[d], memory.unit);
         if (host && host.peak[d]) text += ", host " + fmtMemory(valueAt(host.times[d], host.values[d], time), memory.unit);
-        return ["d" + d, text];
+        return [rowLabel(t, d), text];
       });
       showTip(event, "memory at " + fmtTime(time, t.timeUnit), rows, caps ? "capacity " + fmtMemory(Math.min.apply(null, caps), memory.unit) : null);
     });
@@ -618,7 +636,7 @@
       if (k === 1 && d === 0) return;
       var key = el("text", { y: 32 + 14 * k, "class": "side-label" }, side);
       key.setAttribute("style", "fill:" + deviceColor(d, t.devices) + ";font-weight:600");
-      key.textContent = "— d" + d;
+      key.textContent = "— " + rowLabel(t, d);
     });
     var chart = {
       update: function () {
@@ -703,7 +721,7 @@
 
   // ---- why: idle gaps, the critical path, busy and idle time in a window ------------------
   function gapTip(t, gap) {
-    var gaps = t.gaps, row = gaps.row[gap], unit = t.timeUnit, rows = [["schedule", t.name], ["device", "d" + gaps.device[gap]]];
+    var gaps = t.gaps, row = gaps.row[gap], unit = t.timeUnit, rows = [["schedule", t.name], ["device", rowLabel(t, gaps.device[gap])]];
     var length = gaps.end[gap] - gaps.start[gap];
     gaps.parts[gap].forEach(function (value, k) { if (value > 0) rows.push([data.bubbleParts[k], fmtTime(value, unit)]); });
     rows.push(["from", fmtTime(gaps.start[gap], unit) + " to " + fmtTime(gaps.end[gap], unit)]);
