@@ -131,6 +131,8 @@ def test_sampling_and_sends():
     latency = link.latency + H100.devices[0].transfer_setup_s
     assert first.send_s[512] == pytest.approx(latency + 512 * 8192 * 2 / link.bandwidth)
     assert first.send_s[0] == 0
+    # its payload: 8192 x 2 bytes a token leave stage 0; the last stage sends nothing
+    assert (first.hidden_bytes_per_token, last.hidden_bytes_per_token) == (8192 * 2, 0.0)
     # workspace: the residual stream and the widest matmul's input and output at the budget, fp32 logits
     widest = 8192 + 2 * 28672 / 4
     assert first.workspace_bytes == pytest.approx(4096 * 2 * (8192 + widest))

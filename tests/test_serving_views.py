@@ -6,6 +6,7 @@ expectation worked from the hand table."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import doctest
 import json
 import re
@@ -455,6 +456,47 @@ def test_preemptions_are_recorded_and_marked():
     assert sum(len(times) for times in run.kv.preempted_at) == int(run.preemptions.sum()) > 0
     kv = lines_by_label(request_figure(run, plots=("kv",)).axes[0])["preemption"]
     assert len(kv.get_xdata()) == len(run.kv.preempted_at[0])
+
+
+def test_an_engine_run_records_each_rows_send_and_the_stages_kv_bytes():
+    # 3 stages, each with its own KV bytes per token; stages 0 and 1 send 8 KiB a token
+    config = ServeConfig(instances=Instances(tp=1, pp=3, count=2),
+                         scheduler=SchedulerSpec(name=SchedulerName.SARATHI, max_batch=32, chunk=256))
+    built = deployment(config, line=LINE)
+    hidden = 8192.0
+    plans = tuple(dataclasses.replace(plan, stages=tuple(
+        dataclasses.replace(costs, kv_bytes_per_token=1e5 * (s + 1), hidden_bytes_per_token=0.0 if s == 2 else hidden)
+        for s, costs in enumerate(plan.stages))) for plan in built.instances)
+    run = simulate_serving(dataclasses.replace(built, instances=plans), poisson_trace(40, 50.0, seed=4))
+    assert run.kv_bytes_per_token == ((1e5, 2e5, 3e5),) * 2
+    log = run.iterations
+    tokens = (log.prefill_tokens + log.decodes).astype(float)
+    sending = log.stage < 2
+    # the line's send: 1 us a token to the next stage, arrived there at send_end; none from the last
+    assert (log.send_end - log.end)[sending].tolist() == pytest.approx((LINE.send * tokens[sending]).tolist())
+    assert np.array_equal(log.send_end[~sending], log.end[~sending])
+    assert np.array_equal(log.send_bytes, np.where(sending, hidden * tokens, 0.0))
+    # a batch's next stage starts once its hidden state has arrived
+    order = np.lexsort((log.stage, log.batch))
+    before, after = order[:-1], order[1:]
+    same = log.batch[before] == log.batch[after]
+    assert bool((log.start[after][same] >= log.send_end[before][same] - 1e-12).all())
+
+
+@pytest.mark.parametrize("preemption", list(Preemption))
+def test_each_preemption_is_timed_on_its_instance(preemption):
+    run = engine_run(capacity=60, preemption=preemption)
+    for i, times in enumerate(run.kv.preempted_at):
+        # one time per preemption of the requests this replica serves, in time order, each a
+        # moment its scheduler formed a batch (a KV-cache record of this instance then)
+        assert len(times) == int(run.preemptions[run.instance == i].sum()) > 0
+        assert bool((np.diff(times) >= 0).all()) and np.isin(times, run.kv.times[i]).all()
+    split = Disaggregation(prefill=Instances(tp=1, pp=2, count=1), decode=Instances(tp=1, pp=1, count=2))
+    config = ServeConfig(disaggregate=split, scheduler=SchedulerSpec(name=SchedulerName.VLLM, max_batch=32,
+                                                                     preemption=preemption))
+    run = simulate_serving(deployment(config, line=LINE, capacity_blocks=200),
+                           poisson_trace(200, 40.0, prompt=(100, 600), output=(20, 300), seed=9))
+    assert sum(len(times) for times in run.kv.preempted_at) == int(run.preemptions.sum()) > 0
 
 
 def test_the_module_examples_run():

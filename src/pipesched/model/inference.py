@@ -12,10 +12,11 @@ cache). Its time on a stage, per device of the stage's tensor-parallel group::
          + sample_s[n]                    last stage: LM head and sampling of n sequences
 
 with T = prefill chunk tokens + D. ``send_s[T]`` is the hidden state of T tokens sent to the
-next stage (zeros on the last stage). The kernel model fills ``token_s`` from the GEMM
-shapes at each token count (decode sizes are memory-bound: the weights are read once per
-iteration); a fitted latency model (DistServe's form, ``--latency-model``: its rows are
-``pipesched.io.latency_model.LatencyRow``) fills it as a line.
+next stage (zeros on the last stage), T x ``hidden_bytes_per_token`` bytes. The kernel
+model fills ``token_s`` from the GEMM shapes at each token count (decode sizes are
+memory-bound: the weights are read once per iteration); a fitted latency model
+(DistServe's form, ``--latency-model``: its rows are ``pipesched.io.latency_model.LatencyRow``)
+fills it as a line.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class StageIterationCosts:
     workspace_bytes: float  # activation workspace per device at the largest iteration
     flops_per_token: float  # model FLOPs per token of the stage's GEMMs, all its devices together
     flops_per_attention: float  # model FLOPs per unit of A (prefill) and per KV token read (decode)
+    # bytes of one token's hidden state sent to the next stage (send_s's payload; 0 on the last
+    # stage, and where the costs do not say)
+    hidden_bytes_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("token_s", "sample_s", "send_s"):
@@ -318,6 +322,7 @@ def _stage(placed: _Placed, stage: int, bounds: Sequence[int], table: _Tables) -
         flops_per_token=placed.tp * sum(kernel.flops for plan in stage_plans if plan.kind != LOSS
                                         for kernel in plan.kernels if kernel.backward == WEIGHT_MATMUL),
         flops_per_attention=blocks * 4.0 * model.num_heads * model.kv_channels,
+        hidden_bytes_per_token=0.0 if last else hidden,
     )
 
 

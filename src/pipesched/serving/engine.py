@@ -12,8 +12,11 @@ decodes, A = sum over chunks of c tokens after x cached of c x (x + c), K = sum 
 decodes of the tokens their attention reads (those cached before the step, + 1 for the
 new one), n = the tokens the batch makes (sampled on the last stage). Every (batch, stage)
 is a row of the ``IterationLog`` (a batch's members: its decodes, then its prefill
-chunks), so a stage idle between two batches of different times (the pipeline bubble)
-shows as a gap between its rows.
+chunks; the row's hidden state, T x ``hidden_bytes_per_token`` bytes, arrived at the next
+stage at ``send_end``: its end on the last stage), so a stage idle between two batches of
+different times (the pipeline bubble) shows as a gap between its rows. Each preemption's
+time (when the batch whose selection preempted it formed) is kept per instance
+(``KVTrace.preempted_at``).
 
 Tokens. A batch's tokens are made when it ends on the last stage: one per decode, and one
 per prefill whose chunk was its prompt's last (the first output token, or after a
@@ -104,6 +107,7 @@ from pipesched.serving.schedulers import (
     SWAP,
     SWAP_OUT,
     SWAPS,
+    VICTIMS,
     blocks_of,
     select_batch,
 )
@@ -115,15 +119,16 @@ _flops = njit(cache=True)(iteration_flops)
 # event priorities at one time
 _BATCH_END, _TRANSFER_END, _STAGE_FREE = 0, 1, 2
 # stage terms (float64 table, one row per stage of every instance)
-_BASE, _ATTENTION, _DECODE, _KV, _FLOPS_TOKEN, _FLOPS_ATTENTION, _KV_DEVICE = range(7)
-_TERMS = 7
+_BASE, _ATTENTION, _DECODE, _KV, _FLOPS_TOKEN, _FLOPS_ATTENTION, _KV_DEVICE, _HIDDEN = range(8)
 # settings (float64): per-iteration overhead, host link
 _OVERHEAD, _HOST_LATENCY, _HOST_BANDWIDTH = range(3)
 # run counters (int64)
-_ROWS, _BATCHES, _MEMBERS, _KV_LOG, _MOVES, _TRANSFERS, _SEQUENCE, _TURN_ENTRY, _TURN_DECODE, _CHUNKS = range(10)
-_COUNTERS = 10
-# iteration rows (float64): batch, instance, stage, first device, start, end, prefill tokens, decodes, kv tokens, flops
-_ROW_FIELDS = 10
+(_ROWS, _BATCHES, _MEMBERS, _KV_LOG, _MOVES, _TRANSFERS, _SEQUENCE, _TURN_ENTRY, _TURN_DECODE, _CHUNKS,
+ _PREEMPT_LOG) = range(11)
+_COUNTERS = 11
+# iteration rows (float64): batch, instance, stage, first device, start, end, prefill tokens, decodes, kv tokens,
+# flops, hidden state's arrival at the next stage (send_end), its bytes
+_ROW_FIELDS = 12
 # batches (int64): instance, first member, decodes, prefills, first chunk (of its prefills, in the chunk column)
 _BATCH_FIELDS = 5
 # moves (float64): request, kind, source device, destination device, bytes, start, end
@@ -189,7 +194,8 @@ class _Tables:
                 watermark_blocks(plan.kv_capacity_blocks))
         self.stage_free = np.zeros(len(stages))
         self.terms = np.array([[c.base_s, c.prefill_attention_s, c.decode_request_s, c.kv_token_s, c.flops_per_token,
-                                c.flops_per_attention, c.kv_bytes_per_token] for c in stages], np.float64)
+                                c.flops_per_attention, c.kv_bytes_per_token, c.hidden_bytes_per_token]
+                               for c in stages], np.float64)
         self.token_s = np.stack([c.token_s[:spec.token_budget + 1] for c in stages])
         self.send_s = np.stack([c.send_s[:spec.token_budget + 1] for c in stages])
         self.sample_s = np.stack([c.sample_s[:spec.max_batch + 1] for c in stages])
@@ -224,6 +230,7 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
     members, chunks_of = np.empty(token_times.shape[0] + chunks, np.int64), np.empty(chunks, np.int64)
     rows, batches = np.empty((4096, _ROW_FIELDS)), np.empty((4096, _BATCH_FIELDS), np.int64)
     kv_log, moves, transfers = np.empty((4096, 3)), np.empty((grow, _MOVE_FIELDS)), np.empty((grow, 3), np.int64)
+    preempt_log = np.empty((64, 3))  # instance, time, requests preempted then
     host_free, link_free, ends = np.zeros(nins), np.zeros((nins, nins)), np.zeros(grow)
     plan_rows, plan_chunks = np.empty(grow, np.int64), np.empty(grow, np.int64)  # the plan's requests, chunks
     swaps, swap_kind, going = np.empty(grow, np.int64), np.empty(grow, np.int64), np.empty(grow, np.int64)
@@ -264,14 +271,15 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
                 chunks_of = _room_1d(chunks_of, counts[_CHUNKS] + grow)
             if counts[_KV_LOG] + 1 > kv_log.shape[0] or counts[_MOVES] + grow > moves.shape[0]:
                 kv_log, moves = _room(kv_log, counts[_KV_LOG] + 1), _room(moves, counts[_MOVES] + grow)
+            preempt_log = _room(preempt_log, counts[_PREEMPT_LOG] + 1)
             b = _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec,
                       settings, host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows,
-                      plan_chunks, swaps, swap_kind, plan, ends)
+                      plan_chunks, swaps, swap_kind, plan, ends, preempt_log)
             if b >= 0:  # its end on the last stage, and stage 0 free for the next
                 heapq.heappush(heap, (ends[0], _BATCH_END, counts[_SEQUENCE], b))
                 heapq.heappush(heap, (ends[1], _STAGE_FREE, counts[_SEQUENCE] + 1, i))
                 counts[_SEQUENCE] += 2
-    return rows, batches, members, kv_log, moves, counts
+    return rows, batches, members, kv_log, moves, preempt_log, counts
 
 
 @njit(cache=True)
@@ -421,10 +429,14 @@ def _send(r, src, t, req, ins, moves, transfers, counts, device, kv_bytes, link_
 @njit(cache=True, _nrt=False)
 def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec, settings,
           host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows, plan_chunks, swaps,
-          swap_kind, plan, ends):
+          swap_kind, plan, ends, preempt_log):
     """Start instance i's next batch at t, if its scheduler finds one: its index (its end on
     the last stage and on stage 0 in ``ends``), or -1."""
     select_batch(spec, req, ins, i, plan_rows, plan_chunks, swaps, swap_kind, plan)
+    if plan[VICTIMS] > 0:
+        row = counts[_PREEMPT_LOG]
+        preempt_log[row, 0], preempt_log[row, 1], preempt_log[row, 2] = i, t, plan[VICTIMS]
+        counts[_PREEMPT_LOG] += 1
     start = _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, swaps, swap_kind,
                    plan)
     _log_kv(kv_log, counts, i, t, ins)
@@ -475,9 +487,9 @@ def _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, devi
         row = counts[_ROWS]
         rows[row, 0], rows[row, 1], rows[row, 2], rows[row, 3] = b, i, g - ins[i, FIRST_STAGE], device[g]
         rows[row, 4], rows[row, 5], rows[row, 6], rows[row, 7] = begin, end, prefill_tokens, decodes
-        rows[row, 8], rows[row, 9] = kv_tokens, flops
-        counts[_ROWS] += 1
         ready = end + send_s[g, tokens]
+        rows[row, 8], rows[row, 9], rows[row, 10], rows[row, 11] = kv_tokens, flops, ready, tokens * terms[g, _HIDDEN]
+        counts[_ROWS] += 1
     return end
 
 
@@ -501,7 +513,7 @@ def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, 
 
 
 def _result(deployment: Deployment, trace: Trace, tables: _Tables, logs: tuple) -> ServeRun:
-    rows, batches, members, kv_log, moves, counts = logs
+    rows, batches, members, kv_log, moves, preempt_log, counts = logs
     req, times = tables.req, tables.times
     stuck = np.flatnonzero(np.isnan(times[:, FINISHED_AT]))
     if stuck.size:
@@ -516,11 +528,12 @@ def _result(deployment: Deployment, trace: Trace, tables: _Tables, logs: tuple) 
         finished_at=times[:, FINISHED_AT].copy(), preemptions=req[:, PREEMPTED].astype(np.int32),
         token_times=tables.token_times, token_offsets=tables.token_offsets,
         iterations=_iteration_log(rows[:counts[_ROWS]], batches[:counts[_BATCHES]], members[:counts[_MEMBERS]]),
-        kv=_kv_trace(kv_log[:counts[_KV_LOG]], tables, config.kv.block_size),
+        kv=_kv_trace(kv_log[:counts[_KV_LOG]], preempt_log[:counts[_PREEMPT_LOG]], tables, config.kv.block_size),
         instance_kind=tuple(plan.kind for plan in plans),
         instance_devices=tuple(tuple(plan.devices) for plan in plans),
         tp=tuple(plan.tp for plan in plans), peak_flops=deployment.peak_flops,
-        moves=_moves(moves[:counts[_MOVES]]))
+        moves=_moves(moves[:counts[_MOVES]]),
+        kv_bytes_per_token=tuple(tuple(costs.kv_bytes_per_token for costs in plan.stages) for plan in plans))
 
 
 def _iteration_log(rows: np.ndarray, batches: np.ndarray, members: np.ndarray) -> IterationLog:
@@ -531,20 +544,24 @@ def _iteration_log(rows: np.ndarray, batches: np.ndarray, members: np.ndarray) -
         batch=ints[:, 0], instance=ints[:, 1].astype(np.int32), stage=ints[:, 2].astype(np.int32),
         first_device=ints[:, 3].astype(np.int32), start=rows[:, 4].copy(), end=rows[:, 5].copy(),
         prefill_tokens=ints[:, 6], decodes=ints[:, 7], kv_tokens=ints[:, 8], flops=rows[:, 9].copy(),
-        members=members, offsets=offsets)
+        members=members, offsets=offsets, send_end=rows[:, 10].copy(), send_bytes=rows[:, 11].copy())
 
 
-def _kv_trace(kv_log: np.ndarray, tables: _Tables, block_size: int) -> KVTrace:
-    """Blocks in use per instance from each time on (the last change at a time kept)."""
-    times, blocks = [], []
+def _kv_trace(kv_log: np.ndarray, preempt_log: np.ndarray, tables: _Tables, block_size: int) -> KVTrace:
+    """Blocks in use per instance from each time on (the last change at a time kept), and
+    each preemption's time (one per request preempted, in time order)."""
+    times, blocks, preempted = [], [], []
     for i in range(tables.ins.shape[0]):
+        events = preempt_log[preempt_log[:, 0] == i]
+        preempted.append(np.repeat(events[:, 1], events[:, 2].astype(np.int64)))
         mine = kv_log[kv_log[:, 0] == i]
         t = np.concatenate(([0.0], mine[:, 1]))
         used = np.concatenate(([0], mine[:, 2].astype(np.int64)))
         last = np.append(t[1:] != t[:-1], True)
         times.append(t[last])
         blocks.append(used[last])
-    return KVTrace(tuple(times), tuple(blocks), tuple(int(c) for c in tables.ins[:, CAPACITY]), block_size)
+    return KVTrace(tuple(times), tuple(blocks), tuple(int(c) for c in tables.ins[:, CAPACITY]), block_size,
+                   preempted_at=tuple(preempted))
 
 
 def _moves(moves: np.ndarray) -> KVMoves:

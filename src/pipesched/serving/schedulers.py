@@ -3,7 +3,8 @@
 ``select_batch`` is asked when the instance's stage 0 is free and fewer than p batches are
 in flight; it picks from the requests no batch in flight holds, takes their KV blocks
 (``kv_cache``) and writes the plan: the decode steps then the prefill chunks of the batch
-(``rows``, ``chunks``; a decode's chunk is 0) and the caches swapped out or in before it.
+(``rows``, ``chunks``; a decode's chunk is 0), the caches swapped out or in before it and
+how many requests it preempted (``VICTIMS``).
 Caps (``SchedulerSpec``): ``max_batch`` sequences per iteration, ``token_budget`` tokens per
 iteration (prefill chunk tokens + one per decode); an instance admits at most
 ``max_batch`` x p running requests (p batches in flight, as vLLM's virtual engines).
@@ -86,9 +87,12 @@ SCHEDULER_CODES = {SchedulerName.STATIC: STATIC, SchedulerName.ORCA: ORCA, Sched
 # the spec table (int64): the scheduler and its caps
 NAME, MAX_BATCH, BUDGET, SWAP, BLOCK = 0, 1, 2, 3, 4
 SPEC_FIELDS = 5
-# the plan's counters (int64): what the plan holds and what the iteration may still take
-DECODES, PREFILLS, SWAPS, TOKENS_LEFT, SEQS_LEFT, PREEMPTIONS = 0, 1, 2, 3, 4, 5
-PLAN_FIELDS = 6
+# the plan's counters (int64): what the plan holds and what the iteration may still take;
+# PREEMPTIONS counts the running decodes' victims of one selection round (vLLM lets swapped
+# requests back only after a round that preempted no one), VICTIMS every request preempted
+# while this batch was selected (the engine's ``KVTrace.preempted_at``)
+DECODES, PREFILLS, SWAPS, TOKENS_LEFT, SEQS_LEFT, PREEMPTIONS, VICTIMS = 0, 1, 2, 3, 4, 5, 6
+PLAN_FIELDS = 7
 SWAP_OUT, SWAP_IN = 0, 1  # swap directions (the plan's swap_kind)
 
 
@@ -97,6 +101,7 @@ def select_batch(spec, req, ins, i, rows, chunks, swaps, swap_kind, plan):
     """Write the next batch of instance i into the plan (module docstring); its ``DECODES``
     and ``PREFILLS`` are 0 when nothing can run (its swap-outs, if any, still move)."""
     plan[SWAPS] = 0
+    plan[VICTIMS] = 0
     _select(spec, req, ins, i, rows, chunks, swaps, swap_kind, plan)
     while plan[DECODES] + plan[PREFILLS] == 0 and ins[i, IN_FLIGHT] == 0 and _unstick(
             spec, req, ins, i, swaps, swap_kind, plan):
@@ -201,6 +206,7 @@ def _preempt(spec, req, ins, i, r, swaps, swap_kind, plan, may_swap):
     release(req, ins, i, r)
     ins[i, RUNNING] -= 1
     req[r, PREEMPTED] += 1
+    plan[VICTIMS] += 1
 
 
 @njit(cache=True, _nrt=False)
