@@ -139,10 +139,10 @@ EXEMPT = {
     **{flag: ({"search", "serve search"}, "a list of values to try") for flag in (
         "--tensor-parallel", "-t", "--dp", "--zero", "--recompute", "--schedules", "-b", "--pipeline", "--replicas",
         "--scheduler", "--max-batch", "--max-tokens", "--chunk")},
-    # each command writes its own result to the file it is given; serving reads its requests from --trace
+    # each command writes its own result to the file it is given
     **{flag: ({"check", "search", "show", "synthesize", "profile", "serve simulate", "serve capacity",
-               "serve search", "serve run", "serve check"}, "the command's own result, or the requests served")
-       for flag in ("--html", "--trace", "-o", "--output")},
+               "serve search", "serve run", "serve check"}, "the command's own result")
+       for flag in ("--html", "--perfetto", "-o", "--output")},
     # each search keeps its own kind of store
     "--db": ({"serve search"}, "the serving search's own store"),
     # profile times single ops (untimed repeats first) on a torch device, adds one runtime's

@@ -81,12 +81,12 @@ def test_synthesize_writes_the_format_its_output_names_with_its_pictures(cli, tm
     costs.write_text(COSTS.replace("3,1,1,1,2e9,1e6\n", "").replace("2,1,1,1,2e9,1e6\n", ""), encoding="utf-8")
     schedule, trace = tmp_path / "synth.json", tmp_path / "synth.trace.json"
     result = cli("synthesize", "-p", "2", "-m", "2", "--stage-costs", str(costs), "--time-limit", "5",
-                 "--no-timeline", "-o", str(schedule), "--trace", str(trace))
+                 "--no-timeline", "-o", str(schedule), "--perfetto", str(trace))
     assert result.code == 0, result
     assert json.loads(schedule.read_text(encoding="utf-8"))["format"] == "pipesched-schedule"
     assert "traceEvents" in json.loads(trace.read_text(encoding="utf-8"))
     same = cli("synthesize", "-p", "2", "-m", "2", "--stage-costs", str(costs), "--time-limit", "5",
-               "-o", str(tmp_path / "x.json"), "--trace", str(tmp_path / "x.json"))
+               "-o", str(tmp_path / "x.json"), "--perfetto", str(tmp_path / "x.json"))
     assert_one_line_error(same, "x.json", "the same file")
 
 
@@ -109,11 +109,11 @@ def test_a_freeze_plan_naming_layers_the_model_lacks_is_refused(cli, tmp_path, l
         assert_one_line_error(cli(*command, "-p", "4", "-m", "4", "--freeze-plan", str(plan)), *fragments)
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--png", "p.png"), ("--html", "r.html"), ("--trace", "t.json"),
+@pytest.mark.parametrize(("flag", "value"), [("--png", "p.png"), ("--html", "r.html"), ("--perfetto", "t.json"),
                                              ("--jitter", "0.1"), ("--straggler", "0:2"), ("--frozen-layers", "0-3")])
 def test_freeze_plan_refuses_the_options_it_cannot_honour(cli, tmp_path, flag, value):
     plan = _plan(tmp_path, "0,10,")
-    argv = [flag, str(tmp_path / value) if flag in ("--png", "--html", "--trace") else value]
+    argv = [flag, str(tmp_path / value) if flag in ("--png", "--html", "--perfetto") else value]
     for command in (("simulate", "1f1b"), ("compare", "--schedules", "1f1b")):
         result = cli(*command, "-p", "4", "-m", "4", "--freeze-plan", str(plan), *argv)
         assert_one_line_error(result, f"{flag.lstrip('-')}=", "--freeze-plan")
@@ -242,7 +242,7 @@ def test_a_character_device_is_no_output_file():
 
 def test_two_outputs_onto_one_file_are_refused(cli, tmp_path):
     same = str(tmp_path / "a.json")
-    assert_one_line_error(cli("show", "1f1b", "-o", same, "--trace", same), "the same file")
+    assert_one_line_error(cli("show", "1f1b", "-o", same, "--perfetto", same), "the same file")
     assert_one_line_error(cli("simulate", "1f1b", "-p", "2", "-m", "2", "--png", same, "--svg", same),
                           "the same file")
     assert _entries(tmp_path) == []
@@ -262,12 +262,12 @@ def test_a_run_whose_second_output_fails_replaces_none(cli, tmp_path, monkeypatc
         fill(fd, data)
 
     monkeypatch.setattr(files, "_fill", disk_full_in)
-    result = cli("show", "1f1b", "-p", "2", "-m", "2", "--png", str(keep), "--trace", str(full / "t.json"))
+    result = cli("show", "1f1b", "-p", "2", "-m", "2", "--png", str(keep), "--perfetto", str(full / "t.json"))
     assert_one_line_error(result, "trace=", "No space left on device")
     assert keep.read_bytes() == b"the picture of an earlier run"
     assert _entries(tmp_path) == ["full", "keep.png"] and _entries(full) == []
     schedule = tmp_path / "s.txt"
-    result = cli("show", "1f1b", "-p", "2", "-m", "2", "-o", str(schedule), "--trace", str(full / "t.json"))
+    result = cli("show", "1f1b", "-p", "2", "-m", "2", "-o", str(schedule), "--perfetto", str(full / "t.json"))
     assert result.code == 2 and not schedule.exists()
 
 

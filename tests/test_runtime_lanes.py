@@ -97,7 +97,7 @@ def test_run_html_draws_the_lanes(cli, tmp_path):
     page = tmp_path / "run.html"
     trace = tmp_path / "run.trace"
     result = cli("run", "1f1b", "-p", "2", "-m", "2", "--model", "tiny", "-s", "8", "--steps", "1", "--warmup", "1",
-                 "--runtime", "ours", "--html", str(page), "--trace", str(trace))
+                 "--runtime", "ours", "--html", str(page), "--perfetto", str(trace))
     assert result.code == 0, result.err
     text = page.read_text()
     assert "point-to-point transfers" in text and "no communication lanes" not in text

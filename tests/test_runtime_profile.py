@@ -177,7 +177,7 @@ def test_profile_command_refuses_an_unwritable_output_before_measuring(cli, tmp_
 def test_check_command_compares_prediction_and_run(cli, tmp_path):
     page, trace = tmp_path / "check.html", tmp_path / "check.trace.json"
     result = cli("check", "--schedules", "gpipe,zb-h1", "-p", "2", "-m", "3", "--model", "tiny", "-s", "16",
-                 "--steps", "2", "--warmup", "1", "--json", "--html", str(page), "--trace", str(trace))
+                 "--steps", "2", "--warmup", "1", "--json", "--html", str(page), "--perfetto", str(trace))
     assert result.code == 0, result.err
     data = json.loads(result.out)
     # the views: both timelines of both schedules, two processes per device in the trace

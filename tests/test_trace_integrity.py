@@ -75,7 +75,7 @@ def test_counters_are_never_negative(trace) -> None:
 def test_a_trace_the_cli_writes_holds_together(cli, tmp_path) -> None:
     # the default scenario: links, memory over time, devices out of memory, fused pairs
     path = tmp_path / "dualpipev.json"
-    assert cli("simulate", "dualpipev", "-p", "4", "-m", "8", "--trace", str(path), "--no-timeline").code == 0
+    assert cli("simulate", "dualpipev", "-p", "4", "-m", "8", "--perfetto", str(path), "--no-timeline").code == 0
     document = json.loads(path.read_text())
     assert any(e["name"] == "out of memory" for e in document["traceEvents"])
     check_flows(document)

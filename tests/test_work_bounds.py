@@ -124,7 +124,7 @@ def test_a_trace_over_its_limit_is_refused_before_anything_is_written(cli, tmp_p
     p, m = 3, 16384  # 1F1B's slot table: 2 p m ops, no transfers
     assert 2 * p * m > MAX_TRACE_TASKS
     trace, table = tmp_path / "t.json", tmp_path / "t.txt"
-    result = cli("show", "1f1b", "-p", str(p), "-m", str(m), "--trace", str(trace), "-o", str(table))
+    result = cli("show", "1f1b", "-p", str(p), "-m", str(m), "--perfetto", str(trace), "-o", str(table))
     assert_one_line_error(result, f"trace={2 * p * m:,} ops and transfers")
     assert not trace.exists() and not table.exists()
 

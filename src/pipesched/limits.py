@@ -38,7 +38,7 @@ MAX_REPLICAS = 8  # placement replicas (2 for Chimera and DualPipe)
 # benchmarked at; drawing a table this large as a PNG, the heaviest command, peaks under
 # 1 GiB (benchmarks/results/fuzz_inputs.txt)
 MAX_OPS = 2**20
-# ops and transfers of the timelines one Perfetto trace (--trace) draws: each is about three
+# ops and transfers of the timelines one Perfetto trace (--perfetto) draws: each is about three
 # trace events (its slice, a flow arrow's two ends) while the trace is built; twice this
 # many (1F1B, p=4, m=16384) peaked at 0.42 GiB and took 27 s on a busy 2-core machine
 MAX_TRACE_TASKS = 2**16
@@ -119,7 +119,7 @@ LIMITS = (
     ("MAX_MICROBATCHES", MAX_MICROBATCHES, "microbatches m"),
     ("MAX_REPLICAS", MAX_REPLICAS, "placement replicas"),
     ("MAX_OPS", MAX_OPS, "ops of one schedule (3 per stage-microbatch counted)"),
-    ("MAX_TRACE_TASKS", MAX_TRACE_TASKS, "ops and transfers one Perfetto trace (--trace) draws"),
+    ("MAX_TRACE_TASKS", MAX_TRACE_TASKS, "ops and transfers one Perfetto trace (--perfetto) draws"),
     ("MAX_GRID_CELLS", MAX_GRID_CELLS, "devices x steps of a grid or CSV layout (larger: written without idle steps)"),
     ("MAX_LAYERS", MAX_LAYERS, "layers of a model"),
     ("MAX_WIDTH", MAX_WIDTH, "hidden, MLP and head size"),

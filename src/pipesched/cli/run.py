@@ -51,7 +51,7 @@ RunSchedule = Annotated[str, typer.Argument(metavar="SCHEDULE|FILE", help="sched
 CheckSchedules = Annotated[str, typer.Option(
     "--schedules", help="comma-separated families or schedule files, e.g. gpipe,1f1b,zb-h1")]
 CheckTrace = Annotated[str | None, typer.Option(
-    "--trace", help="write both timelines of every schedule as one Perfetto trace: two processes per device")]
+    "--perfetto", help="write both timelines of every schedule as one Perfetto trace: two processes per device")]
 CheckHtml = Annotated[str | None, typer.Option(
     "--html", help="write the comparison page: predicted over measured timelines, deviations, step times")]
 Fault = Annotated[str | None, typer.Option("--inject-fault", hidden=True, help="crash:RANK, hang:RANK or kill:RANK (tests)")]
@@ -105,7 +105,7 @@ def run_command(*, schedule_name: RunSchedule, p: RunDevices = None, m: RunMicro
                 family_settings: FamilySettings = None, real: RealRunOptions, as_json: AsJson = False,
                 views: ViewPaths, inject_fault: Fault = None) -> None:
     """Run a schedule for real on P local ranks (gloo on CPU, NCCL on GPUs): median step time
-    after warm-up and the measured timeline of every op on every rank (--png/--svg/--trace/--html
+    after warm-up and the measured timeline of every op on every rank (--png/--svg/--perfetto/--html
     draw the median step).
 
     \b

@@ -162,7 +162,7 @@ def show(*, name: ScheduleName, schedule: ScheduleOptions, fmt: Format = None, o
     """Generate a schedule and print it as a table (or write it as grid text, CSV or JSON).
     On a terminal the table is time-aligned (every slot the same columns, cut into bands at
     the terminal's width, coloured by op kind unless NO_COLOR); to a pipe, with -o or with
-    --format grid it is the grid text. --png/--svg/--trace/--html draw its idealized slot
+    --format grid it is the grid text. --png/--svg/--perfetto/--html draw its idealized slot
     table (F = I = W = 1 slot, or the lengths --set costs=F,I,W gives). --frozen-stages
     generates it for those frozen stages.
 

@@ -50,7 +50,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.search import ProgressBar
-from pipesched.cli.views import Html, Png, Svg
+from pipesched.cli.views import Html, Png, Svg, Trace
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SchedulerName, SearchStatus
 from pipesched.errors import PipeschedError, require
@@ -136,10 +136,6 @@ def print_summary(what: str, run: ServeRun, result: ServeResult, console: Consol
         console.print(line, highlight=False, markup=False)
 
 
-Perfetto = Annotated[str | None, typer.Option(
-    "--perfetto", help="write a Perfetto / Chrome trace (JSON) of the serving timeline to this file")]
-
-
 @dataclass(frozen=True)
 class ServeViews(OptionGroup):
     """The pictures of a serving run asked for, a path each: the report, the Gantt chart of
@@ -148,7 +144,7 @@ class ServeViews(OptionGroup):
     html: Html = None
     png: Png = None
     svg: Svg = None
-    perfetto: Perfetto = None
+    perfetto: Trace = None
 
     def check(self) -> ServeViews:
         """Fail on an unwritable path (or two views on one file) before any work is done."""

@@ -1,4 +1,4 @@
-"""The picture options shared by `show`, `simulate` and `compare`: --png, --svg, --trace,
+"""The picture options shared by `show`, `simulate` and `compare`: --png, --svg, --perfetto,
 --html, and the Unicode timeline."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # rich and numpy load with the commands that draw
 
 Png = Annotated[str | None, typer.Option("--png", help="write a Gantt chart (PNG) to this file")]
 Svg = Annotated[str | None, typer.Option("--svg", help="write a Gantt chart (SVG) to this file")]
-Trace = Annotated[str | None, typer.Option("--trace", help="write a Perfetto / Chrome trace (JSON) to this file")]
+Trace = Annotated[str | None, typer.Option("--perfetto", help="write a Perfetto / Chrome trace (JSON) to this file")]
 Html = Annotated[str | None, typer.Option("--html", help="write the interactive HTML report to this file")]
 ShareAxis = Annotated[bool, typer.Option(
     "--share-axis", help="draw every timeline on one time axis, 0 to the longest (--png, --svg; --html opens with "

@@ -1,6 +1,6 @@
-"""Write any set of views of some timelines at once (the ``--png/--svg/--trace/--html``
+"""Write any set of views of some timelines at once (the ``--png/--svg/--perfetto/--html``
 options of ``show``, ``simulate``, ``compare`` and ``run``), and the views of predicted
-and measured pairs (``check --html/--trace``).
+and measured pairs (``check --html/--perfetto``).
 
 Every output path is checked before anything is drawn, and the files are written all or
 none (``pipesched.io.files.write_all``), so a bad path costs nothing and a failure leaves no
