@@ -15,8 +15,9 @@ does:
   micro-batch 1 x 4096 tokens, 4 link what-ifs (the cluster's links, every link at 3 us,
   50 GB/s, and both).
 
-What is timed: ``evaluate_all(points, ["sim"], mapper=process_map(workers))`` from a fresh
-pool, wall clock; "cold" is the first pass over the grid (every schedule generated and
+What is timed: each point's ``evaluate(point, ["sim"])`` over ``process_map(workers)`` from
+a fresh pool, wall clock, and the CPU time each point took in its worker (what the points
+cost whatever else runs on a shared machine); "cold" is the first pass over the grid (every schedule generated and
 every stage cost computed once in the worker that meets it first), "warm" a second pass
 over the same grid in the same pool (schedules and costs cached in the workers). Evaluations per second count
 every point evaluated (skipped points included: they cost a failed build).
@@ -37,7 +38,7 @@ import time
 from figures import figure
 
 from pipesched.costs import StageCosts
-from pipesched.experiments import Point, evaluate_all, process_map
+from pipesched.experiments import Point, Record, evaluate, process_map
 from pipesched.generators import FAMILIES
 
 P, M, V = (4, 8, 16), (8, 16, 32, 64), (2, 4)
@@ -73,17 +74,27 @@ def model_grid() -> list[Point]:
     return points
 
 
-def rate(points: list[Point], workers: int) -> tuple[float, float, int, int]:
-    """(cold, warm) evaluations per second, evaluated and skipped counts."""
+def timed_evaluate(point: Point) -> tuple[Record, float]:
+    """A point at the sim level, and the CPU seconds it took in its worker."""
+    start = time.process_time()
+    record = evaluate(point, ("sim",))
+    return record, time.process_time() - start
+
+
+def rate(points: list[Point], workers: int) -> tuple[float, float, float, float, int, int]:
+    """(cold, warm) evaluations per second, (cold, warm) CPU seconds per point in the
+    workers, evaluated and skipped counts."""
     with process_map(workers) as mapper:
         start = time.perf_counter()
-        records = list(evaluate_all(points, ["sim"], mapper=mapper))
+        cold_timed = list(mapper(timed_evaluate, points))
         cold = time.perf_counter() - start
         start = time.perf_counter()
-        list(evaluate_all(points, ["sim"], mapper=mapper))
+        warm_timed = list(mapper(timed_evaluate, points))
         warm = time.perf_counter() - start
-    ok = sum(1 for r in records if r.ok)
-    return len(points) / cold, len(points) / warm, ok, len(points) - ok
+    ok = sum(1 for record, _ in cold_timed if record.ok)
+    cold_cpu = sum(seconds for _, seconds in cold_timed) / len(points)
+    warm_cpu = sum(seconds for _, seconds in warm_timed) / len(points)
+    return len(points) / cold, len(points) / warm, cold_cpu, warm_cpu, ok, len(points) - ok
 
 
 def main() -> None:
@@ -95,12 +106,16 @@ def main() -> None:
                                                                          model_grid, 1000)):
         label = name.split()[0]
         points = build()
-        cold, warm, ok, skipped = rate(points, args.workers)
+        cold, warm, cold_cpu, warm_cpu, ok, skipped = rate(points, args.workers)
         verdict = "meets" if min(cold, warm) >= target else ("meets warm" if warm >= target else "MISSES")
         print(f"{name}: {len(points)} points ({ok} evaluated, {skipped} skipped): cold {cold:,.0f}/s, "
-              f"warm {warm:,.0f}/s (target {target:,}/s: {verdict})")
+              f"warm {warm:,.0f}/s (target {target:,}/s: {verdict}); CPU per point in the workers: cold "
+              f"{cold_cpu * 1e3:.2f} ms, warm {warm_cpu * 1e3:.2f} ms ({args.workers / cold_cpu:,.0f}/s and "
+              f"{args.workers / warm_cpu:,.0f}/s on {args.workers} otherwise idle cores)")
         figure(f"{label}_grid_cold", cold, "points/s")
         figure(f"{label}_grid_warm", warm, "points/s")
+        figure(f"{label}_grid_cold_cpu_per_point", cold_cpu * 1e3, "ms", better="lower")
+        figure(f"{label}_grid_warm_cpu_per_point", warm_cpu * 1e3, "ms", better="lower")
 
 
 if __name__ == "__main__":

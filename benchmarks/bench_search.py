@@ -28,6 +28,7 @@ the points cost whatever else runs.
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import resource
 import tempfile
@@ -38,8 +39,9 @@ from figures import figure
 
 from pipesched.experiments import Point, Record, evaluate, evaluate_all, process_map
 from pipesched.generators import FAMILIES, get_family
+from pipesched.search.results import SearchResult
 from pipesched.search.space import SearchSpace
-from pipesched.search.store import EVALUATED
+from pipesched.search.store import EVALUATED, SearchStore
 from pipesched.search.sweep import bound_row, search
 
 DEVICES = 32  # 4 x 8 H100
@@ -130,7 +132,7 @@ def whole_search(workers: int) -> None:
     before = children_cpu()
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
-        result = search(space, db=Path(folder) / "bench.sqlite", mapper=process_map(workers))
+        result = run_search(space, Path(folder) / "bench.sqlite", workers)
         elapsed = time.perf_counter() - start
     cpu = children_cpu() - before
     print(f"settled {len(result.rows):,} points in {elapsed:.1f} s: {len(result.rows) / elapsed:,.0f} points/s wall; "
@@ -143,6 +145,16 @@ def whole_search(workers: int) -> None:
     best = result.best
     print(f"best: {best.key}: {best.iteration_time_s:.4f} s, {best.throughput_tokens_per_s:,.0f} tokens/s")
     print(f"after: {load()}")
+
+
+def run_search(space: SearchSpace, db: Path, workers: int) -> SearchResult:
+    """The search into a fresh store at ``db``, through whichever library call this tree
+    has: ``search(space, db=...)``, or the earlier ``search(space, store=...)`` with the
+    store and the pool opened by the caller (so that the benchmark runs on both)."""
+    if "db" in inspect.signature(search).parameters:
+        return search(space, db=db, mapper=process_map(workers))
+    with SearchStore.open(db) as store, process_map(workers) as mapper:
+        return search(space, store=store, mapper=mapper)
 
 
 def main() -> None:

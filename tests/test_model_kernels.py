@@ -19,6 +19,7 @@ from pipesched.model import (
     layer_costs,
     load_device,
     load_model,
+    transformer,
 )
 from pipesched.model.kernels import (
     flash_attention_time,
@@ -164,3 +165,14 @@ def test_the_cpu_preset_is_the_plain_roofline():
 def test_impossible_device_fields_are_refused(changes, field):
     with pytest.raises(PipeschedError, match=field):
         dataclasses.replace(PLAIN, **changes)
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_the_layers_timed_once_per_distinct_layer_cost_what_each_layer_timed_alone_costs(recompute):
+    """A model's alike blocks are timed once: every layer's cost, its name included, is the
+    time model applied to that layer on its own."""
+    model, device = load_model("llama3-8b"), load_device("h100-sxm")
+    settings = TrainingSettings(micro_batch_size=2, seq_len=1024, recompute=recompute, tensor_parallel=2)
+    alone = [transformer._cost(plan, device, settings, transformer.DEFAULT_TP_LINK)
+             for plan in transformer.layer_plans(model, settings)]
+    assert layer_costs(model, device, settings) == alone

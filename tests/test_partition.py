@@ -293,3 +293,22 @@ def test_layout_errors(text, message):
 def test_layout_stage_count_must_match():
     with pytest.raises(PipeschedError, match="has 2 stages; the pipeline has 4"):
         parse_layout("Ett|ttL", "EttttL", num_stages=4)
+
+
+@pytest.mark.parametrize("method", ["uniform", "balanced"])
+def test_a_plan_by_compute_is_shared_by_every_schedule_and_carries_each_ones_counts(method):
+    """Only the memory method partitions by the in-flight counts: under the others two
+    schedules of one placement get the plan made without a schedule (its stage costs
+    computed once), each with its own in-flight counts and device peaks."""
+    model, cluster = load_model("llama3-8b"), load_cluster("1x8-h100")
+    placement = Placement.one_per_device(4)
+    settings = one_device(seq_len=2048)
+    alone = plan_stages(model, placement, cluster, settings, method=method)
+    plans = {name: plan_stages(model, placement, cluster, settings, method=method, schedule=generate(name, 4, 8))
+             for name in ("1f1b", "gpipe")}
+    assert plans["1f1b"].inflight != plans["gpipe"].inflight
+    for name, plan in plans.items():
+        schedule = generate(name, 4, 8)
+        assert plan.partition == alone.partition and plan.costs is alone.costs
+        assert plan.inflight == tuple(inflight_per_stage(schedule))
+        assert plan.device_peak_bytes == tuple(device_peak_bytes(schedule, alone.costs))

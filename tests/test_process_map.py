@@ -43,6 +43,25 @@ def _pid_after_a_while(x: int) -> int:
     return os.getpid()
 
 
+def test_the_workers_share_a_grid_evenly() -> None:
+    """Each schedule's points go to one worker, and the workers' work (the table sizes p x m
+    x v of their points) differs by at most one schedule's: a schedule first met goes to
+    the worker given the least so far."""
+    points = [Point(family, p=p, m=m, v=v, latency=latency) for family in ("interleaved-1f1b", "looped-bfs")
+              for p in (2, 4) for m in (4, 8, 16) for v in (2, 4) for latency in (0.0, 1e-6, 1e-5)]
+    with process_map(2, chunksize=4) as mapper:
+        pids = [pid for pid, _ in mapper(_pid_and_m, points)]
+    work: dict[int, int] = {}
+    schedule_work: dict[tuple, int] = {}
+    for point, pid in zip(points, pids, strict=True):
+        size = point.p * point.m * point.v
+        work[pid] = work.get(pid, 0) + size
+        key = (point.family, point.p, point.m, point.v)
+        schedule_work[key] = schedule_work.get(key, 0) + size
+    assert len(work) == 2
+    assert max(work.values()) - min(work.values()) <= max(schedule_work.values())
+
+
 def test_a_pool_left_by_an_exception_stops_at_once() -> None:
     # 100 items of 50 ms on 2 workers: 2.5 s of work queued when the first result comes
     with pytest.raises(KeyboardInterrupt), process_map(2) as mapper:

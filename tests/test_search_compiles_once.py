@@ -14,6 +14,7 @@ import pytest
 
 from pipesched.experiments import evaluate
 from pipesched.experiments.point import Point
+from pipesched.model import load_cluster, pipeline_ranks
 from pipesched.search import sweep
 
 graph_module = importlib.import_module("pipesched.simulate.graph")
@@ -133,3 +134,17 @@ def test_kept_graphs_are_taken_once_and_the_oldest_go_beyond_the_budget(monkeypa
 
 def bound_graph(point: Point):
     return importlib.import_module("pipesched.search.bounds").lower_bound(point).graph
+
+
+def test_the_network_of_a_placement_is_built_once_for_every_point_on_it() -> None:
+    """Points that differ only in what does not reach the network (recompute mode,
+    partition) share one network: the cluster's links between the placement's ranks."""
+    base = Point("1f1b", p=4, m=8, model="llama3-70b", cluster="4x8-h100", tp=4, dp=2)
+    schedule = base.build_schedule()
+    networks = [point.setup().network_for(schedule)
+                for point in (base, base.replace(recompute="full"), base.replace(partition="uniform"))]
+    assert networks[0] is networks[1] is networks[2]
+    cluster = load_cluster("4x8-h100")
+    ranks = pipeline_ranks(schedule.placement, cluster, 4, data_parallel=2)
+    pairs = [(a, b) for a in range(4) for b in range(4) if a != b]
+    assert [networks[0].latency[a, b] for a, b in pairs] == [cluster.latency(ranks[a], ranks[b]) for a, b in pairs]

@@ -44,7 +44,9 @@ class process_map:
 
     Points that share a schedule (family, p, m, v) always go to the same worker, in every
     call: a schedule is built once in the pool, and a second pass over a grid finds it in
-    that worker's cache. Results come back in the order of the items.
+    that worker's cache. A schedule met for the first time goes to the worker given the
+    least work so far, an item's work counted as its table's size (p x m x v): the
+    workers share a grid evenly. Results come back in the order of the items.
 
     The workers die with the process that started them (even one killed with SIGKILL) and
     leave Ctrl-C to it; a ``with`` block left by an exception (Ctrl-C's KeyboardInterrupt
@@ -57,6 +59,8 @@ class process_map:
         self.workers = check_count("workers", workers, MAX_WORKERS, what="worker processes")
         self.chunksize = chunksize
         self._pools: list[ProcessPoolExecutor] = []
+        self._worker_of_schedule: dict[tuple, int] = {}  # a Point's schedule -> the worker that holds it
+        self._given = [0] * self.workers  # work given to each worker, over every call (in ops of the tables)
 
     def __call__(self, function: Callable, items: Iterable) -> Iterator:
         items = list(items)
@@ -67,7 +71,7 @@ class process_map:
                            for _ in range(self.workers)]
         shards: list[list[int]] = [[] for _ in self._pools]
         for index, item in enumerate(items):
-            shards[_worker_of(item, index, self.workers)].append(index)
+            shards[self._worker_of(item, index)].append(index)
         placed: list[tuple[Future, int] | None] = [None] * len(items)
         for pool, indices in zip(self._pools, shards, strict=True):
             size = max(1, min(self.chunksize, len(indices) // 4 or 1))
@@ -77,6 +81,18 @@ class process_map:
                 for position, index in enumerate(chunk):
                     placed[index] = (future, position)
         return (future.result()[position] for future, position in placed)  # type: ignore[misc]
+
+    def _worker_of(self, item: object, index: int) -> int:
+        """The worker of an item: a Point's schedule stays with the worker it was first
+        given to (the one given the least work then); anything else goes in turn."""
+        if not isinstance(item, Point):
+            return index % self.workers
+        key = (item.family, item.p, item.m, item.v, item.schedule is None)
+        worker = self._worker_of_schedule.get(key)
+        if worker is None:
+            worker = self._worker_of_schedule[key] = self._given.index(min(self._given))
+        self._given[worker] += item.p * item.m * (item.v or 1)
+        return worker
 
     def close(self) -> None:
         """Let the workers finish what was given to them, then stop them."""
@@ -115,13 +131,6 @@ def _worker_started() -> None:
 def _exit_with(sentinel: int) -> None:
     multiprocessing.connection.wait([sentinel])
     os._exit(1)
-
-
-def _worker_of(item: object, index: int, workers: int) -> int:
-    """The worker of an item: by its schedule for a Point, else in turn."""
-    if isinstance(item, Point):
-        return hash((item.family, item.p, item.m, item.v, item.schedule is None)) % workers
-    return index % workers
 
 
 def _apply(function: Callable, chunk: list) -> list:

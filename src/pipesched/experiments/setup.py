@@ -26,6 +26,7 @@ Either way, a schedule that names stage checkpoints (``Schedule.recompute_stages
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -264,20 +265,31 @@ class SimulationSetup:
         return tuple(peak * group for peak in network.peak_flops)
 
 
+@functools.lru_cache(maxsize=1024)
+def _cluster_network(cluster: Cluster, placement: Placement, tensor_parallel: int, replicas: int,
+                     sharded_optimizer: bool, gather_ratio: float, latency: float | None,
+                     bandwidth: float | None) -> Network:
+    """The network of ``placement`` on ``cluster``: a pure function of hashable inputs (a
+    search asks for it under every family, recompute mode and partition of a placement)."""
+    ranks = pipeline_ranks(placement, cluster, tensor_parallel, data_parallel=replicas)
+    groups = None
+    if replicas > 1:
+        groups = DataParallel.from_cluster(
+            cluster, data_parallel_groups(placement, cluster, tensor_parallel, replicas),
+            concurrent=tensor_parallel, sharded_optimizer=sharded_optimizer, gather_ratio=gather_ratio)
+    network = Network.from_cluster(cluster, ranks=ranks, data_parallel=groups)
+    if latency is None and bandwidth is None:
+        return network
+    return _with_links(network, latency, bandwidth)
+
+
 def _network(setup: SimulationSetup, placement: Placement) -> Network:
     if setup.cluster is not None:
-        settings, replicas = setup.settings, setup.data_parallel
-        ranks = pipeline_ranks(placement, setup.cluster, settings.tensor_parallel, data_parallel=replicas)
-        groups = None
-        if replicas > 1:
-            groups = DataParallel.from_cluster(
-                setup.cluster, data_parallel_groups(placement, setup.cluster, settings.tensor_parallel, replicas),
-                concurrent=settings.tensor_parallel, sharded_optimizer=settings.optimizer_shards > 1,
-                gather_ratio=settings.weight_bytes / settings.grad_bytes if settings.grad_bytes else 0.0)
-        network = Network.from_cluster(setup.cluster, ranks=ranks, data_parallel=groups)
-        if setup.latency is None and setup.bandwidth is None:
-            return network
-        return _with_links(network, setup.latency, setup.bandwidth)
+        settings = setup.settings
+        return _cluster_network(setup.cluster, placement, settings.tensor_parallel, setup.data_parallel,
+                                settings.optimizer_shards > 1,
+                                settings.weight_bytes / settings.grad_bytes if settings.grad_bytes else 0.0,
+                                setup.latency, setup.bandwidth)
     if setup.network is not None:
         return setup.network
     latency = setup.latency or 0.0

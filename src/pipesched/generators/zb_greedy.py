@@ -57,7 +57,7 @@ class Memory:
         return RULES[kind].memory.bytes(1.0, 1.0 - self.m_w)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Device:
     ops: list[tuple[int, int]] = field(default_factory=list)  # (kind index, microbatch) as placed
     free_at: float = 0.0  # when the last placed op ends
@@ -90,22 +90,24 @@ class _Pass:
 
     def put(self, device: int, kind: int) -> None:
         dev = self.devices[device]
-        microbatch = dev.placed[kind]
+        placed = dev.placed
+        microbatch = placed[kind]
         duration = self._cost[kind][device]
         ends = no_wait = dev.free_at + duration
         # inputs from the neighbours, one link latency away: activations from d-1,
         # gradients from d+1
-        if kind == _F and device > 0:
-            ends = max(ends, self.end[_F][device - 1][microbatch] + self.latency + duration)
+        if kind == _F:
+            if device > 0:
+                ends = max(ends, self.end[_F][device - 1][microbatch] + self.latency + duration)
         elif kind == _I and device < self.p - 1:
             ends = max(ends, self.end[_I][device + 1][microbatch] + self.latency + duration)
-        if dev.placed[_F] > 0:
-            dev.bubble += ends - no_wait
-            if dev.bubble > self._max_bubble:
-                self._max_bubble = dev.bubble
+        if placed[_F] > 0:
+            bubble = dev.bubble = dev.bubble + (ends - no_wait)
+            if bubble > self._max_bubble:
+                self._max_bubble = bubble
         dev.free_at = self.end[kind][device][microbatch] = ends
         dev.held += self._delta[kind]
-        dev.placed[kind] += 1
+        placed[kind] = microbatch + 1
         dev.ops.append((kind, microbatch))
 
     def ready(self, kind: int, device: int, microbatch: int) -> float:
@@ -262,7 +264,7 @@ def zb_greedy(m: int, costs: StageCosts, memory: Memory, *, latency: float = 0.0
     >>> [str(op) for op in tables[1]]
     ['1F0', '1I0', '1F1', '1I1', '1W0', '1F2', '1I2', '1W1', '1W2']
     """
-    best: tuple[float, list[list[Op]]] | None = None
+    best: tuple[float, _Pass] | None = None
     run: list[tuple[dict[str, bool], set[str]]] = []  # each pass run: its switches, the decisive ones
     for values in product((True, False), repeat=3):
         switches = dict(zip(SWITCHES, values, strict=True))
@@ -274,6 +276,6 @@ def zb_greedy(m: int, costs: StageCosts, memory: Memory, *, latency: float = 0.0
         run.append((switches, attempt.decisive))
         span = attempt.longest_span()
         if best is None or span < best[0]:
-            best = (span, attempt.tables())
+            best = (span, attempt)
     assert best is not None
-    return best[1]
+    return best[1].tables()

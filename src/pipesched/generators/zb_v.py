@@ -15,7 +15,7 @@ from pipesched.generators.base import Family, FormulaEstimate, check_sizes, per_
 from pipesched.generators.v_greedy import v_greedy
 from pipesched.generators.zero_bubble import check_activation_limit
 from pipesched.limits import MAX_V_HEURISTIC_DEVICES, check_count
-from pipesched.ops import F, I, Op, OpKind, W
+from pipesched.ops import F, I, Op, W
 from pipesched.schedule import Placement, Schedule
 
 
@@ -23,54 +23,46 @@ def handcrafted_zb_v(p: int, m: int) -> tuple[tuple[Op, ...], ...]:
     """The paper's ZB-V, phase by phase. Built for max(m, 2p-1) microbatches (the fewest
     that fill the V), then ops of microbatches >= m are dropped, as PyTorch does."""
     n = max(m, 2 * p - 1)
-    tables = []
-    for d in range(p):
-        down, up = d, 2 * p - 1 - d
-        counts = {(kind, stage): 0 for kind in (F, I, W) for stage in (down, up)}
-        ops: list[Op] = []
+    return tuple(_device_table(d, p, m, n) for d in range(p))
 
-        def run(kind: OpKind, stage: int, *, ops: list[Op] = ops, counts: dict = counts) -> None:
-            ops.append(Op(stage, kind, counts[kind, stage]))
-            counts[kind, stage] += 1
 
-        # warm-up: down forwards until the first microbatch can come back up to this device
-        for _ in range(2 * (p - d) - 1):
-            run(F, down)
-        for _ in range(d):
-            run(F, up)
-            run(F, down)
-        # the first up-chunk backwards, each completed with its W at once
-        for _ in range(p - d):
-            run(F, up)
-            run(I, up)
-            run(W, up)
-        # steady state: F/I/W of the down chunk, then of the up chunk; once every count has
-        # reached m, every later op is of a microbatch the table drops (with m << p the
-        # V is filled for 2p - 1), so the rest is not built
-        while (counts[F, up] < counts[F, down] or counts[F, down] < n) and min(counts.values()) < m:
-            if counts[F, down] < n:
-                run(F, down)
-            run(I, down)
-            run(W, down)
-            run(F, up)
-            run(I, up)
-            run(W, up)
-        if min(counts.values()) >= m:
-            tables.append(tuple(op for op in ops if op.microbatch < m))
-            continue
+def _device_table(d: int, p: int, m: int, n: int) -> tuple[Op, ...]:
+    """Device d's ops: its down chunk is stage d, its up chunk stage 2p-1-d; built for n
+    microbatches, those >= m dropped."""
+    down, up = d, 2 * p - 1 - d
+    # warm-up: down forwards until the first microbatch can come back up to this device
+    warm = 2 * (p - d) - 1
+    ops = [Op(down, F, mb) for mb in range(warm)]
+    for k in range(d):
+        ops += (Op(up, F, k), Op(down, F, warm + k))
+    # the first up-chunk backwards, each completed with its W at once
+    for k in range(p - d):
+        ops += (Op(up, F, d + k), Op(up, I, k), Op(up, W, k))
+    # ops placed so far per kind and chunk; each W follows its I at once until the
+    # cool-down, so a chunk has placed as many W as I
+    f_down, f_up, i_down, i_up = warm + d, p, 0, p - d
+    # steady state: F/I/W of the down chunk, then of the up chunk; once every count has
+    # reached m, every later op is of a microbatch the table drops (with m << p the
+    # V is filled for 2p - 1), so the rest is not built
+    while (f_up < f_down or f_down < n) and min(f_down, f_up, i_down, i_up) < m:
+        if f_down < n:
+            ops.append(Op(down, F, f_down))
+            f_down += 1
+        ops += (Op(down, I, i_down), Op(down, W, i_down), Op(up, F, f_up), Op(up, I, i_up), Op(up, W, i_up))
+        i_down, f_up, i_up = i_down + 1, f_up + 1, i_up + 1
+    if min(f_down, f_up, i_down, i_up) < m:
         # cool-down: input gradients first, W deferred to the end
-        w_down, w_up = counts[I, down], counts[I, up]
+        w_down, w_up = i_down, i_up
         for _ in range(d):
-            run(I, down)
-            run(I, up)
+            ops += (Op(down, I, i_down), Op(up, I, i_up))
+            i_down, i_up = i_down + 1, i_up + 1
         for _ in range(p - d):
-            run(I, down)
-            ops.append(Op(down, W, w_down))
-            w_down += 1
-        ops.extend(Op(up, W, mb) for mb in range(w_up, counts[I, up]))
-        ops.extend(Op(down, W, mb) for mb in range(w_down, counts[I, down]))
-        tables.append(tuple(op for op in ops if op.microbatch < m))
-    return tuple(tables)
+            ops += (Op(down, I, i_down), Op(down, W, w_down))
+            i_down, w_down = i_down + 1, w_down + 1
+        ops.extend(Op(up, W, mb) for mb in range(w_up, i_up))
+        ops.extend(Op(down, W, mb) for mb in range(w_down, i_down))
+    # with n = m no op is of a dropped microbatch: a count never passes the forwards' n
+    return tuple(op for op in ops if op.microbatch < m) if n > m else tuple(ops)
 
 
 def zb_v(p: int, m: int, *, costs: StageCosts | None = None,

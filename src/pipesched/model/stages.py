@@ -158,12 +158,16 @@ def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settin
         require(schedule.placement.replicas == placement.replicas, "schedule", schedule.name,
                 "places stages differently from the given placement; pass schedule.placement")
     inflight = tuple(inflight_per_stage(schedule)) if schedule is not None else None
-    plan = _planned(model, placement, cluster, settings, method, partition, memory_limit, modes, inflight)
+    # only the memory method partitions by the in-flight counts: under the others every
+    # schedule shares one plan, which then carries the schedule's own counts
+    by_memory = partition is None and method == "memory"
+    plan = _planned(model, placement, cluster, settings, method, partition, memory_limit, modes,
+                    inflight if by_memory else None)
     if isinstance(plan, _NoFit):
         raise plan.error(model.name, placement.num_stages, schedule.name if schedule is not None else "")
     if schedule is None:
         return plan
-    return dataclasses.replace(plan, device_peak_bytes=tuple(device_peak_bytes(schedule, plan.costs)))
+    return dataclasses.replace(plan, inflight=inflight, device_peak_bytes=tuple(device_peak_bytes(schedule, plan.costs)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -171,9 +175,10 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
              partition: Partition | None, memory_limit: float | None, modes: tuple[str, ...],
              inflight: tuple[int, ...] | None) -> StagePlan | _NoFit:
     """The plan of ``plan_stages`` without per-device peaks: a pure function of hashable
-    inputs, in which a schedule counts only by its in-flight microbatches per stage (a
-    search asks for the same plan for every family, ZeRO stage and data-parallel degree that
-    holds as many). When no partition fits under the memory method, what the error says."""
+    inputs, in which a schedule counts only by its in-flight microbatches per stage, and
+    only under the memory method (a search asks for the same plan for every family, ZeRO
+    stage and data-parallel degree). When no partition fits under the memory method, what
+    the error says."""
     tp = settings.tensor_parallel
     ranks_of_device = pipeline_ranks(placement, cluster, tp)
     stage_ranks = tuple(ranks_of_device[d] for d in placement.replicas[0])

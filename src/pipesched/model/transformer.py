@@ -468,8 +468,17 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
 @functools.lru_cache(maxsize=512)
 def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings,
                  link: LinkSpec) -> tuple[LayerCost, ...]:
-    """Pure in hashable inputs: a sweep asks for the same layers on every placement."""
-    return tuple(_cost(plan, device, settings, link) for plan in layer_plans(model, settings))
+    """Pure in hashable inputs: a sweep asks for the same layers on every placement. A
+    model's blocks are alike: each distinct layer (all but its name) is timed once."""
+    timed: dict[_LayerPlan, LayerCost] = {}
+    costs = []
+    for plan in layer_plans(model, settings):
+        unnamed = dataclasses.replace(plan, name="")
+        cost = timed.get(unnamed)
+        if cost is None:
+            cost = timed[unnamed] = _cost(plan, device, settings, link)
+        costs.append(cost if cost.name == plan.name else dataclasses.replace(cost, name=plan.name))
+    return tuple(costs)
 
 
 def layer_params(model: ModelSpec) -> list[float]:
