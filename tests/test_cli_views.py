@@ -11,13 +11,13 @@ from cli_helpers import assert_one_line_error
 
 def test_show_writes_every_view(cli, tmp_path) -> None:
     paths = {kind: tmp_path / f"v.{ext}" for kind, ext in
-             (("png", "png"), ("svg", "svg"), ("trace", "json"), ("html", "html"))}
+             (("png", "png"), ("svg", "svg"), ("perfetto", "json"), ("html", "html"))}
     args = [x for kind, path in paths.items() for x in (f"--{kind}", str(path))]
     result = cli("show", "zb-h1", "-p", "4", "-m", "8", *args)
     assert result.code == 0, result
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert paths["svg"].read_text().lstrip().startswith("<?xml")
-    trace = json.loads(paths["trace"].read_text())
+    trace = json.loads(paths["perfetto"].read_text())
     complete = [e for e in (trace["traceEvents"] if isinstance(trace, dict) else trace) if e.get("ph") == "X"
                 and e["cat"] != "critical path"]
     assert len(complete) == 4 * 8 * 3  # one slice per op of the slot table

@@ -275,13 +275,13 @@ def test_a_launcher_that_is_stopped_takes_its_ranks_with_it(signum):
 
 # --- the command ------------------------------------------------------------------------------
 def test_run_command_json(cli, tmp_path):
-    views = {kind: tmp_path / f"run.{kind}" for kind in ("png", "svg", "trace", "html")}
+    views = {kind: tmp_path / f"run.{kind}" for kind in ("png", "svg", "perfetto", "html")}
     result = cli("run", "zb-h1", "-p", "2", "-m", "3", "--model", "tiny", "-s", "16", "--steps", "2",
                  "--warmup", "1", "--json", *(arg for kind, path in views.items() for arg in (f"--{kind}", str(path))))
     assert result.code == 0, result.err
     # the measured timeline drawn like a simulated one
     assert views["png"].read_bytes().startswith(b"\x89PNG") and "<svg" in views["svg"].read_text()
-    trace_ops = [e for e in json.loads(views["trace"].read_text())["traceEvents"] if e["ph"] == "X"]
+    trace_ops = [e for e in json.loads(views["perfetto"].read_text())["traceEvents"] if e["ph"] == "X"]
     assert len(trace_ops) >= 2 * 3 * 3  # every op of both ranks (and any all-reduce)
     page = views["html"].read_text()
     assert '"source":"measured"' in page

@@ -470,7 +470,7 @@ def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSetting
                  link: LinkSpec) -> tuple[LayerCost, ...]:
     """Pure in hashable inputs: a sweep asks for the same layers on every placement. A
     model's blocks are alike: each distinct layer (all but its name) is timed once."""
-    timed: dict[_LayerPlan, LayerCost] = {}
+    timed: dict[LayerPlan, LayerCost] = {}
     costs = []
     for plan in layer_plans(model, settings):
         unnamed = dataclasses.replace(plan, name="")
