@@ -13,6 +13,8 @@ import textwrap
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 import pipesched
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -172,6 +174,7 @@ def _deferral_allowed(module: str, imported: str) -> bool:
             or (module.startswith("pipesched.cli") and imported.split(".")[0] in CLI_DEFERRED))
 
 
+@pytest.mark.slow
 def test_function_level_imports_only_defer_heavy_modules() -> None:
     """An import inside a function defers a heavy dependency (or, in the command line, a
     command's implementation until it runs); every other import is at module level."""
@@ -181,6 +184,7 @@ def test_function_level_imports_only_defer_heavy_modules() -> None:
     assert misplaced == []
 
 
+@pytest.mark.slow
 def test_no_import_cycle() -> None:
     """No module imports itself back, through any chain of imports that run when modules are
     imported or their functions called (a package's ``__init__`` importing its own
@@ -243,6 +247,7 @@ def _strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
     return components
 
 
+@pytest.mark.slow
 def test_vulture_finds_no_dead_code() -> None:
     """Every function, class, attribute and variable is used by the package, its tests,
     benchmarks or examples (tests/vulture_whitelist.py names what only Python, typer,
@@ -266,6 +271,7 @@ def test_units_are_defined_once() -> None:
     assert {name: names for name, names in again.items() if names} == {}
 
 
+@pytest.mark.slow
 def test_no_submodule_shares_a_public_name() -> None:
     """A submodule once imported is bound over the package's attribute of its name: no
     submodule of pipesched is named like a public name (``pipesched.validate`` stays the
@@ -280,6 +286,7 @@ def test_no_submodule_shares_a_public_name() -> None:
     assert submodules.isdisjoint(pipesched.__all__)
 
 
+@pytest.mark.slow
 def test_no_module_imports_another_modules_private_names() -> None:
     """A name with a leading underscore is its module's own: others import public names."""
     private = [f"{name} imports {node.module}.{alias.name}" for name, tree in _modules().items()

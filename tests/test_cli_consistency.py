@@ -49,6 +49,7 @@ def test_search_never_pairs_zero_1_with_one_replica() -> None:
 
 
 # --- a cluster too small says which sizes fit --------------------------------------------
+@pytest.mark.slow
 def test_a_cluster_too_small_names_the_sizes_that_fit(cli) -> None:
     result = cli("compare", "--model", "llama3-8b", "--cluster", "1x8-h100", "--levels", "sim")
     assert_one_line_error(result, "has 8 devices", "-p 2 -t 4", "-p 8 -t 1")
@@ -98,6 +99,7 @@ def test_the_tensor_parallel_field_has_one_name(cli) -> None:
 
 
 # --- --memory-limit: bytes (or with a unit) in every command ------------------------------
+@pytest.mark.slow
 def test_memory_limit_is_bytes_with_a_unit_everywhere(cli) -> None:
     partition = ("partition", "--model", "llama3-8b", "--device", "h100-sxm", "-p", "4", "-t", "1", "--partition",
                  "memory", "--schedule", "1f1b", "-m", "8")
@@ -299,6 +301,7 @@ def _flat(data: object, into: dict[str, set[str]], command: str, seen: dict) -> 
             _flat(value, into, command, seen)
 
 
+@pytest.mark.slow
 def test_every_json_key_has_one_kind_and_one_meaning(cli, tmp_path) -> None:
     sizes = ("-p", "4", "-m", "8", "--model", "llama3-8b", "--cluster", "1x8-h100", "-t", "2")
     outputs = {
@@ -428,6 +431,7 @@ def test_compare_prints_times_with_their_trailing_zeros(cli, tmp_path) -> None:
     assert f"{seconds:#.4g}" in text.out.split()
 
 
+@pytest.mark.slow
 def test_every_command_says_wrote_on_stderr_for_every_file(cli, tmp_path) -> None:
     grid = tmp_path / "s.txt"
     shown = cli("show", "1f1b", "-p", "2", "-m", "2", "-o", str(grid))

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from cli_helpers import assert_one_line_error
 from pipesched import io
 from pipesched.generators import generate
@@ -77,6 +79,7 @@ def test_validate_exit_codes(cli, tmp_path) -> None:
     assert_one_line_error(cli("validate", str(tmp_path / "none.txt")), "no such file")
 
 
+@pytest.mark.slow
 def test_console_script_exits_2_without_traceback() -> None:
     proc = subprocess.run([sys.executable, "-m", "pipesched", "show", "nope"], capture_output=True, text=True)
     assert proc.returncode == 2

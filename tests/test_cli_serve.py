@@ -116,6 +116,7 @@ def test_simulate_prints_the_summary(cli) -> None:
         assert fragment in result.out, fragment
 
 
+@pytest.mark.slow
 def test_simulate_writes_its_report_chart_and_trace(cli, tmp_path) -> None:
     paths = {name: tmp_path / f"serve.{ext}" for name, ext in (("html", "html"), ("png", "png"), ("perfetto", "json"))}
     result = cli("serve", "simulate", *SMALL, *(arg for name, path in paths.items() for arg in (f"--{name}", str(path))))
@@ -183,6 +184,7 @@ def test_capacity_meets_the_slos_below_it_and_misses_them_above(cli) -> None:
     assert line.out.startswith("capacity: ") and "requests/s" in line.out
 
 
+@pytest.mark.slow
 def test_capacity_writes_the_report_at_its_rate_with_every_rate_probed(cli, tmp_path) -> None:
     path = tmp_path / "capacity.html"
     result = cli("serve", "capacity", "--model", "llama3-8b", "-t", "1", "-p", "2", "--requests", "40",

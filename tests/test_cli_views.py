@@ -9,6 +9,7 @@ import pytest
 from cli_helpers import assert_one_line_error
 
 
+@pytest.mark.slow
 def test_show_writes_every_view(cli, tmp_path) -> None:
     paths = {kind: tmp_path / f"v.{ext}" for kind, ext in
              (("png", "png"), ("svg", "svg"), ("perfetto", "json"), ("html", "html"))}
@@ -24,6 +25,7 @@ def test_show_writes_every_view(cli, tmp_path) -> None:
     assert "zb-h1" in paths["html"].read_text()
 
 
+@pytest.mark.slow
 def test_simulate_with_stage_costs_writes_html_and_json(cli, tmp_path) -> None:
     costs = tmp_path / "costs.csv"
     costs.write_text("stage,forward,backward_input,backward_weight,activation_bytes,output_bytes\n"

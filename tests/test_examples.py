@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
+@pytest.mark.slow
 def test_quickstart_runs() -> None:
     proc = subprocess.run([sys.executable, str(EXAMPLES / "quickstart.py")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -17,6 +20,7 @@ def test_quickstart_runs() -> None:
     assert all("simulated" in line and "GiB" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_experiments_example_runs() -> None:
     proc = subprocess.run([sys.executable, str(EXAMPLES / "experiments.py")], capture_output=True, text=True,
                           timeout=300)
@@ -37,6 +41,7 @@ def test_example_cluster_files_load() -> None:
         assert load_cluster(str(path)).num_devices >= 2
 
 
+@pytest.mark.slow
 def test_training_runs_example_runs() -> None:
     proc = subprocess.run([sys.executable, str(EXAMPLES / "training_runs.py")], capture_output=True, text=True,
                           timeout=300)

@@ -132,6 +132,7 @@ def test_slot_costs_reach_compare_as_they_reach_show(cli, name):
     assert row["iteration_time_slots"] == formula_makespan
 
 
+@pytest.mark.slow
 def test_the_zb_v_heuristic_is_bounded_in_devices_and_the_handcrafted_table_is_not(cli) -> None:
     # the heuristic's warm-up sweeps grow with p squared: over its bound it is refused at once
     refused = cli("show", "zb-v", "-p", str(MAX_V_HEURISTIC_DEVICES + 1), "-m", "8", "--set", "activation_limit=600")

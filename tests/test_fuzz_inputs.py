@@ -87,6 +87,7 @@ KNOWN = [
 ]
 
 
+@pytest.mark.slow
 def test_the_inputs_that_once_broke_the_contract_give_one_short_line():
     outcomes = run_cases([case for case, _ in KNOWN])
     for (case, fragment), outcome in zip(KNOWN, outcomes, strict=True):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,6 +70,7 @@ def assert_exact(name: str, p: int, m: int, v: int | None, costs: StageCosts) ->
 
 
 # --- looped placements -------------------------------------------------------------------
+@pytest.mark.slow
 @SETTINGS
 @given(**SIZES, v=st.integers(2, 4), costs=st.one_of(EQUAL_COSTS, UNEVEN_COSTS))
 def test_interleaved_1f1b(p, m, v, costs):
@@ -91,6 +93,7 @@ def test_interleaved_1f1b_with_m_a_multiple_of_p(p, rounds, v, costs):
     assert_exact("interleaved-1f1b", p, m, v, costs)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(**SIZES, v=st.integers(2, 4), costs=st.one_of(EQUAL_COSTS, UNEVEN_COSTS))
 def test_looped_bfs(p, m, v, costs):
@@ -101,6 +104,7 @@ def test_looped_bfs(p, m, v, costs):
 
 
 # --- one stage per device, split backward --------------------------------------------------
+@pytest.mark.slow
 @SETTINGS
 @given(**SIZES, costs=EQUAL_COSTS)
 def test_zb_h1_and_zb_h2_with_equal_costs(p, m, costs):
@@ -132,6 +136,7 @@ def stage_costs(draw, num_stages: int) -> StageCosts:
     return StageCosts(values(), values(), values(), [1.0] * num_stages, [0.0] * num_stages)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(p=st.integers(2, 12), m=st.integers(1, 48), data=st.data())
 def test_one_stage_heuristic_keeps_its_activation_limit(p, m, data):
@@ -145,6 +150,7 @@ def test_one_stage_heuristic_keeps_its_activation_limit(p, m, data):
 
 
 # --- V placement ---------------------------------------------------------------------------------
+@pytest.mark.slow
 @SETTINGS
 @given(**SIZES, costs=EQUAL_COSTS)
 def test_zb_v_with_equal_costs(p, m, costs):
@@ -165,6 +171,7 @@ def test_zb_v_with_uneven_costs_stays_within_the_documented_bounds(p, m, costs):
         assert (p - 1) * costs.f - 1e-9 <= idle < 2 * unit_form
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(p=st.integers(2, 10), m=st.integers(1, 40), data=st.data())
 def test_zb_v_heuristic_keeps_its_activation_limit(p, m, data):
@@ -175,6 +182,7 @@ def test_zb_v_heuristic_keeps_its_activation_limit(p, m, data):
     assert validate(schedule, activation_limit=limit) == []
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(**SIZES, costs=EQUAL_COSTS, name=st.sampled_from(["v-half", "v-min"]))
 def test_v_half_and_v_min(p, m, costs, name):
@@ -196,6 +204,7 @@ def test_v_half_and_v_min(p, m, costs, name):
         assert high * unit == estimate.idle
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(p=st.integers(2, 16), m=st.integers(1, 64))
 def test_v_half_and_v_min_use_less_memory_than_zb_v(p, m):

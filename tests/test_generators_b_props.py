@@ -66,6 +66,7 @@ def idle(schedule: Schedule, costs: StageCosts) -> float:
     return max(table_metrics(schedule, costs).idle_per_device)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(chimera_sizes(), COSTS)
 def test_chimera(sizes, costs):
@@ -84,6 +85,7 @@ def test_chimera(sizes, costs):
     assert idle(schedule, costs) <= idle(plain, costs) + 1e-9
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.integers(2, 16), st.integers(1, 64), st.integers(1, 3), COSTS)
 def test_hanayo(p, m, waves, costs):
@@ -106,6 +108,7 @@ def test_hanayo(p, m, waves, costs):
         assert measured == pytest.approx(estimate.idle)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(dualpipe_sizes(), st.sampled_from([1.0, 2.0]))
 def test_dualpipe(sizes, x):
@@ -126,6 +129,7 @@ def test_dualpipe(sizes, x):
     )
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(dualpipev_sizes(), st.sampled_from([1.0, 2.0]))
 def test_dualpipev(sizes, x):

@@ -65,6 +65,7 @@ def test_csv_round_trip_for_single_replica_families() -> None:
         _same_table(io.loads(io.dumps(schedule, "csv"), "csv"), schedule)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(st.integers(2, 12), st.integers(1, 40), st.sampled_from(["gpipe", "1f1b"]))
 def test_round_trips_property(p: int, m: int, name: str) -> None:

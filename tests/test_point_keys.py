@@ -65,6 +65,7 @@ def _point(changes: list[tuple[str, int]]) -> Point:
         reject()
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(CHANGE, max_size=3), st.lists(CHANGE, max_size=3))
 def test_points_have_the_same_key_exactly_when_they_are_equal(one: list, other: list) -> None:

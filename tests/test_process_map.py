@@ -62,6 +62,7 @@ def test_the_workers_share_a_grid_evenly() -> None:
     assert max(work.values()) - min(work.values()) <= max(schedule_work.values())
 
 
+@pytest.mark.slow
 def test_a_pool_left_by_an_exception_stops_at_once() -> None:
     # 100 items of 50 ms on 2 workers: 2.5 s of work queued when the first result comes
     with pytest.raises(KeyboardInterrupt), process_map(2) as mapper:

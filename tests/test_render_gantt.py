@@ -71,6 +71,7 @@ def test_svg_wraps_every_op_in_a_countable_link() -> None:
     assert "time (ms)" in text and "time (slots)" in text and "OUT OF MEMORY" in text
 
 
+@pytest.mark.slow
 def test_large_timeline_skips_labels_and_stays_fast() -> None:
     timeline = simulated(split_backward(generate("1f1b", 16, 64)))
     built = gantt_figure([timeline])
@@ -130,6 +131,7 @@ def test_share_axis_puts_every_panel_of_a_unit_on_one_axis() -> None:
     assert ops_axes[2].get_xlim() == pytest.approx((0.0, timelines[2].makespan))
 
 
+@pytest.mark.slow
 def test_compare_draws_own_or_shared_axes(cli, tmp_path) -> None:
     own, shared = tmp_path / "own.svg", tmp_path / "shared.svg"
     base = ("compare", "--schedules", "1f1b,pipedream", "-p", "4", "-m", "8", "--levels", "sim")
@@ -207,6 +209,7 @@ def svg_boxes(data: bytes, link: str) -> dict[int, tuple[float, float]]:
     return out
 
 
+@pytest.mark.slow
 def test_short_transfers_are_drawn_at_least_one_unit_wide() -> None:
     # 0.1 us transfers in a panel of about 20 ms: a ten-thousandth of a pixel at their length
     timeline = with_transfers(generate("1f1b", 4, 8), comm=1e-7)

@@ -21,6 +21,7 @@ def timelines():
     return [with_transfers(generate("1f1b", 3, 4)), slot_table(generate("gpipe", 3, 4))]
 
 
+@pytest.mark.slow
 def test_writes_every_requested_view(tmp_path: Path, timelines) -> None:
     paths = dict(png=tmp_path / "a.png", svg=tmp_path / "a.svg", trace=tmp_path / "a.json", html=tmp_path / "a.html")
     written = write_views(timelines, **paths, title="two", comparison=[{"schedule": "1f1b"}])

@@ -64,6 +64,7 @@ def report(tmp_path_factory):
     return path, timelines, distributions
 
 
+@pytest.mark.slow
 def test_report_in_chromium(report) -> None:
     sync_playwright = browser_or_fail()
     path, timelines, distributions = report
@@ -201,6 +202,7 @@ def comparison_page(tmp_path_factory):
     return path, comparisons
 
 
+@pytest.mark.slow
 def test_comparison_page_in_chromium(comparison_page) -> None:
     from pipesched.pairing import deviations
 
@@ -416,6 +418,7 @@ def test_search_page_in_chromium(tmp_path, cli) -> None:
 
 
 
+@pytest.mark.slow
 def test_run_page_in_chromium(tmp_path) -> None:
     """A measured run's page (run --html): no console error, every step drawn, the median
     step (the lower middle one) marked, and the missing memory said."""

@@ -75,6 +75,7 @@ def _assert_table_order(result) -> None:
         assert np.all(timeline.op_end[rows] >= timeline.op_start[rows])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(PYTORCH_FAMILIES)), ids=PYTORCH_FAMILIES)
 def test_pytorch_runtime_matches_single_process(pytorch_runs, reference, index):
     result = pytorch_runs[index]
@@ -86,6 +87,7 @@ def test_pytorch_runtime_matches_single_process(pytorch_runs, reference, index):
     assert result.step_time > 0 and result.step_time == pytest.approx(result.timeline.makespan)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(PYTORCH_FAMILIES + REPLICATED_FAMILIES)),
                          ids=PYTORCH_FAMILIES + REPLICATED_FAMILIES)
 def test_our_executor_matches_single_process(our_runs, reference, index):
@@ -171,6 +173,7 @@ def _assert_nothing_left(processes) -> None:
             assert int(fields[2]) not in groups, f"process {entry.name} of a rank's group survived"
 
 
+@pytest.mark.slow
 def test_a_crashing_rank_ends_the_run_with_its_error(started):
     begun = time.monotonic()
     with pytest.raises(PipeschedError) as caught:
@@ -180,6 +183,7 @@ def test_a_crashing_rank_ends_the_run_with_its_error(started):
     _assert_nothing_left(started)
 
 
+@pytest.mark.slow
 def test_a_rank_killed_by_a_signal_is_named_not_the_peer_that_lost_it(started):
     with pytest.raises(PipeschedError) as caught:
         run_schedules([generate("1f1b", 2, M)], MODEL, options=OPTIONS, runtime="ours", fault=Fault("kill", 0))
@@ -203,6 +207,7 @@ def test_a_killed_launchers_folder_is_removed_by_the_next_launch(tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([running.name, unmarked.name])
 
 
+@pytest.mark.slow
 def test_a_hanging_rank_ends_the_run_at_the_timeout(started):
     options = RunOptions(micro_batch_size=2, seq_len=16, steps=1, warmup=0, timeout_s=15)
     begun = time.monotonic()
@@ -251,6 +256,7 @@ def _wait_until(condition, seconds: float) -> bool:
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["terminated", "killed"])
 def test_a_launcher_that_is_stopped_takes_its_ranks_with_it(signum):
     marker = f"PIPESCHED_TEST_MARKER=launcher-{os.getpid()}-{int(signum)}"
@@ -274,6 +280,7 @@ def test_a_launcher_that_is_stopped_takes_its_ranks_with_it(signum):
 
 
 # --- the command ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_run_command_json(cli, tmp_path):
     views = {kind: tmp_path / f"run.{kind}" for kind in ("png", "svg", "perfetto", "html")}
     result = cli("run", "zb-h1", "-p", "2", "-m", "3", "--model", "tiny", "-s", "16", "--steps", "2",
@@ -297,6 +304,7 @@ def test_run_command_json(cli, tmp_path):
     assert all(row["end_s"] >= row["start_s"] >= 0 for row in data["timeline"])
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_run_with_one_line_and_no_process_left():
     marker = f"PIPESCHED_TEST_MARKER=interrupt-{os.getpid()}"
     env = dict(os.environ, PIPESCHED_TEST_MARKER=marker.split("=", 1)[1])
@@ -315,6 +323,7 @@ def test_ctrl_c_stops_a_run_with_one_line_and_no_process_left():
         launcher.wait()
 
 
+@pytest.mark.slow
 def test_run_command_reports_a_crash_on_one_line(cli):
     result = cli("run", "1f1b", "-p", "2", "-m", "2", "--model", "tiny", "-s", "8", "--runtime", "ours",
                  "--inject-fault", "crash:0")
@@ -344,6 +353,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_connection_warm_up_sends_nothing_to_its_own_rank():
     # PyTorch up to 2.11 posts the warm-up to a neighbouring stage on the same rank, which
     # gloo refuses; our stages leave those messages out (PyTorch's own would post 4)

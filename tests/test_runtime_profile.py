@@ -55,6 +55,7 @@ def test_missing_torch_says_how_to_install_it(monkeypatch):
         require_torch()
 
 
+@pytest.mark.slow
 def test_importing_the_runtime_package_does_not_import_torch():
     import subprocess
 
@@ -68,6 +69,7 @@ def layers():
     return profile_layers(MODEL, OPTIONS)
 
 
+@pytest.mark.slow
 def test_profile_layers_gives_every_layer_its_costs(layers):
     assert [layer.name for layer in layers] == list(MODEL.layer_names)
     assert [layer.kind for layer in layers] == list(MODEL.layer_kinds)
@@ -92,6 +94,7 @@ def test_layer_csv_loads_as_a_measured_model(layers):
         assert read.forward_s == pytest.approx(measured.forward_s, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_profile_stages_follows_the_partition():
     partition = uniform(MODEL.layer_kinds, 2)
     # two ranks time the stages at once, as busy as the cores of a 2-rank run
@@ -107,6 +110,7 @@ def test_profile_stages_follows_the_partition():
     assert read.full_backward(0) == pytest.approx(costs.backward[0] + 1e-4, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_profile_phase_of_a_run_times_every_stage_copy():
     from pipesched.runtime.runs import RunOptions, run_schedules
 
@@ -121,6 +125,7 @@ def test_profile_phase_of_a_run_times_every_stage_copy():
     assert run_schedules([generate("1f1b", 2, 2)], MODEL, options=RunOptions(seq_len=16, steps=1))[0].stage_timings is None
 
 
+@pytest.mark.slow
 def test_profile_command_writes_stage_costs(cli, tmp_path):
     target = tmp_path / "stages.csv"
     result = cli("profile", "--model", "tiny", "-s", "16", "--repeats", "2", "--warmup", "1", "--no-link",
@@ -151,6 +156,7 @@ def test_fit_link_separates_latency_from_bandwidth():
     assert link.bandwidth == pytest.approx(2e9, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_profile_link_between_two_ranks():
     link = profile_link(repeats=3)
     assert 0 < link.latency < 0.05
@@ -158,6 +164,7 @@ def test_profile_link_between_two_ranks():
     assert len(link.one_way_s) == len(link.sizes)
 
 
+@pytest.mark.slow
 def test_profile_command_writes_layer_costs(cli, tmp_path):
     target = tmp_path / "tiny.csv"
     result = cli("profile", "--model", "tiny", "-s", "16", "--repeats", "3", "--warmup", "1", "--no-link",
@@ -174,6 +181,7 @@ def test_profile_command_refuses_an_unwritable_output_before_measuring(cli, tmp_
     assert "does not exist" in result.err
 
 
+@pytest.mark.slow
 def test_check_command_compares_prediction_and_run(cli, tmp_path):
     page, trace = tmp_path / "check.html", tmp_path / "check.trace.json"
     result = cli("check", "--schedules", "gpipe,zb-h1", "-p", "2", "-m", "3", "--model", "tiny", "-s", "16",
@@ -207,6 +215,7 @@ def test_check_command_compares_prediction_and_run(cli, tmp_path):
         assert predicted["samples"] > 0 and predicted["min_s"] <= predicted["p50_s"] <= predicted["p99_s"]
 
 
+@pytest.mark.slow
 def test_check_returns_both_timelines_for_overlays():
     from pipesched.runtime.check import check_schedules
     from pipesched.runtime.runs import RunOptions
@@ -234,6 +243,7 @@ def test_profile_on_a_missing_gpu_is_refused_before_anything_is_written(cli, tmp
     assert not target.exists() and not target_link.exists()
 
 
+@pytest.mark.slow
 def test_profile_writes_a_yaml_model_file_headed_by_how_it_was_measured(cli, tmp_path):
     target = tmp_path / "tiny.yaml"
     result = cli("profile", "--model", "tiny", "-s", "16", "--repeats", "2", "--warmup", "1", "--no-link",

@@ -80,6 +80,7 @@ def test_space_enumerates_every_layout_batch_split_and_option() -> None:
         assert (point.v == 2) == (point.family == "interleaved-1f1b")
 
 
+@pytest.mark.slow
 def test_small_space_matches_every_point_evaluated_one_by_one(pruned_run, one_by_one, tmp_path) -> None:
     exhaustive = search(SMALL, db=tmp_path / "all.sqlite", prune=False)
     statuses = {row.status for row in pruned_run.rows}
@@ -365,6 +366,7 @@ def _search(result) -> dict:
     return search
 
 
+@pytest.mark.slow
 def test_store_keeps_several_searches_and_shows_them(tmp_path, cli) -> None:
     db = tmp_path / "two.sqlite"
     base = ["search", "--model", "llama3-8b", "--cluster", "1x8-h100", "--schedules", "1f1b,zb-v",
@@ -735,6 +737,7 @@ def _open_and_begin(path: str, barrier, answers) -> None:
         answers.put(repr(exc))
 
 
+@pytest.mark.slow
 def test_stores_opened_together_take_turns(tmp_path) -> None:
     import multiprocessing
 

@@ -378,6 +378,7 @@ def test_the_rate_plot_and_kv_plot():
     assert len(request_figure(hand_run()).axes) == len(PLOTS) - 1
 
 
+@pytest.mark.slow
 def test_figure_files_and_bad_input():
     assert serving_figure(hand_run(), fmt="png").startswith(b"\x89PNG")
     assert b"<svg" in serving_figure(hand_run(), fmt="svg")
@@ -387,6 +388,7 @@ def test_figure_files_and_bad_input():
         request_figure(hand_run(), plots=("bubble",))
 
 
+@pytest.mark.slow
 def test_the_serving_report_page():
     result = {"requests": 2, "ttft_s": {"mean": 0.0215, "p50": 0.0215, "p90": 0.0219, "p99": 0.02199},
               "throughput_tokens_per_s": 135.1, "per_request": [{"arrived_at": 0.0}]}
@@ -417,6 +419,7 @@ def engine_run(capacity: int = 300, preemption: Preemption = Preemption.RECOMPUT
     return simulate_serving(deployment(config, line=LINE, capacity_blocks=capacity), trace)
 
 
+@pytest.mark.slow
 def test_an_engine_run_drawn():
     run = engine_run()
     log = run.iterations

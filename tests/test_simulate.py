@@ -113,6 +113,7 @@ def _build(family: str, p: int, m: int) -> Schedule:
     return generate(family, p, m)
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(family=_family_strategy(), p=st.integers(2, 5), m=st.integers(1, 8), seed=st.integers(0, 10_000),
        latency=st.sampled_from([0.0, 0.05, 0.7]), bandwidth=st.sampled_from([0.5, 3.0, FREE]))

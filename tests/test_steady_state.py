@@ -185,6 +185,7 @@ def test_simulate_steady_state_json(cli, tmp_path):
     assert plain["steady_state"] is None and data["iteration_time_s"] < plain["iteration_time_s"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("family", "flag"), [("pipedream", []), ("pipedream-2bw", []), ("zb-v", ["--steady-state"])])
 def test_every_label_shows_the_steady_state_iteration_and_the_users_m(cli, tmp_path, family, flag):
     # the terminal header, the summary table's title, the HTML metrics and the PNG title

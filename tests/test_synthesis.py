@@ -142,6 +142,7 @@ def test_off_grid_costs_differ_from_the_solver_by_at_most_a_unit_per_critical_ta
         (3, 2, False, 0.0, None),
     ],
 )
+@pytest.mark.slow
 def test_solver_is_optimal_over_every_op_order(p, m, split, latency, limit) -> None:
     costs, network = uneven(p), Network.uniform(p, latency=latency, bandwidth=INF)
     result = synthesize(costs, network, m, memory_limit=limit, split_backward=split, time_limit=10)
@@ -164,6 +165,7 @@ def partial_optimum(limit: float) -> float:
     return brute_force(*PARTIAL, limit=limit, split=True, fifo=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["counting", "reservoir"])
 def test_partial_frees_at_i_are_counted_exactly(rule) -> None:
     costs, network, m = PARTIAL
@@ -180,6 +182,7 @@ KEPT = (dataclasses.replace(uneven(2, input_frees=0.75), kept_for_w_bytes=(5.0, 
         Network.uniform(2, latency=0.5, bandwidth=INF), 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["counting", "reservoir"])
 def test_gradients_kept_for_w_are_counted_exactly(rule) -> None:
     costs, network, m = KEPT
@@ -194,6 +197,7 @@ def test_gradients_kept_for_w_are_counted_exactly(rule) -> None:
     assert result.lower_bound_s == pytest.approx(optimum[9.0], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_recompute_decisions_are_optimal_and_keep_the_cap() -> None:
     # stage activations 4 B, kept input 1 B: a cap of 5 B holds one microbatch without
     # recompute, or several with it (at the price of a second forward in I)
@@ -412,6 +416,7 @@ def _host(bandwidth: float | None) -> Network:
     return Network.uniform(2, latency=0.5, bandwidth=INF, host_bandwidth=bandwidth)
 
 
+@pytest.mark.slow
 def test_offload_is_a_decision_that_beats_the_cap_without_it() -> None:
     costs, m = OFFLOAD
     network = _host(4.0)
@@ -437,6 +442,7 @@ def test_a_slow_host_link_is_not_worth_offloading_over() -> None:
     assert result.status == "optimal" and result.offload == ()
 
 
+@pytest.mark.slow
 def test_solver_offload_plans_that_break_the_cap_as_run_are_never_claimed() -> None:
     # the solver may time a forward after an offload has freed memory, but the compute stream
     # runs the forward as soon as it can: such plans are dropped, the bound stays a bound

@@ -556,6 +556,7 @@ def test_pictures_draw_the_offload_stream_and_host_memory(tmp_path):
     assert rows[2].startswith("h0") and rows[1].startswith("d0")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_report_draws_the_host_link_row_and_host_memory_in_a_browser(tmp_path):
     import shutil

@@ -120,6 +120,7 @@ def test_monte_carlo_work_is_bounded_by_samples_times_tasks(cli, tmp_path):
     assert small.code == 0, small.err
 
 
+@pytest.mark.slow
 def test_a_trace_over_its_limit_is_refused_before_anything_is_written(cli, tmp_path):
     p, m = 3, 16384  # 1F1B's slot table: 2 p m ops, no transfers
     assert 2 * p * m > MAX_TRACE_TASKS
