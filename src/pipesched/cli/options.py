@@ -214,8 +214,9 @@ Qps = Annotated[float | None, typer.Option("--qps", help=f"requests per second o
 ArrivalForm = Annotated[str | None, typer.Option(
     "--arrival", help=f"poisson or gamma:CV (CV the gaps' coefficient of variation) [default: {DEFAULTS.arrival}]")]
 Requests = Annotated[int | None, typer.Option("--requests", help=f"requests of a synthetic trace [default: {DEFAULTS.requests}]")]
+_LENGTH_FORMS = "fixed:N, uniform:LO-HI, lognormal:MEDIAN,SIGMA, zipf:S,MAX or trace:FILE"  # what --prompt-tokens and --output-tokens take
 PromptTokens = Annotated[str | None, typer.Option(
-    "--prompt-tokens", help=f"prompt lengths: fixed:N, uniform:LO-HI, lognormal:MEDIAN,SIGMA, zipf:S,MAX or trace:FILE "
+    "--prompt-tokens", help=f"prompt lengths: {_LENGTH_FORMS} "
                             f"[default: {DEFAULTS.prompt_tokens}]")]
 OutputTokens = Annotated[str | None, typer.Option(
     "--output-tokens", help=f"output lengths, the first token included; the forms of --prompt-tokens "
@@ -239,7 +240,7 @@ ServeRunQps = Annotated[float | None, typer.Option(
 ServeRunRequests = Annotated[int | None, typer.Option(
     "--requests", help=f"requests of a synthetic trace [default: {DEFAULTS.serve_run_requests}]")]
 ServeRunPromptTokens = Annotated[str | None, typer.Option(
-    "--prompt-tokens", help=f"prompt lengths: fixed:N, uniform:LO-HI, lognormal:MEDIAN,SIGMA, zipf:S,MAX or trace:FILE "
+    "--prompt-tokens", help=f"prompt lengths: {_LENGTH_FORMS} "
                             f"[default: {DEFAULTS.serve_run_prompt_tokens}]")]
 ServeRunOutputTokens = Annotated[str | None, typer.Option(
     "--output-tokens", help=f"output lengths, the first token included; the forms of --prompt-tokens "

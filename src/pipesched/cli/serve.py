@@ -172,7 +172,8 @@ class ServeViews(OptionGroup):
                                     title=title)
         if self.html is not None:
             outputs.append(Output(self.html, serving_report(run, result.to_dict(), probes=probes, title=title,
-                                                            slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot),
+                                                            slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot,
+                                                            latencies=result),
                                   "html"))
         for written in write_all(outputs):
             wrote(written)

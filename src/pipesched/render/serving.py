@@ -90,9 +90,11 @@ def probe_rows(probes: Sequence[object]) -> dict[str, np.ndarray]:
 
 def request_figure(run: ServeRun, result: Mapping[str, object] | None = None, *,
                    probes: Sequence[object] | None = None, slo_ttft: float | None = None,
-                   slo_tpot: float | None = None, plots: Sequence[str] = PLOTS) -> Figure:
+                   slo_tpot: float | None = None, plots: Sequence[str] = PLOTS,
+                   latencies: ServeResult | None = None) -> Figure:
     """The matplotlib figure of ``plots`` (of PLOTS, module docstring), one axes each, top
-    to bottom; the rate plot only with ``probes``."""
+    to bottom; the rate plot only with ``probes``; ``latencies``: the run's
+    ``request_latencies`` when the caller has them already."""
     unknown = [name for name in plots if name not in PLOTS]
     require(not unknown, "plot", unknown[0] if unknown else "", f"choose among {', '.join(PLOTS)}")
     from matplotlib.figure import Figure
@@ -101,18 +103,22 @@ def request_figure(run: ServeRun, result: Mapping[str, object] | None = None, *,
     require(bool(shown), "plots", ",".join(plots), "give probes for the rate plot, or another plot")
     figure = Figure(figsize=(PLOT_WIDTH, PLOT_HEIGHT * len(shown)), layout="constrained")
     axes = figure.subplots(len(shown), 1, squeeze=False)[:, 0]
+    if latencies is None and {"ttft", "tbt"} & set(shown):
+        latencies = request_latencies(run)  # once for both plots
     for ax, name in zip(axes, shown, strict=True):
         ax.set_gid(f"plot-{name}")
-        _draw(ax, name, run, result, probes, slo_ttft, slo_tpot)
+        _draw(ax, name, run, latencies, result, probes, slo_ttft, slo_tpot)
     return figure
 
 
 def serving_figure(run: ServeRun, result: Mapping[str, object] | None = None, *,
                    probes: Sequence[object] | None = None, slo_ttft: float | None = None,
-                   slo_tpot: float | None = None, fmt: str = "png", plots: Sequence[str] = PLOTS) -> bytes:
+                   slo_tpot: float | None = None, fmt: str = "png", plots: Sequence[str] = PLOTS,
+                   latencies: ServeResult | None = None) -> bytes:
     """The request-level plots of ``run`` stacked in one PNG or SVG (``request_figure``)."""
     require(fmt in FORMATS, "format", fmt, f"choose one of {', '.join(FORMATS)}")
-    return _save(request_figure(run, result, probes=probes, slo_ttft=slo_ttft, slo_tpot=slo_tpot, plots=plots), fmt)
+    return _save(request_figure(run, result, probes=probes, slo_ttft=slo_ttft, slo_tpot=slo_tpot, plots=plots,
+                                latencies=latencies), fmt)
 
 
 def _save(figure: Figure, fmt: str) -> bytes:
@@ -122,14 +128,15 @@ def _save(figure: Figure, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
-def _draw(ax: Axes, name: str, run: ServeRun, result, probes, slo_ttft, slo_tpot) -> None:
+def _draw(ax: Axes, name: str, run: ServeRun, latencies: ServeResult | None, result, probes, slo_ttft,
+          slo_tpot) -> None:
     slo_ttft = _slo(slo_ttft, result, "slo_ttft_s")
     slo_tpot = _slo(slo_tpot, result, "slo_tpot_s")
     if name == "ttft":
-        _distribution(ax, request_latencies(run).ttft_s, _stats(result, "ttft_s"), (slo_ttft, "TTFT SLO"),
+        _distribution(ax, latencies.ttft_s, _stats(result, "ttft_s"), (slo_ttft, "TTFT SLO"),
                       "time to first token", "requests")
     elif name == "tbt":
-        _distribution(ax, request_latencies(run).tbt_s, _stats(result, "tbt_s"), (slo_tpot, "TPOT SLO"),
+        _distribution(ax, latencies.tbt_s, _stats(result, "tbt_s"), (slo_tpot, "TPOT SLO"),
                       "time between tokens", "token gaps")
     elif name == "rate":
         _rate(ax, probe_rows(probes or ()), slo_ttft, slo_tpot)
@@ -251,17 +258,19 @@ def _preemption_times(run: ServeRun, instance: int, swaps: np.ndarray) -> np.nda
 def serving_report(run: ServeRun, result: Mapping[str, object] | None = None, *,
                    probes: Sequence[object] | None = None, title: str = "", slo_ttft: float | None = None,
                    slo_tpot: float | None = None, window: tuple[float, float] | None = None,
-                   iterations: int = DEFAULT_VIEW_ITERATIONS) -> str:
+                   iterations: int = DEFAULT_VIEW_ITERATIONS, latencies: ServeResult | None = None) -> str:
     """The HTML page of a serving run (module docstring): ``result`` its results mapping
     (``ServeResult.to_dict()``: the ``--json`` object), ``probes`` a capacity search's rates,
     ``window`` / ``iterations`` the part of the run the timeline draws
-    (``serving_timeline``)."""
+    (``serving_timeline``), ``latencies`` the run's ``ServeResult`` when the caller has one
+    (its per-request arrays do not depend on the SLOs)."""
     timeline = serving_timeline(run, window=window, iterations=iterations)
     sections = []
     if result:
         sections.append(("serving-results", "Results", _results_html(result)))
     plots = [name for name in PLOTS if name != "rate" or probes]
-    figures = "".join(_figure_html(run, name, result, probes, slo_ttft, slo_tpot) for name in plots)
+    latencies = latencies if latencies is not None else request_latencies(run)  # once for every plot
+    figures = "".join(_figure_html(run, name, result, probes, slo_ttft, slo_tpot, latencies) for name in plots)
     sections.append(("serving-requests", "Requests", '<div class="serving-plots">' + figures + "</div>"))
     assert timeline.serving is not None
     first, last = timeline.serving.run_span
@@ -272,9 +281,10 @@ def serving_report(run: ServeRun, result: Mapping[str, object] | None = None, *,
     return render_html([timeline], title=heading, extra_sections=sections)
 
 
-def _figure_html(run: ServeRun, name: str, result, probes, slo_ttft, slo_tpot) -> str:
+def _figure_html(run: ServeRun, name: str, result, probes, slo_ttft, slo_tpot, latencies: ServeResult) -> str:
     """One plot as an inline SVG image (its own document, so no two plots' ids collide)."""
-    image = serving_figure(run, result, probes=probes, slo_ttft=slo_ttft, slo_tpot=slo_tpot, fmt="svg", plots=(name,))
+    image = serving_figure(run, result, probes=probes, slo_ttft=slo_ttft, slo_tpot=slo_tpot, fmt="svg", plots=(name,),
+                           latencies=latencies)
     source = "data:image/svg+xml;base64," + base64.b64encode(image).decode("ascii")
     return (f'<figure class="serving-plot" data-plot="{name}"><img src="{source}" alt="{escape(PLOT_TITLES[name])}" '
             f'width="100%"><figcaption>{escape(PLOT_TITLES[name])}</figcaption></figure>')
