@@ -9,6 +9,7 @@ import math
 import pytest
 
 from model_helpers import one_device
+from pipesched.enums import Collective
 from pipesched.model import (
     LinkSpec,
     ModelSpec,
@@ -20,6 +21,7 @@ from pipesched.model import (
     load_model,
     model_flops_per_iteration,
 )
+from pipesched.model.collectives import CollectiveLevel, collective_seconds
 
 H100 = load_device("h100-sxm")
 
@@ -195,3 +197,10 @@ def test_parameter_bytes_default_to_mixed_precision_adam():
     settings = one_device()
     assert settings.static_bytes_per_param == 18
     assert one_device(optimizer_bytes=0, grad_bytes=2).static_bytes_per_param == 4
+
+
+def test_an_all_to_all_moves_all_but_its_own_share_of_each_ranks_bytes() -> None:
+    # g ranks, each holding B bytes for the group: it keeps B / g and sends (g - 1) / g x B
+    for g in (2, 4, 8):
+        ring = (CollectiveLevel(g, 0.0, 1e9),)
+        assert collective_seconds(Collective.ALL_TO_ALL, 8e9, ring) == pytest.approx((g - 1) / g * 8)

@@ -115,3 +115,31 @@ class Routing(Word):
 
     ROUND_ROBIN = "round-robin"
     LEAST_LOADED = "least-loaded"  # the replica with the fewest requests not yet finished
+
+
+class Collective(Word):
+    """The collective operations a layer or a step runs (``pipesched.model.collectives``)."""
+
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"  # expert dispatch and combine, Ulysses context parallelism
+    SEND_RECV = "send-recv"  # point to point (a ring attention KV exchange step, a pipeline hand-off)
+
+
+class Group(Word):
+    """The parallel group a collective runs over."""
+
+    TENSOR = "tensor"  # the tensor-parallel ranks of a layer (attention and dense MLP)
+    EXPERT = "expert"  # the expert-parallel ranks of a MoE layer (dispatch and combine)
+    EXPERT_TENSOR = "expert tensor"  # the tensor-parallel ranks inside one expert (parallel folding)
+    CONTEXT = "context"  # the context-parallel ranks (ring attention, all-to-all or all-gather of KV)
+    DATA = "data"  # the data-parallel replicas (the gradient all-reduce)
+
+
+class Tier(Word):
+    """Where bytes live: device memory, host memory or disk (offloading, swapping, reload)."""
+
+    DEVICE = "device memory"  # the accelerator's own memory (FlexGen's "GPU")
+    HOST = "host memory"  # the host's memory over the host link (FlexGen's "CPU")
+    DISK = "disk"  # behind host memory

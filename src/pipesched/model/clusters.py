@@ -27,7 +27,9 @@ The time model's assumptions (``pipesched.model.devices`` gives their sources) c
 set the same way: ``sm_count``, ``kernel_overhead`` (a time), ``flash_forward_efficiency``,
 ``flash_backward_efficiency``, ``flash_tile_overhead``, ``flash_backward_tile_overhead``,
 ``grad_accumulation_traffic``, ``memory_fragmentation``, the host link activation offloads
-use (``host_bandwidth``, a rate; ``host_memory``, bytes; 0 for none), and the fixed costs
+use (``host_bandwidth``, a rate; ``host_memory``, bytes; 0 for none), the tiers below it
+that offloading and swapping use (``host_write_bandwidth`` when the way back is slower,
+``disk_read_bandwidth``, ``disk_write_bandwidth``, ``disk_space``: see ``pipesched.model.tiers``), and the fixed costs
 ``op_overhead`` and ``transfer_setup`` (times, as ``pipesched profile`` measures them)::
 
     device: {preset: h200, op_overhead: 35 us, transfer_setup: 12 us, flash_forward_efficiency: 0.355,
@@ -64,8 +66,11 @@ _NUMBER_KEYS = ("matmul_efficiency", "bandwidth_efficiency", "flash_forward_effi
                 "memory_fragmentation")
 _TIME_KEYS = {"kernel_overhead": "kernel_overhead_s", "op_overhead": "op_overhead_s",
               "transfer_setup": "transfer_setup_s"}
+# the memory tiers below the device: rates (YAML key -> DeviceSpec field), and the disk's bytes
+_TIER_RATE_KEYS = {"host_write_bandwidth": "host_write_bandwidth", "disk_read_bandwidth": "disk_read_bandwidth",
+                   "disk_write_bandwidth": "disk_write_bandwidth"}
 _DEVICE_KEYS = {"preset", "name", "peak_flops", "memory", "memory_bandwidth", "sm_count", "host_bandwidth",
-                "host_memory", *_NUMBER_KEYS, *_TIME_KEYS}
+                "host_memory", "disk_space", *_TIER_RATE_KEYS, *_NUMBER_KEYS, *_TIME_KEYS}
 
 
 def _preset_dir():
@@ -200,6 +205,11 @@ def _device(entry: object, where: str) -> DeviceSpec:
         changes["host_bandwidth"] = parse_quantity(entry["host_bandwidth"], "bandwidth", f"{where}.host_bandwidth")
     if "host_memory" in entry:
         changes["host_memory_bytes"] = parse_quantity(entry["host_memory"], "bytes", f"{where}.host_memory")
+    for key, field_name in _TIER_RATE_KEYS.items():
+        if key in entry:
+            changes[field_name] = parse_quantity(entry[key], "bandwidth", f"{where}.{key}")
+    if "disk_space" in entry:
+        changes["disk_bytes"] = parse_quantity(entry["disk_space"], "bytes", f"{where}.disk_space")
     for key in _NUMBER_KEYS:
         if key in entry:
             value = entry[key]

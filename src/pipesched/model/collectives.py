@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipesched.enums import Collective
 from pipesched.errors import require
 from pipesched.limits import check_rate
 from pipesched.model.hardware import Cluster
@@ -74,6 +75,60 @@ def reduce_scatter_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> 
             total += _half_ring(nbytes, level)
             nbytes /= level.ranks
     return total
+
+
+def all_to_all_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> float:
+    """All-to-all where each rank holds ``nbytes`` to spread evenly over the group (expert
+    dispatch or combine): a rank keeps 1 / n of them and sends the rest, (n - 1) steps of
+    latency. Over several levels the share for ranks on other nodes goes over the outer
+    level's link, the rest over the inner one; both run at once, so the slower sets the time.
+
+    >>> all_to_all_seconds(8e9, (CollectiveLevel(8, 0.0, 1e9),))
+    7.0
+    """
+    levels = [level for level in levels if level.ranks > 1]
+    if not levels:
+        return 0.0
+    total_ranks = 1
+    for level in levels:
+        total_ranks *= level.ranks
+    slowest, inside = 0.0, 1
+    for level in levels:
+        # ranks reached over this level: those of the next ranks-in outward, less those inside
+        reached = inside * level.ranks - inside
+        share = reached / total_ranks * nbytes
+        slowest = max(slowest, share / level.bandwidth + (level.ranks - 1) * level.latency)
+        inside *= level.ranks
+    return slowest
+
+
+def send_recv_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> float:
+    """One point-to-point hand-off of ``nbytes`` over the outermost level's link (a ring
+    attention step sends its KV block to the next rank of the ring)."""
+    levels = [level for level in levels if level.ranks > 1]
+    if not levels or nbytes <= 0:
+        return 0.0
+    return nbytes / levels[-1].bandwidth + levels[-1].latency
+
+
+def collective_seconds(kind: Collective, nbytes: float, levels: Sequence[CollectiveLevel]) -> float:
+    """Seconds of one collective ``kind`` of ``nbytes`` per rank over ``levels`` (innermost
+    first): the one entry every layer cost and the engine's transfers time collectives with.
+    ``nbytes`` is the buffer each rank holds: for an all-reduce the buffer reduced, for an
+    all-gather the gathered result, for a reduce-scatter its input, for an all-to-all what
+    each rank dispatches.
+
+    >>> ring = (CollectiveLevel(8, 0.0, 1e9),)
+    >>> [collective_seconds(kind, 8e9, ring) for kind in Collective]
+    [14.0, 7.0, 7.0, 7.0, 8.0]
+    """
+    if kind is Collective.ALL_REDUCE:
+        return allreduce_seconds(nbytes, levels)
+    if kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
+        return reduce_scatter_seconds(nbytes, levels)
+    if kind is Collective.ALL_TO_ALL:
+        return all_to_all_seconds(nbytes, levels)
+    return send_recv_seconds(nbytes, levels)
 
 
 def group_levels(cluster: Cluster, ranks: Sequence[int], *, concurrent: int = 1) -> tuple[CollectiveLevel, ...]:

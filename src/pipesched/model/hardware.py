@@ -56,6 +56,11 @@ class DeviceSpec:
     # --- the host link activation offloads use (PCIe, or NVLink-C2C on Grace superchips)
     host_bandwidth: float = 0.0  # bytes/s between device memory and pinned host memory, per direction; 0 = no host link
     host_memory_bytes: float = 0.0  # host memory the device's offloaded activations may fill, bytes
+    # --- the memory tiers below the device (pipesched.model.tiers: offloading, swapping, reload)
+    host_write_bandwidth: float = 0.0  # bytes/s device -> host when it differs from host_bandwidth; 0 = host_bandwidth
+    disk_read_bandwidth: float = 0.0  # bytes/s disk -> host memory; 0 = no disk tier
+    disk_write_bandwidth: float = 0.0  # bytes/s host memory -> disk; 0 = disk_read_bandwidth
+    disk_bytes: float = 0.0  # disk the device's offloaded state may fill, bytes; 0 = none
 
     def __post_init__(self) -> None:
         require(bool(self.name), "device name", repr(self.name), "give the device a name")
@@ -94,6 +99,10 @@ class DeviceSpec:
         check_rate(f"{self.name}.host_bandwidth", self.host_bandwidth, zero=True)  # 0: no host link
         require(math.isfinite(self.host_memory_bytes) and self.host_memory_bytes >= 0,
                 f"{self.name}.host_memory_bytes", self.host_memory_bytes, "must be a finite number >= 0 (0: none)")
+        for field_name in ("host_write_bandwidth", "disk_read_bandwidth", "disk_write_bandwidth"):
+            check_rate(f"{self.name}.{field_name}", getattr(self, field_name), zero=True)
+        require(math.isfinite(self.disk_bytes) and self.disk_bytes >= 0,
+                f"{self.name}.disk_bytes", self.disk_bytes, "must be a finite number >= 0 (0: none)")
         require(math.isfinite(self.memory_fragmentation) and self.memory_fragmentation >= 1,
                 f"{self.name}.memory_fragmentation", self.memory_fragmentation, "must be a number >= 1")
 

@@ -31,7 +31,7 @@ import numpy as np
 import pipesched.model.kernels as kernels
 from pipesched.errors import PipeschedError, require
 from pipesched.io.latency_model import LatencyRow
-from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
+from pipesched.model.collectives import CollectiveLevel, collective_seconds
 from pipesched.model.hardware import Cluster, DeviceSpec
 from pipesched.model.spec import DTYPE_BYTES, EMBEDDING, LOSS, ModelSpec, TrainingSettings
 from pipesched.model.transformer import WEIGHT_MATMUL, Kernel, LayerPlan, layer_plans
@@ -163,8 +163,9 @@ def layer_forward_s(plan: LayerPlan, device: DeviceSpec, levels: tuple[Collectiv
         else:
             total += kernels.matmul_time(device, rows, kernel.n, kernel.k, groups=kernel.groups, traffic=traffic,
                                          fp32=fp32)
-    for nbytes in plan.forward_collectives:
-        total += allreduce_seconds(nbytes * tokens, levels)
+    for collective in plan.collectives:
+        if not collective.backward:
+            total += collective_seconds(collective.kind, collective.nbytes * tokens, levels)
     return total
 
 

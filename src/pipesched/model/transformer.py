@@ -51,8 +51,9 @@ import functools
 from dataclasses import dataclass
 
 import pipesched.model.kernels as kernels
+from pipesched.enums import Collective, Group
 from pipesched.errors import require
-from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
+from pipesched.model.collectives import CollectiveLevel, collective_seconds
 from pipesched.model.devices import load_device
 from pipesched.model.hardware import DeviceSpec, LinkSpec
 from pipesched.model.spec import (
@@ -90,6 +91,29 @@ class Kernel:
     m: float = 0.0
     n: float = 0.0
     k: float = 0.0
+    phase: str = ""  # the part of the layer it runs in (PHASES): what overlaps another microbatch's communication
+
+
+# The parts of a layer, in forward order: what a phase model (DualPipe's overlapped pair,
+# Megatron's EP overlap) interleaves with another microbatch's. A kernel or collective with
+# no phase belongs to the one before it.
+ATTENTION, DISPATCH, MLP, COMBINE = "attention", "dispatch", "mlp", "combine"
+PHASES = (ATTENTION, DISPATCH, MLP, COMBINE)
+
+
+@dataclass(frozen=True)
+class PlanCollective:
+    """One collective of a layer: its kind, the bytes each rank holds (``collective_seconds``
+    says what they mean per kind), the group it runs over, whether it is in F or in I, and
+    the phase it ends (a forward collective runs after its phase's kernels, a backward one
+    after the backward of its phase's kernels)."""
+
+    name: str
+    kind: Collective
+    nbytes: float
+    group: Group
+    backward: bool = False  # False: in F; True: in I
+    phase: str = ATTENTION
 
 
 @dataclass(frozen=True)
@@ -163,8 +187,7 @@ class LayerPlan:
     name: str
     kind: str
     kernels: tuple[Kernel, ...]
-    forward_collectives: tuple[float, ...]  # bytes all-reduced in F
-    backward_collectives: tuple[float, ...]  # bytes all-reduced in I
+    collectives: tuple[PlanCollective, ...]  # in F and in I, in the order they run
     activation_bytes: float  # kept without recompute
     selective_activation_bytes: float  # kept with selective recompute
     checkpoint_bytes: float  # kept with full recompute (the layer input)
@@ -175,6 +198,15 @@ class LayerPlan:
     # sequence length, head size) and the bytes of Q, K, V and O; None without attention
     attention: tuple[float, float, float] | None = None
     attention_traffic: float = 0.0
+
+
+def _tensor_reductions(x: _Shape, named: tuple[tuple[str, float, bool, str], ...]) -> tuple[PlanCollective, ...]:
+    """The tensor-parallel all-reduces ``(name, bytes, backward, phase)`` of a layer; none
+    without tensor parallelism."""
+    if x.tp == 1:
+        return ()
+    return tuple(PlanCollective(name, Collective.ALL_REDUCE, nbytes, Group.TENSOR, backward, phase)
+                 for name, nbytes, backward, phase in named)
 
 
 def _embedding(model: ModelSpec, x: _Shape) -> LayerPlan:
@@ -192,8 +224,7 @@ def _embedding(model: ModelSpec, x: _Shape) -> LayerPlan:
     ids = 8.0 * tokens  # int64 token ids
     return LayerPlan(
         name="embedding", kind=EMBEDDING, kernels=tuple(kernels),
-        forward_collectives=(tokens * h * e,) if x.tp > 1 else (),
-        backward_collectives=(),
+        collectives=_tensor_reductions(x, (("embedding all-reduce", tokens * h * e, False, ATTENTION),)),
         activation_bytes=mask + ids, selective_activation_bytes=mask + ids, checkpoint_bytes=ids,
         weight_input_bytes=ids,
         params=x.vocab * h + model.position_embeddings * h,
@@ -268,8 +299,11 @@ def _block(model: ModelSpec, x: _Shape, index: int) -> LayerPlan:
     selective = attention_kept + mlp_kept
     return LayerPlan(
         name=f"layer.{index}", kind=TRANSFORMER, kernels=tuple(kernels),
-        forward_collectives=(tokens * h * e,) * 2 if x.tp > 1 else (),
-        backward_collectives=(tokens * h * e,) * 2 if x.tp > 1 else (),
+        collectives=_tensor_reductions(x, (
+            ("attention output all-reduce", tokens * h * e, False, ATTENTION),
+            ("mlp output all-reduce", tokens * h * e, False, MLP),
+            ("qkv input-gradient all-reduce", tokens * h * e, True, ATTENTION),
+            ("mlp input-gradient all-reduce", tokens * h * e, True, MLP))),
         activation_bytes=selective + core_bytes,
         selective_activation_bytes=selective,
         checkpoint_bytes=hidden_bytes,
@@ -295,8 +329,9 @@ def _head(model: ModelSpec, x: _Shape) -> LayerPlan:
     return LayerPlan(
         name="head", kind=LOSS, kernels=kernels,
         # vocab-parallel cross-entropy: max and sum over the vocabulary shards (fp32 per token)
-        forward_collectives=(4.0 * tokens, 4.0 * tokens) if x.tp > 1 else (),
-        backward_collectives=(tokens * h * e,) if x.tp > 1 else (),
+        collectives=_tensor_reductions(x, (("logits max all-reduce", 4.0 * tokens, False, ATTENTION),
+                                           ("logits sum all-reduce", 4.0 * tokens, False, ATTENTION),
+                                           ("head input-gradient all-reduce", tokens * h * e, True, ATTENTION))),
         activation_bytes=kept, selective_activation_bytes=kept, checkpoint_bytes=kept,
         weight_input_bytes=hidden_bytes,
         params=h * x.vocab + h * (2 if model.bias else 1),
@@ -316,7 +351,19 @@ def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
     >>> allreduce_time(1e9, 1, DEFAULT_TP_LINK)
     0.0
     """
-    return allreduce_seconds(nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
+    return collective_seconds(Collective.ALL_REDUCE, nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
+
+
+def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec) -> float:
+    """Seconds of one of a layer's collectives: the tensor group is ``tensor_parallel`` ranks
+    on ``link`` (``pipesched.model.collectives``).
+
+    >>> c = PlanCollective("x", Collective.ALL_REDUCE, 1e9, Group.TENSOR)
+    >>> plan_collective_seconds(c, TrainingSettings(tensor_parallel=1), DEFAULT_TP_LINK)
+    0.0
+    """
+    ranks = {Group.TENSOR: settings.tensor_parallel}.get(collective.group, 1)
+    return collective_seconds(collective.kind, collective.nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
 
 
 @dataclass(frozen=True)
@@ -376,9 +423,12 @@ def _times(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link
         forward += kernels.flash_attention_time(device, **shape)
         # the backward kernel recomputes the scores itself: selective recompute adds nothing
         backward_input += kernels.flash_attention_time(device, **shape, backward=True)
-    tp = settings.tensor_parallel
-    forward += sum(allreduce_time(n, tp, link) for n in plan.forward_collectives)
-    backward_input += sum(allreduce_time(n, tp, link) for n in plan.backward_collectives)
+    for collective in plan.collectives:
+        seconds = plan_collective_seconds(collective, settings, link)
+        if collective.backward:
+            backward_input += seconds
+        else:
+            forward += seconds
     return _Times(forward, backward_input, backward_weight, core)
 
 
@@ -528,14 +578,6 @@ def _flops_per_microbatch(model: ModelSpec, settings: TrainingSettings, *, hardw
 
 
 # --- every kernel of a layer (``pipesched costs --ops``) ------------------------------------
-# names of a layer's collectives, in the order its plan lists their bytes: (forward, backward)
-_COLLECTIVE_NAMES = {
-    EMBEDDING: (("embedding all-reduce",), ()),
-    TRANSFORMER: (("attention output all-reduce", "mlp output all-reduce"),
-                  ("qkv input-gradient all-reduce", "mlp input-gradient all-reduce")),
-    LOSS: (("logits max all-reduce", "logits sum all-reduce"), ("head input-gradient all-reduce",)),
-}
-TENSOR_GROUP = "tensor"  # the group every layer collective runs over
 BOUNDS = {True: "memory", False: "compute"}  # a kernel's bound, by whether its bytes set its time
 
 
@@ -566,8 +608,8 @@ class CollectiveCost:
     """One tensor-parallel collective of a layer: in the forward or in I."""
 
     name: str
-    traffic: float  # bytes all-reduced
-    group: str  # the ranks it runs over (TENSOR_GROUP)
+    traffic: float  # bytes each rank holds (PlanCollective.nbytes)
+    group: Group  # the ranks it runs over
     forward_s: float
     backward_s: float  # in I
 
@@ -646,9 +688,9 @@ def _memory_bound(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings
 
 
 def _collective_costs(plan: LayerPlan, settings: TrainingSettings, link: LinkSpec) -> tuple[CollectiveCost, ...]:
-    forward_names, backward_names = _COLLECTIVE_NAMES[plan.kind]
-    tp = settings.tensor_parallel
-    return (*(CollectiveCost(name, nbytes, TENSOR_GROUP, allreduce_time(nbytes, tp, link), 0.0)
-              for name, nbytes in zip(forward_names, plan.forward_collectives, strict=False)),
-            *(CollectiveCost(name, nbytes, TENSOR_GROUP, 0.0, allreduce_time(nbytes, tp, link))
-              for name, nbytes in zip(backward_names, plan.backward_collectives, strict=False)))
+    costs = []
+    for collective in plan.collectives:
+        seconds = plan_collective_seconds(collective, settings, link)
+        costs.append(CollectiveCost(collective.name, collective.nbytes, collective.group,
+                                    0.0 if collective.backward else seconds, seconds if collective.backward else 0.0))
+    return tuple(costs)
