@@ -34,6 +34,8 @@ class Defaults:
     recompute: str = "selective"  # none, selective or full
     dtype: str = "bf16"  # training dtype of the analytical costs
     partition: str = "balanced"  # layers to stages: uniform, balanced, memory, or a Megatron layout
+    context_parallel: int = 1  # ranks that split every sequence (context parallelism): a stage spans t x cp devices
+    cp_comm_type: str = "p2p"  # how context-parallel ranks exchange keys and values: p2p, a2a or allgather
     # Monte Carlo over durations (--jitter, --straggler, ...)
     samples: int = 1000  # iterations drawn
     seed: int = 0  # of the random streams

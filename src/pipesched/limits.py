@@ -55,6 +55,7 @@ MAX_CLUSTER_RANKS = 65536  # devices of one cluster
 MAX_TENSOR_PARALLEL = 1024  # tensor-parallel degree t
 MAX_MICRO_BATCH_SIZE = 4096  # sequences per microbatch b
 MAX_SEQ_LEN = 2**21  # tokens per sequence s
+MAX_CONTEXT_PARALLEL = 1024  # context-parallel degree cp (ranks that split one sequence)
 MAX_SECONDS = 1e7  # any duration or latency read from input (about four months)
 MAX_AMOUNT = 1e21  # any byte count, bandwidth, FLOP count, FLOP/s or parameter count
 # the slowest bandwidth (bytes/s) or FLOP/s read from input: MAX_AMOUNT bytes or FLOPs at
@@ -129,6 +130,7 @@ LIMITS = (
     ("MAX_TENSOR_PARALLEL", MAX_TENSOR_PARALLEL, "tensor-parallel degree"),
     ("MAX_MICRO_BATCH_SIZE", MAX_MICRO_BATCH_SIZE, "sequences per microbatch"),
     ("MAX_SEQ_LEN", MAX_SEQ_LEN, "tokens per sequence"),
+    ("MAX_CONTEXT_PARALLEL", MAX_CONTEXT_PARALLEL, "context-parallel degree"),
     ("MAX_SAMPLES", MAX_SAMPLES, "Monte Carlo samples of one run"),
     ("MAX_SAMPLED_TASKS", MAX_SAMPLED_TASKS, "samples x (ops + transfers) of one Monte Carlo run"),
     ("MAX_SEARCH_POINTS", MAX_SEARCH_POINTS, "configurations of one design-space search"),

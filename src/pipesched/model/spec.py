@@ -16,6 +16,7 @@ from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.limits import (
     MAX_CLUSTER_RANKS,
+    MAX_CONTEXT_PARALLEL,
     MAX_HEADS,
     MAX_LAYERS,
     MAX_MICRO_BATCH_SIZE,
@@ -38,6 +39,12 @@ LAYER_KINDS = (EMBEDDING, TRANSFORMER, MTP, LOSS)
 # bytes of one activation element per training dtype (Korthikanti et al. assume 16-bit)
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECOMPUTE_MODES = ("none", "selective", "full")
+# how context-parallel ranks exchange keys and values, as Megatron-Core names them
+# (``cp_comm_type``): p2p ring attention (each rank passes its KV block round the ring, cp - 1
+# steps, each hidden behind the previous block's attention when that is long enough), a2a
+# (DeepSpeed-Ulysses: all-to-alls scatter the heads and gather the sequence of Q, K, V and back
+# for O) and allgather (every rank gathers the whole sequence's K and V)
+CP_COMM_TYPES = ("p2p", "a2a", "allgather")
 
 # mixed-precision Adam, bytes per parameter (Megatron without a distributed optimizer): the
 # bf16 working weight, the fp32 gradient (what data parallel all-reduces), the fp32 master
@@ -227,7 +234,10 @@ class TrainingSettings:
     # data-parallel ranks the optimizer state is split over (ZeRO-1, Megatron's distributed
     # optimizer: each of d ranks keeps 1/d of it); 1: every rank keeps all of it
     optimizer_shards: int = 1
-
+    # cp, ranks that split every sequence (context parallelism): each holds 2 chunks of s / (2 cp)
+    # tokens (Megatron's load balancing of causal attention), so 2 cp must divide seq_len
+    context_parallel: int = DEFAULTS.context_parallel
+    cp_comm_type: str = DEFAULTS.cp_comm_type  # one of CP_COMM_TYPES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frozen_layers", tuple(sorted({int(layer) for layer in self.frozen_layers})))
@@ -236,7 +246,8 @@ class TrainingSettings:
         for field_name, limit, what in (("micro_batch_size", MAX_MICRO_BATCH_SIZE, "sequences per microbatch"),
                                         ("seq_len", MAX_SEQ_LEN, "tokens per sequence"),
                                         ("tensor_parallel", MAX_TENSOR_PARALLEL, "tensor-parallel ranks"),
-                                        ("optimizer_shards", MAX_CLUSTER_RANKS, "optimizer shards")):
+                                        ("optimizer_shards", MAX_CLUSTER_RANKS, "optimizer shards"),
+                                        ("context_parallel", MAX_CONTEXT_PARALLEL, "context-parallel ranks")):
             value = getattr(self, field_name)
             require(isinstance(value, int) and not isinstance(value, bool) and value > 0, field_name, value,
                     "must be a positive integer")
@@ -248,10 +259,17 @@ class TrainingSettings:
                 f"must be one of {', '.join(RECOMPUTE_MODES)}")
         for field_name in ("weight_bytes", "grad_bytes", "optimizer_bytes"):
             _finite(getattr(self, field_name), field_name)
+        check_context_parallel(self.context_parallel, self.cp_comm_type, self.seq_len)
 
     @property
     def element_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def stage_width(self) -> int:
+        """Devices one pipeline stage spans: its tensor-parallel group in each of its
+        context-parallel ranks, t x cp."""
+        return self.tensor_parallel * self.context_parallel
 
     @property
     def static_bytes_per_param(self) -> float:
@@ -260,3 +278,14 @@ class TrainingSettings:
         if self.optimizer_shards == 1:
             return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
         return self.weight_bytes + self.grad_bytes + self.optimizer_bytes / self.optimizer_shards
+
+
+def check_context_parallel(cp: int, comm: str, seq_len: int) -> None:
+    """Refuse a context-parallel split the load balancing cannot make: each of the cp ranks
+    holds 2 chunks of the sequence (chunk i and chunk 2 cp - 1 - i), so 2 cp divides it."""
+    require(comm in CP_COMM_TYPES, "cp_comm_type", comm, f"choose one of {', '.join(CP_COMM_TYPES)}")
+    if cp > 1:
+        require(seq_len % (2 * cp) == 0, "context_parallel", cp,
+                f"each rank holds 2 chunks of the sequence, so 2 x cp must divide seq_len={seq_len}; give a cp "
+                f"with 2 x cp dividing {seq_len}, or a seq_len that is a multiple of {2 * cp}")
+

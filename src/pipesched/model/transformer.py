@@ -114,15 +114,19 @@ class PlanCollective:
     group: Group
     backward: bool = False  # False: in F; True: in I
     phase: str = ATTENTION
+    steps: int = 1  # times it runs back to back in the layer (a ring attention's cp - 1 hand-offs)
+    # each step runs beside one block of the attention core (ring attention): only what a
+    # step takes beyond its block's compute is exposed (``exposed_exchange_seconds``)
+    hidden_by_core: bool = False
 
 
 @dataclass(frozen=True)
 class _Shape:
     """Per-rank sizes of one microbatch under tensor parallelism."""
 
-    tokens: int  # b * s
+    tokens: float  # b * s / cp, the tokens of this rank
     batch: int  # b
-    seq: int  # s
+    seq: int  # s, the whole sequence
     hidden: int  # h
     heads: float  # query heads on this rank, a / t
     kv_heads: float  # key/value heads on this rank
@@ -132,6 +136,8 @@ class _Shape:
     elem: int  # bytes per activation element
     replicated: float  # share of a replicated activation on this rank: 1, or 1/t with sequence parallelism
     tp: int
+    cp: int = 1  # context-parallel ranks the sequence is split over
+    cp_comm: str = "p2p"  # how they exchange keys and values (CP_COMM_TYPES)
 
     @property
     def q_width(self) -> float:
@@ -147,8 +153,15 @@ def _shape(model: ModelSpec, settings: TrainingSettings) -> _Shape:
     require(model.num_heads % t == 0, "tensor_parallel", t, f"must divide num_heads={model.num_heads}")
     require(model.num_kv_heads % t == 0, "tensor_parallel", t,
             f"must divide num_kv_heads={model.num_kv_heads} (Megatron splits whole key/value groups)")
+    cp = settings.context_parallel
+    if cp > 1 and settings.cp_comm_type == "a2a":
+        # Ulysses scatters whole heads (query heads and key/value groups) over the cp ranks
+        for field_name, heads in (("num_heads", model.num_heads), ("num_kv_heads", model.num_kv_heads)):
+            require(heads % (t * cp) == 0, "context_parallel", cp,
+                    f"a2a splits the heads over t x cp ranks and {field_name}={heads} is no multiple of {t * cp}; "
+                    "give --cp-comm p2p or allgather, or a cp that divides it")
     return _Shape(
-        tokens=settings.micro_batch_size * settings.seq_len,
+        tokens=settings.micro_batch_size * settings.seq_len / cp,
         batch=settings.micro_batch_size,
         seq=settings.seq_len,
         hidden=model.hidden_size,
@@ -160,6 +173,8 @@ def _shape(model: ModelSpec, settings: TrainingSettings) -> _Shape:
         elem=settings.element_bytes,
         replicated=1.0 / t if settings.sequence_parallel else 1.0,
         tp=t,
+        cp=cp,
+        cp_comm=settings.cp_comm_type,
     )
 
 
@@ -198,6 +213,9 @@ class LayerPlan:
     # sequence length, head size) and the bytes of Q, K, V and O; None without attention
     attention: tuple[float, float, float] | None = None
     attention_traffic: float = 0.0
+    # fused kernels the core runs as, each of ``attention``'s shape and traffic: a ring
+    # attention's cp steps (1 otherwise)
+    attention_blocks: int = 1
 
 
 def _tensor_reductions(x: _Shape, named: tuple[tuple[str, float, bool, str], ...]) -> tuple[PlanCollective, ...]:
@@ -233,17 +251,19 @@ def _embedding(model: ModelSpec, x: _Shape) -> LayerPlan:
 
 
 def _block(model: ModelSpec, x: _Shape, index: int) -> LayerPlan:
-    b, s, tokens, h, e, r = x.batch, x.seq, x.tokens, x.hidden, x.elem, x.replicated
+    tokens, h, e, r = x.tokens, x.hidden, x.elem, x.replicated
     hidden_bytes = tokens * h * e * r  # one replicated hidden-state tensor on this rank
     mask_hidden = tokens * h * r if model.dropout else 0.0  # 1-byte dropout mask
-    scores = b * x.heads * s * s  # attention score elements on this rank
+    core = _core(x)
+    scores = core.batch * core.queries * core.keys  # attention score elements on this rank
     norm_params = h * (2 if model.bias else 1)
 
     # attention: norm, QKV, scores, softmax (+ dropout), context, projection, residual
     kernels = [
         _elementwise("norm 1", 2 * hidden_bytes),
         _matmul("qkv", tokens, x.q_width + 2 * x.kv_width, h, e),
-        _matmul("scores", s, s, x.head_dim, e, batch=b * x.heads, backward=ACTIVATION_MATMUL, attention_core=True),
+        _matmul("scores", core.queries, core.keys, x.head_dim, e, batch=core.batch, backward=ACTIVATION_MATMUL,
+                attention_core=True),
         _elementwise("softmax", 2 * scores * e, attention_core=True),
     ]
     core_bytes = scores * e  # softmax output
@@ -251,7 +271,8 @@ def _block(model: ModelSpec, x: _Shape, index: int) -> LayerPlan:
         kernels.append(_elementwise("attention dropout", 2 * scores * e + scores, attention_core=True))
         core_bytes += scores + scores * e  # mask + dropout output
     kernels += [
-        _matmul("context", s, x.head_dim, s, e, batch=b * x.heads, backward=ACTIVATION_MATMUL, attention_core=True),
+        _matmul("context", core.queries, x.head_dim, core.keys, e, batch=core.batch, backward=ACTIVATION_MATMUL,
+                attention_core=True),
         _matmul("projection", tokens, h, x.q_width, e),
         _elementwise("residual 1", 3 * hidden_bytes + mask_hidden),
         _elementwise("norm 2", 2 * hidden_bytes),
@@ -299,7 +320,7 @@ def _block(model: ModelSpec, x: _Shape, index: int) -> LayerPlan:
     selective = attention_kept + mlp_kept
     return LayerPlan(
         name=f"layer.{index}", kind=TRANSFORMER, kernels=tuple(kernels),
-        collectives=_tensor_reductions(x, (
+        collectives=_context_exchange(x) + _tensor_reductions(x, (
             ("attention output all-reduce", tokens * h * e, False, ATTENTION),
             ("mlp output all-reduce", tokens * h * e, False, MLP),
             ("qkv input-gradient all-reduce", tokens * h * e, True, ATTENTION),
@@ -310,9 +331,72 @@ def _block(model: ModelSpec, x: _Shape, index: int) -> LayerPlan:
         weight_input_bytes=weight_inputs,
         params=attention_params + mlp_params,
         output_bytes=hidden_bytes,
-        attention=(b * x.heads, s, x.head_dim),
-        attention_traffic=e * tokens * (2 * x.q_width + 2 * x.kv_width),  # read Q, K, V; write O
+        attention=core.flash,
+        attention_traffic=core.traffic,
+        attention_blocks=core.blocks,
     )
+
+
+@dataclass(frozen=True)
+class _Core:
+    """The causal attention core of one rank: ``batch`` products of ``queries`` x ``keys``
+    scores, and the same work as ``blocks`` fused kernels see it (``flash``: sequences x
+    heads, sequence length, head size of each) with the bytes each moves."""
+
+    batch: float
+    queries: float
+    keys: float
+    flash: tuple[float, float, float]
+    traffic: float  # bytes each block moves: Q, K, V read and O written
+    blocks: int = 1
+
+
+def _core(x: _Shape) -> _Core:
+    """A rank's share of causal attention. Without context parallelism, and with a2a (the
+    all-to-all hands each rank the whole sequence of heads / cp heads), the rank's heads over
+    the whole sequence. With p2p or allgather the rank's s / cp queries (two chunks, i and
+    2 cp - 1 - i) meet all s keys; under the causal mask each of the cp ring steps then does
+    the work of a causal attention over s / cp tokens (the local step: two causal chunk
+    blocks and one full; every other: two full chunk blocks), 1 / cp of the whole."""
+    b, s, d = x.batch, x.seq, x.head_dim
+    traffic = x.elem * x.tokens * (2 * x.q_width + 2 * x.kv_width)  # read Q, K, V; write O
+    if x.cp == 1 or x.cp_comm == "a2a":
+        heads = b * x.heads / x.cp
+        return _Core(heads, s, s, (heads, s, d), traffic)
+    if x.cp_comm == "p2p":  # one kernel per ring step, as the KV blocks arrive
+        return _Core(b * x.heads, s / x.cp, s, (b * x.heads, s / x.cp, d), traffic, x.cp)
+    return _Core(b * x.heads, s / x.cp, s, (b * x.heads * x.cp, s / x.cp, d), x.cp * traffic)
+
+
+def _context_exchange(x: _Shape) -> tuple[PlanCollective, ...]:
+    """The context-parallel collectives of a block's attention, in F and in I (Megatron-Core's
+    ``cp_comm_type``): none without context parallelism. ``kv``: the K and V of this rank's
+    s / cp tokens.
+
+    - p2p (ring attention): cp - 1 hand-offs of a KV block to the next rank, each beside one
+      block's attention; in I the KV block and its gradients dK, dV (twice the bytes);
+    - a2a (Ulysses): all-to-alls of Q, K, V before the core and of O after it; in I the same
+      four of their gradients;
+    - allgather: the whole sequence's K and V gathered in F and again in I (not kept), and
+      dK, dV reduce-scattered back to their ranks.
+    """
+    if x.cp == 1:
+        return ()
+    e, tokens, ctx = x.elem, x.tokens, Group.CONTEXT
+    kv = tokens * 2 * x.kv_width * e
+    if x.cp_comm == "p2p":
+        return (PlanCollective("kv ring exchange", Collective.SEND_RECV, kv, ctx, False, ATTENTION, x.cp - 1, True),
+                PlanCollective("kv and dkv ring exchange", Collective.SEND_RECV, 2 * kv, ctx, True, ATTENTION,
+                               x.cp - 1, True))
+    if x.cp_comm == "a2a":
+        widths = (("q", x.q_width), ("k", x.kv_width), ("v", x.kv_width), ("o", x.q_width))
+        return tuple(PlanCollective(f"{prefix}{name} all-to-all", Collective.ALL_TO_ALL, tokens * width * e, ctx,
+                                    backward, ATTENTION)
+                     for backward, prefix in ((False, ""), (True, "d")) for name, width in widths)
+    gathered = x.cp * kv  # the whole sequence's K and V, on every rank
+    return (PlanCollective("kv all-gather", Collective.ALL_GATHER, gathered, ctx, False, ATTENTION),
+            PlanCollective("kv all-gather", Collective.ALL_GATHER, gathered, ctx, True, ATTENTION),
+            PlanCollective("dkv reduce-scatter", Collective.REDUCE_SCATTER, gathered, ctx, True, ATTENTION))
 
 
 def _head(model: ModelSpec, x: _Shape) -> LayerPlan:
@@ -354,16 +438,35 @@ def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
     return collective_seconds(Collective.ALL_REDUCE, nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
 
 
-def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec) -> float:
-    """Seconds of one of a layer's collectives: the tensor group is ``tensor_parallel`` ranks
-    on ``link`` (``pipesched.model.collectives``).
+def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec, *,
+                            context_levels: tuple[CollectiveLevel, ...] | None = None) -> float:
+    """Seconds of one of a layer's collectives, all its steps, with no overlap: the tensor
+    group is ``tensor_parallel`` ranks on ``link``, the context group ``context_parallel``
+    ranks on ``context_levels`` (default: on ``link`` too; ``pipesched.model.collectives``).
 
     >>> c = PlanCollective("x", Collective.ALL_REDUCE, 1e9, Group.TENSOR)
     >>> plan_collective_seconds(c, TrainingSettings(tensor_parallel=1), DEFAULT_TP_LINK)
     0.0
     """
-    ranks = {Group.TENSOR: settings.tensor_parallel}.get(collective.group, 1)
-    return collective_seconds(collective.kind, collective.nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
+    if collective.group is Group.CONTEXT and context_levels is not None:
+        levels = context_levels
+    else:
+        ranks = {Group.TENSOR: settings.tensor_parallel,
+                 Group.CONTEXT: settings.context_parallel}.get(collective.group, 1)
+        levels = (CollectiveLevel(ranks, link.latency, link.bandwidth),)
+    return collective.steps * collective_seconds(collective.kind, collective.nbytes, levels)
+
+
+def exposed_exchange_seconds(step_s: float, block_s: float, steps: int) -> float:
+    """Ring attention's overlap condition: each of the ``steps`` KV hand-offs (``step_s``
+    seconds) runs while the attention of the block before it computes (``block_s``), so
+    only what it takes beyond that block is exposed: zero when the block is long enough
+    for its compute to hide the transfer, growing as the block shrinks below that.
+
+    >>> exposed_exchange_seconds(2.0, 3.0, 4), exposed_exchange_seconds(3.0, 2.0, 4)
+    (0.0, 4.0)
+    """
+    return steps * max(0.0, step_s - block_s)
 
 
 @dataclass(frozen=True)
@@ -396,40 +499,68 @@ def kernel_times(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings)
     return forward, matmul(kernel.m, kernel.k, kernel.n), weight
 
 
-def _times(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> _Times:
+def _times(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec,
+           context_levels: tuple[CollectiveLevel, ...] | None = None) -> _Times:
     """The time model (``pipesched.model.kernels``) applied to every kernel of the layer.
 
     Backward, per kernel: ``Y = X W`` gives ``dX = dY W^T`` (an [m, k] output) in I and
     ``dW = X^T dY`` (a [k, n] output over the m rows) in W, where W then adds dW into the
     existing gradient (``grad_accumulation_traffic``); an activation matmul gives both input
     gradients in I. With fused attention the scores, softmax, dropout and context kernels are
-    one flash kernel in F and one in I.
+    one flash kernel in F and one in I (a ring attention's: one per ring step). A
+    collective hidden by the core (the ring's KV hand-offs) adds only its exposed part.
     """
-    flash = plan.attention is not None and kernels.uses_flash(device, settings.element_bytes)
-    forward = backward_input = backward_weight = core = 0.0
+    forward = backward_input = backward_weight = 0.0
     for kernel in plan.kernels:
-        if flash and kernel.attention_core:
+        if kernel.attention_core:
             continue
         step, backward, weight = kernel_times(kernel, device, settings)
         forward += step
         backward_input += backward
         backward_weight += weight
-        if kernel.attention_core:
-            core += step
-    if flash:
-        assert plan.attention is not None
-        heads, seq, head_dim = plan.attention
-        shape = {"heads": heads, "seq": seq, "head_dim": head_dim, "traffic": plan.attention_traffic}
-        forward += kernels.flash_attention_time(device, **shape)
-        # the backward kernel recomputes the scores itself: selective recompute adds nothing
-        backward_input += kernels.flash_attention_time(device, **shape, backward=True)
+    core_forward, core_backward = core_seconds(plan, device, settings)
+    forward += core_forward
+    backward_input += core_backward
     for collective in plan.collectives:
-        seconds = plan_collective_seconds(collective, settings, link)
+        seconds = _exposed_seconds(collective, plan, (core_forward, core_backward), settings, link, context_levels)
         if collective.backward:
             backward_input += seconds
         else:
             forward += seconds
-    return _Times(forward, backward_input, backward_weight, core)
+    # the fused backward kernel recomputes the scores itself: selective recompute adds nothing
+    flash = plan.attention is not None and kernels.uses_flash(device, settings.element_bytes)
+    return _Times(forward, backward_input, backward_weight, 0.0 if flash else core_forward)
+
+
+def core_seconds(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings) -> tuple[float, float]:
+    """Seconds of the layer's attention core in F and in I: its score, softmax, dropout and
+    context kernels, or with fused attention its flash kernels (``attention_blocks`` of
+    them); (0, 0) without attention."""
+    if plan.attention is not None and kernels.uses_flash(device, settings.element_bytes):
+        heads, seq, head_dim = plan.attention
+        shape = {"heads": heads, "seq": seq, "head_dim": head_dim, "traffic": plan.attention_traffic}
+        return (plan.attention_blocks * kernels.flash_attention_time(device, **shape),
+                plan.attention_blocks * kernels.flash_attention_time(device, **shape, backward=True))
+    forward = backward = 0.0
+    for kernel in plan.kernels:
+        if kernel.attention_core:
+            step, gradient, _ = kernel_times(kernel, device, settings)
+            forward += step
+            backward += gradient
+    return forward, backward
+
+
+def _exposed_seconds(collective: PlanCollective, plan: LayerPlan, core: tuple[float, float],
+                     settings: TrainingSettings, link: LinkSpec,
+                     context_levels: tuple[CollectiveLevel, ...] | None) -> float:
+    """What ``collective`` adds to its F or I: all of it, or for one hidden by the core the
+    exposed part of its steps (``exposed_exchange_seconds``; ``core``: the core's F and I
+    seconds, run as ``plan.attention_blocks`` blocks)."""
+    seconds = plan_collective_seconds(collective, settings, link, context_levels=context_levels)
+    if not collective.hidden_by_core:
+        return seconds
+    block = core[1 if collective.backward else 0] / plan.attention_blocks
+    return exposed_exchange_seconds(seconds / collective.steps, block, collective.steps)
 
 
 def _flops(plan: LayerPlan, settings: TrainingSettings) -> float:
@@ -460,8 +591,9 @@ def _kept_for_w(plan: LayerPlan, settings: TrainingSettings) -> float:
     return kept
 
 
-def _cost(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> LayerCost:
-    times = _times(plan, device, settings, link)
+def _cost(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec,
+          context_levels: tuple[CollectiveLevel, ...] | None = None) -> LayerCost:
+    times = _times(plan, device, settings, link, context_levels)
     forward, backward_input = times.forward, times.backward_input
     activation = plan.activation_bytes
     weight_inputs = plan.weight_input_bytes
@@ -494,10 +626,12 @@ def _cost(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link:
 
 
 def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings, *,
-                tp_link: LinkSpec | None = None) -> list[LayerCost]:
+                tp_link: LinkSpec | None = None,
+                context_levels: tuple[CollectiveLevel, ...] | None = None) -> list[LayerCost]:
     """Cost of every layer (embedding, blocks, head) for one microbatch on ``device``.
 
-    ``tp_link`` carries the tensor-parallel all-reduces (default: NVLink, 450 GB/s). A
+    ``tp_link`` carries the tensor-parallel all-reduces (default: NVLink, 450 GB/s),
+    ``context_levels`` the context-parallel group's exchanges (default: ``tp_link``). A
     model with measured layers returns them as given, with times scaled by the ratio of
     peak FLOP/s when they were measured on another device (``measured_on``).
 
@@ -512,12 +646,12 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
         return _measured(model, device)
     if settings.optimizer_shards != 1:  # the optimizer's share of memory is no layer cost
         settings = dataclasses.replace(settings, optimizer_shards=1)
-    return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK))
+    return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK, context_levels))
 
 
 @functools.lru_cache(maxsize=512)
 def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings,
-                 link: LinkSpec) -> tuple[LayerCost, ...]:
+                 link: LinkSpec, context_levels: tuple[CollectiveLevel, ...] | None = None) -> tuple[LayerCost, ...]:
     """Pure in hashable inputs: a sweep asks for the same layers on every placement. A
     model's blocks are alike: each distinct layer (all but its name) is timed once."""
     timed: dict[LayerPlan, LayerCost] = {}
@@ -526,7 +660,7 @@ def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSetting
         unnamed = dataclasses.replace(plan, name="")
         cost = timed.get(unnamed)
         if cost is None:
-            cost = timed[unnamed] = _cost(plan, device, settings, link)
+            cost = timed[unnamed] = _cost(plan, device, settings, link, context_levels)
         costs.append(cost if cost.name == plan.name else dataclasses.replace(cost, name=plan.name))
     return tuple(costs)
 
@@ -574,7 +708,7 @@ def _flops_per_microbatch(model: ModelSpec, settings: TrainingSettings, *, hardw
     plans = layer_plans(model, settings)
     per_rank = sum(_flops(plan, settings) if hardware else _flops(plan, settings) - _recompute_flops(plan, settings)
                    for plan in plans)
-    return per_rank * settings.tensor_parallel
+    return per_rank * settings.stage_width
 
 
 # --- every kernel of a layer (``pipesched costs --ops``) ------------------------------------
@@ -610,8 +744,9 @@ class CollectiveCost:
     name: str
     traffic: float  # bytes each rank holds (PlanCollective.nbytes)
     group: Group  # the ranks it runs over
-    forward_s: float
-    backward_s: float  # in I
+    forward_s: float  # exposed, in F
+    backward_s: float  # exposed, in I
+    hidden_s: float = 0.0  # hidden behind the attention core (ring attention's KV hand-offs)
 
 
 @dataclass(frozen=True)
@@ -626,7 +761,8 @@ class LayerOps:
 
 
 def layer_ops(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings, *,
-              tp_link: LinkSpec | None = None) -> list[LayerOps]:
+              tp_link: LinkSpec | None = None,
+              context_levels: tuple[CollectiveLevel, ...] | None = None) -> list[LayerOps]:
     """Every layer's kernels and collectives with their times, beside its ``layer_costs``
     row (the same settings: decode sizes are ``micro_batch_size`` requests of ``seq_len``
     1).
@@ -638,11 +774,12 @@ def layer_ops(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings, 
     """
     require(not model.measured, "model", model.name, "its layers are measured, with no kernels to list; "
             "give a model with its shape")
-    costs = layer_costs(model, device, settings, tp_link=tp_link)
+    costs = layer_costs(model, device, settings, tp_link=tp_link, context_levels=context_levels)
     if settings.optimizer_shards != 1:
         settings = dataclasses.replace(settings, optimizer_shards=1)
     link = tp_link or DEFAULT_TP_LINK
-    return [LayerOps(cost, _kernel_costs(plan, device, settings), _collective_costs(plan, settings, link))
+    return [LayerOps(cost, _kernel_costs(plan, device, settings),
+                     _collective_costs(plan, device, settings, link, context_levels))
             for cost, plan in zip(costs, layer_plans(model, settings), strict=True)]
 
 
@@ -673,9 +810,10 @@ def _flash_cost(plan: LayerPlan, device: DeviceSpec) -> KernelCost:
     compute, memory = kernels.flash_attention_roofline(device, **shape)
     # FLOPs as the layer counts them: the score and context matmuls it fuses
     flops = sum(kernel.flops for kernel in plan.kernels if kernel.attention_core)
-    return KernelCost(FLASH_KERNEL, seq, seq, head_dim, heads, flops, plan.attention_traffic,
-                      kernels.flash_attention_time(device, **shape),
-                      kernels.flash_attention_time(device, **shape, backward=True), 0.0,
+    blocks = plan.attention_blocks  # a ring attention's kernels, one per step, listed as one
+    return KernelCost(FLASH_KERNEL, seq, seq, head_dim, heads * blocks, flops, plan.attention_traffic * blocks,
+                      blocks * kernels.flash_attention_time(device, **shape),
+                      blocks * kernels.flash_attention_time(device, **shape, backward=True), 0.0,
                       memory > compute)
 
 
@@ -687,10 +825,14 @@ def _memory_bound(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings
     return memory > compute
 
 
-def _collective_costs(plan: LayerPlan, settings: TrainingSettings, link: LinkSpec) -> tuple[CollectiveCost, ...]:
+def _collective_costs(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec,
+                      context_levels: tuple[CollectiveLevel, ...] | None) -> tuple[CollectiveCost, ...]:
     costs = []
+    core = core_seconds(plan, device, settings)
     for collective in plan.collectives:
-        seconds = plan_collective_seconds(collective, settings, link)
+        whole = plan_collective_seconds(collective, settings, link, context_levels=context_levels)
+        seconds = _exposed_seconds(collective, plan, core, settings, link, context_levels)
         costs.append(CollectiveCost(collective.name, collective.nbytes, collective.group,
-                                    0.0 if collective.backward else seconds, seconds if collective.backward else 0.0))
+                                    0.0 if collective.backward else seconds, seconds if collective.backward else 0.0,
+                                    whole - seconds))
     return tuple(costs)
