@@ -17,6 +17,8 @@ from pipesched.cli.options import (
     BlockSize,
     Chunk,
     ClusterName,
+    ContextParallel,
+    CpComm,
     CpuOverhead,
     DataParallelSize,
     Disaggregate,
@@ -150,6 +152,8 @@ class ModelOptions(OptionGroup):
     micro_batch_size: MicroBatchSize = None
     seq_len: SeqLen = None
     tensor_parallel: TensorParallel = None
+    context_parallel: ContextParallel = None
+    cp_comm: CpComm = None
     recompute: Recompute = None
     dtype: Dtype = None
     sequence_parallel: SequenceParallel = None
@@ -167,7 +171,9 @@ class ModelOptions(OptionGroup):
                                 seq_len=_or(self.seq_len, DEFAULTS.seq_len), dtype=self.dtype or DEFAULTS.dtype,
                                 recompute=recompute or self.recompute or DEFAULTS.recompute,
                                 tensor_parallel=_or(self.tensor_parallel, DEFAULTS.tensor_parallel),
-                                sequence_parallel=_or(self.sequence_parallel, DEFAULTS.sequence_parallel))
+                                sequence_parallel=_or(self.sequence_parallel, DEFAULTS.sequence_parallel),
+                                context_parallel=_or(self.context_parallel, DEFAULTS.context_parallel),
+                                cp_comm_type=self.cp_comm or DEFAULTS.cp_comm_type)
 
     def device(self, name: str | None) -> DeviceSpec:
         """The device preset ``name`` (None: the default) with the efficiencies asked for."""
@@ -214,6 +220,8 @@ class WorkloadOptions(OptionGroup):
                        "dtype": model.dtype or DEFAULTS.dtype,
                        "sequence_parallel": _or(model.sequence_parallel, DEFAULTS.sequence_parallel),
                        "tp": _or(model.tensor_parallel, DEFAULTS.tensor_parallel),
+                       "cp": _or(model.context_parallel, DEFAULTS.context_parallel),
+                       "cp_comm": model.cp_comm or DEFAULTS.cp_comm_type,
                        "recompute": model.recompute or DEFAULTS.recompute,
                        "partition": self.partition or DEFAULTS.partition}
         return Point(bandwidth=parse_bandwidth(self.bandwidth), **fields)
@@ -235,7 +243,7 @@ class WorkloadOptions(OptionGroup):
 
 
 # the options that describe a model's costs, which a stage-cost file gives instead
-_MODEL_FLAGS = ("model", "cluster", "tensor-parallel", "recompute", "partition", "dtype", "sequence-parallel",
+_MODEL_FLAGS = ("model", "cluster", "tensor-parallel", "cp", "cp-comm", "recompute", "partition", "dtype", "sequence-parallel",
                 "matmul-efficiency", "bandwidth-efficiency")
 
 

@@ -60,6 +60,12 @@ SeqLen = Annotated[int | None, typer.Option("--seq-len", "-s", help=f"tokens per
 TensorParallel = Annotated[int | None, typer.Option(
     "--tensor-parallel", "-t",
     help=f"tensor-parallel degree; pipeline device d runs on cluster rank d x t [default: {DEFAULTS.tensor_parallel}]")]
+ContextParallel = Annotated[int | None, typer.Option(
+    "--cp", help="context-parallel degree: ranks that split every sequence (2 x cp must divide -s); a pipeline "
+                 f"device then spans t x cp cluster ranks [default: {DEFAULTS.context_parallel}]")]
+CpComm = Annotated[str | None, typer.Option(
+    "--cp-comm", help="how the context-parallel ranks exchange keys and values: p2p (ring attention), a2a "
+                      f"(Ulysses) or allgather [default: {DEFAULTS.cp_comm_type}]")]
 Recompute = Annotated[str | None, typer.Option(
     "--recompute", help=f"none, selective or full; per stage: full,none,none,selective, or MODE:STAGES items like "
                         f"full:0-3 (one bare MODE for the rest, default none) [default: {DEFAULTS.recompute}]")]

@@ -40,7 +40,7 @@ from pipesched.model import load_cluster, load_model
 from pipesched.model.freezing import parse_frozen_layers
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import check_recompute, uniform_mode
-from pipesched.model.spec import ModelSpec, TrainingSettings
+from pipesched.model.spec import ModelSpec, TrainingSettings, check_context_parallel
 from pipesched.ops import I
 from pipesched.passes.freeze import freeze
 from pipesched.passes.offload import OffloadPolicy, offload
@@ -53,7 +53,7 @@ ZERO_STAGES = (0, 1)  # ZeRO stages of the optimizer state a point may take
 
 
 # the names errors give a point's fields: TrainingSettings' and the flags' (--tensor-parallel)
-_FIELD_NAMES = {"tp": "tensor_parallel"}
+_FIELD_NAMES = {"tp": "tensor_parallel", "cp": "context_parallel", "cp_comm": "cp_comm_type"}
 
 
 def zero_applies(zero: int, dp: int) -> bool:
@@ -120,16 +120,24 @@ class Workload:
     # the optimizer state's ZeRO stage: 0 (each data-parallel rank keeps all of it) or 1
     # (split over the dp replicas: reduce-scatter the gradients, all-gather the parameters)
     zero: int = 0
+    # context parallelism: ranks that split every sequence (a stage spans tp x cp devices) and
+    # how they exchange keys and values (p2p, a2a, allgather)
+    cp: int = DEFAULTS.context_parallel
+    cp_comm: str = DEFAULTS.cp_comm_type
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "micro_batch_size", "seq_len"):
+        for name in ("dp", "tp", "micro_batch_size", "seq_len", "cp"):
             _require_count(name, getattr(self, name))
+        check_context_parallel(self.cp, self.cp_comm, self.seq_len)
         check_recompute(self.recompute)
         for name in ("host_bandwidth", "host_memory"):
             value = getattr(self, name)
             require(value is None or value > 0, name, value, "must be > 0 (bytes/s, bytes)")
         check_zero(self.zero, self.dp)
         if self.stage_costs is not None:
+            require(self.cp == 1, "context_parallel", self.cp,
+                    "a stage-cost file gives each stage's costs as measured; give a model and a cluster to split "
+                    "its sequences, or cp 1")
             require(self.zero == 0, "zero", self.zero,
                     "a stage-cost file does not say which of its static bytes are optimizer state; give a model "
                     "and a cluster to shard it, or zero 0")
@@ -210,7 +218,8 @@ class Point:
         return TrainingSettings(micro_batch_size=self.micro_batch_size, seq_len=self.seq_len,
                                 tensor_parallel=self.tp, sequence_parallel=self.sequence_parallel,
                                 recompute=uniform_mode(self.recompute) or "none", dtype=self.dtype,
-                                optimizer_shards=self.dp if self.zero else 1)
+                                optimizer_shards=self.dp if self.zero else 1, context_parallel=self.cp,
+                                cp_comm_type=self.cp_comm)
 
     @property
     def trains_differently(self) -> bool:

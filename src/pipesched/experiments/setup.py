@@ -253,30 +253,34 @@ class SimulationSetup:
         if schedule is not None and (self.recompute_for(schedule) is not None or self.settings.frozen_layers):
             plan = self.plan_for(schedule)
             per_rank = sum(layer.flops if hardware else layer.model_flops for stage in plan.layers for layer in stage)
-            return per_rank * self.settings.tensor_parallel * num_microbatches
+            return per_rank * self.settings.stage_width * num_microbatches
         count = hardware_flops_per_iteration if hardware else model_flops_per_iteration
         return count(self.model, self.settings, num_microbatches)
 
     def peak_flops_per_device(self, network: Network) -> tuple[float, ...] | None:
-        """Peak FLOP/s behind each pipeline device: its tensor-parallel group's."""
+        """Peak FLOP/s behind each pipeline device: its t x cp devices'."""
         if network.peak_flops is None:
             return None
-        group = self.settings.tensor_parallel if self.settings is not None else 1
+        group = self.settings.stage_width if self.settings is not None else 1
         return tuple(peak * group for peak in network.peak_flops)
 
 
 @functools.lru_cache(maxsize=1024)
 def _cluster_network(cluster: Cluster, placement: Placement, tensor_parallel: int, replicas: int,
                      sharded_optimizer: bool, gather_ratio: float, latency: float | None,
-                     bandwidth: float | None) -> Network:
+                     bandwidth: float | None, context_parallel: int = 1) -> Network:
     """The network of ``placement`` on ``cluster``: a pure function of hashable inputs (a
-    search asks for it under every family, recompute mode and partition of a placement)."""
-    ranks = pipeline_ranks(placement, cluster, tensor_parallel, data_parallel=replicas)
+    search asks for it under every family, recompute mode and partition of a placement).
+    The gradients are reduced over the replicas and the context-parallel ranks."""
+    ranks = pipeline_ranks(placement, cluster, tensor_parallel, data_parallel=replicas,
+                           context_parallel=context_parallel)
     groups = None
-    if replicas > 1:
+    if replicas * context_parallel > 1:
         groups = DataParallel.from_cluster(
-            cluster, data_parallel_groups(placement, cluster, tensor_parallel, replicas),
-            concurrent=tensor_parallel, sharded_optimizer=sharded_optimizer, gather_ratio=gather_ratio)
+            cluster, data_parallel_groups(placement, cluster, tensor_parallel, replicas,
+                                          context_parallel=context_parallel),
+            concurrent=tensor_parallel, sharded_optimizer=sharded_optimizer, gather_ratio=gather_ratio,
+            context=context_parallel)
     network = Network.from_cluster(cluster, ranks=ranks, data_parallel=groups)
     if latency is None and bandwidth is None:
         return network
@@ -289,7 +293,7 @@ def _network(setup: SimulationSetup, placement: Placement) -> Network:
         return _cluster_network(setup.cluster, placement, settings.tensor_parallel, setup.data_parallel,
                                 settings.optimizer_shards > 1,
                                 settings.weight_bytes / settings.grad_bytes if settings.grad_bytes else 0.0,
-                                setup.latency, setup.bandwidth)
+                                setup.latency, setup.bandwidth, settings.context_parallel)
     if setup.network is not None:
         return setup.network
     latency = setup.latency or 0.0

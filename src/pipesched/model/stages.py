@@ -35,6 +35,7 @@ import numpy as np
 
 from pipesched.costs import StageCosts
 from pipesched.errors import OutOfMemory, PipeschedError, require
+from pipesched.model.collectives import CollectiveLevel, group_levels
 from pipesched.model.freezing import freeze_layers, frozen_mask, static_bytes
 from pipesched.model.hardware import Cluster, DeviceSpec
 from pipesched.model.spec import RECOMPUTE_MODES, LayerCost, ModelSpec, TrainingSettings
@@ -80,41 +81,61 @@ class StagePlan:
 
 
 def pipeline_ranks(placement: Placement, cluster: Cluster, tensor_parallel: int, *,
-                   data_parallel: int = 1) -> tuple[int, ...]:
+                   data_parallel: int = 1, context_parallel: int = 1) -> tuple[int, ...]:
     """Cluster rank of every pipeline rank of the first pipeline replica: the first rank of
     its tensor-parallel group.
 
-    Rank layout, replica-major: with d data-parallel replicas of a pipeline of p devices
-    and tensor parallelism t, replica r holds ranks r p t .. (r+1) p t - 1, and its pipeline
-    device k runs on ranks r p t + k t .. r p t + k t + t-1 (one tensor-parallel group, which
-    must sit inside a node). The data-parallel peers of a pipeline device are therefore
-    ranks at stride p t (``data_parallel_groups``).
+    Rank layout, replica-major (Megatron's order: tensor innermost, then context, then
+    pipeline, then data): with d data-parallel replicas of a pipeline of p devices, tensor
+    parallelism t and context parallelism c, a pipeline device spans w = t c ranks;
+    replica r holds ranks r p w .. (r+1) p w - 1, and its pipeline device k runs on ranks
+    r p w + k w .. r p w + k w + w - 1: c tensor-parallel groups of t ranks (each inside a
+    node), the context-parallel ranks of one shard at stride t (they may span nodes). The
+    data-parallel peers of a pipeline device are therefore ranks at stride p w
+    (``data_parallel_groups``).
     """
-    needed = data_parallel * placement.num_devices * tensor_parallel
+    width = tensor_parallel * context_parallel
+    needed = data_parallel * placement.num_devices * width
     replicas = f"{data_parallel} data-parallel pipelines need {data_parallel} x " if data_parallel > 1 else \
         "the pipeline needs "
+    context = f" x context_parallel {context_parallel}" if context_parallel > 1 else ""
     require(cluster.num_devices >= needed, "cluster", cluster.name,
             f"has {cluster.num_devices} devices; {replicas}{placement.num_devices} x tensor_parallel "
-            f"{tensor_parallel} = {needed}; {fitting_sizes(cluster, placement.num_devices, tensor_parallel, data_parallel)}")
+            f"{tensor_parallel}{context} = {needed}; "
+            f"{fitting_sizes(cluster, placement.num_devices, tensor_parallel, data_parallel, context_parallel)}")
     for first in range(0, needed, tensor_parallel):
         group = range(first, first + tensor_parallel)
         require(all(cluster.node_of[r] == cluster.node_of[first] for r in group), "tensor_parallel",
-                tensor_parallel, f"group of pipeline rank {first // tensor_parallel % placement.num_devices} spans "
+                tensor_parallel, f"group of pipeline rank {first // width % placement.num_devices} spans "
                 "two nodes; use a degree that divides the node size")
-    return tuple(device * tensor_parallel for device in range(placement.num_devices))
+    return tuple(device * width for device in range(placement.num_devices))
 
 
-def fitting_sizes(cluster: Cluster, p: int, tensor_parallel: int, data_parallel: int = 1) -> str:
+def context_group(first: int, tensor_parallel: int, context_parallel: int) -> tuple[int, ...]:
+    """The context-parallel ranks of the pipeline device whose first rank is ``first``
+    (``pipeline_ranks``): one per context chunk, at stride t.
+
+    >>> context_group(16, 4, 2)
+    (16, 20)
+    """
+    return tuple(first + j * tensor_parallel for j in range(context_parallel))
+
+
+def fitting_sizes(cluster: Cluster, p: int, tensor_parallel: int, data_parallel: int = 1,
+                  context_parallel: int = 1) -> str:
     """What to give instead of a pipeline that needs more devices than ``cluster`` has: the
     largest pipeline (-p) at this tensor-parallel degree, and the largest degree (-t, one
-    that divides the node size) at this pipeline size, each with ``data_parallel`` replicas."""
+    that divides the node size) at this pipeline size, each with ``data_parallel`` replicas
+    (and ``context_parallel`` ranks per stage)."""
     node_size = cluster.node_of.count(cluster.node_of[0])
     replicas = f" --dp {data_parallel}" if data_parallel > 1 else ""
+    replicas += f" --cp {context_parallel}" if context_parallel > 1 else ""
     fits = []
-    largest_p = cluster.num_devices // (data_parallel * tensor_parallel)
+    others = data_parallel * context_parallel  # ranks of every tensor-parallel group's copies
+    largest_p = cluster.num_devices // (others * tensor_parallel)
     if largest_p >= 1:
         fits.append(f"-p {largest_p} -t {tensor_parallel}{replicas}")
-    degrees = [t for t in range(1, node_size + 1) if node_size % t == 0 and data_parallel * p * t <= cluster.num_devices]
+    degrees = [t for t in range(1, node_size + 1) if node_size % t == 0 and others * p * t <= cluster.num_devices]
     if degrees:
         fits.append(f"-p {p} -t {degrees[-1]}{replicas}")
     if not fits:
@@ -123,18 +144,23 @@ def fitting_sizes(cluster: Cluster, p: int, tensor_parallel: int, data_parallel:
 
 
 def data_parallel_groups(placement: Placement, cluster: Cluster, tensor_parallel: int,
-                         data_parallel: int) -> tuple[tuple[int, ...], ...]:
-    """For every pipeline device, the cluster ranks of its data-parallel group: the same
+                         data_parallel: int, *, context_parallel: int = 1) -> tuple[tuple[int, ...], ...]:
+    """For every pipeline device, the cluster ranks its gradients are reduced over: the same
     device of each of the d pipeline replicas, replica 0 first (``pipeline_ranks`` gives the
-    layout: stride p x t).
+    layout: stride p x t x c), and with context parallelism each replica's c context ranks
+    (which hold the same weights and see other tokens: Megatron's data-and-context group).
 
     >>> from pipesched.model import load_cluster
     >>> data_parallel_groups(Placement.one_per_device(2), load_cluster("4x8-h100"), 4, 4)
     ((0, 8, 16, 24), (4, 12, 20, 28))
+    >>> data_parallel_groups(Placement.one_per_device(2), load_cluster("4x8-h100"), 4, 1, context_parallel=2)
+    ((0, 4), (8, 12))
     """
-    ranks = pipeline_ranks(placement, cluster, tensor_parallel, data_parallel=data_parallel)
-    stride = placement.num_devices * tensor_parallel
-    return tuple(tuple(rank + replica * stride for replica in range(data_parallel)) for rank in ranks)
+    ranks = pipeline_ranks(placement, cluster, tensor_parallel, data_parallel=data_parallel,
+                           context_parallel=context_parallel)
+    stride = placement.num_devices * tensor_parallel * context_parallel
+    return tuple(tuple(member + replica * stride for replica in range(data_parallel)
+                       for member in context_group(rank, tensor_parallel, context_parallel)) for rank in ranks)
 
 
 def plan_stages(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,
@@ -179,31 +205,38 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
     only under the memory method (a search asks for the same plan for every family, ZeRO
     stage and data-parallel degree). When no partition fits under the memory method, what
     the error says."""
-    tp = settings.tensor_parallel
-    ranks_of_device = pipeline_ranks(placement, cluster, tp)
+    tp, cp = settings.tensor_parallel, settings.context_parallel
+    ranks_of_device = pipeline_ranks(placement, cluster, tp, context_parallel=cp)
     stage_ranks = tuple(ranks_of_device[d] for d in placement.replicas[0])
     num_stages = placement.num_stages
     tp_link = cluster.intra_node
 
+    def key_of(rank: int, mode: str) -> tuple[DeviceSpec, str, tuple[CollectiveLevel, ...] | None]:
+        # a stage's layers differ by its device, recompute mode and context group's links
+        # (its t shards exchange at once)
+        levels = group_levels(cluster, context_group(rank, tp, cp), concurrent=tp) if cp > 1 else None
+        return cluster.devices[rank], mode, levels
+
     # every stage's device and recompute mode cost the whole model's layers; frozen layers
     # then cost what they still run
-    by_device: dict[tuple[DeviceSpec, str], list[LayerCost]] = {}
+    by_device: dict[tuple[DeviceSpec, str, tuple[CollectiveLevel, ...] | None], list[LayerCost]] = {}
     mask: tuple[bool, ...] | None = None
     for rank, mode in zip(stage_ranks, modes, strict=True):
-        key = (cluster.devices[rank], mode)
+        key = key_of(rank, mode)
         if key not in by_device:
-            layers = layer_costs(model, key[0], dataclasses.replace(settings, recompute=mode), tp_link=tp_link)
+            layers = layer_costs(model, key[0], dataclasses.replace(settings, recompute=mode), tp_link=tp_link,
+                                 context_levels=key[2])
             if settings.frozen_layers:
                 mask = frozen_mask(settings.frozen_layers, len(layers), model.name)
                 layers = freeze_layers(layers, mask)
             by_device[key] = layers
-    per_stage = [by_device[(cluster.devices[rank], mode)] for rank, mode in zip(stage_ranks, modes, strict=True)]
+    per_stage = [by_device[key_of(rank, mode)] for rank, mode in zip(stage_ranks, modes, strict=True)]
     num_layers = len(per_stage[0])
 
     # per (device spec, recompute mode): each layer's F + I + W and output bytes
     rows = {key: (np.array([layer.total_s for layer in layers]), np.array([layer.output_bytes for layer in layers]))
             for key, layers in by_device.items()}
-    stage_keys = [(cluster.devices[rank], mode) for rank, mode in zip(stage_ranks, modes, strict=True)]
+    stage_keys = [key_of(rank, mode) for rank, mode in zip(stage_ranks, modes, strict=True)]
     compute = np.array([rows[key][0] for key in stage_keys])
     out = np.array([rows[key][1] for key in stage_keys])
     send_forward = np.zeros((num_stages, num_layers))

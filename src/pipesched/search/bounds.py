@@ -125,7 +125,7 @@ def _table(graph: TaskGraph, network: Network) -> float:
     if count < graph.num_ops or not graph.num_ops:
         return 0.0  # a deadlocked table: the simulation says why
     finish = float(end.max())
-    reduces = allreduces(graph.schedule, data_parallel=network.replicas > 1)
+    reduces = allreduces(graph.schedule, data_parallel=network.reduces_gradients)
     if len(reduces):
         nbytes = np.array([gradient_bytes(graph.costs, int(s)) for s in reduces.stage], np.float64)
         released = np.where(reduces.after >= 0, end[np.maximum(reduces.after, 0)], 0.0).max(axis=1)

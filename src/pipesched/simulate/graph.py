@@ -323,7 +323,7 @@ def _network_fields(schedule: Schedule, costs: StageCosts, ops, durations: np.nd
     n, num_devices = len(ops), schedule.num_devices
     op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, network, durations)
     sent = messages(schedule)
-    reduces = allreduces(schedule, data_parallel=network.replicas > 1)
+    reduces = allreduces(schedule, data_parallel=network.reduces_gradients)
     columns = _transfer_columns(costs, network, sent, reduces)
     rel_ptr, rel = _release_rows(sent, reduces)
     res_ptr, res, num_resources = link_resources(network, sent.src, sent.dst, contention, num_devices)
@@ -547,7 +547,7 @@ def _no_transfers() -> tuple[np.ndarray, ...]:
 
 def collective_seconds(network: Network, reduces: AllReduces, nbytes: np.ndarray) -> np.ndarray:
     """Seconds of each gradient all-reduce on ``network`` (see the module docstring)."""
-    data_parallel = network.data_parallel if network.replicas > 1 else None
+    data_parallel = network.data_parallel if network.reduces_gradients else None
     seconds = np.empty(len(reduces), np.float64)
     for j, (a, b, size) in enumerate(zip(reduces.src.tolist(), reduces.dst.tolist(), nbytes.tolist(), strict=True)):
         pair = CollectiveLevel(2, float(network.latency[a, b]), float(network.bandwidth[a, b])) if a != b else None
@@ -568,7 +568,7 @@ def _with_collective_resources(res_ptr: np.ndarray, res: np.ndarray, network: Ne
     num_nodes = max(node_of) + 1
     send0, recv0, egress0 = num_devices, 2 * num_devices, 3 * num_devices
     ingress0, channel0 = egress0 + num_nodes, egress0 + 2 * num_nodes
-    data_parallel = network.data_parallel if network.replicas > 1 else None
+    data_parallel = network.data_parallel if network.reduces_gradients else None
     lists = []
     for a, b in zip(reduces.src.tolist(), reduces.dst.tolist(), strict=True):
         held: list[int] = []

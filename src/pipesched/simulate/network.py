@@ -51,9 +51,14 @@ class DataParallel:
     leaves_node: tuple[bool, ...]  # per pipeline device: its group spans nodes (its traffic goes through the NIC)
     sharded_optimizer: bool = False  # ZeRO-1: reduce-scatter gradients, all-gather parameters
     gather_ratio: float = 0.5  # parameter bytes all-gathered per gradient byte reduced (bf16 weights, fp32 gradients)
+    # context-parallel ranks of each replica in the group: they hold the same weights and
+    # see other tokens, so the gradients are reduced over size x context ranks
+    context: int = 1
 
     def __post_init__(self) -> None:
         require(isinstance(self.size, int) and self.size >= 1, "dp", self.size, "must be a whole number >= 1")
+        require(isinstance(self.context, int) and self.context >= 1, "context_parallel", self.context,
+                "must be a whole number >= 1")
         require(len(self.levels) == len(self.leaves_node), "levels", len(self.levels),
                 f"give one entry per device ({len(self.leaves_node)})")
 
@@ -67,11 +72,13 @@ class DataParallel:
 
     @classmethod
     def from_cluster(cls, cluster: Cluster, groups: Sequence[Sequence[int]], *, concurrent: int = 1,
-                     sharded_optimizer: bool = False, gather_ratio: float = 0.5) -> DataParallel:
+                     sharded_optimizer: bool = False, gather_ratio: float = 0.5, context: int = 1) -> DataParallel:
         """Each pipeline device's group of cluster ranks (``pipesched.model.data_parallel_groups``);
-        ``concurrent``: the tensor-parallel ranks that reduce their own shards beside it."""
+        ``concurrent``: the tensor-parallel ranks that reduce their own shards beside it;
+        ``context``: the context-parallel ranks of each replica in a group."""
         return cls(
-            size=len(groups[0]) if groups else 1,
+            context=context,
+            size=len(groups[0]) // context if groups else 1,
             levels=tuple(group_levels(cluster, group, concurrent=concurrent) for group in groups),
             leaves_node=tuple(len({cluster.node_of[r] for r in group}) > 1 for group in groups),
             sharded_optimizer=sharded_optimizer,
@@ -176,6 +183,12 @@ class Network:
     def replicas(self) -> int:
         """Data-parallel pipeline replicas (1: this pipeline alone)."""
         return 1 if self.data_parallel is None else self.data_parallel.size
+
+    @property
+    def reduces_gradients(self) -> bool:
+        """Whether each device reduces its gradients with peers: data-parallel replicas, or
+        context-parallel ranks of its own stage."""
+        return self.data_parallel is not None and self.data_parallel.size * self.data_parallel.context > 1
 
     @property
     def num_devices(self) -> int:
