@@ -24,6 +24,7 @@ from rich.table import Table
 from pipesched.cli.options import (
     AsJson,
     ClusterName,
+    CpComm,
     Dtype,
     Gpus,
     Model,
@@ -88,6 +89,10 @@ class SpaceOptions(OptionGroup):
         "--tensor-parallel", "-t", help="tensor-parallel degrees to try, like 2,4 (one value fixes it, as -t does in "
                                         "the other commands) [default: every divisor of the node size]")] = None
     pipeline: Annotated[str | None, typer.Option("--pipeline", help="pipeline sizes p to try [default: all]")] = None
+    context_parallel: Annotated[str | None, typer.Option(
+        "--cp", help="context-parallel degrees to try, like 1,2,4 (each stage spans t x cp devices; 2 x cp must "
+                     f"divide -s) [default: {DEFAULTS.context_parallel}]")] = None
+    cp_comm: CpComm = None
     dp: Annotated[str | None, typer.Option("--dp", help="data-parallel sizes to try [default: all]")] = None
     micro_batch_sizes: Annotated[str | None, typer.Option(
         "--micro-batch-sizes", "-b", help="micro-batch sizes to try, like 1,2 (one value fixes it, as -b does in the "
@@ -113,6 +118,7 @@ class SpaceOptions(OptionGroup):
             "tensor_parallel": whole_numbers("tensor-parallel", self.tensor_parallel),
             "pipeline": whole_numbers("pipeline", self.pipeline), "data_parallel": whole_numbers("dp", self.dp),
             "micro_batch_sizes": whole_numbers("micro-batch-sizes", self.micro_batch_sizes),
+            "context_parallel": whole_numbers("cp", self.context_parallel) or None, "cp_comm": self.cp_comm,
         }
         return SearchSpace(**{name: value for name, value in given.items() if value is not None})
 
@@ -257,7 +263,7 @@ def _gib(value: float | None) -> str:
 def _row_cells(rank: int, row: StoredRow) -> list[str]:
     evaluated = row.status == EVALUATED
     return [str(rank) if evaluated else "OOM", row.family, "-" if row.v is None else str(row.v), str(row.dp),
-            str(row.tp), str(row.p), str(row.micro_batch_size), str(row.m), row.recompute, row.partition,
+            str(row.tp), str(row.cp), str(row.p), str(row.micro_batch_size), str(row.m), row.recompute, row.partition,
             str(row.zero), f"{row.iteration_time_s:.4f}" if evaluated else "-",
             f"{row.throughput_tokens_per_s:,.0f}" if evaluated else "-",
             _share(row.mfu) if evaluated else "-", _share(row.hfu) if evaluated else "-", _gib(row.peak_memory_bytes)]
@@ -268,7 +274,7 @@ def _share(value: float | None) -> str:
 
 
 _TEXT_COLUMNS = frozenset(("schedule", "recompute", "partition"))  # left-aligned columns
-_HEADER = ("rank", "schedule", "v", "dp", "tp", "pp", "b", "m", "recompute", "partition", "zero", "time (s)",
+_HEADER = ("rank", "schedule", "v", "dp", "tp", "cp", "pp", "b", "m", "recompute", "partition", "zero", "time (s)",
            "tokens/s", "MFU", "HFU", "peak memory")
 # the columns a narrow console drops first (the "best" line's command reproduces them)
 _DROPPABLE = tuple(_HEADER.index(name) for name in ("partition", "recompute", "HFU", "MFU", "zero"))
@@ -315,7 +321,8 @@ def print_result(result: SearchResult, *, top: int) -> None:
                       highlight=False, markup=False, soft_wrap=True)
     best = result.best
     if best is not None:
-        console.print(f"best: {best.family}, dp {best.dp} x pp {best.p} x tp {best.tp}, "
+        context = f" x cp {best.cp}" if best.cp > 1 else ""
+        console.print(f"best: {best.family}, dp {best.dp} x pp {best.p} x tp {best.tp}{context}, "
                       f"{counted(best.m, 'microbatch')} of {best.micro_batch_size}: {best.iteration_time_s:.4f} s, {best.throughput_tokens_per_s:,.0f} "
                       f"tokens/s; reproduce with\n  {simulate_command(space, best)}", highlight=False, markup=False,
                       soft_wrap=True)

@@ -164,7 +164,8 @@ def family_legend(rows: Sequence[StoredRow]) -> str:
 
 def _label(row: StoredRow) -> str:
     chunks = f" v{row.v}" if row.v is not None else ""
-    return (f"{row.family}{chunks}, dp {row.dp} x pp {row.p} x tp {row.tp}, b {row.micro_batch_size} x m "
+    context = f" x cp {row.cp}" if row.cp > 1 else ""
+    return (f"{row.family}{chunks}, dp {row.dp} x pp {row.p} x tp {row.tp}{context}, b {row.micro_batch_size} x m "
             f"{row.m}, recompute {row.recompute}, {row.partition} partition, ZeRO-{row.zero}")
 
 

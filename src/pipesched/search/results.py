@@ -156,8 +156,17 @@ def simulate_command(space: dict, row: StoredRow) -> str:
     """The ``pipesched simulate`` command line that runs ``row``'s configuration."""
     chunks = f" -v {row.v}" if row.v is not None else ""
     return (f"pipesched simulate {row.family} -p {row.p} -m {row.m}{chunks} --model {shlex.quote(space['model'])} "
-            f"--cluster {shlex.quote(space['cluster'])} -t {row.tp} --dp {row.dp} --zero {row.zero} -b {row.micro_batch_size} "
+            f"--cluster {shlex.quote(space['cluster'])} -t {row.tp}{_context(space, row)} --dp {row.dp} --zero {row.zero} "
+            f"-b {row.micro_batch_size} "
             f"-s {space['seq_len']} --recompute {row.recompute} --partition {row.partition}{_training(space)}")
+
+
+def _context(space: dict, row: StoredRow) -> str:
+    """The context-parallel flags of a row that splits its sequences."""
+    if row.cp == 1:
+        return ""
+    comm = space.get("cp_comm", DEFAULTS.cp_comm_type)
+    return f" --cp {row.cp}" + (f" --cp-comm {comm}" if comm != DEFAULTS.cp_comm_type else "")
 
 
 def _training(space: dict) -> str:

@@ -3,10 +3,12 @@ its first ``gpus`` devices) with a global batch of G sequences.
 
 Axes, each a tuple of the values to try (empty: every value that fits):
 
-- a layout (t, p, d): tensor parallel t, a divisor of the node size (a tensor-parallel group
-  stays inside a node); pipeline devices p >= 2 (a schedule needs two); data-parallel
-  pipelines d with d x p x t = the devices used and d dividing G. Ranks follow
-  ``pipesched.model.pipeline_ranks``: replica r of the pipeline holds ranks r p t onwards.
+- a layout (t, c, p, d): tensor parallel t, a divisor of the node size (a tensor-parallel
+  group stays inside a node); context parallel c (1 unless asked for: each stage then spans
+  t x c devices, and 2 c divides the sequence); pipeline devices p >= 2 (a schedule needs
+  two); data-parallel pipelines d with d x p x t x c = the devices used and d dividing G.
+  Ranks follow ``pipesched.model.pipeline_ranks``: replica r of the pipeline holds ranks
+  r p t c onwards.
 - the micro-batch size b, dividing G / d: each pipeline runs m = G / (d b) microbatches;
 - the schedule family, with v chunks per device for the families that take it;
 - the partition of layers into stages, the recompute mode and the ZeRO stage of the optimizer
@@ -29,7 +31,12 @@ from pipesched.experiments.setup import PARTITION_METHODS
 from pipesched.generators import FAMILIES, get_family
 from pipesched.limits import MAX_SEARCH_POINTS
 from pipesched.model import layer_costs, load_cluster, load_model
-from pipesched.model.spec import DTYPE_BYTES, RECOMPUTE_MODES, TrainingSettings
+from pipesched.model.spec import (
+    DTYPE_BYTES,
+    RECOMPUTE_MODES,
+    TrainingSettings,
+    check_context_parallel,
+)
 from pipesched.units import GiB
 
 # the largest global batch a search takes (sequences per iteration)
@@ -44,6 +51,7 @@ class Layout:
     tp: int  # tensor-parallel degree
     pp: int  # pipeline devices
     dp: int  # data-parallel pipelines
+    cp: int = 1  # context-parallel ranks of each stage
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class SearchSpace:
     pipeline: tuple[int, ...] = ()  # p values (empty: all)
     data_parallel: tuple[int, ...] = ()  # d values (empty: all)
     micro_batch_sizes: tuple[int, ...] = ()  # b values (empty: every divisor of G / d)
+    context_parallel: tuple[int, ...] = (DEFAULTS.context_parallel,)  # c values (2 c must divide seq_len)
+    cp_comm: str = DEFAULTS.cp_comm_type  # how the context-parallel ranks exchange keys and values
 
     def __post_init__(self) -> None:
         require(isinstance(self.global_batch, int) and 1 <= self.global_batch <= MAX_GLOBAL_BATCH,
@@ -79,7 +89,8 @@ class SearchSpace:
         # weights (another optimizer, not only another schedule), so it is searched when named
         synchronous = tuple(name for name in FAMILIES if not get_family(name).asynchronous)
         object.__setattr__(self, "schedules", tuple(self.schedules) or synchronous)
-        for name in ("chunks", "tensor_parallel", "pipeline", "data_parallel", "micro_batch_sizes"):
+        for name in ("chunks", "tensor_parallel", "pipeline", "data_parallel", "micro_batch_sizes",
+                     "context_parallel"):
             values = tuple(getattr(self, name))
             for value in values:
                 require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_GLOBAL_BATCH,
@@ -87,6 +98,9 @@ class SearchSpace:
             object.__setattr__(self, name, tuple(sorted(set(values))))
         require(all(v >= 2 for v in self.chunks), "chunks", min(self.chunks, default=2),
                 "chunked families take v >= 2")
+        require(len(self.context_parallel) >= 1, "context_parallel", "''", "give at least one value")
+        for cp in self.context_parallel:
+            check_context_parallel(cp, self.cp_comm, self.seq_len)
         for value in self.partitions:
             require(value in PARTITION_METHODS, "partitions", value, f"choose from {', '.join(PARTITION_METHODS)}")
         for value in self.recompute:
@@ -120,7 +134,7 @@ class SearchSpace:
         return self.gpus
 
     def layouts(self) -> list[Layout]:
-        """Every (t, p, d) of the space whose d divides the global batch; raises when none
+        """Every (t, c, p, d) of the space whose d divides the global batch; raises when none
         does, naming the data-parallel sizes it tried."""
         cluster = _cluster(self.cluster)
         devices = self.devices()
@@ -130,18 +144,22 @@ class SearchSpace:
         for tp in self.tensor_parallel or _divisors(node_size):
             if devices % tp or node_size % tp:
                 continue
-            for pp in self.pipeline or _divisors(devices // tp):
-                if pp < 2 or (devices // tp) % pp:
+            for cp in self.context_parallel:
+                width = tp * cp  # devices of one stage
+                if devices % width:
                     continue
-                dp = devices // (tp * pp)
-                if self.data_parallel and dp not in self.data_parallel:
-                    continue
-                tried.append(dp)
-                if self.global_batch % dp == 0:
-                    found.append(Layout(tp, pp, dp))
+                for pp in self.pipeline or _divisors(devices // width):
+                    if pp < 2 or (devices // width) % pp:
+                        continue
+                    dp = devices // (width * pp)
+                    if self.data_parallel and dp not in self.data_parallel:
+                        continue
+                    tried.append(dp)
+                    if self.global_batch % dp == 0:
+                        found.append(Layout(tp, pp, dp, cp))
         if not tried:
             raise PipeschedError(
-                f"gpus={devices}: no tensor-parallel x pipeline x data-parallel split of {devices} devices in this "
+                f"gpus={devices}: no tensor x context x pipeline x data-parallel split of {devices} devices in this "
                 f"space (t a divisor of the node size {node_size}, p >= 2); widen --tensor-parallel, --pipeline or "
                 "--dp, or use more devices")
         if not found:
@@ -184,7 +202,8 @@ class SearchSpace:
                             continue
                         for partition in self.partitions:
                             workload = template.replace(dp=layout.dp, tp=layout.tp, micro_batch_size=b,
-                                                        recompute=recompute, partition=partition, zero=zero)
+                                                        recompute=recompute, partition=partition, zero=zero,
+                                                        cp=layout.cp)
                             for family in self.schedules:
                                 chunked = get_family(family).takes_v
                                 points.extend(family_point(workload, family, p=layout.pp, m=per_replica // b, v=v)
@@ -196,7 +215,7 @@ class SearchSpace:
         """What every point of the space shares: the model, the cluster and the training
         settings the space fixes (each point sets the rest)."""
         return Point(model=self.model, cluster=self.cluster, seq_len=self.seq_len, dtype=self.dtype,
-                     sequence_parallel=self.sequence_parallel)
+                     sequence_parallel=self.sequence_parallel, cp_comm=self.cp_comm)
 
     def check_capacity(self) -> None:
         """Refuse a cluster that cannot hold the model's parameters, gradients and optimizer
