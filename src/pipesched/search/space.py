@@ -159,9 +159,9 @@ class SearchSpace:
                         found.append(Layout(tp, pp, dp, cp))
         if not tried:
             raise PipeschedError(
-                f"gpus={devices}: no tensor x context x pipeline x data-parallel split of {devices} devices in this "
-                f"space (t a divisor of the node size {node_size}, p >= 2); widen --tensor-parallel, --pipeline or "
-                "--dp, or use more devices")
+                f"gpus={devices}: no tensor-parallel x pipeline x data-parallel split of {devices} devices in this "
+                f"space (t a divisor of the node size {node_size}, p >= 2, each stage t x cp devices); widen "
+                "--tensor-parallel, --pipeline, --dp or --cp, or use more devices")
         if not found:
             sizes = ", ".join(str(d) for d in sorted(set(tried)))
             raise PipeschedError(

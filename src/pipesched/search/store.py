@@ -70,7 +70,6 @@ class StoredRow:
     recompute: str
     partition: str
     zero: int
-    cp: int  # context-parallel degree
     status: str  # bounded, evaluated, out of memory, pruned or invalid
     bound_s: float | None = None  # lower bound on the iteration time
     peak_memory_bytes: float | None = None  # worst device's peak (exact, before simulating)
@@ -81,6 +80,7 @@ class StoredRow:
     hfu: float | None = None  # evaluated: hardware FLOPs utilization (recompute included)
     reason: str = ""  # out of memory, pruned, invalid: why
     run: int = 0  # which start of the search wrote the row
+    cp: int = 1  # context-parallel degree
 
     def settled(self, status: str, **values: object) -> StoredRow:
         return replace(self, status=status, **values)
@@ -103,7 +103,8 @@ POINT_COLUMNS = ("family", "v", "dp", "tp", "p", "micro_batch_size", "m", "recom
 
 def point_row(point: Point, *, run: int = 0) -> StoredRow:
     """The row of ``point`` before it is bounded."""
-    return StoredRow(point_key(point), *(getattr(point, name) for name in POINT_COLUMNS), BOUNDED, run=run)
+    return StoredRow(point_key(point), **{name: getattr(point, name) for name in POINT_COLUMNS}, status=BOUNDED,
+                     run=run)
 
 
 def row_point(space: dict, row: StoredRow) -> Point:
@@ -115,9 +116,9 @@ _POINTS_TABLE = """CREATE TABLE points (
     search INTEGER NOT NULL REFERENCES searches(id),
     key TEXT NOT NULL, family TEXT NOT NULL, v INTEGER, dp INTEGER NOT NULL, tp INTEGER NOT NULL,
     p INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL, m INTEGER NOT NULL, recompute TEXT NOT NULL,
-    partition TEXT NOT NULL, zero INTEGER NOT NULL, cp INTEGER NOT NULL, status TEXT NOT NULL, bound_s REAL,
+    partition TEXT NOT NULL, zero INTEGER NOT NULL, status TEXT NOT NULL, bound_s REAL,
     peak_memory_bytes REAL, capacity_bytes REAL, iteration_time_s REAL, throughput_tokens_per_s REAL,
-    mfu REAL, hfu REAL, reason TEXT NOT NULL, run INTEGER NOT NULL,
+    mfu REAL, hfu REAL, reason TEXT NOT NULL, run INTEGER NOT NULL, cp INTEGER NOT NULL,
     PRIMARY KEY (search, key)
 )"""
 
