@@ -77,7 +77,8 @@ def costs(*, model: ModelOptions, device: DeviceName = None, ops: ShowOps = Fals
         header = {"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
                   "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
                   "recompute": settings.recompute, "dtype": settings.dtype,
-                  "sequence_parallel": settings.sequence_parallel}
+                  "sequence_parallel": settings.sequence_parallel, "context_parallel": settings.context_parallel,
+                  "cp_comm_type": settings.cp_comm_type}
         rows = [_layer_row(layer) for layer in layers] if listed is None else [_ops_row(entry) for entry in listed]
         print_json(header | {"layers": rows})
         return
@@ -98,7 +99,7 @@ def _ops_row(entry: LayerOps) -> dict[str, object]:
             "bytes": op.traffic, "forward_s": op.forward_s, "backward_input_s": op.backward_input_s,
             "backward_weight_s": op.backward_weight_s, "bound": op.bound} for op in entry.kernels]
     collectives = [{"name": c.name, "bytes": c.traffic, "group": c.group, "forward_s": c.forward_s,
-                    "backward_s": c.backward_s} for c in entry.collectives]
+                    "backward_s": c.backward_s, "hidden_s": c.hidden_s} for c in entry.collectives]
     return _layer_row(entry.cost) | {"ops": ops, "collectives": collectives}
 
 
@@ -114,7 +115,7 @@ def _ops_tables(model: str, device: str, settings: TrainingSettings, listed: lis
         names = entries[0].cost.name if len(entries) == 1 else \
             f"{entries[0].cost.name} ... {entries[-1].cost.name} ({len(entries)} alike)"
         table = Table(title=f"{model} on {device}: {names}, b={settings.micro_batch_size} s={settings.seq_len} "
-                            f"t={settings.tensor_parallel}; times in us")
+                            f"t={settings.tensor_parallel}{_context(settings)}; times in us")
         for column in ("op", "m", "n", "k", "GFLOP", "MB", "F", "I", "W", "bound"):
             table.add_column(column, justify="left" if column in ("op", "bound") else "right")
         entry = entries[0]
@@ -136,10 +137,15 @@ def _ops_tables(model: str, device: str, settings: TrainingSettings, listed: lis
     return tables
 
 
+def _context(settings: TrainingSettings) -> str:
+    """The context-parallel split of a table's title, when there is one."""
+    return f" cp={settings.context_parallel} ({settings.cp_comm_type})" if settings.context_parallel > 1 else ""
+
+
 def _layer_table(model: str, device: str, settings: TrainingSettings, layers: list) -> Table:
     """A row per layer of its costs, and their totals."""
     table = Table(title=f"{model} on {device}: b={settings.micro_batch_size} s={settings.seq_len} "
-                        f"t={settings.tensor_parallel} recompute={settings.recompute}")
+                        f"t={settings.tensor_parallel}{_context(settings)} recompute={settings.recompute}")
     for column in ("layer", "F ms", "I ms", "W ms", "act MiB", "params M", "out MiB", "GFLOP"):
         table.add_column(column, justify="left" if column == "layer" else "right")
     for layer in layers:
