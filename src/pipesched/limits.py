@@ -70,6 +70,9 @@ MAX_ITERATIONS = 64  # iterations one table or graph strings together (asynchron
 # devices the zero-bubble V heuristic plans (zb-v with costs or an activation limit): its
 # warm-up sweeps are quadratic in p (about 2 s at 256 devices, 30 s at 1,024)
 MAX_V_HEURISTIC_DEVICES = 256
+# token units TeraPipe's dynamic program cuts a sequence along: it keeps candidates x slices x
+# units sums (about 2,080 x 64 x 65 at this size, 70 MB, a second or two)
+MAX_TERAPIPE_UNITS = 64
 
 # --- experiments ----------------------------------------------------------------------------
 MAX_SAMPLES = 100_000  # Monte Carlo iterations of one run (--samples)
@@ -145,6 +148,7 @@ LIMITS = (
     ("MAX_WAVES", MAX_WAVES, "Hanayo waves (--set waves)"),
     ("MAX_ITERATIONS", MAX_ITERATIONS, "iterations strung together (--set iterations, steady state)"),
     ("MAX_V_HEURISTIC_DEVICES", MAX_V_HEURISTIC_DEVICES, "devices the zb-v heuristic plans (with costs or activation_limit)"),
+    ("MAX_TERAPIPE_UNITS", MAX_TERAPIPE_UNITS, "token units of a TeraPipe slicing (--set units, slices)"),
     ("MAX_REQUESTS", MAX_REQUESTS, "requests of one serving trace"),
     ("MAX_SERVED_TOKENS", MAX_SERVED_TOKENS, "output tokens of one serving trace"),
     ("MAX_BATCH_TOKENS", MAX_BATCH_TOKENS, "tokens of one serving iteration"),
@@ -299,6 +303,14 @@ FAMILY_OPTIONS: dict[str, OptionBound] = {
     "backward_halving": OptionBound("switch", fix="give 1 (on) or 0 (off)"),
     "fused": OptionBound("switch", fix="give 1 (on) or 0 (off)"),
     "costs": OptionBound("costs"),
+    "slices": OptionBound("count", 0, MAX_TERAPIPE_UNITS,
+                          f"give a whole number of slices per sequence in 0..{MAX_TERAPIPE_UNITS} (0: TeraPipe's "
+                          "dynamic program chooses), at most units"),
+    "units": OptionBound("count", 1, MAX_TERAPIPE_UNITS,
+                         f"give a whole number of token units per sequence in 1..{MAX_TERAPIPE_UNITS}"),
+    "attention_share": OptionBound("amount", 0, 1, "give the share of a stage's time in causal attention, in [0, 1]"),
+    "slice_overhead": OptionBound("amount", 0, 1, "give what each slice costs beyond its tokens, as a share of a "
+                                                  "whole sequence's stage time, in [0, 1]"),
 }
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from pipesched.enums import Role
-from pipesched.errors import PipeschedError, require
-from pipesched.limits import MAX_DEVICES, MAX_ITERATIONS, MAX_MICROBATCHES, check_count
+from pipesched.errors import PipeschedError, require, shorten
+from pipesched.limits import MAX_AMOUNT, MAX_DEVICES, MAX_ITERATIONS, MAX_MICROBATCHES, check_count
 from pipesched.ops import I, Op, W
 from pipesched.rules import RULES, Rules, stage_roles
 
@@ -141,6 +141,10 @@ class Execution:
     offload_stages: stages whose activations the table offloads (its O and R ops, as
         ``pipesched synthesize --allow-offload`` chose them).
     updates: the weight updates of an asynchronous table (None: synchronous, flushed).
+    microbatch_scales: per microbatch of the table, its size against the table's mean
+        microbatch (the costs times ``microbatch_fraction``), as (compute, tokens): F, I and
+        B take ``compute`` times their cost, W and the messages ``tokens`` times theirs
+        (TeraPipe's token slices, whose attention grows with their position); empty: all 1.
     """
 
     microbatch_fraction: float = 1.0
@@ -148,6 +152,7 @@ class Execution:
     recompute_stages: tuple[int, ...] = ()
     offload_stages: tuple[int, ...] = ()
     updates: WeightUpdates | None = None
+    microbatch_scales: tuple[tuple[float, float], ...] = ()
 
     @property
     def asynchronous(self) -> bool:
@@ -173,6 +178,8 @@ class Execution:
             found["offload_stages"] = list(self.offload_stages)
         if self.updates is not None:
             found["updates"] = self.updates.to_dict()
+        if self.microbatch_scales:
+            found["microbatch_scales"] = [list(pair) for pair in self.microbatch_scales]
         return found
 
     @classmethod
@@ -191,6 +198,8 @@ class Execution:
             recompute_stages=_stages(data.get("recompute_stages", []), f"{field_name}.recompute_stages", num_stages),
             offload_stages=_stages(data.get("offload_stages", []), f"{field_name}.offload_stages", num_stages),
             updates=None if updates is None else _updates(updates, f"{field_name}.updates", num_stages),
+            microbatch_scales=_scales(data.get("microbatch_scales", []), f"{field_name}.microbatch_scales",
+                                      num_microbatches),
         )
         found.check(num_stages, num_microbatches, field_name)
         return found
@@ -207,16 +216,31 @@ class Execution:
         _stages(self.offload_stages, f"{field_name}.offload_stages", num_stages)
         if self.updates is not None:
             _updates(self.updates.to_dict(), f"{field_name}.updates", num_stages)
+        _scales(self.microbatch_scales, f"{field_name}.microbatch_scales", num_microbatches)
 
 
 # the keys of a schedule file's ``execution`` object (``Execution.to_dict``)
-EXECUTION_KEYS = ("microbatch_fraction", "iterations", "recompute_stages", "offload_stages", "updates")
+EXECUTION_KEYS = ("microbatch_fraction", "iterations", "recompute_stages", "offload_stages", "updates",
+                  "microbatch_scales")
 
 
 def _fraction(value: object, field_name: str) -> float:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= 1
     require(ok, field_name, str(value), "give a fraction of the costs' microbatch in (0, 1]")
     return float(value)  # type: ignore[arg-type]
+
+
+def _scales(value: object, field_name: str, num_microbatches: int) -> tuple[tuple[float, float], ...]:
+    """Per-microbatch (compute, tokens) scales: none, or one finite pair >= 0 per microbatch."""
+    if isinstance(value, list | tuple) and not value:
+        return ()
+    valid = isinstance(value, list | tuple) and len(value) == num_microbatches and all(
+        isinstance(pair, list | tuple) and len(pair) == 2 and all(
+            isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= MAX_AMOUNT
+            for x in pair) for pair in value)
+    require(valid, field_name, shorten(value),
+            f"give one [compute, tokens] pair of numbers >= 0 per microbatch ({num_microbatches})")
+    return tuple((float(a), float(b)) for a, b in value)  # type: ignore[union-attr,misc]
 
 
 def _stages(value: object, field_name: str, num_stages: int) -> tuple[int, ...]:

@@ -298,7 +298,7 @@ def _formula(point: Point, schedule) -> FormulaResult:
         raise PipeschedError(f"schedule={point.family}: a schedule file has no closed form; compare it at the "
                              "table and sim levels")
     # the costs a heuristic plans with (its ``costs`` option) are the slot costs the closed form takes
-    options = {key: value for key, value in point.options if key != "costs"}
+    options = {key: value for key, value in point.family_options().items() if key != "costs"}
     est = formula(point.family, point.p, point.m, v=point.v, costs=slot_costs(point), **options)
     if point.trains_differently:
         # the closed forms know neither frozen stages nor offloads: the plain family's, not exact

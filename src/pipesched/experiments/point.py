@@ -35,12 +35,14 @@ from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.setup import SimulationSetup, describe_model_setup
 from pipesched.generators import FAMILIES, generate, get_family
+from pipesched.generators.terapipe import FAMILY as TERAPIPE
 from pipesched.indices import format_indices
 from pipesched.model import load_cluster, load_model
 from pipesched.model.freezing import parse_frozen_layers
 from pipesched.model.hardware import Cluster
 from pipesched.model.recompute import check_recompute, uniform_mode
 from pipesched.model.spec import ModelSpec, TrainingSettings, check_context_parallel
+from pipesched.model.transformer import attention_time_share
 from pipesched.ops import I
 from pipesched.passes.freeze import freeze
 from pipesched.passes.offload import OffloadPolicy, offload
@@ -255,7 +257,7 @@ class Point:
             schedule = self.schedule
         else:
             family = get_family(self.family)
-            options = dict(self.options)
+            options = self.family_options()
             if setup is not None and self.plans_with_setup:
                 options = {**planning_options(setup, self.p, self.m), **options}
             if iterations is not None and family.asynchronous:
@@ -271,6 +273,17 @@ class Point:
         if policy is not None:
             schedule = offload(schedule, policy)
         return schedule
+    def family_options(self) -> dict[str, object]:
+        """The family's options at this point: those given, and what a family reads from the
+        workload when not given (TeraPipe's attention share: of a block of the model on the
+        cluster's first device, ``attention_time_share``)."""
+        options = dict(self.options)
+        if (self.family == TERAPIPE.name and "attention_share" not in options and self.stage_costs is None
+                and self.model is not None):
+            setup = self.setup()
+            options["attention_share"] = attention_time_share(setup.model, setup.cluster.devices[0], setup.settings)
+        return options
+
     def frozen_stages(self, schedule: Schedule) -> frozenset[int]:
         """The stages of ``schedule`` whose layers are all frozen at this point."""
         if not self.frozen_layers and (self.stage_costs is None or not self.stage_costs.frozen_stages):

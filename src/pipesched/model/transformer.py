@@ -665,6 +665,24 @@ def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSetting
     return tuple(costs)
 
 
+def attention_time_share(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings) -> float:
+    """The share of a transformer block's F + B on ``device`` spent in its causal attention
+    core (what grows with the prefix a token attends to: TeraPipe's slices); 0 for a model
+    without blocks or with measured layers.
+
+    >>> from pipesched.model import load_device, load_model
+    >>> share = attention_time_share(load_model("llama3-8b"), load_device("h100-sxm"), TrainingSettings(seq_len=32768))
+    >>> 0.3 < share < 0.8
+    True
+    """
+    if model.measured or model.num_layers == 0:
+        return 0.0
+    block = layer_plans(model, settings)[1]
+    cost = layer_costs(model, device, settings)[1]
+    total = cost.forward_s + cost.backward_input_s + cost.backward_weight_s
+    return sum(core_seconds(block, device, settings)) / total if total > 0 else 0.0
+
+
 def layer_params(model: ModelSpec) -> list[float]:
     """Parameters of every layer (embedding, blocks, head), in order: all of them, as one
     device holds them without tensor parallelism.

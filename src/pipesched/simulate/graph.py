@@ -93,6 +93,7 @@ from pipesched.model.spec import (
     STATIC_BYTES_PER_PARAM,
     WEIGHT_BYTES_PER_PARAM,
 )
+from pipesched.ops import W
 from pipesched.passes.communication import AllReduces, allreduces, messages
 from pipesched.rules import COMPUTE, HOST_TRANSFER, ROLES, STREAMS
 from pipesched.schedule import Schedule
@@ -324,7 +325,7 @@ def _network_fields(schedule: Schedule, costs: StageCosts, ops, durations: np.nd
     op_duration, consumer, producer, issued_after = _op_edges(schedule, costs, network, durations)
     sent = messages(schedule)
     reduces = allreduces(schedule, data_parallel=network.reduces_gradients)
-    columns = _transfer_columns(costs, network, sent, reduces)
+    columns = _transfer_columns(costs, network, sent, reduces, token_scales(schedule))
     rel_ptr, rel = _release_rows(sent, reduces)
     res_ptr, res, num_resources = link_resources(network, sent.src, sent.dst, contention, num_devices)
     if len(reduces):
@@ -370,10 +371,12 @@ def _require_devices(schedule: Schedule, network: Network) -> None:
     )
 
 
-def _transfer_columns(costs: StageCosts, network: Network, sent, reduces) -> tuple[np.ndarray, ...]:
+def _transfer_columns(costs: StageCosts, network: Network, sent, reduces,
+                      tokens: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """The transfers' columns, the messages then the all-reduces: src, dst, kind, stage,
     microbatch (-1 for an all-reduce), bytes, and duration in seconds (a message: latency
-    + bytes / bandwidth; an all-reduce: a collective's time)."""
+    + bytes / bandwidth; an all-reduce: a collective's time). ``tokens``: each microbatch's
+    share of the mean one's tokens, which its messages' bytes scale by."""
     m_count, r_count = len(sent), len(reduces)
     src = np.concatenate([sent.src, reduces.src]).astype(np.int32)
     dst = np.concatenate([sent.dst, reduces.dst]).astype(np.int32)
@@ -383,6 +386,8 @@ def _transfer_columns(costs: StageCosts, network: Network, sent, reduces) -> tup
     output = np.asarray(costs.output_bytes, np.float64)
     nbytes = np.concatenate([output[sent.boundary],
                              [gradient_bytes(costs, int(s)) for s in reduces.stage]]).astype(np.float64)
+    if tokens is not None:
+        nbytes[:m_count] *= tokens[sent.microbatch]
     duration = network.latency[src, dst] + nbytes / network.bandwidth[src, dst]
     duration[m_count:] = collective_seconds(network, reduces, nbytes[m_count:])
     return src, dst, kind, stage, microbatch, nbytes, duration
@@ -412,8 +417,9 @@ def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None)
     kinds = ops.kind.astype(np.int64)
     if not schedule.frozen and not _uses_side_streams(schedule):
         # every stage trains and every op computes: its kind's cost on its stage
-        return np.array([costs.times(rule.cost) if rule.cost != HOST_TRANSFER and not rule.fused
-                         else (0.0,) * schedule.num_stages for rule in rules], np.float64)[kinds, ops.stage]
+        return _scaled(schedule, ops, np.array([costs.times(rule.cost) if rule.cost != HOST_TRANSFER and not rule.fused
+                                                else (0.0,) * schedule.num_stages for rule in rules],
+                                               np.float64)[kinds, ops.stage])
     op_role = role_index(schedule.roles)[ops.stage]
     names = [[rules.cost_for(rule.kind, role) for rule in rules] for role in ROLES]
     per_role = np.zeros((len(ROLES), len(rules), schedule.num_stages))
@@ -421,7 +427,7 @@ def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None)
         for k, name in enumerate(row):
             if name != HOST_TRANSFER and not rules.kinds[k].fused:
                 per_role[r, k] = costs.times(name)
-    duration = per_role[op_role, kinds, ops.stage]
+    duration = _scaled(schedule, ops, per_role[op_role, kinds, ops.stage])
     moves = np.array([[name == HOST_TRANSFER for name in row] for row in names], np.bool_)[op_role, kinds]
     if network is None or not moves.any():
         return duration
@@ -441,6 +447,24 @@ def op_durations(schedule: Schedule, costs: StageCosts, network: Network | None)
     moved = np.asarray(costs.activation_bytes, np.float64)[ops.stage[rows]]
     duration[rows] = latency[devices] + moved / bandwidth[devices]
     return duration
+
+
+def _scaled(schedule: Schedule, ops, duration: np.ndarray) -> np.ndarray:
+    """``duration`` with each op's microbatch scale (``Execution.microbatch_scales``): W at its
+    microbatch's tokens, every other op at its compute."""
+    scales = schedule.execution.microbatch_scales
+    if not scales:
+        return duration
+    table = np.asarray(scales, np.float64)
+    column = np.where(ops.kind == schedule.rules.index(W), 1, 0)
+    return duration * table[ops.microbatch, column]
+
+
+def token_scales(schedule: Schedule) -> np.ndarray | None:
+    """Each microbatch's tokens against the table's mean microbatch, or None when all are 1
+    (what its messages' bytes scale by)."""
+    scales = schedule.execution.microbatch_scales
+    return np.asarray(scales, np.float64)[:, 1] if scales else None
 
 
 def _uses_side_streams(schedule: Schedule) -> bool:
