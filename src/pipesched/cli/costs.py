@@ -292,7 +292,7 @@ def partition(*, model: ModelOptions, device: DeviceName = None, cluster: Cluste
         settings = dataclasses.replace(settings, frozen_layers=parse_frozen_layers(frozen_layers, spec.num_cost_layers))
     built = _planned_table(schedule, p, microbatches, v, method)
     placement = built.placement if built is not None else Placement.looped(p, v or 1)
-    hardware = _cluster(model, device, cluster, placement.num_devices * settings.tensor_parallel)
+    hardware = _cluster(model, device, cluster, placement.num_devices * settings.stage_width)
     given = None if partition in METHODS else parse_layout(partition, spec.layer_kinds,
                                                            num_stages=placement.num_stages)
     modes = None if uniform_mode(recompute) is not None else recompute_modes(recompute, placement.num_stages)
