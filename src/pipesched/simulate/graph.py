@@ -261,6 +261,9 @@ def _op_fields(schedule: Schedule, costs: StageCosts) -> dict:
     op_duration, _, _, _ = _op_edges(schedule, costs, None)
     # memory effects of each op (its stage role's effect x this stage's activation bytes)
     memory_delta, memory_at_start = memory_deltas(schedule, ops, costs)
+    tokens = token_scales(schedule)
+    if tokens is not None:  # a token slice holds activations in proportion to its tokens
+        memory_delta = memory_delta * tokens[ops.microbatch]
     host = (None, None)
     if _uses_side_streams(schedule):
         activation = np.asarray(costs.activation_bytes, np.float64)[ops.stage]
