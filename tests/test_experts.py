@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from pipesched.enums import Collective, Group
-from pipesched.model import TrainingSettings, layer_costs, load_device
+from pipesched.model import TrainingSettings, layer_costs, load_device, load_model
 from pipesched.model.collectives import CollectiveLevel, collective_seconds
 from pipesched.model.hardware import LinkSpec
 from pipesched.model.spec import ModelSpec
@@ -16,6 +16,8 @@ from pipesched.model.transformer import (
     DISPATCH,
     MLP,
     PHASES,
+    active_params,
+    layer_params,
     layer_plans,
     plan_collective_seconds,
 )
@@ -122,3 +124,24 @@ def test_first_dense_layers_use_the_dense_hidden_size():
     dense_up = next(k for k in plans[1].kernels if k.name == "mlp up")
     assert dense_up.n == 2 * 256 and dense_up.groups == 1
     assert all(any(k.name == "router" for k in plan.kernels) for plan in plans[2:-1])
+
+
+# (preset, total parameters, active parameters, the embedding counted in the active ones):
+# DeepSeek-V3 671B / 36.6B without the embedding (its README_WEIGHTS: 36.6B "including 0.9B
+# for the output head"), Qwen3-235B-A22B 235B / 22B, Mixtral 8x22B 141B / 39B
+PUBLISHED = [("deepseek-v3", 671e9, 36.6e9, False), ("qwen3-235b-a22b", 235e9, 22e9, True),
+             ("mixtral-8x22b", 141e9, 39e9, True)]
+
+
+@pytest.mark.parametrize(("name", "total", "active", "embedding"), PUBLISHED)
+def test_presets_match_the_published_parameter_counts(name, total, active, embedding):
+    model = load_model(name)
+    assert sum(layer_params(model)) == pytest.approx(total, rel=0.01)
+    assert active_params(model, embedding=embedding) == pytest.approx(active, rel=0.01)
+
+
+def test_latent_attention_caches_the_compressed_latent():
+    model = load_model("deepseek-v3")
+    # 512 latent + 64 rotary elements per token and block, not 2 x 128 heads x 192
+    assert model.kv_cache_elements(8) == 512 + 64
+    assert load_model("llama3-8b").kv_cache_elements(2) == 2 * 8 / 2 * 128

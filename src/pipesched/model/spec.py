@@ -258,7 +258,7 @@ class ModelSpec:
         keeps it)."""
         if self.is_mla:
             return float(self.kv_lora_rank + self.qk_rope_head_dim)
-        return 2.0 * self.num_kv_heads / tensor_parallel * self.kv_channels
+        return 2.0 * (self.num_kv_heads / tensor_parallel) * self.kv_channels
 
     def hottest_share(self, groups: int) -> float:
         """Tokens the busiest of ``groups`` equal groups of consecutive routed experts takes,

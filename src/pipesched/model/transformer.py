@@ -761,6 +761,25 @@ def layer_params(model: ModelSpec) -> list[float]:
     return [layer.params for layer in layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=1, tensor_parallel=1))]
 
 
+def active_params(model: ModelSpec, *, embedding: bool = True) -> float:
+    """Parameters one token runs through: ``layer_params`` less the routed experts it is not
+    sent to (``num_experts - experts_per_token`` of every MoE block's); without the
+    embedding table (a lookup, no matmul) when ``embedding`` is False, as DeepSeek counts
+    its 36.6B activated parameters (Qwen and Mistral count it).
+
+    >>> from pipesched.model import load_model
+    >>> round(active_params(load_model("mixtral-8x22b")) / 1e9, 1)
+    39.2
+    """
+    blocks = sum(model.moe_block(i) for i in range(model.num_layers))
+    up = 2 if model.gated_mlp else 1
+    expert = (up + 1) * model.hidden_size * model.expert_ffn + ((up * model.expert_ffn + model.hidden_size)
+                                                               if model.bias else 0)
+    params = layer_params(model)
+    total = sum(params) if embedding else sum(params[1:])
+    return total - blocks * (model.num_experts - model.experts_per_token) * expert
+
+
 def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
     if not model.measured_on or model.measured_on == device.name:
         return list(model.measured)
