@@ -36,6 +36,7 @@ import numpy as np
 from pipesched.costs import StageCosts
 from pipesched.errors import OutOfMemory, PipeschedError, require
 from pipesched.model.freezing import freeze_layers, frozen_mask, static_bytes
+from pipesched.model.groups import expert_group_levels
 from pipesched.model.hardware import Cluster, DeviceSpec
 from pipesched.model.spec import RECOMPUTE_MODES, LayerCost, ModelSpec, TrainingSettings
 from pipesched.model.transformer import layer_costs
@@ -189,10 +190,13 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
     # then cost what they still run
     by_device: dict[tuple[DeviceSpec, str], list[LayerCost]] = {}
     mask: tuple[bool, ...] | None = None
+    # the expert groups of the first stage's device (every stage's are alike in the rank layout)
+    groups = expert_group_levels(cluster, settings, stage_ranks[0], placement.num_devices * tp)
     for rank, mode in zip(stage_ranks, modes, strict=True):
         key = (cluster.devices[rank], mode)
         if key not in by_device:
-            layers = layer_costs(model, key[0], dataclasses.replace(settings, recompute=mode), tp_link=tp_link)
+            layers = layer_costs(model, key[0], dataclasses.replace(settings, recompute=mode), tp_link=tp_link,
+                                 groups=groups)
             if settings.frozen_layers:
                 mask = frozen_mask(settings.frozen_layers, len(layers), model.name)
                 layers = freeze_layers(layers, mask)
