@@ -275,7 +275,7 @@ def _attention(model: ModelSpec, x: _Shape) -> tuple[_Part, tuple[float, float, 
     kernels = [
         _elementwise("norm 1", 2 * hidden_bytes),
         _matmul("qkv", tokens, x.q_width + 2 * x.kv_width, h, e),
-        *_core(model, x, x.head_dim, x.head_dim),
+        *_core_kernels(model, x, x.head_dim, x.head_dim),
         _matmul("projection", tokens, h, x.q_width, e),
     ]
     kept = (
@@ -291,7 +291,7 @@ def _attention(model: ModelSpec, x: _Shape) -> tuple[_Part, tuple[float, float, 
     return _Part(tuple(_phased(ATTENTION, kernels)), kept, params, weight_inputs), (b * x.heads, s, x.head_dim), traffic
 
 
-def _core(model: ModelSpec, x: _Shape, qk_dim: float, v_dim: float) -> list[Kernel]:
+def _core_kernels(model: ModelSpec, x: _Shape, qk_dim: float, v_dim: float) -> list[Kernel]:
     """Scores, softmax (+ dropout) and context of the attention core on this rank."""
     b, s, e = x.batch, x.seq, x.elem
     scores = b * x.heads * s * s
@@ -328,7 +328,7 @@ def _latent_attention(model: ModelSpec, x: _Shape) -> tuple[_Part, tuple[float, 
         _matmul("kv down", tokens, latent, h, e),
         _elementwise("kv norm", 2 * tokens * model.kv_lora_rank * e),
         _matmul("kv up", tokens, heads * (model.qk_nope_head_dim + v), model.kv_lora_rank, e),
-        *_core(model, x, qk, v),
+        *_core_kernels(model, x, qk, v),
         _matmul("projection", tokens, h, heads * v, e),
     ]
     latents = tokens * (q_rank + model.kv_lora_rank) * e  # the normed latents the up-projections read
