@@ -53,7 +53,13 @@ from dataclasses import dataclass
 import pipesched.model.kernels as kernels
 from pipesched.enums import Collective, Group
 from pipesched.errors import require
-from pipesched.model.collectives import CollectiveLevel, collective_seconds
+from pipesched.model.collectives import (
+    NVLINK_H100,
+    CollectiveTime,
+    collective_choice,
+    collective_seconds,
+    link_levels,
+)
 from pipesched.model.devices import load_device
 from pipesched.model.hardware import DeviceSpec, LinkSpec
 from pipesched.model.spec import (
@@ -66,7 +72,7 @@ from pipesched.model.spec import (
 )
 
 # Tensor-parallel link assumed when none is given: NVLink 4, 450 GB/s per direction.
-DEFAULT_TP_LINK = LinkSpec(bandwidth=450e9, latency=3e-6)
+DEFAULT_TP_LINK = LinkSpec(bandwidth=450e9, latency=3e-6, collectives=NVLINK_H100)
 
 # How a kernel's backward splits (see the module docstring).
 WEIGHT_MATMUL = "weight"
@@ -345,13 +351,13 @@ def layer_plans(model: ModelSpec, settings: TrainingSettings) -> list[LayerPlan]
 
 
 def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
-    """Ring all-reduce of ``nbytes`` over ``ranks`` ranks on ``link``: 2 (t-1)/t of the bytes
-    per rank (``pipesched.model.collectives``).
+    """All-reduce of ``nbytes`` over ``ranks`` ranks on ``link``, as NCCL runs it
+    (``pipesched.model.collectives``).
 
     >>> allreduce_time(1e9, 1, DEFAULT_TP_LINK)
     0.0
     """
-    return collective_seconds(Collective.ALL_REDUCE, nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
+    return collective_seconds(Collective.ALL_REDUCE, nbytes, link_levels(link, ranks))
 
 
 def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec) -> float:
@@ -362,8 +368,13 @@ def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettin
     >>> plan_collective_seconds(c, TrainingSettings(tensor_parallel=1), DEFAULT_TP_LINK)
     0.0
     """
+    return plan_collective_choice(collective, settings, link).seconds
+
+
+def plan_collective_choice(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec) -> CollectiveTime:
+    """``plan_collective_seconds`` with the algorithm and protocol NCCL runs it with."""
     ranks = {Group.TENSOR: settings.tensor_parallel}.get(collective.group, 1)
-    return collective_seconds(collective.kind, collective.nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
+    return collective_choice(collective.kind, collective.nbytes, link_levels(link, ranks))
 
 
 @dataclass(frozen=True)
@@ -612,6 +623,8 @@ class CollectiveCost:
     group: Group  # the ranks it runs over
     forward_s: float
     backward_s: float  # in I
+    algorithm: str = ""  # what NCCL runs it with: ring, tree, switch, direct ("" when nothing moves)
+    protocol: str = ""  # LL, LL128 or Simple ("" over an uncalibrated link)
 
 
 @dataclass(frozen=True)
@@ -690,7 +703,9 @@ def _memory_bound(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings
 def _collective_costs(plan: LayerPlan, settings: TrainingSettings, link: LinkSpec) -> tuple[CollectiveCost, ...]:
     costs = []
     for collective in plan.collectives:
-        seconds = plan_collective_seconds(collective, settings, link)
+        choice = plan_collective_choice(collective, settings, link)
+        seconds = choice.seconds
         costs.append(CollectiveCost(collective.name, collective.nbytes, collective.group,
-                                    0.0 if collective.backward else seconds, seconds if collective.backward else 0.0))
+                                    0.0 if collective.backward else seconds, seconds if collective.backward else 0.0,
+                                    choice.algorithm, choice.protocol))
     return tuple(costs)
