@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from pipesched.enums import Group
 from pipesched.errors import require
-from pipesched.model.collectives import CollectiveLevel, group_levels
+from pipesched.model.collectives import CollectiveLevel, group_levels, link_levels
 from pipesched.model.hardware import Cluster, LinkSpec
 from pipesched.model.spec import TrainingSettings
 
@@ -56,7 +56,7 @@ def levels_on_link(settings: TrainingSettings, group: Group, link: LinkSpec,
     listed = groups.of(group) if groups is not None else None
     if listed is not None:
         return listed
-    return (CollectiveLevel(group_ranks(settings, group), link.latency, link.bandwidth),)
+    return link_levels(link, group_ranks(settings, group))
 
 
 def fold_rank(first: int, index: int, tensor_parallel: int, stride: int) -> int:

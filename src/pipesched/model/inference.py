@@ -31,7 +31,7 @@ import numpy as np
 import pipesched.model.kernels as kernels
 from pipesched.errors import PipeschedError, require
 from pipesched.io.latency_model import LatencyRow
-from pipesched.model.collectives import CollectiveLevel, collective_seconds
+from pipesched.model.collectives import CollectiveLevel, collective_seconds, link_levels
 from pipesched.model.hardware import Cluster, DeviceSpec
 from pipesched.model.spec import DTYPE_BYTES, EMBEDDING, LOSS, ModelSpec, TrainingSettings
 from pipesched.model.transformer import WEIGHT_MATMUL, Kernel, LayerPlan, layer_plans
@@ -224,7 +224,7 @@ def stage_iteration_costs(model: ModelSpec, cluster: Cluster, *, tp: int, first_
                 "a stage's group spans two nodes; use a degree that divides the node size")
     plans = inference_plans(model, tp, dtype)
     # the tensor-parallel ring inside a node, as training costs it (``transformer.allreduce_time``)
-    levels = [(CollectiveLevel(tp, cluster.intra_node.latency, cluster.intra_node.bandwidth),)] * pp
+    levels = [link_levels(cluster.intra_node, tp)] * pp
     devices = [cluster.devices[first] for first in first_ranks]
     tables = [_tables(model, device, level, tp, dtype, max_tokens, max_batch) for device, level in
               zip(devices, levels, strict=True)]

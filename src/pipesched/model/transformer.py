@@ -53,7 +53,13 @@ from dataclasses import dataclass
 import pipesched.model.kernels as kernels
 from pipesched.enums import Collective, Group
 from pipesched.errors import require
-from pipesched.model.collectives import CollectiveLevel, collective_seconds
+from pipesched.model.collectives import (
+    NVLINK_H100,
+    CollectiveTime,
+    collective_choice,
+    collective_seconds,
+    link_levels,
+)
 from pipesched.model.devices import load_device
 from pipesched.model.groups import GroupLevels, levels_on_link
 from pipesched.model.hardware import DeviceSpec, LinkSpec
@@ -68,7 +74,7 @@ from pipesched.model.spec import (
 )
 
 # Tensor-parallel link assumed when none is given: NVLink 4, 450 GB/s per direction.
-DEFAULT_TP_LINK = LinkSpec(bandwidth=450e9, latency=3e-6)
+DEFAULT_TP_LINK = LinkSpec(bandwidth=450e9, latency=3e-6, collectives=NVLINK_H100)
 
 # How a kernel's backward splits (see the module docstring).
 WEIGHT_MATMUL = "weight"
@@ -558,13 +564,13 @@ def layer_plans(model: ModelSpec, settings: TrainingSettings) -> list[LayerPlan]
 
 
 def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
-    """Ring all-reduce of ``nbytes`` over ``ranks`` ranks on ``link``: 2 (t-1)/t of the bytes
-    per rank (``pipesched.model.collectives``).
+    """All-reduce of ``nbytes`` over ``ranks`` ranks on ``link``, as NCCL runs it
+    (``pipesched.model.collectives``).
 
     >>> allreduce_time(1e9, 1, DEFAULT_TP_LINK)
     0.0
     """
-    return collective_seconds(Collective.ALL_REDUCE, nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
+    return collective_seconds(Collective.ALL_REDUCE, nbytes, link_levels(link, ranks))
 
 
 def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec,
@@ -578,8 +584,13 @@ def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettin
     >>> plan_collective_seconds(c, TrainingSettings(tensor_parallel=1), DEFAULT_TP_LINK)
     0.0
     """
-    return collective_seconds(collective.kind, collective.nbytes,
-                              levels_on_link(settings, collective.group, link, groups))
+    return plan_collective_choice(collective, settings, link, groups).seconds
+
+
+def plan_collective_choice(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec,
+                           groups: GroupLevels | None = None) -> CollectiveTime:
+    """``plan_collective_seconds`` with the algorithm and protocol NCCL runs it with."""
+    return collective_choice(collective.kind, collective.nbytes, levels_on_link(settings, collective.group, link, groups))
 
 
 @dataclass(frozen=True)
@@ -850,6 +861,8 @@ class CollectiveCost:
     group: Group  # the ranks it runs over
     forward_s: float
     backward_s: float  # in I
+    algorithm: str = ""  # what NCCL runs it with: ring, tree, switch, direct ("" when nothing moves)
+    protocol: str = ""  # LL, LL128 or Simple ("" over an uncalibrated link)
 
 
 @dataclass(frozen=True)
@@ -929,7 +942,9 @@ def _collective_costs(plan: LayerPlan, settings: TrainingSettings, link: LinkSpe
                       groups: GroupLevels | None) -> tuple[CollectiveCost, ...]:
     costs = []
     for collective in plan.collectives:
-        seconds = plan_collective_seconds(collective, settings, link, groups)
+        choice = plan_collective_choice(collective, settings, link, groups)
+        seconds = choice.seconds
         costs.append(CollectiveCost(collective.name, collective.nbytes, collective.group,
-                                    0.0 if collective.backward else seconds, seconds if collective.backward else 0.0))
+                                    0.0 if collective.backward else seconds, seconds if collective.backward else 0.0,
+                                    choice.algorithm, choice.protocol))
     return tuple(costs)
