@@ -76,7 +76,7 @@ _TIME_KEYS = {"kernel_overhead": "kernel_overhead_s", "op_overhead": "op_overhea
 # the memory tiers below the device: rates (YAML key -> DeviceSpec field), and the disk's bytes
 _TIER_RATE_KEYS = {"host_write_bandwidth": "host_write_bandwidth", "disk_read_bandwidth": "disk_read_bandwidth",
                    "disk_write_bandwidth": "disk_write_bandwidth"}
-_DEVICE_KEYS = {"preset", "name", "peak_flops", "memory", "memory_bandwidth", "sm_count", "host_bandwidth",
+_DEVICE_KEYS = {"preset", "name", "peak_flops", "fp8_peak_flops", "memory", "memory_bandwidth", "sm_count", "host_bandwidth",
                 "host_memory", "disk_space", *_TIER_RATE_KEYS, *_NUMBER_KEYS, *_TIME_KEYS}
 
 
@@ -204,6 +204,8 @@ def _device(entry: object, where: str) -> DeviceSpec:
         changes["name"] = check_name(f"{where}.name", entry["name"])
     if "peak_flops" in entry:
         changes["peak_flops"] = parse_quantity(entry["peak_flops"], "flops", f"{where}.peak_flops")
+    if "fp8_peak_flops" in entry:
+        changes["fp8_peak_flops"] = parse_quantity(entry["fp8_peak_flops"], "flops", f"{where}.fp8_peak_flops")
     if "memory" in entry:
         changes["memory_bytes"] = parse_quantity(entry["memory"], "bytes", f"{where}.memory")
     if "memory_bandwidth" in entry:

@@ -61,6 +61,8 @@ class DeviceSpec:
     disk_read_bandwidth: float = 0.0  # bytes/s disk -> host memory; 0 = no disk tier
     disk_write_bandwidth: float = 0.0  # bytes/s host memory -> disk; 0 = disk_read_bandwidth
     disk_bytes: float = 0.0  # disk the device's offloaded state may fill, bytes; 0 = none
+    # --- FP8 tensor cores (training's --dtype fp8: the linear layers' matmuls at this rate)
+    fp8_peak_flops: float = 0.0  # dense FP8 FLOP/s; 0 = no FP8 tensor cores
 
     def __post_init__(self) -> None:
         require(bool(self.name), "device name", repr(self.name), "give the device a name")
@@ -101,6 +103,7 @@ class DeviceSpec:
                 f"{self.name}.host_memory_bytes", self.host_memory_bytes, "must be a finite number >= 0 (0: none)")
         for field_name in ("host_write_bandwidth", "disk_read_bandwidth", "disk_write_bandwidth"):
             check_rate(f"{self.name}.{field_name}", getattr(self, field_name), zero=True)
+        check_rate(f"{self.name}.fp8_peak_flops", self.fp8_peak_flops, unit="FLOP/s", zero=True)
         require(math.isfinite(self.disk_bytes) and self.disk_bytes >= 0,
                 f"{self.name}.disk_bytes", self.disk_bytes, "must be a finite number >= 0 (0: none)")
         require(math.isfinite(self.memory_fragmentation) and self.memory_fragmentation >= 1,

@@ -100,6 +100,7 @@ class Kernel:
     n: float = 0.0
     k: float = 0.0
     phase: str = ""  # the part of the layer it runs in (PHASES): what overlaps another microbatch's communication
+    high_precision: bool = False  # stays in bf16 under FP8 training (the router and the LM head, as DeepSeek-V3 keeps them)
 
 
 # The parts of a layer, in forward order: what a phase model (DualPipe's overlapped pair,
@@ -187,7 +188,7 @@ def _shape(model: ModelSpec, settings: TrainingSettings) -> _Shape:
 
 
 def _matmul(name: str, m: float, n: float, k: float, elem: int, *, batch: float = 1.0, weights: float = 1.0,
-            backward: str = WEIGHT_MATMUL, attention_core: bool = False) -> Kernel:
+            backward: str = WEIGHT_MATMUL, attention_core: bool = False, high_precision: bool = False) -> Kernel:
     """``batch`` products of [m, k] x [k, n]; ``weights`` copies of the [k, n] operand (experts),
     each multiplying its share of the m rows."""
     if backward == WEIGHT_MATMUL:
@@ -196,7 +197,8 @@ def _matmul(name: str, m: float, n: float, k: float, elem: int, *, batch: float 
     else:
         traffic = elem * batch * (m * k + k * n + m * n)
         groups, rows = batch, m
-    return Kernel(name, 2.0 * batch * m * n * k, traffic, backward, attention_core, groups, rows, n, k)
+    return Kernel(name, 2.0 * batch * m * n * k, traffic, backward, attention_core, groups, rows, n, k,
+                  high_precision=high_precision)
 
 
 def _elementwise(name: str, traffic: float, *, attention_core: bool = False, backward: str = ELEMENTWISE) -> Kernel:
@@ -365,7 +367,7 @@ def _dense_mlp(model: ModelSpec, x: _Shape, moe: bool) -> _Part:
     if moe:
         experts, routed = model.num_experts, tokens * model.experts_per_token
         kernels += [
-            _matmul("router", tokens, experts, h, e),
+            _matmul("router", tokens, experts, h, e, high_precision=True),
             _elementwise("dispatch", tokens * h * e * (1 + model.experts_per_token)),
         ]
         kept = 2 * hidden_bytes + 4.0 * tokens * experts + routed * h * e  # norm-2 in, router in, fp32 router probs, expert inputs
@@ -442,7 +444,7 @@ def _expert_parallel_mlp(model: ModelSpec, x: _Shape) -> _Part:
     dispatched = local * k * h * share  # elements this rank sends (and the busiest receives)
     dispatch = _phased(DISPATCH, [
         _elementwise("residual 1", 3 * hidden_bytes + mask_hidden), _elementwise("norm 2", 2 * hidden_bytes),
-        _matmul("router", local, experts, h, e),
+        _matmul("router", local, experts, h, e, high_precision=True),
         _elementwise("permute", local * h * e * (1 + k)),
     ])
     mlp = [
@@ -540,7 +542,7 @@ def _head(model: ModelSpec, x: _Shape) -> LayerPlan:
     logits = tokens * x.vocab  # logit elements on this rank
     kernels = (
         _elementwise("final norm", 2 * hidden_bytes),
-        _matmul("lm head", tokens, x.vocab, h, e),
+        _matmul("lm head", tokens, x.vocab, h, e, high_precision=True),
         # softmax cross-entropy in fp32 over the logits
         _elementwise("cross entropy", logits * (e + 4)),
     )
@@ -604,15 +606,31 @@ class _Times:
     core: float
 
 
+def fp8_matmul(kernel: Kernel, settings: TrainingSettings) -> bool:
+    """Whether ``kernel`` runs on the FP8 tensor cores: under FP8 training, every matmul with
+    a weight (forward, input and weight gradient) but the router and the LM head; the
+    attention core and the elementwise kernels stay in bf16 (DeepSeek-V3's FP8 recipe)."""
+    return settings.fp8 and kernel.backward == WEIGHT_MATMUL and kernel.groups > 0 and not kernel.high_precision
+
+
+def check_fp8(device: DeviceSpec, settings: TrainingSettings) -> None:
+    """Refuse FP8 training on a device without FP8 tensor cores."""
+    require(not settings.fp8 or device.fp8_peak_flops > 0, "dtype", settings.dtype,
+            f"device {device.name} has no FP8 tensor cores (fp8_peak_flops=0); train in bf16, or give a device "
+            "with fp8_peak_flops (h100-sxm, h200, h800)")
+
+
 def kernel_times(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings) -> tuple[float, float, float]:
     """Seconds of one kernel's forward and of its parts of I and W (``_times`` says how a
     kernel's backward splits)."""
     fp32 = settings.dtype == "fp32"
+    fp8 = fp8_matmul(kernel, settings)
     if kernel.groups == 0:
         backward = kernels.memory_time(device, 2 * kernel.traffic)
         weight = kernel.backward == WEIGHT_ELEMENTWISE
         return kernels.memory_time(device, kernel.traffic), 0.0 if weight else backward, backward if weight else 0.0
-    matmul = functools.partial(kernels.matmul_time, device, groups=kernel.groups, traffic=kernel.traffic, fp32=fp32)
+    matmul = functools.partial(kernels.matmul_time, device, groups=kernel.groups, traffic=kernel.traffic, fp32=fp32,
+                               fp8=fp8)
     forward = matmul(kernel.m, kernel.n, kernel.k)
     if kernel.backward != WEIGHT_MATMUL:
         return forward, matmul(kernel.m, kernel.k, kernel.n) + matmul(kernel.k, kernel.n, kernel.m), 0.0
@@ -740,6 +758,7 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
         require(settings.tensor_parallel == 1, "tensor_parallel", settings.tensor_parallel,
                 "measured layer costs already include any tensor parallelism; use 1 (CLI: -t 1)")
         return _measured(model, device)
+    check_fp8(device, settings)
     if settings.optimizer_shards != 1:  # the optimizer's share of memory is no layer cost
         settings = dataclasses.replace(settings, optimizer_shards=1)
     return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK, groups))
@@ -934,7 +953,8 @@ def _memory_bound(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings
     if kernel.groups == 0:
         return True
     compute, memory = kernels.matmul_roofline(device, kernel.m, kernel.n, kernel.k, groups=kernel.groups,
-                                              traffic=kernel.traffic, fp32=settings.dtype == "fp32")
+                                              traffic=kernel.traffic, fp32=settings.dtype == "fp32",
+                                              fp8=fp8_matmul(kernel, settings))
     return memory > compute
 
 
