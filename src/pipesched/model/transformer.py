@@ -39,9 +39,24 @@ input gradients in I over the intra-node link (ring: ``2 (t-1)/t`` bytes per ran
 Activation memory stays Korthikanti's inventory even with fused attention (which keeps no
 scores): choose selective recompute for the memory a FlashAttention layer keeps.
 
-Not modelled: expert parallelism (all experts of a layer sit on its stage, split by tensor
-parallelism, with perfectly balanced routing), clock throttling under sustained load and
-compute/communication overlap inside a layer.
+Mixture of experts. Without expert parallelism every expert of a block sits on its stage,
+split by tensor parallelism. With ``expert_parallel`` EP > 1 (Megatron-Core's parallel
+folding, ``pipesched.model.groups``) each rank routes its ``b s / t`` tokens, dispatches
+their ``k`` copies over the EP group in an all-to-all (FP8 under FP8 training), runs its
+``E / EP`` experts as one grouped GEMM (tile and wave quantization per expert's rows), and
+combines back; the busiest rank under load imbalance (``expert_skew`` or a measured
+``expert_load``) sets the rows and the bytes, or a capacity factor pads every expert's
+buffer. Shared experts run as a dense MLP on every rank; the first ``first_dense_layers``
+blocks are dense. Every kernel carries its phase (attention, dispatch, MLP, combine) and
+every collective the phase it ends. Latent attention (DeepSeek's MLA) projects queries
+and keys/values through low-rank latents.
+
+FP8 training (``dtype="fp8"``): the linear layers' matmuls (forward, input and weight
+gradients) run at the device's ``fp8_peak_flops``; the router, the LM head, the attention
+core and every elementwise kernel stay in bf16, and activations are kept in bf16 (2 bytes).
+
+Not modelled: clock throttling under sustained load and compute/communication overlap
+inside a layer (the phases are what a schedule overlaps across microbatches).
 """
 
 from __future__ import annotations
