@@ -57,13 +57,13 @@ def _routing(ep: int) -> tuple[float, float]:
 
 
 def _levels(ep: int):
-    cluster = load_cluster(CLUSTER)
-    return cluster, group_levels(cluster, range(ep))
+    """The levels of an all-to-all over the cluster's first ``ep`` GPUs (nodes of 8)."""
+    return group_levels(load_cluster(CLUSTER), range(ep))
 
 
 def normal_bandwidth(op: str, ep: int, tokens: int) -> float:
     """Predicted bottleneck bandwidth of a normal-kernel dispatch or combine, bytes/s."""
-    cluster, levels = _levels(ep)
+    levels = _levels(ep)
     nodes, gpus = _routing(ep)
     unit = tokens * TOKEN_BYTES[op]
     nvlink = collective_seconds(Collective.ALL_TO_ALL, gpus * unit, levels[:1])
@@ -75,7 +75,7 @@ def normal_bandwidth(op: str, ep: int, tokens: int) -> float:
 
 def low_latency(op: str, ep: int, tokens: int) -> tuple[float, float]:
     """Predicted seconds and bandwidth (bytes/s) of a low-latency dispatch or combine."""
-    _, levels = _levels(ep)
+    levels = _levels(ep)
     copies = tokens * TOP_K * TOKEN_BYTES[op]
     seconds = collective_seconds(Collective.ALL_TO_ALL, copies, levels)
     return seconds, copies / seconds
