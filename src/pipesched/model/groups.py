@@ -33,7 +33,6 @@ from pipesched.model.collectives import CollectiveLevel, group_levels, link_leve
 from pipesched.model.hardware import Cluster, LinkSpec
 from pipesched.model.spec import TrainingSettings
 
-
 DEVICES_PER_NODE = 8  # GPUs of a node when no cluster says (homogeneous_cluster's)
 
 
