@@ -25,6 +25,7 @@ from pipesched.model import (
     pipeline_ranks,
 )
 from pipesched.model.collectives import CollectiveLevel
+from pipesched.model.groups import GroupLevels
 from pipesched.model.kernels import flash_attention_time
 from pipesched.model.spec import TrainingSettings
 from pipesched.model.transformer import (
@@ -42,8 +43,12 @@ H100 = load_device("h100-sxm")
 FREE = (CollectiveLevel(4, 0.0, math.inf),)  # a context group on links that cost nothing
 
 
+def _on(levels: tuple[CollectiveLevel, ...]) -> GroupLevels:
+    return GroupLevels(((Group.CONTEXT, levels),))
+
+
 def _block(settings: TrainingSettings, levels: tuple[CollectiveLevel, ...]):
-    return layer_costs(MODEL, H100, settings, context_levels=levels)[1]
+    return layer_costs(MODEL, H100, settings, groups=_on(levels))[1]
 
 
 def _hand(seq_len: int, cp: int, bandwidth: float, latency: float, *, backward: bool = False) -> float:
@@ -99,7 +104,7 @@ def test_ring_exchange_exposure_grows_as_the_block_shrinks() -> None:
 def test_costs_ops_splits_the_ring_exchange_into_exposed_and_hidden() -> None:
     settings = _settings(16384, 4)
     link = (CollectiveLevel(4, 5e-6, 10e9),)
-    ring = next(c for c in layer_ops(MODEL, H100, settings, context_levels=link)[1].collectives
+    ring = next(c for c in layer_ops(MODEL, H100, settings, groups=_on(link))[1].collectives
                 if c.name == "kv ring exchange")
     whole = 3 * ((16384 / 4) * 2 * 8 * 128 * 2 / 10e9 + 5e-6)  # cp - 1 hand-offs, none overlapped
     assert ring.group is Group.CONTEXT

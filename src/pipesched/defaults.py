@@ -36,6 +36,8 @@ class Defaults:
     partition: str = "balanced"  # layers to stages: uniform, balanced, memory, or a Megatron layout
     context_parallel: int = 1  # ranks that split every sequence (context parallelism): a stage spans t x cp devices
     cp_comm_type: str = "p2p"  # how context-parallel ranks exchange keys and values: p2p, a2a or allgather
+    expert_parallel: int = 1  # ranks the routed experts of a MoE block are split over (folded over tp x dp)
+    expert_tensor_parallel: int = 0  # tensor-parallel ranks of each expert; 0 = tensor_parallel
     # Monte Carlo over durations (--jitter, --straggler, ...)
     samples: int = 1000  # iterations drawn
     seed: int = 0  # of the random streams

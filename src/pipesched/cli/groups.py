@@ -23,6 +23,8 @@ from pipesched.cli.options import (
     DataParallelSize,
     Disaggregate,
     Dtype,
+    ExpertParallel,
+    ExpertTensorParallel,
     FreezePlan,
     FrozenLayers,
     HostBandwidth,
@@ -154,6 +156,8 @@ class ModelOptions(OptionGroup):
     tensor_parallel: TensorParallel = None
     context_parallel: ContextParallel = None
     cp_comm: CpComm = None
+    expert_parallel: ExpertParallel = None
+    expert_tensor_parallel: ExpertTensorParallel = None
     recompute: Recompute = None
     dtype: Dtype = None
     sequence_parallel: SequenceParallel = None
@@ -173,7 +177,10 @@ class ModelOptions(OptionGroup):
                                 tensor_parallel=_or(self.tensor_parallel, DEFAULTS.tensor_parallel),
                                 sequence_parallel=_or(self.sequence_parallel, DEFAULTS.sequence_parallel),
                                 context_parallel=_or(self.context_parallel, DEFAULTS.context_parallel),
-                                cp_comm_type=self.cp_comm or DEFAULTS.cp_comm_type)
+                                cp_comm_type=self.cp_comm or DEFAULTS.cp_comm_type,
+                                expert_parallel=_or(self.expert_parallel, DEFAULTS.expert_parallel),
+                                expert_tensor_parallel=_or(self.expert_tensor_parallel,
+                                                           DEFAULTS.expert_tensor_parallel))
 
     def device(self, name: str | None) -> DeviceSpec:
         """The device preset ``name`` (None: the default) with the efficiencies asked for."""
@@ -222,6 +229,8 @@ class WorkloadOptions(OptionGroup):
                        "tp": _or(model.tensor_parallel, DEFAULTS.tensor_parallel),
                        "cp": _or(model.context_parallel, DEFAULTS.context_parallel),
                        "cp_comm": model.cp_comm or DEFAULTS.cp_comm_type,
+                       "ep": _or(model.expert_parallel, DEFAULTS.expert_parallel),
+                       "etp": _or(model.expert_tensor_parallel, DEFAULTS.expert_tensor_parallel),
                        "recompute": model.recompute or DEFAULTS.recompute,
                        "partition": self.partition or DEFAULTS.partition}
         return Point(bandwidth=parse_bandwidth(self.bandwidth), **fields)
@@ -243,8 +252,8 @@ class WorkloadOptions(OptionGroup):
 
 
 # the options that describe a model's costs, which a stage-cost file gives instead
-_MODEL_FLAGS = ("model", "cluster", "tensor-parallel", "cp", "cp-comm", "recompute", "partition", "dtype", "sequence-parallel",
-                "matmul-efficiency", "bandwidth-efficiency")
+_MODEL_FLAGS = ("model", "cluster", "tensor-parallel", "cp", "cp-comm", "recompute", "partition", "dtype",
+                "sequence-parallel", "matmul-efficiency", "bandwidth-efficiency", "ep", "etp")
 
 
 def _or(value: object, default: object) -> object:

@@ -66,6 +66,13 @@ ContextParallel = Annotated[int | None, typer.Option(
 CpComm = Annotated[str | None, typer.Option(
     "--cp-comm", help="how the context-parallel ranks exchange keys and values: p2p (ring attention), a2a "
                       f"(Ulysses) or allgather [default: {DEFAULTS.cp_comm_type}]")]
+ExpertParallel = Annotated[int | None, typer.Option(
+    "--ep", help=f"expert-parallel degree: ranks the routed experts of a MoE block are split over, folded over the "
+                 f"stage's tensor-parallel ranks and its data-parallel peers (Megatron-Core parallel folding) "
+                 f"[default: {DEFAULTS.expert_parallel}]")]
+ExpertTensorParallel = Annotated[int | None, typer.Option(
+    "--etp", help="tensor-parallel ranks of each expert under --ep (parallel folding: attention keeps -t) "
+                  "[default: -t]")]
 Recompute = Annotated[str | None, typer.Option(
     "--recompute", help=f"none, selective or full; per stage: full,none,none,selective, or MODE:STAGES items like "
                         f"full:0-3 (one bare MODE for the rest, default none) [default: {DEFAULTS.recompute}]")]
@@ -74,7 +81,8 @@ SequenceParallel = Annotated[bool | None, typer.Option(
     help=f"split norms and dropouts across the tensor-parallel group too "
          f"[default: {'on' if DEFAULTS.sequence_parallel else 'off'}]")]
 Dtype = Annotated[str | None, typer.Option(
-    "--dtype", help=f"training dtype of the analytical costs: bf16, fp16 or fp32 [default: {DEFAULTS.dtype}]")]
+    "--dtype", help=f"training dtype of the analytical costs: bf16, fp16, fp32, or fp8 (the linear layers' matmuls "
+                    f"on FP8 tensor cores, activations in bf16) [default: {DEFAULTS.dtype}]")]
 MatmulEfficiency = Annotated[float | None, typer.Option(
     "--matmul-efficiency", help="fraction of peak FLOP/s the devices' matmuls reach [default: the device preset's]")]
 BandwidthEfficiency = Annotated[float | None, typer.Option(

@@ -106,6 +106,9 @@ class SpaceOptions(OptionGroup):
     zero: Annotated[str | None, typer.Option(
         "--zero", help=f"ZeRO stages of the optimizer state to try, 1 only with dp > 1 "
                        f"[default: {_listed('zero')}]")] = None
+    ep: Annotated[str | None, typer.Option(
+        "--ep", help=f"expert-parallel degrees to try for a mixture-of-experts model, like 1,8 (those dividing the "
+                     f"data-parallel size and the experts) [default: {_listed('expert_parallel')}]")] = None
 
     def space(self) -> SearchSpace:
         """The search space (the search checks that the cluster can hold the model, before the store is touched)."""
@@ -119,6 +122,7 @@ class SpaceOptions(OptionGroup):
             "pipeline": whole_numbers("pipeline", self.pipeline), "data_parallel": whole_numbers("dp", self.dp),
             "micro_batch_sizes": whole_numbers("micro-batch-sizes", self.micro_batch_sizes),
             "context_parallel": whole_numbers("cp", self.context_parallel) or None, "cp_comm": self.cp_comm,
+            "expert_parallel": whole_numbers("ep", self.ep) or None,
         }
         return SearchSpace(**{name: value for name, value in given.items() if value is not None})
 

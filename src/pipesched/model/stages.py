@@ -35,8 +35,8 @@ import numpy as np
 
 from pipesched.costs import StageCosts
 from pipesched.errors import OutOfMemory, PipeschedError, require
-from pipesched.model.collectives import CollectiveLevel, group_levels
 from pipesched.model.freezing import freeze_layers, frozen_mask, static_bytes
+from pipesched.model.groups import GroupLevels, expert_group_levels, with_context_group
 from pipesched.model.hardware import Cluster, DeviceSpec
 from pipesched.model.spec import RECOMPUTE_MODES, LayerCost, ModelSpec, TrainingSettings
 from pipesched.model.transformer import layer_costs
@@ -211,21 +211,22 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
     num_stages = placement.num_stages
     tp_link = cluster.intra_node
 
-    def key_of(rank: int, mode: str) -> tuple[DeviceSpec, str, tuple[CollectiveLevel, ...] | None]:
+    # the expert groups of the first stage's device (every stage's are alike in the rank layout)
+    experts = expert_group_levels(cluster, settings, stage_ranks[0], placement.num_devices * settings.stage_width)
+
+    def key_of(rank: int, mode: str) -> tuple[DeviceSpec, str, GroupLevels]:
         # a stage's layers differ by its device, recompute mode and context group's links
-        # (its t shards exchange at once)
-        levels = group_levels(cluster, context_group(rank, tp, cp), concurrent=tp) if cp > 1 else None
-        return cluster.devices[rank], mode, levels
+        return cluster.devices[rank], mode, with_context_group(experts, cluster, settings, rank)
 
     # every stage's device and recompute mode cost the whole model's layers; frozen layers
     # then cost what they still run
-    by_device: dict[tuple[DeviceSpec, str, tuple[CollectiveLevel, ...] | None], list[LayerCost]] = {}
+    by_device: dict[tuple[DeviceSpec, str, GroupLevels], list[LayerCost]] = {}
     mask: tuple[bool, ...] | None = None
     for rank, mode in zip(stage_ranks, modes, strict=True):
         key = key_of(rank, mode)
         if key not in by_device:
             layers = layer_costs(model, key[0], dataclasses.replace(settings, recompute=mode), tp_link=tp_link,
-                                 context_levels=key[2])
+                                 groups=key[2])
             if settings.frozen_layers:
                 mask = frozen_mask(settings.frozen_layers, len(layers), model.name)
                 layers = freeze_layers(layers, mask)
