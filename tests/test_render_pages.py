@@ -56,7 +56,7 @@ def test_timelines_are_sampled_along_the_front() -> None:
     from pipesched.render.search_page import sampled_front
     from pipesched.search.store import EVALUATED, StoredRow
 
-    front = [StoredRow(f"k{i}", "1f1b", None, 1, 1, 2, 1, 4, "none", "balanced", 0, EVALUATED,
+    front = [StoredRow(f"k{i}", "1f1b", None, 1, 1, 2, 1, 4, "none", "balanced", 0, 1, EVALUATED,
                        peak_memory_bytes=float(i), iteration_time_s=10.0 - i) for i in range(11)]
     best = front[-1]
     shown = sampled_front(front, best, count=6)

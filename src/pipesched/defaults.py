@@ -34,6 +34,8 @@ class Defaults:
     recompute: str = "selective"  # none, selective or full
     dtype: str = "bf16"  # training dtype of the analytical costs
     partition: str = "balanced"  # layers to stages: uniform, balanced, memory, or a Megatron layout
+    expert_parallel: int = 1  # ranks the routed experts of a MoE block are split over (folded over tp x dp)
+    expert_tensor_parallel: int = 0  # tensor-parallel ranks of each expert; 0 = tensor_parallel
     # Monte Carlo over durations (--jitter, --straggler, ...)
     samples: int = 1000  # iterations drawn
     seed: int = 0  # of the random streams

@@ -62,6 +62,8 @@ MAX_AMOUNT = 1e21  # any byte count, bandwidth, FLOP count, FLOP/s or parameter 
 # such times over a table, stays finite (toy problems in small units stay above it)
 MIN_RATE = 1e-6
 MIN_EFFICIENCY = 1e-3  # the least share of its peak rate a device reaches (matmul, memory bandwidth)
+MAX_EXPERT_PARALLEL = 4096  # expert-parallel degree (ranks the routed experts are split over)
+MAX_CAPACITY_FACTOR = 1024.0  # an expert's capacity factor and the hottest expert's load over the mean
 
 # --- family options (--set KEY=VALUE) -------------------------------------------------------
 MAX_WAVES = MAX_STAGES // 2  # Hanayo's waves (2 chunks each; its 2 x waves x p stages are bounded too)
@@ -153,6 +155,8 @@ LIMITS = (
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),
     ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout or a solver's time limit"),
     ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),
+    ("MAX_EXPERT_PARALLEL", MAX_EXPERT_PARALLEL, "expert-parallel degree"),
+    ("MAX_CAPACITY_FACTOR", MAX_CAPACITY_FACTOR, "expert capacity factor, expert skew"),
 )
 
 

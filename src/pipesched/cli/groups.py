@@ -21,6 +21,8 @@ from pipesched.cli.options import (
     DataParallelSize,
     Disaggregate,
     Dtype,
+    ExpertParallel,
+    ExpertTensorParallel,
     FreezePlan,
     FrozenLayers,
     HostBandwidth,
@@ -150,6 +152,8 @@ class ModelOptions(OptionGroup):
     micro_batch_size: MicroBatchSize = None
     seq_len: SeqLen = None
     tensor_parallel: TensorParallel = None
+    expert_parallel: ExpertParallel = None
+    expert_tensor_parallel: ExpertTensorParallel = None
     recompute: Recompute = None
     dtype: Dtype = None
     sequence_parallel: SequenceParallel = None
@@ -167,7 +171,10 @@ class ModelOptions(OptionGroup):
                                 seq_len=_or(self.seq_len, DEFAULTS.seq_len), dtype=self.dtype or DEFAULTS.dtype,
                                 recompute=recompute or self.recompute or DEFAULTS.recompute,
                                 tensor_parallel=_or(self.tensor_parallel, DEFAULTS.tensor_parallel),
-                                sequence_parallel=_or(self.sequence_parallel, DEFAULTS.sequence_parallel))
+                                sequence_parallel=_or(self.sequence_parallel, DEFAULTS.sequence_parallel),
+                                expert_parallel=_or(self.expert_parallel, DEFAULTS.expert_parallel),
+                                expert_tensor_parallel=_or(self.expert_tensor_parallel,
+                                                           DEFAULTS.expert_tensor_parallel))
 
     def device(self, name: str | None) -> DeviceSpec:
         """The device preset ``name`` (None: the default) with the efficiencies asked for."""
@@ -214,6 +221,8 @@ class WorkloadOptions(OptionGroup):
                        "dtype": model.dtype or DEFAULTS.dtype,
                        "sequence_parallel": _or(model.sequence_parallel, DEFAULTS.sequence_parallel),
                        "tp": _or(model.tensor_parallel, DEFAULTS.tensor_parallel),
+                       "ep": _or(model.expert_parallel, DEFAULTS.expert_parallel),
+                       "etp": _or(model.expert_tensor_parallel, DEFAULTS.expert_tensor_parallel),
                        "recompute": model.recompute or DEFAULTS.recompute,
                        "partition": self.partition or DEFAULTS.partition}
         return Point(bandwidth=parse_bandwidth(self.bandwidth), **fields)
@@ -236,7 +245,7 @@ class WorkloadOptions(OptionGroup):
 
 # the options that describe a model's costs, which a stage-cost file gives instead
 _MODEL_FLAGS = ("model", "cluster", "tensor-parallel", "recompute", "partition", "dtype", "sequence-parallel",
-                "matmul-efficiency", "bandwidth-efficiency")
+                "matmul-efficiency", "bandwidth-efficiency", "ep", "etp")
 
 
 def _or(value: object, default: object) -> object:

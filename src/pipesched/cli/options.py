@@ -60,6 +60,13 @@ SeqLen = Annotated[int | None, typer.Option("--seq-len", "-s", help=f"tokens per
 TensorParallel = Annotated[int | None, typer.Option(
     "--tensor-parallel", "-t",
     help=f"tensor-parallel degree; pipeline device d runs on cluster rank d x t [default: {DEFAULTS.tensor_parallel}]")]
+ExpertParallel = Annotated[int | None, typer.Option(
+    "--ep", help=f"expert-parallel degree: ranks the routed experts of a MoE block are split over, folded over the "
+                 f"stage's tensor-parallel ranks and its data-parallel peers (Megatron-Core parallel folding) "
+                 f"[default: {DEFAULTS.expert_parallel}]")]
+ExpertTensorParallel = Annotated[int | None, typer.Option(
+    "--etp", help="tensor-parallel ranks of each expert under --ep (parallel folding: attention keeps -t) "
+                  "[default: -t]")]
 Recompute = Annotated[str | None, typer.Option(
     "--recompute", help=f"none, selective or full; per stage: full,none,none,selective, or MODE:STAGES items like "
                         f"full:0-3 (one bare MODE for the rest, default none) [default: {DEFAULTS.recompute}]")]

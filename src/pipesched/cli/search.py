@@ -101,6 +101,9 @@ class SpaceOptions(OptionGroup):
     zero: Annotated[str | None, typer.Option(
         "--zero", help=f"ZeRO stages of the optimizer state to try, 1 only with dp > 1 "
                        f"[default: {_listed('zero')}]")] = None
+    ep: Annotated[str | None, typer.Option(
+        "--ep", help=f"expert-parallel degrees to try for a mixture-of-experts model, like 1,8 (those dividing the "
+                     f"data-parallel size and the experts) [default: {_listed('expert_parallel')}]")] = None
 
     def space(self) -> SearchSpace:
         """The search space (the search checks that the cluster can hold the model, before the store is touched)."""
@@ -113,6 +116,7 @@ class SpaceOptions(OptionGroup):
             "tensor_parallel": whole_numbers("tensor-parallel", self.tensor_parallel),
             "pipeline": whole_numbers("pipeline", self.pipeline), "data_parallel": whole_numbers("dp", self.dp),
             "micro_batch_sizes": whole_numbers("micro-batch-sizes", self.micro_batch_sizes),
+            "expert_parallel": whole_numbers("ep", self.ep) or None,
         }
         return SearchSpace(**{name: value for name, value in given.items() if value is not None})
 

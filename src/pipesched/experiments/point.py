@@ -71,6 +71,20 @@ def check_zero(zero: int, dp: int) -> None:
             "or zero 0")
 
 
+def check_expert_fold(ep: int, etp: int, tp: int, dp: int) -> None:
+    """Refuse an expert-parallel group the stage's ranks cannot hold: Megatron-Core's
+    parallel folding draws the EP x ETP ranks of a MoE block from the stage's tp x dp ranks
+    (``pipesched.model.groups``), so EP x ETP must divide tp x dp."""
+    for name, value in (("expert_parallel", ep), ("expert_tensor_parallel", etp)):
+        require(isinstance(value, int) and not isinstance(value, bool) and value >= (1 if name == "expert_parallel" else 0),
+                name, value, "must be a whole number >= 1 (expert_tensor_parallel: >= 0, 0 = tensor_parallel)")
+    folded = ep * (etp or tp)
+    require(ep == 1 or (tp * dp) % folded == 0, "expert_parallel", ep,
+            f"x expert_tensor_parallel {etp or tp} = {folded} ranks must divide the tensor x data-parallel ranks "
+            f"{tp} x {dp} = {tp * dp} they fold over; give --dp a multiple of {folded // math.gcd(folded, tp)} "
+            "or a smaller --ep")
+
+
 @dataclass(frozen=True)
 class ScheduleRequest:
     """The schedule asked for: a family at its sizes and options, or a given table."""
@@ -120,6 +134,10 @@ class Workload:
     # the optimizer state's ZeRO stage: 0 (each data-parallel rank keeps all of it) or 1
     # (split over the dp replicas: reduce-scatter the gradients, all-gather the parameters)
     zero: int = 0
+    # expert parallelism of the MoE blocks (EP ranks, each with num_experts / EP experts) and
+    # the experts' own tensor parallelism (0: tp), folded over the tp x dp ranks of a stage
+    ep: int = 1
+    etp: int = 0
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "micro_batch_size", "seq_len"):
@@ -129,7 +147,10 @@ class Workload:
             value = getattr(self, name)
             require(value is None or value > 0, name, value, "must be > 0 (bytes/s, bytes)")
         check_zero(self.zero, self.dp)
+        check_expert_fold(self.ep, self.etp, self.tp, self.dp)
         if self.stage_costs is not None:
+            require(self.ep == 1, "expert_parallel", self.ep,
+                    "a stage-cost file gives the costs of its experts as measured; give a model and a cluster, or --ep 1")
             require(self.zero == 0, "zero", self.zero,
                     "a stage-cost file does not say which of its static bytes are optimizer state; give a model "
                     "and a cluster to shard it, or zero 0")
@@ -210,7 +231,8 @@ class Point:
         return TrainingSettings(micro_batch_size=self.micro_batch_size, seq_len=self.seq_len,
                                 tensor_parallel=self.tp, sequence_parallel=self.sequence_parallel,
                                 recompute=uniform_mode(self.recompute) or "none", dtype=self.dtype,
-                                optimizer_shards=self.dp if self.zero else 1)
+                                optimizer_shards=self.dp if self.zero else 1, expert_parallel=self.ep,
+                                expert_tensor_parallel=self.etp)
 
     @property
     def trains_differently(self) -> bool:

@@ -244,7 +244,7 @@ class _Attention:
 
     @classmethod
     def of(cls, model: ModelSpec, device: DeviceSpec, tp: int, elem: int) -> _Attention:
-        heads, kv_heads, head_dim = model.num_heads / tp, model.num_kv_heads / tp, model.kv_channels
+        heads, head_dim = model.num_heads / tp, model.kv_channels
         bandwidth = device.memory_bandwidth * device.bandwidth_efficiency
         # a query row against a key row: 2 d FLOPs for the score and 2 d for the context, over
         # the rectangle of keys the chunk's query tiles visit (the causal half of the diagonal
@@ -254,7 +254,7 @@ class _Attention:
             prefill = flops / (device.peak_flops * device.flash_forward_efficiency)
         else:  # unfused: the scores are written, soft-maxed (read and written) and read again
             prefill = flops / (device.peak_flops * device.matmul_efficiency) + 4.0 * heads * elem / bandwidth
-        kv_bytes = 2.0 * kv_heads * head_dim * elem
+        kv_bytes = model.kv_cache_elements(tp) * elem  # keys and values, or the latent of latent attention
         return cls(prefill, 2.0 * heads * head_dim * elem / bandwidth, kv_bytes / bandwidth, kv_bytes)
 
 

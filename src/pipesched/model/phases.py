@@ -50,6 +50,7 @@ from typing import NamedTuple
 import numpy as np
 
 from pipesched.errors import require
+from pipesched.model.groups import GroupLevels
 from pipesched.model.hardware import DeviceSpec, LinkSpec
 from pipesched.model.spec import LayerCost, ModelSpec, TrainingSettings
 from pipesched.model.transformer import PHASES, LayerOps, layer_ops
@@ -325,13 +326,13 @@ def chunk_pair(forward_layers: Sequence[LayerPhases], backward_layers: Sequence[
 
 
 @functools.lru_cache(maxsize=256)
-def model_layer_ops(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings,
-                    link: LinkSpec) -> tuple[LayerOps, ...]:
-    """Every layer's kernels and collectives on ``device`` (``layer_ops``, ``link`` carrying
-    the tensor-parallel collectives); none for a model of measured layers (no kernels to
-    split into phases). Pure in hashable inputs: a sweep plans the same model on every
-    placement."""
-    return () if model.measured else tuple(layer_ops(model, device, settings, tp_link=link))
+def model_layer_ops(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec,
+                    groups: GroupLevels | None = None) -> tuple[LayerOps, ...]:
+    """Every layer's kernels and collectives on ``device`` (``layer_ops``: ``link`` carries
+    the tensor-parallel collectives, ``groups`` the expert groups' levels); none for a model
+    of measured layers (no kernels to split into phases). Pure in hashable inputs: a sweep
+    plans the same model on every placement."""
+    return () if model.measured else tuple(layer_ops(model, device, settings, tp_link=link, groups=groups))
 
 
 def stage_pair_seconds(ops: Sequence[LayerOps], costs: Sequence[LayerCost], device: DeviceSpec, *,

@@ -2,7 +2,7 @@
 
 GPT-3 sizes follow Brown et al. (2020) as Megatron configures them (vocabulary padded to
 51200, learned positions, biases, dropout); Llama-3 and Mixtral follow their published
-Hugging Face configs. ``tiny`` and ``small`` are CPU-sized models for real runs and tests.
+Hugging Face configs; the mixture-of-experts presets cite theirs beside them. ``tiny`` and ``small`` are CPU-sized models for real runs and tests.
 """
 
 from __future__ import annotations
@@ -47,6 +47,29 @@ MODELS: MappingProxyType[str, ModelSpec] = MappingProxyType({
         ModelSpec(name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
                   ffn_hidden_size=14336, vocab_size=32000, num_experts=8, experts_per_token=2,
                   gated_mlp=True, context_length=32768),
+        # mistralai/Mixtral-8x22B-v0.1 config.json (hidden_size 6144, intermediate_size 16384,
+        # 56 layers, 48 heads / 8 kv, 8 local experts top-2, vocab 32768 in the v0.3 tokenizer):
+        # 141B parameters, 39B active (Mistral's announcement)
+        ModelSpec(name="mixtral-8x22b", num_layers=56, hidden_size=6144, num_heads=48, num_kv_heads=8,
+                  ffn_hidden_size=16384, vocab_size=32768, num_experts=8, experts_per_token=2,
+                  gated_mlp=True, context_length=65536),
+        # deepseek-ai/DeepSeek-V3 config.json: hidden_size 7168, intermediate_size 18432 (the
+        # first_k_dense_replace = 3 dense blocks), moe_intermediate_size 2048, 61 layers, 128
+        # heads, n_shared_experts 1, n_routed_experts 256, num_experts_per_tok 8, q_lora_rank
+        # 1536, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128,
+        # vocab 129280, untied head; 671B parameters, 37B active (the technical report; the
+        # multi-token-prediction module's further 14B are not counted)
+        ModelSpec(name="deepseek-v3", num_layers=61, hidden_size=7168, num_heads=128, num_kv_heads=128,
+                  ffn_hidden_size=18432, vocab_size=129280, num_experts=256, experts_per_token=8,
+                  gated_mlp=True, context_length=163840, moe_ffn_hidden_size=2048, num_shared_experts=1,
+                  first_dense_layers=3, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
+                  qk_nope_head_dim=128, v_head_dim=128),
+        # Qwen/Qwen3-235B-A22B config.json: hidden_size 4096, moe_intermediate_size 1536, 94
+        # layers, 64 heads / 4 kv heads of head_dim 128, 128 experts top-8 in every block, vocab
+        # 151936, untied head, max_position_embeddings 40960: 235B parameters, 22B active
+        ModelSpec(name="qwen3-235b-a22b", num_layers=94, hidden_size=4096, num_heads=64, num_kv_heads=4,
+                  ffn_hidden_size=12288, vocab_size=151936, num_experts=128, experts_per_token=8,
+                  gated_mlp=True, head_dim=128, context_length=40960, moe_ffn_hidden_size=1536),
     )
 })
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.limits import (
+    MAX_CAPACITY_FACTOR,
     MAX_CLUSTER_RANKS,
+    MAX_EXPERT_PARALLEL,
     MAX_HEADS,
     MAX_LAYERS,
     MAX_MICRO_BATCH_SIZE,
@@ -36,7 +38,13 @@ LOSS = "L"
 LAYER_KINDS = (EMBEDDING, TRANSFORMER, MTP, LOSS)
 
 # bytes of one activation element per training dtype (Korthikanti et al. assume 16-bit)
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
+# dtypes whose matmuls run on a device's FP8 tensor cores (DeviceSpec.fp8_peak_flops). FP8
+# training keeps its activations, the tensors communicated (but the expert dispatch) and the
+# non-matmul kernels in bf16, as DeepSeek-V3 and Transformer Engine do: fp8's element is 2
+# bytes, and only the matmuls' inputs are 1-byte (FP8_MATMUL_BYTES)
+FP8_DTYPES = ("fp8",)
+FP8_MATMUL_BYTES = 1
 RECOMPUTE_MODES = ("none", "selective", "full")
 
 # mixed-precision Adam, bytes per parameter (Megatron without a distributed optimizer): the
@@ -62,6 +70,14 @@ _SHAPE_LIMITS = {
     "head_dim": (MAX_WIDTH, "", "hidden_size / num_heads"),
     "position_embeddings": (MAX_VOCAB, "positions", "rotary positions"),
     "context_length": (MAX_SEQ_LEN, "tokens", "no limit known"),
+    "moe_ffn_hidden_size": (MAX_WIDTH, "", "ffn_hidden_size"),
+    "num_shared_experts": (MAX_HEADS, "experts", "none"),
+    "first_dense_layers": (MAX_LAYERS, "layers", "every block has the MoE MLP"),
+    "q_lora_rank": (MAX_WIDTH, "", "full-rank queries"),
+    "kv_lora_rank": (MAX_WIDTH, "", "no multi-head latent attention"),
+    "qk_rope_head_dim": (MAX_WIDTH, "", "no rotary part apart"),
+    "qk_nope_head_dim": (MAX_WIDTH, "", "head_dim"),
+    "v_head_dim": (MAX_WIDTH, "", "head_dim"),
 }
 _SWITCHES = ("gated_mlp", "tied_embeddings", "bias", "dropout")
 
@@ -145,6 +161,19 @@ class ModelSpec:
     dropout: bool = False  # dropout masks are kept (Korthikanti's inventory assumes dropout)
     measured: tuple[LayerCost, ...] = ()  # measured per-layer costs, used as given
     measured_on: str = ""  # device preset the measured costs come from ("" = use them anywhere as is)
+    # --- mixture of experts (DeepSeek-V3, Qwen3-MoE): num_experts routed experts per MoE block
+    moe_ffn_hidden_size: int = 0  # hidden size of one routed (and shared) expert; 0 = ffn_hidden_size
+    num_shared_experts: int = 0  # experts every token runs through besides its top-k (a dense MLP of this many experts' width)
+    first_dense_layers: int = 0  # the first k blocks have a dense MLP of ffn_hidden_size (DeepSeek's first_k_dense_replace)
+    capacity_factor: float = 0.0  # tokens an expert takes at most, over the balanced mean; 0 = dropless
+    expert_skew: float = 1.0  # the hottest expert's tokens over the mean (load imbalance); 1 = balanced
+    expert_load: tuple[float, ...] = ()  # measured tokens per routed expert (any scale); replaces expert_skew
+    # --- multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = ordinary attention
+    q_lora_rank: int = 0  # rank of the query's down-projection; 0 = queries from h directly
+    kv_lora_rank: int = 0  # rank of the compressed key-value latent (what the KV cache holds)
+    qk_rope_head_dim: int = 0  # rotary part of each query/key head, shared by all heads for keys
+    qk_nope_head_dim: int = 0  # non-rotary part of each query/key head
+    v_head_dim: int = 0  # size of each value head
 
     def __post_init__(self) -> None:
         require(bool(self.name), "model name", repr(self.name), "give the model a name")
@@ -174,7 +203,30 @@ class ModelSpec:
         require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
                 f"must divide num_heads={self.num_heads}")
         require(self.experts_per_token <= self.num_experts, "experts_per_token", self.experts_per_token,
-                f"must be at most num_experts={self.num_experts}")
+                f"must be at most num_experts={self.num_experts}; give a smaller top-k or more experts")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """The mixture-of-experts and latent-attention fields are consistent."""
+        require(self.first_dense_layers <= self.num_layers, "first_dense_layers", self.first_dense_layers,
+                f"must be at most num_layers={self.num_layers}")
+        check_amount("capacity_factor", self.capacity_factor, limit=MAX_CAPACITY_FACTOR)
+        require(self.capacity_factor == 0 or self.capacity_factor >= 1, "capacity_factor", self.capacity_factor,
+                "must be 0 (dropless) or >= 1 (an expert takes at least its balanced share)")
+        check_amount("expert_skew", self.expert_skew, limit=MAX_CAPACITY_FACTOR)
+        require(self.expert_skew >= 1, "expert_skew", self.expert_skew,
+                "must be >= 1 (the hottest expert's tokens over the mean; 1 = balanced)")
+        object.__setattr__(self, "expert_load", tuple(float(x) for x in self.expert_load))
+        if self.expert_load:
+            require(len(self.expert_load) == self.num_experts, "expert_load", f"{len(self.expert_load)} values",
+                    f"give one load per routed expert ({self.num_experts})")
+            for load in self.expert_load:
+                check_amount("expert_load", load)
+            require(sum(self.expert_load) > 0, "expert_load", "all 0", "give some expert a positive load")
+        if self.kv_lora_rank:
+            require(self.qk_rope_head_dim > 0 and self.qk_nope_head_dim > 0 and self.v_head_dim > 0,
+                    "kv_lora_rank", self.kv_lora_rank,
+                    "latent attention needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim too")
 
     @property
     def kv_channels(self) -> int:
@@ -184,6 +236,53 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention: keys and values from a compressed latent."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """Hidden size of one routed expert."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    def moe_block(self, index: int) -> bool:
+        """Block ``index`` (0-based) has the mixture-of-experts MLP."""
+        return self.is_moe and index >= self.first_dense_layers
+
+    def kv_cache_elements(self, tensor_parallel: int = 1) -> float:
+        """Elements one token's attention cache holds per block on one of ``tensor_parallel``
+        ranks: its keys and values (split by heads), or with latent attention the compressed
+        latent and the shared rotary key (the same on every rank, as DeepSeek's inference
+        keeps it)."""
+        if self.is_mla:
+            return float(self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2.0 * (self.num_kv_heads / tensor_parallel) * self.kv_channels
+
+    def hottest_share(self, groups: int) -> float:
+        """Tokens the busiest of ``groups`` equal groups of consecutive routed experts takes,
+        over the mean group's: from the measured ``expert_load``, or with ``expert_skew`` the
+        hottest expert at skew x the mean and the others sharing the rest evenly (1 with one
+        group: every token stays).
+
+        >>> round(ModelSpec("m", 1, 8, 1, 1, 8, 8, num_experts=8, expert_skew=2.0).hottest_share(4), 4)
+        1.4286
+        """
+        per_group = self.num_experts // groups
+        loads = self._expert_loads()
+        sums = [sum(loads[g * per_group:(g + 1) * per_group]) for g in range(groups)]
+        return max(sums) / (sum(loads) / groups)
+
+    def _expert_loads(self) -> list[float]:
+        """Every routed expert's tokens over the mean expert's."""
+        experts = self.num_experts
+        if self.expert_load:
+            mean = sum(self.expert_load) / experts
+            return [load / mean for load in self.expert_load]
+        hottest = min(self.expert_skew, float(experts))
+        rest = (experts - hottest) / (experts - 1) if experts > 1 else 1.0
+        return [hottest] + [rest] * (experts - 1)
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
@@ -227,7 +326,12 @@ class TrainingSettings:
     # data-parallel ranks the optimizer state is split over (ZeRO-1, Megatron's distributed
     # optimizer: each of d ranks keeps 1/d of it); 1: every rank keeps all of it
     optimizer_shards: int = 1
-
+    # ranks the routed experts of a MoE block are split over (expert parallelism, EP); each
+    # holds num_experts / EP of them. Megatron-Core's parallel folding: the EP x ETP ranks of a
+    # MoE block are the stage's tensor-parallel ranks and its data-parallel peers
+    expert_parallel: int = 1
+    # tensor-parallel ranks that split each expert (ETP); 0 = tensor_parallel (Megatron's default)
+    expert_tensor_parallel: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frozen_layers", tuple(sorted({int(layer) for layer in self.frozen_layers})))
@@ -236,11 +340,19 @@ class TrainingSettings:
         for field_name, limit, what in (("micro_batch_size", MAX_MICRO_BATCH_SIZE, "sequences per microbatch"),
                                         ("seq_len", MAX_SEQ_LEN, "tokens per sequence"),
                                         ("tensor_parallel", MAX_TENSOR_PARALLEL, "tensor-parallel ranks"),
-                                        ("optimizer_shards", MAX_CLUSTER_RANKS, "optimizer shards")):
+                                        ("optimizer_shards", MAX_CLUSTER_RANKS, "optimizer shards"),
+                                        ("expert_parallel", MAX_EXPERT_PARALLEL, "expert-parallel ranks")):
             value = getattr(self, field_name)
             require(isinstance(value, int) and not isinstance(value, bool) and value > 0, field_name, value,
                     "must be a positive integer")
             check_count(field_name, value, limit, what=what)
+        require(isinstance(self.expert_tensor_parallel, int) and self.expert_tensor_parallel >= 0,
+                "expert_tensor_parallel", self.expert_tensor_parallel, "must be a whole number >= 0 (0 = tensor_parallel)")
+        check_count("expert_tensor_parallel", self.expert_tensor_parallel, MAX_TENSOR_PARALLEL, minimum=None)
+        require(self.expert_parallel > 1 or self.expert_tensor_parallel in (0, self.tensor_parallel),
+                "expert_tensor_parallel", self.expert_tensor_parallel,
+                f"differs from tensor_parallel={self.tensor_parallel} only with expert parallelism; give --ep too "
+                "or leave --etp out")
         require(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel,
                 "must be true or false")
         require(self.dtype in DTYPE_BYTES, "dtype", self.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
@@ -252,6 +364,16 @@ class TrainingSettings:
     @property
     def element_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def fp8(self) -> bool:
+        """Matmuls on the FP8 tensor cores."""
+        return self.dtype in FP8_DTYPES
+
+    @property
+    def expert_tensor(self) -> int:
+        """Tensor-parallel ranks of each expert (ETP)."""
+        return self.expert_tensor_parallel or self.tensor_parallel
 
     @property
     def static_bytes_per_param(self) -> float:

@@ -36,6 +36,7 @@ import numpy as np
 from pipesched.costs import StageCosts
 from pipesched.errors import OutOfMemory, PipeschedError, require
 from pipesched.model.freezing import freeze_layers, frozen_mask, static_bytes
+from pipesched.model.groups import GroupLevels, expert_group_levels
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
 from pipesched.model.phases import model_layer_ops, stage_pair_seconds
 from pipesched.model.spec import RECOMPUTE_MODES, LayerCost, ModelSpec, TrainingSettings
@@ -190,10 +191,13 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
     # then cost what they still run
     by_device: dict[tuple[DeviceSpec, str], list[LayerCost]] = {}
     mask: tuple[bool, ...] | None = None
+    # the expert groups of the first stage's device (every stage's are alike in the rank layout)
+    groups = expert_group_levels(cluster, settings, stage_ranks[0], placement.num_devices * tp)
     for rank, mode in zip(stage_ranks, modes, strict=True):
         key = (cluster.devices[rank], mode)
         if key not in by_device:
-            layers = layer_costs(model, key[0], dataclasses.replace(settings, recompute=mode), tp_link=tp_link)
+            layers = layer_costs(model, key[0], dataclasses.replace(settings, recompute=mode), tp_link=tp_link,
+                                 groups=groups)
             if settings.frozen_layers:
                 mask = frozen_mask(settings.frozen_layers, len(layers), model.name)
                 layers = freeze_layers(layers, mask)
@@ -235,7 +239,7 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
 
     layers = tuple(tuple(per_stage[s][i] for i in partition.layers(s)) for s in range(num_stages))
     stage_devices = tuple(cluster.devices[r] for r in stage_ranks)
-    pairs = _stage_pairs(model, settings, stage_devices, modes, layers, partition, tp_link)
+    pairs = _stage_pairs(model, settings, stage_devices, modes, layers, partition, tp_link, groups)
     costs = _stage_costs(layers, settings, stage_devices, frozen=mask is not None, pairs=pairs)
     sends = stage_values(partition, np.zeros((num_stages, num_layers)),
                          send_forward=send_forward, send_backward=send_backward)
@@ -251,13 +255,14 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
 
 
 def _stage_pairs(model: ModelSpec, settings: TrainingSettings, devices: Sequence[DeviceSpec], modes: Sequence[str],
-                 layers: Sequence[Sequence[LayerCost]], partition: Partition, link: LinkSpec) -> tuple[float, ...] | None:
+                 layers: Sequence[Sequence[LayerCost]], partition: Partition, link: LinkSpec,
+                 groups: GroupLevels) -> tuple[float, ...] | None:
     """Each stage's overlapped forward-backward pair (``pipesched.model.phases``: its layers'
     phases, one microbatch's communication beside another's compute), seconds; None for a
     model of measured layers."""
     pairs = []
     for s, (device, mode) in enumerate(zip(devices, modes, strict=True)):
-        ops = model_layer_ops(model, device, dataclasses.replace(settings, recompute=mode), link)
+        ops = model_layer_ops(model, device, dataclasses.replace(settings, recompute=mode), link, groups)
         if not ops:
             return None
         pairs.append(stage_pair_seconds([ops[i] for i in partition.layers(s)], layers[s], device,

@@ -55,9 +55,11 @@ from pipesched.enums import Collective, Group
 from pipesched.errors import require
 from pipesched.model.collectives import CollectiveLevel, collective_seconds
 from pipesched.model.devices import load_device
+from pipesched.model.groups import GroupLevels, levels_on_link
 from pipesched.model.hardware import DeviceSpec, LinkSpec
 from pipesched.model.spec import (
     EMBEDDING,
+    FP8_MATMUL_BYTES,
     LOSS,
     TRANSFORMER,
     LayerCost,
@@ -132,6 +134,10 @@ class _Shape:
     elem: int  # bytes per activation element
     replicated: float  # share of a replicated activation on this rank: 1, or 1/t with sequence parallelism
     tp: int
+    expert_ffn: float = 0.0  # hidden size of one expert on this rank without expert parallelism, f_e / t
+    ep: int = 1  # expert-parallel ranks
+    etp: int = 1  # tensor-parallel ranks of one expert under expert parallelism
+    dispatch_elem: int = 2  # bytes of one dispatched token element (1 under FP8 training)
 
     @property
     def q_width(self) -> float:
@@ -145,8 +151,15 @@ class _Shape:
 def _shape(model: ModelSpec, settings: TrainingSettings) -> _Shape:
     t = settings.tensor_parallel
     require(model.num_heads % t == 0, "tensor_parallel", t, f"must divide num_heads={model.num_heads}")
-    require(model.num_kv_heads % t == 0, "tensor_parallel", t,
+    require(model.is_mla or model.num_kv_heads % t == 0, "tensor_parallel", t,
             f"must divide num_kv_heads={model.num_kv_heads} (Megatron splits whole key/value groups)")
+    ep, etp = settings.expert_parallel, settings.expert_tensor
+    require(ep == 1 or model.is_moe, "expert_parallel", ep, f"needs a mixture-of-experts model; {model.name} "
+            "is dense: use --ep 1")
+    require(model.num_experts % ep == 0, "expert_parallel", ep,
+            f"must divide num_experts={model.num_experts}; give a divisor of it")
+    require(ep == 1 or model.expert_ffn % etp == 0, "expert_tensor_parallel", etp,
+            f"must divide the expert hidden size {model.expert_ffn}")
     return _Shape(
         tokens=settings.micro_batch_size * settings.seq_len,
         batch=settings.micro_batch_size,
@@ -160,6 +173,10 @@ def _shape(model: ModelSpec, settings: TrainingSettings) -> _Shape:
         elem=settings.element_bytes,
         replicated=1.0 / t if settings.sequence_parallel else 1.0,
         tp=t,
+        expert_ffn=model.expert_ffn / t,
+        ep=ep,
+        etp=etp if ep > 1 else 1,
+        dispatch_elem=FP8_MATMUL_BYTES if settings.fp8 else settings.element_bytes,
     )
 
 
@@ -232,86 +249,282 @@ def _embedding(model: ModelSpec, x: _Shape) -> LayerPlan:
     )
 
 
-def _block(model: ModelSpec, x: _Shape, index: int) -> LayerPlan:
-    b, s, tokens, h, e, r = x.batch, x.seq, x.tokens, x.hidden, x.elem, x.replicated
-    hidden_bytes = tokens * h * e * r  # one replicated hidden-state tensor on this rank
-    mask_hidden = tokens * h * r if model.dropout else 0.0  # 1-byte dropout mask
-    scores = b * x.heads * s * s  # attention score elements on this rank
-    norm_params = h * (2 if model.bias else 1)
+@dataclass(frozen=True)
+class _Part:
+    """One part of a block (its attention, or its MLP) before the block is assembled."""
 
-    # attention: norm, QKV, scores, softmax (+ dropout), context, projection, residual
+    kernels: tuple[Kernel, ...]
+    kept: float  # activation bytes kept without recompute (the attention core's apart)
+    params: float
+    weight_inputs: float  # matmul inputs W needs after I
+    collectives: tuple[PlanCollective, ...] = ()
+
+
+def _phased(phase: str, kernels: list[Kernel]) -> list[Kernel]:
+    """``kernels`` run in ``phase``."""
+    return [dataclasses.replace(kernel, phase=phase) for kernel in kernels]
+
+
+def _attention(model: ModelSpec, x: _Shape) -> tuple[_Part, tuple[float, float, float], float]:
+    """Norm, QKV, the attention core and the output projection; with the scores' shape and
+    the bytes of Q, K, V and O the fused kernel sees."""
+    b, s, tokens, h, e, r = x.batch, x.seq, x.tokens, x.hidden, x.elem, x.replicated
+    hidden_bytes = tokens * h * e * r
+    mask_hidden = tokens * h * r if model.dropout else 0.0
+    norm_params = h * (2 if model.bias else 1)
     kernels = [
         _elementwise("norm 1", 2 * hidden_bytes),
         _matmul("qkv", tokens, x.q_width + 2 * x.kv_width, h, e),
-        _matmul("scores", s, s, x.head_dim, e, batch=b * x.heads, backward=ACTIVATION_MATMUL, attention_core=True),
-        _elementwise("softmax", 2 * scores * e, attention_core=True),
-    ]
-    core_bytes = scores * e  # softmax output
-    if model.dropout:
-        kernels.append(_elementwise("attention dropout", 2 * scores * e + scores, attention_core=True))
-        core_bytes += scores + scores * e  # mask + dropout output
-    kernels += [
-        _matmul("context", s, x.head_dim, s, e, batch=b * x.heads, backward=ACTIVATION_MATMUL, attention_core=True),
+        *_core(model, x, x.head_dim, x.head_dim),
         _matmul("projection", tokens, h, x.q_width, e),
-        _elementwise("residual 1", 3 * hidden_bytes + mask_hidden),
-        _elementwise("norm 2", 2 * hidden_bytes),
     ]
-    attention_kept = (
+    kept = (
         2 * hidden_bytes  # norm-1 input, QKV input
         + tokens * (x.q_width + 2 * x.kv_width) * e  # Q, K for the scores; V for the context
         + tokens * x.q_width * e  # projection input
         + mask_hidden
     )
-    attention_params = (norm_params + h * (x.q_width + 2 * x.kv_width) + x.q_width * h
-                        + ((x.q_width + 2 * x.kv_width) + h if model.bias else 0))
+    params = (norm_params + h * (x.q_width + 2 * x.kv_width) + x.q_width * h
+              + ((x.q_width + 2 * x.kv_width) + h if model.bias else 0))
     weight_inputs = 2 * hidden_bytes + tokens * x.q_width * e  # QKV, projection and MLP inputs
+    traffic = e * tokens * (2 * x.q_width + 2 * x.kv_width)  # read Q, K, V; write O
+    return _Part(tuple(_phased(ATTENTION, kernels)), kept, params, weight_inputs), (b * x.heads, s, x.head_dim), traffic
 
+
+def _core(model: ModelSpec, x: _Shape, qk_dim: float, v_dim: float) -> list[Kernel]:
+    """Scores, softmax (+ dropout) and context of the attention core on this rank."""
+    b, s, e = x.batch, x.seq, x.elem
+    scores = b * x.heads * s * s
+    kernels = [
+        _matmul("scores", s, s, qk_dim, e, batch=b * x.heads, backward=ACTIVATION_MATMUL, attention_core=True),
+        _elementwise("softmax", 2 * scores * e, attention_core=True),
+    ]
+    if model.dropout:
+        kernels.append(_elementwise("attention dropout", 2 * scores * e + scores, attention_core=True))
+    kernels.append(_matmul("context", s, v_dim, s, e, batch=b * x.heads, backward=ACTIVATION_MATMUL,
+                           attention_core=True))
+    return kernels
+
+
+def _latent_attention(model: ModelSpec, x: _Shape) -> tuple[_Part, tuple[float, float, float], float]:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries through a rank-``q_lora_rank``
+    latent, keys and values up-projected per head from a rank-``kv_lora_rank`` latent plus
+    one rotary key shared by the heads. The down-projections and their norms are replicated
+    on the tensor-parallel ranks (as Megatron-Core's MLA keeps them), the up-projections and
+    the output projection split by heads."""
+    b, s, tokens, h, e, r = x.batch, x.seq, x.tokens, x.hidden, x.elem, x.replicated
+    hidden_bytes = tokens * h * e * r
+    mask_hidden = tokens * h * r if model.dropout else 0.0
+    qk = model.qk_nope_head_dim + model.qk_rope_head_dim  # query/key head size
+    v, q_rank, latent = model.v_head_dim, model.q_lora_rank, model.kv_lora_rank + model.qk_rope_head_dim
+    heads = x.heads
+    kernels = [_elementwise("norm 1", 2 * hidden_bytes)]
+    if q_rank:
+        kernels += [_matmul("q down", tokens, q_rank, h, e), _elementwise("q norm", 2 * tokens * q_rank * e),
+                    _matmul("q up", tokens, heads * qk, q_rank, e)]
+    else:
+        kernels.append(_matmul("q", tokens, heads * qk, h, e))
+    kernels += [
+        _matmul("kv down", tokens, latent, h, e),
+        _elementwise("kv norm", 2 * tokens * model.kv_lora_rank * e),
+        _matmul("kv up", tokens, heads * (model.qk_nope_head_dim + v), model.kv_lora_rank, e),
+        *_core(model, x, qk, v),
+        _matmul("projection", tokens, h, heads * v, e),
+    ]
+    latents = tokens * (q_rank + model.kv_lora_rank) * e  # the normed latents the up-projections read
+    kept = (2 * hidden_bytes + 2 * latents + tokens * latent * e
+            + tokens * heads * (2 * qk + v) * e  # Q, K, V
+            + tokens * heads * v * e + mask_hidden)  # projection input
+    params = (h * (2 if model.bias else 1) + h * q_rank + q_rank + q_rank * heads * qk
+              + (0 if q_rank else h * heads * qk) + h * latent + model.kv_lora_rank
+              + model.kv_lora_rank * heads * (model.qk_nope_head_dim + v) + heads * v * h)
+    weight_inputs = 2 * hidden_bytes + latents + tokens * latent * e + tokens * heads * v * e
+    traffic = e * tokens * heads * (2 * qk + 2 * v)  # read Q, K, V; write O
+    # the fused kernel's two matmuls per tile: scores over qk, context over v
+    return (_Part(tuple(_phased(ATTENTION, kernels)), kept, params, weight_inputs),
+            (b * heads, s, (qk + v) / 2), traffic)
+
+
+def _dense_mlp(model: ModelSpec, x: _Shape, moe: bool) -> _Part:
+    """Residual, norm and the dense MLP, or without expert parallelism (``moe``) the router
+    and every expert on this rank, each split by tensor parallelism."""
+    tokens, h, e, r = x.tokens, x.hidden, x.elem, x.replicated
+    hidden_bytes = tokens * h * e * r
+    mask_hidden = tokens * h * r if model.dropout else 0.0
+    norm_params = h * (2 if model.bias else 1)
+    kernels = [_elementwise("residual 1", 3 * hidden_bytes + mask_hidden), _elementwise("norm 2", 2 * hidden_bytes)]
     # MLP: dense, or router + experts; every routed token runs experts_per_token experts
     matrices = 3 if model.gated_mlp else 2
-    if model.is_moe:
+    ffn = x.expert_ffn if moe else x.ffn
+    if moe:
         experts, routed = model.num_experts, tokens * model.experts_per_token
         kernels += [
             _matmul("router", tokens, experts, h, e),
             _elementwise("dispatch", tokens * h * e * (1 + model.experts_per_token)),
         ]
-        mlp_kept = 2 * hidden_bytes + 4.0 * tokens * experts + routed * h * e  # norm-2 in, router in, fp32 router probs, expert inputs
-        mlp_params = norm_params + h * experts + experts * matrices * h * x.ffn
-        weight_inputs += routed * h * e + routed * x.ffn * e
+        kept = 2 * hidden_bytes + 4.0 * tokens * experts + routed * h * e  # norm-2 in, router in, fp32 router probs, expert inputs
+        params = norm_params + h * experts + experts * matrices * h * ffn
+        weight_inputs = routed * h * e + routed * ffn * e
     else:
         experts, routed = 1, tokens
-        mlp_kept = 2 * hidden_bytes  # norm-2 input, MLP input
-        mlp_params = norm_params + matrices * h * x.ffn
-        weight_inputs += routed * x.ffn * e
-    up_width = 2 * x.ffn if model.gated_mlp else x.ffn
+        kept = 2 * hidden_bytes  # norm-2 input, MLP input
+        params = norm_params + matrices * h * ffn
+        weight_inputs = routed * ffn * e
+    up_width = 2 * ffn if model.gated_mlp else ffn
     kernels += [
         _matmul("mlp up", routed, up_width, h, e, weights=experts),
-        _elementwise("activation", routed * x.ffn * e * (3 if model.gated_mlp else 2)),
-        _matmul("mlp down", routed, h, x.ffn, e, weights=experts),
+        _elementwise("activation", routed * ffn * e * (3 if model.gated_mlp else 2)),
+        _matmul("mlp down", routed, h, ffn, e, weights=experts),
     ]
-    if model.is_moe:
+    if moe:
         kernels.append(_elementwise("combine", tokens * h * e * (1 + model.experts_per_token)))
-        mlp_kept += routed * h * e  # expert outputs for the combine weights' gradient
+        kept += routed * h * e  # expert outputs for the combine weights' gradient
     kernels.append(_elementwise("residual 2", 3 * hidden_bytes + mask_hidden))
-    mlp_kept += routed * up_width * e + routed * x.ffn * e + mask_hidden  # activation-function input, down input
+    kept += routed * up_width * e + routed * ffn * e + mask_hidden  # activation-function input, down input
     if model.bias:
-        mlp_params += experts * (up_width + h)
+        params += experts * (up_width + h)
+    shared = _shared_experts(model, x) if moe else None
+    if not moe:
+        return _Part(tuple(_phased(MLP, kernels)), kept, params, weight_inputs)
+    shared = _shared_experts(model, x)
+    if shared is not None:
+        kernels[-2:-2] = shared.kernels
+        kept, params, weight_inputs = kept + shared.kept, params + shared.params, weight_inputs + shared.weight_inputs
+    # residual, norm, router and permutation; the experts; the weighted sum and residual
+    return _Part(tuple(_phased(DISPATCH, kernels[:4]) + _phased(MLP, kernels[4:-2]) + _phased(COMBINE, kernels[-2:])),
+                 kept, params, weight_inputs)
 
-    selective = attention_kept + mlp_kept
+
+def _shared_experts(model: ModelSpec, x: _Shape) -> _Part | None:
+    """The shared experts: a dense MLP of ``num_shared_experts`` experts' width every token
+    runs through on every rank, split by tensor parallelism."""
+    if not model.num_shared_experts:
+        return None
+    tokens, h, e = x.tokens, x.hidden, x.elem
+    ffn = model.num_shared_experts * x.expert_ffn / x.tp
+    up_width = 2 * ffn if model.gated_mlp else ffn
+    kernels = (_matmul("shared up", tokens, up_width, h, e),
+               _elementwise("shared activation", tokens * ffn * e * (3 if model.gated_mlp else 2)),
+               _matmul("shared down", tokens, h, ffn, e))
+    params = (3 if model.gated_mlp else 2) * h * ffn + ((up_width + h) if model.bias else 0)
+    return _Part(kernels, tokens * (up_width + ffn) * e, params, tokens * (h + ffn) * e)
+
+
+def _expert_parallel_mlp(model: ModelSpec, x: _Shape) -> _Part:
+    """A MoE MLP over ``x.ep`` expert-parallel ranks (``pipesched.model.groups``: folded over
+    the stage's tensor-parallel ranks and its data-parallel peers).
+
+    Each rank routes its ``T = b s / t`` tokens (Megatron-Core runs expert parallelism with
+    tensor parallelism only under sequence parallelism: every tensor-parallel rank routes its
+    sequence shard), dispatches ``T k`` token copies of ``h`` elements over the EP group,
+    all-gathers them inside its ETP group, runs its ``E / EP`` experts as one grouped GEMM
+    (``E / EP`` groups of the rows each expert received, ``f / ETP`` wide), reduce-scatters
+    over ETP and combines back. Dropless, the busiest rank's load over the mean
+    (``ModelSpec.hottest_share``) sets the rows and the bytes; with a capacity factor every
+    expert's buffer is padded to that factor times the mean."""
+    tokens, h, e, r = x.tokens, x.hidden, x.elem, x.replicated
+    k, experts, ep, etp = model.experts_per_token, model.num_experts, x.ep, x.etp
+    hidden_bytes = tokens * h * e * r
+    mask_hidden = tokens * h * r if model.dropout else 0.0
+    local = tokens / x.tp  # tokens this rank routes
+    share = model.capacity_factor or model.hottest_share(ep)
+    rows = etp * local * k * share  # token copies this rank's experts run
+    per_rank = experts // ep
+    ffn = model.expert_ffn / etp
+    up_width = 2 * ffn if model.gated_mlp else ffn
+    matrices = 3 if model.gated_mlp else 2
+    dispatched = local * k * h * share  # elements this rank sends (and the busiest receives)
+    dispatch = _phased(DISPATCH, [
+        _elementwise("residual 1", 3 * hidden_bytes + mask_hidden), _elementwise("norm 2", 2 * hidden_bytes),
+        _matmul("router", local, experts, h, e),
+        _elementwise("permute", local * h * e * (1 + k)),
+    ])
+    mlp = [
+        _matmul("expert up", rows, up_width, h, e, weights=per_rank),
+        _elementwise("activation", rows * ffn * e * (3 if model.gated_mlp else 2)),
+        _matmul("expert down", rows, h, ffn, e, weights=per_rank),
+    ]
+    shared = _shared_experts(model, x)
+    if shared is not None:
+        mlp += shared.kernels
+    combine = _phased(COMBINE, [_elementwise("unpermute", local * h * e * (1 + k)),
+                                _elementwise("residual 2", 3 * hidden_bytes + mask_hidden)])
+    kept = (2 * hidden_bytes + 4.0 * local * experts  # norm-2 in, router in, fp32 router probs
+            + rows * h * e + rows * (up_width + ffn) * e  # expert inputs, activation-function and down inputs
+            + local * k * h * e + mask_hidden)  # the combined-back expert outputs (the gate weights' gradient)
+    params = h * (2 if model.bias else 1) + h * experts + per_rank * (matrices * h * ffn + ((up_width + h) if model.bias else 0))
+    weight_inputs = rows * h * e + rows * ffn * e
+    if shared is not None:
+        kept, params, weight_inputs = kept + shared.kept, params + shared.params, weight_inputs + shared.weight_inputs
+    return _Part(tuple(dispatch + _phased(MLP, mlp) + combine), kept, params, weight_inputs,
+                 _expert_collectives(x, dispatched, rows * h, shared is not None))
+
+
+def _expert_collectives(x: _Shape, dispatched: float, gathered: float, shared: bool) -> tuple[PlanCollective, ...]:
+    """The token dispatch and combine all-to-alls of ``dispatched`` elements per rank (and
+    inside an expert's tensor-parallel group the all-gather and reduce-scatter of the
+    ``gathered`` elements its experts run), in F, and their gradients in I: the combine's
+    gradient is a dispatch-shaped all-to-all to the experts, the dispatch's one back to the
+    tokens. The dispatch moves FP8 under FP8 training (DeepSeek-V3); everything else is in
+    the activations' dtype."""
+    e, d = x.elem, x.dispatch_elem
+    forward = [PlanCollective("dispatch all-to-all", Collective.ALL_TO_ALL, dispatched * d, Group.EXPERT,
+                              False, DISPATCH)]
+    backward = [PlanCollective("combine gradient all-to-all", Collective.ALL_TO_ALL, dispatched * e, Group.EXPERT,
+                               True, COMBINE)]
+    if x.etp > 1:
+        forward += [PlanCollective("expert input all-gather", Collective.ALL_GATHER, gathered * d,
+                                   Group.EXPERT_TENSOR, False, DISPATCH),
+                    PlanCollective("expert output reduce-scatter", Collective.REDUCE_SCATTER, gathered * e,
+                                   Group.EXPERT_TENSOR, False, MLP)]
+        backward += [PlanCollective("expert output-gradient all-gather", Collective.ALL_GATHER, gathered * e,
+                                    Group.EXPERT_TENSOR, True, MLP),
+                     PlanCollective("expert input-gradient reduce-scatter", Collective.REDUCE_SCATTER, gathered * e,
+                                    Group.EXPERT_TENSOR, True, DISPATCH)]
+    forward.append(PlanCollective("combine all-to-all", Collective.ALL_TO_ALL, dispatched * e, Group.EXPERT,
+                                  False, COMBINE))
+    backward.append(PlanCollective("dispatch gradient all-to-all", Collective.ALL_TO_ALL, dispatched * e,
+                                   Group.EXPERT, True, DISPATCH))
+    tensor = ()
+    if shared:  # the shared experts' partial sums over the tensor-parallel ranks
+        tensor = _tensor_reductions(x, (("shared expert output all-reduce", x.tokens * x.hidden * e, False, MLP),
+                                        ("shared expert input-gradient all-reduce", x.tokens * x.hidden * e, True, MLP)))
+    return (*forward, *tensor[:1], *backward, *tensor[1:])
+
+
+def _block(model: ModelSpec, x: _Shape, index: int) -> LayerPlan:
+    b, s, tokens, h, e, r = x.batch, x.seq, x.tokens, x.hidden, x.elem, x.replicated
+    hidden_bytes = tokens * h * e * r  # one replicated hidden-state tensor on this rank
+    scores = b * x.heads * s * s  # attention score elements on this rank
+    attention, core_shape, core_traffic = (_latent_attention if model.is_mla else _attention)(model, x)
+    core_bytes = scores * e  # softmax output
+    if model.dropout:
+        core_bytes += scores + scores * e  # mask + dropout output
+    moe = model.moe_block(index)
+    expert_parallel = moe and x.ep > 1
+    mlp = _expert_parallel_mlp(model, x) if expert_parallel else _dense_mlp(model, x, moe)
+    reductions = [("attention output all-reduce", tokens * h * e, False, ATTENTION),
+                  ("mlp output all-reduce", tokens * h * e, False, COMBINE if moe else MLP),
+                  ("qkv input-gradient all-reduce", tokens * h * e, True, ATTENTION),
+                  ("mlp input-gradient all-reduce", tokens * h * e, True, COMBINE if moe else MLP)]
+    if expert_parallel:  # the experts' own collectives replace the MLP's all-reduces
+        reductions = reductions[::2]
+    tensor = _tensor_reductions(x, tuple(reductions))
+    collectives = (*tensor[:len(tensor) // 2], *mlp.collectives, *tensor[len(tensor) // 2:])
+    if expert_parallel:  # in the order they run: F's, then I's
+        collectives = tuple(c for c in collectives if not c.backward) + tuple(c for c in collectives if c.backward)
+    selective = attention.kept + mlp.kept
     return LayerPlan(
-        name=f"layer.{index}", kind=TRANSFORMER, kernels=tuple(kernels),
-        collectives=_tensor_reductions(x, (
-            ("attention output all-reduce", tokens * h * e, False, ATTENTION),
-            ("mlp output all-reduce", tokens * h * e, False, MLP),
-            ("qkv input-gradient all-reduce", tokens * h * e, True, ATTENTION),
-            ("mlp input-gradient all-reduce", tokens * h * e, True, MLP))),
+        name=f"layer.{index}", kind=TRANSFORMER, kernels=attention.kernels + mlp.kernels,
+        collectives=collectives,
         activation_bytes=selective + core_bytes,
         selective_activation_bytes=selective,
         checkpoint_bytes=hidden_bytes,
-        weight_input_bytes=weight_inputs,
-        params=attention_params + mlp_params,
+        weight_input_bytes=attention.weight_inputs + mlp.weight_inputs,
+        params=attention.params + mlp.params,
         output_bytes=hidden_bytes,
-        attention=(b * x.heads, s, x.head_dim),
-        attention_traffic=e * tokens * (2 * x.q_width + 2 * x.kv_width),  # read Q, K, V; write O
+        attention=core_shape,
+        attention_traffic=core_traffic,
     )
 
 
@@ -354,16 +567,19 @@ def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
     return collective_seconds(Collective.ALL_REDUCE, nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
 
 
-def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec) -> float:
-    """Seconds of one of a layer's collectives: the tensor group is ``tensor_parallel`` ranks
-    on ``link`` (``pipesched.model.collectives``).
+def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec,
+                            groups: GroupLevels | None = None) -> float:
+    """Seconds of one of a layer's collectives over its group's levels: as ``groups`` lists
+    them (a cluster's, ``pipesched.model.groups``), else one ring of the group's ranks
+    (tensor: ``tensor_parallel``, expert: ``expert_parallel``, expert tensor:
+    ``expert_tensor_parallel``) on ``link``.
 
     >>> c = PlanCollective("x", Collective.ALL_REDUCE, 1e9, Group.TENSOR)
     >>> plan_collective_seconds(c, TrainingSettings(tensor_parallel=1), DEFAULT_TP_LINK)
     0.0
     """
-    ranks = {Group.TENSOR: settings.tensor_parallel}.get(collective.group, 1)
-    return collective_seconds(collective.kind, collective.nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
+    return collective_seconds(collective.kind, collective.nbytes,
+                              levels_on_link(settings, collective.group, link, groups))
 
 
 @dataclass(frozen=True)
@@ -396,7 +612,8 @@ def kernel_times(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings)
     return forward, matmul(kernel.m, kernel.k, kernel.n), weight
 
 
-def _times(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> _Times:
+def _times(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec,
+           groups: GroupLevels | None = None) -> _Times:
     """The time model (``pipesched.model.kernels``) applied to every kernel of the layer.
 
     Backward, per kernel: ``Y = X W`` gives ``dX = dY W^T`` (an [m, k] output) in I and
@@ -424,7 +641,7 @@ def _times(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link
         # the backward kernel recomputes the scores itself: selective recompute adds nothing
         backward_input += kernels.flash_attention_time(device, **shape, backward=True)
     for collective in plan.collectives:
-        seconds = plan_collective_seconds(collective, settings, link)
+        seconds = plan_collective_seconds(collective, settings, link, groups)
         if collective.backward:
             backward_input += seconds
         else:
@@ -460,8 +677,9 @@ def _kept_for_w(plan: LayerPlan, settings: TrainingSettings) -> float:
     return kept
 
 
-def _cost(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec) -> LayerCost:
-    times = _times(plan, device, settings, link)
+def _cost(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link: LinkSpec,
+          groups: GroupLevels | None = None) -> LayerCost:
+    times = _times(plan, device, settings, link, groups)
     forward, backward_input = times.forward, times.backward_input
     activation = plan.activation_bytes
     weight_inputs = plan.weight_input_bytes
@@ -494,10 +712,11 @@ def _cost(plan: LayerPlan, device: DeviceSpec, settings: TrainingSettings, link:
 
 
 def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings, *,
-                tp_link: LinkSpec | None = None) -> list[LayerCost]:
+                tp_link: LinkSpec | None = None, groups: GroupLevels | None = None) -> list[LayerCost]:
     """Cost of every layer (embedding, blocks, head) for one microbatch on ``device``.
 
-    ``tp_link`` carries the tensor-parallel all-reduces (default: NVLink, 450 GB/s). A
+    ``tp_link`` carries the tensor-parallel all-reduces (default: NVLink, 450 GB/s), and
+    every group ``groups`` does not list (``pipesched.model.groups``). A
     model with measured layers returns them as given, with times scaled by the ratio of
     peak FLOP/s when they were measured on another device (``measured_on``).
 
@@ -512,12 +731,12 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
         return _measured(model, device)
     if settings.optimizer_shards != 1:  # the optimizer's share of memory is no layer cost
         settings = dataclasses.replace(settings, optimizer_shards=1)
-    return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK))
+    return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK, groups))
 
 
 @functools.lru_cache(maxsize=512)
 def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings,
-                 link: LinkSpec) -> tuple[LayerCost, ...]:
+                 link: LinkSpec, groups: GroupLevels | None = None) -> tuple[LayerCost, ...]:
     """Pure in hashable inputs: a sweep asks for the same layers on every placement. A
     model's blocks are alike: each distinct layer (all but its name) is timed once."""
     timed: dict[LayerPlan, LayerCost] = {}
@@ -526,7 +745,7 @@ def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSetting
         unnamed = dataclasses.replace(plan, name="")
         cost = timed.get(unnamed)
         if cost is None:
-            cost = timed[unnamed] = _cost(plan, device, settings, link)
+            cost = timed[unnamed] = _cost(plan, device, settings, link, groups)
         costs.append(cost if cost.name == plan.name else dataclasses.replace(cost, name=plan.name))
     return tuple(costs)
 
@@ -540,6 +759,25 @@ def layer_params(model: ModelSpec) -> list[float]:
     8.03
     """
     return [layer.params for layer in layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=1, tensor_parallel=1))]
+
+
+def active_params(model: ModelSpec, *, embedding: bool = True) -> float:
+    """Parameters one token runs through: ``layer_params`` less the routed experts it is not
+    sent to (``num_experts - experts_per_token`` of every MoE block's); without the
+    embedding table (a lookup, no matmul) when ``embedding`` is False, as DeepSeek counts
+    its 36.6B activated parameters (Qwen and Mistral count it).
+
+    >>> from pipesched.model import load_model
+    >>> round(active_params(load_model("mixtral-8x22b")) / 1e9, 1)
+    39.2
+    """
+    blocks = sum(model.moe_block(i) for i in range(model.num_layers))
+    up = 2 if model.gated_mlp else 1
+    expert = (up + 1) * model.hidden_size * model.expert_ffn + ((up * model.expert_ffn + model.hidden_size)
+                                                               if model.bias else 0)
+    params = layer_params(model)
+    total = sum(params) if embedding else sum(params[1:])
+    return total - blocks * (model.num_experts - model.experts_per_token) * expert
 
 
 def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
@@ -628,7 +866,7 @@ class LayerOps:
 
 
 def layer_ops(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings, *,
-              tp_link: LinkSpec | None = None) -> list[LayerOps]:
+              tp_link: LinkSpec | None = None, groups: GroupLevels | None = None) -> list[LayerOps]:
     """Every layer's kernels and collectives with their times, beside its ``layer_costs``
     row (the same settings: decode sizes are ``micro_batch_size`` requests of ``seq_len``
     1).
@@ -640,11 +878,11 @@ def layer_ops(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings, 
     """
     require(not model.measured, "model", model.name, "its layers are measured, with no kernels to list; "
             "give a model with its shape")
-    costs = layer_costs(model, device, settings, tp_link=tp_link)
+    costs = layer_costs(model, device, settings, tp_link=tp_link, groups=groups)
     if settings.optimizer_shards != 1:
         settings = dataclasses.replace(settings, optimizer_shards=1)
     link = tp_link or DEFAULT_TP_LINK
-    return [LayerOps(cost, _kernel_costs(plan, device, settings), _collective_costs(plan, settings, link))
+    return [LayerOps(cost, _kernel_costs(plan, device, settings), _collective_costs(plan, settings, link, groups))
             for cost, plan in zip(costs, layer_plans(model, settings), strict=True)]
 
 
@@ -691,10 +929,11 @@ def _memory_bound(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings
     return memory > compute
 
 
-def _collective_costs(plan: LayerPlan, settings: TrainingSettings, link: LinkSpec) -> tuple[CollectiveCost, ...]:
+def _collective_costs(plan: LayerPlan, settings: TrainingSettings, link: LinkSpec,
+                      groups: GroupLevels | None) -> tuple[CollectiveCost, ...]:
     costs = []
     for collective in plan.collectives:
-        seconds = plan_collective_seconds(collective, settings, link)
+        seconds = plan_collective_seconds(collective, settings, link, groups)
         costs.append(CollectiveCost(collective.name, collective.nbytes, collective.group,
                                     0.0 if collective.backward else seconds, seconds if collective.backward else 0.0,
                                     collective.phase))

@@ -47,11 +47,11 @@ def pareto_front(rows: Sequence[StoredRow]) -> list[StoredRow]:
     """The evaluated rows that no other beats in both iteration time and peak memory, by
     increasing memory (and so decreasing time).
 
-    >>> a = StoredRow("a", "1f1b", None, 1, 1, 2, 1, 4, "none", "balanced", 0, EVALUATED,
+    >>> a = StoredRow("a", "1f1b", None, 1, 1, 2, 1, 4, "none", "balanced", 0, 1, EVALUATED,
     ...               peak_memory_bytes=1.0, iteration_time_s=3.0)
-    >>> b = StoredRow("b", "zb-v", None, 1, 1, 2, 1, 4, "none", "balanced", 0, EVALUATED,
+    >>> b = StoredRow("b", "zb-v", None, 1, 1, 2, 1, 4, "none", "balanced", 0, 1, EVALUATED,
     ...               peak_memory_bytes=2.0, iteration_time_s=2.0)
-    >>> c = StoredRow("c", "gpipe", None, 1, 1, 2, 1, 4, "none", "balanced", 0, EVALUATED,
+    >>> c = StoredRow("c", "gpipe", None, 1, 1, 2, 1, 4, "none", "balanced", 0, 1, EVALUATED,
     ...               peak_memory_bytes=2.0, iteration_time_s=3.0)
     >>> [r.key for r in pareto_front([a, b, c])]
     ['a', 'b']

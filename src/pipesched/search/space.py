@@ -18,6 +18,8 @@ every command builds its points); ``experiments.point.point_key`` names it in th
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -67,6 +69,9 @@ class SearchSpace:
     pipeline: tuple[int, ...] = ()  # p values (empty: all)
     data_parallel: tuple[int, ...] = ()  # d values (empty: all)
     micro_batch_sizes: tuple[int, ...] = ()  # b values (empty: every divisor of G / d)
+    # EP values of a mixture-of-experts model (folded over the stage's t x d ranks: those that
+    # divide d and the experts are searched)
+    expert_parallel: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         require(isinstance(self.global_batch, int) and 1 <= self.global_batch <= MAX_GLOBAL_BATCH,
@@ -79,7 +84,7 @@ class SearchSpace:
         # weights (another optimizer, not only another schedule), so it is searched when named
         synchronous = tuple(name for name in FAMILIES if not get_family(name).asynchronous)
         object.__setattr__(self, "schedules", tuple(self.schedules) or synchronous)
-        for name in ("chunks", "tensor_parallel", "pipeline", "data_parallel", "micro_batch_sizes"):
+        for name in ("chunks", "tensor_parallel", "pipeline", "data_parallel", "micro_batch_sizes", "expert_parallel"):
             values = tuple(getattr(self, name))
             for value in values:
                 require(isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_GLOBAL_BATCH,
@@ -96,7 +101,7 @@ class SearchSpace:
         require(self.dtype in DTYPE_BYTES, "dtype", self.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
         require(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel,
                 "must be true or false")
-        for name in ("partitions", "recompute", "zero"):
+        for name in ("partitions", "recompute", "zero", "expert_parallel"):
             values = tuple(dict.fromkeys(getattr(self, name)))
             require(len(values) >= 1, name, "''", "give at least one value")
             object.__setattr__(self, name, values)
@@ -165,6 +170,7 @@ class SearchSpace:
         variants = sum(len(self.chunks) if get_family(family).takes_v else 1 for family in self.schedules)
         options = len(self.partitions) * len(self.recompute) * variants
         size = sum(options * sum(1 for zero in self.zero if zero_applies(zero, layout.dp))
+                   * len(self._expert_degrees(layout))
                    * sum(1 for b in self.micro_batch_sizes or _divisors(self.global_batch // layout.dp)
                          if (self.global_batch // layout.dp) % b == 0)
                    for layout in self.layouts())
@@ -182,15 +188,21 @@ class SearchSpace:
                     for zero in self.zero:
                         if not zero_applies(zero, layout.dp):
                             continue
-                        for partition in self.partitions:
+                        for partition, ep in itertools.product(self.partitions, self._expert_degrees(layout)):
                             workload = template.replace(dp=layout.dp, tp=layout.tp, micro_batch_size=b,
-                                                        recompute=recompute, partition=partition, zero=zero)
+                                                        recompute=recompute, partition=partition, zero=zero, ep=ep)
                             for family in self.schedules:
                                 chunked = get_family(family).takes_v
                                 points.extend(family_point(workload, family, p=layout.pp, m=per_replica // b, v=v)
                                               for v in (self.chunks if chunked else (None,)))
         # runs of one pipeline size and microbatch count: a worker builds each schedule once
         return sorted(points, key=lambda point: (point.p, point.m))
+
+    def _expert_degrees(self, layout: Layout) -> tuple[int, ...]:
+        """The space's EP values a layout can fold (each expert keeps the layout's t: EP
+        divides d) that divide the model's experts."""
+        experts = _experts(self.model)
+        return tuple(ep for ep in self.expert_parallel if layout.dp % ep == 0 and experts % ep == 0)
 
     def template(self) -> Point:
         """What every point of the space shares: the model, the cluster and the training
@@ -216,6 +228,12 @@ class SearchSpace:
                 f"{params / 1e9:.3g} B parameters with their gradients and optimizer state need at least "
                 f"{need / GiB:.0f} GiB per device in every layout of the space; use a bigger cluster (--cluster, "
                 "--gpus) or a smaller model")
+
+
+@functools.lru_cache(maxsize=16)
+def _experts(model: str) -> int:
+    """Routed experts of ``model`` (1 for a dense one)."""
+    return load_model(model).num_experts
 
 
 def _divisors(n: int) -> list[int]:

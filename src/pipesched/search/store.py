@@ -41,8 +41,8 @@ from pipesched.search.space import SearchSpace
 APPLICATION_ID = 0x50536368
 FORMAT = "pipesched-search"
 # 2: mfu counts model FLOPs (no recompute), hfu beside it; 3: a point keyed by all its fields,
-# its columns named as the point names them
-VERSION = 3
+# its columns named as the point names them; 4: the expert-parallel degree ep
+VERSION = 4
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 BOUNDED, EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID = (SearchStatus.BOUNDED, SearchStatus.EVALUATED,
@@ -70,6 +70,7 @@ class StoredRow:
     recompute: str
     partition: str
     zero: int
+    ep: int  # expert-parallel degree
     status: str  # bounded, evaluated, out of memory, pruned or invalid
     bound_s: float | None = None  # lower bound on the iteration time
     peak_memory_bytes: float | None = None  # worst device's peak (exact, before simulating)
@@ -91,12 +92,13 @@ class StoredRow:
         >>> point_row(Point("zb-v", p=8, m=32, tp=4)).label
         'zb-v v- p8 m32 t4 d1 b1 selective balanced zero0'
         """
+        experts = f" ep{self.ep}" if self.ep > 1 else ""
         return (f"{self.family} v{self.v if self.v is not None else '-'} p{self.p} m{self.m} t{self.tp} d{self.dp} "
-                f"b{self.micro_batch_size} {self.recompute} {self.partition} zero{self.zero}")
+                f"b{self.micro_batch_size} {self.recompute} {self.partition} zero{self.zero}{experts}")
 
 
 # the fields of a point a row holds (its space fixes the others: ``SearchSpace.template``)
-POINT_COLUMNS = ("family", "v", "dp", "tp", "p", "micro_batch_size", "m", "recompute", "partition", "zero")
+POINT_COLUMNS = ("family", "v", "dp", "tp", "p", "micro_batch_size", "m", "recompute", "partition", "zero", "ep")
 
 
 def point_row(point: Point, *, run: int = 0) -> StoredRow:
@@ -113,7 +115,7 @@ _POINTS_TABLE = """CREATE TABLE points (
     search INTEGER NOT NULL REFERENCES searches(id),
     key TEXT NOT NULL, family TEXT NOT NULL, v INTEGER, dp INTEGER NOT NULL, tp INTEGER NOT NULL,
     p INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL, m INTEGER NOT NULL, recompute TEXT NOT NULL,
-    partition TEXT NOT NULL, zero INTEGER NOT NULL, status TEXT NOT NULL, bound_s REAL,
+    partition TEXT NOT NULL, zero INTEGER NOT NULL, ep INTEGER NOT NULL, status TEXT NOT NULL, bound_s REAL,
     peak_memory_bytes REAL, capacity_bytes REAL, iteration_time_s REAL, throughput_tokens_per_s REAL,
     mfu REAL, hfu REAL, reason TEXT NOT NULL, run INTEGER NOT NULL,
     PRIMARY KEY (search, key)

@@ -161,5 +161,6 @@ def _check_holds_one_request(plan: InstancePlan, index: int, cluster: Cluster, k
 
 
 def model_kv_bytes_per_token(model: ModelSpec, dtype: str) -> float:
-    """Bytes of one token's keys and values over the whole model (every layer, every rank)."""
-    return 2.0 * model.num_kv_heads * model.kv_channels * DTYPE_BYTES[dtype] * model.num_layers
+    """Bytes of one token's keys and values (or latent-attention latent) over the whole
+    model (every layer, every rank)."""
+    return model.kv_cache_elements() * DTYPE_BYTES[dtype] * model.num_layers
