@@ -19,8 +19,9 @@ An overlapped pair runs one microbatch's forward beside another's backward (``pa
 stream runs one phase at a time, and a free stream starts the next phase of one of the two
 microbatches: the one ready longest, the one with the most time left (its critical path), or
 the one least far through its chunk (both progress alike, so the forward's compute is spread
-over the backward's all-to-alls), ties to the forward or to the backward; the shortest of
-these six schedules is kept, as an interleaving planned once ahead. So one microbatch's all-to-all runs during the other's
+over the backward's all-to-alls), or the one with the least compute before its next
+all-to-all (the link kept busy), ties to the forward or to the backward; the shortest of
+these eight schedules is kept, as an interleaving planned once ahead. So one microbatch's all-to-all runs during the other's
 compute. While a communication phase runs, the compute
 beside it has only ``1 - comm_sm_fraction`` of the device's compute units (DeepSeek-V3: 20
 of 132 SMs go to communication) and slows in proportion; alone, compute runs at full speed.
@@ -105,6 +106,7 @@ class Priority(StrEnum):
     READY = "ready"  # the part ready longest
     CRITICAL = "critical"  # the part with the most seconds left (its critical path)
     BALANCED = "balanced"  # the part with the smallest share of its seconds done (both progress alike)
+    FEED = "feed"  # the part with the least work before its next communication (keeps the link busy)
 
 
 def overlapped(*parts: Sequence[Phase], comm_sm_fraction: float = 0.0, priority: Priority = Priority.READY) -> PhaseRun:
@@ -123,9 +125,11 @@ def overlapped(*parts: Sequence[Phase], comm_sm_fraction: float = 0.0, priority:
     _check(parts, comm_sm_fraction)
     state = _Progress(parts)
     left_from = [np.cumsum([phase.seconds for phase in phases][::-1])[::-1] for phases in parts]
+    to_link = [_seconds_to_link(phases) for phases in parts]
     rank = {Priority.READY: lambda k, j: state.ready[k],
             Priority.CRITICAL: lambda k, j: -left_from[k][j],
-            Priority.BALANCED: lambda k, j: -left_from[k][j] / left_from[k][0]}[Priority(priority)]
+            Priority.BALANCED: lambda k, j: -left_from[k][j] / left_from[k][0],
+            Priority.FEED: lambda k, j: to_link[k][j]}[Priority(priority)]
     running: dict[Resource, list] = {}  # stream -> [part, phase, seconds of work left at full speed]
     now = 0.0
     while True:
@@ -153,6 +157,16 @@ def overlapped(*parts: Sequence[Phase], comm_sm_fraction: float = 0.0, priority:
                 state.finish(k, j, now)
                 del running[resource]
     return PhaseRun(tuple(map(tuple, state.start)), tuple(map(tuple, state.end)))
+
+
+def _seconds_to_link(phases: Sequence[Phase]) -> list[float]:
+    """Per phase, the seconds of it and the compute after it before the part's next
+    communication phase (inf when none follows)."""
+    out, ahead = [0.0] * len(phases), math.inf
+    for j in range(len(phases) - 1, -1, -1):
+        ahead = 0.0 if phases[j].resource is LINK else ahead + phases[j].seconds
+        out[j] = ahead
+    return out
 
 
 class _Progress:
