@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -207,3 +208,34 @@ def test_dualpipe_holds_twice_the_parameters_and_p_plus_one_activations(p, m):
                                 input_frees=0.0)
     peaks = device_peak_bytes(generate("dualpipe", p, m), costs)
     assert peaks == [2 * 10.0 + p + 1] * p
+
+
+def test_costs_pair_reports_each_layers_pair_within_its_bounds(cli):
+    args = ("costs", "--model", "llama3-8b", "--device", "h100-sxm", "-t", "4", "-s", "2048", "--json")
+    plain = json.loads(cli(*args).out)
+    result = cli(*args, "--pair")
+    assert result.code == 0, result
+    listed = json.loads(result.out)
+    assert (listed["model"], listed["device"]) == ("llama3-8b", "h100-sxm")
+    assert [layer["name"] for layer in listed["layers"]] == [layer["name"] for layer in plain["layers"]]
+    for layer, row in zip(listed["layers"], plain["layers"], strict=True):
+        assert layer["forward_s"] == pytest.approx(row["forward_s"], rel=1e-12)
+        assert layer["backward_s"] == pytest.approx(row["backward_input_s"] + row["backward_weight_s"], rel=1e-12)
+        assert max(layer["forward_s"], layer["backward_s"]) <= layer["pair_s"] * (1 + 1e-9)
+        assert layer["pair_s"] <= (layer["forward_s"] + layer["backward_s"]) * (1 + 1e-9)
+        assert layer["exposed_comm_s"] == pytest.approx(layer["pair_comm_s"] - layer["pair_hidden_comm_s"], abs=1e-15)
+    blocks = [layer for layer in listed["layers"] if layer["kind"] == "t"]
+    assert all(layer["pair_s"] < layer["forward_s"] + layer["backward_s"] for layer in blocks)
+
+
+def test_costs_pair_of_an_expert_parallel_model_spans_nodes(cli):
+    args = ("costs", "--model", "mixtral-8x22b", "--device", "h100-sxm", "-t", "1", "--ep", "8", "-s", "1024",
+            "--pair", "--json")
+    inside = json.loads(cli(*args).out)["layers"][1]
+    assert inside["pair_comm_s"] > 0 and inside["pair_hidden_comm_s"] > 0
+
+
+@pytest.mark.parametrize(("extra", "field"), [(("--pair", "--ops"), "ops="), (("--cluster", "1x8-h100"), "cluster=")])
+def test_costs_pair_refuses_what_it_cannot_honour(cli, extra, field):
+    result = cli("costs", "--model", "tiny", *extra)
+    assert result.code == 2 and result.err.startswith(f"pipesched: error: {field}") and result.out == ""

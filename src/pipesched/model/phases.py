@@ -220,7 +220,7 @@ class PairCost:
     @property
     def exposed_comm_s(self) -> float:
         """Communication during which the compute stream idles."""
-        return self.pair_comm_s - self.pair_hidden_comm_s
+        return max(0.0, self.pair_comm_s - self.pair_hidden_comm_s)
 
 
 def pair(forward: Sequence[Phase], backward: Sequence[Phase], *, comm_sm_fraction: float = 0.0) -> PairCost:
