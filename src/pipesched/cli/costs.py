@@ -23,9 +23,11 @@ from pipesched.cli.options import (
     PartitionOption,
     command,
     parse_memory_limit,
+    refuse_with,
 )
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json
+from pipesched.cli.pair import cluster_ranks, layer_pairs, pair_rows, pair_table
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require, shorten
 from pipesched.experiments.setup import check_partition
@@ -54,11 +56,14 @@ from pipesched.units import GiB, MiB
 PlanSchedule = Annotated[str | None, typer.Option("--schedule", help="schedule family for in-flight memory")]
 ShowLayout = Annotated[bool, typer.Option("--layout", help="print the Megatron layout string")]
 ShowOps = Annotated[bool, typer.Option("--ops", help="list every kernel of each layer and its collectives")]
+ShowPair = Annotated[bool, typer.Option("--pair", help="each layer's overlapped forward-backward pair (DualPipe's F&B): "
+                                         "its time, communication, and the part hidden behind compute")]
 
 
 
 @command
-def costs(*, model: ModelOptions, device: DeviceName = None, ops: ShowOps = False, as_json: AsJson = False) -> None:
+def costs(*, model: ModelOptions, device: DeviceName = None, ops: ShowOps = False, pair: ShowPair = False,
+          cluster: ClusterName = None, as_json: AsJson = False) -> None:
     """Per-layer costs of one microbatch: forward, backward-input, backward-weight seconds,
     activation bytes, parameters and the bytes sent to the next layer; with --ops every
     kernel of each layer (its shape, FLOPs, bytes, times and whether compute or memory sets
@@ -69,16 +74,29 @@ def costs(*, model: ModelOptions, device: DeviceName = None, ops: ShowOps = Fals
     Examples:
       pipesched costs --model llama3-8b --device h100-sxm -b 1 -s 4096
       pipesched costs --model llama3-70b --device h100-sxm -t 4 -b 32 -s 1 --ops
+      pipesched costs --model deepseek-v3 --device h100-sxm --ep 64 --dtype fp8 -s 4096 --pair
     """
+    refuse_with("pair", {"ops": ops} if pair else {}, "which lists each layer's pair, not its kernels")
+    require(pair or cluster is None, "cluster", cluster, "only --pair runs layers on a cluster's links; add --pair "
+            "or drop --cluster")
     spec, chip, settings = model.spec(), model.device(device), model.settings()
+    header = {"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
+              "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
+              "recompute": settings.recompute, "dtype": settings.dtype,
+              "sequence_parallel": settings.sequence_parallel, "context_parallel": settings.context_parallel,
+              "cp_comm_type": settings.cp_comm_type}
+    if pair:  # the tensor and expert groups on a cluster's links (--device: eight to a node)
+        hardware = _cluster(model, device, cluster, cluster_ranks(settings))
+        hardware = load_cluster(hardware) if isinstance(hardware, str) else hardware
+        pairs = layer_pairs(spec, hardware, settings)
+        if as_json:
+            print_json(header | {"device": hardware.devices[0].name, "layers": pair_rows(pairs)})
+        else:
+            output_console().print(pair_table(f"{spec.name} on {hardware.name}", pairs))
+        return
     layers = layer_costs(spec, chip, settings)
     listed = layer_ops(spec, chip, settings) if ops else None
     if as_json:
-        header = {"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
-                  "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
-                  "recompute": settings.recompute, "dtype": settings.dtype,
-                  "sequence_parallel": settings.sequence_parallel, "context_parallel": settings.context_parallel,
-                  "cp_comm_type": settings.cp_comm_type}
         rows = [_layer_row(layer) for layer in layers] if listed is None else [_ops_row(entry) for entry in listed]
         print_json(header | {"layers": rows})
         return

@@ -26,7 +26,8 @@ in bytes, bytes/s, seconds and FLOP/s. A device mapping either names a preset to
 The time model's assumptions (``pipesched.model.devices`` gives their sources) can be
 set the same way: ``sm_count``, ``kernel_overhead`` (a time), ``flash_forward_efficiency``,
 ``flash_backward_efficiency``, ``flash_tile_overhead``, ``flash_backward_tile_overhead``,
-``grad_accumulation_traffic``, ``memory_fragmentation``, the host link activation offloads
+``grad_accumulation_traffic``, ``memory_fragmentation``, ``comm_sm_fraction`` (the share of
+compute units communication kernels take beside compute), the host link activation offloads
 use (``host_bandwidth``, a rate; ``host_memory``, bytes; 0 for none), the tiers below it
 that offloading and swapping use (``host_write_bandwidth`` when the way back is slower,
 ``disk_read_bandwidth``, ``disk_write_bandwidth``, ``disk_space``: see ``pipesched.model.tiers``), and the fixed costs
@@ -70,7 +71,7 @@ _NODE_KEYS = {"count", "devices_per_node", "device", "devices"}
 # device fields given as plain numbers, and those given as times (YAML key -> DeviceSpec field)
 _NUMBER_KEYS = ("matmul_efficiency", "bandwidth_efficiency", "flash_forward_efficiency", "flash_backward_efficiency",
                 "flash_tile_overhead", "flash_backward_tile_overhead", "grad_accumulation_traffic",
-                "memory_fragmentation")
+                "memory_fragmentation", "comm_sm_fraction")
 _TIME_KEYS = {"kernel_overhead": "kernel_overhead_s", "op_overhead": "op_overhead_s",
               "transfer_setup": "transfer_setup_s"}
 # the memory tiers below the device: rates (YAML key -> DeviceSpec field), and the disk's bytes

@@ -68,6 +68,11 @@ Host link and host memory (what activation offload moves over and fills:
   host buffers share it with the data loader and the operating system: set
   ``host_memory`` in a cluster file for the share a job really has.
 
+Compute beside communication (``comm_sm_fraction``): DeepSeek-V3's report (section 3.2.2)
+gives its all-to-all kernels 20 of the H800's 132 SMs while they overlap compute, and
+DeepEP's ``Buffer`` takes 20 SMs by default; the GPU presets assume those 20 SMs on every
+device (``COMM_SMS``), the rest left to the compute they overlap.
+
 ``cpu`` is a nominal multi-core server CPU (AVX-512 FMA, DDR5): rough numbers that only make
 CPU runs of the ``tiny`` and ``small`` models comparable in order of magnitude, with the
 plain roofline (no tiles, unfused attention). Measure the real machine for anything more.
@@ -92,6 +97,7 @@ CUDNN_ATTENTION = ((0.565, 1.0), (0.55, 3.0))
 FLASH_ATTENTION_2_A100 = ((0.70, 1.1), (0.64, 2.2))
 GPU_OP_OVERHEAD_S = 20e-6  # assumed: first launch + event wait + schedule bookkeeping per pipeline op
 GPU_TRANSFER_SETUP_S = 10e-6  # assumed: host-side cost of posting and matching one NCCL send/receive
+COMM_SMS = 20  # SMs the communication kernels take beside compute (DeepSeek-V3, DeepEP)
 GPU_FRAGMENTATION = 1.1  # FRAGMENTATION: allocator bytes per activation byte
 HOST_LINK_EFFICIENCY = 0.85  # PCIE: achievable fraction of a host link's signalling rate (assumed)
 PCIE_GEN4_X16 = 31.5 * GB  # PCIE: bytes/s per direction
@@ -116,7 +122,7 @@ def _gpu(name: str, *, peak_flops: float, memory_bytes: float, memory_bandwidth:
         flash_backward_tile_overhead=backward_overhead, grad_accumulation_traffic=3.0,
         op_overhead_s=GPU_OP_OVERHEAD_S, transfer_setup_s=GPU_TRANSFER_SETUP_S,
         memory_fragmentation=GPU_FRAGMENTATION, host_bandwidth=HOST_LINK_EFFICIENCY * host_link,
-        host_memory_bytes=host_memory_bytes, fp8_peak_flops=fp8_peak_flops,
+        host_memory_bytes=host_memory_bytes, fp8_peak_flops=fp8_peak_flops, comm_sm_fraction=COMM_SMS / sm_count,
     )
 
 

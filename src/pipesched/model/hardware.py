@@ -63,6 +63,10 @@ class DeviceSpec:
     disk_bytes: float = 0.0  # disk the device's offloaded state may fill, bytes; 0 = none
     # --- FP8 tensor cores (training's --dtype fp8: the linear layers' matmuls at this rate)
     fp8_peak_flops: float = 0.0  # dense FP8 FLOP/s; 0 = no FP8 tensor cores
+    # --- compute beside communication (pipesched.model.phases): the share of the compute
+    # units the communication kernels take while they run beside compute, which then runs
+    # on the rest (DeepSeek-V3 gives 20 of 132 SMs to its all-to-all kernels); 0 = none
+    comm_sm_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         require(bool(self.name), "device name", repr(self.name), "give the device a name")
@@ -106,6 +110,9 @@ class DeviceSpec:
         check_rate(f"{self.name}.fp8_peak_flops", self.fp8_peak_flops, unit="FLOP/s", zero=True)
         require(math.isfinite(self.disk_bytes) and self.disk_bytes >= 0,
                 f"{self.name}.disk_bytes", self.disk_bytes, "must be a finite number >= 0 (0: none)")
+        require(isinstance(self.comm_sm_fraction, int | float) and 0 <= self.comm_sm_fraction < 1,
+                f"{self.name}.comm_sm_fraction", self.comm_sm_fraction,
+                "must be in [0, 1): the share of compute units communication kernels take")
         require(math.isfinite(self.memory_fragmentation) and self.memory_fragmentation >= 1,
                 f"{self.name}.memory_fragmentation", self.memory_fragmentation, "must be a number >= 1")
 

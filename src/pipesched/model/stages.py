@@ -37,7 +37,8 @@ from pipesched.costs import StageCosts
 from pipesched.errors import OutOfMemory, PipeschedError, require
 from pipesched.model.freezing import freeze_layers, frozen_mask, static_bytes
 from pipesched.model.groups import GroupLevels, expert_group_levels, with_context_group
-from pipesched.model.hardware import Cluster, DeviceSpec
+from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
+from pipesched.model.phases import model_layer_ops, stage_pair_seconds
 from pipesched.model.spec import RECOMPUTE_MODES, LayerCost, ModelSpec, TrainingSettings
 from pipesched.model.transformer import layer_costs
 from pipesched.partition import (
@@ -268,7 +269,9 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
 
     layers = tuple(tuple(per_stage[s][i] for i in partition.layers(s)) for s in range(num_stages))
     stage_devices = tuple(cluster.devices[r] for r in stage_ranks)
-    costs = _stage_costs(layers, settings, stage_devices, frozen=mask is not None)
+    pairs = _stage_pairs(model, settings, stage_devices, modes, layers, partition, tp_link,
+                         [key[2] for key in stage_keys])
+    costs = _stage_costs(layers, settings, stage_devices, frozen=mask is not None, pairs=pairs)
     sends = stage_values(partition, np.zeros((num_stages, num_layers)),
                          send_forward=send_forward, send_backward=send_backward)
     stage_s = stage_values(partition, compute, send_forward=send_forward, send_backward=send_backward)
@@ -280,6 +283,22 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
         inflight=inflight,
         device_memory=tuple(capacity), recompute=modes,
     )
+
+
+def _stage_pairs(model: ModelSpec, settings: TrainingSettings, devices: Sequence[DeviceSpec], modes: Sequence[str],
+                 layers: Sequence[Sequence[LayerCost]], partition: Partition, link: LinkSpec,
+                 groups: Sequence[GroupLevels]) -> tuple[float, ...] | None:
+    """Each stage's overlapped forward-backward pair (``pipesched.model.phases``: its layers'
+    phases, one microbatch's communication beside another's compute), seconds; None for a
+    model of measured layers. ``groups``: each stage's."""
+    pairs = []
+    for s, (device, mode) in enumerate(zip(devices, modes, strict=True)):
+        ops = model_layer_ops(model, device, dataclasses.replace(settings, recompute=mode), link, groups[s])
+        if not ops:
+            return None
+        pairs.append(stage_pair_seconds([ops[i] for i in partition.layers(s)], layers[s], device,
+                                        full_recompute=mode == "full"))
+    return tuple(pairs)
 
 
 def _transfer_times(cluster: Cluster, sources: Sequence[int], targets: Sequence[int], nbytes: np.ndarray) -> np.ndarray:
@@ -334,11 +353,15 @@ class _NoFit(NamedTuple):
 
 
 def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettings,
-                 devices: Sequence[DeviceSpec], *, frozen: bool = False) -> StageCosts:
+                 devices: Sequence[DeviceSpec], *, frozen: bool = False,
+                 pairs: Sequence[float] | None = None) -> StageCosts:
     """Sum each stage's layers. Every op F, I, W and B also pays its device's fixed
     ``op_overhead_s`` once (B is one op, so it pays it once, not as I + W); activations and
     the gradients kept for W take ``memory_fragmentation`` times their bytes. With
-    ``frozen`` (some layer is frozen) a stage whose layers are all frozen is marked so."""
+    ``frozen`` (some layer is frozen) a stage whose layers are all frozen is marked so.
+    ``pairs``: each stage's overlapped forward-backward pair, its two parts' overheads on
+    top (``forward_backward``, what a fused pair costs); kept only where some stage's pair
+    overlaps anything (else a pair is F + B, as without it)."""
     def total(field: str) -> tuple[float, ...]:
         value = attrgetter(field)
         return tuple(sum(map(value, stage)) for stage in layers)
@@ -371,7 +394,20 @@ def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettin
         kept_for_w_bytes=tuple(k * f for k, f in zip(total("kept_for_w_bytes"), fragmentation, strict=True)),
         frozen=tuple(all(layer.frozen for layer in stage) for stage in layers) if frozen else None,
         recompute_s=total("recompute_s"),
+        forward_backward=_pair_costs(pairs, total("forward_s"), backward_input, backward_weight, overhead),
     )
+
+
+def _pair_costs(pairs: Sequence[float] | None, forward: Sequence[float], backward_input: Sequence[float],
+                backward_weight: Sequence[float], overhead: Sequence[float]) -> tuple[float, ...] | None:
+    """The stages' pair times with their F and B ops' overheads, or None when no pair
+    overlaps anything (each is then its F + B)."""
+    if pairs is None:
+        return None
+    serial = [f + i + w for f, i, w in zip(forward, backward_input, backward_weight, strict=True)]
+    if all(p >= t * (1 - 1e-9) for p, t in zip(pairs, serial, strict=True)):
+        return None
+    return tuple(p + 2 * o for p, o in zip(pairs, overhead, strict=True))
 
 
 def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,

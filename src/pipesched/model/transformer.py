@@ -1025,6 +1025,7 @@ class KernelCost:
     backward_input_s: float  # its part of I
     backward_weight_s: float  # its part of W
     memory_bound: bool  # its forward's bytes, not its FLOPs, set its time
+    phase: str = ATTENTION  # the part of the layer it runs in (PHASES; a plan kernel's empty phase resolved)
 
     @property
     def bound(self) -> str:
@@ -1044,6 +1045,7 @@ class CollectiveCost:
     algorithm: str = ""  # what NCCL runs it with: ring, tree, switch, direct ("" when nothing moves)
     protocol: str = ""  # LL, LL128 or Simple ("" over an uncalibrated link)
     hidden_s: float = 0.0  # hidden behind the attention core (ring attention's KV hand-offs)
+    phase: str = ATTENTION  # the phase it ends (PlanCollective.phase)
 
 
 @dataclass(frozen=True)
@@ -1083,15 +1085,17 @@ def _kernel_costs(plan: LayerPlan, device: DeviceSpec, settings: TrainingSetting
     are one flash kernel, where the first of them stood."""
     flash = plan.attention is not None and kernels.uses_flash(device, settings.element_bytes)
     listed = []
+    phase = ATTENTION  # a kernel with no phase runs in the one before it
     for kernel in plan.kernels:
+        phase = kernel.phase or phase
         if flash and kernel.attention_core:
             if not any(cost.name == FLASH_KERNEL for cost in listed):
-                listed.append(_flash_cost(plan, device))
+                listed.append(dataclasses.replace(_flash_cost(plan, device), phase=phase))
             continue
         forward, backward_input, backward_weight = kernel_times(kernel, device, settings)
         listed.append(KernelCost(kernel.name, kernel.m, kernel.n, kernel.k, kernel.groups, kernel.flops,
                                  kernel.traffic, forward, backward_input, backward_weight,
-                                 _memory_bound(kernel, device, settings)))
+                                 _memory_bound(kernel, device, settings), phase))
     return tuple(listed)
 
 
@@ -1130,5 +1134,6 @@ def _collective_costs(plan: LayerPlan, device: DeviceSpec, settings: TrainingSet
         seconds = _exposed_seconds(collective, plan, core, settings, link, groups)
         costs.append(CollectiveCost(collective.name, collective.nbytes, collective.group,
                                     0.0 if collective.backward else seconds, seconds if collective.backward else 0.0,
-                                    choice.algorithm, choice.protocol, collective.steps * choice.seconds - seconds))
+                                    choice.algorithm, choice.protocol, hidden_s=collective.steps * choice.seconds - seconds,
+                                    phase=collective.phase))
     return tuple(costs)
