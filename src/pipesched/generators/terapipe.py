@@ -63,17 +63,12 @@ def slice_times(lengths: tuple[int, ...], *, attention_share: float, slice_overh
             + attention_share * (ends**2 - starts**2) / units**2)
 
 
-def pipeline_objective(times: np.ndarray, p: int, sequences: int = 1) -> float:
-    """TeraPipe's objective for slices of ``times`` on p stages: the sum of the slice times
-    of all ``sequences`` plus p - 1 times the longest (the proportionate flow shop's span)."""
-    return float(sequences * times.sum() + (p - 1) * times.max())
-
-
 @functools.lru_cache(maxsize=256)
 def terapipe_slicing(p: int, *, units: int = DEFAULT_UNITS, attention_share: float = 0.0,
                      slice_overhead: float = 0.0, slices: int = DEFAULT_SLICES, sequences: int = 1) -> tuple[int, ...]:
-    """The slicing of a sequence of ``units`` token units that minimises
-    ``pipeline_objective`` on p stages: exactly ``slices`` slices, or any number with
+    """The slicing of a sequence of ``units`` token units that minimises TeraPipe's
+    objective on p stages, ``sequences`` x the sum of the slice times + (p - 1) x the longest
+    (the proportionate flow shop's span): exactly ``slices`` slices, or any number with
     ``slices`` = 0. TeraPipe's dynamic program: for every candidate longest slice time T
     (each possible slice's time is one), the least total time of the slicings of each prefix
     whose slices all take at most T; the best T adds (p - 1) T. A slicing's times sum to

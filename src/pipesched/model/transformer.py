@@ -55,8 +55,17 @@ FP8 training (``dtype="fp8"``): the linear layers' matmuls (forward, input and w
 gradients) run at the device's ``fp8_peak_flops``; the router, the LM head, the attention
 core and every elementwise kernel stay in bf16, and activations are kept in bf16 (2 bytes).
 
+Context parallelism of degree c (``context_parallel``, Megatron-Core's ``cp_comm_type``)
+splits every sequence over c ranks, two chunks of s / 2c tokens each (causal load
+balancing): the linear layers and every activation see s / c tokens, the attention core does
+1 / c of the causal work (``_core``) and the ranks exchange keys and values in the context
+group (``_context_exchange``): p2p ring attention's c - 1 KV hand-offs, each hidden behind
+the attention of the block before it up to that block's time (``exposed_exchange_seconds``),
+Ulysses' four all-to-alls (a2a), or an all-gather of K and V (allgather).
+
 Not modelled: clock throttling under sustained load and compute/communication overlap
-inside a layer (the phases are what a schedule overlaps across microbatches).
+inside a layer (the phases are what a schedule overlaps across microbatches) other than ring
+attention's.
 """
 
 from __future__ import annotations

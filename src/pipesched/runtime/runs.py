@@ -289,9 +289,10 @@ def check_runnable(schedule: Schedule) -> None:
     require(not schedule.execution.asynchronous, "schedule", schedule.name,
             "an asynchronous pipeline has no flushed step to run for real (its weights would need versions the "
             "runtime does not keep); run pipedream-flush, its synchronous baseline, or simulate it")
-    require(schedule.microbatch_fraction == 1.0, "schedule", schedule.name,
-            "backward halving runs half-size microbatches, which a real run does not split; run forward "
-            "doubling with twice -m and half -b instead")
+    require(schedule.microbatch_fraction == 1.0 and not schedule.execution.microbatch_scales, "schedule",
+            schedule.name, "runs microbatches of part of a sequence (Chimera's backward halving, TeraPipe's token "
+            "slices), which a real run does not split; run forward doubling with twice -m and half -b, or "
+            "simulate it")
     require(not schedule.recompute_stages, "schedule", schedule.name,
             "checkpoints stages (execution.recompute_stages), which real runs do not execute yet; run the table "
             "without them (synthesize without --allow-recompute)")
