@@ -82,6 +82,8 @@ def describe_model_setup(model: str, cluster: str, settings: TrainingSettings, *
     experts = ""
     if settings.expert_parallel > 1:
         experts = f", expert parallel {settings.expert_parallel} (expert tensor parallel {settings.expert_tensor})"
+    if settings.context_parallel > 1:
+        experts = f", context parallel {settings.context_parallel} ({settings.cp_comm_type}){experts}"
     return (f"{line}, micro-batch {settings.micro_batch_size} x {settings.seq_len} tokens, "
             f"tensor parallel {settings.tensor_parallel}{experts}, recompute {recompute or settings.recompute}{frozen}")
 
