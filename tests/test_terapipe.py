@@ -154,3 +154,16 @@ def test_simulate_and_compare_run_terapipe_on_a_model(cli) -> None:
     compared = cli("compare", "--schedules", "terapipe,gpipe", *run, "--json")
     assert compared.code == 0, compared
     assert_one_line_error(cli("simulate", "terapipe", *run, "--set", "slices=40"), "slices=40")
+
+
+def test_a_slice_holds_activations_in_proportion_to_its_tokens() -> None:
+    schedule = generate("terapipe", 2, 1, **OPTIONS)
+    lengths = schedule.params["slices"]
+    costs = StageCosts.uniform(2, forward=2.0, backward_input=3.0, backward_weight=1.0, activation_bytes=8.0)
+    memory = simulate(schedule, costs, Network.uniform(2, latency=0.0, bandwidth=float("inf"))).memory
+    static = memory.static[0]
+    levels = sorted({float(v) - static for v in memory.values[0]} - {0.0})
+    # after each forward on device 0: the slices so far, 8 bytes a whole sequence
+    held = np.cumsum([8.0 * length / sum(lengths) for length in lengths])
+    assert levels[:len(lengths)] == pytest.approx(sorted(held), rel=1e-12)
+    assert memory.peak[0] - static == pytest.approx(8.0, rel=1e-12)
