@@ -262,7 +262,7 @@ def _row_cells(rank: int, row: StoredRow) -> list[str]:
     evaluated = row.status == EVALUATED
     return [str(rank) if evaluated else "OOM", row.family, "-" if row.v is None else str(row.v), str(row.dp),
             str(row.tp), str(row.p), str(row.micro_batch_size), str(row.m), row.recompute, row.partition,
-            str(row.zero), f"{row.iteration_time_s:.4f}" if evaluated else "-",
+            str(row.zero), str(row.ep), f"{row.iteration_time_s:.4f}" if evaluated else "-",
             f"{row.throughput_tokens_per_s:,.0f}" if evaluated else "-",
             _share(row.mfu) if evaluated else "-", _share(row.hfu) if evaluated else "-", _gib(row.peak_memory_bytes)]
 
@@ -272,10 +272,10 @@ def _share(value: float | None) -> str:
 
 
 _TEXT_COLUMNS = frozenset(("schedule", "recompute", "partition"))  # left-aligned columns
-_HEADER = ("rank", "schedule", "v", "dp", "tp", "pp", "b", "m", "recompute", "partition", "zero", "time (s)",
+_HEADER = ("rank", "schedule", "v", "dp", "tp", "pp", "b", "m", "recompute", "partition", "zero", "ep", "time (s)",
            "tokens/s", "MFU", "HFU", "peak memory")
 # the columns a narrow console drops first (the "best" line's command reproduces them)
-_DROPPABLE = tuple(_HEADER.index(name) for name in ("partition", "recompute", "HFU", "MFU", "zero"))
+_DROPPABLE = tuple(_HEADER.index(name) for name in ("partition", "recompute", "HFU", "MFU", "zero", "ep"))
 
 
 def _table(title: str, rows: list[tuple[int, StoredRow]]) -> Table:

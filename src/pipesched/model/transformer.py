@@ -806,6 +806,15 @@ def layer_params(model: ModelSpec) -> list[float]:
     return [layer.params for layer in layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=1, tensor_parallel=1))]
 
 
+def routed_expert_params(model: ModelSpec) -> float:
+    """Parameters of every routed expert of every MoE block (what expert parallelism splits)."""
+    blocks = sum(model.moe_block(i) for i in range(model.num_layers))
+    up = 2 if model.gated_mlp else 1
+    expert = (up + 1) * model.hidden_size * model.expert_ffn + ((up * model.expert_ffn + model.hidden_size)
+                                                               if model.bias else 0)
+    return blocks * model.num_experts * expert
+
+
 def active_params(model: ModelSpec, *, embedding: bool = True) -> float:
     """Parameters one token runs through: ``layer_params`` less the routed experts it is not
     sent to (``num_experts - experts_per_token`` of every MoE block's); without the
@@ -816,13 +825,10 @@ def active_params(model: ModelSpec, *, embedding: bool = True) -> float:
     >>> round(active_params(load_model("mixtral-8x22b")) / 1e9, 1)
     39.2
     """
-    blocks = sum(model.moe_block(i) for i in range(model.num_layers))
-    up = 2 if model.gated_mlp else 1
-    expert = (up + 1) * model.hidden_size * model.expert_ffn + ((up * model.expert_ffn + model.hidden_size)
-                                                               if model.bias else 0)
     params = layer_params(model)
     total = sum(params) if embedding else sum(params[1:])
-    return total - blocks * (model.num_experts - model.experts_per_token) * expert
+    idle = (model.num_experts - model.experts_per_token) / model.num_experts
+    return total - idle * routed_expert_params(model)
 
 
 def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
