@@ -2,6 +2,7 @@
 parallelism's share of the experts, load imbalance and the presets' sizes."""
 
 import dataclasses
+import math
 
 import pytest
 
@@ -15,7 +16,7 @@ from pipesched.model import (
     parse_hf_config,
 )
 from pipesched.model.collectives import CollectiveLevel, collective_seconds
-from pipesched.model.groups import expert_group_levels, fold_rank
+from pipesched.model.groups import GroupLevels, expert_group_levels, fold_rank
 from pipesched.model.hardware import LinkSpec
 from pipesched.model.kernels import matmul_time
 from pipesched.model.spec import ModelSpec
@@ -218,3 +219,27 @@ def test_small_expert_batches_run_below_the_dense_rate():
     grouped = matmul_time(device, 16, 4096, 7168, groups=32)
     dense = matmul_time(device, 512, 4096, 7168)
     assert grouped > 1.5 * dense
+
+
+def test_deepep_sends_a_copy_per_destination_rank_and_once_per_node_across_nodes():
+    model = load_model("deepseek-v3")
+    settings = TrainingSettings(seq_len=256, tensor_parallel=1, expert_parallel=64, moe_dispatcher="deepep")
+    dispatch = next(c for c in layer_plans(model, settings)[4].collectives if c.name == "dispatch all-to-all")
+    nodes, ranks = model.routed_destinations(64, 8)
+    # closed forms of drawing 8 of the 4 chosen nodes' 128 experts: distinct nodes and GPUs
+    assert nodes == pytest.approx(4 * (1 - math.comb(96, 8) / math.comb(128, 8)))
+    assert ranks == pytest.approx(32 * (1 - math.comb(124, 8) / math.comb(128, 8)))
+    assert dispatch.nbytes == pytest.approx(256 * ranks * 7168 * 2)
+    assert dispatch.across_nodes == pytest.approx(256 * nodes * 7168 * 2)
+    # the slower leg sets the time: NVLink inside the node, InfiniBand once per node
+    link = LinkSpec(450e9, 0.0)
+    levels = (CollectiveLevel(8, 0.0, 450e9), CollectiveLevel(8, 0.0, 50e9))
+    groups = GroupLevels(((Group.EXPERT, levels),))
+    expected = max(collective_seconds(Collective.ALL_TO_ALL, dispatch.nbytes, levels[:1]),
+                   collective_seconds(Collective.ALL_TO_ALL, dispatch.across_nodes, levels[1:]))
+    assert plan_collective_seconds(dispatch, settings, link, groups) == pytest.approx(expected)
+    # Megatron's all-to-all: a copy per selected expert, spread evenly
+    alltoall = layer_plans(model, dataclasses.replace(settings, moe_dispatcher="alltoall"))[4].collectives[0]
+    assert (alltoall.nbytes, alltoall.across_nodes) == (256 * 8 * 7168 * 2, 0.0)
+    assert plan_collective_seconds(alltoall, settings, link, groups) > plan_collective_seconds(
+        dispatch, settings, link, groups)

@@ -36,6 +36,7 @@ class Defaults:
     partition: str = "balanced"  # layers to stages: uniform, balanced, memory, or a Megatron layout
     expert_parallel: int = 1  # ranks the routed experts of a MoE block are split over (folded over tp x dp)
     expert_tensor_parallel: int = 0  # tensor-parallel ranks of each expert; 0 = tensor_parallel
+    moe_dispatcher: str = "alltoall"  # alltoall (a copy per expert) or deepep (per rank, once per node across nodes)
     # Monte Carlo over durations (--jitter, --straggler, ...)
     samples: int = 1000  # iterations drawn
     seed: int = 0  # of the random streams
