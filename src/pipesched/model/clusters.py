@@ -63,7 +63,7 @@ INFINIBAND_400G = LinkSpec(bandwidth=50e9, latency=5e-6, collectives=INFINIBAND_
 _DEFAULT_CALIBRATION = {"intra_node": NVLINK_H100, "inter_node": INFINIBAND_NDR}
 _CALIBRATION_TIMES = ("base_latency", "step_latency")  # per-protocol lists of times
 _CALIBRATION_KEYS = {"fabric", "efficiency", "protocol_bandwidth", "ramp", "switch_bandwidth", "switch_min_ranks",
-                     *_CALIBRATION_TIMES}
+                     "switch_ramp", "switch_latency", *_CALIBRATION_TIMES}
 
 _CLUSTER_KEYS = {"name", "nodes", "intra_node", "inter_node", "nic_per_device"}
 _NODE_KEYS = {"count", "devices_per_node", "device", "devices"}
@@ -265,8 +265,11 @@ def _calibration(entry: object, where: str, base: CollectiveCalibration) -> Coll
                     value, "must be a number" if key != "protocol_bandwidth" else
                     f"give a list of {len(PROTOCOLS)} shares, one per protocol ({', '.join(PROTOCOLS)})")
             changes[key] = tuple(numbers) if key == "protocol_bandwidth" else float(value)
-    if "ramp" in entry:
-        changes["ramp_bytes"] = parse_quantity(entry["ramp"], "bytes", f"{where}.ramp")
+    for key in ("ramp", "switch_ramp"):
+        if key in entry:
+            changes[f"{key}_bytes"] = parse_quantity(entry[key], "bytes", f"{where}.{key}")
+    if "switch_latency" in entry:
+        changes["switch_latency"] = parse_quantity(entry["switch_latency"], "time", f"{where}.switch_latency")
     if "switch_min_ranks" in entry:
         changes["switch_min_ranks"] = entry["switch_min_ranks"]
     if "fabric" in entry:

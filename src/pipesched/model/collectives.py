@@ -18,8 +18,8 @@ With protocol p (LL, LL128, Simple), B bytes per rank, n ranks on a level:
 - Tree all-reduce (an outermost level across nodes, n >= 3): ``2 ceil(log2 n)`` steps of latency and the
   bytes at 0.45 x busbw (NCCL's tree: a pipelined reduce up and broadcast down a binary tree).
 - In-switch all-reduce (NVLink SHARP, one NVSwitch level of at least ``switch_min_ranks``):
-  ``base + 2 step`` of the Simple protocol, and B at ``switch_bandwidth`` x the link's
-  bandwidth of algorithm bandwidth, whatever n.
+  Simple's ``base`` and ``switch_latency``, and B at ``switch_bandwidth`` x the link's
+  bandwidth of algorithm bandwidth (ramped by ``switch_ramp_bytes``), whatever n.
 - Over several levels: reduce-scatter inside each inner level (the buffer shrinks n times at
   each), all-reduce at the outermost level, all-gather back inward; one launch (``base``).
 - All-to-all: each rank keeps 1 / n of its B and sends the rest, (n-1) steps; the share for
@@ -52,18 +52,24 @@ from pipesched.errors import require
 from pipesched.limits import check_rate
 from pipesched.model.hardware import PROTOCOLS, Cluster, CollectiveCalibration, LinkSpec
 
-# Calibrations of the links the presets use. Latencies: NCCL's own tuning model
-# (src/graph/tuning.cc, baseLat and hwLat of the Ring algorithm: NVLink and network).
+# Calibrations of the links the presets use (benchmarks/data/README.md gives the sources).
 # NVLink 4 on an H100 NVSwitch node: 370 GB/s of the 450 GB/s line rate as NCCL's bus
-# bandwidth (NCCL maintainers, nccl-tests#212 and nccl#1442), NVLink SHARP all-reduce
-# at about 273 GB/s of algorithm bandwidth from 5 ranks (nccl#1455; 470+ GB/s busbw on 8,
-# nccl-tests#290), reaching 2/3 of it at 45 MB (nccl-tests#290); see benchmarks/data/.
+# bandwidth (NCCL's maintainers, nccl-tests#212 and nccl#1442); Simple's step latency and
+# ramp fitted to NCCL all-reduces on 4 H100s from 0.5 to 4 MiB (vllm#24111); NVLink SHARP
+# all-reduce at 273 GB/s of algorithm bandwidth from 5 ranks on (nccl#1455), its ramp fitted
+# to 8 H100s from 128 MiB to 4 GiB (nccl-tests#290). LL and LL128, every base latency and
+# the in-switch latency: NCCL's own tuning model (src/graph/tuning.cc, baseLat and hwLat of
+# the Ring and NVLS algorithms).
 NVLINK_H100 = CollectiveCalibration(fabric="nvlink", base_latency=(6.6e-6, 14e-6, 8.4e-6),
-                                    step_latency=(0.6e-6, 1.9e-6, 3.4e-6), efficiency=370 / 450,
-                                    ramp_bytes=45e6, switch_bandwidth=273 / 450, switch_min_ranks=5)
-# InfiniBand NDR, one 400 Gb/s NIC per GPU: 46-48 GB/s of its 50 GB/s (nccl-tests#290).
+                                    step_latency=(0.6e-6, 1.9e-6, 0.65e-6), efficiency=370 / 450,
+                                    ramp_bytes=3e6, switch_bandwidth=273 / 450, switch_min_ranks=5,
+                                    switch_ramp_bytes=40e6, switch_latency=25e-6)
+# InfiniBand NDR, one 400 Gb/s NIC per GPU: the bus bandwidth the hierarchical form
+# reaches across nodes and Simple's step latency fitted to NCCL's all-reduce on 2 x 8 H100s
+# from 8 MiB to 8 GiB (nccl-tests#290): its cross-node algorithms reach about a third of
+# the NIC's line rate on the share of the buffer each NIC carries. LL and LL128: NCCL's model.
 INFINIBAND_NDR = CollectiveCalibration(fabric="infiniband", base_latency=(6.6e-6, 14e-6, 8.4e-6),
-                                       step_latency=(2.7e-6, 4.0e-6, 14e-6), efficiency=0.94)
+                                       step_latency=(2.7e-6, 4.0e-6, 10e-6), efficiency=0.32)
 
 NETWORK_FABRICS = ("infiniband", "ethernet")  # fabrics across nodes: NCCL's tree runs over them
 TREE_SHARE = 0.45  # NCCL's tree all-reduce: algorithm bandwidth / bus bandwidth (0.5 x 0.9)
@@ -157,9 +163,9 @@ def _switch_allreduce(nbytes: float, level: CollectiveLevel) -> float:
     buffer once and reads the sum once, whatever the group size."""
     calibration = level.calibration
     assert calibration is not None
-    ramp = calibration.ramp_bytes
+    ramp = calibration.switch_ramp_bytes
     share = (nbytes + ramp) / (nbytes + 2 * ramp) if ramp > 0 else 1.0
-    latency = calibration.base_latency[_SIMPLE] + 2 * calibration.step_latency[_SIMPLE]
+    latency = calibration.base_latency[_SIMPLE] + calibration.switch_latency
     return latency + nbytes / (level.bandwidth * calibration.switch_bandwidth * share)
 
 
