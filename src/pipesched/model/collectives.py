@@ -22,8 +22,9 @@ With protocol p (LL, LL128, Simple), B bytes per rank, n ranks on a level:
   bandwidth of algorithm bandwidth (ramped by ``switch_ramp_bytes``), whatever n.
 - Over several levels: reduce-scatter inside each inner level (the buffer shrinks n times at
   each), all-reduce at the outermost level, all-gather back inward; one launch (``base``).
-- All-to-all: each rank keeps 1 / n of its B and sends the rest, (n-1) steps; the share for
-  other nodes goes over the outer level while the rest goes over the inner one.
+- All-to-all: each rank keeps 1 / n of its B and sends the rest, one step per peer; the
+  share for other nodes (and their steps) goes over the outer level while the rest goes
+  over the inner one, at once: the slower sets the time.
 - Send/recv: B over the outermost level's link, one step.
 
 NCCL picks the fastest (algorithm, protocol); so does ``collective_choice``. Without a
@@ -178,7 +179,7 @@ def _allreduce_choices(nbytes: float, levels: list[CollectiveLevel]) -> list[Col
         inner, size = _base(levels, p), nbytes
         for level in levels[:-1]:
             inner += 2 * _half_ring(size, level, p)  # reduce-scatter in, all-gather back out
-            size /= level.ranks
+            size = size / level.ranks  # a new value: nbytes may be an array
         choices += [CollectiveTime(inner + _allreduce_top(size, top, p, a), a, _label(p)) for a in algorithms]
     calibration = top.calibration
     if len(levels) == 1 and calibration and calibration.switch_bandwidth > 0 and top.ranks >= calibration.switch_min_ranks:
@@ -192,7 +193,7 @@ def _reduce_scatter_choices(nbytes: float, levels: list[CollectiveLevel]) -> lis
         total, size = _base(levels, p), nbytes
         for level in levels:
             total += _half_ring(size, level, p)
-            size /= level.ranks
+            size = size / level.ranks  # a new value: nbytes may be an array
         choices.append(CollectiveTime(total, "ring", _label(p)))
     return choices
 
@@ -203,10 +204,11 @@ def _all_to_all_choices(nbytes: float, levels: list[CollectiveLevel]) -> list[Co
     for p in _protocols(levels):
         slowest, inside = 0.0, 1
         for level in levels:
-            # ranks reached over this level: those of the next ranks-in outward, less those inside
+            # ranks reached over this level: those of the next ranks-in outward, less those
+            # inside; a rank posts a send to each of them
             reached = inside * level.ranks - inside
             share = reached / total_ranks * nbytes
-            slowest = max(slowest, share / _busbw(level, p, share) + (level.ranks - 1) * _step(level, p))
+            slowest = np.maximum(slowest, share / _busbw(level, p, share) + reached * _step(level, p))
             inside *= level.ranks
         choices.append(CollectiveTime(_base(levels, p) + slowest, "direct", _label(p)))
     return choices
