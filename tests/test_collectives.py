@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
+import itertools
 import json
 import math
 
@@ -55,7 +56,7 @@ def test_the_doctests_run():
 @pytest.mark.parametrize("levels", [_nvlink(2), _nvlink(8), _two_nodes(), _two_nodes(2)], ids=["2", "8", "2x8", "2x2"])
 def test_time_never_falls_as_the_message_grows(kind, levels):
     times = [collective_seconds(kind, size, levels) for size in SIZES]
-    assert all(later >= earlier for earlier, later in zip(times, times[1:], strict=False))
+    assert all(later >= earlier for earlier, later in itertools.pairwise(times))
 
 
 @pytest.mark.parametrize("ranks", [2, 4, 8])
@@ -65,7 +66,7 @@ def test_the_achieved_bus_bandwidth_ramps_with_the_message_to_its_peak(ranks):
     levels = _nvlink(ranks)
     factor = 2 * (ranks - 1) / ranks
     busbw = [factor * size / collective_seconds(Collective.ALL_REDUCE, size, levels) for size in SIZES]
-    assert all(later >= earlier * (1 - 1e-9) for earlier, later in zip(busbw, busbw[1:], strict=False))
+    assert all(later >= earlier * (1 - 1e-9) for earlier, later in itertools.pairwise(busbw))
     peak = 450e9 * NVLINK_H100.efficiency
     if ranks >= NVLINK_H100.switch_min_ranks:
         peak = max(peak, factor * 450e9 * NVLINK_H100.switch_bandwidth)

@@ -208,7 +208,8 @@ def _all_to_all_choices(nbytes: float, levels: list[CollectiveLevel]) -> list[Co
             # inside; a rank posts a send to each of them
             reached = inside * level.ranks - inside
             share = reached / total_ranks * nbytes
-            slowest = np.maximum(slowest, share / _busbw(level, p, share) + reached * _step(level, p))
+            seconds = share / _busbw(level, p, share) + reached * _step(level, p)
+            slowest = np.maximum(slowest, seconds) if isinstance(seconds, np.ndarray) else max(slowest, seconds)
             inside *= level.ranks
         choices.append(CollectiveTime(_base(levels, p) + slowest, "direct", _label(p)))
     return choices
