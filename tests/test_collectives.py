@@ -244,3 +244,63 @@ def test_costs_ops_lists_the_calibrated_collectives(cli):
         assert row["algorithm"] == "ring" and row["forward_s"] == pytest.approx(expected, rel=1e-12)
     table = cli("costs", "--model", "llama3-8b", "--device", "h100-sxm", "-t", "4", "-b", "1", "-s", "256", "--ops")
     assert "ring/Simple" in table.out or "ring/LL" in table.out
+
+
+def test_the_fit_recovers_the_constants_of_the_closed_form():
+    """Samples made by ``launch + steps x step + share x bytes / busbw`` (written out here
+    per kind, 4 ranks) give those constants back, and the calibration made of them times
+    every sample as measured."""
+    launch, step, busbw, n = 12e-6, 3e-6, 40e9, 4
+    terms = {Collective.ALL_REDUCE: (6, 6 / 4), Collective.ALL_GATHER: (3, 3 / 4), Collective.REDUCE_SCATTER: (3, 3 / 4),
+             Collective.ALL_TO_ALL: (3, 3 / 4), Collective.SEND_RECV: (1, 1.0)}
+    samples = [(kind, size, launch + steps * step + share * size / busbw)
+               for kind, (steps, share) in terms.items() for size in (4096.0, 2.0**20, 2.0**24)]
+    fit = collectives.fit_collectives(n, samples)
+    assert (fit.launch, fit.step, fit.bus_bandwidth) == pytest.approx((launch, step, busbw), rel=1e-6)
+    assert fit.median_error < 1e-9
+    calibration = fit.calibration(2 * busbw)
+    assert calibration.efficiency == pytest.approx(0.5)
+    levels = (CollectiveLevel(n, 0.0, 2 * busbw, calibration),)
+    for kind, size, seconds in samples:
+        assert collective_seconds(kind, size, levels) == pytest.approx(seconds, rel=1e-6)
+    with pytest.raises(PipeschedError, match="ranks=1"):
+        collectives.fit_collectives(1, samples)
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--ranks", "1", "-o", "x.yaml"), "ranks=1"),
+    (("--ranks", "2", "-o", "x.csv"), "output=x.csv"),
+    (("--ranks", "2", "--sizes", "1KiB,-4", "-o", "x.yaml"), "sizes"),
+    (("--ranks", "2", "--sizes", "8GiB", "-o", "x.yaml"), "sizes"),
+    (("--ranks", "2", "--link-bandwidth", "fast", "-o", "x.yaml"), "link_bandwidth"),
+])
+def test_profile_collectives_refuses_bad_input_before_launching(cli, tmp_path, monkeypatch, args, fragment):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(cli("profile", "--collectives", *args), fragment)
+    assert not (tmp_path / "x.yaml").exists()
+
+
+@pytest.mark.slow
+def test_profile_collectives_on_two_gloo_ranks_writes_a_link_the_loader_reads(cli, tmp_path):
+    """Two gloo ranks, tiny messages: the YAML written is a cluster file's intra_node link,
+    and loaded it times each measured collective as the fit does."""
+    pytest.importorskip("torch")
+    out = tmp_path / "link.yaml"
+    result = cli("profile", "--collectives", "--ranks", "2", "--sizes", "1KiB,16KiB", "--repeats", "2",
+                 "--warmup", "1", "-o", str(out), "--json")
+    assert result.code == 0, result
+    report = json.loads(result.out)
+    assert report["backend"] == "gloo" and report["ranks"] == 2
+    assert {row["kind"] for row in report["samples"]} | set(report["missing"]) == {k.value for k in Collective}
+    text = "nodes: [{devices_per_node: 2, device: h100-sxm}]\ninter_node: {bandwidth: 400 Gb/s}\n" + out.read_text()
+    cluster = parse_cluster(text)
+    calibration = cluster.intra_node.collectives
+    assert calibration.base_latency == pytest.approx((report["launch_s"],) * 3)
+    assert calibration.step_latency == pytest.approx((report["step_s"],) * 3)
+    assert cluster.intra_node.bandwidth * calibration.efficiency == pytest.approx(report["bus_bandwidth_bytes_per_s"])
+    levels = group_levels(cluster, (0, 1))
+    for row in report["samples"]:
+        steps, share = collectives._ring_terms(Collective(row["kind"]), 2)
+        expected = report["launch_s"] + steps * report["step_s"] + share * row["bytes"] / report[
+            "bus_bandwidth_bytes_per_s"]
+        assert collective_seconds(Collective(row["kind"]), row["bytes"], levels) == pytest.approx(expected, rel=1e-9)

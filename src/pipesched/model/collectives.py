@@ -41,6 +41,7 @@ calibration the protocols are alike and every formula is the plain ring / alpha-
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -284,6 +285,76 @@ def send_recv_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> float
     """One point-to-point hand-off of ``nbytes`` over the outermost level's link (a ring
     attention step sends its KV block to the next rank of the ring)."""
     return collective_seconds(Collective.SEND_RECV, nbytes, levels)
+
+
+# per kind, on one ring of n ranks: (steps of latency, share of the buffer each rank moves)
+def _ring_terms(kind: Collective, n: int) -> tuple[float, float]:
+    if kind is Collective.ALL_REDUCE:
+        return 2 * (n - 1), 2 * (n - 1) / n
+    if kind is Collective.SEND_RECV:
+        return 1, 1.0
+    return n - 1, (n - 1) / n  # all-gather, reduce-scatter, all-to-all
+
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """Constants fitted to measured collectives of one group: ``seconds = launch + steps x
+    step + share x bytes / bus_bandwidth`` for every kind (``_ring_terms``)."""
+
+    ranks: int
+    launch: float  # seconds once per collective
+    step: float  # seconds per step
+    bus_bandwidth: float  # bytes/s each rank achieves
+    median_error: float  # |fit / measured - 1| over the samples, the median
+
+    def calibration(self, link_bandwidth: float, *, like: CollectiveCalibration | None = None) -> CollectiveCalibration:
+        """The fit as a link's calibration: efficiency = bus bandwidth / ``link_bandwidth``.
+        ``like`` (NCCL, which has protocols): the fit is its Simple protocol and LL and LL128
+        keep ``like``'s ratios to it; None (gloo): one protocol, all three alike."""
+        efficiency = min(1.0, self.bus_bandwidth / link_bandwidth)
+        if like is None:
+            return CollectiveCalibration(fabric="measured", base_latency=(self.launch,) * 3,
+                                         step_latency=(self.step,) * 3, efficiency=efficiency,
+                                         protocol_bandwidth=(1.0, 1.0, 1.0))
+
+        def scaled(values: tuple[float, float, float], fitted: float) -> tuple[float, ...]:
+            return tuple(fitted * v / values[_SIMPLE] if values[_SIMPLE] > 0 else fitted for v in values)
+
+        return dataclasses.replace(like, base_latency=scaled(like.base_latency, self.launch),
+                                   step_latency=scaled(like.step_latency, self.step), efficiency=efficiency,
+                                   ramp_bytes=0.0)
+
+
+def fit_collectives(ranks: int, samples: Sequence[tuple[Collective, float, float]]) -> CollectiveFit:
+    """Least squares over (kind, bytes per rank, seconds) samples of one group of ``ranks``:
+    the launch, the step latency and the bus bandwidth (each at least 0; kinds with different
+    step counts tell the launch from the steps).
+
+    >>> samples = [(k, b, 1e-5 + s * 2e-6 + f * b / 1e9) for k in (Collective.ALL_REDUCE, Collective.ALL_GATHER)
+    ...            for b in (1e3, 1e6) for s, f in [_ring_terms(k, 4)]]
+    >>> fit = fit_collectives(4, samples)
+    >>> round(fit.launch * 1e6, 3), round(fit.step * 1e6, 3), round(fit.bus_bandwidth / 1e9, 3)
+    (10.0, 2.0, 1.0)
+    """
+    require(isinstance(ranks, int) and ranks >= 2, "ranks", ranks, "a collective needs at least 2 ranks")
+    require(len(samples) >= 3, "samples", len(samples), "give at least 3 measured collectives to fit")
+    rows = np.array([(1.0, *_ring_terms(kind, ranks)) for kind, _, _ in samples])
+    rows[:, 2] *= [nbytes for _, nbytes, _ in samples]
+    seconds = np.array([t for _, _, t in samples], dtype=np.float64)
+    # relative errors count alike: each row weighted by 1 / its time
+    weights = 1.0 / np.maximum(seconds, 1e-12)
+    columns = [0, 1, 2]
+    while True:
+        solved = np.linalg.lstsq(rows[:, columns] * weights[:, None], seconds * weights, rcond=None)[0]
+        if (solved >= 0).all() or len(columns) == 1:
+            break
+        columns = [c for c, x in zip(columns, solved, strict=True) if x > 0] or [2]
+    values = dict.fromkeys(range(3), 0.0) | dict(zip(columns, np.maximum(solved, 0.0), strict=True))
+    fitted = rows @ np.array([values[0], values[1], values[2]])
+    error = float(np.median(np.abs(fitted / np.maximum(seconds, 1e-12) - 1)))
+    inverse = float(values[2])
+    return CollectiveFit(ranks, float(values[0]), float(values[1]), 1.0 / inverse if inverse > 0 else math.inf,
+                         error)
 
 
 def group_levels(cluster: Cluster, ranks: Sequence[int], *, concurrent: int = 1) -> tuple[CollectiveLevel, ...]:
