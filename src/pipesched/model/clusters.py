@@ -35,6 +35,26 @@ that offloading and swapping use (``host_write_bandwidth`` when the way back is 
     device: {preset: h200, op_overhead: 35 us, transfer_setup: 12 us, flash_forward_efficiency: 0.355,
              flash_backward_efficiency: 0.335}
 
+A link may carry how NCCL's collectives run over it (``pipesched.model.collectives``; by
+default the H100 NVLink calibration inside a node and the NDR InfiniBand one across)::
+
+    intra_node:
+      bandwidth: 450 GB/s
+      latency: 3 us
+      collectives:               # any of these; the rest from the default
+        fabric: nvlink           # nvlink, pcie, infiniband, ethernet (the tree runs on the last two)
+        base_latency: [6.6 us, 14 us, 8.4 us]   # once per collective: LL, LL128, Simple
+        step_latency: [0.6 us, 1.9 us, 0.65 us] # per algorithm step
+        efficiency: 0.82         # achieved bus bandwidth / the link's bandwidth (Simple)
+        protocol_bandwidth: [0.25, 0.92, 1.0]   # of Simple's bus bandwidth
+        ramp: 3 MB               # message at which the bandwidth reaches 2/3 of its peak
+        switch_bandwidth: 0.61   # NVLink SHARP all-reduce: algorithm bandwidth / link; 0: none
+        switch_min_ranks: 5
+        switch_ramp: 40 MB
+        switch_latency: 25 us
+
+``pipesched profile --collectives`` writes such a link from measurements.
+
 Ranks are numbered node by node. ``pipesched/data/clusters/`` holds the presets.
 """
 
