@@ -271,22 +271,6 @@ def reduce_scatter_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> 
     return collective_seconds(Collective.REDUCE_SCATTER, nbytes, levels)
 
 
-def all_to_all_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> float:
-    """All-to-all where each rank holds ``nbytes`` to spread evenly over the group (expert
-    dispatch or combine).
-
-    >>> all_to_all_seconds(8e9, (CollectiveLevel(8, 0.0, 1e9),))
-    7.0
-    """
-    return collective_seconds(Collective.ALL_TO_ALL, nbytes, levels)
-
-
-def send_recv_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> float:
-    """One point-to-point hand-off of ``nbytes`` over the outermost level's link (a ring
-    attention step sends its KV block to the next rank of the ring)."""
-    return collective_seconds(Collective.SEND_RECV, nbytes, levels)
-
-
 # per kind, on one ring of n ranks: (steps of latency, share of the buffer each rank moves)
 def _ring_terms(kind: Collective, n: int) -> tuple[float, float]:
     if kind is Collective.ALL_REDUCE:
