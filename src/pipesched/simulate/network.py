@@ -86,7 +86,8 @@ class DataParallel:
         return cls(size, (level,) * num_devices, (size > 1,) * num_devices, sharded_optimizer, gather_ratio)
 
     def with_links(self, latency: float | None, bandwidth: float | None) -> DataParallel:
-        """These groups with every level's latency and/or bandwidth replaced."""
+        """These groups with every level's latency and/or bandwidth replaced: plain rings of
+        the figures given (a measured link, ``--latency`` and ``--bandwidth``), no calibration."""
         def replaced(level: CollectiveLevel) -> CollectiveLevel:
             return CollectiveLevel(level.ranks, level.latency if latency is None else latency,
                                    level.bandwidth if bandwidth is None else bandwidth)
