@@ -9,6 +9,7 @@ import doctest
 import itertools
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -215,17 +216,27 @@ inter_node: {bandwidth: 400 Gb/s, latency: 5 us, collectives: {fabric: ethernet,
     ("{speed: 3}", "intra_node.collectives.speed"),
     ("[1, 2]", "intra_node.collectives"),
 ])
-def test_bad_calibrations_are_one_error_line(cli, tmp_path, collectives_yaml, fragment):
+def test_bad_calibrations_name_the_field(tmp_path, collectives_yaml, fragment):
     path = tmp_path / "bad.yaml"
     path.write_text(f"""
 nodes: [{{devices_per_node: 8, device: h100-sxm}}]
 intra_node: {{bandwidth: 450 GB/s, latency: 3 us, collectives: {collectives_yaml}}}
 inter_node: {{bandwidth: 400 Gb/s, latency: 5 us}}
 """)
-    with pytest.raises(PipeschedError):
+    with pytest.raises(PipeschedError, match=re.escape(fragment)):
         parse_cluster(path.read_text())
+
+
+@pytest.mark.slow
+def test_a_bad_calibration_is_one_error_line_in_a_command(cli, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("""
+nodes: [{devices_per_node: 8, device: h100-sxm}]
+intra_node: {bandwidth: 450 GB/s, latency: 3 us, collectives: {efficiency: 1.5}}
+inter_node: {bandwidth: 400 Gb/s, latency: 5 us}
+""")
     result = cli("simulate", "1f1b", "-p", "2", "-m", "4", "--model", "tiny", "--cluster", str(path))
-    assert_one_line_error(result, fragment)
+    assert_one_line_error(result, "collectives.efficiency=1.5", "must be in")
 
 
 def test_costs_ops_lists_the_calibrated_collectives(cli):
