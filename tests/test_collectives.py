@@ -315,3 +315,13 @@ def test_profile_collectives_on_two_gloo_ranks_writes_a_link_the_loader_reads(cl
         expected = report["launch_s"] + steps * report["step_s"] + share * row["bytes"] / report[
             "bus_bandwidth_bytes_per_s"]
         assert collective_seconds(Collective(row["kind"]), row["bytes"], levels) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_fit_of_latency_bound_samples_keeps_a_finite_bandwidth():
+    """Times that do not grow with the bytes (tiny messages, noise) give no slope: the
+    bandwidth is the fastest throughput seen, share x bytes / seconds."""
+    samples = [(Collective.ALL_REDUCE, 1024.0, 2e-5), (Collective.ALL_REDUCE, 16384.0, 1.9e-5),
+               (Collective.ALL_GATHER, 1024.0, 1.5e-5), (Collective.ALL_GATHER, 16384.0, 1.4e-5)]
+    fit = collectives.fit_collectives(2, samples)
+    assert fit.bus_bandwidth == pytest.approx(max(1.0 * 16384 / 1.9e-5, 0.5 * 16384 / 1.4e-5))
+    assert math.isfinite(fit.calibration(fit.bus_bandwidth).efficiency)

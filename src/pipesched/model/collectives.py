@@ -312,7 +312,8 @@ class CollectiveFit:
 def fit_collectives(ranks: int, samples: Sequence[tuple[Collective, float, float]]) -> CollectiveFit:
     """Least squares over (kind, bytes per rank, seconds) samples of one group of ``ranks``:
     the launch, the step latency and the bus bandwidth (each at least 0; kinds with different
-    step counts tell the launch from the steps).
+    step counts tell the launch from the steps; when the bytes do not show in the times, the
+    fastest throughput seen stands for the bandwidth).
 
     >>> samples = [(k, b, 1e-5 + s * 2e-6 + f * b / 1e9) for k in (Collective.ALL_REDUCE, Collective.ALL_GATHER)
     ...            for b in (1e3, 1e6) for s, f in [_ring_terms(k, 4)]]
@@ -337,8 +338,11 @@ def fit_collectives(ranks: int, samples: Sequence[tuple[Collective, float, float
     fitted = rows @ np.array([values[0], values[1], values[2]])
     error = float(np.median(np.abs(fitted / np.maximum(seconds, 1e-12) - 1)))
     inverse = float(values[2])
-    return CollectiveFit(ranks, float(values[0]), float(values[1]), 1.0 / inverse if inverse > 0 else math.inf,
-                         error)
+    # sizes too small (or too noisy) to show the bandwidth: the fastest throughput seen, a
+    # lower bound of it
+    seen = float(np.max(rows[:, 2] / np.maximum(seconds, 1e-12)))
+    bandwidth = 1.0 / inverse if inverse > 0 else seen
+    return CollectiveFit(ranks, float(values[0]), float(values[1]), bandwidth, error)
 
 
 def group_levels(cluster: Cluster, ranks: Sequence[int], *, concurrent: int = 1) -> tuple[CollectiveLevel, ...]:
