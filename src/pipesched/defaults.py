@@ -55,6 +55,7 @@ class Defaults:
     run_steps: int = 5  # measured steps of a real run (after warm-up)
     run_warmup: int = 2  # steps run first and not measured
     run_timeout: float = 600.0  # seconds a real run may take before every rank is killed
+    profile_sizes: str = "4KiB,64KiB,1MiB,4MiB"  # message sizes per rank of profile --collectives
     # serving (serve simulate, capacity, search)
     serve_model: str = "llama3-70b"  # model preset or file served
     serve_cluster: str = "1x8-h100"  # cluster preset or file of the serving deployment
