@@ -39,6 +39,7 @@ from pipesched.cli.options import (
     MaxTokens,
     MicroBatchSize,
     Model,
+    MoeDispatcher,
     NoContention,
     NoOverlap,
     Offload,
@@ -158,6 +159,7 @@ class ModelOptions(OptionGroup):
     cp_comm: CpComm = None
     expert_parallel: ExpertParallel = None
     expert_tensor_parallel: ExpertTensorParallel = None
+    moe_dispatcher: MoeDispatcher = None
     recompute: Recompute = None
     dtype: Dtype = None
     sequence_parallel: SequenceParallel = None
@@ -180,7 +182,8 @@ class ModelOptions(OptionGroup):
                                 cp_comm_type=self.cp_comm or DEFAULTS.cp_comm_type,
                                 expert_parallel=_or(self.expert_parallel, DEFAULTS.expert_parallel),
                                 expert_tensor_parallel=_or(self.expert_tensor_parallel,
-                                                           DEFAULTS.expert_tensor_parallel))
+                                                           DEFAULTS.expert_tensor_parallel),
+                                moe_dispatcher=self.moe_dispatcher or DEFAULTS.moe_dispatcher)
 
     def device(self, name: str | None) -> DeviceSpec:
         """The device preset ``name`` (None: the default) with the efficiencies asked for."""
@@ -231,6 +234,7 @@ class WorkloadOptions(OptionGroup):
                        "cp_comm": model.cp_comm or DEFAULTS.cp_comm_type,
                        "ep": _or(model.expert_parallel, DEFAULTS.expert_parallel),
                        "etp": _or(model.expert_tensor_parallel, DEFAULTS.expert_tensor_parallel),
+                       "moe_dispatcher": model.moe_dispatcher or DEFAULTS.moe_dispatcher,
                        "recompute": model.recompute or DEFAULTS.recompute,
                        "partition": self.partition or DEFAULTS.partition}
         return Point(bandwidth=parse_bandwidth(self.bandwidth), **fields)
@@ -253,7 +257,7 @@ class WorkloadOptions(OptionGroup):
 
 # the options that describe a model's costs, which a stage-cost file gives instead
 _MODEL_FLAGS = ("model", "cluster", "tensor-parallel", "cp", "cp-comm", "recompute", "partition", "dtype",
-                "sequence-parallel", "matmul-efficiency", "bandwidth-efficiency", "ep", "etp")
+                "sequence-parallel", "matmul-efficiency", "bandwidth-efficiency", "ep", "etp", "moe-dispatcher")
 
 
 def _or(value: object, default: object) -> object:

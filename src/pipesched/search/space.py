@@ -39,6 +39,7 @@ from pipesched.model.spec import (
     TrainingSettings,
     check_context_parallel,
 )
+from pipesched.model.transformer import routed_expert_params
 from pipesched.units import GiB
 
 # the largest global batch a search takes (sequences per iteration)
@@ -237,8 +238,10 @@ class SearchSpace:
         devices = self.devices()
         settings = TrainingSettings(seq_len=min(self.seq_len, 128), tensor_parallel=1)
         params = sum(layer.params for layer in layer_costs(model, cluster.devices[0], settings))
+        experts = routed_expert_params(model)  # split further over the EP ranks
         capacity = min(cluster.devices[r].memory_bytes for r in range(devices))
-        need = min(params / (layout.tp * layout.pp) * TrainingSettings(
+        need = min((params - experts + experts / max(self._expert_degrees(layout), default=1))
+                   / (layout.tp * layout.pp) * TrainingSettings(
             optimizer_shards=layout.dp if max(self.zero) else 1).static_bytes_per_param
                    for layout in self.layouts())
         if need > capacity:
