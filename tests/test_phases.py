@@ -40,8 +40,11 @@ from pipesched.model.transformer import (
     layer_costs,
     layer_ops,
 )
+from pipesched.ops import B, F
 from pipesched.partition import device_peak_bytes
 from pipesched.schedule import Placement
+from pipesched.slots import slot_table
+from pipesched.validation import validate
 
 H100 = load_device("h100-sxm")
 
@@ -239,3 +242,32 @@ def test_costs_pair_of_an_expert_parallel_model_spans_nodes(cli):
 def test_costs_pair_refuses_what_it_cannot_honour(cli, extra, field):
     result = cli("costs", "--model", "tiny", *extra)
     assert result.code == 2 and result.err.startswith(f"pipesched: error: {field}") and result.out == ""
+
+
+@pytest.mark.parametrize("family", ["1f1b", "interleaved-1f1b"])
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (4, 3), (4, 5), (4, 16), (8, 12)])
+def test_megatron_overlapped_pairs_keep_every_op_and_a_valid_table(family, p, m):
+    plain, fused = generate(family, p, m), generate(family, p, m, fused=True)
+    assert validate(fused) == []
+    for before, after in zip(plain.device_ops, fused.device_ops, strict=True):
+        # the same ops, some of them two adjacent ones to an entry
+        parts = [part for op in after for part in (op.parts or (op,))]
+        assert sorted(parts) == sorted(before) and len(parts) == len(before)
+        for op in after:
+            if op.parts:
+                forward, backward = op.parts
+                assert (forward.kind, backward.kind) == (F, B) and forward.microbatch != backward.microbatch
+    if m >= 2 * p:
+        assert any(op.parts for ops in fused.device_ops for op in ops)
+
+
+def test_an_overlapped_pair_holds_its_device_for_the_pair_time():
+    schedule = generate("interleaved-1f1b", 4, 16, fused=True)
+    costs = StageCosts.slots(fb_cost=0.8)
+    timeline = slot_table(schedule, costs)
+    # F = 1 slot, B = I + W = 2; every pair costs 0.8 x (F + B) = 2.4 slots of device time
+    pairs = sum(1 for ops in schedule.device_ops for op in ops if op.parts)
+    forwards = sum(1 for ops in schedule.device_ops for op in ops if op.kind == F)
+    backwards = sum(1 for ops in schedule.device_ops for op in ops if op.kind == B)
+    assert pairs > 0
+    assert timeline.busy_per_device().sum() == pytest.approx(2.4 * pairs + forwards + 2 * backwards)
