@@ -11,8 +11,8 @@ from __future__ import annotations
 from pipesched.costs import StageCosts
 from pipesched.errors import require
 from pipesched.generators.base import Family, FormulaEstimate, check_sizes, switch
+from pipesched.generators.overlap import with_overlapped_pairs
 from pipesched.ops import B, F, Op
-from pipesched.passes.overlap import with_overlapped_pairs
 from pipesched.schedule import Placement, Schedule
 
 
@@ -49,7 +49,7 @@ def chunk_order(p: int, m: int, v: int) -> list[tuple[int, int]]:
 def interleaved_1f1b(p: int, m: int, v: int = 2, *, fused: bool = False) -> Schedule:
     """Device d: warm-up forwards, then one forward and one backward in turn, then drain.
     ``fused``: each steady-state F and the B after it as one overlapped pair (Megatron-Core's
-    expert-parallel overlap, ``pipesched.passes.overlap``).
+    expert-parallel overlap, ``pipesched.generators.overlap``).
 
     The warm-up is ``(v-1) x round + 2 (p-1-d)`` forwards (capped at all ``v m``): enough for
     the first microbatch to reach the last chunk and for its gradient to come back.

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pipesched.costs import StageCosts
 from pipesched.generators.base import Family, FormulaEstimate, check_sizes, switch
 from pipesched.generators.gpipe import flushed_formula
+from pipesched.generators.overlap import with_overlapped_pairs
 from pipesched.ops import B, F, Op
-from pipesched.passes.overlap import with_overlapped_pairs
 from pipesched.schedule import Placement, Schedule
 
 
 def one_f_one_b(p: int, m: int, *, fused: bool = False) -> Schedule:
     """Device d runs min(p-d, m) warm-up forwards, then alternates B and F, then drains.
     ``fused``: each steady-state B and the F after it as one overlapped pair (Megatron-Core's
-    expert-parallel overlap, ``pipesched.passes.overlap``).
+    expert-parallel overlap, ``pipesched.generators.overlap``).
 
     >>> [str(op) for op in one_f_one_b(2, 3).device_ops[0]]
     ['0F0', '0F1', '0B0', '0F2', '0B1', '0B2']
