@@ -41,7 +41,8 @@ scores): choose selective recompute for the memory a FlashAttention layer keeps.
 
 Not modelled: expert parallelism (all experts of a layer sit on its stage, split by tensor
 parallelism, with perfectly balanced routing), clock throttling under sustained load and
-compute/communication overlap inside a layer.
+compute/communication overlap inside a layer (one microbatch's communication beside
+another's compute is ``pipesched.model.phases``': DualPipe's and Megatron's overlapped pairs).
 """
 
 from __future__ import annotations
