@@ -14,8 +14,10 @@ from pipesched.enums import Group
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.model import (
+    ModelSpec,
     TrainingSettings,
     build_stage_costs,
+    homogeneous_cluster,
     load_cluster,
     load_device,
     load_model,
@@ -271,3 +273,28 @@ def test_an_overlapped_pair_holds_its_device_for_the_pair_time():
     backwards = sum(1 for ops in schedule.device_ops for op in ops if op.kind == B)
     assert pairs > 0
     assert timeline.busy_per_device().sum() == pytest.approx(2.4 * pairs + forwards + 2 * backwards)
+
+
+# a small MoE: 4 blocks, the first dense, 8 routed experts of hidden 32 (top-2), 1 shared
+SMALL_MOE = ModelSpec(name="moe", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
+                      vocab_size=256, num_experts=8, experts_per_token=2, gated_mlp=True, moe_ffn_hidden_size=32,
+                      num_shared_experts=1, first_dense_layers=1)
+
+
+def test_dualpipe_on_a_moe_model_runs_its_pairs_for_the_computed_time():
+    # EP4 over ranks 0, 2, 4, 6 of a cluster of two devices a node: the all-to-alls cross nodes
+    cluster = homogeneous_cluster(H100, 8, devices_per_node=2)
+    settings = TrainingSettings(micro_batch_size=4, seq_len=512, tensor_parallel=1, expert_parallel=4)
+    costs = build_stage_costs(SMALL_MOE, Placement.bidirectional(2), cluster, settings)
+    assert costs.forward_backward is not None
+    schedule = generate("dualpipe", 2, 8)
+    overlapped_run, serial_run = slot_table(schedule, costs), slot_table(schedule, costs.with_pair_cost(1.0))
+    heads = [row for row in range(len(overlapped_run.op_kind)) if overlapped_run.box_kind[row] != overlapped_run.op_kind[row]]
+    assert heads
+    for row in heads:
+        # the forward's stage's computed pair, or the longer part when the backward's stage is slower
+        forward, backward = overlapped_run.entry(row).parts
+        expected = max(costs.forward_backward[forward.stage], costs.forward[forward.stage],
+                       costs.full_backward(backward.stage))
+        assert overlapped_run.op_end[row] - overlapped_run.op_start[row] == pytest.approx(expected)
+    assert overlapped_run.iteration_time < serial_run.iteration_time
