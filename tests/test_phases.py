@@ -190,6 +190,7 @@ def test_pipeline_sends_run_on_the_communication_stream():
     assert plain.pair_s <= sent.pair_s <= plain.pair_s + 1.0 + 1e-9
 
 
+@pytest.mark.slow
 def test_model_stage_costs_carry_the_computed_pair():
     settings = TrainingSettings(seq_len=2048, tensor_parallel=4)
     costs = build_stage_costs(load_model("llama3-8b"), Placement.bidirectional(2), load_cluster("1x8-h100"), settings)
@@ -215,6 +216,7 @@ def test_dualpipe_holds_twice_the_parameters_and_p_plus_one_activations(p, m):
     assert peaks == [2 * 10.0 + p + 1] * p
 
 
+@pytest.mark.slow
 def test_costs_pair_reports_each_layers_pair_within_its_bounds(cli):
     args = ("costs", "--model", "llama3-8b", "--device", "h100-sxm", "-t", "4", "-s", "2048", "--json")
     plain = json.loads(cli(*args).out)
@@ -233,6 +235,7 @@ def test_costs_pair_reports_each_layers_pair_within_its_bounds(cli):
     assert all(layer["pair_s"] < layer["forward_s"] + layer["backward_s"] for layer in blocks)
 
 
+@pytest.mark.slow
 def test_costs_pair_of_an_expert_parallel_model_spans_nodes(cli):
     args = ("costs", "--model", "mixtral-8x22b", "--device", "h100-sxm", "-t", "1", "--ep", "8", "-s", "1024",
             "--pair", "--json")
