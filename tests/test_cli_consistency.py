@@ -140,7 +140,7 @@ EXEMPT = {
     # search takes each of these as the list of values to try
     **{flag: ({"search", "serve search"}, "a list of values to try") for flag in (
         "--tensor-parallel", "-t", "--dp", "--zero", "--recompute", "--schedules", "-b", "--pipeline", "--replicas",
-        "--scheduler", "--max-batch", "--max-tokens", "--chunk")},
+        "--scheduler", "--max-batch", "--max-tokens", "--chunk", "--ep")},
     # each command writes its own result to the file it is given
     **{flag: ({"check", "search", "show", "synthesize", "profile", "serve simulate", "serve capacity",
                "serve search", "serve run", "serve check"}, "the command's own result")

@@ -38,7 +38,7 @@ def test_ops_sum_to_the_layer_costs(cli, sizes):
                                "backward_weight_s", "bound"}
             assert op["bound"] in ("compute", "memory")
         for collective in layer["collectives"]:
-            assert set(collective) == {"name", "bytes", "group", "forward_s", "backward_s"}
+            assert set(collective) == {"name", "bytes", "group", "forward_s", "backward_s", "algorithm", "protocol"}
 
 
 def test_a_decode_step_is_memory_bound_and_a_long_prefill_compute_bound(cli):

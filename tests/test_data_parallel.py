@@ -220,8 +220,12 @@ def test_zero_one_shards_the_optimizer_state_over_the_replicas() -> None:
     reduce = plain.timeline.transfers.kind == ALLREDUCE
     span = (plain.timeline.transfers.end - plain.timeline.transfers.start)[reduce]
     sharded_span = (sharded.timeline.transfers.end - sharded.timeline.transfers.start)[reduce]
-    latency = plain.network.data_parallel.levels[0][0].latency
-    assert (sharded_span - 2 * latency) == pytest.approx(0.75 * (span - 2 * latency), rel=1e-9)
+    # NCCL's Simple protocol on the calibrated network level: one launch and one step per
+    # half ring, two steps for the all-reduce
+    calibration = plain.network.data_parallel.levels[0][0].calibration
+    launch, step = calibration.base_latency[2], calibration.step_latency[2]
+    assert calibration.ramp_bytes == 0
+    assert (sharded_span - 2 * (launch + step)) == pytest.approx(0.75 * (span - launch - 2 * step), rel=1e-9)
 
 
 def test_simulate_and_compare_take_dp_and_zero(cli) -> None:

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from pipesched.enums import Collective, Group
-from pipesched.model import TrainingSettings, layer_costs, load_device, load_model
+from pipesched.model import TrainingSettings, layer_costs, load_device, load_model, parse_hf_config
 from pipesched.model.collectives import CollectiveLevel, collective_seconds
 from pipesched.model.hardware import LinkSpec
 from pipesched.model.spec import ModelSpec
@@ -145,3 +145,17 @@ def test_latent_attention_caches_the_compressed_latent():
     # 512 latent + 64 rotary elements per token and block, not 2 x 128 heads x 192
     assert model.kv_cache_elements(8) == 512 + 64
     assert load_model("llama3-8b").kv_cache_elements(2) == 2 * 8 / 2 * 128
+
+
+def test_hugging_face_configs_read_the_expert_and_latent_fields():
+    # DeepSeek-V3's config.json keys, as the preset cites them
+    config = {"num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128, "num_key_value_heads": 128,
+              "intermediate_size": 18432, "moe_intermediate_size": 2048, "vocab_size": 129280,
+              "n_routed_experts": 256, "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 3,
+              "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+              "v_head_dim": 128, "hidden_act": "silu", "tie_word_embeddings": False,
+              "max_position_embeddings": 163840}
+    parsed = parse_hf_config(config, name="deepseek-v3")
+    preset = load_model("deepseek-v3")
+    assert sum(layer_params(parsed)) == sum(layer_params(preset))
+    assert active_params(parsed) == active_params(preset)

@@ -149,10 +149,10 @@ def _moe_layer() -> LayerOps:
         return KernelCost(name, 0, 0, 0, 0, 0, 0, f, i, w, False, phase)
     kernels = (kernel("attention", "attention", 3.0, 3.0, 1.0), kernel("permute", DISPATCH, 0.1, 0.1, 0.0),
                kernel("experts", MLP, 4.0, 4.0, 4.0), kernel("unpermute", COMBINE, 0.1, 0.1, 0.0))
-    collectives = (CollectiveCost("dispatch", 1, Group.EXPERT, 1.5, 0.0, DISPATCH),
-                   CollectiveCost("combine", 1, Group.EXPERT, 1.5, 0.0, COMBINE),
-                   CollectiveCost("dispatch grad", 1, Group.EXPERT, 0.0, 1.5, DISPATCH),
-                   CollectiveCost("combine grad", 1, Group.EXPERT, 0.0, 1.5, COMBINE))
+    collectives = (CollectiveCost("dispatch", 1, Group.EXPERT, 1.5, 0.0, phase=DISPATCH),
+                   CollectiveCost("combine", 1, Group.EXPERT, 1.5, 0.0, phase=COMBINE),
+                   CollectiveCost("dispatch grad", 1, Group.EXPERT, 0.0, 1.5, phase=DISPATCH),
+                   CollectiveCost("combine grad", 1, Group.EXPERT, 0.0, 1.5, phase=COMBINE))
     cost = layer_costs(load_model("tiny"), H100, TrainingSettings(seq_len=128))[1]
     cost = dataclasses.replace(cost, forward_s=10.2, backward_input_s=10.2, backward_weight_s=5.0, recompute_s=0.0)
     return LayerOps(cost, kernels, collectives)

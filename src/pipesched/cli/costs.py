@@ -116,7 +116,8 @@ def _ops_row(entry: LayerOps) -> dict[str, object]:
             "bytes": op.traffic, "forward_s": op.forward_s, "backward_input_s": op.backward_input_s,
             "backward_weight_s": op.backward_weight_s, "bound": op.bound} for op in entry.kernels]
     collectives = [{"name": c.name, "bytes": c.traffic, "group": c.group, "forward_s": c.forward_s,
-                    "backward_s": c.backward_s} for c in entry.collectives]
+                    "backward_s": c.backward_s, "algorithm": c.algorithm, "protocol": c.protocol}
+                   for c in entry.collectives]
     return _layer_row(entry.cost) | {"ops": ops, "collectives": collectives}
 
 
@@ -144,7 +145,8 @@ def _ops_tables(model: str, device: str, settings: TrainingSettings, listed: lis
         for collective in entry.collectives:
             table.add_row(f"{collective.name} ({collective.group})", "", "", "", "",
                           f"{collective.traffic / 1e6:.2f}", f"{collective.forward_s * 1e6:.1f}",
-                          f"{collective.backward_s * 1e6:.1f}", "", "")
+                          f"{collective.backward_s * 1e6:.1f}", "",
+                          "/".join(x for x in (collective.algorithm, collective.protocol) if x))
         cost = entry.cost
         table.add_section()
         table.add_row("total" + (" (I with recompute)" if cost.recompute_s else ""), "", "", "",

@@ -75,7 +75,8 @@ SequenceParallel = Annotated[bool | None, typer.Option(
     help=f"split norms and dropouts across the tensor-parallel group too "
          f"[default: {'on' if DEFAULTS.sequence_parallel else 'off'}]")]
 Dtype = Annotated[str | None, typer.Option(
-    "--dtype", help=f"training dtype of the analytical costs: bf16, fp16 or fp32 [default: {DEFAULTS.dtype}]")]
+    "--dtype", help=f"training dtype of the analytical costs: bf16, fp16, fp32, or fp8 (the linear layers' matmuls "
+                    f"on FP8 tensor cores, activations in bf16) [default: {DEFAULTS.dtype}]")]
 MatmulEfficiency = Annotated[float | None, typer.Option(
     "--matmul-efficiency", help="fraction of peak FLOP/s the devices' matmuls reach [default: the device preset's]")]
 BandwidthEfficiency = Annotated[float | None, typer.Option(

@@ -275,15 +275,31 @@ _TEXT_COLUMNS = frozenset(("schedule", "recompute", "partition"))  # left-aligne
 _HEADER = ("rank", "schedule", "v", "dp", "tp", "pp", "b", "m", "recompute", "partition", "zero", "time (s)",
            "tokens/s", "MFU", "HFU", "peak memory")
 # the columns a narrow console drops first (the "best" line's command reproduces them)
-_DROPPABLE = tuple(_HEADER.index(name) for name in ("partition", "recompute", "HFU", "MFU", "zero"))
+_DROPPED_FIRST = ("partition", "recompute", "HFU", "MFU", "zero", "ep")
+EP_COLUMN = _HEADER.index("zero") + 1  # where the expert-parallel degree shows, when a row has EP > 1
+
+
+def _droppable(table: Table) -> tuple[int, ...]:
+    """The indices of the columns a narrow console drops, in the order it drops them."""
+    headers = [column.header for column in table.columns]
+    return tuple(headers.index(name) for name in _DROPPED_FIRST if name in headers)
 
 
 def _table(title: str, rows: list[tuple[int, StoredRow]]) -> Table:
+    """The rows' table; with an ``ep`` column after ``zero`` when a row has expert parallelism
+    (the droppable columns keep their places: ``ep`` comes after every one of them)."""
     table = Table(title=title)
-    for heading in _HEADER:
+    experts = any(row.ep > 1 for _, row in rows)
+    header = list(_HEADER)
+    if experts:
+        header.insert(EP_COLUMN, "ep")
+    for heading in header:
         table.add_column(heading, justify="left" if heading in _TEXT_COLUMNS else "right")
     for rank, row in rows:
-        table.add_row(*_row_cells(rank, row))
+        cells = _row_cells(rank, row)
+        if experts:
+            cells.insert(EP_COLUMN, str(row.ep))
+        table.add_row(*cells)
     return table
 
 
@@ -296,13 +312,15 @@ def print_result(result: SearchResult, *, top: int) -> None:
     console.print(f"search: {space['model']} on {space['cluster']}, global batch {space['global_batch']} x "
                   f"{space['seq_len']} tokens; {total:,} points", highlight=False)
     if shown:
-        print_whole(console, _table(f"the {len(shown)} fastest configurations that fit (then the least memory-hungry "
-                                    "that do not)", list(enumerate(shown, start=1))), _DROPPABLE)
+        table = _table(f"the {len(shown)} fastest configurations that fit (then the least memory-hungry that do not)",
+                       list(enumerate(shown, start=1)))
+        print_whole(console, table, _droppable(table))
     front = result.front
     ranks = {row.key: k for k, row in enumerate(result.ranked, start=1)}
     if front:
-        print_whole(console, _table("Pareto front: iteration time against peak memory (none is both faster and "
-                                    "smaller)", [(ranks[row.key], row) for row in front]), _DROPPABLE)
+        table = _table("Pareto front: iteration time against peak memory (none is both faster and smaller)",
+                       [(ranks[row.key], row) for row in front])
+        print_whole(console, table, _droppable(table))
     counts = (f"{result.count(EVALUATED):,} evaluated (simulated, fit in memory), {result.count(OUT_OF_MEMORY):,} out "
               f"of memory, {result.count(PRUNED):,} pruned by the bound, {result.count(INVALID):,} invalid")
     unfinished = total - sum(result.count(s) for s in (EVALUATED, OUT_OF_MEMORY, PRUNED, INVALID))

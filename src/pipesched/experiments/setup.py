@@ -79,8 +79,11 @@ def describe_model_setup(model: str, cluster: str, settings: TrainingSettings, *
     frozen = f", frozen layers {format_indices(settings.frozen_layers)}" if settings.frozen_layers else ""
     if measured:
         return line + frozen
+    experts = ""
+    if settings.expert_parallel > 1:
+        experts = f", expert parallel {settings.expert_parallel} (expert tensor parallel {settings.expert_tensor})"
     return (f"{line}, micro-batch {settings.micro_batch_size} x {settings.seq_len} tokens, "
-            f"tensor parallel {settings.tensor_parallel}, recompute {recompute or settings.recompute}{frozen}")
+            f"tensor parallel {settings.tensor_parallel}{experts}, recompute {recompute or settings.recompute}{frozen}")
 
 
 def split_stage_costs(costs: StageCosts, num_stages: int) -> StageCosts:

@@ -50,14 +50,21 @@ from pipesched.errors import PipeschedError, invalid, require, shorten, suggest
 from pipesched.io.files import names_a_path, read_text
 from pipesched.io.yaml_text import load_yaml
 from pipesched.limits import MAX_CLUSTER_RANKS, check_count, check_name, check_rate
+from pipesched.model.collectives import INFINIBAND_NDR, NVLINK_H100
 from pipesched.model.devices import load_device
-from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
+from pipesched.model.hardware import PROTOCOLS, Cluster, CollectiveCalibration, DeviceSpec, LinkSpec
 from pipesched.model.units import parse_quantity
 
 # Links assumed when a cluster is built from a device name alone (``--device``): NVLink 4
-# (450 GB/s per direction) inside a node of 8, 400 Gb/s InfiniBand per device across nodes.
-NVLINK = LinkSpec(bandwidth=450e9, latency=3e-6)
-INFINIBAND_400G = LinkSpec(bandwidth=50e9, latency=5e-6)
+# (450 GB/s per direction) inside a node of 8, 400 Gb/s InfiniBand per device across nodes,
+# each with NCCL's collectives calibrated on it (``pipesched.model.collectives``).
+NVLINK = LinkSpec(bandwidth=450e9, latency=3e-6, collectives=NVLINK_H100)
+INFINIBAND_400G = LinkSpec(bandwidth=50e9, latency=5e-6, collectives=INFINIBAND_NDR)
+# the calibration a cluster file's link gets when it gives none
+_DEFAULT_CALIBRATION = {"intra_node": NVLINK_H100, "inter_node": INFINIBAND_NDR}
+_CALIBRATION_TIMES = ("base_latency", "step_latency")  # per-protocol lists of times
+_CALIBRATION_KEYS = {"fabric", "efficiency", "protocol_bandwidth", "ramp", "switch_bandwidth", "switch_min_ranks",
+                     *_CALIBRATION_TIMES}
 
 _CLUSTER_KEYS = {"name", "nodes", "intra_node", "inter_node", "nic_per_device"}
 _NODE_KEYS = {"count", "devices_per_node", "device", "devices"}
@@ -70,7 +77,7 @@ _TIME_KEYS = {"kernel_overhead": "kernel_overhead_s", "op_overhead": "op_overhea
 # the memory tiers below the device: rates (YAML key -> DeviceSpec field), and the disk's bytes
 _TIER_RATE_KEYS = {"host_write_bandwidth": "host_write_bandwidth", "disk_read_bandwidth": "disk_read_bandwidth",
                    "disk_write_bandwidth": "disk_write_bandwidth"}
-_DEVICE_KEYS = {"preset", "name", "peak_flops", "memory", "memory_bandwidth", "sm_count", "host_bandwidth",
+_DEVICE_KEYS = {"preset", "name", "peak_flops", "fp8_peak_flops", "memory", "memory_bandwidth", "sm_count", "host_bandwidth",
                 "host_memory", "disk_space", *_TIER_RATE_KEYS, *_NUMBER_KEYS, *_TIME_KEYS}
 
 
@@ -198,6 +205,8 @@ def _device(entry: object, where: str) -> DeviceSpec:
         changes["name"] = check_name(f"{where}.name", entry["name"])
     if "peak_flops" in entry:
         changes["peak_flops"] = parse_quantity(entry["peak_flops"], "flops", f"{where}.peak_flops")
+    if "fp8_peak_flops" in entry:
+        changes["fp8_peak_flops"] = parse_quantity(entry["fp8_peak_flops"], "flops", f"{where}.fp8_peak_flops")
     if "memory" in entry:
         changes["memory_bytes"] = parse_quantity(entry["memory"], "bytes", f"{where}.memory")
     if "memory_bandwidth" in entry:
@@ -230,9 +239,39 @@ def _device(entry: object, where: str) -> DeviceSpec:
 
 def _link(entry: object, where: str) -> LinkSpec:
     require(isinstance(entry, dict), where, entry, "must be a mapping with bandwidth and latency")
-    _check_keys(entry, {"bandwidth", "latency"}, where)
+    _check_keys(entry, {"bandwidth", "latency", "collectives"}, where)
     require("bandwidth" in entry, where, entry, "is missing 'bandwidth' (for example 450 GB/s)")
     bandwidth = parse_quantity(entry["bandwidth"], "bandwidth", f"{where}.bandwidth")
     latency = parse_quantity(entry.get("latency", 0.0), "time", f"{where}.latency")
     check_rate(f"{where}.bandwidth", bandwidth)
-    return LinkSpec(bandwidth=bandwidth, latency=latency)
+    calibration = _calibration(entry.get("collectives", {}), f"{where}.collectives", _DEFAULT_CALIBRATION[where])
+    return LinkSpec(bandwidth=bandwidth, latency=latency, collectives=calibration)
+
+
+def _calibration(entry: object, where: str, base: CollectiveCalibration) -> CollectiveCalibration:
+    """A link's collective calibration: ``base`` with the keys ``entry`` gives (as
+    ``pipesched profile --collectives`` writes them)."""
+    require(isinstance(entry, dict), where, entry, "must be a mapping of calibration constants")
+    _check_keys(entry, _CALIBRATION_KEYS, where)
+    changes: dict[str, object] = {}
+    for key in _CALIBRATION_TIMES:
+        if key in entry:
+            values = entry[key]
+            require(isinstance(values, list) and len(values) == len(PROTOCOLS), f"{where}.{key}", values,
+                    f"give a list of {len(PROTOCOLS)} times, one per protocol ({', '.join(PROTOCOLS)})")
+            changes[key] = tuple(parse_quantity(v, "time", f"{where}.{key}[{i}]") for i, v in enumerate(values))
+    for key in ("efficiency", "switch_bandwidth", "protocol_bandwidth"):
+        if key in entry:
+            value = entry[key]
+            numbers = value if key == "protocol_bandwidth" and isinstance(value, list) else [value]
+            require(all(isinstance(x, int | float) and not isinstance(x, bool) for x in numbers), f"{where}.{key}",
+                    value, "must be a number" if key != "protocol_bandwidth" else
+                    f"give a list of {len(PROTOCOLS)} shares, one per protocol ({', '.join(PROTOCOLS)})")
+            changes[key] = tuple(numbers) if key == "protocol_bandwidth" else float(value)
+    if "ramp" in entry:
+        changes["ramp_bytes"] = parse_quantity(entry["ramp"], "bytes", f"{where}.ramp")
+    if "switch_min_ranks" in entry:
+        changes["switch_min_ranks"] = entry["switch_min_ranks"]
+    if "fabric" in entry:
+        changes["fabric"] = check_name(f"{where}.fabric", entry["fabric"])
+    return dataclasses.replace(base, **changes)

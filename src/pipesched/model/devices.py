@@ -112,7 +112,7 @@ HOST_COPY_LATENCY_S = 10e-6  # assumed: launching one device-host copy and waiti
 def _gpu(name: str, *, peak_flops: float, memory_bytes: float, memory_bandwidth: float, matmul_efficiency: float,
          sm_count: int, attention: tuple[tuple[float, float], tuple[float, float]],
          host_link: float, host_memory_bytes: float,
-         tiles: tuple[tuple[int, int], ...] = NVIDIA_TILES) -> DeviceSpec:
+         tiles: tuple[tuple[int, int], ...] = NVIDIA_TILES, fp8_peak_flops: float = 0.0) -> DeviceSpec:
     (forward, forward_overhead), (backward, backward_overhead) = attention
     return DeviceSpec(
         name, peak_flops=peak_flops, memory_bytes=memory_bytes, memory_bandwidth=memory_bandwidth,
@@ -122,7 +122,7 @@ def _gpu(name: str, *, peak_flops: float, memory_bytes: float, memory_bandwidth:
         flash_backward_tile_overhead=backward_overhead, grad_accumulation_traffic=3.0,
         op_overhead_s=GPU_OP_OVERHEAD_S, transfer_setup_s=GPU_TRANSFER_SETUP_S,
         memory_fragmentation=GPU_FRAGMENTATION, host_bandwidth=HOST_LINK_EFFICIENCY * host_link,
-        host_memory_bytes=host_memory_bytes, comm_sm_fraction=COMM_SMS / sm_count,
+        host_memory_bytes=host_memory_bytes, fp8_peak_flops=fp8_peak_flops, comm_sm_fraction=COMM_SMS / sm_count,
     )
 
 
@@ -139,29 +139,34 @@ DEVICES: MappingProxyType[str, DeviceSpec] = MappingProxyType({
              host_link=PCIE_GEN4_X16, host_memory_bytes=1e12 / 8),
         # 132 SMs; MAMF 80.3% (GEMM-SWEEP: 8192^3 at 798 = 0.81 x peak x its 0.97 tile
         # efficiency); cuDNN fused attention (FA3-PAPER)
-        _gpu("h100-sxm", peak_flops=989e12, memory_bytes=80 * GiB, memory_bandwidth=3.35e12,
+        _gpu("h100-sxm", peak_flops=989e12, fp8_peak_flops=1979e12, memory_bytes=80 * GiB, memory_bandwidth=3.35e12,
              matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
              host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
         # the same chip as the H100 with more and faster memory (HBM3e); MAMF lists H100 and
         # H200 together (794.5 TFLOP/s); FlashAttention-3 on an H200 runs within 4% of an H100
         # (Dao-AILab/flash-attention issue 1438)
-        _gpu("h200", peak_flops=989e12, memory_bytes=141 * GB, memory_bandwidth=4.8e12,
+        _gpu("h200", peak_flops=989e12, fp8_peak_flops=1979e12, memory_bytes=141 * GB, memory_bandwidth=4.8e12,
+             matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
+             host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
+        # the H100 SXM's compute and memory (FP8 dense 1979 TFLOP/s, as all Hopper SXM parts)
+        # with NVLink cut to 400 GB/s both directions (the links live in the cluster: 8x8-h800)
+        _gpu("h800", peak_flops=989e12, fp8_peak_flops=1979e12, memory_bytes=80 * GiB, memory_bandwidth=3.35e12,
              matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
              host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
         # a Grace Hopper superchip: the H100 chip with 96 GB of HBM3 at 4 TB/s (the Grace
         # Hopper data sheet), its host memory behind NVLink-C2C (NVLINK-C2C)
-        _gpu("gh200", peak_flops=989e12, memory_bytes=96 * GB, memory_bandwidth=4.0e12,
+        _gpu("gh200", peak_flops=989e12, fp8_peak_flops=1979e12, memory_bytes=96 * GB, memory_bandwidth=4.0e12,
              matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
              host_link=NVLINK_C2C, host_memory_bytes=480 * GB),
         # 148 SMs; MAMF 77.6%; FlashAttention-4 on a B200, head dim 128, causal, 8k tokens:
         # forward 1418, backward 1118 TFLOP/s (Dao-AILab/flash-attention PR 2280), over the
         # causal tile efficiency at 64 tiles with FlashAttention-3's overheads: 0.68 / 0.56
-        _gpu("b200", peak_flops=2.25e15, memory_bytes=180 * GB, memory_bandwidth=8e12,
+        _gpu("b200", peak_flops=2.25e15, fp8_peak_flops=4.5e15, memory_bytes=180 * GB, memory_bandwidth=8e12,
              matmul_efficiency=0.78, sm_count=148, attention=((0.68, 1.9), (0.56, 3.4)),
              host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
         # 304 compute units; MAMF 60.1%; fused attention assumed at the MAMF fraction forward
         # and 0.8 of it backward, with cuDNN's overheads (no public causal curve in the sources)
-        _gpu("mi300x", peak_flops=1307e12, memory_bytes=192 * GB, memory_bandwidth=5.3e12,
+        _gpu("mi300x", peak_flops=1307e12, fp8_peak_flops=2615e12, memory_bytes=192 * GB, memory_bandwidth=5.3e12,
              matmul_efficiency=0.60, sm_count=304, attention=((0.60, 1.0), (0.48, 3.0)), tiles=AMD_TILES,
              host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
         # the host itself: no host link to offload over

@@ -16,18 +16,24 @@ onwards) fold index i of stage device k is cluster rank ``k t + (i mod t) + (i d
 an EP group inside the tensor-parallel ranks stays on the node (NVLink), one that reaches
 the data-parallel peers crosses nodes, hierarchically (``group_levels``).
 
-With no cluster (``layer_costs`` on its own) every group is one ring on the given link.
+With no cluster (``layer_costs`` on its own) a group is one ring on the given link, but
+an expert group larger than a node: its ranks fill nodes of ``DEVICES_PER_NODE`` (ETP
+innermost) over the link, and the nodes talk over the default cluster's InfiniBand.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pipesched.enums import Group
 from pipesched.errors import require
-from pipesched.model.collectives import CollectiveLevel, group_levels
+from pipesched.model.clusters import INFINIBAND_400G
+from pipesched.model.collectives import CollectiveLevel, group_levels, link_levels
 from pipesched.model.hardware import Cluster, LinkSpec
 from pipesched.model.spec import TrainingSettings
+
+DEVICES_PER_NODE = 8  # GPUs of a node when no cluster says (homogeneous_cluster's)
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,25 @@ def group_ranks(settings: TrainingSettings, group: Group) -> int:
 
 def levels_on_link(settings: TrainingSettings, group: Group, link: LinkSpec,
                    groups: GroupLevels | None = None) -> tuple[CollectiveLevel, ...]:
-    """The levels of ``group``: as ``groups`` lists them, else one ring on ``link``."""
+    """The levels of ``group``: as ``groups`` lists them, else one ring on ``link`` (an
+    expert group beyond a node: hierarchical, module docstring).
+
+    >>> from pipesched.model.clusters import NVLINK
+    >>> [level.ranks for level in levels_on_link(TrainingSettings(tensor_parallel=1, expert_parallel=32),
+    ...                                          Group.EXPERT, NVLINK)]
+    [8, 4]
+    """
     listed = groups.of(group) if groups is not None else None
     if listed is not None:
         return listed
-    return (CollectiveLevel(group_ranks(settings, group), link.latency, link.bandwidth),)
+    ranks = group_ranks(settings, group)
+    per_node = max(1, DEVICES_PER_NODE // settings.expert_tensor)
+    if group is not Group.EXPERT or ranks <= per_node:
+        return link_levels(link, ranks)
+    inside = math.gcd(ranks, per_node)
+    across = INFINIBAND_400G
+    return (*link_levels(link, inside),
+            CollectiveLevel(ranks // inside, across.latency, across.bandwidth, across.collectives))
 
 
 def fold_rank(first: int, index: int, tensor_parallel: int, stride: int) -> int:

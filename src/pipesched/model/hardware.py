@@ -61,6 +61,8 @@ class DeviceSpec:
     disk_read_bandwidth: float = 0.0  # bytes/s disk -> host memory; 0 = no disk tier
     disk_write_bandwidth: float = 0.0  # bytes/s host memory -> disk; 0 = disk_read_bandwidth
     disk_bytes: float = 0.0  # disk the device's offloaded state may fill, bytes; 0 = none
+    # --- FP8 tensor cores (training's --dtype fp8: the linear layers' matmuls at this rate)
+    fp8_peak_flops: float = 0.0  # dense FP8 FLOP/s; 0 = no FP8 tensor cores
     # --- compute beside communication (pipesched.model.phases): the share of the compute
     # units the communication kernels take while they run beside compute, which then runs
     # on the rest (DeepSeek-V3 gives 20 of 132 SMs to its all-to-all kernels); 0 = none
@@ -105,6 +107,7 @@ class DeviceSpec:
                 f"{self.name}.host_memory_bytes", self.host_memory_bytes, "must be a finite number >= 0 (0: none)")
         for field_name in ("host_write_bandwidth", "disk_read_bandwidth", "disk_write_bandwidth"):
             check_rate(f"{self.name}.{field_name}", getattr(self, field_name), zero=True)
+        check_rate(f"{self.name}.fp8_peak_flops", self.fp8_peak_flops, unit="FLOP/s", zero=True)
         require(math.isfinite(self.disk_bytes) and self.disk_bytes >= 0,
                 f"{self.name}.disk_bytes", self.disk_bytes, "must be a finite number >= 0 (0: none)")
         require(isinstance(self.comm_sm_fraction, int | float) and 0 <= self.comm_sm_fraction < 1,
@@ -114,12 +117,66 @@ class DeviceSpec:
                 f"{self.name}.memory_fragmentation", self.memory_fragmentation, "must be a number >= 1")
 
 
+# NCCL's protocols, in the order of every per-protocol tuple of a CollectiveCalibration:
+# LL (8-byte stores with a flag: lowest latency, a quarter of the bandwidth), LL128 (128-byte
+# lines with a flag) and Simple (large chunks behind a fence: the full bandwidth).
+PROTOCOLS = ("LL", "LL128", "Simple")
+
+
+@dataclass(frozen=True)
+class CollectiveCalibration:
+    """How NCCL's collectives run over one kind of link (``pipesched.model.collectives``).
+
+    A collective with protocol p costs ``base_latency[p]`` once, ``step_latency[p]`` per
+    algorithm step, and its bytes at the achieved bus bandwidth: the link's bandwidth x
+    ``efficiency`` x ``protocol_bandwidth[p]``, ramping with the message as
+    (B + ramp) / (B + 2 ramp) of it (half at small messages, all of it at B >> ramp).
+    An all-reduce may reduce in the switch (NVLink SHARP) at ``switch_bandwidth`` x the
+    link's bandwidth of algorithm bandwidth, from ``switch_min_ranks`` ranks on.
+    """
+
+    fabric: str = "nvlink"  # the link's kind, as reports name it: nvlink, pcie, infiniband, ethernet
+    base_latency: tuple[float, float, float] = (6.6e-6, 14e-6, 8.4e-6)  # seconds once per collective (LL, LL128, Simple)
+    step_latency: tuple[float, float, float] = (0.6e-6, 1.9e-6, 3.4e-6)  # seconds per step (LL, LL128, Simple)
+    efficiency: float = 0.82  # achieved bus bandwidth of the Simple protocol / the link's bandwidth
+    protocol_bandwidth: tuple[float, float, float] = (0.25, 0.92, 1.0)  # bus bandwidth of LL, LL128, Simple / Simple's
+    ramp_bytes: float = 0.0  # bytes per rank at which the achieved bandwidth is 2/3 of its peak; 0 = no ramp
+    switch_bandwidth: float = 0.0  # algorithm bandwidth of an in-switch all-reduce / the link's bandwidth; 0 = none
+    switch_min_ranks: int = 5  # the least ranks the in-switch all-reduce runs on
+
+    def __post_init__(self) -> None:
+        check_name("collectives.fabric", self.fabric)
+        for field_name in ("base_latency", "step_latency", "protocol_bandwidth"):
+            value = tuple(getattr(self, field_name))
+            require(len(value) == len(PROTOCOLS) and all(isinstance(x, int | float) and not isinstance(x, bool)
+                                                         and math.isfinite(x) for x in value),
+                    f"collectives.{field_name}", list(value), f"give {len(PROTOCOLS)} numbers, one per protocol "
+                    f"({', '.join(PROTOCOLS)})")
+            object.__setattr__(self, field_name, tuple(float(x) for x in value))
+        for field_name in ("base_latency", "step_latency"):
+            require(all(0 <= x <= MAX_SECONDS for x in getattr(self, field_name)), f"collectives.{field_name}",
+                    list(getattr(self, field_name)), f"must be seconds in [0, {MAX_SECONDS:g}]")
+        require(all(MIN_EFFICIENCY <= x <= 1 for x in self.protocol_bandwidth), "collectives.protocol_bandwidth",
+                list(self.protocol_bandwidth), f"must be shares in [{MIN_EFFICIENCY:g}, 1]")
+        require(isinstance(self.efficiency, int | float) and MIN_EFFICIENCY <= self.efficiency <= 1,
+                "collectives.efficiency", self.efficiency, f"must be in [{MIN_EFFICIENCY:g}, 1]")
+        require(isinstance(self.switch_bandwidth, int | float) and 0 <= self.switch_bandwidth <= 2,
+                "collectives.switch_bandwidth", self.switch_bandwidth, "must be in [0, 2] (0: no in-switch reduction)")
+        require(isinstance(self.switch_min_ranks, int) and not isinstance(self.switch_min_ranks, bool)
+                and 2 <= self.switch_min_ranks <= 1024, "collectives.switch_min_ranks", self.switch_min_ranks,
+                "must be a whole number in [2, 1024]")
+        check_amount("collectives.ramp_bytes", self.ramp_bytes, unit="bytes")
+
+
 @dataclass(frozen=True)
 class LinkSpec:
-    """A communication link: a transfer of n bytes takes latency + n / bandwidth when alone."""
+    """A communication link: a transfer of n bytes takes latency + n / bandwidth when alone.
+    ``collectives``: how NCCL's collectives run over it; None times them as plain rings of
+    the latency and bandwidth."""
 
     bandwidth: float  # bytes/s, per direction
     latency: float  # seconds
+    collectives: CollectiveCalibration | None = None
 
     def __post_init__(self) -> None:
         check_rate("bandwidth", self.bandwidth, infinite=True)

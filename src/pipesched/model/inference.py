@@ -31,9 +31,16 @@ import numpy as np
 import pipesched.model.kernels as kernels
 from pipesched.errors import PipeschedError, require
 from pipesched.io.latency_model import LatencyRow
-from pipesched.model.collectives import CollectiveLevel, collective_seconds
+from pipesched.model.collectives import CollectiveLevel, collective_seconds, link_levels
 from pipesched.model.hardware import Cluster, DeviceSpec
-from pipesched.model.spec import DTYPE_BYTES, EMBEDDING, LOSS, ModelSpec, TrainingSettings
+from pipesched.model.spec import (
+    DTYPE_BYTES,
+    EMBEDDING,
+    FP8_DTYPES,
+    LOSS,
+    ModelSpec,
+    TrainingSettings,
+)
 from pipesched.model.transformer import WEIGHT_MATMUL, Kernel, LayerPlan, layer_plans
 from pipesched.partition import min_bottleneck
 
@@ -125,7 +132,8 @@ def inference_plans(model: ModelSpec, tp: int, dtype: str) -> tuple[LayerPlan, .
         raise PipeschedError(f"model={model.name}: its layers are measured, with no kernel shapes to cost an "
                              "iteration from; give a model with its shape, or a fitted latency model "
                              "(--latency-model FILE)")
-    require(dtype in DTYPE_BYTES, "dtype", dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
+    require(dtype in DTYPE_BYTES and dtype not in FP8_DTYPES, "dtype", dtype,
+            f"must be one of {', '.join(d for d in DTYPE_BYTES if d not in FP8_DTYPES)} (fp8 is a training dtype)")
     settings = TrainingSettings(micro_batch_size=1, seq_len=1, tensor_parallel=tp, dtype=dtype,
                                 sequence_parallel=False)
     return tuple(layer_plans(dataclasses.replace(model, dropout=False), settings))
@@ -224,7 +232,7 @@ def stage_iteration_costs(model: ModelSpec, cluster: Cluster, *, tp: int, first_
                 "a stage's group spans two nodes; use a degree that divides the node size")
     plans = inference_plans(model, tp, dtype)
     # the tensor-parallel ring inside a node, as training costs it (``transformer.allreduce_time``)
-    levels = [(CollectiveLevel(tp, cluster.intra_node.latency, cluster.intra_node.bandwidth),)] * pp
+    levels = [link_levels(cluster.intra_node, tp)] * pp
     devices = [cluster.devices[first] for first in first_ranks]
     tables = [_tables(model, device, level, tp, dtype, max_tokens, max_batch) for device, level in
               zip(devices, levels, strict=True)]

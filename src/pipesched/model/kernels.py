@@ -111,8 +111,10 @@ def _ceil(x):
     return np.ceil(x) if isinstance(x, np.ndarray) else math.ceil(x)
 
 
-def _matmul_peak(device: DeviceSpec, fp32: bool) -> float:
-    # fp32 matmuls run as TF32 at half the 16-bit tensor-core rate
+def _matmul_peak(device: DeviceSpec, fp32: bool, fp8: bool = False) -> float:
+    # fp32 matmuls run as TF32 at half the 16-bit tensor-core rate; FP8 ones at the FP8 rate
+    if fp8:
+        return device.fp8_peak_flops * device.matmul_efficiency
     return device.peak_flops * device.matmul_efficiency / (2.0 if fp32 else 1.0)
 
 
@@ -122,7 +124,7 @@ def memory_time(device: DeviceSpec, traffic: float) -> float:
 
 
 def matmul_time(device: DeviceSpec, m: float, n: float, k: float, *, groups: float = 1.0, traffic: float = 0.0,
-                fp32: bool = False) -> float:
+                fp32: bool = False, fp8: bool = False) -> float:
     """Seconds of ``groups`` matmuls ``[m, k] x [k, n]`` moving ``traffic`` bytes in all.
 
     ``m`` and ``traffic`` may be arrays of the same shape (one matmul per row count, every
@@ -130,16 +132,16 @@ def matmul_time(device: DeviceSpec, m: float, n: float, k: float, *, groups: flo
     array of their times."""
     if not isinstance(m, np.ndarray) and (m <= 0 or n <= 0 or k <= 0):
         return memory_time(device, traffic)
-    compute, memory = matmul_roofline(device, m, n, k, groups=groups, traffic=traffic, fp32=fp32)
+    compute, memory = matmul_roofline(device, m, n, k, groups=groups, traffic=traffic, fp32=fp32, fp8=fp8)
     return _larger(compute, memory) + device.kernel_overhead_s
 
 
 def matmul_roofline(device: DeviceSpec, m, n: float, k: float, *, groups: float = 1.0, traffic=0.0,
-                    fp32: bool = False):
+                    fp32: bool = False, fp8: bool = False):
     """The two sides of a matmul's roofline (``matmul_time`` is the larger plus the fixed
     cost): seconds of its FLOPs at the quantized matmul rate, and of its bytes."""
     flops = 2.0 * groups * m * n * k
-    compute = flops / (_matmul_peak(device, fp32) * tile_efficiency(device, m, n, groups, k))
+    compute = flops / (_matmul_peak(device, fp32, fp8) * tile_efficiency(device, m, n, groups, k))
     return compute, traffic / (device.memory_bandwidth * device.bandwidth_efficiency)
 
 

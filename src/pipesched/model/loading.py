@@ -4,8 +4,11 @@ config.json (Hugging Face): ``num_hidden_layers``, ``hidden_size``, ``num_attent
 ``intermediate_size`` and ``vocab_size`` are required (GPT-2 spellings ``n_layer``, ``n_embd``,
 ``n_head``, ``n_inner`` are accepted); ``num_key_value_heads``, ``head_dim``,
 ``tie_word_embeddings`` and the mixture-of-experts fields ``num_local_experts`` (or
-``num_experts``), ``num_experts_per_tok`` and ``moe_intermediate_size`` are optional. A
-SiLU/SwiGLU activation means a gated MLP.
+``num_experts``, ``n_routed_experts``), ``num_experts_per_tok``, ``moe_intermediate_size``,
+``n_shared_experts`` (or Qwen's ``shared_expert_intermediate_size``) and
+``first_k_dense_replace``, and DeepSeek's latent attention (``q_lora_rank``,
+``kv_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim``, ``v_head_dim``) are optional.
+A SiLU/SwiGLU activation means a gated MLP.
 
 YAML model file, either a shape (the ModelSpec field names)::
 
@@ -136,8 +139,7 @@ def parse_hf_config(config: Mapping, *, name: str = "config") -> ModelSpec:
     ffn = _int_field(config, ("intermediate_size", "n_inner", "ffn_dim"),
                      default=4 * hidden if "n_embd" in config else None)
     experts = _int_field(config, ("num_local_experts", "num_experts", "n_routed_experts"), default=1)
-    if experts > 1:
-        ffn = _int_field(config, ("moe_intermediate_size",), default=ffn)
+    expert_ffn = _int_field(config, ("moe_intermediate_size",), default=0) if experts > 1 else 0
     activation = _text_field(config, ("hidden_act", "activation_function")).lower()
     model_type = _text_field(config, ("model_type",)).lower()
     positions = _int_field(config, ("max_position_embeddings", "n_positions"), default=0)
@@ -159,7 +161,27 @@ def parse_hf_config(config: Mapping, *, name: str = "config") -> ModelSpec:
         tied_embeddings=tied,
         position_embeddings=positions if model_type in _LEARNED_POSITIONS else 0,
         bias=model_type in _LEARNED_POSITIONS,
+        **_experts_and_latents(config, experts, expert_ffn),
     )
+
+
+def _experts_and_latents(config: Mapping, experts: int, expert_ffn: int) -> dict[str, int]:
+    """The mixture-of-experts and latent-attention fields of a Hugging Face config
+    (DeepSeek-V2/V3: ``moe_intermediate_size``, ``n_shared_experts``,
+    ``first_k_dense_replace``, ``q_lora_rank``, ``kv_lora_rank`` and the head sizes; Qwen-MoE:
+    ``shared_expert_intermediate_size``, as a number of experts' widths)."""
+    fields = {"moe_ffn_hidden_size": expert_ffn}
+    if experts > 1:
+        shared = _int_field(config, ("n_shared_experts",), default=0)
+        shared_width = _int_field(config, ("shared_expert_intermediate_size",), default=0)
+        if not shared and shared_width and expert_ffn and shared_width % expert_ffn == 0:
+            shared = shared_width // expert_ffn
+        fields |= {"num_shared_experts": shared,
+                   "first_dense_layers": _int_field(config, ("first_k_dense_replace",), default=0)}
+    if _first(config, ("kv_lora_rank",)) is not None:
+        fields |= {name: _int_field(config, (name,), default=0)
+                   for name in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
+    return fields
 
 
 def parse_model_yaml(text: str, *, source: str = "model") -> ModelSpec:

@@ -39,10 +39,25 @@ input gradients in I over the intra-node link (ring: ``2 (t-1)/t`` bytes per ran
 Activation memory stays Korthikanti's inventory even with fused attention (which keeps no
 scores): choose selective recompute for the memory a FlashAttention layer keeps.
 
-Not modelled: expert parallelism (all experts of a layer sit on its stage, split by tensor
-parallelism, with perfectly balanced routing), clock throttling under sustained load and
-compute/communication overlap inside a layer (one microbatch's communication beside
-another's compute is ``pipesched.model.phases``': DualPipe's and Megatron's overlapped pairs).
+Mixture of experts. Without expert parallelism every expert of a block sits on its stage,
+split by tensor parallelism. With ``expert_parallel`` EP > 1 (Megatron-Core's parallel
+folding, ``pipesched.model.groups``) each rank routes its ``b s / t`` tokens, dispatches
+their ``k`` copies over the EP group in an all-to-all (FP8 under FP8 training), runs its
+``E / EP`` experts as one grouped GEMM (tile and wave quantization per expert's rows), and
+combines back; the busiest rank under load imbalance (``expert_skew`` or a measured
+``expert_load``) sets the rows and the bytes, or a capacity factor pads every expert's
+buffer. Shared experts run as a dense MLP on every rank; the first ``first_dense_layers``
+blocks are dense. Every kernel carries its phase (attention, dispatch, MLP, combine) and
+every collective the phase it ends. Latent attention (DeepSeek's MLA) projects queries
+and keys/values through low-rank latents.
+
+FP8 training (``dtype="fp8"``): the linear layers' matmuls (forward, input and weight
+gradients) run at the device's ``fp8_peak_flops``; the router, the LM head, the attention
+core and every elementwise kernel stay in bf16, and activations are kept in bf16 (2 bytes).
+
+Not modelled: clock throttling under sustained load and compute/communication overlap
+inside a layer (the phases are what a schedule overlaps across microbatches:
+``pipesched.model.phases``, DualPipe's and Megatron's overlapped pairs).
 """
 
 from __future__ import annotations
@@ -54,7 +69,13 @@ from dataclasses import dataclass
 import pipesched.model.kernels as kernels
 from pipesched.enums import Collective, Group
 from pipesched.errors import require
-from pipesched.model.collectives import CollectiveLevel, collective_seconds
+from pipesched.model.collectives import (
+    NVLINK_H100,
+    CollectiveTime,
+    collective_choice,
+    collective_seconds,
+    link_levels,
+)
 from pipesched.model.devices import load_device
 from pipesched.model.groups import GroupLevels, levels_on_link
 from pipesched.model.hardware import DeviceSpec, LinkSpec
@@ -69,7 +90,7 @@ from pipesched.model.spec import (
 )
 
 # Tensor-parallel link assumed when none is given: NVLink 4, 450 GB/s per direction.
-DEFAULT_TP_LINK = LinkSpec(bandwidth=450e9, latency=3e-6)
+DEFAULT_TP_LINK = LinkSpec(bandwidth=450e9, latency=3e-6, collectives=NVLINK_H100)
 
 # How a kernel's backward splits (see the module docstring).
 WEIGHT_MATMUL = "weight"
@@ -95,6 +116,7 @@ class Kernel:
     n: float = 0.0
     k: float = 0.0
     phase: str = ""  # the part of the layer it runs in (PHASES): what overlaps another microbatch's communication
+    high_precision: bool = False  # stays in bf16 under FP8 training (the router and the LM head, as DeepSeek-V3 keeps them)
 
 
 # The parts of a layer, in forward order: what a phase model (DualPipe's overlapped pair,
@@ -182,7 +204,7 @@ def _shape(model: ModelSpec, settings: TrainingSettings) -> _Shape:
 
 
 def _matmul(name: str, m: float, n: float, k: float, elem: int, *, batch: float = 1.0, weights: float = 1.0,
-            backward: str = WEIGHT_MATMUL, attention_core: bool = False) -> Kernel:
+            backward: str = WEIGHT_MATMUL, attention_core: bool = False, high_precision: bool = False) -> Kernel:
     """``batch`` products of [m, k] x [k, n]; ``weights`` copies of the [k, n] operand (experts),
     each multiplying its share of the m rows."""
     if backward == WEIGHT_MATMUL:
@@ -191,7 +213,8 @@ def _matmul(name: str, m: float, n: float, k: float, elem: int, *, batch: float 
     else:
         traffic = elem * batch * (m * k + k * n + m * n)
         groups, rows = batch, m
-    return Kernel(name, 2.0 * batch * m * n * k, traffic, backward, attention_core, groups, rows, n, k)
+    return Kernel(name, 2.0 * batch * m * n * k, traffic, backward, attention_core, groups, rows, n, k,
+                  high_precision=high_precision)
 
 
 def _elementwise(name: str, traffic: float, *, attention_core: bool = False, backward: str = ELEMENTWISE) -> Kernel:
@@ -276,7 +299,7 @@ def _attention(model: ModelSpec, x: _Shape) -> tuple[_Part, tuple[float, float, 
     kernels = [
         _elementwise("norm 1", 2 * hidden_bytes),
         _matmul("qkv", tokens, x.q_width + 2 * x.kv_width, h, e),
-        *_core(model, x, x.head_dim, x.head_dim),
+        *_core_kernels(model, x, x.head_dim, x.head_dim),
         _matmul("projection", tokens, h, x.q_width, e),
     ]
     kept = (
@@ -292,7 +315,7 @@ def _attention(model: ModelSpec, x: _Shape) -> tuple[_Part, tuple[float, float, 
     return _Part(tuple(_phased(ATTENTION, kernels)), kept, params, weight_inputs), (b * x.heads, s, x.head_dim), traffic
 
 
-def _core(model: ModelSpec, x: _Shape, qk_dim: float, v_dim: float) -> list[Kernel]:
+def _core_kernels(model: ModelSpec, x: _Shape, qk_dim: float, v_dim: float) -> list[Kernel]:
     """Scores, softmax (+ dropout) and context of the attention core on this rank."""
     b, s, e = x.batch, x.seq, x.elem
     scores = b * x.heads * s * s
@@ -329,7 +352,7 @@ def _latent_attention(model: ModelSpec, x: _Shape) -> tuple[_Part, tuple[float, 
         _matmul("kv down", tokens, latent, h, e),
         _elementwise("kv norm", 2 * tokens * model.kv_lora_rank * e),
         _matmul("kv up", tokens, heads * (model.qk_nope_head_dim + v), model.kv_lora_rank, e),
-        *_core(model, x, qk, v),
+        *_core_kernels(model, x, qk, v),
         _matmul("projection", tokens, h, heads * v, e),
     ]
     latents = tokens * (q_rank + model.kv_lora_rank) * e  # the normed latents the up-projections read
@@ -360,7 +383,7 @@ def _dense_mlp(model: ModelSpec, x: _Shape, moe: bool) -> _Part:
     if moe:
         experts, routed = model.num_experts, tokens * model.experts_per_token
         kernels += [
-            _matmul("router", tokens, experts, h, e),
+            _matmul("router", tokens, experts, h, e, high_precision=True),
             _elementwise("dispatch", tokens * h * e * (1 + model.experts_per_token)),
         ]
         kept = 2 * hidden_bytes + 4.0 * tokens * experts + routed * h * e  # norm-2 in, router in, fp32 router probs, expert inputs
@@ -437,7 +460,7 @@ def _expert_parallel_mlp(model: ModelSpec, x: _Shape) -> _Part:
     dispatched = local * k * h * share  # elements this rank sends (and the busiest receives)
     dispatch = _phased(DISPATCH, [
         _elementwise("residual 1", 3 * hidden_bytes + mask_hidden), _elementwise("norm 2", 2 * hidden_bytes),
-        _matmul("router", local, experts, h, e),
+        _matmul("router", local, experts, h, e, high_precision=True),
         _elementwise("permute", local * h * e * (1 + k)),
     ])
     mlp = [
@@ -535,7 +558,7 @@ def _head(model: ModelSpec, x: _Shape) -> LayerPlan:
     logits = tokens * x.vocab  # logit elements on this rank
     kernels = (
         _elementwise("final norm", 2 * hidden_bytes),
-        _matmul("lm head", tokens, x.vocab, h, e),
+        _matmul("lm head", tokens, x.vocab, h, e, high_precision=True),
         # softmax cross-entropy in fp32 over the logits
         _elementwise("cross entropy", logits * (e + 4)),
     )
@@ -559,13 +582,13 @@ def layer_plans(model: ModelSpec, settings: TrainingSettings) -> list[LayerPlan]
 
 
 def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
-    """Ring all-reduce of ``nbytes`` over ``ranks`` ranks on ``link``: 2 (t-1)/t of the bytes
-    per rank (``pipesched.model.collectives``).
+    """All-reduce of ``nbytes`` over ``ranks`` ranks on ``link``, as NCCL runs it
+    (``pipesched.model.collectives``).
 
     >>> allreduce_time(1e9, 1, DEFAULT_TP_LINK)
     0.0
     """
-    return collective_seconds(Collective.ALL_REDUCE, nbytes, (CollectiveLevel(ranks, link.latency, link.bandwidth),))
+    return collective_seconds(Collective.ALL_REDUCE, nbytes, link_levels(link, ranks))
 
 
 def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec,
@@ -579,8 +602,13 @@ def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettin
     >>> plan_collective_seconds(c, TrainingSettings(tensor_parallel=1), DEFAULT_TP_LINK)
     0.0
     """
-    return collective_seconds(collective.kind, collective.nbytes,
-                              levels_on_link(settings, collective.group, link, groups))
+    return plan_collective_choice(collective, settings, link, groups).seconds
+
+
+def plan_collective_choice(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec,
+                           groups: GroupLevels | None = None) -> CollectiveTime:
+    """``plan_collective_seconds`` with the algorithm and protocol NCCL runs it with."""
+    return collective_choice(collective.kind, collective.nbytes, levels_on_link(settings, collective.group, link, groups))
 
 
 @dataclass(frozen=True)
@@ -594,15 +622,31 @@ class _Times:
     core: float
 
 
+def fp8_matmul(kernel: Kernel, settings: TrainingSettings) -> bool:
+    """Whether ``kernel`` runs on the FP8 tensor cores: under FP8 training, every matmul with
+    a weight (forward, input and weight gradient) but the router and the LM head; the
+    attention core and the elementwise kernels stay in bf16 (DeepSeek-V3's FP8 recipe)."""
+    return settings.fp8 and kernel.backward == WEIGHT_MATMUL and kernel.groups > 0 and not kernel.high_precision
+
+
+def check_fp8(device: DeviceSpec, settings: TrainingSettings) -> None:
+    """Refuse FP8 training on a device without FP8 tensor cores."""
+    require(not settings.fp8 or device.fp8_peak_flops > 0, "dtype", settings.dtype,
+            f"device {device.name} has no FP8 tensor cores (fp8_peak_flops=0); train in bf16, or give a device "
+            "with fp8_peak_flops (h100-sxm, h200, h800)")
+
+
 def kernel_times(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings) -> tuple[float, float, float]:
     """Seconds of one kernel's forward and of its parts of I and W (``_times`` says how a
     kernel's backward splits)."""
     fp32 = settings.dtype == "fp32"
+    fp8 = fp8_matmul(kernel, settings)
     if kernel.groups == 0:
         backward = kernels.memory_time(device, 2 * kernel.traffic)
         weight = kernel.backward == WEIGHT_ELEMENTWISE
         return kernels.memory_time(device, kernel.traffic), 0.0 if weight else backward, backward if weight else 0.0
-    matmul = functools.partial(kernels.matmul_time, device, groups=kernel.groups, traffic=kernel.traffic, fp32=fp32)
+    matmul = functools.partial(kernels.matmul_time, device, groups=kernel.groups, traffic=kernel.traffic, fp32=fp32,
+                               fp8=fp8)
     forward = matmul(kernel.m, kernel.n, kernel.k)
     if kernel.backward != WEIGHT_MATMUL:
         return forward, matmul(kernel.m, kernel.k, kernel.n) + matmul(kernel.k, kernel.n, kernel.m), 0.0
@@ -730,6 +774,7 @@ def layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings
         require(settings.tensor_parallel == 1, "tensor_parallel", settings.tensor_parallel,
                 "measured layer costs already include any tensor parallelism; use 1 (CLI: -t 1)")
         return _measured(model, device)
+    check_fp8(device, settings)
     if settings.optimizer_shards != 1:  # the optimizer's share of memory is no layer cost
         settings = dataclasses.replace(settings, optimizer_shards=1)
     return list(_layer_costs(model, device, settings, tp_link or DEFAULT_TP_LINK, groups))
@@ -762,6 +807,15 @@ def layer_params(model: ModelSpec) -> list[float]:
     return [layer.params for layer in layer_costs(model, load_device("cpu"), TrainingSettings(seq_len=1, tensor_parallel=1))]
 
 
+def routed_expert_params(model: ModelSpec) -> float:
+    """Parameters of every routed expert of every MoE block (what expert parallelism splits)."""
+    blocks = sum(model.moe_block(i) for i in range(model.num_layers))
+    up = 2 if model.gated_mlp else 1
+    expert = (up + 1) * model.hidden_size * model.expert_ffn + ((up * model.expert_ffn + model.hidden_size)
+                                                               if model.bias else 0)
+    return blocks * model.num_experts * expert
+
+
 def active_params(model: ModelSpec, *, embedding: bool = True) -> float:
     """Parameters one token runs through: ``layer_params`` less the routed experts it is not
     sent to (``num_experts - experts_per_token`` of every MoE block's); without the
@@ -772,13 +826,10 @@ def active_params(model: ModelSpec, *, embedding: bool = True) -> float:
     >>> round(active_params(load_model("mixtral-8x22b")) / 1e9, 1)
     39.2
     """
-    blocks = sum(model.moe_block(i) for i in range(model.num_layers))
-    up = 2 if model.gated_mlp else 1
-    expert = (up + 1) * model.hidden_size * model.expert_ffn + ((up * model.expert_ffn + model.hidden_size)
-                                                               if model.bias else 0)
     params = layer_params(model)
     total = sum(params) if embedding else sum(params[1:])
-    return total - blocks * (model.num_experts - model.experts_per_token) * expert
+    idle = (model.num_experts - model.experts_per_token) / model.num_experts
+    return total - idle * routed_expert_params(model)
 
 
 def _measured(model: ModelSpec, device: DeviceSpec) -> list[LayerCost]:
@@ -852,6 +903,8 @@ class CollectiveCost:
     group: Group  # the ranks it runs over
     forward_s: float
     backward_s: float  # in I
+    algorithm: str = ""  # what NCCL runs it with: ring, tree, switch, direct ("" when nothing moves)
+    protocol: str = ""  # LL, LL128 or Simple ("" over an uncalibrated link)
     phase: str = ATTENTION  # the phase it ends (PlanCollective.phase)
 
 
@@ -926,7 +979,8 @@ def _memory_bound(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings
     if kernel.groups == 0:
         return True
     compute, memory = kernels.matmul_roofline(device, kernel.m, kernel.n, kernel.k, groups=kernel.groups,
-                                              traffic=kernel.traffic, fp32=settings.dtype == "fp32")
+                                              traffic=kernel.traffic, fp32=settings.dtype == "fp32",
+                                              fp8=fp8_matmul(kernel, settings))
     return memory > compute
 
 
@@ -934,8 +988,9 @@ def _collective_costs(plan: LayerPlan, settings: TrainingSettings, link: LinkSpe
                       groups: GroupLevels | None) -> tuple[CollectiveCost, ...]:
     costs = []
     for collective in plan.collectives:
-        seconds = plan_collective_seconds(collective, settings, link, groups)
+        choice = plan_collective_choice(collective, settings, link, groups)
+        seconds = choice.seconds
         costs.append(CollectiveCost(collective.name, collective.nbytes, collective.group,
                                     0.0 if collective.backward else seconds, seconds if collective.backward else 0.0,
-                                    collective.phase))
+                                    choice.algorithm, choice.protocol, collective.phase))
     return tuple(costs)

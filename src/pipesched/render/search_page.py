@@ -122,6 +122,7 @@ SEARCH_COLUMNS = (
     ("recompute", "recompute", _plain),
     ("partition", "partition", _plain),
     ("zero", "ZeRO", _plain),
+    ("ep", "EP", _plain),
     ("iteration_time_s", "iteration s", lambda v: "-" if v is None else f"{float(v):,.4f}"),
     ("throughput_tokens_per_s", "tokens/s", _count),
     ("mfu", "MFU", _percent),

@@ -23,7 +23,7 @@ from pipesched.search.store import BOUNDED, EVALUATED, INVALID, OUT_OF_MEMORY, P
 from pipesched.timeline import Timeline
 
 # the StoredRow fields of ``--json`` rows, in order (CSV adds the rest of StoredRow)
-JSON_COLUMNS = ("family", "dp", "tp", "p", "v", "micro_batch_size", "m", "recompute", "partition", "zero",
+JSON_COLUMNS = ("family", "dp", "tp", "p", "v", "micro_batch_size", "m", "recompute", "partition", "zero", "ep",
                 "iteration_time_s", "throughput_tokens_per_s", "mfu", "hfu", "peak_memory_bytes", "fits")
 # the names a search's rows give a point's fields in its JSON, CSV and tables (README
 # "Design-space search"): the family as the schedule, the pipeline size beside dp and tp
@@ -157,7 +157,8 @@ def simulate_command(space: dict, row: StoredRow) -> str:
     chunks = f" -v {row.v}" if row.v is not None else ""
     return (f"pipesched simulate {row.family} -p {row.p} -m {row.m}{chunks} --model {shlex.quote(space['model'])} "
             f"--cluster {shlex.quote(space['cluster'])} -t {row.tp} --dp {row.dp} --zero {row.zero} -b {row.micro_batch_size} "
-            f"-s {space['seq_len']} --recompute {row.recompute} --partition {row.partition}{_training(space)}")
+            f"-s {space['seq_len']} --recompute {row.recompute} --partition {row.partition}{_training(space)}"
+            f"{f' --ep {row.ep}' if row.ep > 1 else ''}")
 
 
 def _training(space: dict) -> str:

@@ -32,6 +32,7 @@ from pipesched.generators import FAMILIES, get_family
 from pipesched.limits import MAX_SEARCH_POINTS
 from pipesched.model import layer_costs, load_cluster, load_model
 from pipesched.model.spec import DTYPE_BYTES, RECOMPUTE_MODES, TrainingSettings
+from pipesched.model.transformer import routed_expert_params
 from pipesched.units import GiB
 
 # the largest global batch a search takes (sequences per iteration)
@@ -218,8 +219,10 @@ class SearchSpace:
         devices = self.devices()
         settings = TrainingSettings(seq_len=min(self.seq_len, 128), tensor_parallel=1)
         params = sum(layer.params for layer in layer_costs(model, cluster.devices[0], settings))
+        experts = routed_expert_params(model)  # split further over the EP ranks
         capacity = min(cluster.devices[r].memory_bytes for r in range(devices))
-        need = min(params / (layout.tp * layout.pp) * TrainingSettings(
+        need = min((params - experts + experts / max(self._expert_degrees(layout), default=1))
+                   / (layout.tp * layout.pp) * TrainingSettings(
             optimizer_shards=layout.dp if max(self.zero) else 1).static_bytes_per_param
                    for layout in self.layouts())
         if need > capacity:
