@@ -8,10 +8,9 @@ figures come from the trace: the pair's span, the compute and communication stre
 time, and the share of the communication that runs beside compute.
 
 The predicted side is the phase model (``pipesched.model.phases``): the deepseek-v3 preset's
-MoE blocks (layers 3-6) costed at micro-batch 1 x 4096 tokens, FP8 GEMMs, TP1, EP64 over 8
-nodes of 8 H800 (the h100-sxm preset's compute and memory: the H800 is that chip with
-NVLink cut to 400 GB/s both ways, 200 GB/s per direction; one 400 Gb/s InfiniBand NIC per
-GPU, 50 GB/s), every layer's dispatch and combine all-to-all over those links; the forward
+MoE blocks (layers 3-6) costed at micro-batch 1 x 4096 tokens, FP8 GEMMs, TP1, EP64 on the
+``8x8-h800`` cluster preset (NVLink cut to 400 GB/s both ways, one 400 Gb/s InfiniBand NIC
+per GPU), every layer's dispatch and combine all-to-all over those links; the forward
 chunk beside the backward chunk on a compute and a communication stream, the communication
 kernels taking 20 of the 132 SMs (``comm_sm_fraction``). Target: the pair within 25% of the
 published 129 ms.
@@ -23,34 +22,22 @@ published 129 ms.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
-from pipesched.model import TrainingSettings, load_device, load_model
-from pipesched.model.clusters import INFINIBAND_400G, NVLINK
+from pipesched.model import TrainingSettings, load_cluster, load_model
 from pipesched.model.groups import expert_group_levels
-from pipesched.model.hardware import Cluster, LinkSpec
 from pipesched.model.phases import chunk_pair, layer_phases
 from pipesched.model.transformer import layer_ops
 
 DATA = Path(__file__).parent / "data" / "deepseek_dualpipe_pair.json"
-H800_NVLINK = LinkSpec(bandwidth=200e9, latency=NVLINK.latency)  # 400 GB/s both ways
 FIRST_MOE_BLOCK = 3  # DeepSeek-V3's first 3 blocks are dense
 TARGET = 0.25
 
 
-def h800_cluster(nodes: int = 8) -> Cluster:
-    """``nodes`` nodes of 8 H800, NVLink inside a node, one 400 Gb/s NIC per GPU across."""
-    device = dataclasses.replace(load_device("h100-sxm"), name="h800")
-    ranks = 8 * nodes
-    return Cluster(f"{nodes}x8-h800", (device,) * ranks, tuple(rank // 8 for rank in range(ranks)),
-                   H800_NVLINK, INFINIBAND_400G)
-
-
 def predicted(layers: int = 4) -> dict[str, float]:
     """The phase model's pair of ``layers`` DeepSeek-V3 MoE blocks (module docstring), seconds."""
-    cluster = h800_cluster()
+    cluster = load_cluster("8x8-h800")
     settings = TrainingSettings(micro_batch_size=1, seq_len=4096, dtype="fp8", recompute="none",
                                 tensor_parallel=1, expert_parallel=64, sequence_parallel=False)
     groups = expert_group_levels(cluster, settings, 0, settings.tensor_parallel)
