@@ -22,6 +22,7 @@ from pipesched.model import (
     load_device,
     load_model,
 )
+from pipesched.model.clusters import parse_cluster
 from pipesched.model.phases import (
     COMPUTE,
     LINK,
@@ -301,3 +302,16 @@ def test_dualpipe_on_a_moe_model_runs_its_pairs_for_the_computed_time():
                        costs.full_backward(backward.stage))
         assert overlapped_run.op_end[row] - overlapped_run.op_start[row] == pytest.approx(expected)
     assert overlapped_run.iteration_time < serial_run.iteration_time
+
+
+def test_a_cluster_file_sets_the_sms_communication_takes():
+    text = """
+name: two
+nodes: [{count: 1, devices_per_node: 2, device: {preset: h100-sxm, comm_sm_fraction: 0.25}}]
+intra_node: {bandwidth: 450 GB/s, latency: 3 us}
+inter_node: {bandwidth: 50 GB/s, latency: 5 us}
+"""
+    assert parse_cluster(text).devices[0].comm_sm_fraction == 0.25
+    assert load_device("h100-sxm").comm_sm_fraction == pytest.approx(20 / 132)  # DeepSeek-V3's 20 of 132 SMs
+    with pytest.raises(PipeschedError, match="comm_sm_fraction"):
+        parse_cluster(text.replace("0.25", "1.5"))
