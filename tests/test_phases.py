@@ -33,6 +33,7 @@ from pipesched.model.phases import (
     pair,
     serial_time,
 )
+from pipesched.model.stages import pair_partners
 from pipesched.model.transformer import (
     COMBINE,
     DISPATCH,
@@ -196,9 +197,18 @@ def test_model_stage_costs_carry_the_computed_pair():
     settings = TrainingSettings(seq_len=2048, tensor_parallel=4)
     costs = build_stage_costs(load_model("llama3-8b"), Placement.bidirectional(2), load_cluster("1x8-h100"), settings)
     assert costs.forward_backward is not None
-    for s in range(costs.num_stages):
-        assert costs.fused_time(s, costs.forward[s], costs.full_backward(s)) < costs.forward[s] + costs.full_backward(s)
-        assert costs.forward_backward[s] >= max(costs.forward[s], costs.full_backward(s))
+    for s, partner in enumerate(pair_partners(Placement.bidirectional(2))):
+        forward, backward = costs.forward[s], costs.full_backward(partner)
+        assert costs.fused_time(s, forward, backward) < forward + backward
+        assert costs.forward_backward[s] >= max(forward, backward)
+
+
+@pytest.mark.parametrize(("family", "p", "m"), [("dualpipe", 4, 8), ("dualpipe", 8, 16), ("dualpipev", 4, 8)])
+def test_pair_partners_are_the_stages_dualpipe_pairs(family, p, m):
+    schedule = generate(family, p, m)
+    partners = pair_partners(schedule.placement)
+    pairs = [(op.parts[0].stage, op.parts[1].stage) for ops in schedule.device_ops for op in ops if op.parts]
+    assert pairs and all(backward == partners[forward] for forward, backward in pairs)
 
 
 def test_without_communication_model_costs_keep_no_pair():

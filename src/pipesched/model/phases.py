@@ -349,12 +349,14 @@ def model_layer_ops(model: ModelSpec, device: DeviceSpec, settings: TrainingSett
     return () if model.measured else tuple(layer_ops(model, device, settings, tp_link=link, groups=groups))
 
 
-def stage_pair_seconds(ops: Sequence[LayerOps], costs: Sequence[LayerCost], device: DeviceSpec, *,
+def stage_pair_seconds(forward: tuple[Sequence[LayerOps], Sequence[LayerCost]],
+                       backward: tuple[Sequence[LayerOps], Sequence[LayerCost]], device: DeviceSpec, *,
                        full_recompute: bool = False) -> float:
-    """An overlapped pair on one stage: the forward chunk of its layers beside the backward
-    chunk of the same layers (another microbatch's: DualPipe pairs stages alike under a
-    balanced partition), each layer as ``costs`` runs it (a frozen one without W, or without
-    backward), compute slowed by ``device.comm_sm_fraction`` beside communication."""
-    layers = [layer_phases(entry, cost=cost, full_recompute=full_recompute)
-              for entry, cost in zip(ops, costs, strict=True)]
-    return chunk_pair(layers, layers, comm_sm_fraction=device.comm_sm_fraction).pair_s
+    """An overlapped pair on one device: the forward chunk of one stage's layers beside the
+    backward chunk of another's (or the same stage's), each given as its layers' kernels and
+    collectives and their costs as they run (a frozen layer without W, or without backward;
+    ``full_recompute``: the backward's stage redoes its forwards), compute slowed by
+    ``device.comm_sm_fraction`` beside communication."""
+    layers = [layer_phases(entry, cost=cost) for entry, cost in zip(*forward, strict=True)]
+    behind = [layer_phases(entry, cost=cost, full_recompute=full_recompute) for entry, cost in zip(*backward, strict=True)]
+    return chunk_pair(layers, behind, comm_sm_fraction=device.comm_sm_fraction).pair_s
