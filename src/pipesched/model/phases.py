@@ -179,26 +179,36 @@ class _Progress:
         self.start = [[0.0] * len(phases) for phases in parts]
         self.end = [[0.0] * len(phases) for phases in parts]
         self.ready = [0.0] * len(parts)  # when each part's latest phase ended
+        self.done_upto = [0] * len(parts)  # phases done from each part's first on
+        # each part's first phase on each stream not started yet (phases run in order on a stream)
+        self.first_on = [{resource: self._after(k, -1, resource) for resource in Resource} for k in range(len(parts))]
+
+    def _after(self, k: int, j: int, resource: Resource) -> int | None:
+        phases = self.parts[k]
+        return next((i for i in range(j + 1, len(phases)) if phases[i].resource is resource), None)
 
     def next_on(self, resource: Resource) -> list[int | None]:
-        """Each part's first phase on ``resource`` not started yet (phases run in order on a stream)."""
-        return [next((j for j, phase in enumerate(phases) if phase.resource is resource and not self.started[k][j]),
-                     None) for k, phases in enumerate(self.parts)]
+        """Each part's first phase on ``resource`` not started yet."""
+        return [first[resource] for first in self.first_on]
 
     def can_start(self, k: int, j: int) -> bool:
         phases, first = self.parts[k], j
         if phases[j].beside:  # skip the other stream's phases right before it
             while first > 0 and phases[first - 1].resource is not phases[j].resource:
                 first -= 1
-        return all(self.done[k][:first]) and all(self.started[k][first:j])
+        return self.done_upto[k] >= first and all(self.started[k][first:j])
 
     def begin(self, k: int, j: int, now: float) -> None:
         self.started[k][j] = True
         self.start[k][j] = now
+        resource = self.parts[k][j].resource
+        self.first_on[k][resource] = self._after(k, j, resource)
 
     def finish(self, k: int, j: int, now: float) -> None:
         self.done[k][j] = True
         self.end[k][j] = self.ready[k] = now
+        while self.done_upto[k] < len(self.done[k]) and self.done[k][self.done_upto[k]]:
+            self.done_upto[k] += 1
 
 
 def serial_time(phases: Sequence[Phase]) -> float:
