@@ -51,6 +51,10 @@ from pipesched.slots import slot_table
 from pipesched.validation import validate
 
 H100 = load_device("h100-sxm")
+# a small MoE: 4 blocks, the first dense, 8 routed experts of hidden 32 (top-2), 1 shared
+SMALL_MOE = ModelSpec(name="moe", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
+                      vocab_size=256, num_experts=8, experts_per_token=2, gated_mlp=True, moe_ffn_hidden_size=32,
+                      num_shared_experts=1, first_dense_layers=1)
 
 
 def _random_chunk(rng: np.random.Generator, phases: int) -> tuple[Phase, ...]:
@@ -194,8 +198,9 @@ def test_pipeline_sends_run_on_the_communication_stream():
 
 @pytest.mark.slow
 def test_model_stage_costs_carry_the_computed_pair():
-    settings = TrainingSettings(seq_len=2048, tensor_parallel=4)
-    costs = build_stage_costs(load_model("llama3-8b"), Placement.bidirectional(2), load_cluster("1x8-h100"), settings)
+    settings = TrainingSettings(micro_batch_size=4, seq_len=512, tensor_parallel=2, expert_parallel=4)
+    costs = build_stage_costs(SMALL_MOE, Placement.bidirectional(2), homogeneous_cluster(H100, 16, devices_per_node=2),
+                              settings)
     assert costs.forward_backward is not None
     for s, partner in enumerate(pair_partners(Placement.bidirectional(2))):
         forward, backward = costs.forward[s], costs.full_backward(partner)
@@ -211,11 +216,13 @@ def test_pair_partners_are_the_stages_dualpipe_pairs(family, p, m):
     assert pairs and all(backward == partners[forward] for forward, backward in pairs)
 
 
-def test_without_communication_model_costs_keep_no_pair():
+@pytest.mark.parametrize("tensor_parallel", [1, 4])
+def test_without_expert_parallelism_model_costs_keep_their_pairs_at_f_plus_b(tensor_parallel):
+    # with EP = 1 everything is as it was: a pair costs F + B (its all-reduces not overlapped)
     costs = build_stage_costs(load_model("llama3-8b"), Placement.bidirectional(2), load_cluster("1x8-h100"),
-                              TrainingSettings(seq_len=1024, tensor_parallel=1))
+                              TrainingSettings(seq_len=1024, tensor_parallel=tensor_parallel))
     assert costs.forward_backward is None
-    assert costs.fused_time(0, costs.forward[0], costs.full_backward(0)) == costs.forward[0] + costs.full_backward(0)
+    assert costs.fused_time(0, costs.forward[0], costs.full_backward(1)) == costs.forward[0] + costs.full_backward(1)
 
 
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 16)])
@@ -289,10 +296,6 @@ def test_an_overlapped_pair_holds_its_device_for_the_pair_time():
     assert timeline.busy_per_device().sum() == pytest.approx(2.4 * pairs + forwards + 2 * backwards)
 
 
-# a small MoE: 4 blocks, the first dense, 8 routed experts of hidden 32 (top-2), 1 shared
-SMALL_MOE = ModelSpec(name="moe", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
-                      vocab_size=256, num_experts=8, experts_per_token=2, gated_mlp=True, moe_ffn_hidden_size=32,
-                      num_shared_experts=1, first_dense_layers=1)
 
 
 def test_dualpipe_on_a_moe_model_runs_its_pairs_for_the_computed_time():

@@ -260,8 +260,12 @@ def _stage_pairs(model: ModelSpec, settings: TrainingSettings, devices: Sequence
                  groups: GroupLevels, partners: Sequence[int]) -> tuple[float, ...] | None:
     """Each stage's overlapped forward-backward pair (``pipesched.model.phases``): its
     forward's phases beside the backward's of stage ``partners[s]`` (one microbatch's
-    communication beside the other's compute), seconds; None for a model of measured layers
-    and where no pair overlaps anything. The pipeline's sends stay the simulator's transfers."""
+    communication beside the other's compute), seconds; None for a model of measured layers,
+    without expert parallelism (a dense or EP = 1 model keeps its pairs at F + B as it always
+    had them: the overlap is what DualPipe hides the experts' all-to-alls with) and where no
+    pair overlaps anything. The pipeline's sends stay the simulator's transfers."""
+    if settings.expert_parallel == 1:
+        return None
     ops = []
     for device, mode in zip(devices, modes, strict=True):
         every = model_layer_ops(model, device, dataclasses.replace(settings, recompute=mode), link, groups)
