@@ -2,20 +2,21 @@
 the DeepSeek-V3 configuration on H800s (``benchmarks/data/deepep_all_to_all.csv``, its
 header says where from)?
 
-Each row is timed with ``collective_seconds`` (the one entry every layer cost times a
-collective with) over the ``8x8-h800`` cluster's levels, on the bytes DeepEP moves:
+Each row is timed by the layer model over the ``8x8-h800`` cluster's levels:
 
-- normal kernels (training and prefill, 4096 tokens per rank): a token goes once to each
-  distinct node it routes to (top-4 groups, a group = a node) over RDMA, and is forwarded
-  over NVLink to each distinct GPU there; the two run at once, the slower sets the time.
-  Intranode (EP 8) everything is the NVLink all-to-all. The figure DeepEP reports is the
-  bottleneck domain's logical bytes (its own node or rank included) over that time;
+- normal kernels (training and prefill, 4096 tokens per rank): the dispatch and combine
+  all-to-alls of a DeepSeek-V3 MoE block's plan (``layer_plans``) under
+  ``moe_dispatcher="deepep"``, timed by ``plan_collective_seconds`` on the expert group the
+  stage plan gives it (``expert_group_levels``). A token goes once to each distinct node its
+  experts are on (node-limited routing, at most 4) over RDMA and is forwarded over NVLink to
+  each distinct GPU there; the two legs run at once, the slower sets the time
+  (``ModelSpec.routed_destinations``: uniform routing, as DeepEP's tests draw it). The
+  figure DeepEP reports is the bottleneck domain's logical bytes (its own node or rank
+  included) over that time: the plan's bytes of that leg over its seconds;
 - low-latency kernels (decode, 128 tokens per rank): one copy per selected expert, the
-  hierarchical all-to-all over NVLink inside a node and RDMA across nodes; the time is
-  DeepEP's latency and the copies' bytes over it its bandwidth.
+  hierarchical all-to-all (``collective_seconds``) over NVLink inside a node and RDMA across
+  nodes; the time is DeepEP's latency and the copies' bytes over it its bandwidth.
 
-Routing is uniform (DeepEP's tests draw random scores): the expected number of distinct
-nodes and GPUs a token reaches is a closed form of drawing 8 experts without replacement.
 Prints the measured and predicted figure of every row and its error, and the largest error.
 
     python benchmarks/bench_moe_all_to_all.py
@@ -24,36 +25,22 @@ Prints the measured and predicted figure of every row and its error, and the lar
 from __future__ import annotations
 
 import csv
-import math
 from pathlib import Path
 
 from pipesched.enums import Collective
-from pipesched.model import load_cluster
+from pipesched.model import TrainingSettings, load_cluster, load_model
 from pipesched.model.collectives import collective_seconds, group_levels
+from pipesched.model.groups import expert_group_levels
+from pipesched.model.transformer import layer_plans, plan_collective_seconds
 
 DATA = Path(__file__).parent / "data" / "deepep_all_to_all.csv"
 CLUSTER = "8x8-h800"
-HIDDEN, EXPERTS, TOP_K, TOP_GROUPS, NODE_SIZE = 7168, 256, 8, 4, 8
-# bytes of one token: FP8 with one fp32 scale per 128 elements (dispatch), BF16 (combine)
+MODEL = load_model("deepseek-v3")  # hidden 7168, top-8 of 256 experts, a token's experts on at most 4 nodes
+HIDDEN, TOP_K = MODEL.hidden_size, MODEL.experts_per_token
+# bytes of one token of the low-latency kernels: FP8 with one fp32 scale per 128 elements
+# (dispatch), BF16 (combine)
 TOKEN_BYTES = {"dispatch": HIDDEN + HIDDEN // 128 * 4, "combine": 2 * HIDDEN}
 TARGET = 0.25  # the issue's bound on every row's relative error
-
-
-def reached(slots: int, per_slot: int, chosen: int) -> float:
-    """Expected slots (nodes, GPUs) holding at least one of ``chosen`` experts drawn
-    without replacement from ``slots`` x ``per_slot``."""
-    total = slots * per_slot
-    return slots * (1.0 - math.comb(total - per_slot, chosen) / math.comb(total, chosen))
-
-
-def _routing(ep: int) -> tuple[float, float]:
-    """Distinct nodes and distinct GPUs one token reaches at EP ``ep`` (normal kernels)."""
-    nodes = ep // NODE_SIZE
-    if nodes <= 1:
-        return 1.0, reached(ep, EXPERTS // ep, TOP_K)
-    groups = min(nodes, TOP_GROUPS)  # the nodes a token may route to, then top-8 among their experts
-    per_node = EXPERTS // nodes
-    return reached(groups, per_node, TOP_K), reached(groups * NODE_SIZE, per_node // NODE_SIZE, TOP_K)
 
 
 def _levels(ep: int):
@@ -62,15 +49,15 @@ def _levels(ep: int):
 
 
 def normal_bandwidth(op: str, ep: int, tokens: int) -> float:
-    """Predicted bottleneck bandwidth of a normal-kernel dispatch or combine, bytes/s."""
-    levels = _levels(ep)
-    nodes, gpus = _routing(ep)
-    unit = tokens * TOKEN_BYTES[op]
-    nvlink = collective_seconds(Collective.ALL_TO_ALL, gpus * unit, levels[:1])
-    if len(levels) == 1:
-        return gpus * unit / nvlink
-    rdma = collective_seconds(Collective.ALL_TO_ALL, nodes * unit, levels[1:])
-    return nodes * unit / max(nvlink, rdma)
+    """Predicted bottleneck bandwidth of a normal-kernel dispatch or combine, bytes/s: the
+    plan's all-to-all on the expert group of a one-stage pipeline's first device."""
+    settings = TrainingSettings(micro_batch_size=1, seq_len=tokens, tensor_parallel=1, expert_parallel=ep,
+                                dtype="fp8", moe_dispatcher="deepep")
+    plan = layer_plans(MODEL, settings)[1 + MODEL.first_dense_layers]
+    collective = next(c for c in plan.collectives if c.name == f"{op} all-to-all")
+    groups = expert_group_levels(load_cluster(CLUSTER), settings, 0, 1)
+    seconds = plan_collective_seconds(collective, settings, load_cluster(CLUSTER).intra_node, groups)
+    return (collective.across_nodes or collective.nbytes) / seconds
 
 
 def low_latency(op: str, ep: int, tokens: int) -> tuple[float, float]:

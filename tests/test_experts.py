@@ -2,13 +2,23 @@
 parallelism's share of the experts, load imbalance and the presets' sizes."""
 
 import dataclasses
+import math
 
 import pytest
 
 from pipesched.enums import Collective, Group
-from pipesched.model import TrainingSettings, layer_costs, load_device, load_model, parse_hf_config
+from pipesched.model import (
+    TrainingSettings,
+    layer_costs,
+    load_cluster,
+    load_device,
+    load_model,
+    parse_hf_config,
+)
 from pipesched.model.collectives import CollectiveLevel, collective_seconds
+from pipesched.model.groups import GroupLevels, expert_group_levels, fold_rank
 from pipesched.model.hardware import LinkSpec
+from pipesched.model.kernels import matmul_time
 from pipesched.model.spec import ModelSpec
 from pipesched.model.transformer import (
     ATTENTION,
@@ -17,6 +27,7 @@ from pipesched.model.transformer import (
     MLP,
     PHASES,
     active_params,
+    layer_ops,
     layer_params,
     layer_plans,
     plan_collective_seconds,
@@ -159,3 +170,76 @@ def test_hugging_face_configs_read_the_expert_and_latent_fields():
     preset = load_model("deepseek-v3")
     assert sum(layer_params(parsed)) == sum(layer_params(preset))
     assert active_params(parsed) == active_params(preset)
+
+
+def test_fp8_runs_the_linear_layers_at_the_fp8_rate():
+    device = load_device("h100-sxm")
+    model = load_model("mixtral-8x7b")
+    settings = TrainingSettings(seq_len=4096, tensor_parallel=1)
+    times = {dtype: {k.name: k for k in layer_ops(model, device, dataclasses.replace(settings, dtype=dtype))[1].kernels}
+             for dtype in ("bf16", "fp8")}
+    bf16, fp8 = times["bf16"], times["fp8"]
+    # a compute-bound linear layer: at most the bf16 time over the peak ratio, plus its fixed cost
+    ratio = device.fp8_peak_flops / device.peak_flops
+    assert fp8["qkv"].forward_s < bf16["qkv"].forward_s / ratio * 1.1
+    assert fp8["qkv"].backward_weight_s < bf16["qkv"].backward_weight_s
+    # the router and the attention core stay in bf16
+    for name in ("router", "flash attention"):
+        assert (fp8[name].forward_s, fp8[name].backward_input_s) == (bf16[name].forward_s, bf16[name].backward_input_s)
+
+
+def test_expert_groups_fold_over_the_tensor_ranks_then_the_data_parallel_peers():
+    cluster = load_cluster("4x8-h100")
+    # t = 2, p = 4: stage device 0 on ranks 0-1, its data-parallel peers every p x t = 8 ranks
+    settings = TrainingSettings(tensor_parallel=2, expert_parallel=4, expert_tensor_parallel=1)
+    assert [fold_rank(0, i, 2, 8) for i in range(4)] == [0, 1, 8, 9]
+    levels = expert_group_levels(cluster, settings, 0, 8).of(Group.EXPERT)
+    assert [(level.ranks, level.bandwidth) for level in levels] == [(2, cluster.intra_node.bandwidth),
+                                                                     (2, cluster.inter_node.bandwidth)]
+    # the EP group inside the tensor-parallel ranks stays on the node
+    inside = expert_group_levels(cluster, dataclasses.replace(settings, tensor_parallel=4, expert_parallel=4), 0, 16)
+    assert [level.ranks for level in inside.of(Group.EXPERT)] == [4]
+
+
+def test_latent_attention_parameters_by_hand():
+    model = load_model("deepseek-v3")
+    h, heads, q_rank, kv_rank, rope, nope, v = 7168, 128, 1536, 512, 64, 128, 128
+    attention = (h  # norm 1
+                 + h * q_rank + q_rank + q_rank * heads * (nope + rope)  # q down, q norm, q up
+                 + h * (kv_rank + rope) + kv_rank + kv_rank * heads * (nope + v)  # kv down, kv norm, kv up
+                 + heads * v * h)  # output projection
+    dense_mlp = h + 3 * h * 18432  # norm 2, gated MLP
+    assert layer_plans(model, TrainingSettings(seq_len=16, tensor_parallel=1))[1].params == attention + dense_mlp
+
+
+def test_small_expert_batches_run_below_the_dense_rate():
+    # the same FLOPs as 32 experts of 16 rows each, or one matmul of 512 rows: the grouped
+    # GEMM's partial tiles waste the device
+    device = load_device("h100-sxm")
+    grouped = matmul_time(device, 16, 4096, 7168, groups=32)
+    dense = matmul_time(device, 512, 4096, 7168)
+    assert grouped > 1.5 * dense
+
+
+def test_deepep_sends_a_copy_per_destination_rank_and_once_per_node_across_nodes():
+    model = load_model("deepseek-v3")
+    settings = TrainingSettings(seq_len=256, tensor_parallel=1, expert_parallel=64, moe_dispatcher="deepep")
+    dispatch = next(c for c in layer_plans(model, settings)[4].collectives if c.name == "dispatch all-to-all")
+    nodes, ranks = model.routed_destinations(64, 8)
+    # closed forms of drawing 8 of the 4 chosen nodes' 128 experts: distinct nodes and GPUs
+    assert nodes == pytest.approx(4 * (1 - math.comb(96, 8) / math.comb(128, 8)))
+    assert ranks == pytest.approx(32 * (1 - math.comb(124, 8) / math.comb(128, 8)))
+    assert dispatch.nbytes == pytest.approx(256 * ranks * 7168 * 2)
+    assert dispatch.across_nodes == pytest.approx(256 * nodes * 7168 * 2)
+    # the slower leg sets the time: NVLink inside the node, InfiniBand once per node
+    link = LinkSpec(450e9, 0.0)
+    levels = (CollectiveLevel(8, 0.0, 450e9), CollectiveLevel(8, 0.0, 50e9))
+    groups = GroupLevels(((Group.EXPERT, levels),))
+    expected = max(collective_seconds(Collective.ALL_TO_ALL, dispatch.nbytes, levels[:1]),
+                   collective_seconds(Collective.ALL_TO_ALL, dispatch.across_nodes, levels[1:]))
+    assert plan_collective_seconds(dispatch, settings, link, groups) == pytest.approx(expected)
+    # Megatron's all-to-all: a copy per selected expert, spread evenly
+    alltoall = layer_plans(model, dataclasses.replace(settings, moe_dispatcher="alltoall"))[4].collectives[0]
+    assert (alltoall.nbytes, alltoall.across_nodes) == (256 * 8 * 7168 * 2, 0.0)
+    assert plan_collective_seconds(alltoall, settings, link, groups) > plan_collective_seconds(
+        dispatch, settings, link, groups)

@@ -42,7 +42,7 @@ CHANGES: dict[str, list[object]] = {
     "latency": [1e-5, 2e-5], "bandwidth": [1e10, 10**10, math.inf],  # 1e10 == 10**10: one point, one key
     "frozen_layers": ["0-3", (0, 1)],
     "offload": ["all", OffloadPolicy.parse("0-1", 4)], "host_bandwidth": [1e10, 2e10],
-    "host_memory": [1e11, 2e11], "zero": [1], "ep": [2, 4], "etp": [1, 2],
+    "host_memory": [1e11, 2e11], "zero": [1], "ep": [2, 4], "etp": [1, 2], "moe_dispatcher": ["deepep"],
     "contention": [False], "overlap": [False], "steady_state": [True],
     "variability": [Variability(jitter=(("ops", 0.1),)), Variability(jitter=(("ops", 0.2),))],
 }

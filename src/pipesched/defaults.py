@@ -36,6 +36,7 @@ class Defaults:
     partition: str = "balanced"  # layers to stages: uniform, balanced, memory, or a Megatron layout
     expert_parallel: int = 1  # ranks the routed experts of a MoE block are split over (folded over tp x dp)
     expert_tensor_parallel: int = 0  # tensor-parallel ranks of each expert; 0 = tensor_parallel
+    moe_dispatcher: str = "alltoall"  # alltoall (a copy per expert) or deepep (per rank, once per node across nodes)
     # Monte Carlo over durations (--jitter, --straggler, ...)
     samples: int = 1000  # iterations drawn
     seed: int = 0  # of the random streams
@@ -54,6 +55,7 @@ class Defaults:
     run_steps: int = 5  # measured steps of a real run (after warm-up)
     run_warmup: int = 2  # steps run first and not measured
     run_timeout: float = 600.0  # seconds a real run may take before every rank is killed
+    profile_sizes: str = "4KiB,64KiB,1MiB,4MiB"  # message sizes per rank of profile --collectives
     # serving (serve simulate, capacity, search)
     serve_model: str = "llama3-70b"  # model preset or file served
     serve_cluster: str = "1x8-h100"  # cluster preset or file of the serving deployment

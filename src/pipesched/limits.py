@@ -108,6 +108,8 @@ MAX_VIEW_ITERATIONS = 20_000
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
 MAX_TIMEOUT_S = 7 * 86400.0  # seconds a launch, or a solver (synthesize --time-limit), may be given
 MAX_THREADS = 1024  # torch threads per rank
+MAX_PROFILE_SIZES = 64  # message sizes one collective profile sweeps (--sizes)
+MAX_PROFILE_BYTES = 2**32  # bytes per rank of one profiled collective message
 
 # The README's table of limits: (name, value, what it bounds).
 LIMITS = (
@@ -157,6 +159,8 @@ LIMITS = (
     ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),
     ("MAX_EXPERT_PARALLEL", MAX_EXPERT_PARALLEL, "expert-parallel degree"),
     ("MAX_CAPACITY_FACTOR", MAX_CAPACITY_FACTOR, "expert capacity factor, expert skew"),
+    ("MAX_PROFILE_SIZES", MAX_PROFILE_SIZES, "message sizes of a collective profile"),
+    ("MAX_PROFILE_BYTES", MAX_PROFILE_BYTES, "bytes per rank of a profiled collective"),
 )
 
 

@@ -37,6 +37,7 @@ from pipesched.cli.options import (
     MaxTokens,
     MicroBatchSize,
     Model,
+    MoeDispatcher,
     NoContention,
     NoOverlap,
     Offload,
@@ -154,6 +155,7 @@ class ModelOptions(OptionGroup):
     tensor_parallel: TensorParallel = None
     expert_parallel: ExpertParallel = None
     expert_tensor_parallel: ExpertTensorParallel = None
+    moe_dispatcher: MoeDispatcher = None
     recompute: Recompute = None
     dtype: Dtype = None
     sequence_parallel: SequenceParallel = None
@@ -174,7 +176,8 @@ class ModelOptions(OptionGroup):
                                 sequence_parallel=_or(self.sequence_parallel, DEFAULTS.sequence_parallel),
                                 expert_parallel=_or(self.expert_parallel, DEFAULTS.expert_parallel),
                                 expert_tensor_parallel=_or(self.expert_tensor_parallel,
-                                                           DEFAULTS.expert_tensor_parallel))
+                                                           DEFAULTS.expert_tensor_parallel),
+                                moe_dispatcher=self.moe_dispatcher or DEFAULTS.moe_dispatcher)
 
     def device(self, name: str | None) -> DeviceSpec:
         """The device preset ``name`` (None: the default) with the efficiencies asked for."""
@@ -223,6 +226,7 @@ class WorkloadOptions(OptionGroup):
                        "tp": _or(model.tensor_parallel, DEFAULTS.tensor_parallel),
                        "ep": _or(model.expert_parallel, DEFAULTS.expert_parallel),
                        "etp": _or(model.expert_tensor_parallel, DEFAULTS.expert_tensor_parallel),
+                       "moe_dispatcher": model.moe_dispatcher or DEFAULTS.moe_dispatcher,
                        "recompute": model.recompute or DEFAULTS.recompute,
                        "partition": self.partition or DEFAULTS.partition}
         return Point(bandwidth=parse_bandwidth(self.bandwidth), **fields)
@@ -245,7 +249,7 @@ class WorkloadOptions(OptionGroup):
 
 # the options that describe a model's costs, which a stage-cost file gives instead
 _MODEL_FLAGS = ("model", "cluster", "tensor-parallel", "recompute", "partition", "dtype", "sequence-parallel",
-                "matmul-efficiency", "bandwidth-efficiency", "ep", "etp")
+                "matmul-efficiency", "bandwidth-efficiency", "ep", "etp", "moe-dispatcher")
 
 
 def _or(value: object, default: object) -> object:

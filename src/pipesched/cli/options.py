@@ -67,6 +67,10 @@ ExpertParallel = Annotated[int | None, typer.Option(
 ExpertTensorParallel = Annotated[int | None, typer.Option(
     "--etp", help="tensor-parallel ranks of each expert under --ep (parallel folding: attention keeps -t) "
                   "[default: -t]")]
+MoeDispatcher = Annotated[str | None, typer.Option(
+    "--moe-dispatcher", help=f"how tokens reach the experts under --ep: alltoall (a copy per selected expert, "
+                             f"Megatron-Core's all-to-all) or deepep (a copy per destination GPU, across nodes once "
+                             f"per node, forwarded over NVLink) [default: {DEFAULTS.moe_dispatcher}]")]
 Recompute = Annotated[str | None, typer.Option(
     "--recompute", help=f"none, selective or full; per stage: full,none,none,selective, or MODE:STAGES items like "
                         f"full:0-3 (one bare MODE for the rest, default none) [default: {DEFAULTS.recompute}]")]

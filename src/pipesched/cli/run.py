@@ -30,6 +30,7 @@ from pipesched.cli.options import (
 )
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, wrote
+from pipesched.cli.profile_collectives import CollectiveOptions, profile_collectives_command
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.schedules import load_or_generate
 from pipesched.cli.views import ViewPaths
@@ -194,16 +195,22 @@ class CostFileOptions(OptionGroup):
 
 @command
 def profile_command(*, model: RunModel = DEFAULTS.run_model, measure: MeasureOptions, files: CostFileOptions,
-                    as_json: AsJson = False) -> None:
+                    collective: CollectiveOptions, as_json: AsJson = False) -> None:
     """Measure layer (or stage) op times in isolation, the runtime's per-op overhead and the
     link between ranks; write the cost CSV the simulator reads, the link beside it
     (FILE.link.yaml) and every timed repeat (FILE.repeats.csv, what `simulate --jitter-file`
-    draws from).
+    draws from). With --collectives: time the collectives on --ranks ranks and write their
+    calibration as a cluster file's link.
 
     \b
     Examples:
       pipesched profile --model tiny -s 16 --repeats 3 --no-link -o tiny.csv
+      pipesched profile --collectives --ranks 2 --sizes 4KiB,1MiB -o link.yaml
     """
+    if collective.collectives:
+        return profile_collectives_command(collective, ranks=measure.ranks, device=measure.device,
+                                           repeats=measure.repeats, warmup=measure.warmup, output=files.output,
+                                           as_json=as_json)
     request = files.request()
     spec = load_model(model)
     options = measure.options()

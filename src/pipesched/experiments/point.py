@@ -138,6 +138,7 @@ class Workload:
     # the experts' own tensor parallelism (0: tp), folded over the tp x dp ranks of a stage
     ep: int = 1
     etp: int = 0
+    moe_dispatcher: str = DEFAULTS.moe_dispatcher  # alltoall or deepep (TrainingSettings.moe_dispatcher)
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "micro_batch_size", "seq_len"):
@@ -232,7 +233,7 @@ class Point:
                                 tensor_parallel=self.tp, sequence_parallel=self.sequence_parallel,
                                 recompute=uniform_mode(self.recompute) or "none", dtype=self.dtype,
                                 optimizer_shards=self.dp if self.zero else 1, expert_parallel=self.ep,
-                                expert_tensor_parallel=self.etp)
+                                expert_tensor_parallel=self.etp, moe_dispatcher=self.moe_dispatcher)
 
     @property
     def trains_differently(self) -> bool:

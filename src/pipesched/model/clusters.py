@@ -36,6 +36,26 @@ that offloading and swapping use (``host_write_bandwidth`` when the way back is 
     device: {preset: h200, op_overhead: 35 us, transfer_setup: 12 us, flash_forward_efficiency: 0.355,
              flash_backward_efficiency: 0.335}
 
+A link may carry how NCCL's collectives run over it (``pipesched.model.collectives``; by
+default the H100 NVLink calibration inside a node and the NDR InfiniBand one across)::
+
+    intra_node:
+      bandwidth: 450 GB/s
+      latency: 3 us
+      collectives:               # any of these; the rest from the default
+        fabric: nvlink           # nvlink, pcie, infiniband, ethernet (the tree runs on the last two)
+        base_latency: [6.6 us, 14 us, 8.4 us]   # once per collective: LL, LL128, Simple
+        step_latency: [0.6 us, 1.9 us, 0.65 us] # per algorithm step
+        efficiency: 0.82         # achieved bus bandwidth / the link's bandwidth (Simple)
+        protocol_bandwidth: [0.25, 0.92, 1.0]   # of Simple's bus bandwidth
+        ramp: 3 MB               # message at which the bandwidth reaches 2/3 of its peak
+        switch_bandwidth: 0.61   # NVLink SHARP all-reduce: algorithm bandwidth / link; 0: none
+        switch_min_ranks: 5
+        switch_ramp: 40 MB
+        switch_latency: 25 us
+
+``pipesched profile --collectives`` writes such a link from measurements.
+
 Ranks are numbered node by node. ``pipesched/data/clusters/`` holds the presets.
 """
 
@@ -64,7 +84,7 @@ INFINIBAND_400G = LinkSpec(bandwidth=50e9, latency=5e-6, collectives=INFINIBAND_
 _DEFAULT_CALIBRATION = {"intra_node": NVLINK_H100, "inter_node": INFINIBAND_NDR}
 _CALIBRATION_TIMES = ("base_latency", "step_latency")  # per-protocol lists of times
 _CALIBRATION_KEYS = {"fabric", "efficiency", "protocol_bandwidth", "ramp", "switch_bandwidth", "switch_min_ranks",
-                     *_CALIBRATION_TIMES}
+                     "switch_ramp", "switch_latency", *_CALIBRATION_TIMES}
 
 _CLUSTER_KEYS = {"name", "nodes", "intra_node", "inter_node", "nic_per_device"}
 _NODE_KEYS = {"count", "devices_per_node", "device", "devices"}
@@ -268,8 +288,11 @@ def _calibration(entry: object, where: str, base: CollectiveCalibration) -> Coll
                     value, "must be a number" if key != "protocol_bandwidth" else
                     f"give a list of {len(PROTOCOLS)} shares, one per protocol ({', '.join(PROTOCOLS)})")
             changes[key] = tuple(numbers) if key == "protocol_bandwidth" else float(value)
-    if "ramp" in entry:
-        changes["ramp_bytes"] = parse_quantity(entry["ramp"], "bytes", f"{where}.ramp")
+    for key in ("ramp", "switch_ramp"):
+        if key in entry:
+            changes[f"{key}_bytes"] = parse_quantity(entry[key], "bytes", f"{where}.{key}")
+    if "switch_latency" in entry:
+        changes["switch_latency"] = parse_quantity(entry["switch_latency"], "time", f"{where}.switch_latency")
     if "switch_min_ranks" in entry:
         changes["switch_min_ranks"] = entry["switch_min_ranks"]
     if "fabric" in entry:

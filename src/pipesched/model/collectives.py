@@ -18,12 +18,13 @@ With protocol p (LL, LL128, Simple), B bytes per rank, n ranks on a level:
 - Tree all-reduce (an outermost level across nodes, n >= 3): ``2 ceil(log2 n)`` steps of latency and the
   bytes at 0.45 x busbw (NCCL's tree: a pipelined reduce up and broadcast down a binary tree).
 - In-switch all-reduce (NVLink SHARP, one NVSwitch level of at least ``switch_min_ranks``):
-  ``base + 2 step`` of the Simple protocol, and B at ``switch_bandwidth`` x the link's
-  bandwidth of algorithm bandwidth, whatever n.
+  Simple's ``base`` and ``switch_latency``, and B at ``switch_bandwidth`` x the link's
+  bandwidth of algorithm bandwidth (ramped by ``switch_ramp_bytes``), whatever n.
 - Over several levels: reduce-scatter inside each inner level (the buffer shrinks n times at
   each), all-reduce at the outermost level, all-gather back inward; one launch (``base``).
-- All-to-all: each rank keeps 1 / n of its B and sends the rest, (n-1) steps; the share for
-  other nodes goes over the outer level while the rest goes over the inner one.
+- All-to-all: each rank keeps 1 / n of its B and sends the rest, one step per peer; the
+  share for other nodes (and their steps) goes over the outer level while the rest goes
+  over the inner one, at once: the slower sets the time.
 - Send/recv: B over the outermost level's link, one step.
 
 NCCL picks the fastest (algorithm, protocol); so does ``collective_choice``. Without a
@@ -40,6 +41,7 @@ calibration the protocols are alike and every formula is the plain ring / alpha-
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -52,18 +54,24 @@ from pipesched.errors import require
 from pipesched.limits import check_rate
 from pipesched.model.hardware import PROTOCOLS, Cluster, CollectiveCalibration, LinkSpec
 
-# Calibrations of the links the presets use. Latencies: NCCL's own tuning model
-# (src/graph/tuning.cc, baseLat and hwLat of the Ring algorithm: NVLink and network).
+# Calibrations of the links the presets use (benchmarks/data/README.md gives the sources).
 # NVLink 4 on an H100 NVSwitch node: 370 GB/s of the 450 GB/s line rate as NCCL's bus
-# bandwidth (NCCL maintainers, nccl-tests#212 and nccl#1442), NVLink SHARP all-reduce
-# at about 273 GB/s of algorithm bandwidth from 5 ranks (nccl#1455; 470+ GB/s busbw on 8,
-# nccl-tests#290), reaching 2/3 of it at 45 MB (nccl-tests#290); see benchmarks/data/.
+# bandwidth (NCCL's maintainers, nccl-tests#212 and nccl#1442); Simple's step latency and
+# ramp fitted to NCCL all-reduces on 4 H100s from 0.5 to 4 MiB (vllm#24111); NVLink SHARP
+# all-reduce at 273 GB/s of algorithm bandwidth from 5 ranks on (nccl#1455), its ramp fitted
+# to 8 H100s from 128 MiB to 4 GiB (nccl-tests#290). LL and LL128, every base latency and
+# the in-switch latency: NCCL's own tuning model (src/graph/tuning.cc, baseLat and hwLat of
+# the Ring and NVLS algorithms).
 NVLINK_H100 = CollectiveCalibration(fabric="nvlink", base_latency=(6.6e-6, 14e-6, 8.4e-6),
-                                    step_latency=(0.6e-6, 1.9e-6, 3.4e-6), efficiency=370 / 450,
-                                    ramp_bytes=45e6, switch_bandwidth=273 / 450, switch_min_ranks=5)
-# InfiniBand NDR, one 400 Gb/s NIC per GPU: 46-48 GB/s of its 50 GB/s (nccl-tests#290).
+                                    step_latency=(0.6e-6, 1.9e-6, 0.65e-6), efficiency=370 / 450,
+                                    ramp_bytes=3e6, switch_bandwidth=273 / 450, switch_min_ranks=5,
+                                    switch_ramp_bytes=40e6, switch_latency=25e-6)
+# InfiniBand NDR, one 400 Gb/s NIC per GPU: the bus bandwidth the hierarchical form
+# reaches across nodes and Simple's step latency fitted to NCCL's all-reduce on 2 x 8 H100s
+# from 8 MiB to 8 GiB (nccl-tests#290): its cross-node algorithms reach about a third of
+# the NIC's line rate on the share of the buffer each NIC carries. LL and LL128: NCCL's model.
 INFINIBAND_NDR = CollectiveCalibration(fabric="infiniband", base_latency=(6.6e-6, 14e-6, 8.4e-6),
-                                       step_latency=(2.7e-6, 4.0e-6, 14e-6), efficiency=0.94)
+                                       step_latency=(2.7e-6, 4.0e-6, 10e-6), efficiency=0.32)
 
 NETWORK_FABRICS = ("infiniband", "ethernet")  # fabrics across nodes: NCCL's tree runs over them
 TREE_SHARE = 0.45  # NCCL's tree all-reduce: algorithm bandwidth / bus bandwidth (0.5 x 0.9)
@@ -157,9 +165,9 @@ def _switch_allreduce(nbytes: float, level: CollectiveLevel) -> float:
     buffer once and reads the sum once, whatever the group size."""
     calibration = level.calibration
     assert calibration is not None
-    ramp = calibration.ramp_bytes
+    ramp = calibration.switch_ramp_bytes
     share = (nbytes + ramp) / (nbytes + 2 * ramp) if ramp > 0 else 1.0
-    latency = calibration.base_latency[_SIMPLE] + 2 * calibration.step_latency[_SIMPLE]
+    latency = calibration.base_latency[_SIMPLE] + calibration.switch_latency
     return latency + nbytes / (level.bandwidth * calibration.switch_bandwidth * share)
 
 
@@ -172,7 +180,7 @@ def _allreduce_choices(nbytes: float, levels: list[CollectiveLevel]) -> list[Col
         inner, size = _base(levels, p), nbytes
         for level in levels[:-1]:
             inner += 2 * _half_ring(size, level, p)  # reduce-scatter in, all-gather back out
-            size /= level.ranks
+            size = size / level.ranks  # a new value: nbytes may be an array
         choices += [CollectiveTime(inner + _allreduce_top(size, top, p, a), a, _label(p)) for a in algorithms]
     calibration = top.calibration
     if len(levels) == 1 and calibration and calibration.switch_bandwidth > 0 and top.ranks >= calibration.switch_min_ranks:
@@ -186,7 +194,7 @@ def _reduce_scatter_choices(nbytes: float, levels: list[CollectiveLevel]) -> lis
         total, size = _base(levels, p), nbytes
         for level in levels:
             total += _half_ring(size, level, p)
-            size /= level.ranks
+            size = size / level.ranks  # a new value: nbytes may be an array
         choices.append(CollectiveTime(total, "ring", _label(p)))
     return choices
 
@@ -197,10 +205,12 @@ def _all_to_all_choices(nbytes: float, levels: list[CollectiveLevel]) -> list[Co
     for p in _protocols(levels):
         slowest, inside = 0.0, 1
         for level in levels:
-            # ranks reached over this level: those of the next ranks-in outward, less those inside
+            # ranks reached over this level: those of the next ranks-in outward, less those
+            # inside; a rank posts a send to each of them
             reached = inside * level.ranks - inside
             share = reached / total_ranks * nbytes
-            slowest = max(slowest, share / _busbw(level, p, share) + (level.ranks - 1) * _step(level, p))
+            seconds = share / _busbw(level, p, share) + reached * _step(level, p)
+            slowest = np.maximum(slowest, seconds) if isinstance(seconds, np.ndarray) else max(slowest, seconds)
             inside *= level.ranks
         choices.append(CollectiveTime(_base(levels, p) + slowest, "direct", _label(p)))
     return choices
@@ -261,20 +271,78 @@ def reduce_scatter_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> 
     return collective_seconds(Collective.REDUCE_SCATTER, nbytes, levels)
 
 
-def all_to_all_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> float:
-    """All-to-all where each rank holds ``nbytes`` to spread evenly over the group (expert
-    dispatch or combine).
+# per kind, on one ring of n ranks: (steps of latency, share of the buffer each rank moves)
+def _ring_terms(kind: Collective, n: int) -> tuple[float, float]:
+    if kind is Collective.ALL_REDUCE:
+        return 2 * (n - 1), 2 * (n - 1) / n
+    if kind is Collective.SEND_RECV:
+        return 1, 1.0
+    return n - 1, (n - 1) / n  # all-gather, reduce-scatter, all-to-all
 
-    >>> all_to_all_seconds(8e9, (CollectiveLevel(8, 0.0, 1e9),))
-    7.0
+
+@dataclass(frozen=True)
+class CollectiveFit:
+    """Constants fitted to measured collectives of one group: ``seconds = launch + steps x
+    step + share x bytes / bus_bandwidth`` for every kind (``_ring_terms``)."""
+
+    ranks: int
+    launch: float  # seconds once per collective
+    step: float  # seconds per step
+    bus_bandwidth: float  # bytes/s each rank achieves
+    median_error: float  # |fit / measured - 1| over the samples, the median
+
+    def calibration(self, link_bandwidth: float, *, like: CollectiveCalibration | None = None) -> CollectiveCalibration:
+        """The fit as a link's calibration: efficiency = bus bandwidth / ``link_bandwidth``.
+        ``like`` (NCCL, which has protocols): the fit is its Simple protocol and LL and LL128
+        keep ``like``'s ratios to it; None (gloo): one protocol, all three alike."""
+        efficiency = min(1.0, self.bus_bandwidth / link_bandwidth)
+        if like is None:
+            return CollectiveCalibration(fabric="measured", base_latency=(self.launch,) * 3,
+                                         step_latency=(self.step,) * 3, efficiency=efficiency,
+                                         protocol_bandwidth=(1.0, 1.0, 1.0))
+
+        def scaled(values: tuple[float, float, float], fitted: float) -> tuple[float, ...]:
+            return tuple(fitted * v / values[_SIMPLE] if values[_SIMPLE] > 0 else fitted for v in values)
+
+        return dataclasses.replace(like, base_latency=scaled(like.base_latency, self.launch),
+                                   step_latency=scaled(like.step_latency, self.step), efficiency=efficiency,
+                                   ramp_bytes=0.0)
+
+
+def fit_collectives(ranks: int, samples: Sequence[tuple[Collective, float, float]]) -> CollectiveFit:
+    """Least squares over (kind, bytes per rank, seconds) samples of one group of ``ranks``:
+    the launch, the step latency and the bus bandwidth (each at least 0; kinds with different
+    step counts tell the launch from the steps; when the bytes do not show in the times, the
+    fastest throughput seen stands for the bandwidth).
+
+    >>> samples = [(k, b, 1e-5 + s * 2e-6 + f * b / 1e9) for k in (Collective.ALL_REDUCE, Collective.ALL_GATHER)
+    ...            for b in (1e3, 1e6) for s, f in [_ring_terms(k, 4)]]
+    >>> fit = fit_collectives(4, samples)
+    >>> round(fit.launch * 1e6, 3), round(fit.step * 1e6, 3), round(fit.bus_bandwidth / 1e9, 3)
+    (10.0, 2.0, 1.0)
     """
-    return collective_seconds(Collective.ALL_TO_ALL, nbytes, levels)
-
-
-def send_recv_seconds(nbytes: float, levels: Sequence[CollectiveLevel]) -> float:
-    """One point-to-point hand-off of ``nbytes`` over the outermost level's link (a ring
-    attention step sends its KV block to the next rank of the ring)."""
-    return collective_seconds(Collective.SEND_RECV, nbytes, levels)
+    require(isinstance(ranks, int) and ranks >= 2, "ranks", ranks, "a collective needs at least 2 ranks")
+    require(len(samples) >= 3, "samples", len(samples), "give at least 3 measured collectives to fit")
+    rows = np.array([(1.0, *_ring_terms(kind, ranks)) for kind, _, _ in samples])
+    rows[:, 2] *= [nbytes for _, nbytes, _ in samples]
+    seconds = np.array([t for _, _, t in samples], dtype=np.float64)
+    # relative errors count alike: each row weighted by 1 / its time
+    weights = 1.0 / np.maximum(seconds, 1e-12)
+    columns = [0, 1, 2]
+    while True:
+        solved = np.linalg.lstsq(rows[:, columns] * weights[:, None], seconds * weights, rcond=None)[0]
+        if (solved >= 0).all() or len(columns) == 1:
+            break
+        columns = [c for c, x in zip(columns, solved, strict=True) if x > 0] or [2]
+    values = dict.fromkeys(range(3), 0.0) | dict(zip(columns, np.maximum(solved, 0.0), strict=True))
+    fitted = rows @ np.array([values[0], values[1], values[2]])
+    error = float(np.median(np.abs(fitted / np.maximum(seconds, 1e-12) - 1)))
+    inverse = float(values[2])
+    # sizes too small (or too noisy) to show the bandwidth: the fastest throughput seen, a
+    # lower bound of it
+    seen = float(np.max(rows[:, 2] / np.maximum(seconds, 1e-12)))
+    bandwidth = 1.0 / inverse if inverse > 0 else seen
+    return CollectiveFit(ranks, float(values[0]), float(values[1]), bandwidth, error)
 
 
 def group_levels(cluster: Cluster, ranks: Sequence[int], *, concurrent: int = 1) -> tuple[CollectiveLevel, ...]:

@@ -132,7 +132,8 @@ class CollectiveCalibration:
     ``efficiency`` x ``protocol_bandwidth[p]``, ramping with the message as
     (B + ramp) / (B + 2 ramp) of it (half at small messages, all of it at B >> ramp).
     An all-reduce may reduce in the switch (NVLink SHARP) at ``switch_bandwidth`` x the
-    link's bandwidth of algorithm bandwidth, from ``switch_min_ranks`` ranks on.
+    link's bandwidth of algorithm bandwidth, from ``switch_min_ranks`` ranks on, ramping the
+    same way with ``switch_ramp_bytes``, after Simple's launch and ``switch_latency``.
     """
 
     fabric: str = "nvlink"  # the link's kind, as reports name it: nvlink, pcie, infiniband, ethernet
@@ -143,6 +144,8 @@ class CollectiveCalibration:
     ramp_bytes: float = 0.0  # bytes per rank at which the achieved bandwidth is 2/3 of its peak; 0 = no ramp
     switch_bandwidth: float = 0.0  # algorithm bandwidth of an in-switch all-reduce / the link's bandwidth; 0 = none
     switch_min_ranks: int = 5  # the least ranks the in-switch all-reduce runs on
+    switch_ramp_bytes: float = 0.0  # ramp_bytes of the in-switch all-reduce; 0 = no ramp
+    switch_latency: float = 0.0  # seconds the in-switch all-reduce adds to Simple's launch
 
     def __post_init__(self) -> None:
         check_name("collectives.fabric", self.fabric)
@@ -166,6 +169,8 @@ class CollectiveCalibration:
                 and 2 <= self.switch_min_ranks <= 1024, "collectives.switch_min_ranks", self.switch_min_ranks,
                 "must be a whole number in [2, 1024]")
         check_amount("collectives.ramp_bytes", self.ramp_bytes, unit="bytes")
+        check_amount("collectives.switch_ramp_bytes", self.switch_ramp_bytes, unit="bytes")
+        check_amount("collectives.switch_latency", self.switch_latency, limit=MAX_SECONDS, unit="seconds")
 
 
 @dataclass(frozen=True)

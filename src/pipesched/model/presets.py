@@ -58,12 +58,13 @@ MODELS: MappingProxyType[str, ModelSpec] = MappingProxyType({
         # heads, n_shared_experts 1, n_routed_experts 256, num_experts_per_tok 8, q_lora_rank
         # 1536, kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128,
         # vocab 129280, untied head; 671B parameters, 37B active (the technical report; the
-        # multi-token-prediction module's further 14B are not counted)
+        # multi-token-prediction module's further 14B are not counted); node-limited routing:
+        # a token's experts on at most 4 nodes (the report's M = 4)
         ModelSpec(name="deepseek-v3", num_layers=61, hidden_size=7168, num_heads=128, num_kv_heads=128,
                   ffn_hidden_size=18432, vocab_size=129280, num_experts=256, experts_per_token=8,
                   gated_mlp=True, context_length=163840, moe_ffn_hidden_size=2048, num_shared_experts=1,
                   first_dense_layers=3, q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64,
-                  qk_nope_head_dim=128, v_head_dim=128),
+                  qk_nope_head_dim=128, v_head_dim=128, routed_node_limit=4),
         # Qwen/Qwen3-235B-A22B config.json: hidden_size 4096, moe_intermediate_size 1536, 94
         # layers, 64 heads / 4 kv heads of head_dim 128, 128 experts top-8 in every block, vocab
         # 151936, untied head, max_position_embeddings 40960: 235B parameters, 22B active

@@ -46,6 +46,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 2}
 FP8_DTYPES = ("fp8",)
 FP8_MATMUL_BYTES = 1
 RECOMPUTE_MODES = ("none", "selective", "full")
+MOE_DISPATCHERS = ("alltoall", "deepep")  # TrainingSettings.moe_dispatcher
 
 # mixed-precision Adam, bytes per parameter (Megatron without a distributed optimizer): the
 # bf16 working weight, the fp32 gradient (what data parallel all-reduces), the fp32 master
@@ -78,6 +79,7 @@ _SHAPE_LIMITS = {
     "qk_rope_head_dim": (MAX_WIDTH, "", "no rotary part apart"),
     "qk_nope_head_dim": (MAX_WIDTH, "", "head_dim"),
     "v_head_dim": (MAX_WIDTH, "", "head_dim"),
+    "routed_node_limit": (MAX_HEADS, "nodes", "any node"),
 }
 _SWITCHES = ("gated_mlp", "tied_embeddings", "bias", "dropout")
 
@@ -168,6 +170,7 @@ class ModelSpec:
     capacity_factor: float = 0.0  # tokens an expert takes at most, over the balanced mean; 0 = dropless
     expert_skew: float = 1.0  # the hottest expert's tokens over the mean (load imbalance); 1 = balanced
     expert_load: tuple[float, ...] = ()  # measured tokens per routed expert (any scale); replaces expert_skew
+    routed_node_limit: int = 0  # nodes one token's experts may span (DeepSeek-V3's node-limited routing: 4); 0 = any
     # --- multi-head latent attention (DeepSeek-V2/V3); kv_lora_rank 0 = ordinary attention
     q_lora_rank: int = 0  # rank of the query's down-projection; 0 = queries from h directly
     kv_lora_rank: int = 0  # rank of the compressed key-value latent (what the KV cache holds)
@@ -274,6 +277,26 @@ class ModelSpec:
         sums = [sum(loads[g * per_group:(g + 1) * per_group]) for g in range(groups)]
         return max(sums) / (sum(loads) / groups)
 
+    def routed_destinations(self, ranks: int, per_node: int) -> tuple[float, float]:
+        """Distinct nodes and distinct ranks one token's ``experts_per_token`` experts reach
+        over ``ranks`` expert-parallel ranks of ``per_node`` to a node (uniform routing, as
+        DeepEP's tests draw it): the token picks ``routed_node_limit`` of the nodes (all
+        when 0), then its experts among theirs, drawn without replacement.
+
+        >>> model = ModelSpec("m", 1, 8, 1, 1, 8, 8, num_experts=256, experts_per_token=8, routed_node_limit=4)
+        >>> [round(x, 2) for x in model.routed_destinations(8, 8)], [round(x, 2) for x in model.routed_destinations(64, 8)]
+        ([1.0, 5.29], [3.63, 7.36])
+        """
+        k, experts = self.experts_per_token, self.num_experts
+        nodes = max(1, ranks // per_node)
+        chosen = min(nodes, self.routed_node_limit or nodes)
+        per_node_experts = experts // nodes
+        pool = chosen * per_node_experts  # the experts of the nodes the token may use
+        reached_nodes = chosen * (1.0 - math.comb(pool - per_node_experts, k) / math.comb(pool, k))
+        per_rank = experts // ranks
+        reached_ranks = ranks * chosen / nodes * (1.0 - math.comb(pool - per_rank, k) / math.comb(pool, k))
+        return (reached_nodes if nodes > 1 else 1.0), reached_ranks
+
     def _expert_loads(self) -> list[float]:
         """Every routed expert's tokens over the mean expert's."""
         experts = self.num_experts
@@ -332,6 +355,10 @@ class TrainingSettings:
     expert_parallel: int = 1
     # tensor-parallel ranks that split each expert (ETP); 0 = tensor_parallel (Megatron's default)
     expert_tensor_parallel: int = 0
+    # how tokens reach the experts: "alltoall" (a copy per selected expert, Megatron-Core's
+    # all-to-all dispatcher) or "deepep" (a copy per destination rank, sent across nodes once
+    # per destination node and forwarded over NVLink inside it: DeepEP's normal kernels)
+    moe_dispatcher: str = DEFAULTS.moe_dispatcher
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "frozen_layers", tuple(sorted({int(layer) for layer in self.frozen_layers})))
@@ -353,6 +380,8 @@ class TrainingSettings:
                 "expert_tensor_parallel", self.expert_tensor_parallel,
                 f"differs from tensor_parallel={self.tensor_parallel} only with expert parallelism; give --ep too "
                 "or leave --etp out")
+        require(self.moe_dispatcher in MOE_DISPATCHERS, "moe_dispatcher", self.moe_dispatcher,
+                f"must be one of {', '.join(MOE_DISPATCHERS)}")
         require(isinstance(self.sequence_parallel, bool), "sequence_parallel", self.sequence_parallel,
                 "must be true or false")
         require(self.dtype in DTYPE_BYTES, "dtype", self.dtype, f"must be one of {', '.join(DTYPE_BYTES)}")

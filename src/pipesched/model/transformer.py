@@ -77,7 +77,7 @@ from pipesched.model.collectives import (
     link_levels,
 )
 from pipesched.model.devices import load_device
-from pipesched.model.groups import GroupLevels, levels_on_link
+from pipesched.model.groups import DEVICES_PER_NODE, GroupLevels, levels_on_link
 from pipesched.model.hardware import DeviceSpec, LinkSpec
 from pipesched.model.spec import (
     EMBEDDING,
@@ -139,6 +139,10 @@ class PlanCollective:
     group: Group
     backward: bool = False  # False: in F; True: in I
     phase: str = ATTENTION
+    # bytes each rank sends across nodes once per destination node, forwarded over the
+    # node's own link to their ranks (DeepEP's dispatch and combine): the across-node leg runs
+    # beside the inside-node all-to-all of ``nbytes``; 0 = ``nbytes`` spread evenly
+    across_nodes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,7 @@ class _Shape:
     ep: int = 1  # expert-parallel ranks
     etp: int = 1  # tensor-parallel ranks of one expert under expert parallelism
     dispatch_elem: int = 2  # bytes of one dispatched token element (1 under FP8 training)
+    dispatcher: str = "alltoall"  # TrainingSettings.moe_dispatcher
 
     @property
     def q_width(self) -> float:
@@ -200,6 +205,7 @@ def _shape(model: ModelSpec, settings: TrainingSettings) -> _Shape:
         ep=ep,
         etp=etp if ep > 1 else 1,
         dispatch_elem=FP8_MATMUL_BYTES if settings.fp8 else settings.element_bytes,
+        dispatcher=settings.moe_dispatcher,
     )
 
 
@@ -457,7 +463,8 @@ def _expert_parallel_mlp(model: ModelSpec, x: _Shape) -> _Part:
     ffn = model.expert_ffn / etp
     up_width = 2 * ffn if model.gated_mlp else ffn
     matrices = 3 if model.gated_mlp else 2
-    dispatched = local * k * h * share  # elements this rank sends (and the busiest receives)
+    copies, across = _dispatched_copies(model, x)
+    dispatched = local * copies * h * share  # elements this rank sends (and the busiest receives)
     dispatch = _phased(DISPATCH, [
         _elementwise("residual 1", 3 * hidden_bytes + mask_hidden), _elementwise("norm 2", 2 * hidden_bytes),
         _matmul("router", local, experts, h, e, high_precision=True),
@@ -481,21 +488,35 @@ def _expert_parallel_mlp(model: ModelSpec, x: _Shape) -> _Part:
     if shared is not None:
         kept, params, weight_inputs = kept + shared.kept, params + shared.params, weight_inputs + shared.weight_inputs
     return _Part(tuple(dispatch + _phased(MLP, mlp) + combine), kept, params, weight_inputs,
-                 _expert_collectives(x, dispatched, rows * h, shared is not None))
+                 _expert_collectives(x, (dispatched, local * across * h * share), rows * h, shared is not None))
 
 
-def _expert_collectives(x: _Shape, dispatched: float, gathered: float, shared: bool) -> tuple[PlanCollective, ...]:
+def _dispatched_copies(model: ModelSpec, x: _Shape) -> tuple[float, float]:
+    """Copies of one token a rank dispatches, and those that cross nodes (0: no forwarding):
+    Megatron's all-to-all sends one per selected expert; DeepEP one per destination rank,
+    across nodes once per destination node (``ModelSpec.routed_destinations``, nodes of
+    ``DEVICES_PER_NODE / ETP`` expert ranks)."""
+    if x.dispatcher != "deepep":
+        return float(model.experts_per_token), 0.0
+    nodes, ranks = model.routed_destinations(x.ep, max(1, DEVICES_PER_NODE // x.etp))
+    return ranks, (nodes if x.ep > DEVICES_PER_NODE // x.etp else 0.0)
+
+
+def _expert_collectives(x: _Shape, sent: tuple[float, float], gathered: float,
+                        shared: bool) -> tuple[PlanCollective, ...]:
     """The token dispatch and combine all-to-alls of ``dispatched`` elements per rank (and
     inside an expert's tensor-parallel group the all-gather and reduce-scatter of the
     ``gathered`` elements its experts run), in F, and their gradients in I: the combine's
     gradient is a dispatch-shaped all-to-all to the experts, the dispatch's one back to the
     tokens. The dispatch moves FP8 under FP8 training (DeepSeek-V3); everything else is in
-    the activations' dtype."""
+    the activations' dtype. ``sent``: the elements each rank dispatches, and those sent
+    across nodes once per node (DeepEP's forwarding; 0 without)."""
     e, d = x.elem, x.dispatch_elem
+    dispatched, across = sent
     forward = [PlanCollective("dispatch all-to-all", Collective.ALL_TO_ALL, dispatched * d, Group.EXPERT,
-                              False, DISPATCH)]
+                              False, DISPATCH, across * d)]
     backward = [PlanCollective("combine gradient all-to-all", Collective.ALL_TO_ALL, dispatched * e, Group.EXPERT,
-                               True, COMBINE)]
+                               True, COMBINE, across * e)]
     if x.etp > 1:
         forward += [PlanCollective("expert input all-gather", Collective.ALL_GATHER, gathered * d,
                                    Group.EXPERT_TENSOR, False, DISPATCH),
@@ -506,9 +527,9 @@ def _expert_collectives(x: _Shape, dispatched: float, gathered: float, shared: b
                      PlanCollective("expert input-gradient reduce-scatter", Collective.REDUCE_SCATTER, gathered * e,
                                     Group.EXPERT_TENSOR, True, DISPATCH)]
     forward.append(PlanCollective("combine all-to-all", Collective.ALL_TO_ALL, dispatched * e, Group.EXPERT,
-                                  False, COMBINE))
+                                  False, COMBINE, across * e))
     backward.append(PlanCollective("dispatch gradient all-to-all", Collective.ALL_TO_ALL, dispatched * e,
-                                   Group.EXPERT, True, DISPATCH))
+                                   Group.EXPERT, True, DISPATCH, across * e))
     tensor = ()
     if shared:  # the shared experts' partial sums over the tensor-parallel ranks
         tensor = _tensor_reductions(x, (("shared expert output all-reduce", x.tokens * x.hidden * e, False, MLP),
@@ -607,8 +628,15 @@ def plan_collective_seconds(collective: PlanCollective, settings: TrainingSettin
 
 def plan_collective_choice(collective: PlanCollective, settings: TrainingSettings, link: LinkSpec,
                            groups: GroupLevels | None = None) -> CollectiveTime:
-    """``plan_collective_seconds`` with the algorithm and protocol NCCL runs it with."""
-    return collective_choice(collective.kind, collective.nbytes, levels_on_link(settings, collective.group, link, groups))
+    """``plan_collective_seconds`` with the algorithm and protocol NCCL runs it with; a
+    forwarded all-to-all (``across_nodes``) as its slower leg: the inside-node all-to-all of
+    ``nbytes`` or the across-node one of ``across_nodes``."""
+    levels = [level for level in levels_on_link(settings, collective.group, link, groups) if level.ranks > 1]
+    if collective.across_nodes <= 0 or len(levels) < 2:
+        return collective_choice(collective.kind, collective.nbytes, levels)
+    inside = collective_choice(collective.kind, collective.nbytes, levels[:1])
+    across = collective_choice(collective.kind, collective.across_nodes, levels[1:])
+    return max(inside, across, key=lambda choice: choice.seconds)
 
 
 @dataclass(frozen=True)

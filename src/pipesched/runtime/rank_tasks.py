@@ -8,6 +8,7 @@ import itertools
 import time
 
 from pipesched.io import torch_csv
+from pipesched.runtime.collective_profile import run_collectives
 from pipesched.runtime.executor import Executor, RankSetup, hosted_modules, replicated_stages
 from pipesched.runtime.gpu import CudaRecorder
 from pipesched.runtime.launch import LaunchSpec, RankContext
@@ -177,4 +178,5 @@ def run_profile(spec: LaunchSpec, context: RankContext) -> list:
     return time_ranges(spec.task, rank=context.rank, sync=sync)
 
 
-HANDLERS = {"pipeline": run_pipeline, "p2p": run_p2p, "profile": run_profile, "serve": run_serve}
+HANDLERS = {"pipeline": run_pipeline, "p2p": run_p2p, "profile": run_profile, "serve": run_serve,
+            "collectives": run_collectives}

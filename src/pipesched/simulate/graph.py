@@ -87,7 +87,7 @@ from numba import njit
 from pipesched.costs import StageCosts
 from pipesched.dependencies import OpArrays, dependencies, memory_deltas, role_index, rule_arrays
 from pipesched.errors import PipeschedError, require
-from pipesched.model.collectives import CollectiveLevel, allreduce_seconds
+from pipesched.model.collectives import allreduce_seconds
 from pipesched.model.spec import (
     GRAD_BYTES_PER_PARAM,
     STATIC_BYTES_PER_PARAM,
@@ -550,7 +550,7 @@ def collective_seconds(network: Network, reduces: AllReduces, nbytes: np.ndarray
     data_parallel = network.data_parallel if network.replicas > 1 else None
     seconds = np.empty(len(reduces), np.float64)
     for j, (a, b, size) in enumerate(zip(reduces.src.tolist(), reduces.dst.tolist(), nbytes.tolist(), strict=True)):
-        pair = CollectiveLevel(2, float(network.latency[a, b]), float(network.bandwidth[a, b])) if a != b else None
+        pair = network.pair_level(a, b) if a != b else None
         if data_parallel is None:
             seconds[j] = allreduce_seconds(size, (pair,))
         else:

@@ -34,7 +34,7 @@ from pipesched.model.collectives import (
     group_levels,
     reduce_scatter_seconds,
 )
-from pipesched.model.hardware import Cluster
+from pipesched.model.hardware import Cluster, CollectiveCalibration
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,8 @@ class DataParallel:
         return cls(size, (level,) * num_devices, (size > 1,) * num_devices, sharded_optimizer, gather_ratio)
 
     def with_links(self, latency: float | None, bandwidth: float | None) -> DataParallel:
-        """These groups with every level's latency and/or bandwidth replaced."""
+        """These groups with every level's latency and/or bandwidth replaced: plain rings of
+        the figures given (a measured link, ``--latency`` and ``--bandwidth``), no calibration."""
         def replaced(level: CollectiveLevel) -> CollectiveLevel:
             return CollectiveLevel(level.ranks, level.latency if latency is None else latency,
                                    level.bandwidth if bandwidth is None else bandwidth)
@@ -114,6 +115,9 @@ class Network:
     host_capacity: host-memory bytes each device may fill with offloaded activations, or
         None when unknown.
     data_parallel: the data-parallel replicas' gradient collectives, or None (one pipeline).
+    collectives: how NCCL's collectives run over the links inside a node and across nodes
+        (``LinkSpec.collectives``: the two replicas of a Chimera or DualPipe stage
+        all-reduce over them); None times them as plain rings of latency and bandwidth.
     """
 
     latency: np.ndarray  # float64 (D, D), seconds
@@ -128,6 +132,7 @@ class Network:
     host_latency: tuple[float, ...] | None = None  # seconds per device
     host_capacity: tuple[float, ...] | None = None  # bytes per device
     data_parallel: DataParallel | None = None
+    collectives: tuple[CollectiveCalibration | None, CollectiveCalibration | None] = (None, None)  # inside, across
 
     def __post_init__(self) -> None:
         latency = np.array(self.latency, dtype=np.float64)
@@ -193,6 +198,11 @@ class Network:
 
     def device_name(self, device: int) -> str:
         return f"rank {self.ranks[device]}"
+
+    def pair_level(self, a: int, b: int) -> CollectiveLevel:
+        """The ring of devices ``a`` and ``b`` (the two replicas of a stage) on their link."""
+        calibration = self.collectives[0 if self.node_of[a] == self.node_of[b] else 1]
+        return CollectiveLevel(2, float(self.latency[a, b]), float(self.bandwidth[a, b]), calibration)
 
     # --- constructors ---------------------------------------------------------------------
     def has_host_link(self, device: int) -> bool:
@@ -273,6 +283,7 @@ class Network:
             host_bandwidth=tuple(float(d.host_bandwidth) for d in devices),
             host_latency=tuple(float(d.transfer_setup_s) for d in devices),
             host_capacity=tuple(float(d.host_memory_bytes) for d in devices),
+            collectives=(intra.collectives, inter.collectives),
             data_parallel=data_parallel,
         )
 
