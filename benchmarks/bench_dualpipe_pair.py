@@ -10,7 +10,9 @@ time, and the share of the communication that runs beside compute.
 The predicted side is the phase model (``pipesched.model.phases``): the deepseek-v3 preset's
 MoE blocks (layers 3-6) costed at micro-batch 1 x 4096 tokens, FP8 GEMMs, TP1, EP64 on the
 ``8x8-h800`` cluster preset (NVLink cut to 400 GB/s both ways, one 400 Gb/s InfiniBand NIC
-per GPU), every layer's dispatch and combine all-to-all over those links; the forward
+per GPU), every layer's dispatch and combine all-to-all over those links as DeepEP sends them
+(``moe_dispatcher="deepep"``: each token across nodes once per destination node, DeepSeek-V3's
+routing to at most 4 nodes, what the trace's kernels run); the forward
 chunk beside the backward chunk on a compute and a communication stream, the communication
 kernels taking 20 of the 132 SMs (``comm_sm_fraction``). Target: the pair within 25% of the
 published 129 ms.
@@ -39,7 +41,8 @@ def predicted(layers: int = 4) -> dict[str, float]:
     """The phase model's pair of ``layers`` DeepSeek-V3 MoE blocks (module docstring), seconds."""
     cluster = load_cluster("8x8-h800")
     settings = TrainingSettings(micro_batch_size=1, seq_len=4096, dtype="fp8", recompute="none",
-                                tensor_parallel=1, expert_parallel=64, sequence_parallel=False)
+                                tensor_parallel=1, expert_parallel=64, sequence_parallel=False,
+                                moe_dispatcher="deepep")
     groups = expert_group_levels(cluster, settings, 0, settings.tensor_parallel)
     ops = layer_ops(load_model("deepseek-v3"), cluster.devices[0], settings, tp_link=cluster.intra_node, groups=groups)
     # layer_ops lists the embedding first: block i is entry i + 1
