@@ -14,12 +14,15 @@ from pipesched.enums import Group
 from pipesched.errors import PipeschedError
 from pipesched.generators import generate
 from pipesched.model import (
+    ModelSpec,
     TrainingSettings,
     build_stage_costs,
+    homogeneous_cluster,
     load_cluster,
     load_device,
     load_model,
 )
+from pipesched.model.clusters import parse_cluster
 from pipesched.model.phases import (
     COMPUTE,
     LINK,
@@ -30,6 +33,7 @@ from pipesched.model.phases import (
     pair,
     serial_time,
 )
+from pipesched.model.stages import pair_partners
 from pipesched.model.transformer import (
     COMBINE,
     DISPATCH,
@@ -40,10 +44,17 @@ from pipesched.model.transformer import (
     layer_costs,
     layer_ops,
 )
+from pipesched.ops import B, F
 from pipesched.partition import device_peak_bytes
 from pipesched.schedule import Placement
+from pipesched.slots import slot_table
+from pipesched.validation import validate
 
 H100 = load_device("h100-sxm")
+# a small MoE: 4 blocks, the first dense, 8 routed experts of hidden 32 (top-2), 1 shared
+SMALL_MOE = ModelSpec(name="moe", num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
+                      vocab_size=256, num_experts=8, experts_per_token=2, gated_mlp=True, moe_ffn_hidden_size=32,
+                      num_shared_experts=1, first_dense_layers=1)
 
 
 def _random_chunk(rng: np.random.Generator, phases: int) -> tuple[Phase, ...]:
@@ -185,20 +196,33 @@ def test_pipeline_sends_run_on_the_communication_stream():
     assert plain.pair_s <= sent.pair_s <= plain.pair_s + 1.0 + 1e-9
 
 
+@pytest.mark.slow
 def test_model_stage_costs_carry_the_computed_pair():
-    settings = TrainingSettings(seq_len=2048, tensor_parallel=4)
-    costs = build_stage_costs(load_model("llama3-8b"), Placement.bidirectional(2), load_cluster("1x8-h100"), settings)
+    settings = TrainingSettings(micro_batch_size=4, seq_len=512, tensor_parallel=2, expert_parallel=4)
+    costs = build_stage_costs(SMALL_MOE, Placement.bidirectional(2), homogeneous_cluster(H100, 16, devices_per_node=2),
+                              settings)
     assert costs.forward_backward is not None
-    for s in range(costs.num_stages):
-        assert costs.fused_time(s, costs.forward[s], costs.full_backward(s)) < costs.forward[s] + costs.full_backward(s)
-        assert costs.forward_backward[s] >= max(costs.forward[s], costs.full_backward(s))
+    for s, partner in enumerate(pair_partners(Placement.bidirectional(2))):
+        forward, backward = costs.forward[s], costs.full_backward(partner)
+        assert costs.fused_time(s, forward, backward) < forward + backward
+        assert costs.forward_backward[s] >= max(forward, backward)
 
 
-def test_without_communication_model_costs_keep_no_pair():
+@pytest.mark.parametrize(("family", "p", "m"), [("dualpipe", 4, 8), ("dualpipe", 8, 16), ("dualpipev", 4, 8)])
+def test_pair_partners_are_the_stages_dualpipe_pairs(family, p, m):
+    schedule = generate(family, p, m)
+    partners = pair_partners(schedule.placement)
+    pairs = [(op.parts[0].stage, op.parts[1].stage) for ops in schedule.device_ops for op in ops if op.parts]
+    assert pairs and all(backward == partners[forward] for forward, backward in pairs)
+
+
+@pytest.mark.parametrize("tensor_parallel", [1, 4])
+def test_without_expert_parallelism_model_costs_keep_their_pairs_at_f_plus_b(tensor_parallel):
+    # with EP = 1 everything is as it was: a pair costs F + B (its all-reduces not overlapped)
     costs = build_stage_costs(load_model("llama3-8b"), Placement.bidirectional(2), load_cluster("1x8-h100"),
-                              TrainingSettings(seq_len=1024, tensor_parallel=1))
+                              TrainingSettings(seq_len=1024, tensor_parallel=tensor_parallel))
     assert costs.forward_backward is None
-    assert costs.fused_time(0, costs.forward[0], costs.full_backward(0)) == costs.forward[0] + costs.full_backward(0)
+    assert costs.fused_time(0, costs.forward[0], costs.full_backward(1)) == costs.forward[0] + costs.full_backward(1)
 
 
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 16)])
@@ -210,6 +234,7 @@ def test_dualpipe_holds_twice_the_parameters_and_p_plus_one_activations(p, m):
     assert peaks == [2 * 10.0 + p + 1] * p
 
 
+@pytest.mark.slow
 def test_costs_pair_reports_each_layers_pair_within_its_bounds(cli):
     args = ("costs", "--model", "llama3-8b", "--device", "h100-sxm", "-t", "4", "-s", "2048", "--json")
     plain = json.loads(cli(*args).out)
@@ -228,6 +253,7 @@ def test_costs_pair_reports_each_layers_pair_within_its_bounds(cli):
     assert all(layer["pair_s"] < layer["forward_s"] + layer["backward_s"] for layer in blocks)
 
 
+@pytest.mark.slow
 def test_costs_pair_of_an_expert_parallel_model_spans_nodes(cli):
     args = ("costs", "--model", "mixtral-8x22b", "--device", "h100-sxm", "-t", "1", "--ep", "8", "-s", "1024",
             "--pair", "--json")
@@ -239,3 +265,66 @@ def test_costs_pair_of_an_expert_parallel_model_spans_nodes(cli):
 def test_costs_pair_refuses_what_it_cannot_honour(cli, extra, field):
     result = cli("costs", "--model", "tiny", *extra)
     assert result.code == 2 and result.err.startswith(f"pipesched: error: {field}") and result.out == ""
+
+
+@pytest.mark.parametrize("family", ["1f1b", "interleaved-1f1b"])
+@pytest.mark.parametrize(("p", "m"), [(2, 2), (4, 3), (4, 5), (4, 16), (8, 12)])
+def test_megatron_overlapped_pairs_keep_every_op_and_a_valid_table(family, p, m):
+    plain, fused = generate(family, p, m), generate(family, p, m, fused=True)
+    assert validate(fused) == []
+    for before, after in zip(plain.device_ops, fused.device_ops, strict=True):
+        # the same ops, some of them two adjacent ones to an entry
+        parts = [part for op in after for part in (op.parts or (op,))]
+        assert sorted(parts) == sorted(before) and len(parts) == len(before)
+        for op in after:
+            if op.parts:
+                forward, backward = op.parts
+                assert (forward.kind, backward.kind) == (F, B) and forward.microbatch != backward.microbatch
+    if m >= 2 * p:
+        assert any(op.parts for ops in fused.device_ops for op in ops)
+
+
+def test_an_overlapped_pair_holds_its_device_for_the_pair_time():
+    schedule = generate("interleaved-1f1b", 4, 16, fused=True)
+    costs = StageCosts.slots(fb_cost=0.8)
+    timeline = slot_table(schedule, costs)
+    # F = 1 slot, B = I + W = 2; every pair costs 0.8 x (F + B) = 2.4 slots of device time
+    pairs = sum(1 for ops in schedule.device_ops for op in ops if op.parts)
+    forwards = sum(1 for ops in schedule.device_ops for op in ops if op.kind == F)
+    backwards = sum(1 for ops in schedule.device_ops for op in ops if op.kind == B)
+    assert pairs > 0
+    assert timeline.busy_per_device().sum() == pytest.approx(2.4 * pairs + forwards + 2 * backwards)
+
+
+
+
+def test_dualpipe_on_a_moe_model_runs_its_pairs_for_the_computed_time():
+    # EP4 over ranks 0, 2, 4, 6 of a cluster of two devices a node: the all-to-alls cross nodes
+    cluster = homogeneous_cluster(H100, 8, devices_per_node=2)
+    settings = TrainingSettings(micro_batch_size=4, seq_len=512, tensor_parallel=1, expert_parallel=4)
+    costs = build_stage_costs(SMALL_MOE, Placement.bidirectional(2), cluster, settings)
+    assert costs.forward_backward is not None
+    schedule = generate("dualpipe", 2, 8)
+    overlapped_run, serial_run = slot_table(schedule, costs), slot_table(schedule, costs.with_pair_cost(1.0))
+    heads = [row for row in range(len(overlapped_run.op_kind)) if overlapped_run.box_kind[row] != overlapped_run.op_kind[row]]
+    assert heads
+    for row in heads:
+        # the forward's stage's computed pair, or the longer part when the backward's stage is slower
+        forward, backward = overlapped_run.entry(row).parts
+        expected = max(costs.forward_backward[forward.stage], costs.forward[forward.stage],
+                       costs.full_backward(backward.stage))
+        assert overlapped_run.op_end[row] - overlapped_run.op_start[row] == pytest.approx(expected)
+    assert overlapped_run.iteration_time < serial_run.iteration_time
+
+
+def test_a_cluster_file_sets_the_sms_communication_takes():
+    text = """
+name: two
+nodes: [{count: 1, devices_per_node: 2, device: {preset: h100-sxm, comm_sm_fraction: 0.25}}]
+intra_node: {bandwidth: 450 GB/s, latency: 3 us}
+inter_node: {bandwidth: 50 GB/s, latency: 5 us}
+"""
+    assert parse_cluster(text).devices[0].comm_sm_fraction == 0.25
+    assert load_device("h100-sxm").comm_sm_fraction == pytest.approx(20 / 132)  # DeepSeek-V3's 20 of 132 SMs
+    with pytest.raises(PipeschedError, match="comm_sm_fraction"):
+        parse_cluster(text.replace("0.25", "1.5"))

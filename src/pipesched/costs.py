@@ -129,7 +129,8 @@ COST_FIELDS: tuple[CostField, ...] = (
     CostField("recompute_s", "the part of I (and B) that redoes the forward (activation recompute)", Quantity.TIME,
               per_microbatch=True, checkpoint=Checkpoint.REDO, absent="not known (reports count none)",
               absent_is_zero=True),
-    CostField("forward_backward", "measured time of an overlapped pair whose forward runs the stage", Quantity.TIME,
+    CostField("forward_backward", "time of an overlapped pair whose forward runs the stage (measured, or computed "
+              "from the layers' phases: pipesched.model.phases)", Quantity.TIME,
               column="fb", per_microbatch=True, slot=Slot.GIVEN, fusion=Fusion.PAIR,
               absent="fb_cost x (F + B)"),
     CostField("fb_cost", "without forward_backward: a pair's time over the sum of its parts' (1: no overlap)",

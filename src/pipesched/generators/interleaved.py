@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pipesched.costs import StageCosts
 from pipesched.errors import require
-from pipesched.generators.base import Family, FormulaEstimate, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes, switch
+from pipesched.generators.overlap import with_overlapped_pairs
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
@@ -45,8 +46,10 @@ def chunk_order(p: int, m: int, v: int) -> list[tuple[int, int]]:
     return order
 
 
-def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
+def interleaved_1f1b(p: int, m: int, v: int = 2, *, fused: bool = False) -> Schedule:
     """Device d: warm-up forwards, then one forward and one backward in turn, then drain.
+    ``fused``: each steady-state F and the B after it as one overlapped pair (Megatron-Core's
+    expert-parallel overlap, ``pipesched.generators.overlap``).
 
     The warm-up is ``(v-1) x round + 2 (p-1-d)`` forwards (capped at all ``v m``): enough for
     the first microbatch to reach the last chunk and for its gradient to come back.
@@ -82,13 +85,14 @@ def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
         # cool-down: the backwards still owed
         ops.extend(backward(k) for k in range(total - warmup, total))
         device_ops.append(tuple(ops))
-    return Schedule(
+    schedule = Schedule(
         "interleaved-1f1b",
         Placement.looped(p, v),
         m,
         tuple(device_ops),
         params={"p": p, "m": m, "v": v},
     )
+    return with_overlapped_pairs(schedule, backward_first=False) if switch(fused, "fused") else schedule
 
 
 def looped_formula(p: int, m: int, v: int, c: StageCosts, peak: int, activation_units: float) -> FormulaEstimate:
@@ -122,9 +126,10 @@ def interleaved_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimat
 FAMILY = Family(
     name="interleaved-1f1b",
     summary="Megatron's virtual pipeline: v chunks per device, 1F1B over rounds of microbatches",
-    constraints="p >= 2, m >= 1, v >= 2",
-    build=lambda p, m, *, v=2: interleaved_1f1b(p, m, v),
+    constraints="p >= 2, m >= 1, v >= 2; fused = 1: steady-state F and B as overlapped pairs (Megatron's EP overlap)",
+    build=lambda p, m, *, v=2, **options: interleaved_1f1b(p, m, v, **options),
     formula=interleaved_formula,
     chunks=None,
     default_v=2,
+    options=("fused",),
 )

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pipesched.costs import StageCosts
-from pipesched.generators.base import Family, FormulaEstimate, check_sizes
+from pipesched.generators.base import Family, FormulaEstimate, check_sizes, switch
 from pipesched.generators.gpipe import flushed_formula
+from pipesched.generators.overlap import with_overlapped_pairs
 from pipesched.ops import B, F, Op
 from pipesched.schedule import Placement, Schedule
 
 
-def one_f_one_b(p: int, m: int) -> Schedule:
+def one_f_one_b(p: int, m: int, *, fused: bool = False) -> Schedule:
     """Device d runs min(p-d, m) warm-up forwards, then alternates B and F, then drains.
+    ``fused``: each steady-state B and the F after it as one overlapped pair (Megatron-Core's
+    expert-parallel overlap, ``pipesched.generators.overlap``).
 
     >>> [str(op) for op in one_f_one_b(2, 3).device_ops[0]]
     ['0F0', '0F1', '0B0', '0F2', '0B1', '0B2']
@@ -27,7 +30,8 @@ def one_f_one_b(p: int, m: int) -> Schedule:
         # cool-down: the remaining backwards
         ops.extend(Op(d, B, mb) for mb in range(m - warmup, m))
         device_ops.append(tuple(ops))
-    return Schedule("1f1b", Placement.one_per_device(p), m, tuple(device_ops), params={"p": p, "m": m})
+    schedule = Schedule("1f1b", Placement.one_per_device(p), m, tuple(device_ops), params={"p": p, "m": m})
+    return with_overlapped_pairs(schedule, backward_first=True) if switch(fused, "fused") else schedule
 
 
 def one_f_one_b_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimate:
@@ -38,7 +42,9 @@ def one_f_one_b_formula(p: int, m: int, v: int, c: StageCosts) -> FormulaEstimat
 FAMILY = Family(
     name="1f1b",
     summary="one-forward-one-backward: GPipe's bubble with at most p microbatches in flight",
-    constraints="p >= 2, m >= 1",
-    build=lambda p, m, *, v=None: one_f_one_b(p, m),
+    constraints="p >= 2, m >= 1; fused = 1: steady-state B and F as overlapped pairs (Megatron's EP overlap; "
+                "each pair then waits for the next stage's: it pays with virtual stages, interleaved-1f1b)",
+    build=lambda p, m, *, v=None, **options: one_f_one_b(p, m, **options),
     formula=one_f_one_b_formula,
+    options=("fused",),
 )

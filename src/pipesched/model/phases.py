@@ -179,26 +179,36 @@ class _Progress:
         self.start = [[0.0] * len(phases) for phases in parts]
         self.end = [[0.0] * len(phases) for phases in parts]
         self.ready = [0.0] * len(parts)  # when each part's latest phase ended
+        self.done_upto = [0] * len(parts)  # phases done from each part's first on
+        # each part's first phase on each stream not started yet (phases run in order on a stream)
+        self.first_on = [{resource: self._after(k, -1, resource) for resource in Resource} for k in range(len(parts))]
+
+    def _after(self, k: int, j: int, resource: Resource) -> int | None:
+        phases = self.parts[k]
+        return next((i for i in range(j + 1, len(phases)) if phases[i].resource is resource), None)
 
     def next_on(self, resource: Resource) -> list[int | None]:
-        """Each part's first phase on ``resource`` not started yet (phases run in order on a stream)."""
-        return [next((j for j, phase in enumerate(phases) if phase.resource is resource and not self.started[k][j]),
-                     None) for k, phases in enumerate(self.parts)]
+        """Each part's first phase on ``resource`` not started yet."""
+        return [first[resource] for first in self.first_on]
 
     def can_start(self, k: int, j: int) -> bool:
         phases, first = self.parts[k], j
         if phases[j].beside:  # skip the other stream's phases right before it
             while first > 0 and phases[first - 1].resource is not phases[j].resource:
                 first -= 1
-        return all(self.done[k][:first]) and all(self.started[k][first:j])
+        return self.done_upto[k] >= first and all(self.started[k][first:j])
 
     def begin(self, k: int, j: int, now: float) -> None:
         self.started[k][j] = True
         self.start[k][j] = now
+        resource = self.parts[k][j].resource
+        self.first_on[k][resource] = self._after(k, j, resource)
 
     def finish(self, k: int, j: int, now: float) -> None:
         self.done[k][j] = True
         self.end[k][j] = self.ready[k] = now
+        while self.done_upto[k] < len(self.done[k]) and self.done[k][self.done_upto[k]]:
+            self.done_upto[k] += 1
 
 
 def serial_time(phases: Sequence[Phase]) -> float:
@@ -349,12 +359,14 @@ def model_layer_ops(model: ModelSpec, device: DeviceSpec, settings: TrainingSett
     return () if model.measured else tuple(layer_ops(model, device, settings, tp_link=link, groups=groups))
 
 
-def stage_pair_seconds(ops: Sequence[LayerOps], costs: Sequence[LayerCost], device: DeviceSpec, *,
+def stage_pair_seconds(forward: tuple[Sequence[LayerOps], Sequence[LayerCost]],
+                       backward: tuple[Sequence[LayerOps], Sequence[LayerCost]], device: DeviceSpec, *,
                        full_recompute: bool = False) -> float:
-    """An overlapped pair on one stage: the forward chunk of its layers beside the backward
-    chunk of the same layers (another microbatch's: DualPipe pairs stages alike under a
-    balanced partition), each layer as ``costs`` runs it (a frozen one without W, or without
-    backward), compute slowed by ``device.comm_sm_fraction`` beside communication."""
-    layers = [layer_phases(entry, cost=cost, full_recompute=full_recompute)
-              for entry, cost in zip(ops, costs, strict=True)]
-    return chunk_pair(layers, layers, comm_sm_fraction=device.comm_sm_fraction).pair_s
+    """An overlapped pair on one device: the forward chunk of one stage's layers beside the
+    backward chunk of another's (or the same stage's), each given as its layers' kernels and
+    collectives and their costs as they run (a frozen layer without W, or without backward;
+    ``full_recompute``: the backward's stage redoes its forwards), compute slowed by
+    ``device.comm_sm_fraction`` beside communication."""
+    layers = [layer_phases(entry, cost=cost) for entry, cost in zip(*forward, strict=True)]
+    behind = [layer_phases(entry, cost=cost, full_recompute=full_recompute) for entry, cost in zip(*backward, strict=True)]
+    return chunk_pair(layers, behind, comm_sm_fraction=device.comm_sm_fraction).pair_s

@@ -270,7 +270,7 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
     layers = tuple(tuple(per_stage[s][i] for i in partition.layers(s)) for s in range(num_stages))
     stage_devices = tuple(cluster.devices[r] for r in stage_ranks)
     pairs = _stage_pairs(model, settings, stage_devices, modes, layers, partition, tp_link,
-                         [key[2] for key in stage_keys])
+                         [key[2] for key in stage_keys], pair_partners(placement))
     costs = _stage_costs(layers, settings, stage_devices, frozen=mask is not None, pairs=pairs)
     sends = stage_values(partition, np.zeros((num_stages, num_layers)),
                          send_forward=send_forward, send_backward=send_backward)
@@ -287,18 +287,49 @@ def _planned(model: ModelSpec, placement: Placement, cluster: Cluster, settings:
 
 def _stage_pairs(model: ModelSpec, settings: TrainingSettings, devices: Sequence[DeviceSpec], modes: Sequence[str],
                  layers: Sequence[Sequence[LayerCost]], partition: Partition, link: LinkSpec,
-                 groups: Sequence[GroupLevels]) -> tuple[float, ...] | None:
-    """Each stage's overlapped forward-backward pair (``pipesched.model.phases``: its layers'
-    phases, one microbatch's communication beside another's compute), seconds; None for a
-    model of measured layers. ``groups``: each stage's."""
-    pairs = []
+                 groups: Sequence[GroupLevels], partners: Sequence[int]) -> tuple[float, ...] | None:
+    """Each stage's overlapped forward-backward pair (``pipesched.model.phases``): its
+    forward's phases beside the backward's of stage ``partners[s]`` (one microbatch's
+    communication beside the other's compute), seconds; None for a model of measured layers,
+    without expert parallelism (a dense or EP = 1 model keeps its pairs at F + B as it always
+    had them: the overlap is what DualPipe hides the experts' all-to-alls with) and where no
+    pair overlaps anything. ``groups``: each stage's. The pipeline's sends stay the
+    simulator's transfers."""
+    if settings.expert_parallel == 1:
+        return None
+    ops = []
     for s, (device, mode) in enumerate(zip(devices, modes, strict=True)):
-        ops = model_layer_ops(model, device, dataclasses.replace(settings, recompute=mode), link, groups[s])
-        if not ops:
+        every = model_layer_ops(model, device, dataclasses.replace(settings, recompute=mode), link, groups[s])
+        if not every:
             return None
-        pairs.append(stage_pair_seconds([ops[i] for i in partition.layers(s)], layers[s], device,
-                                        full_recompute=mode == "full"))
-    return tuple(pairs)
+        ops.append(every)
+    chunks = [([ops[s][i] for i in partition.layers(s)], layers[s]) for s in range(len(devices))]
+    pairs = tuple(stage_pair_seconds(chunks[s], chunks[partner], devices[s], full_recompute=modes[partner] == "full")
+                  for s, partner in enumerate(partners))
+    # none overlaps anything: every pair is its parts back to back, as without pairs
+    serial = [sum(layer.forward_s for layer in layers[s])
+              + sum(layer.backward_input_s + layer.backward_weight_s for layer in layers[partner])
+              for s, partner in enumerate(partners)]
+    return None if all(p >= t * (1 - 1e-9) for p, t in zip(pairs, serial, strict=True)) else pairs
+
+
+def pair_partners(placement: Placement) -> tuple[int, ...]:
+    """The stage whose backward each stage's forward runs beside in an overlapped pair: the
+    one other stage its device holds (DualPipe's stage of the other direction, DualPipeV's
+    other arm, the other chunk of two), else itself (1F1B's pairs).
+
+    >>> pair_partners(Placement.bidirectional(4)), pair_partners(Placement.one_per_device(2))
+    ((3, 2, 1, 0), (0, 1))
+    """
+    held: dict[int, set[int]] = {}
+    for replica in placement.replicas:
+        for stage, device in enumerate(replica):
+            held.setdefault(device, set()).add(stage)
+    partners = []
+    for stage, device in enumerate(placement.replicas[0]):
+        others = held[device] - {stage}
+        partners.append(min(others) if len(others) == 1 else stage)
+    return tuple(partners)
 
 
 def _transfer_times(cluster: Cluster, sources: Sequence[int], targets: Sequence[int], nbytes: np.ndarray) -> np.ndarray:
@@ -360,8 +391,8 @@ def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettin
     the gradients kept for W take ``memory_fragmentation`` times their bytes. With
     ``frozen`` (some layer is frozen) a stage whose layers are all frozen is marked so.
     ``pairs``: each stage's overlapped forward-backward pair, its two parts' overheads on
-    top (``forward_backward``, what a fused pair costs); kept only where some stage's pair
-    overlaps anything (else a pair is F + B, as without it)."""
+    top (``forward_backward``, what a fused pair costs); None where no pair overlaps anything
+    (a pair is then F + B, as without it)."""
     def total(field: str) -> tuple[float, ...]:
         value = attrgetter(field)
         return tuple(sum(map(value, stage)) for stage in layers)
@@ -394,20 +425,13 @@ def _stage_costs(layers: Sequence[Sequence[LayerCost]], settings: TrainingSettin
         kept_for_w_bytes=tuple(k * f for k, f in zip(total("kept_for_w_bytes"), fragmentation, strict=True)),
         frozen=tuple(all(layer.frozen for layer in stage) for stage in layers) if frozen else None,
         recompute_s=total("recompute_s"),
-        forward_backward=_pair_costs(pairs, total("forward_s"), backward_input, backward_weight, overhead),
+        forward_backward=_pair_costs(pairs, overhead),
     )
 
 
-def _pair_costs(pairs: Sequence[float] | None, forward: Sequence[float], backward_input: Sequence[float],
-                backward_weight: Sequence[float], overhead: Sequence[float]) -> tuple[float, ...] | None:
-    """The stages' pair times with their F and B ops' overheads, or None when no pair
-    overlaps anything (each is then its F + B)."""
-    if pairs is None:
-        return None
-    serial = [f + i + w for f, i, w in zip(forward, backward_input, backward_weight, strict=True)]
-    if all(p >= t * (1 - 1e-9) for p, t in zip(pairs, serial, strict=True)):
-        return None
-    return tuple(p + 2 * o for p, o in zip(pairs, overhead, strict=True))
+def _pair_costs(pairs: Sequence[float] | None, overhead: Sequence[float]) -> tuple[float, ...] | None:
+    """The stages' pair times with their F and B ops' overheads (None: no pair overlaps)."""
+    return None if pairs is None else tuple(p + 2 * o for p, o in zip(pairs, overhead, strict=True))
 
 
 def build_stage_costs(model: ModelSpec, placement: Placement, cluster: Cluster, settings: TrainingSettings, *,

@@ -64,7 +64,8 @@ the attention of the block before it up to that block's time (``exposed_exchange
 Ulysses' four all-to-alls (a2a), or an all-gather of K and V (allgather).
 
 Not modelled: clock throttling under sustained load and compute/communication overlap
-inside a layer (the phases are what a schedule overlaps across microbatches) other than ring
+inside a layer (the phases are what a schedule overlaps across microbatches:
+``pipesched.model.phases``, DualPipe's and Megatron's overlapped pairs) other than ring
 attention's.
 """
 
