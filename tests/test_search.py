@@ -387,7 +387,7 @@ def test_store_keeps_several_searches_and_shows_them(tmp_path, cli) -> None:
     csv_path = tmp_path / "rows.csv"
     assert cli("search", "--db", str(db), "--show", "--csv", str(csv_path)).code == 0
     lines = csv_path.read_text().splitlines()
-    assert lines[0].startswith("key,schedule,v,dp,tp,pp,micro_batch_size,m,recompute,partition,zero,status")
+    assert lines[0].startswith("key,schedule,v,dp,tp,pp,micro_batch_size,m,recompute,partition,zero,ep,status")
     assert len(lines) == 1 + sum(s["points"] for s in stored) + 1  # two searches, two headers
     assert_one_line_error(cli("search", "--db", str(tmp_path / "none.sqlite"), "--show"), "db=", "no such file")
 
