@@ -76,6 +76,9 @@ class Defaults:
     slo_tpot: float = 0.1  # seconds per output token after the first
     attainment: float = 0.9  # share of requests that meet both SLOs (serve capacity)
     serve_db: str = "pipesched-serve.sqlite"  # serving search results store, in the working folder
+    resident: float = 1.0  # share of each stage's layers kept on the GPU; the rest stream in every iteration
+    resident_from: str = "host"  # where the non-resident layers live: host (memory) or disk
+    residency_fractions: str = "0.25,0.5,0.75,1"  # residencies serve residency simulates
     # real serving runs on this machine (serve run, serve check)
     serve_run_model: str = "tiny"  # model preset or file of serve run and check
     serve_run_p: int = 2  # ranks (pipeline stages) of serve run and check

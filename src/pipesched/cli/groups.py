@@ -49,6 +49,8 @@ from pipesched.cli.options import (
     Replicas,
     Requests,
     RequestTrace,
+    Resident,
+    ResidentFrom,
     RoutingChoice,
     Samples,
     SchedulerChoice,
@@ -79,7 +81,7 @@ from pipesched.cli.options import (
     tuned_device,
 )
 from pipesched.defaults import DEFAULTS
-from pipesched.enums import Preemption, Routing, SchedulerName
+from pipesched.enums import Preemption, Routing, SchedulerName, Tier
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
 from pipesched.experiments.serving import (
@@ -293,6 +295,13 @@ class DeploymentOptions(OptionGroup):
     replicas: Replicas = None
     disaggregate: Disaggregate = None
     latency_model: LatencyModelFile = None
+    resident: Resident = None
+    resident_from: ResidentFrom = None
+
+    def residency(self) -> dict[str, object]:
+        """``ServeConfig``'s residency fields asked for (each unset one from DEFAULTS)."""
+        return {"resident": _or(self.resident, DEFAULTS.resident),
+                "stream_from": stream_tier(self.resident_from or DEFAULTS.resident_from)}
 
     def instances(self) -> Instances:
         """The colocated replicas asked for (each unset size from DEFAULTS)."""
@@ -306,6 +315,13 @@ class DeploymentOptions(OptionGroup):
         refuse_with("disaggregate", {"tensor-parallel": self.tensor_parallel, "p": self.p, "replicas": self.replicas},
                     "which gives each side's TPxPPxN")
         return parse_disaggregation(self.disaggregate)
+
+
+def stream_tier(text: str) -> Tier:
+    """``--resident-from``'s word: the tier the streamed layers live in."""
+    tiers = {"host": Tier.HOST, "disk": Tier.DISK}
+    require(text in tiers, "resident-from", text, "choose host or disk")
+    return tiers[text]
 
 
 def parse_disaggregation(text: str) -> Disaggregation:
@@ -430,7 +446,7 @@ def serving_point(deployment: DeploymentOptions, batch: BatchOptions, cache: Cac
                   slo: SloOptions, *, attainment: float | None = None) -> ServingPoint:
     """The serving point the options ask for, each unset option from DEFAULTS."""
     config = ServeConfig(deployment.instances(), batch.spec(cache.preemption), cache.kv(), cache.routed(),
-                         cache.overhead(), deployment.split())
+                         cache.overhead(), deployment.split(), **deployment.residency())
     return ServingPoint(model=deployment.model or DEFAULTS.serve_model,
                         cluster=deployment.cluster or DEFAULTS.serve_cluster, config=config,
                         workload=requests.workload(), targets=slo.targets(attainment),

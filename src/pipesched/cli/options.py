@@ -200,6 +200,13 @@ Chunk = Annotated[int | None, typer.Option(
     "--chunk", help=f"Sarathi-Serve's token budget per iteration [default: {DEFAULTS.chunk}]")]
 BlockSize = Annotated[int | None, typer.Option(
     "--block-size", help=f"tokens per paged KV-cache block [default: {DEFAULTS.block_size}]")]
+Resident = Annotated[float | None, typer.Option(
+    "--resident", help=f"share of each stage's layers kept on the GPU, in (0, 1]; the rest stream in from "
+                       f"--resident-from every iteration, overlapped with the layers before them "
+                       f"[default: {DEFAULTS.resident:g}]")]
+ResidentFrom = Annotated[str | None, typer.Option(
+    "--resident-from", help=f"where the layers --resident leaves off the GPU live: host or disk "
+                            f"[default: {DEFAULTS.resident_from}]")]
 KvFraction = Annotated[float | None, typer.Option(
     "--kv-fraction", help=f"share of device memory the weights, workspace and KV cache may use "
                           f"[default: {DEFAULTS.kv_fraction:g}]")]

@@ -130,10 +130,16 @@ def print_summary(what: str, run: ServeRun, result: ServeResult, console: Consol
                  f"SLOs (TTFT <= {result.slo_ttft_s:g} s, TPOT <= {result.slo_tpot_s:g} s): "
                  f"{result.slo_attainment:.1%} of requests meet both; goodput {result.goodput_requests_per_s:.2f} "
                  "requests/s",
-                 f"preemptions: {int(result.preemptions.sum()):,}; KV cache peak {result.kv_peak_fraction:.1%} "
-                 "of its blocks",
+                 f"preemptions: {int(result.preemptions.sum()):,} (cost {_preemption_cost(result)}); KV cache peak "
+                 f"{result.kv_peak_fraction:.1%} of its blocks",
                  f"stage busy (stage by stage): {'; '.join(busy)}; pipeline bubble {result.bubble:.1%}"):
         console.print(line, highlight=False, markup=False)
+
+
+def _preemption_cost(result: ServeResult) -> str:
+    """The preemptions' seconds, all requests together, part by part."""
+    cost = result.preemption_cost()
+    return ", ".join(f"{name} {seconds:.3f} s" for name, seconds in cost.items())
 
 
 @dataclass(frozen=True)

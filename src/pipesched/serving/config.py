@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipesched.defaults import DEFAULTS
-from pipesched.enums import Preemption, Routing, SchedulerName
+from pipesched.enums import Preemption, Routing, SchedulerName, Tier
 from pipesched.errors import require
 from pipesched.limits import (
     MAX_BATCH_REQUESTS,
@@ -110,9 +110,18 @@ class ServeConfig:
     routing: Routing = Routing.ROUND_ROBIN  # DEFAULTS.routing
     cpu_overhead_s: float = DEFAULTS.cpu_overhead  # per iteration, on the first stage
     disaggregate: Disaggregation | None = None
+    # share of each stage's transformer blocks kept in device memory; the rest stream in from
+    # ``stream_from`` every iteration (``model.inference.with_residency``)
+    resident: float = DEFAULTS.resident
+    stream_from: Tier = Tier.HOST  # DEFAULTS.resident_from: host memory or disk
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routing", Routing(self.routing))
+        require(isinstance(self.resident, int | float) and not isinstance(self.resident, bool)
+                and 0.0 < self.resident <= 1.0, "resident", self.resident,
+                "give the share of each stage's layers kept on the GPU, in (0, 1]")
+        require(self.stream_from in (Tier.HOST, Tier.DISK), "resident_from", self.stream_from,
+                "choose host or disk")
         require(0.0 <= self.cpu_overhead_s <= MAX_SECONDS, "cpu_overhead", self.cpu_overhead_s,
                 f"give seconds from 0 to {MAX_SECONDS:g}")
 

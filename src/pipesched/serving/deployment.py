@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipesched.enums import Tier
 from pipesched.errors import PipeschedError
 from pipesched.model.devices import DEFAULT_HOST_BANDWIDTH, HOST_COPY_LATENCY_S
 from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
@@ -18,8 +19,10 @@ from pipesched.model.inference import (
     StageIterationCosts,
     latency_costs,
     stage_iteration_costs,
+    with_residency,
 )
 from pipesched.model.spec import DTYPE_BYTES, ModelSpec
+from pipesched.model.tiers import link_bandwidth
 from pipesched.serving.config import Instances, KVSettings, ServeConfig
 from pipesched.units import GiB
 
@@ -48,6 +51,7 @@ class Deployment:
     # seconds to move n bytes from instance a to instance b: latency[a, b] + n / bandwidth[a, b]
     link_latency: np.ndarray  # float64 [instances, instances]
     link_bandwidth: np.ndarray  # float64 [instances, instances], bytes/s
+    host_write_bandwidth: float = 0.0  # device to host memory, bytes/s (swap-out); 0 = host_link's
 
     def transfer_s(self, src: int, dst: int, nbytes: float) -> float:
         """Seconds to send ``nbytes`` of KV cache from instance ``src`` to ``dst``."""
@@ -61,7 +65,9 @@ def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
     iteration costs from the kernel model (or from the fitted ``latency`` rows, one per
     stage) sized for the scheduler's token budget and batch, and each instance's paged KV
     cache: the blocks its tightest stage holds in ``kv_fraction`` of device memory after its
-    weights and workspace. The stages' ``base_s`` is device work only: the engine pays
+    weights and workspace. With ``config.resident`` below 1 each stage keeps only that share
+    of its blocks in device memory (``with_residency``): the memory of the streamed ones,
+    less the staging buffer, goes to the KV cache. The stages' ``base_s`` is device work only: the engine pays
     ``config.cpu_overhead_s`` (the host's scheduling and launch) before each batch itself.
 
     >>> from pipesched.model import load_cluster, load_model
@@ -79,6 +85,8 @@ def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
         for _ in range(group.count):
             ranks = tuple(offset + stage * group.tp for stage in range(group.pp))
             stages = _stage_costs(model, cluster, group, ranks, latency, max_tokens, spec.max_batch, dtype)
+            stages = tuple(with_residency(costs, cluster.devices[rank], config.resident, source=config.stream_from)
+                           for costs, rank in zip(stages, ranks, strict=True))
             instances.append(InstancePlan(kind=kind, stages=stages, devices=ranks, tp=group.tp,
                                           kv_capacity_blocks=_kv_blocks(stages, cluster, ranks, config.kv),
                                           kv_bytes_per_token=model_kv_bytes_per_token(model, dtype)))
@@ -93,7 +101,8 @@ def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
     host = device.host_bandwidth or DEFAULT_HOST_BANDWIDTH
     return Deployment(config=config, instances=tuple(instances), max_context=max_context,
                       peak_flops=device.peak_flops, host_link=LinkSpec(bandwidth=host, latency=HOST_COPY_LATENCY_S),
-                      link_latency=latency_matrix, link_bandwidth=bandwidth)
+                      link_latency=latency_matrix, link_bandwidth=bandwidth,
+                      host_write_bandwidth=link_bandwidth(device, Tier.DEVICE, Tier.HOST) if device.host_bandwidth else 0.0)
 
 
 def _groups(config: ServeConfig) -> tuple[tuple[str, Instances], ...]:
@@ -127,7 +136,7 @@ def _stage_costs(model: ModelSpec, cluster: Cluster, group: Instances, ranks: tu
 def _kv_free_bytes(stage: StageIterationCosts, device: DeviceSpec, kv: KVSettings) -> float:
     """Bytes a stage's device has for its KV cache: its share of memory after weights and
     workspace."""
-    return device.memory_bytes * kv.kv_fraction - stage.weight_bytes - stage.workspace_bytes
+    return device.memory_bytes * kv.kv_fraction - stage.device_weight_bytes - stage.workspace_bytes
 
 
 def _kv_blocks(stages: Sequence[StageIterationCosts], cluster: Cluster, ranks: Sequence[int], kv: KVSettings) -> int:
@@ -155,7 +164,7 @@ def _check_holds_one_request(plan: InstancePlan, index: int, cluster: Cluster, k
     raise PipeschedError(
         f"kv_cache={plan.kv_capacity_blocks} blocks: {plan.kind} {index} cannot hold one request of "
         f"{max_context:,} tokens ({needed:,} blocks of {kv.block_size}); its stage {position} has "
-        f"{kv.kv_fraction:g} x {device.memory_bytes / GiB:.1f} GiB for {stage.weight_bytes / GiB:.1f} GiB of "
+        f"{kv.kv_fraction:g} x {device.memory_bytes / GiB:.1f} GiB for {stage.device_weight_bytes / GiB:.1f} GiB of "
         f"weights, {stage.workspace_bytes / GiB:.2f} GiB of workspace and the cache: {short[position] / GiB:.2f} GiB "
         "short; give a larger -t or -p, a higher --kv-fraction, a smaller --max-tokens, or a smaller model")
 

@@ -7,7 +7,8 @@ batch in flight holds (``schedulers.select_batch``). It pays ``config.cpu_overhe
 (scheduling and launch on the host) and any swap of KV caches to or from host memory,
 then runs stage 0, sends its hidden state of T tokens to stage 1 (``send_s[T]``), runs
 stage 1, and so on; each stage serves batches in the order they formed. A stage's time is
-``StageIterationCosts.time(T, A, D, K, n)`` of the batch: T = prefill chunk tokens + D
+``StageIterationCosts.time(T, A, D, K, n)`` of the batch (its compute, and with weights
+streamed its loads overlapping it: ``streamed_seconds``): T = prefill chunk tokens + D
 decodes, A = sum over chunks of c tokens after x cached of c x (x + c), K = sum over the
 decodes of the tokens their attention reads (those cached before the step, + 1 for the
 new one), n = the tokens the batch makes (sampled on the last stage). Every (batch, stage)
@@ -36,9 +37,17 @@ other, ``KVMoves`` "transfer"); its blocks on the prefill instance are freed whe
 transfer ends, and it joins the decode instance's batches then.
 
 Swap preemption moves a request's cache (its tokens x the largest per-device
-``kv_bytes_per_token`` of the stages, all devices at once) over ``deployment.host_link``,
-one move after the other per instance, before the batch that needs the room (swap-out) or
-the request back (swap-in) starts.
+``kv_bytes_per_token`` of the stages, all devices at once) over ``deployment.host_link``
+(out at ``host_write_bandwidth``, in at its bandwidth), one move after the other per
+instance, before the batch that needs the room (swap-out) or the request back (swap-in)
+starts.
+
+What a preemption costs its request (``ServeRun.preemption_s``), from the batch whose
+selection preempted it to its cache whole on the device again, in four parts that tile
+that span: save (its swap-out), reload (its swap-in), recompute (from the start on stage 0
+of the prefill rebuilding a dropped cache to the end of the chunk that has rebuilt the
+tokens it lost) and queueing (the rest: waiting for the host link, for a batch to take it
+back).
 
 The run is compiled (numba): the request and instance state are integer tables
 (``queues``), the loop does per-iteration work only.
@@ -55,7 +64,7 @@ from numba import njit
 from pipesched.enums import Preemption, Routing
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_SERVED_TOKENS, check_count
-from pipesched.model.inference import iteration_flops, iteration_seconds
+from pipesched.model.inference import iteration_flops, iteration_seconds, streamed_seconds
 from pipesched.serving.deployment import Deployment
 from pipesched.serving.kv_cache import release, watermark_blocks
 from pipesched.serving.queues import (
@@ -74,16 +83,26 @@ from pipesched.serving.queues import (
     INSTANCE_COLUMNS,
     KIND,
     KIND_CODES,
+    LOST,
     MADE,
     OUT,
     PARTIAL,
     PREEMPTED,
+    PREEMPTED_AT,
+    PREEMPTED_S,
+    PREEMPTION_COLUMNS,
     PREFILL,
     PROMPT,
     QUEUE,
+    QUEUE_FROM,
+    QUEUEING_S,
+    RECOMPUTE_FROM,
+    RECOMPUTE_S,
+    RELOAD_S,
     REQUEST_COLUMNS,
     REQUEST_TIMES,
     RUNNING,
+    SAVE_S,
     SCHEDULED_AT,
     STAGES,
     TARGET,
@@ -98,6 +117,7 @@ from pipesched.serving.schedulers import (
     BLOCK,
     BUDGET,
     DECODES,
+    DROPPED,
     MAX_BATCH,
     NAME,
     PLAN_FIELDS,
@@ -105,6 +125,7 @@ from pipesched.serving.schedulers import (
     SCHEDULER_CODES,
     SPEC_FIELDS,
     SWAP,
+    SWAP_IN,
     SWAP_OUT,
     SWAPS,
     VICTIMS,
@@ -114,14 +135,16 @@ from pipesched.serving.schedulers import (
 from pipesched.serving.trace import Trace, check_context
 
 _seconds = njit(cache=True)(iteration_seconds)
+_streamed = njit(cache=True)(streamed_seconds)
 _flops = njit(cache=True)(iteration_flops)
 
 # event priorities at one time
 _BATCH_END, _TRANSFER_END, _STAGE_FREE = 0, 1, 2
 # stage terms (float64 table, one row per stage of every instance)
-_BASE, _ATTENTION, _DECODE, _KV, _FLOPS_TOKEN, _FLOPS_ATTENTION, _KV_DEVICE, _HIDDEN = range(8)
-# settings (float64): per-iteration overhead, host link
-_OVERHEAD, _HOST_LATENCY, _HOST_BANDWIDTH = range(3)
+(_BASE, _ATTENTION, _DECODE, _KV, _FLOPS_TOKEN, _FLOPS_ATTENTION, _KV_DEVICE, _HIDDEN, _BLOCKS, _STREAMED,
+ _BLOCK_LOAD) = range(11)
+# settings (float64): per-iteration overhead, host link (latency, host -> device and device -> host bytes/s)
+_OVERHEAD, _HOST_LATENCY, _HOST_BANDWIDTH, _HOST_WRITE_BANDWIDTH = range(4)
 # run counters (int64)
 (_ROWS, _BATCHES, _MEMBERS, _KV_LOG, _MOVES, _TRANSFERS, _SEQUENCE, _TURN_ENTRY, _TURN_DECODE, _CHUNKS,
  _PREEMPT_LOG) = range(11)
@@ -145,7 +168,7 @@ def simulate_serving(deployment: Deployment, trace: Trace) -> ServeRun:
     logs = _run(trace.arrived_at, tables.req, tables.times, tables.token_offsets, tables.token_times, tables.ins,
                 tables.stage_free, tables.terms, tables.token_s, tables.send_s, tables.sample_s, tables.device,
                 tables.kv_bytes, tables.spec, tables.settings, tables.link_latency, tables.link_bandwidth,
-                tables.entry, tables.decode, tables.least_loaded)
+                tables.entry, tables.decode, tables.least_loaded, tables.preemption)
     return _result(deployment, trace, tables, logs)
 
 
@@ -194,7 +217,8 @@ class _Tables:
                 watermark_blocks(plan.kv_capacity_blocks))
         self.stage_free = np.zeros(len(stages))
         self.terms = np.array([[c.base_s, c.prefill_attention_s, c.decode_request_s, c.kv_token_s, c.flops_per_token,
-                                c.flops_per_attention, c.kv_bytes_per_token, c.hidden_bytes_per_token]
+                                c.flops_per_attention, c.kv_bytes_per_token, c.hidden_bytes_per_token, c.blocks,
+                                c.streamed_blocks, c.block_load_s]
                                for c in stages], np.float64)
         self.token_s = np.stack([c.token_s[:spec.token_budget + 1] for c in stages])
         self.send_s = np.stack([c.send_s[:spec.token_budget + 1] for c in stages])
@@ -206,7 +230,10 @@ class _Tables:
             SCHEDULER_CODES[spec.name], spec.max_batch, spec.token_budget, spec.preemption == Preemption.SWAP,
             config.kv.block_size)
         host = deployment.host_link
-        self.settings = np.array([config.cpu_overhead_s, host.latency, host.bandwidth], np.float64)
+        self.settings = np.array([config.cpu_overhead_s, host.latency, host.bandwidth,
+                                  deployment.host_write_bandwidth or host.bandwidth], np.float64)
+        self.preemption = np.zeros((n, PREEMPTION_COLUMNS))
+        self.preemption[:, [PREEMPTED_AT, QUEUE_FROM, RECOMPUTE_FROM]] = np.nan
         self.link_latency = np.ascontiguousarray(deployment.link_latency, np.float64)
         self.link_bandwidth = np.ascontiguousarray(deployment.link_bandwidth, np.float64)
         kinds = [plan.kind for plan in plans]
@@ -217,7 +244,7 @@ class _Tables:
 
 @njit(cache=True)
 def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms, token_s, send_s, sample_s, device,
-         kv_bytes, spec, settings, link_latency, link_bandwidth, entry, decode, least_loaded):
+         kv_bytes, spec, settings, link_latency, link_bandwidth, entry, decode, least_loaded, preemption):
     """The event loop (module docstring); returns the logs and their counters. The functions
     it calls allocate nothing and are compiled without reference counting (numba's
     ``_nrt=False``: no atomic count per array argument per call, half the time of a batch);
@@ -253,7 +280,7 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
                 transfers = _room(transfers, counts[_TRANSFERS] + grow)
             sent = _event(priority, payload, t, req, times, token_offsets, token_times, ins, batches, members,
                           chunks_of, kv_log, moves, transfers, counts, touched, device, kv_bytes, link_latency,
-                          link_bandwidth, link_free, decode, least_loaded, going, ends)
+                          link_bandwidth, link_free, decode, least_loaded, going, ends, preemption)
             for k in range(sent):  # KV caches on their way to decode instances
                 heapq.heappush(heap, (ends[k], _TRANSFER_END, counts[_SEQUENCE], counts[_TRANSFERS] - sent + k))
                 counts[_SEQUENCE] += 1
@@ -274,7 +301,7 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
             preempt_log = _room(preempt_log, counts[_PREEMPT_LOG] + 1)
             b = _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec,
                       settings, host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows,
-                      plan_chunks, swaps, swap_kind, plan, ends, preempt_log)
+                      plan_chunks, swaps, swap_kind, plan, ends, preempt_log, preemption)
             if b >= 0:  # its end on the last stage, and stage 0 free for the next
                 heapq.heappush(heap, (ends[0], _BATCH_END, counts[_SEQUENCE], b))
                 heapq.heappush(heap, (ends[1], _STAGE_FREE, counts[_SEQUENCE] + 1, i))
@@ -348,12 +375,13 @@ def _log_move(moves, counts, r, kind, src, dst, nbytes, start, end):
 @njit(cache=True, _nrt=False)
 def _event(priority, payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, kv_log,
            moves, transfers, counts, touched, device, kv_bytes, link_latency, link_bandwidth, link_free, decode,
-           least_loaded, going, ends):
+           least_loaded, going, ends, preemption):
     """One event: a batch ends (its tokens are made), a KV transfer ends, or a stage 0 frees.
     Returns how many KV caches a prefill instance's batch sent (their ends in ``ends``)."""
     if priority == _BATCH_END:
         i = batches[payload, 0]
         sent = end_batch(payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going)
+        _rebuilt(payload, t, req, batches, members, preemption)
         _log_kv(kv_log, counts, i, t, ins)
         touched[i] = True
         for k in range(sent):
@@ -405,6 +433,34 @@ def end_batch(b, t, req, times, token_offsets, token_times, ins, batches, member
 
 
 @njit(cache=True, _nrt=False)
+def _rebuilt(b, t, req, batches, members, preemption):
+    """The preempted requests of batch b whose prefill has rebuilt the cache they lost: their
+    recompute, and their preemption, end at t."""
+    first, prefills = batches[b, 1] + batches[b, 2], batches[b, 3]
+    for k in range(first, first + prefills):
+        r = members[k]
+        if np.isnan(preemption[r, RECOMPUTE_FROM]) or req[r, CACHED] < req[r, LOST]:
+            continue
+        preemption[r, RECOMPUTE_S] += t - preemption[r, RECOMPUTE_FROM]
+        preemption[r, PREEMPTED_S] += t - preemption[r, PREEMPTED_AT]
+        preemption[r, PREEMPTED_AT] = np.nan
+        preemption[r, RECOMPUTE_FROM] = np.nan
+        req[r, LOST] = 0
+
+
+@njit(cache=True, _nrt=False)
+def _preempted(preemption, r, t):
+    """Request r is preempted at t: its preemption opens (a recompute in progress, preempted
+    again, ends its recompute part there and waits again)."""
+    if np.isnan(preemption[r, PREEMPTED_AT]):
+        preemption[r, PREEMPTED_AT] = t
+    elif not np.isnan(preemption[r, RECOMPUTE_FROM]):
+        preemption[r, RECOMPUTE_S] += t - preemption[r, RECOMPUTE_FROM]
+        preemption[r, RECOMPUTE_FROM] = np.nan
+    preemption[r, QUEUE_FROM] = t
+
+
+@njit(cache=True, _nrt=False)
 def _send(r, src, t, req, ins, moves, transfers, counts, device, kv_bytes, link_latency, link_bandwidth, link_free,
           decode, least_loaded):
     """Send request r's KV cache from prefill instance ``src`` to a decode instance; when it arrives."""
@@ -429,7 +485,7 @@ def _send(r, src, t, req, ins, moves, transfers, counts, device, kv_bytes, link_
 @njit(cache=True, _nrt=False)
 def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec, settings,
           host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows, plan_chunks, swaps,
-          swap_kind, plan, ends, preempt_log):
+          swap_kind, plan, ends, preempt_log, preemption):
     """Start instance i's next batch at t, if its scheduler finds one: its index (its end on
     the last stage and on stage 0 in ``ends``), or -1."""
     select_batch(spec, req, ins, i, plan_rows, plan_chunks, swaps, swap_kind, plan)
@@ -438,7 +494,7 @@ def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, d
         preempt_log[row, 0], preempt_log[row, 1], preempt_log[row, 2] = i, t, plan[VICTIMS]
         counts[_PREEMPT_LOG] += 1
     start = _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, swaps, swap_kind,
-                   plan)
+                   plan, preemption)
     _log_kv(kv_log, counts, i, t, ins)
     decodes, prefills = plan[DECODES], plan[PREFILLS]
     if decodes + prefills == 0:
@@ -466,8 +522,12 @@ def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, d
     ends[1] = stage_free[ins[i, FIRST_STAGE]]
     stage0_start = rows[counts[_ROWS] - ins[i, STAGES], 4]
     for k in range(decodes, decodes + prefills):
-        if np.isnan(times[plan_rows[k], SCHEDULED_AT]):
-            times[plan_rows[k], SCHEDULED_AT] = stage0_start
+        r = plan_rows[k]
+        if np.isnan(times[r, SCHEDULED_AT]):
+            times[r, SCHEDULED_AT] = stage0_start
+        if not np.isnan(preemption[r, PREEMPTED_AT]) and np.isnan(preemption[r, RECOMPUTE_FROM]):
+            preemption[r, QUEUEING_S] += stage0_start - preemption[r, QUEUE_FROM]  # its cache's rebuild starts
+            preemption[r, RECOMPUTE_FROM] = stage0_start
     ins[i, IN_FLIGHT] += 1
     return b
 
@@ -480,8 +540,9 @@ def _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, devi
     ready, end = start, start
     for g in range(ins[i, FIRST_STAGE], ins[i, FIRST_STAGE] + ins[i, STAGES]):
         begin = max(ready, stage_free[g])
-        end = begin + _seconds(terms[g, _BASE], token_s[g, tokens], terms[g, _ATTENTION], attention,
-                               terms[g, _DECODE], decodes, terms[g, _KV], kv_tokens, sample_s[g, sampled])
+        compute = _seconds(terms[g, _BASE], token_s[g, tokens], terms[g, _ATTENTION], attention, terms[g, _DECODE],
+                           decodes, terms[g, _KV], kv_tokens, sample_s[g, sampled])
+        end = begin + _streamed(compute, terms[g, _BLOCKS], terms[g, _STREAMED], terms[g, _BLOCK_LOAD])
         stage_free[g] = end
         flops = _flops(terms[g, _FLOPS_TOKEN], tokens, terms[g, _FLOPS_ATTENTION], attention, kv_tokens)
         row = counts[_ROWS]
@@ -494,8 +555,11 @@ def _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, devi
 
 
 @njit(cache=True, _nrt=False)
-def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, swaps, swap_kind, plan):
-    """Move the plan's swapped caches over instance i's host link; when its batch may start."""
+def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, swaps, swap_kind, plan,
+           preemption):
+    """Move the plan's swapped caches over instance i's host link (out at its device -> host
+    bandwidth, in at host -> device), each after the one before; when its batch may start.
+    Each victim's preemption opens; a swap-in closes it."""
     start = t + settings[_OVERHEAD]
     first = ins[i, FIRST_STAGE]
     per_device = 0.0  # bytes per token on the stage's devices that hold the most
@@ -503,12 +567,23 @@ def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, 
         per_device = max(per_device, terms[g, _KV_DEVICE])
     for k in range(plan[SWAPS]):
         r, kind = swaps[k], swap_kind[k]
+        if kind != SWAP_IN:
+            _preempted(preemption, r, t)
+        if kind == DROPPED:
+            continue
         tokens = req[r, CACHED]
         begin = max(t, host_free[i])
-        host_free[i] = begin + settings[_HOST_LATENCY] + per_device * tokens / settings[_HOST_BANDWIDTH]
+        bandwidth = settings[_HOST_WRITE_BANDWIDTH] if kind == SWAP_OUT else settings[_HOST_BANDWIDTH]
+        host_free[i] = begin + settings[_HOST_LATENCY] + per_device * tokens / bandwidth
         src, dst = (device[first], _HOST) if kind == SWAP_OUT else (_HOST, device[first])
         _log_move(moves, counts, r, 1 + kind, src, dst, kv_bytes[i] * tokens, begin, host_free[i])
         start = max(start, host_free[i])
+        preemption[r, QUEUEING_S] += begin - preemption[r, QUEUE_FROM]
+        preemption[r, SAVE_S if kind == SWAP_OUT else RELOAD_S] += host_free[i] - begin
+        preemption[r, QUEUE_FROM] = host_free[i]
+        if kind == SWAP_IN:
+            preemption[r, PREEMPTED_S] += host_free[i] - preemption[r, PREEMPTED_AT]
+            preemption[r, PREEMPTED_AT] = np.nan
     return start
 
 
@@ -533,7 +608,8 @@ def _result(deployment: Deployment, trace: Trace, tables: _Tables, logs: tuple) 
         instance_devices=tuple(tuple(plan.devices) for plan in plans),
         tp=tuple(plan.tp for plan in plans), peak_flops=deployment.peak_flops,
         moves=_moves(moves[:counts[_MOVES]]),
-        kv_bytes_per_token=tuple(tuple(costs.kv_bytes_per_token for costs in plan.stages) for plan in plans))
+        kv_bytes_per_token=tuple(tuple(costs.kv_bytes_per_token for costs in plan.stages) for plan in plans),
+        preemption_s=tables.preemption[:, [SAVE_S, RELOAD_S, RECOMPUTE_S, QUEUEING_S, PREEMPTED_S]].copy())
 
 
 def _iteration_log(rows: np.ndarray, batches: np.ndarray, members: np.ndarray) -> IterationLog:

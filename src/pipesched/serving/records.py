@@ -80,6 +80,11 @@ class KVMoves:
         return cls(i64, (), i32, i32, f64, f64, f64)
 
 
+# the columns of ``ServeRun.preemption_s``: the parts of a preemption's cost, then its span
+PREEMPTION_PARTS = ("save", "reload", "recompute", "queueing")
+PREEMPTION_TOTAL = "total"
+
+
 @dataclass(frozen=True, eq=False)
 class ServeRun:
     """A serving run of ``trace`` under ``config``; per-request arrays in trace order."""
@@ -104,6 +109,9 @@ class ServeRun:
     # per instance, per stage: KV cache of one token on each device of the stage, bytes
     # (``StageIterationCosts.kv_bytes_per_token``); () when not recorded
     kv_bytes_per_token: tuple[tuple[float, ...], ...] = ()
+    # float64 [requests, 5]: what its preemptions cost it, seconds, in PREEMPTION_PARTS order
+    # (save, reload, recompute, queueing: ``engine``'s parts) and their total span; None unrecorded
+    preemption_s: np.ndarray | None = None
 
     @property
     def duration(self) -> float:

@@ -11,6 +11,11 @@ Per request, in seconds:
   over all gaps of all requests: the stalls a reader sees)
 - end to end: ``finished_at - arrived_at``; queueing: ``scheduled_at - arrived_at``
 
+What preemption cost (``preemption_cost_s``): per request and in total, the seconds from
+each preemption to its cache whole on the device again, split into save (swap-out over the
+device -> host link), reload (swap-in), recompute (the prefill of the dropped cache again)
+and queueing (the rest: waiting preempted).
+
 A request meets the SLOs when its TTFT is at most ``slo_ttft`` and its TPOT at most
 ``slo_tpot``; attainment is the share that do, goodput those per second. Rates are over the
 run's duration (first arrival to last token). Percentiles are numpy's default (``linear``:
@@ -34,7 +39,7 @@ from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.limits import MAX_SECONDS
 from pipesched.metrics import union_length, utilization
-from pipesched.serving.records import IterationLog, ServeRun
+from pipesched.serving.records import PREEMPTION_PARTS, PREEMPTION_TOTAL, IterationLog, ServeRun
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,9 @@ class ServeResult:
     stage_bubble: tuple[tuple[float, ...], ...]  # per instance, per stage: idle share while a batch is in flight
     bubble: float  # all stages' idle time while in flight over their time in flight
     mfu: float  # model FLOPs over duration x peak FLOP/s of every device of the deployment
+    # float64 [requests, 5]: what preemption cost each request, seconds (``ServeRun.preemption_s``:
+    # save, reload, recompute, queueing, and their total); zeros when unrecorded
+    preemption_s: np.ndarray | None = None
 
     @property
     def requests(self) -> int:
@@ -102,6 +110,11 @@ class ServeResult:
     def slo_attainment(self) -> float:
         """Share of requests that meet both SLOs."""
         return float(self.meets_slo.mean())
+
+    def preemption_cost(self) -> dict[str, float]:
+        """Seconds the requests' preemptions cost, all requests together: each part and the total."""
+        costs = self.preemption_s if self.preemption_s is not None else np.zeros((self.requests, 5))
+        return dict(zip((*PREEMPTION_PARTS, PREEMPTION_TOTAL), costs.sum(axis=0).tolist(), strict=True))
 
     @property
     def goodput_requests_per_s(self) -> float:
@@ -124,6 +137,7 @@ class ServeResult:
             "slo_attainment": self.slo_attainment,
             "goodput_requests_per_s": self.goodput_requests_per_s,
             "preemptions": int(self.preemptions.sum()),
+            "preemption_cost_s": self.preemption_cost(),
             "kv_peak_fraction": self.kv_peak_fraction,
             "stage_busy": [list(shares) for shares in self.stage_busy],
             "stage_bubble": [list(shares) for shares in self.stage_bubble],
@@ -137,12 +151,15 @@ class ServeResult:
 
     def per_request(self) -> list[dict[str, object]]:
         """One object per request, in trace order."""
+        costs = self.preemption_s if self.preemption_s is not None else np.zeros((self.requests, 5))
+        names = (*PREEMPTION_PARTS, PREEMPTION_TOTAL)
         columns = zip(self.arrived_at.tolist(), self.ttft_s.tolist(), self.tpot_s.tolist(), self.e2e_s.tolist(),
                       self.queue_s.tolist(), self.output_tokens.tolist(), self.preemptions.tolist(),
-                      self.meets_slo.tolist(), strict=True)
+                      self.meets_slo.tolist(), costs.tolist(), strict=True)
         return [{"arrived_at": arrived, "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": queue,
-                 "output_tokens": tokens, "preemptions": preempted, "meets_slo": meets}
-                for arrived, ttft, tpot, e2e, queue, tokens, preempted, meets in columns]
+                 "output_tokens": tokens, "preemptions": preempted, "meets_slo": meets,
+                 "preemption_cost_s": dict(zip(names, cost, strict=True))}
+                for arrived, ttft, tpot, e2e, queue, tokens, preempted, meets, cost in columns]
 
 
 def _per_second(amount: float, duration: float) -> float:
@@ -181,7 +198,8 @@ def serve_result(run: ServeRun, *, slo_ttft: float = DEFAULTS.slo_ttft,
         preemptions=run.preemptions, meets_slo=(ttft <= slo_ttft) & (tpot <= slo_tpot),
         tbt_s=token_gaps(run.token_times, run.token_offsets), kv_peak_fraction=_kv_peak(run), stage_busy=busy,
         stage_bubble=bubble, bubble=total_bubble,
-        mfu=utilization(duration, flops_per_iteration=flops, peak_flops=run.peak_flops, devices=devices))
+        mfu=utilization(duration, flops_per_iteration=flops, peak_flops=run.peak_flops, devices=devices),
+        preemption_s=run.preemption_s)
 
 
 def token_gaps(token_times: np.ndarray, token_offsets: np.ndarray) -> np.ndarray:
