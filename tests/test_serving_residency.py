@@ -17,6 +17,7 @@ from pipesched.enums import Tier
 from pipesched.errors import PipeschedError
 from pipesched.model import load_cluster, load_model
 from pipesched.model.inference import STAGING_BLOCKS, streamed_seconds
+from pipesched.search.serving import ServingSpace
 from pipesched.serving.config import Instances, SchedulerSpec, ServeConfig
 from pipesched.serving.deployment import build_deployment
 from pipesched.serving.engine import simulate_serving
@@ -145,3 +146,43 @@ def test_serve_simulate_takes_resident(cli) -> None:
                                             (("--resident", "0.5", "--resident-from", "disk"), "disk")])
 def test_bad_residency_is_one_error_line(cli, flags, fragment) -> None:
     assert_one_line_error(cli("serve", "simulate", *SMALL, *flags), fragment)
+
+
+@pytest.mark.slow
+def test_serve_residency_prints_and_draws_a_curve_per_model(cli, tmp_path) -> None:
+    png, html = tmp_path / "curve.png", tmp_path / "curve.html"
+    result = cli("serve", "residency", *SMALL, "--models", "llama3-8b,llama3-70b", "--fractions", "1,0.25,0.5",
+                 "--png", str(png), "--html", str(html), "--json")
+    assert result.code == 0, result.err
+    rows = json.loads(result.out)["rows"]
+    assert [(row["model"], row["resident"]) for row in rows] == [
+        (model, share) for model in ("llama3-8b", "llama3-70b") for share in (0.25, 0.5, 1.0)]
+    small = [row["throughput_tokens_per_s"] for row in rows if row["model"] == "llama3-8b"]
+    assert small == sorted(small) and small[0] < small[-1]
+    # 70B does not fit one H100 whole: its curve starts where it does
+    big = {row["resident"]: row for row in rows if row["model"] == "llama3-70b"}
+    assert big[0.25]["fits"] and not big[1.0]["fits"] and big[1.0]["throughput_tokens_per_s"] is None
+    assert png.read_bytes().startswith(b"\x89PNG") and 'id="residency-curve"' in html.read_text()
+    text = cli("serve", "residency", *SMALL, "--fractions", "0.5,1")
+    assert text.code == 0 and "llama3-8b" in text.out and "tokens/s" in text.out
+
+
+@pytest.mark.parametrize("flags,fragment", [(("--fractions", "0.5,2"), "fractions=2"),
+                                            (("--fractions", "half"), "fractions="),
+                                            (("--resident", "0.5"), "resident=0.5")])
+def test_serve_residency_refuses_bad_fractions(cli, flags, fragment) -> None:
+    assert_one_line_error(cli("serve", "residency", *SMALL, *flags), fragment)
+
+
+@pytest.mark.slow
+def test_serve_search_and_capacity_take_resident(cli, tmp_path) -> None:
+    # a TPOT of 0.1 s: met with every layer on the GPU (about 8 ms a token), not with half of
+    # them streamed over PCIe every iteration (about 0.13 s)
+    assert cli("serve", "capacity", *SMALL, "--json").code == 0
+    assert_one_line_error(cli("serve", "capacity", *SMALL, "--resident", "0.5"), "slo_tpot=0.1")
+    search = ("serve", "search", *SMALL[:2], *SMALL[6:], "-t", "1", "--pipeline", "1", "--replicas", "1",
+              "--scheduler", "sarathi", "--db", str(tmp_path / "serve.sqlite"), "--workers", "1")
+    assert_one_line_error(cli(*search, "--resident", "0.5"), "slo_tpot=0.1")
+    space = ServingSpace(model=MODEL, tensor_parallel=(1,), pipeline=(1, 2), replicas=(1,), resident=0.25,
+                         resident_from="host")
+    assert {point.config.resident for point in space.points()} == {0.25}

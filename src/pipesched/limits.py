@@ -99,6 +99,9 @@ MAX_BATCH_TOKENS = 2**20  # tokens one serving iteration may batch (--max-tokens
 MAX_BATCH_REQUESTS = 2**16  # requests one serving iteration may batch (--max-batch)
 MAX_KV_BLOCK = 4096  # tokens of one paged KV-cache block
 MAX_QPS = 1e6  # requests per second of a synthetic trace or a capacity search
+MAX_RESIDENCIES = 64  # residencies one serve residency curve simulates (--fractions)
+MAX_CURVE_MODELS = 16  # models one serve residency draws a curve each for (--models)
+MAX_CLUSTER_EVENTS = 1024  # device losses and additions of one events file (--events)
 # iterations one serving timeline draws (a window of the run: its stages x this many ops)
 MAX_VIEW_ITERATIONS = 20_000
 

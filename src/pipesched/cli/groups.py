@@ -81,7 +81,7 @@ from pipesched.cli.options import (
     tuned_device,
 )
 from pipesched.defaults import DEFAULTS
-from pipesched.enums import Preemption, Routing, SchedulerName, Tier
+from pipesched.enums import Preemption, Routing, SchedulerName
 from pipesched.errors import PipeschedError, require
 from pipesched.experiments.point import Point
 from pipesched.experiments.serving import (
@@ -111,6 +111,7 @@ from pipesched.serving.config import (
     KVSettings,
     SchedulerSpec,
     ServeConfig,
+    stream_source,
     vocabulary_word,
 )
 from pipesched.variability import (
@@ -301,7 +302,7 @@ class DeploymentOptions(OptionGroup):
     def residency(self) -> dict[str, object]:
         """``ServeConfig``'s residency fields asked for (each unset one from DEFAULTS)."""
         return {"resident": _or(self.resident, DEFAULTS.resident),
-                "stream_from": stream_tier(self.resident_from or DEFAULTS.resident_from)}
+                "stream_from": stream_source(self.resident_from or DEFAULTS.resident_from)}
 
     def instances(self) -> Instances:
         """The colocated replicas asked for (each unset size from DEFAULTS)."""
@@ -315,13 +316,6 @@ class DeploymentOptions(OptionGroup):
         refuse_with("disaggregate", {"tensor-parallel": self.tensor_parallel, "p": self.p, "replicas": self.replicas},
                     "which gives each side's TPxPPxN")
         return parse_disaggregation(self.disaggregate)
-
-
-def stream_tier(text: str) -> Tier:
-    """``--resident-from``'s word: the tier the streamed layers live in."""
-    tiers = {"host": Tier.HOST, "disk": Tier.DISK}
-    require(text in tiers, "resident-from", text, "choose host or disk")
-    return tiers[text]
 
 
 def parse_disaggregation(text: str) -> Disaggregation:

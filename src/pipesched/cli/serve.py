@@ -34,6 +34,8 @@ from pipesched.cli.options import (
     PerRequest,
     RayAddress,
     RayFlag,
+    Resident,
+    ResidentFrom,
     RunDtype,
     ServeCluster,
     ServeModel,
@@ -50,6 +52,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.search import ProgressBar
+from pipesched.cli.serve_residency import residency_command
 from pipesched.cli.views import Html, Png, Svg, Trace
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SchedulerName, SearchStatus
@@ -275,6 +278,8 @@ class ServeSpaceOptions(OptionGroup):
     chunk: Annotated[str | None, typer.Option(
         "--chunk", help=f"Sarathi-Serve chunks to try [default: {DEFAULTS.chunk}]")] = None
     latency_model: LatencyModelFile = None
+    resident: Resident = None
+    resident_from: ResidentFrom = None
 
     def space(self, cache: CacheOptions, requests: RequestOptions, slo: SloOptions,
               attainment: float | None) -> ServingSpace:
@@ -284,7 +289,8 @@ class ServeSpaceOptions(OptionGroup):
                  "schedulers": tuple(split_names(self.scheduler)) if self.scheduler is not None else None,
                  "max_batch": whole_numbers("max-batch", self.max_batch) or None,
                  "max_tokens": whole_numbers("max-tokens", self.max_tokens) or None,
-                 "chunks": whole_numbers("chunk", self.chunk) or None, "latency_model": self.latency_model}
+                 "chunks": whole_numbers("chunk", self.chunk) or None, "latency_model": self.latency_model,
+                 "resident": self.resident, "resident_from": self.resident_from}
         kv = cache.kv()
         return ServingSpace(**{name: value for name, value in given.items() if value is not None},
                             disaggregated=self.with_disaggregated, block_size=kv.block_size,
@@ -506,4 +512,5 @@ def register(app: typer.Typer) -> None:
     serve.command("search")(search_command)
     serve.command("run")(run_command)
     serve.command("check")(check_command)
+    serve.command("residency")(residency_command)
     app.add_typer(serve, name="serve")

@@ -65,6 +65,7 @@ from pipesched.serving.config import (
     KVSettings,
     SchedulerSpec,
     ServeConfig,
+    stream_source,
     vocabulary_word,
 )
 
@@ -95,6 +96,8 @@ class ServingSpace:
     workload: ServingWorkload = field(default_factory=ServingWorkload)
     targets: Targets = field(default_factory=Targets)
     latency_model: str | None = None
+    resident: float = DEFAULTS.resident  # every point's share of each stage's layers on the GPU
+    resident_from: str = DEFAULTS.resident_from  # where the rest live: host or disk
 
     def __post_init__(self) -> None:
         check_name("model", self.model)
@@ -116,6 +119,7 @@ class ServingSpace:
         vocabulary_word(Preemption, "preemption", self.preemption)
         vocabulary_word(Routing, "routing", self.routing)
         KVSettings(self.block_size, self.kv_fraction)
+        ServeConfig(resident=self.resident, stream_from=stream_source(self.resident_from))
 
     def spec(self) -> dict:
         """The space as plain data: what the store keys a search by."""
@@ -173,12 +177,13 @@ class ServingSpace:
         template = ServingPoint(model=self.model, cluster=self.cluster, workload=self.workload, targets=self.targets,
                                 latency_model=self.latency_model)
         kv, routing = KVSettings(self.block_size, self.kv_fraction), Routing(self.routing)
+        residency = {"resident": self.resident, "stream_from": stream_source(self.resident_from)}
         points = []
         for layout in layouts:
             colocated = layout if isinstance(layout, Instances) else Instances()
             split = layout if isinstance(layout, Disaggregation) else None
             points += [template.replace(config=ServeConfig(colocated, scheduler, kv, routing, self.cpu_overhead,
-                                                           split)) for scheduler in schedulers]
+                                                           split, **residency)) for scheduler in schedulers]
         return points
 
 
@@ -380,6 +385,9 @@ def capacity_command_line(space: dict, row: ServingRow) -> str:
               f"--requests {workload.requests} --arrival {workload.arrival} --prompt-tokens {workload.prompt_tokens} "
               f"--output-tokens {workload.output_tokens} --seed {workload.seed}")
     targets = Targets(**space["targets"]) if isinstance(space["targets"], dict) else space["targets"]
+    resident = space.get("resident", DEFAULTS.resident)
+    if resident != DEFAULTS.resident:
+        source += f" --resident {resident:g} --resident-from {space.get('resident_from', DEFAULTS.resident_from)}"
     return (f"pipesched serve capacity --model {shlex.quote(space['model'])} --cluster {shlex.quote(space['cluster'])} "
             f"{layout} --scheduler {row.scheduler} --max-batch {row.max_batch} {caps} {source} "
             f"--slo-ttft {targets.slo_ttft:g} --slo-tpot {targets.slo_tpot:g} --attainment {targets.attainment:g}")

@@ -34,6 +34,16 @@ def vocabulary_word(kind: type, field: str, text: object) -> object:
     return kind(text)
 
 
+# the words of ``--resident-from``: the tier the layers not resident on the GPU live in
+STREAM_SOURCES = {"host": Tier.HOST, "disk": Tier.DISK}
+
+
+def stream_source(text: str) -> Tier:
+    """The tier ``--resident-from``'s word names; else one error line naming the choices."""
+    require(text in STREAM_SOURCES, "resident-from", text, f"choose {' or '.join(STREAM_SOURCES)}")
+    return STREAM_SOURCES[text]
+
+
 @dataclass(frozen=True)
 class SchedulerSpec:
     """A replica's scheduler and its caps."""
