@@ -52,6 +52,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.search import ProgressBar
+from pipesched.cli.serve_events import EventsFile, print_changes
 from pipesched.cli.serve_residency import residency_command
 from pipesched.cli.views import Html, Png, Svg, Trace
 from pipesched.defaults import DEFAULTS
@@ -67,6 +68,7 @@ from pipesched.experiments.serving import (
     rate_rows,
     served_requests,
     simulate_point,
+    simulate_point_with_events,
     unbounded_reason,
 )
 from pipesched.io.files import Output, check_outputs, write_all
@@ -85,6 +87,7 @@ from pipesched.search.serving import (
     search_serving,
 )
 from pipesched.serving.capacity import CapacityResult
+from pipesched.serving.events import reconfiguration_dicts
 from pipesched.serving.records import ServeRun
 from pipesched.serving.results import ServeResult, serve_result, summarize
 from pipesched.serving.timeline import serving_timeline
@@ -191,7 +194,7 @@ class ServeViews(OptionGroup):
 @command
 def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cache: CacheOptions,
                      requests: RequestOptions, slo: SloOptions, views: ServeViews, as_json: AsJson = False,
-                     per_request: PerRequest = False) -> None:
+                     per_request: PerRequest = False, events: EventsFile = None) -> None:
     """Simulate serving a trace: every iteration of every instance, stage by stage, with the
     paged KV cache and the scheduler; TTFT, TPOT, end-to-end latency, throughput, SLO
     attainment, goodput, KV-cache use, stage busy time and the pipeline bubble; --html the
@@ -202,17 +205,22 @@ def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
       pipesched serve simulate --requests 200
       pipesched serve simulate --requests 200 --scheduler vllm --json
       pipesched serve simulate --requests 100 --disaggregate 2x1x2,4x1 --qps 4
+      pipesched serve simulate --requests 200 -t 2 -p 1 --replicas 4 --events events.yaml
     """
     require(as_json or not per_request, "per-request", "true", "add --json (the requests are listed in it)")
     views.check()
     point = serving_point(deployment, batch, cache, requests, slo)
-    run = simulate_point(point)
+    changed = simulate_point_with_events(point, events) if events is not None else None
+    run = changed.run if changed is not None else simulate_point(point)
     result = serve_result(run, slo_ttft=point.targets.slo_ttft, slo_tpot=point.targets.slo_tpot)
     views.write(point, run=run, result=result)
+    changes = reconfiguration_dicts(changed) if changed is not None else None
     if as_json:
-        print_json(result.to_dict(per_request=per_request))
+        print_json({**result.to_dict(per_request=per_request), **({"reconfigurations": changes} if changes else {})})
         return
     print_summary(f"serve: {_deployment_line(point)}", run, result, output_console())
+    if changes:
+        print_changes(changes, output_console())
 
 
 def print_capacity(point: ServingPoint, found: CapacityResult) -> None:

@@ -61,7 +61,8 @@ class KVTrace:
 class KVMoves:
     """KV caches moved over a link: a prefill instance's cache sent to a decode instance
     (``"transfer"``), a preempted request's cache swapped to host memory and back
-    (``"swap-out"``, ``"swap-in"``). One row each."""
+    (``"swap-out"``, ``"swap-in"``), and when a deployment changes shape a model's weights
+    moved to a device (``"weights"``, request -1: ``serving.events``). One row each."""
 
     request: np.ndarray  # int64 trace row
     kind: tuple[str, ...]  # "transfer", "swap-out" or "swap-in"
