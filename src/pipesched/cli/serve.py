@@ -205,7 +205,7 @@ def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
       pipesched serve simulate --requests 200
       pipesched serve simulate --requests 200 --scheduler vllm --json
       pipesched serve simulate --requests 100 --disaggregate 2x1x2,4x1 --qps 4
-      pipesched serve simulate --requests 200 -t 2 -p 1 --replicas 4 --events events.yaml
+      pipesched serve simulate --model llama3-8b -t 1 -p 1 --replicas 2 --requests 100 --events events.yaml
     """
     require(as_json or not per_request, "per-request", "true", "add --json (the requests are listed in it)")
     views.check()

@@ -46,7 +46,7 @@ def residency_command(*, deployment: DeploymentOptions, batch: BatchOptions, cac
     \b
     Examples:
       pipesched serve residency --model llama3-8b -t 1 -p 1 --requests 50
-      pipesched serve residency --models llama3-8b,llama3-70b -t 4 -p 2 --png residency.png
+      pipesched serve residency --models llama3-8b,llama3-70b -t 1 -p 1 --requests 20 --png residency.png
     """
     require(deployment.resident is None, "resident", deployment.resident, "give the residencies with --fractions")
     check_outputs([(name, path) for name, path in (("html", html), ("png", png), ("svg", svg)) if path is not None])
