@@ -130,3 +130,15 @@ def test_serve_simulate_events_json_and_summary(cli, tmp_path) -> None:
 ])
 def test_bad_events_are_one_error_line(cli, tmp_path, text, fragment) -> None:
     assert_one_line_error(cli(*_cli_flags(tmp_path, text)), fragment)
+
+
+def test_streamed_blocks_are_not_moved() -> None:
+    model, cluster, trace = load_model(MODEL), load_cluster(CLUSTER), _trace()
+    config = ServeConfig(instances=Instances(tp=1, pp=1, count=1), scheduler=SchedulerSpec(max_batch=16, chunk=256),
+                         resident=0.5)
+    stage = build_deployment(config, model, cluster).instances[0].stages[0]
+    at = float(trace.arrived_at[10])
+    change = simulate_with_events(config, model, cluster, trace, _events((at, "add", 3))).reconfigurations[0]
+    # the new replica receives what its peer keeps on the GPU; the streamed blocks stay in host memory
+    held = stage.weight_bytes - stage.streamed_blocks * stage.block_weight_bytes
+    assert change.moved_bytes == pytest.approx(held, rel=1e-9)

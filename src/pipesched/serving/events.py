@@ -164,13 +164,17 @@ def pool_cluster(cluster: Cluster, pool: Sequence[int]) -> Cluster:
 
 
 def holdings(deployment: Deployment, pool: Sequence[int]) -> dict[int, dict[int, tuple[float, float, float]]]:
-    """Per cluster rank of the deployment: per layer position it holds, its slice of the
-    layer (from, to, in shares of the layer) and the whole layer's bytes."""
+    """Per cluster rank of the deployment: per layer position it holds in device memory, its
+    slice of the layer (from, to, in shares of the layer) and the whole layer's bytes (the
+    blocks ``--resident`` streams live in host memory: no device holds or receives them)."""
     held: dict[int, dict[int, tuple[float, float, float]]] = {}
     for plan in deployment.instances:
         head = plan.stages[-1].layers[1] - 1  # the LM head's position (the embedding's is 0)
         for stage, first in zip(plan.stages, plan.devices, strict=True):
             layer_bytes = _layer_bytes(stage, plan.tp, head)
+            streamed = [p for p in range(stage.layers[1] - 1, stage.layers[0] - 1, -1) if p not in (0, head)]
+            for p in streamed[:stage.streamed_blocks]:
+                del layer_bytes[p]
             for j in range(plan.tp):
                 held[pool[first + j]] = {p: (j / plan.tp, (j + 1) / plan.tp, b) for p, b in layer_bytes.items()}
     return held
@@ -259,7 +263,7 @@ class _Progress:
     """Each request's progress across segments (trace order)."""
 
     made: np.ndarray  # output tokens made before the current segment
-    token_times: list[list[float]]
+    token_times: list[list[np.ndarray]]  # per request, its token times of each segment
     scheduled_at: np.ndarray
     first_token_at: np.ndarray
     finished_at: np.ndarray
@@ -339,7 +343,7 @@ def _advance(progress: _Progress, run: ServeRun, rows: np.ndarray, until: float,
             progress.scheduled_at[r] = run.scheduled_at[k]
         if kept.size and np.isnan(progress.first_token_at[r]):
             progress.first_token_at[r] = kept[0]
-        progress.token_times[r].extend(kept.tolist())
+        progress.token_times[r].append(kept)
         progress.instance[r] = first_instance + run.instance[k]
         if run.finished_at[k] <= until:
             progress.finished_at[r] = run.finished_at[k]
@@ -378,13 +382,13 @@ def _joined(trace: Trace, parts: Sequence[tuple[ServeRun, np.ndarray, tuple[int,
         tps += run.tp
         per_token += run.kv_bytes_per_token
     moves += [_weight_moves(change) for change in changes]
-    counts = np.array([len(times) for times in progress.token_times], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    tokens = [np.concatenate(times) if times else np.zeros(0) for times in progress.token_times]
+    offsets = np.concatenate([[0], np.cumsum([len(times) for times in tokens])]).astype(np.int64)
     first = parts[0][0]
     return ServeRun(
         trace=trace, config=first.config, instance=progress.instance, scheduled_at=progress.scheduled_at,
         first_token_at=progress.first_token_at, finished_at=progress.finished_at, preemptions=progress.preemptions,
-        token_times=np.array([t for times in progress.token_times for t in times], np.float64), token_offsets=offsets,
+        token_times=np.concatenate(tokens).astype(np.float64), token_offsets=offsets,
         iterations=_concat_logs(logs), kv=KVTrace(tuple(kv[0]), tuple(kv[1]), tuple(kv[2]), first.kv.block_size,
                                                   preempted_at=tuple(kv[3])),
         instance_kind=tuple(kinds), instance_devices=tuple(devices), tp=tuple(tps), peak_flops=first.peak_flops,
