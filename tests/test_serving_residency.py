@@ -132,6 +132,7 @@ def test_a_missing_disk_tier_is_one_error() -> None:
         _deployment(0.5, source=Tier.DISK)
 
 
+@pytest.mark.slow
 def test_serve_simulate_takes_resident(cli) -> None:
     plain = json.loads(cli("serve", "simulate", *SMALL, "--json").out)
     half = cli("serve", "simulate", *SMALL, "--resident", "0.5", "--json")
