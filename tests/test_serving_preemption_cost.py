@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipesched.enums import Preemption, SchedulerName
-from pipesched.serving.config import Instances, SchedulerSpec, ServeConfig
+from pipesched.serving.config import Disaggregation, Instances, SchedulerSpec, ServeConfig
 from pipesched.serving.engine import simulate_serving
 from pipesched.serving.records import PREEMPTION_PARTS
 from pipesched.serving.results import serve_result
@@ -89,3 +89,15 @@ def test_the_json_and_the_summary_carry_the_split(cli) -> None:
     assert per_request == pytest.approx(cost["total"])
     text = cli(*flags).out
     assert "save" in text and "reload" in text and "recompute" in text and "queueing" in text
+
+
+@pytest.mark.parametrize("preemption", list(Preemption))
+def test_the_parts_tile_each_preemption_on_decode_instances(preemption: Preemption) -> None:
+    config = ServeConfig(scheduler=SchedulerSpec(name=SchedulerName.SARATHI, max_batch=32, preemption=preemption),
+                         disaggregate=Disaggregation(Instances(1, 1, 1), Instances(1, 2, 2)))
+    trace = poisson_trace(150, 40.0, prompt=(100, 600), output=(20, 300), seed=3)
+    run = simulate_serving(deployment(config, line=LINE, capacity_blocks=300), trace)
+    costs = run.preemption_s
+    assert run.preemptions.sum() > 0 and (costs >= -1e-12).all()
+    assert np.allclose(costs[:, :len(PREEMPTION_PARTS)].sum(axis=1), costs[:, len(PREEMPTION_PARTS)], rtol=1e-9)
+    assert ((costs[:, len(PREEMPTION_PARTS)] > 0) == (run.preemptions > 0)).all()
