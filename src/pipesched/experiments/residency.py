@@ -23,6 +23,7 @@ from pipesched.experiments.serving import (
     served_requests,
 )
 from pipesched.limits import MAX_CURVE_MODELS, MAX_RESIDENCIES
+from pipesched.model.inference import check_resident
 from pipesched.serving.engine import simulate_serving
 from pipesched.serving.results import serve_result, summarize
 
@@ -61,7 +62,7 @@ def parse_fractions(text: str) -> tuple[float, ...]:
             f"give 1 to {MAX_RESIDENCIES} shares in (0, 1]")
     for value in values:
         require(0.0 < value <= 1.0, "fractions", value, "give shares of the layers kept on the GPU in (0, 1]")
-    return tuple(sorted(set(values)))
+    return tuple(sorted({check_resident(value) for value in values}))
 
 
 def residency_curve(point: ServingPoint, fractions: Sequence[float], *,

@@ -158,14 +158,20 @@ def resident_blocks(blocks: int, resident: float) -> int:
     return min(blocks, math.floor(resident * blocks + 1e-9))
 
 
+def check_resident(resident: object) -> float:
+    """A residency: a share of each stage's layers kept on the GPU, in (0, 1]."""
+    require(isinstance(resident, int | float) and not isinstance(resident, bool) and 0.0 < resident <= 1.0,
+            "resident", resident, "give the share of each stage's layers kept on the GPU, in (0, 1]")
+    return float(resident)
+
+
 def with_residency(costs: StageIterationCosts, device: DeviceSpec, resident: float, *,
                    source: Tier = Tier.HOST) -> StageIterationCosts:
     """``costs`` with only ``resident`` of its blocks kept on ``device``: the rest live in
     ``source`` (host memory or disk) and each iteration loads them block by block over the
     link (``model.tiers.move_seconds``), into ``STAGING_BLOCKS`` blocks of device memory;
     ``streamed_seconds`` is the iteration's time. The streamed blocks must fit the tier."""
-    require(0.0 < resident <= 1.0, "resident", resident, "give the share of each stage's layers kept on the GPU, "
-            "in (0, 1]")
+    check_resident(resident)
     streamed = costs.blocks - resident_blocks(costs.blocks, resident)
     if streamed == 0:
         return costs

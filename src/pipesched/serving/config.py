@@ -25,6 +25,7 @@ from pipesched.limits import (
     MAX_TENSOR_PARALLEL,
     check_count,
 )
+from pipesched.model.inference import check_resident
 
 
 def vocabulary_word(kind: type, field: str, text: object) -> object:
@@ -127,9 +128,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routing", Routing(self.routing))
-        require(isinstance(self.resident, int | float) and not isinstance(self.resident, bool)
-                and 0.0 < self.resident <= 1.0, "resident", self.resident,
-                "give the share of each stage's layers kept on the GPU, in (0, 1]")
+        check_resident(self.resident)
         require(self.stream_from in (Tier.HOST, Tier.DISK), "resident_from", self.stream_from,
                 "choose host or disk")
         require(0.0 <= self.cpu_overhead_s <= MAX_SECONDS, "cpu_overhead", self.cpu_overhead_s,
