@@ -76,6 +76,8 @@ class Defaults:
     slo_tpot: float = 0.1  # seconds per output token after the first
     attainment: float = 0.9  # share of requests that meet both SLOs (serve capacity)
     serve_db: str = "pipesched-serve.sqlite"  # serving search results store, in the working folder
+    placement: str = "greedy"  # how serve pool places the models: greedy, dedicated or round-robin
+    pool_parallel: str = "1x1"  # TP x PP shapes a pool's model may take when its entry names none
     # real serving runs on this machine (serve run, serve check)
     serve_run_model: str = "tiny"  # model preset or file of serve run and check
     serve_run_p: int = 2  # ranks (pipeline stages) of serve run and check

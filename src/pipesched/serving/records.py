@@ -61,15 +61,17 @@ class KVTrace:
 class KVMoves:
     """KV caches moved over a link: a prefill instance's cache sent to a decode instance
     (``"transfer"``), a preempted request's cache swapped to host memory and back
-    (``"swap-out"``, ``"swap-in"``). One row each."""
+    (``"swap-out"``, ``"swap-in"``); and a model's weights brought back onto a device group
+    it shares with other models (``"weights-in"``, request -1, bytes per device). One row each."""
 
-    request: np.ndarray  # int64 trace row
+    request: np.ndarray  # int64 trace row (-1: weights)
     kind: tuple[str, ...]  # "transfer", "swap-out" or "swap-in"
     src_device: np.ndarray  # int32 cluster rank (-1: host memory)
     dst_device: np.ndarray  # int32 cluster rank (-1: host memory)
     nbytes: np.ndarray  # float64
     start: np.ndarray  # float64 seconds
     end: np.ndarray  # float64 seconds
+    instance: np.ndarray | None = None  # int32: the instance whose move it is (the sender of a transfer)
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
@@ -77,7 +79,7 @@ class KVMoves:
     @classmethod
     def empty(cls) -> KVMoves:
         i64, i32, f64 = np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float64)
-        return cls(i64, (), i32, i32, f64, f64, f64)
+        return cls(i64, (), i32, i32, f64, f64, f64, instance=i32)
 
 
 @dataclass(frozen=True, eq=False)

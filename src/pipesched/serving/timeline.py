@@ -17,7 +17,8 @@ needs nothing, and a batch runs on no other instance's stages (the empty complet
 Transfers. Each stage's hidden state sent to the next stage (when the run records its
 arrival, ``IterationLog.send_end``), and the KV-cache moves (``KVMoves``): a prompt's cache
 from a prefill to a decode instance (``KV_CACHE``), a preempted request's cache swapped to
-host memory and back (``SWAP_OUT``, ``SWAP_IN``, on the device's host link channel).
+host memory and back (``SWAP_OUT``, ``SWAP_IN``, on the device's host link channel), and a
+model's weights loaded onto a device group it shares (``SWAP_IN``, the same channel).
 
 Memory. Per device, the KV cache of its instance over time: blocks in use x block size x
 the stage's KV bytes per token per device (``ServeRun.kv_bytes_per_token``), its capacity
@@ -261,7 +262,7 @@ def _transfers(run: ServeRun, rows: np.ndarray, device: np.ndarray, microbatch: 
     if len(moves):
         low, high = float(log.start[rows].min()), float(log.end[rows].max())
         shown = np.flatnonzero((moves.start < high) & (moves.end > low))
-        kind = np.array([{"transfer": KV_CACHE, "swap-out": SWAP_OUT, "swap-in": SWAP_IN}[k]
+        kind = np.array([{"transfer": KV_CACHE, "swap-out": SWAP_OUT, "swap-in": SWAP_IN, "weights-in": SWAP_IN}[k]
                          for k in np.asarray(moves.kind, dtype=object)[shown].tolist()], np.int64)
         src, dst = groups.of_rank(moves.src_device[shown]), groups.of_rank(moves.dst_device[shown])
         # host memory is the device's own host link: a swap goes from and to its device
