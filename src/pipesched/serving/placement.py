@@ -214,6 +214,7 @@ class PoolRun:
     """One run of the serving engine over some of a placement's groups."""
 
     run: ServeRun  # every instance's requests, merged in arrival order
+    deployment: Deployment  # what ran: every instance, its device slots and swap groups
     model: np.ndarray  # int64 per request of the run: its pool model
     row: np.ndarray  # int64 per request of the run: its row in its model's trace
     instance_model: tuple[int, ...]  # per instance: its pool model
@@ -248,7 +249,7 @@ def run_groups(pool: PoolSpec, placement: PoolPlacement, groups: Sequence[int]) 
     trace = Trace(arrived[order], _column(pool, model, row, "prefill_tokens"), _column(pool, model, row, "decode_tokens"))
     deployment = _deployment(pool, placement, built, where)
     run = simulate_serving(deployment, trace, routes=instance)
-    return PoolRun(run, model, row, tuple(owners), tuple(where))
+    return PoolRun(run, deployment, model, row, tuple(owners), tuple(where))
 
 
 def _column(pool: PoolSpec, model: np.ndarray, row: np.ndarray, name: str) -> np.ndarray:

@@ -123,6 +123,8 @@ def _candidates(pool: PoolSpec, placement: PoolPlacement) -> list[PoolPlacement]
     out = []
     for m, traffic in enumerate(pool.models):
         for g, group in enumerate(placement.groups):
+            if (group.tp, group.pp) not in traffic.shapes:
+                continue
             swapped = admits(pool, group, m, swap=True)
             if swapped is not None:
                 out.append(placement.placing(g, m, swapped))
