@@ -105,6 +105,17 @@ def test_nothing_is_placed_beyond_a_device_or_its_host(swap_pool, mixed_pool):
                         assert sum(totals) <= device.memory_bytes * fraction * (1 + 1e-12), (method, rank)
 
 
+def test_a_placement_beyond_memory_is_refused(swap_pool):
+    from pipesched.errors import PipeschedError
+    from pipesched.serving.placement import DeviceGroup, PoolPlacement
+
+    # two "small" models together on one 40 MB device: 2 x 27 MB > 36 MB
+    crowded = PoolPlacement("by hand", (DeviceGroup(0, 1, 1, (0, 1)),))
+    with pytest.raises(PipeschedError, match="group=0: a, b do not fit"):
+        serve_pool(swap_pool, crowded)
+    assert serve_pool(swap_pool, PoolPlacement("by hand", (DeviceGroup(0, 1, 1, (0, 1), swapped=True),))).swaps
+
+
 def test_a_swap_in_lasts_its_bytes_over_the_host_link_plus_latency(swap_pool):
     placement = place(swap_pool, "greedy")
     assert any(group.swapped for group in placement.groups)
@@ -157,7 +168,8 @@ def test_the_example_deployment_serves(cli):
     assert set(document["models"]) == {"chat", "code", "summary", "large"}
     for entry in document["models"].values():
         assert entry["serving"] is None or {"ttft_s", "tpot_s", "slo_attainment"} <= set(entry["serving"])
-    assert 0.0 <= document["attainment"] <= 1.0
+    assert 0.0 <= document["slo_attainment"] <= 1.0
+    assert set(document) == {"placement", "placement_s", "slo_attainment", "models", "swap_s", "swaps"}
 
 
 @pytest.mark.parametrize(("models", "field"), [

@@ -9,7 +9,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipesched.serving.placement import PoolPlacement, PoolRun, model_config, run_groups
+from pipesched.serving.placement import (
+    PoolPlacement,
+    PoolRun,
+    check_placement,
+    model_config,
+    run_groups,
+)
 from pipesched.serving.pool import PoolSpec
 from pipesched.serving.records import IterationLog, KVMoves, KVTrace, ServeRun
 from pipesched.serving.results import ServeResult, serve_result
@@ -121,14 +127,15 @@ class PoolResult:
                 "groups": list(self.placement.replicas(m)),
                 "serving": None if result is None else result.to_dict()}
         return {"placement": self.placement.to_dict(self.pool), "placement_s": self.placement_s,
-                "attainment": self.attainment, "models": models, "swaps": len(self.swaps),
+                "slo_attainment": self.attainment, "models": models,
                 "swap_s": sum(s.end_s - s.start_s for s in self.swaps),
-                "swap_list": [{"model": s.model, "group": s.group, "device": s.device, "source": s.source,
-                               "bytes": s.nbytes, "start_s": s.start_s, "end_s": s.end_s} for s in self.swaps]}
+                "swaps": [{"model": s.model, "group": s.group, "device": s.device, "source": s.source,
+                           "bytes": s.nbytes, "start_s": s.start_s, "end_s": s.end_s} for s in self.swaps]}
 
 
 def serve_pool(pool: PoolSpec, placement: PoolPlacement, *, placement_s: float = 0.0) -> PoolResult:
     """``placement`` served: the pool's one run, read model by model."""
+    check_placement(pool, placement)
     used = [g for g, group in enumerate(placement.groups) if group.models]
     if not used:
         return PoolResult(pool, placement, None, (None,) * len(pool.models), (), placement_s)
