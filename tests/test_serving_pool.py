@@ -134,6 +134,30 @@ def test_a_swap_in_lasts_its_bytes_over_the_host_link_plus_latency(swap_pool):
     assert sorted(durations) == pytest.approx(sorted(expected), rel=1e-12)
 
 
+def test_weights_short_of_host_memory_come_from_disk(tmp_path):
+    """Host memory below the three models' weights: the swap group keeps them on disk, and a
+    load takes the bytes over the slower of the disk and host links, plus latency."""
+    cluster = TIGHT.replace("host_memory: 1 GiB", "host_memory: 20 MB, disk_read_bandwidth: 0.5 GB/s, "
+                                                  "disk_space: 10 GB")
+    pool = load_pool(_write(tmp_path, cluster, "".join(_model(n, "small", 30, s) for n, s in (("a", 1), ("b", 2)))))
+    result = serve_pool(pool, place(pool, "greedy"))
+    assert result.swaps and {swap.source for swap in result.swaps} == {"disk"}
+    for swap in result.swaps:
+        device = pool.cluster.devices[swap.device]
+        rate = min(device.disk_read_bandwidth, device.host_bandwidth)
+        assert swap.end_s - swap.start_s == pytest.approx(swap.nbytes / rate + HOST_COPY_LATENCY_S, rel=1e-12)
+
+
+def test_the_pool_timeline_is_drawn(cli, tmp_path):
+    path = _write(tmp_path, TIGHT, "".join(_model(n, "small", 30, s) for n, s in (("a", 1), ("b", 2), ("c", 3))))
+    trace = tmp_path / "pool.json"
+    out = cli("serve", "pool", path, "--perfetto", str(trace), "--json")
+    assert out.code == 0, out.err
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert sum(1 for event in events if event.get("name") == "swap-in") == len(json.loads(out.out)["swaps"]) > 0
+
+
 def test_a_swapped_in_model_waits_for_its_weights(swap_pool):
     result = serve_pool(swap_pool, place(swap_pool, "greedy"))
     run, log = result.run, result.run.iterations
