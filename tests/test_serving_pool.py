@@ -204,6 +204,8 @@ def test_the_example_deployment_serves(cli):
     (_model("x", "small", 1, 1).replace("[1x1]", "[0x1]"), "parallel="),
     (_model("x", "small", 1, 1).replace("qps: 1", "qps: fast"), "qps="),
     (_model("x", "small", 1, 1) + _model("x", "tiny", 1, 2), "name=x"),
+    (_model("x", "small", 1, 1).replace("seed: 1", "seed: 1, rate: 3"), "traffic=rate"),
+    (_model("x", "small", 1, 1).replace("slo: {", "slo: {p99: 1, "), "slo=p99"),
 ])
 def test_bad_deployments_are_one_error_line(cli, tmp_path, models, field):
     out = cli("serve", "pool", _write(tmp_path, TIGHT, models))

@@ -185,7 +185,7 @@ def _mapping(value: object, field: str, keys: tuple[str, ...]) -> Mapping:
     require(isinstance(value, dict), field, shorten(value), f"give a mapping of {', '.join(keys)}")
     unknown = [key for key in value if key not in keys]
     if unknown:
-        raise PipeschedError(f"{field}.{shorten(unknown[0])}: unknown key; give {', '.join(keys)}")
+        raise PipeschedError(f"{field}={shorten(unknown[0])}: unknown key; give {', '.join(keys)}")
     return value
 
 
