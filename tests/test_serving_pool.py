@@ -158,6 +158,21 @@ def test_the_pool_timeline_is_drawn(cli, tmp_path):
     assert sum(1 for event in events if event.get("name") == "swap-in") == len(json.loads(out.out)["swaps"]) > 0
 
 
+def test_models_sharing_a_device_run_one_batch_at_a_time(mixed_pool):
+    """Co-resident models on one device: no two iterations on it overlap in time, and every
+    model on it is served."""
+    placement = place(mixed_pool, "round-robin")
+    result = serve_pool(mixed_pool, placement)
+    log = result.run.iterations
+    for group in placement.groups:
+        if len(group.models) < 2:
+            continue
+        rows = np.flatnonzero(log.first_device == group.first_rank)
+        order = rows[np.argsort(log.start[rows], kind="stable")]
+        assert np.all(log.start[order][1:] >= log.end[order][:-1] - 1e-12)
+        assert len(np.unique(log.instance[rows])) == len(group.models)
+
+
 def test_a_swapped_in_model_waits_for_its_weights(swap_pool):
     result = serve_pool(swap_pool, place(swap_pool, "greedy"))
     run, log = result.run, result.run.iterations
