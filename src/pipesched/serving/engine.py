@@ -46,10 +46,14 @@ instances on one slot serve one batch at a time on it, turn by turn (the least r
 served instance first: one batch each while several wait). Requests come
 pre-routed (``routes``: the instance of each request; -1 lets the engine route it). In a swap
 group (models whose weights do not fit on the group together) one instance's weights are
-on the devices at a time, the first's at the start: another starts only once the resident
-instance has no unfinished request, after its weights are loaded stage by stage
+on the devices at a time, the first's at the start. While another instance of the group has
+requests, the resident admits no new request once its residency has lasted as long as its
+own load took (a residency pays for its swap before it yields: the rent-or-buy rule), and
+finishes those it holds; when it holds no KV block and no batch is in flight, the waiting
+instance (the least recently served) takes the devices, its weights loaded stage by stage
 (``Sharing.load_s``: the tiers model's move from host memory or disk, plus latency;
-``KVMoves`` "weights-in"; the resident's weights are dropped for free, a copy stays below).
+``KVMoves`` "weights-in"; the resident's weights are dropped for free, a copy stays below;
+the requests it has not admitted wait for its next turn).
 
 The run is compiled (numba): the request and instance state are integer tables
 (``queues``), the loop does per-iteration work only.
@@ -86,10 +90,12 @@ from pipesched.serving.queues import (
     KIND,
     KIND_CODES,
     MADE,
+    NEXT,
     OUT,
     PARTIAL,
     PREEMPTED,
     PREFILL,
+    PREV,
     PROMPT,
     QUEUE,
     REQUEST_COLUMNS,
@@ -97,6 +103,7 @@ from pipesched.serving.queues import (
     RUNNING,
     SCHEDULED_AT,
     STAGES,
+    TAIL,
     TARGET,
     UNFINISHED,
     USED,
@@ -219,7 +226,7 @@ class _Tables:
                 KIND_CODES[plan.kind], len(plan.stages), first[i], plan.kv_capacity_blocks,
                 watermark_blocks(plan.kv_capacity_blocks))
         self.routes = routes
-        self.shared = _SharedTables(deployment.sharing, len(plans), len(stages))
+        self.shared = _SharedTables(deployment.sharing, plans)
         self.stage_free = np.zeros(int(self.shared.slot.max()) + 1 if len(stages) else 0)
         self.terms = np.array([[c.base_s, c.prefill_attention_s, c.decode_request_s, c.kv_token_s, c.flops_per_token,
                                 c.flops_per_attention, c.kv_bytes_per_token, c.hidden_bytes_per_token]
@@ -247,25 +254,33 @@ class _SharedTables:
     """Devices shared in time, as the compiled loop reads them (each stage on its own slot,
     no swap group, when nothing is shared)."""
 
-    def __init__(self, sharing, instances: int, stages: int) -> None:
+    def __init__(self, sharing, plans) -> None:
+        instances, stages = len(plans), sum(len(plan.stages) for plan in plans)
+        owner = np.repeat(np.arange(instances), [len(plan.stages) for plan in plans])
         if sharing is None:
             self.slot, self.group = np.arange(stages, dtype=np.int64), np.full(instances, -1, np.int64)
             self.load_s, self.load_bytes = np.zeros(stages), np.zeros(stages)
             self.load_from, self.any = np.full(instances, _HOST, np.int64), False
+            self.quantum = np.zeros(instances)
         else:
             self.slot = np.ascontiguousarray(sharing.slot, np.int64)
             self.group = np.ascontiguousarray(sharing.swap_group, np.int64)
             self.load_s = np.ascontiguousarray(sharing.load_s, np.float64)
             self.load_bytes = np.ascontiguousarray(sharing.load_bytes, np.float64)
             self.load_from, self.any = np.ascontiguousarray(sharing.load_from, np.int64), True
+            # per instance: its longest stage load, the least its residency lasts before it yields
+            self.quantum = np.array([max((float(self.load_s[g]) for g in np.flatnonzero(owner == i)), default=0.0)
+                                     for i in range(instances)])
         require(self.slot.shape == (stages,) and self.group.shape == (instances,), "sharing", self.slot.shape,
                 f"give a slot per stage ({stages}) and a swap group per instance ({instances})")
         groups = int(self.group.max()) + 1 if instances else 0
         # the instance whose weights each swap group holds: its first
         self.resident = np.array([int(np.flatnonzero(self.group == g)[0]) for g in range(groups)], np.int64)
+        self.since = np.zeros(groups)  # per swap group: when its resident's weights arrived (seconds)
 
     def arrays(self) -> tuple:
-        return self.slot, self.group, self.resident, self.load_s, self.load_bytes, self.load_from, self.any
+        return (self.slot, self.group, self.resident, self.load_s, self.load_bytes, self.load_from, self.any,
+                self.since, self.quantum)
 
 
 @njit(cache=True)
@@ -276,7 +291,7 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
     ``_nrt=False``: no atomic count per array argument per call, half the time of a batch);
     the logs grow here, before each call that may write them."""
     n, nins = arrived.shape[0], ins.shape[0]
-    slot, group, resident, load_s, load_bytes, load_from, any_shared = shared
+    slot, group, resident, load_s, load_bytes, load_from, any_shared, since, quantum = shared
     stages, grow = ins[:, STAGES].max(), spec[MAX_BATCH] * (ins[:, STAGES].max() + 2) + 1
     counts = np.zeros(_COUNTERS, np.int64)
     # logs sized for a run without preemption: a member per output token and per prefill chunk
@@ -331,16 +346,22 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
             if counts[_KV_LOG] + 1 > kv_log.shape[0] or counts[_MOVES] + grow + stages > moves.shape[0]:
                 kv_log, moves = _room(kv_log, counts[_KV_LOG] + 1), _room(moves, counts[_MOVES] + grow + stages)
             preempt_log = _room(preempt_log, counts[_PREEMPT_LOG] + 1)
-            loaded = False
+            loaded, yielding = False, False
             if group[i] >= 0:
                 held = _hold(i, t, ins, group, resident, stage_free, slot, load_s, load_bytes, load_from, device,
-                             moves, counts)
+                             moves, counts, since)
                 if held < 0:
                     continue
                 loaded = held > 0
+                yielding = t >= since[group[i]] + quantum[i] and _others_wait(i, ins, group)
+            if yielding:  # it admits no new request: its waiting ones are set aside for this batch
+                head, tail, count = ins[i, HEAD + WAITING], ins[i, TAIL + WAITING], ins[i, COUNT + WAITING]
+                ins[i, HEAD + WAITING], ins[i, TAIL + WAITING], ins[i, COUNT + WAITING] = -1, -1, 0
             b = _form(i, t, req, times, ins, stage_free, slot, terms, token_s, send_s, sample_s, device, kv_bytes,
                       spec, settings, host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows,
                       plan_chunks, swaps, swap_kind, plan, ends, preempt_log)
+            if yielding:
+                _rejoin(req, ins, i, head, tail, count)
             if b >= 0:  # its end on the last stage, and stage 0 free for the next
                 served[i] = b
                 heapq.heappush(heap, (ends[0], _BATCH_END, counts[_SEQUENCE], b))
@@ -386,22 +407,51 @@ def _touch_sharers(touched, ins, slot):
 
 
 @njit(cache=True, _nrt=False)
-def _hold(i, t, ins, group, resident, stage_free, slot, load_s, load_bytes, load_from, device, moves, counts):
+def _hold(i, t, ins, group, resident, stage_free, slot, load_s, load_bytes, load_from, device, moves, counts,
+          since):
     """Instance i's weights on its devices at t: 0 when they are there, 1 when they are
-    loaded now (stage by stage, each after its slot frees), -1 when another instance of its
-    swap group still has unfinished requests or i has none."""
+    loaded now (stage by stage, each after its slot frees), -1 when the resident instance of
+    its swap group still holds KV blocks or a batch in flight, or i has no request."""
     h = resident[group[i]]
     if h == i:
         return 0
-    if ins[h, UNFINISHED] > 0 or ins[h, IN_FLIGHT] > 0 or ins[i, UNFINISHED] == 0:
+    if ins[h, USED] > 0 or ins[h, IN_FLIGHT] > 0 or ins[i, UNFINISHED] == 0:
         return -1
     resident[group[i]] = i
+    arrived = t
     for g in range(ins[i, FIRST_STAGE], ins[i, FIRST_STAGE] + ins[i, STAGES]):
         begin = max(t, stage_free[slot[g]])
         stage_free[slot[g]] = begin + load_s[g]
+        arrived = max(arrived, stage_free[slot[g]])
         _log_move(moves, counts, -1, i, _WEIGHTS_IN, load_from[i], device[g], load_bytes[g], begin,
                   stage_free[slot[g]])
+    since[group[i]] = arrived
     return 1
+
+
+@njit(cache=True, _nrt=False)
+def _others_wait(i, ins, group):
+    """Another instance of i's swap group has requests."""
+    for j in range(ins.shape[0]):
+        if j != i and group[j] == group[i] and ins[j, UNFINISHED] > 0:
+            return True
+    return False
+
+
+@njit(cache=True, _nrt=False)
+def _rejoin(req, ins, i, head, tail, count):
+    """Instance i's waiting queue as the batch left it, followed by the ``count`` requests
+    set aside (``head`` to ``tail``)."""
+    if count == 0:
+        return
+    last = ins[i, TAIL + WAITING]
+    if last >= 0:
+        req[last, NEXT] = head
+        req[head, PREV] = last
+    else:
+        ins[i, HEAD + WAITING] = head
+    ins[i, TAIL + WAITING] = tail
+    ins[i, COUNT + WAITING] += count
 
 
 @njit(cache=True, _nrt=False)

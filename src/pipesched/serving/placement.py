@@ -9,8 +9,9 @@ context (``build_deployment``'s own rule), all within ``kv_fraction`` of the dev
 not fit together, but each alone, form a swap group: one model's weights on the devices at
 a time, every model's weights in host memory (or on disk when host memory is short: the
 tier that holds them all), and a model brought in costs ``tiers.move_seconds`` of its
-weights per device from there plus a copy's latency (``Sharing``; the engine serves the
-resident model until it has no unfinished request, then loads the next).
+weights per device from there plus a copy's latency (``Sharing``; while another model of
+the group has requests, the resident admits no new one once its residency has lasted as
+long as its load took, finishes those it holds, and the waiting model's weights come in).
 
 Time. A group serves its models one batch at a time on its devices, turn by turn (one
 run of the serving engine for the whole pool: each model's replicas are instances of
