@@ -63,6 +63,7 @@ def mixed_pool(tmp_path):
     return load_pool(_write(tmp_path, ROOMY, models))
 
 
+@pytest.mark.slow
 def test_greedy_is_never_worse_than_the_baselines(swap_pool, mixed_pool):
     for pool in (swap_pool, mixed_pool):
         attained = {}
@@ -148,6 +149,7 @@ def test_weights_short_of_host_memory_come_from_disk(tmp_path):
         assert swap.end_s - swap.start_s == pytest.approx(swap.nbytes / rate + HOST_COPY_LATENCY_S, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_the_pool_timeline_is_drawn(cli, tmp_path):
     path = _write(tmp_path, TIGHT, "".join(_model(n, "small", 30, s) for n, s in (("a", 1), ("b", 2), ("c", 3))))
     trace = tmp_path / "pool.json"
@@ -221,6 +223,7 @@ def test_one_model_on_a_pool_is_serve_simulate_of_it(tmp_path):
     assert json.dumps(served, sort_keys=True) == json.dumps(expected, sort_keys=True)
 
 
+@pytest.mark.slow
 def test_the_example_deployment_serves(cli):
     from importlib import resources
 
