@@ -244,7 +244,7 @@ def run_groups(pool: PoolSpec, placement: PoolPlacement, groups: Sequence[int]) 
         rows = np.flatnonzero(np.isin(group, groups))
         parts.append((np.full(rows.size, m), rows, np.array([index[(int(g), m)] for g in group[rows]], np.int64)))
     model, row, instance = (np.concatenate(column) for column in zip(*parts, strict=True))
-    arrived = np.array([pool.models[m].trace.arrived_at[r] for m, r in zip(model, row, strict=True)])
+    arrived = _column(pool, model, row, "arrived_at")
     order = np.lexsort((row, model, arrived))
     model, row, instance = model[order], row[order], instance[order]
     trace = Trace(arrived[order], _column(pool, model, row, "prefill_tokens"), _column(pool, model, row, "decode_tokens"))
@@ -254,7 +254,8 @@ def run_groups(pool: PoolSpec, placement: PoolPlacement, groups: Sequence[int]) 
 
 
 def _column(pool: PoolSpec, model: np.ndarray, row: np.ndarray, name: str) -> np.ndarray:
-    out = np.zeros(model.shape[0], np.int64)
+    """Trace column ``name`` of each (model, row)."""
+    out = np.zeros(model.shape[0], getattr(pool.models[int(model[0])].trace, name).dtype if model.size else np.int64)
     for m in np.unique(model):
         mine = model == m
         out[mine] = getattr(pool.models[int(m)].trace, name)[row[mine]]
