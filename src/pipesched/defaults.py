@@ -79,6 +79,8 @@ class Defaults:
     resident: float = 1.0  # share of each stage's layers kept on the GPU; the rest stream in every iteration
     resident_from: str = "host"  # where the non-resident layers live: host (memory) or disk
     residency_fractions: str = "0.25,0.5,0.75,1"  # residencies serve residency simulates
+    placement: str = "greedy"  # how serve pool places the models: greedy, dedicated or round-robin
+    pool_parallel: str = "1x1"  # TP x PP shapes a pool's model may take when its entry names none
     # real serving runs on this machine (serve run, serve check)
     serve_run_model: str = "tiny"  # model preset or file of serve run and check
     serve_run_p: int = 2  # ranks (pipeline stages) of serve run and check

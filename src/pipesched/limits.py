@@ -104,6 +104,8 @@ MAX_CURVE_MODELS = 16  # models one serve residency draws a curve each for (--mo
 MAX_CLUSTER_EVENTS = 1024  # device losses and additions of one events file (--events)
 # iterations one serving timeline draws (a window of the run: its stages x this many ops)
 MAX_VIEW_ITERATIONS = 20_000
+MAX_POOL_MODELS = 256  # models of one pool's deployment file
+MAX_POOL_SHAPES = 64  # TP x PP shapes one model of a pool may take
 
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
@@ -153,6 +155,8 @@ LIMITS = (
     ("MAX_KV_BLOCK", MAX_KV_BLOCK, "tokens of one KV-cache block"),
     ("MAX_QPS", MAX_QPS, "requests per second"),
     ("MAX_VIEW_ITERATIONS", MAX_VIEW_ITERATIONS, "iterations one serving timeline draws"),
+    ("MAX_POOL_MODELS", MAX_POOL_MODELS, "models of one pool (serve pool)"),
+    ("MAX_POOL_SHAPES", MAX_POOL_SHAPES, "TP x PP shapes of one model of a pool"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),
     ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout or a solver's time limit"),
     ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),

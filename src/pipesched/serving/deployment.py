@@ -13,7 +13,7 @@ import numpy as np
 from pipesched.enums import Tier
 from pipesched.errors import PipeschedError
 from pipesched.model.devices import DEFAULT_HOST_BANDWIDTH, HOST_COPY_LATENCY_S
-from pipesched.model.hardware import Cluster, DeviceSpec, LinkSpec
+from pipesched.model.hardware import Cluster, LinkSpec
 from pipesched.model.inference import (
     LatencyRow,
     StageIterationCosts,
@@ -40,6 +40,18 @@ class InstancePlan:
 
 
 @dataclass(frozen=True, eq=False)
+class Sharing:
+    """Instances that share devices in time: several models on one device group
+    (``pipesched.serving.pool``), read by the engine (its module docstring)."""
+
+    slot: np.ndarray  # int64 per stage of every instance, in order: the device slot it runs on
+    swap_group: np.ndarray  # int64 per instance: its swap group (-1: its weights stay on its devices)
+    load_s: np.ndarray  # float64 per stage: seconds to bring its weights onto its devices (move + latency)
+    load_bytes: np.ndarray  # float64 per stage: its weight bytes per device
+    load_from: np.ndarray  # int64 per instance: where its weights wait when swapped out (-1 host memory, -2 disk)
+
+
+@dataclass(frozen=True, eq=False)
 class Deployment:
     """A ``ServeConfig`` built on a model and a cluster."""
 
@@ -52,6 +64,7 @@ class Deployment:
     link_latency: np.ndarray  # float64 [instances, instances]
     link_bandwidth: np.ndarray  # float64 [instances, instances], bytes/s
     host_write_bandwidth: float = 0.0  # device to host memory, bytes/s (swap-out); 0 = host_link's
+    sharing: Sharing | None = None  # instances sharing devices in time; None: each on its own
 
     def transfer_s(self, src: int, dst: int, nbytes: float) -> float:
         """Seconds to send ``nbytes`` of KV cache from instance ``src`` to ``dst``."""
@@ -59,7 +72,8 @@ class Deployment:
 
 
 def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
-                     latency: Sequence[LatencyRow] | None = None, dtype: str = "bf16") -> Deployment:
+                     latency: Sequence[LatencyRow] | None = None, dtype: str = "bf16",
+                     first_rank: int = 0, memory_bytes: Sequence[float] | None = None) -> Deployment:
     """``config`` placed on ``cluster``: its instances on the ranks ``config.py`` lays out
     (replicas; or the prefill instances first, then the decode instances), each stage's
     iteration costs from the kernel model (or from the fitted ``latency`` rows, one per
@@ -69,6 +83,9 @@ def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
     of its blocks in device memory (``with_residency``): the memory of the streamed ones,
     less the staging buffer, goes to the KV cache. The stages' ``base_s`` is device work only: the engine pays
     ``config.cpu_overhead_s`` (the host's scheduling and launch) before each batch itself.
+    The instances start at cluster rank ``first_rank``; ``memory_bytes`` (per stage) is the
+    device memory the deployment may take in place of each device's own (its share of devices
+    it shares with other models).
 
     >>> from pipesched.model import load_cluster, load_model
     >>> deployment = build_deployment(ServeConfig(), load_model("llama3-70b"), load_cluster("1x8-h100"))
@@ -76,24 +93,28 @@ def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
     [('replica', (0, 4))]
     """
     groups = _groups(config)
-    _check_devices(config, cluster, groups)
+    _check_devices(config, cluster, groups, first_rank)
     spec = config.scheduler
     max_tokens = max(spec.token_budget, spec.max_batch)  # a decode-only iteration batches max_batch tokens
     instances = []
-    offset = 0
+    offset = first_rank
     for kind, group in groups:
         for _ in range(group.count):
             ranks = tuple(offset + stage * group.tp for stage in range(group.pp))
             stages = _stage_costs(model, cluster, group, ranks, latency, max_tokens, spec.max_batch, dtype)
             stages = tuple(with_residency(costs, cluster.devices[rank], config.resident, source=config.stream_from)
                            for costs, rank in zip(stages, ranks, strict=True))
+            memory = (tuple(cluster.devices[rank].memory_bytes for rank in ranks) if memory_bytes is None
+                      else tuple(memory_bytes))
             instances.append(InstancePlan(kind=kind, stages=stages, devices=ranks, tp=group.tp,
-                                          kv_capacity_blocks=_kv_blocks(stages, cluster, ranks, config.kv),
+                                          kv_capacity_blocks=_kv_blocks(stages, memory, config.kv),
                                           kv_bytes_per_token=model_kv_bytes_per_token(model, dtype)))
             offset += group.devices // group.count
     max_context = model.context_length or min(plan.kv_capacity_blocks for plan in instances) * config.kv.block_size
     for index, plan in enumerate(instances):
-        _check_holds_one_request(plan, index, cluster, config.kv, max_context)
+        memory = (tuple(cluster.devices[rank].memory_bytes for rank in plan.devices) if memory_bytes is None
+                  else tuple(memory_bytes))
+        _check_holds_one_request(plan, index, memory, config.kv, max_context)
     firsts = [plan.devices[0] for plan in instances]
     latency_matrix = np.array([[0.0 if a == b else cluster.latency(a, b) for b in firsts] for a in firsts])
     bandwidth = np.array([[np.inf if a == b else cluster.link(a, b).bandwidth for b in firsts] for a in firsts])
@@ -112,14 +133,16 @@ def _groups(config: ServeConfig) -> tuple[tuple[str, Instances], ...]:
     return (("prefill", config.disaggregate.prefill), ("decode", config.disaggregate.decode))
 
 
-def _check_devices(config: ServeConfig, cluster: Cluster, groups: Sequence[tuple[str, Instances]]) -> None:
-    """The deployment fits on the cluster's ranks."""
-    if config.devices <= cluster.num_devices:
+def _check_devices(config: ServeConfig, cluster: Cluster, groups: Sequence[tuple[str, Instances]],
+                   first_rank: int) -> None:
+    """The deployment fits on the cluster's ranks from ``first_rank``."""
+    if first_rank >= 0 and first_rank + config.devices <= cluster.num_devices:
         return
     parts = " + ".join(f"{group.count} {kind}{'s' if group.count > 1 else ''} of tp {group.tp} x p {group.pp}"
                        for kind, group in groups)
     field = "disaggregate" if config.disaggregate is not None else "replicas"
-    raise PipeschedError(f"{field}={parts}: needs {config.devices} devices; the cluster {cluster.name} has "
+    start = f" from rank {first_rank}" if first_rank else ""
+    raise PipeschedError(f"{field}={parts}: needs {config.devices} devices{start}; the cluster {cluster.name} has "
                          f"{cluster.num_devices}; give fewer instances, a smaller -t or -p, or a bigger cluster")
 
 
@@ -133,38 +156,36 @@ def _stage_costs(model: ModelSpec, cluster: Cluster, group: Instances, ranks: tu
                          max_batch=max_batch, dtype=dtype)
 
 
-def _kv_free_bytes(stage: StageIterationCosts, device: DeviceSpec, kv: KVSettings) -> float:
-    """Bytes a stage's device has for its KV cache: its share of memory after weights and
-    workspace."""
-    return device.memory_bytes * kv.kv_fraction - stage.device_weight_bytes - stage.workspace_bytes
+def kv_free_bytes(stage: StageIterationCosts, memory_bytes: float, kv: KVSettings) -> float:
+    """Bytes a stage's device (of ``memory_bytes``) has for its KV cache: its share of memory
+    after weights and workspace."""
+    return memory_bytes * kv.kv_fraction - stage.device_weight_bytes - stage.workspace_bytes
 
 
-def _kv_blocks(stages: Sequence[StageIterationCosts], cluster: Cluster, ranks: Sequence[int], kv: KVSettings) -> int:
+def _kv_blocks(stages: Sequence[StageIterationCosts], memory: Sequence[float], kv: KVSettings) -> int:
     """Blocks of the instance's paged cache: every stage holds every block's tokens for its
     layers, so the tightest stage decides."""
-    blocks = [math.floor(max(_kv_free_bytes(stage, cluster.devices[rank], kv), 0.0)
-                         / (stage.kv_bytes_per_token * kv.block_size))
-              for stage, rank in zip(stages, ranks, strict=True) if stage.kv_bytes_per_token > 0]
+    blocks = [math.floor(max(kv_free_bytes(stage, nbytes, kv), 0.0) / (stage.kv_bytes_per_token * kv.block_size))
+              for stage, nbytes in zip(stages, memory, strict=True) if stage.kv_bytes_per_token > 0]
     return min(blocks) if blocks else 0
 
 
-def _check_holds_one_request(plan: InstancePlan, index: int, cluster: Cluster, kv: KVSettings,
+def _check_holds_one_request(plan: InstancePlan, index: int, memory: Sequence[float], kv: KVSettings,
                              max_context: int) -> None:
     """A KV cache that cannot hold one request of the longest context is an error that
     says how much memory is short on the tightest stage and what to change."""
     needed = math.ceil(max_context / kv.block_size)
     if plan.kv_capacity_blocks >= needed:
         return
-    devices = [cluster.devices[rank] for rank in plan.devices]
     # bytes each stage lacks for ``needed`` blocks of its layers' keys and values
-    short = [needed * kv.block_size * stage.kv_bytes_per_token - _kv_free_bytes(stage, device, kv)
-             for stage, device in zip(plan.stages, devices, strict=True)]
+    short = [needed * kv.block_size * stage.kv_bytes_per_token - kv_free_bytes(stage, nbytes, kv)
+             for stage, nbytes in zip(plan.stages, memory, strict=True)]
     position = int(np.argmax(short))
-    stage, device = plan.stages[position], devices[position]
+    stage, nbytes = plan.stages[position], memory[position]
     raise PipeschedError(
         f"kv_cache={plan.kv_capacity_blocks} blocks: {plan.kind} {index} cannot hold one request of "
         f"{max_context:,} tokens ({needed:,} blocks of {kv.block_size}); its stage {position} has "
-        f"{kv.kv_fraction:g} x {device.memory_bytes / GiB:.1f} GiB for {stage.device_weight_bytes / GiB:.1f} GiB of "
+        f"{kv.kv_fraction:g} x {nbytes / GiB:.1f} GiB for {stage.device_weight_bytes / GiB:.1f} GiB of "
         f"weights, {stage.workspace_bytes / GiB:.2f} GiB of workspace and the cache: {short[position] / GiB:.2f} GiB "
         "short; give a larger -t or -p, a higher --kv-fraction, a smaller --max-tokens, or a smaller model")
 

@@ -51,12 +51,11 @@ from pipesched.model.tiers import move_seconds
 from pipesched.serving.config import Instances, ServeConfig
 from pipesched.serving.deployment import Deployment, build_deployment
 from pipesched.serving.engine import simulate_serving
-from pipesched.serving.records import IterationLog, KVMoves, KVTrace, ServeRun
+from pipesched.serving.records import WEIGHTS, IterationLog, KVMoves, KVTrace, ServeRun
 from pipesched.serving.trace import Trace
 
 EVENT_KINDS = ("lose", "add")
 EVENT_COLUMNS = ("at_s", "event", "device")
-WEIGHTS = "weights"  # the kind of a weight move in ``ServeRun.moves``
 _HOST = -1  # a move's source in host memory
 
 

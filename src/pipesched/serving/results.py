@@ -184,10 +184,8 @@ def serve_result(run: ServeRun, *, slo_ttft: float = DEFAULTS.slo_ttft,
     """The metrics of ``run`` under the SLOs ``slo_ttft`` and ``slo_tpot`` (seconds; inf: none)."""
     slo_ttft, slo_tpot = check_slo("slo_ttft", slo_ttft), check_slo("slo_tpot", slo_tpot)
     arrived = run.trace.arrived_at
-    ttft = run.first_token_at - arrived
+    ttft, tpot = request_latencies(arrived, run.first_token_at, run.finished_at, run.token_offsets)
     output_tokens = np.diff(run.token_offsets)
-    gaps = np.maximum(output_tokens - 1, 0)
-    tpot = np.divide(run.finished_at - run.first_token_at, gaps, out=np.zeros(arrived.shape[0]), where=gaps > 0)
     duration = run.duration
     busy, bubble, total_bubble = _stage_shares(run, duration)
     flops = float(run.iterations.flops.sum())
@@ -195,11 +193,31 @@ def serve_result(run: ServeRun, *, slo_ttft: float = DEFAULTS.slo_ttft,
     return ServeResult(
         slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, duration_s=duration, arrived_at=arrived, ttft_s=ttft, tpot_s=tpot,
         e2e_s=run.finished_at - arrived, queue_s=run.scheduled_at - arrived, output_tokens=output_tokens,
-        preemptions=run.preemptions, meets_slo=(ttft <= slo_ttft) & (tpot <= slo_tpot),
+        preemptions=run.preemptions, meets_slo=meets_slos(ttft, tpot, slo_ttft, slo_tpot),
         tbt_s=token_gaps(run.token_times, run.token_offsets), kv_peak_fraction=_kv_peak(run), stage_busy=busy,
         stage_bubble=bubble, bubble=total_bubble,
         mfu=utilization(duration, flops_per_iteration=flops, peak_flops=run.peak_flops, devices=devices),
         preemption_s=run.preemption_s)
+
+
+def meets_slos(ttft: np.ndarray, tpot: np.ndarray, slo_ttft: float, slo_tpot: float) -> np.ndarray:
+    """The requests whose TTFT and TPOT are both within their SLOs (seconds)."""
+    return (ttft <= slo_ttft) & (tpot <= slo_tpot)
+
+
+def request_latencies(arrived: np.ndarray, first_token_at: np.ndarray, finished_at: np.ndarray,
+                      token_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's TTFT (arrival to its first token) and TPOT (its later tokens' mean gap;
+    0 with one output token), seconds; a request meets its SLOs when both are within them.
+
+    >>> ttft, tpot = request_latencies(np.array([0.0, 1.0]), np.array([0.5, 1.2]), np.array([2.5, 1.2]),
+    ...                                np.array([0, 5, 6]))
+    >>> ttft.tolist(), tpot.tolist()
+    ([0.5, 0.19999999999999996], [0.5, 0.0])
+    """
+    gaps = np.maximum(np.diff(token_offsets) - 1, 0)
+    tpot = np.divide(finished_at - first_token_at, gaps, out=np.zeros(arrived.shape[0]), where=gaps > 0)
+    return first_token_at - arrived, tpot
 
 
 def token_gaps(token_times: np.ndarray, token_offsets: np.ndarray) -> np.ndarray:

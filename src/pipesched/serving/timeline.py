@@ -18,8 +18,9 @@ Transfers. Each stage's hidden state sent to the next stage (when the run record
 arrival, ``IterationLog.send_end``), and the KV-cache moves (``KVMoves``): a prompt's cache
 from a prefill to a decode instance (``KV_CACHE``), a preempted request's cache swapped to
 host memory and back (``SWAP_OUT``, ``SWAP_IN``, on the device's host link channel), and
-when the deployment changes shape the weights each device receives (``WEIGHT_MOVE``, from a
-device or from host memory: ``serving.events``).
+the weights a device receives (``WEIGHT_MOVE``): a model's loaded from host memory or disk
+onto a device group it shares (on the device's host link channel), or, when the deployment
+changes shape, from a device or from host memory (``serving.events``).
 
 Memory. Per device, the KV cache of its instance over time: blocks in use x block size x
 the stage's KV bytes per token per device (``ServeRun.kv_bytes_per_token``), its capacity
@@ -47,7 +48,7 @@ from pipesched.ops import Op
 from pipesched.rules import ACTIVATION, KindRule, Need, Rules
 from pipesched.schedule import Placement, Schedule
 from pipesched.serving.config import ServeConfig
-from pipesched.serving.records import ServeRun
+from pipesched.serving.records import WEIGHTS, ServeRun
 from pipesched.timeline import ACTIVATION as ACTIVATION_KIND
 from pipesched.timeline import (
     KV_CACHE,
@@ -264,7 +265,7 @@ def _transfers(run: ServeRun, rows: np.ndarray, device: np.ndarray, microbatch: 
     if len(moves):
         low, high = float(log.start[rows].min()), float(log.end[rows].max())
         shown = np.flatnonzero((moves.start < high) & (moves.end > low))
-        kind = np.array([{"transfer": KV_CACHE, "swap-out": SWAP_OUT, "swap-in": SWAP_IN, "weights": WEIGHT_MOVE}[k]
+        kind = np.array([{"transfer": KV_CACHE, "swap-out": SWAP_OUT, "swap-in": SWAP_IN, WEIGHTS: WEIGHT_MOVE}[k]
                          for k in np.asarray(moves.kind, dtype=object)[shown].tolist()], np.int64)
         src, dst = groups.of_rank(moves.src_device[shown]), groups.of_rank(moves.dst_device[shown])
         # host memory is the device's own host link: a swap goes from and to its device
@@ -284,7 +285,8 @@ def _transfers(run: ServeRun, rows: np.ndarray, device: np.ndarray, microbatch: 
 def _channels(src: np.ndarray, dst: np.ndarray, kind: np.ndarray, groups: _Groups) -> tuple[np.ndarray, tuple[str, ...]]:
     """One channel per link a transfer uses: a stage to the next, a prefill instance's stage
     to a decode instance's, a device to its host memory (both swap directions)."""
-    host = (kind == SWAP_OUT) | (kind == SWAP_IN)
+    # a weight move from host memory or disk comes as a move from the device to itself
+    host = (kind == SWAP_OUT) | (kind == SWAP_IN) | ((kind == WEIGHT_MOVE) & (src == dst))
     keys = np.stack([np.where(host, -1, src), np.where(host, src, dst)], axis=1)
     unique, channel = np.unique(keys, axis=0, return_inverse=True)
     labels = groups.labels
