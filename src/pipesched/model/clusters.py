@@ -70,7 +70,7 @@ _TIME_KEYS = {"kernel_overhead": "kernel_overhead_s", "op_overhead": "op_overhea
 _TIER_RATE_KEYS = {"host_write_bandwidth": "host_write_bandwidth", "disk_read_bandwidth": "disk_read_bandwidth",
                    "disk_write_bandwidth": "disk_write_bandwidth"}
 _DEVICE_KEYS = {"preset", "name", "peak_flops", "memory", "memory_bandwidth", "sm_count", "host_bandwidth",
-                "host_memory", "disk_space", *_TIER_RATE_KEYS, *_NUMBER_KEYS, *_TIME_KEYS}
+                "host_memory", "disk_space", "host_attention_flops", *_TIER_RATE_KEYS, *_NUMBER_KEYS, *_TIME_KEYS}
 
 
 def _preset_dir():
@@ -210,6 +210,9 @@ def _device(entry: object, where: str) -> DeviceSpec:
             changes[field_name] = parse_quantity(entry[key], "bandwidth", f"{where}.{key}")
     if "disk_space" in entry:
         changes["disk_bytes"] = parse_quantity(entry["disk_space"], "bytes", f"{where}.disk_space")
+    if "host_attention_flops" in entry:  # FLOP/s of the host's attention over a cache in host memory
+        changes["host_attention_flops"] = parse_quantity(entry["host_attention_flops"], "flops",
+                                                         f"{where}.host_attention_flops")
     for key in _NUMBER_KEYS:
         if key in entry:
             value = entry[key]
