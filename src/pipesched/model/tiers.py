@@ -29,8 +29,8 @@ different links overlap, so the moves take the busiest link's time (``links_seco
 
 from __future__ import annotations
 
+import itertools
 import math
-
 from collections.abc import Iterable
 
 import numpy as np
@@ -98,7 +98,7 @@ def route(src: Tier, dst: Tier) -> tuple[tuple[Tier, Tier], ...]:
     step = 1 if TIERS.index(dst) > TIERS.index(src) else -1
     while path[-1] is not dst:
         path.append(TIERS[TIERS.index(path[-1]) + step])
-    return tuple(zip(path[:-1], path[1:], strict=True))
+    return tuple(itertools.pairwise(path))
 
 
 def link_seconds(device: DeviceSpec, moves: Iterable[tuple[float | np.ndarray, Tier, Tier]]) -> dict:
