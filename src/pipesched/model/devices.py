@@ -96,6 +96,9 @@ from pipesched.units import GB, TB, GiB
 
 # output tiles the NVIDIA GEMM libraries pick from for bf16 (CUTLASS / cuBLAS threadblock tiles)
 NVIDIA_TILES = ((128, 128), (128, 256), (256, 128))
+# Turing's fp16 tensor-op GEMMs (CUTLASS's sm75 instances) add a 64 x 64 tile the
+# skinny decode matmuls of a small batch take
+T4_TILES = ((64, 64), *NVIDIA_TILES)
 # hipBLASLt macro tiles on CDNA3
 AMD_TILES = ((128, 128), (128, 256), (256, 128), (256, 256))
 KERNEL_OVERHEAD_S = 2.5e-6  # GEMM-SWEEP: 2048^3 and 4096^3 against their quantized compute time
@@ -178,7 +181,7 @@ DEVICES: MappingProxyType[str, DeviceSpec] = MappingProxyType({
         # Turing, 40 SMs, no fused attention (FlexGen's OPT runs unfused attention); the host
         # link, host memory and disk as FlexGen measured them on its GCP machine (T4 above)
         DeviceSpec("t4", peak_flops=65e12, memory_bytes=16 * GB, memory_bandwidth=320 * GB,
-                   matmul_efficiency=21.24 / 65, sm_count=40, matmul_tiles=NVIDIA_TILES,
+                   matmul_efficiency=21.24 / 65, sm_count=40, matmul_tiles=T4_TILES,
                    kernel_overhead_s=KERNEL_OVERHEAD_S, op_overhead_s=GPU_OP_OVERHEAD_S,
                    transfer_setup_s=GPU_TRANSFER_SETUP_S, memory_fragmentation=GPU_FRAGMENTATION,
                    host_bandwidth=T4_HOST_READ, host_write_bandwidth=T4_HOST_WRITE, host_memory_bytes=208 * GB,
