@@ -52,6 +52,7 @@ the host attends over it) and of the hidden states; disk its shares.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -202,6 +203,25 @@ def _tensors(plan: LayerPlan, params: float, elem: int) -> tuple[float, ...]:
     return tuple(matrices) + ((rest,) if rest > 0 else ())
 
 
+def _unit_row(kind: str, unit: LayerPlan, params: float, out_bytes: float, device: DeviceSpec, attention,
+              task: OfflineTask, gpu_batch: int, dtype: str) -> tuple:
+    """One unit's entries of ``Units``: its tensors, its prefill and decode times, its
+    attention terms and its bytes per token."""
+    s, elem = task.prompt_len, DTYPE_BYTES[dtype]
+    decode_tokens = np.array([float(gpu_batch)])
+    # the LM head samples each sequence's last position only
+    prefill_tokens = decode_tokens if kind == LOSS else np.array([float(gpu_batch * s)])
+    prefill = float(layer_forward_s(unit, device, (), prefill_tokens, dtype=dtype)[0])
+    decode = float(layer_forward_s(unit, device, (), decode_tokens, dtype=dtype)[0])
+    if kind != ATTENTION_UNIT:
+        return (kind, _tensors(unit, params, elem), prefill, decode, 0.0, 0.0, 0.0, out_bytes)
+    model_flops = 4.0 * unit.attention[0] * unit.attention[2] if unit.attention else 0.0
+    return (kind, _tensors(unit, params, elem), prefill + attention.prefill_s * gpu_batch * s * s
+            + device.kernel_overhead_s, decode + attention.request_s * gpu_batch + device.kernel_overhead_s,
+            attention.kv_token_s, model_flops, attention.kv_bytes, out_bytes)
+
+
+@functools.lru_cache(maxsize=64)
 def offline_units(model: ModelSpec, device: DeviceSpec, task: OfflineTask, gpu_batch: int, *,
                   dtype: str = "fp16") -> Units:
     """The model's units for one GPU batch of ``gpu_batch`` sequences of ``task``: every
@@ -210,11 +230,10 @@ def offline_units(model: ModelSpec, device: DeviceSpec, task: OfflineTask, gpu_b
     plans = inference_plans(model, 1, dtype)
     elem = DTYPE_BYTES[dtype]
     attention = block_attention(model, device, dtype=dtype)
-    s, prefill_tokens, decode_tokens = task.prompt_len, np.array([float(gpu_batch * task.prompt_len)]), np.array(
-        [float(gpu_batch)])
+    s = task.prompt_len
     rows: list[tuple] = []
+    timed: dict = {}
     hidden = float(model.hidden_size * elem)
-    flops = 4.0 * model.num_heads * model.kv_channels  # a query row against one cached token: scores + context
     for plan in plans:
         if plan.kind == EMBEDDING:
             parts = [(EMBEDDING, plan, plan.params, hidden)]
@@ -225,17 +244,10 @@ def offline_units(model: ModelSpec, device: DeviceSpec, task: OfflineTask, gpu_b
             attn_params = sum(k.k * k.n * k.groups for k in attn.kernels if k.backward == WEIGHT_MATMUL)
             parts = [(ATTENTION_UNIT, attn, attn_params, hidden), (MLP_UNIT, mlp, plan.params - attn_params, hidden)]
         for kind, unit, params, out_bytes in parts:
-            head = kind == LOSS  # the LM head samples each sequence's last position only
-            prefill = float(layer_forward_s(unit, device, (), decode_tokens if head else prefill_tokens,
-                                            dtype=dtype)[0])
-            decode = float(layer_forward_s(unit, device, (), decode_tokens, dtype=dtype)[0])
-            is_attention = kind == ATTENTION_UNIT
-            if is_attention:
-                prefill += attention.prefill_s * gpu_batch * s * s + device.kernel_overhead_s
-                decode += attention.request_s * gpu_batch + device.kernel_overhead_s
-            rows.append((kind, _tensors(unit, params, elem), prefill, decode,
-                         attention.kv_token_s if is_attention else 0.0, flops if is_attention else 0.0,
-                         attention.kv_bytes if is_attention else 0.0, out_bytes))
+            key = (kind, unit.kernels, params)  # every block alike: timed once
+            if key not in timed:
+                timed[key] = _unit_row(kind, unit, params, out_bytes, device, attention, task, gpu_batch, dtype)
+            rows.append(timed[key])
     kind, tensors, prefill, decode, kv_read, attn_flops, kv_bytes, hidden_out = zip(*rows, strict=True)
     largest = max(workspace_bytes_per_token(plan, elem) for plan in plans[:-1])
     # unfused attention writes one batch's scores: heads x prompt x prompt per sequence
@@ -340,11 +352,12 @@ class Steps:
     prologue_s: np.ndarray  # [P] the first unit's weights, loaded before the first step
 
 
-def _steps(units: Units, layout: Layout, task: OfflineTask, device: DeviceSpec, placed: Placements,
-           gpu_batch: int, *, delegate: bool, overlap: bool) -> Steps:
-    """The streams of each step of the layout (module docstring), for every placement."""
+def block_steps(units: Units, layout: Layout, task: OfflineTask, device: DeviceSpec, placed: Placements,
+           gpu_batch: int, *, delegate: bool, overlap: bool, tokens: np.ndarray | None = None) -> Steps:
+    """The streams of each step of the layout (module docstring), for every placement, at
+    every token (0 = the prefill) or at the ``tokens`` given."""
     n, s, count = task.gen_len, float(task.prompt_len), len(units)
-    i = np.arange(n, dtype=np.float64)[None, :, None, None]
+    i = (np.arange(n, dtype=np.float64) if tokens is None else np.asarray(tokens, np.float64))[None, :, None, None]
     j = layout.units[None, None, :, None]
     first, to_next, from_prev = (x[None, None, None, :] for x in (layout.batch_first, layout.batch_next,
                                                                  layout.batch_prev))
@@ -378,7 +391,7 @@ def _steps(units: Units, layout: Layout, task: OfflineTask, device: DeviceSpec, 
               (CACHE_STORE, kv_out * cache[..., DISK], Tier.DEVICE, Tier.DISK),
               (HIDDEN_STORE, hidden_out * act[..., HOST], Tier.DEVICE, Tier.HOST),
               (HIDDEN_STORE, hidden_out * act[..., DISK], Tier.DEVICE, Tier.DISK)]
-    shape = np.broadcast_shapes(device_s.shape, *(m[1].shape for m in moves), (len(placed), n, len(j[0, 0]), 1),
+    shape = np.broadcast_shapes(device_s.shape, *(m[1].shape for m in moves), (len(placed), i.shape[1], len(j[0, 0]), 1),
                                 first.shape)
     moves = [(name, np.broadcast_to(nbytes, shape), src, dst) for name, nbytes, src, dst in moves]
     busy = {link: np.broadcast_to(seconds, shape) for link, seconds in
@@ -440,6 +453,14 @@ class OfflineRun:
     capacity_bytes: tuple[float, float, float]
     busy_s: dict  # stream -> seconds busy over the run: compute, host attention, each link
     delegated: bool  # the host attended over its share of the cache
+    weight_bytes: tuple[float, float, float]  # the weights on each tier as placed tensor by tensor
+
+    @property
+    def weights_placed(self) -> TierShares:
+        """The weights' percentages per tier as placed (whole tensors: near the asked ones)."""
+        total = sum(self.weight_bytes)
+        device, host, _ = (100.0 * x / total for x in self.weight_bytes)
+        return TierShares(device, host, max(100.0 - device - host, 0.0))
 
     @property
     def sequences(self) -> int:
@@ -466,6 +487,8 @@ class OfflineRun:
             "gen_len": self.task.gen_len, "throughput_tokens_per_s": self.throughput_tokens_per_s,
             "placement": {"weights": str(policy.weights), "cache": str(policy.cache),
                           "activations": str(policy.activations)},
+            "weights_placed": [round(x, 3) for x in self.weights_placed.fractions],
+            "weight_bytes": dict(zip(("device", "host", "disk"), self.weight_bytes, strict=True)),
             "gpu_batch": policy.gpu_batch, "num_batches": policy.num_batches, "sequences": self.sequences,
             "host_attention": self.delegated, "overlap": policy.overlap,
             "prefill_s": self.prefill_s, "decode_s": self.decode_s, "total_s": self.total_s,
@@ -518,7 +541,7 @@ def offline_run(model: ModelSpec, device: DeviceSpec, task: OfflineTask, policy:
     delegate = delegates(device, policy)
     peak = peak_bytes(units, task, placed, policy.gpu_batch, policy.num_batches, delegate=delegate)[0]
     check_fits(model, device, peak, policy)
-    steps = _steps(units, compact_layout(units, policy.num_batches), task, device, placed, policy.gpu_batch,
+    steps = block_steps(units, compact_layout(units, policy.num_batches), task, device, placed, policy.gpu_batch,
                    delegate=delegate, overlap=policy.overlap)
     per_token = (steps.step_s * steps.weight).sum(axis=(2, 3))[0]
     busy = {"compute": float((steps.compute_s * steps.weight).sum()),
@@ -526,4 +549,5 @@ def offline_run(model: ModelSpec, device: DeviceSpec, task: OfflineTask, policy:
             **{link_name(link): float((seconds * steps.weight).sum()) for link, seconds in steps.links_s.items()}}
     return OfflineRun(model.name, device.name, task, policy, float(steps.prologue_s[0] + per_token[0]),
                       float(per_token[1:].sum()), tuple(float(x) for x in peak),
-                      tuple(float(x) for x in capacities(device)), busy, delegate)
+                      tuple(float(x) for x in capacities(device)), busy, delegate,
+                      tuple(float(x) for x in placed.weights[0].sum(axis=0)))
