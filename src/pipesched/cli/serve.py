@@ -50,6 +50,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.search import ProgressBar
+from pipesched.cli.serve_offline import offline_command
 from pipesched.cli.views import Html, Png, Svg, Trace
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SchedulerName, SearchStatus
@@ -500,4 +501,5 @@ def register(app: typer.Typer) -> None:
     serve.command("search")(search_command)
     serve.command("run")(run_command)
     serve.command("check")(check_command)
+    serve.command("offline")(offline_command)
     app.add_typer(serve, name="serve")

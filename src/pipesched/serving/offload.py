@@ -487,7 +487,8 @@ class OfflineRun:
             "gen_len": self.task.gen_len, "throughput_tokens_per_s": self.throughput_tokens_per_s,
             "placement": {"weights": str(policy.weights), "cache": str(policy.cache),
                           "activations": str(policy.activations)},
-            "weights_placed": [round(x, 3) for x in self.weights_placed.fractions],
+            "weights_placed": ",".join(f"{x:.1f}" for x in (self.weights_placed.device, self.weights_placed.host,
+                                                              self.weights_placed.disk)),
             "weight_bytes": dict(zip(("device", "host", "disk"), self.weight_bytes, strict=True)),
             "gpu_batch": policy.gpu_batch, "num_batches": policy.num_batches, "sequences": self.sequences,
             "host_attention": self.delegated, "overlap": policy.overlap,
@@ -521,13 +522,12 @@ def check_fits(model: ModelSpec, device: DeviceSpec, peak: np.ndarray, policy: O
                              f"on {device.name} (device {capacity[0] / GB:,.1f} GB + host {capacity[1] / GB:,.1f} GB "
                              f"+ disk {capacity[2] / GB:,.1f} GB); give fewer sequences (--gpu-batch, --num-batches), "
                              "shorter sequences, or a device with more memory or disk")
-    for column, (field, what) in enumerate((("weights", "device memory"), ("cache", "host memory"),
-                                            ("cache", "disk"))):
+    for column, what in enumerate(("device memory", "host memory", "disk")):
         if peak[column] > capacity[column]:
             shares = f"weights {policy.weights}, cache {policy.cache}, activations {policy.activations}"
             raise PipeschedError(f"placement={shares}: {what} needs {peak[column] / GB:,.2f} GB of its "
-                                 f"{capacity[column] / GB:,.2f} GB; move shares to the tiers below (--{field}, "
-                                 "--activations), give fewer sequences (--gpu-batch, --num-batches), or --optimize")
+                                 f"{capacity[column] / GB:,.2f} GB; move shares to the tiers below (--weights, "
+                                 "--cache, --activations), give fewer sequences (--gpu-batch, --num-batches), or --optimize")
 
 
 def offline_run(model: ModelSpec, device: DeviceSpec, task: OfflineTask, policy: OffloadPolicy, *,
