@@ -97,6 +97,8 @@ class TierShares:
                 "give three percentages in [0, 100]: device memory, host memory, disk")
         require(abs(sum(values) - 100.0) <= 1e-6, "percentages", ",".join(f"{v:g}" for v in values),
                 "the device, host and disk percentages must sum to 100")
+        for name, value in zip(("device", "host", "disk"), values, strict=True):
+            object.__setattr__(self, name, float(value))  # plain floats (JSON), whatever array they came from
 
     @classmethod
     def parse(cls, field: str, text: str) -> TierShares:
