@@ -461,8 +461,8 @@ class OfflineRun:
     def weights_placed(self) -> TierShares:
         """The weights' percentages per tier as placed (whole tensors: near the asked ones)."""
         total = sum(self.weight_bytes)
-        device, host, _ = (100.0 * x / total for x in self.weight_bytes)
-        return TierShares(device, host, max(100.0 - device - host, 0.0))
+        device, host = (round(100.0 * x / total, 2) for x in self.weight_bytes[:2])
+        return TierShares(device, host, round(max(100.0 - device - host, 0.0), 2))
 
     @property
     def sequences(self) -> int:
@@ -489,8 +489,7 @@ class OfflineRun:
             "gen_len": self.task.gen_len, "throughput_tokens_per_s": self.throughput_tokens_per_s,
             "placement": {"weights": str(policy.weights), "cache": str(policy.cache),
                           "activations": str(policy.activations)},
-            "weights_placed": ",".join(f"{x:.1f}" for x in (self.weights_placed.device, self.weights_placed.host,
-                                                              self.weights_placed.disk)),
+            "weights_placed": str(self.weights_placed),
             "weight_bytes": dict(zip(("device", "host", "disk"), self.weight_bytes, strict=True)),
             "gpu_batch": policy.gpu_batch, "num_batches": policy.num_batches, "sequences": self.sequences,
             "host_attention": self.delegated, "overlap": policy.overlap,

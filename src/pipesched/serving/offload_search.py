@@ -13,6 +13,7 @@ kept only when every tier's peak fits its capacity (``peak_bytes``).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -153,5 +154,12 @@ def optimize_policy(model: ModelSpec, device: DeviceSpec, task: OfflineTask, *, 
                                                 overlap))
     policy = best[1]
     assert policy is not None  # the coarse best lies in its own fine grid
-    return OptimizeResult(offline_run(model, device, task, policy, dtype=dtype), evaluated, feasible)
+    run = offline_run(model, device, task, policy, dtype=dtype)
+    # say the weights' percentages as placed (whole tensors) when asking for them places the same
+    placed = dataclasses.replace(policy, weights=run.weights_placed)
+    units = offline_units(model, device, task, policy.gpu_batch, dtype=dtype)
+    if np.array_equal(weight_split(units, np.array([placed.weights.fractions])),
+                      weight_split(units, np.array([policy.weights.fractions]))):
+        run = offline_run(model, device, task, placed, dtype=dtype)
+    return OptimizeResult(run, evaluated, feasible)
 
