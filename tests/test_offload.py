@@ -32,7 +32,6 @@ from pipesched.serving.offload_timeline import offline_timeline
 T4 = load_device("t4")
 SMALL = model_preset("opt-1.3b")
 TASK = OfflineTask(64, 6)
-GPU = TierShares(100, 0, 0)
 HOST = TierShares(0, 100, 0)
 
 

@@ -121,4 +121,5 @@ def link_seconds(device: DeviceSpec, moves: Iterable[tuple[float | np.ndarray, T
 def links_seconds(device: DeviceSpec, moves: Iterable[tuple[float | np.ndarray, Tier, Tier]]):
     """Seconds of ``moves`` overlapped on their links: the busiest link's time
     (``link_seconds``)."""
-    return np.maximum.reduce([np.asarray(v, np.float64) for v in link_seconds(device, moves).values()])
+    busy = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in link_seconds(device, moves).values()))
+    return np.maximum.reduce(busy)

@@ -69,7 +69,7 @@ from pipesched.model.inference import (
     workspace_bytes_per_token,
 )
 from pipesched.model.spec import DTYPE_BYTES, EMBEDDING, LOSS, ModelSpec
-from pipesched.model.tiers import TIERS, link_seconds, tier_capacity
+from pipesched.model.tiers import TIERS, link_seconds, links_seconds, tier_capacity
 from pipesched.model.transformer import WEIGHT_MATMUL, LayerPlan
 from pipesched.units import GB
 
@@ -402,12 +402,12 @@ def block_steps(units: Units, layout: Layout, task: OfflineTask, device: DeviceS
     links = np.stack(list(busy.values()))
     step = np.maximum(compute, links.max(axis=0)) if overlap else compute + links.sum(axis=0)
     first_weights = placed.weights[:, 0, :]
-    prologue = link_seconds(device, [(first_weights[:, HOST], Tier.HOST, Tier.DEVICE),
-                                     (first_weights[:, DISK], Tier.DISK, Tier.DEVICE)])
-    prologue_s = np.stack([np.broadcast_to(v, (len(placed),)) for v in prologue.values()])
+    prologue = [(first_weights[:, HOST], Tier.HOST, Tier.DEVICE), (first_weights[:, DISK], Tier.DISK, Tier.DEVICE)]
+    prologue_s = (links_seconds(device, prologue) if overlap else
+                  np.sum([np.broadcast_to(v, (len(placed),)) for v in link_seconds(device, prologue).values()], axis=0))
     weight = layout.unit_count[None, None, :, None] * layout.batch_count[None, None, None, :]
     return Steps(np.broadcast_to(device_s, shape), np.broadcast_to(host_s, shape), tuple(moves), busy, step, weight,
-                 prologue_s.max(axis=0) if overlap else prologue_s.sum(axis=0))
+                 np.broadcast_to(prologue_s, (len(placed),)))
 
 
 # --- memory per tier -------------------------------------------------------------------------
