@@ -16,6 +16,7 @@ from pipesched.errors import PipeschedError
 from pipesched.model import load_device, load_model
 from pipesched.model.hardware import Cluster, LinkSpec
 from pipesched.model.inference import stage_iteration_costs
+from pipesched.model.kernels import matmul_time
 from pipesched.model.presets import model_preset
 from pipesched.model.tiers import LINKS, link_bandwidth, link_seconds
 from pipesched.serving.offload import (
@@ -97,6 +98,19 @@ def test_a_link_twice_as_fast_never_makes_a_run_slower(field) -> None:
                                overlap=bool(rng.integers(2)))
         slow, fast = offline_run(SMALL, T4, TASK, policy), offline_run(SMALL, faster, TASK, policy)
         assert fast.total_s <= slow.total_s * (1 + 1e-12)
+
+
+def test_the_t4_reaches_flexgen_s_fitted_matmul_rate_on_a_prefill_gemm() -> None:
+    """FlexGen fits 21.24 TFLOP/s to its T4's prefill matmuls; a large GEMM of the preset
+    (OPT-30B's MLP over a 48 x 512-token batch) lands within 10 % of it, and a decode-sized
+    one (8 rows) is memory-bound: its time is its weights over the memory bandwidth."""
+    rows, n, k = 48 * 512, 4 * 7168, 7168
+    tflops = 2 * rows * n * k / matmul_time(T4, rows, n, k, traffic=2 * (rows * k + k * n + rows * n)) / 1e12
+    assert tflops == pytest.approx(21.24, rel=0.1)
+    weights = 2 * n * k
+    decode = matmul_time(T4, 8, n, k, traffic=weights)
+    assert decode == pytest.approx(weights / (T4.memory_bandwidth * T4.bandwidth_efficiency)
+                                   + T4.kernel_overhead_s, rel=1e-6)
 
 
 def test_moves_on_one_link_add_and_links_overlap() -> None:
