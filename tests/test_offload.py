@@ -13,7 +13,7 @@ import pytest
 from cli_helpers import assert_one_line_error
 from pipesched.enums import Tier
 from pipesched.errors import PipeschedError
-from pipesched.model import load_device, load_model
+from pipesched.model import load_cluster, load_device, load_model
 from pipesched.model.hardware import Cluster, LinkSpec
 from pipesched.model.inference import stage_iteration_costs
 from pipesched.model.kernels import matmul_time
@@ -141,6 +141,21 @@ def test_the_optimizer_is_never_worse_than_a_fitting_placement_it_could_choose()
     for policy in (OffloadPolicy(gpu_batch=8, num_batches=2),
                    OffloadPolicy(weights=TierShares(50, 50, 0), cache=HOST, gpu_batch=16, num_batches=4)):
         assert found.run.throughput_tokens_per_s >= offline_run(SMALL, T4, TASK, policy).throughput_tokens_per_s
+
+
+def test_a_cluster_file_sets_the_host_attention_rate(tmp_path, cli) -> None:
+    path = tmp_path / "t4.yaml"
+    path.write_text("name: one-t4\nnodes:\n  - devices_per_node: 1\n    device: {preset: t4, host_attention_flops: "
+                    "24.6 GFLOP/s}\nintra_node: {bandwidth: 10 GB/s, latency: 1 us}\n"
+                    "inter_node: {bandwidth: 10 GB/s, latency: 1 us}\n", encoding="utf-8")
+    device = load_cluster(str(path)).devices[0]
+    assert device.host_attention_flops == pytest.approx(2 * T4.host_attention_flops)
+    policy = OffloadPolicy(cache=HOST, gpu_batch=8, num_batches=2)
+    assert offline_run(SMALL, device, TASK, policy).busy_s["host attention"] == pytest.approx(
+        offline_run(SMALL, T4, TASK, policy).busy_s["host attention"] / 2)
+    result = cli("serve", "offline", "--cluster", str(path), "--model", "opt-1.3b", "--prompt-len", "64",
+                 "--gen-len", "6", "--json")
+    assert result.code == 0 and json.loads(result.out)["device"] == "t4"
 
 
 def test_percentages_must_sum_to_100() -> None:

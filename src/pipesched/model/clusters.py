@@ -29,7 +29,9 @@ set the same way: ``sm_count``, ``kernel_overhead`` (a time), ``flash_forward_ef
 ``grad_accumulation_traffic``, ``memory_fragmentation``, the host link activation offloads
 use (``host_bandwidth``, a rate; ``host_memory``, bytes; 0 for none), the tiers below it
 that offloading and swapping use (``host_write_bandwidth`` when the way back is slower,
-``disk_read_bandwidth``, ``disk_write_bandwidth``, ``disk_space``: see ``pipesched.model.tiers``), and the fixed costs
+``disk_read_bandwidth``, ``disk_write_bandwidth``, ``disk_space``: see ``pipesched.model.tiers``), the host's
+attention over a KV cache it holds (``host_attention_flops``, FLOP/s: ``serve offline``'s compute
+delegation), and the fixed costs
 ``op_overhead`` and ``transfer_setup`` (times, as ``pipesched profile`` measures them)::
 
     device: {preset: h200, op_overhead: 35 us, transfer_setup: 12 us, flash_forward_efficiency: 0.355,
