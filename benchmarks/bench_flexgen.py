@@ -18,7 +18,13 @@ import time
 from pathlib import Path
 
 from pipesched.model import load_device, load_model
-from pipesched.serving.offload import OfflineTask, OffloadPolicy, TierShares, offline_run
+from pipesched.serving.offload import (
+    OfflineTask,
+    OffloadPolicy,
+    TierShares,
+    offline_run,
+    offline_units,
+)
 from pipesched.serving.offload_search import optimize_policy
 
 DATA = Path(__file__).parent / "data" / "flexgen_t4.csv"
@@ -37,6 +43,27 @@ def _predict(row: dict[str, str]) -> float:
                            num_batches=int(row["num_batches"]), host_attention=row["host_attention"] == "true",
                            overlap=row["overlap"] == "true")
     return offline_run(load_model(row["model"]), load_device("t4"), TASK, policy).throughput_tokens_per_s
+
+
+def _disk_cache_bound(row: dict[str, str]) -> None:
+    """What a cache on disk costs by itself: reading the block's cache share back once per
+    decode token at the disk's rate, against the time per decode token the published
+    throughput leaves after the predicted prefill."""
+    model, device = load_model(row["model"]), load_device("t4")
+    gpu_batch, batches = int(row["gpu_batch"]), int(row["num_batches"])
+    units = offline_units(model, device, TASK, gpu_batch)
+    share = TierShares.parse("cache", row["cache"]).disk / 100
+    cached = TASK.prompt_len + TASK.gen_len / 2  # the mean context of a decode step
+    per_token = float(units.kv_bytes.sum()) * gpu_batch * batches * cached * share / device.disk_read_bandwidth
+    sequences = gpu_batch * batches
+    policy = OffloadPolicy(TierShares.parse("weights", row["weights"]), TierShares.parse("cache", row["cache"]),
+                           TierShares.parse("activations", row["activations"]), gpu_batch=gpu_batch,
+                           num_batches=batches)
+    prefill = offline_run(model, device, TASK, policy).prefill_s
+    allowed = (sequences * TASK.gen_len / float(row["tokens_per_s"]) - prefill) / (TASK.gen_len - 1)
+    print(f"{row['model']}: its cache share on disk read back once per decode token at "
+          f"{device.disk_read_bandwidth / 1e9:.3f} GB/s takes {per_token:,.0f} s; the published "
+          f"{row['tokens_per_s']} tokens/s leaves {allowed:,.0f} s per decode token after the predicted prefill")
 
 
 def main() -> None:
@@ -59,6 +86,10 @@ def main() -> None:
         right = all(flexgen > value for _, value in others)
         print(f"{model}: FlexGen's policy {flexgen:.3f} tokens/s against "
               + ", ".join(f"{name} {value:.3f}" for name, value in others) + f": order {'right' if right else 'WRONG'}")
+    print()
+    for row in rows:
+        if row["role"] == "target" and TierShares.parse("cache", row["cache"]).disk > 0:
+            _disk_cache_bound(row)
     print()
     for model in dict.fromkeys(row["model"] for row in rows):
         start = time.perf_counter()
