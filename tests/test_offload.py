@@ -218,6 +218,7 @@ def test_serve_offline_draws_its_views(cli, tmp_path) -> None:
     (("--model", "opt-30b",), ("device memory needs",)),
     (("--optimize", "--gpu-batch", "4"), ("gpu-batch=4", "--optimize")),
     (("--gpu-batch", "0",), ("gpu_batch=0",)),
+    (("--model", "tiny", "--device", "cpu", "--cache", "0,100,0"), ("cpu has no host memory",)),
 ])
 def test_serve_offline_refuses_bad_input_in_one_line(cli, tmp_path, args, fragments) -> None:
     html = tmp_path / "report.html"

@@ -526,6 +526,10 @@ def check_fits(model: ModelSpec, device: DeviceSpec, peak: np.ndarray, policy: O
     for column, what in enumerate(("device memory", "host memory", "disk")):
         if peak[column] > capacity[column]:
             shares = f"weights {policy.weights}, cache {policy.cache}, activations {policy.activations}"
+            if capacity[column] == 0:
+                raise PipeschedError(f"placement={shares}: {device.name} has no {what}; put every share on the "
+                                     "tiers it has (--weights, --cache, --activations), or give a device with "
+                                     "host memory and disk")
             raise PipeschedError(f"placement={shares}: {what} needs {peak[column] / GB:,.2f} GB of its "
                                  f"{capacity[column] / GB:,.2f} GB; move shares to the tiers below (--weights, "
                                  "--cache, --activations), give fewer sequences (--gpu-batch, --num-batches), or --optimize")

@@ -72,8 +72,9 @@ class OptimizeResult:
 def _triples(step: int, around: tuple[float, float, float] | None = None) -> np.ndarray:
     """Percentages (device, host, disk) on a grid of ``step`` summing to 100 (within one
     coarse step of ``around`` when given), as fractions [N, 3]."""
-    values = range(0, 101, step)
-    rows = [(g, c, 100 - g - c) for g, c in itertools.product(values, values) if g + c <= 100]
+    values = list(range(0, 101, step))
+    # the device-heaviest first: of placements equally fast the search keeps the first
+    rows = [(g, c, 100 - g - c) for g, c in itertools.product(reversed(values), reversed(values)) if g + c <= 100]
     if around is not None:
         rows = [r for r in rows if max(abs(a - 100 * b) for a, b in zip(r, around, strict=True)) <= COARSE_STEP]
     return np.array(rows, np.float64) / 100.0
