@@ -6,8 +6,8 @@ evaluated for many placements at once as arrays), not FlexGen's relaxed linear p
 schedule's max over streams and the tensor-by-tensor weight placement are what the run
 costs, so the search ranks by them. Two passes: every GPU batch size and batch count of
 ``GPU_BATCHES`` x ``NUM_BATCHES`` with the percentages in steps of ``COARSE_STEP`` (the
-activations wholly on the device or in host memory), then around the best few shapes the
-percentages in steps of ``FINE_STEP`` within one coarse step of the best. A placement is
+activations wholly on the device or in host memory), then around the best few (shape,
+placement) pairs the percentages in steps of ``FINE_STEP`` within one coarse step of each. A placement is
 kept only when every tier's peak fits its capacity (``peak_bytes``).
 """
 
@@ -41,7 +41,8 @@ from pipesched.units import GB
 GPU_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # sequences of a GPU batch tried
 NUM_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # GPU batches of a block tried
 COARSE_STEP, FINE_STEP = 25, 5  # percentage steps of the two passes
-REFINED_SHAPES = 3  # block shapes the second pass refines
+REFINED_SHAPES = 4  # (block shape, placement) pairs the second pass refines, the fastest first
+REFINED_PER_SHAPE = 2  # placements of one block shape among them at most
 SAMPLED_TOKENS = 4  # decode tokens the passes time, each standing for the tokens nearest it
 
 
@@ -80,13 +81,19 @@ def _triples(step: int, around: tuple[float, float, float] | None = None) -> np.
     return np.array(rows, np.float64) / 100.0
 
 
-def _grid(weights: np.ndarray, cache: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def placement_grid(weights: np.ndarray, cache: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every combination of the weight and cache triples with the activations on the device
-    or in host memory: three arrays [P, 3]."""
+    or in host memory: three arrays [P, 3].
+
+    >>> w, c, a = placement_grid(np.eye(3)[:2], np.eye(3))
+    >>> len(w), {tuple(row) for row in np.hstack([w, c, a]).tolist()} == {
+    ...     (*x, *y, *z) for x in np.eye(3)[:2].tolist() for y in np.eye(3).tolist() for z in ([1, 0, 0], [0, 1, 0])}
+    (12, True)
+    """
     activations = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
-    w, c, a = (x.reshape(-1, 3) for x in np.meshgrid(np.arange(len(weights)), np.arange(len(cache)),
-                                                      np.arange(2), indexing="ij"))
-    return weights[w[:, 0]], cache[c[:, 0]], activations[a[:, 0]]
+    w, c, a = (x.reshape(-1) for x in np.meshgrid(np.arange(len(weights)), np.arange(len(cache)), np.arange(2),
+                                                   indexing="ij"))
+    return weights[w], cache[c], activations[a]
 
 
 def _evaluate(model: ModelSpec, device: DeviceSpec, task: OfflineTask, gpu_batch: int, num_batches: int,
@@ -124,7 +131,7 @@ def optimize_policy(model: ModelSpec, device: DeviceSpec, task: OfflineTask, *, 
                     overlap: bool = True, dtype: str = "fp16") -> OptimizeResult:
     """The policy of the most tokens per second that fits (module docstring), run; a model
     that fits in no placement is refused."""
-    coarse = _grid(_triples(COARSE_STEP), _triples(COARSE_STEP))
+    coarse = placement_grid(_triples(COARSE_STEP), _triples(COARSE_STEP))
     shapes = []  # (speed, gpu_batch, num_batches, index)
     evaluated = feasible = 0
     for gpu_batch in GPU_BATCHES:
@@ -135,7 +142,10 @@ def optimize_policy(model: ModelSpec, device: DeviceSpec, task: OfflineTask, *, 
             evaluated, feasible = evaluated + len(speed), feasible + int(fits.sum())
             if fits.any():
                 fitted_any = True
-                shapes.append((float(speed.max()), gpu_batch, num_batches, int(speed.argmax())))
+                # the best few placements of the shape (stable: the device-heaviest of a tie first)
+                for index in np.argsort(-speed, kind="stable")[:REFINED_PER_SHAPE]:
+                    if fits[index]:
+                        shapes.append((float(speed[index]), gpu_batch, num_batches, int(index)))
         if not fitted_any:
             break  # a larger batch needs more of every tier
     if not shapes:
@@ -144,9 +154,9 @@ def optimize_policy(model: ModelSpec, device: DeviceSpec, task: OfflineTask, *, 
                              f"sequence fits {device.name} (device, host memory and disk: {everything / GB:,.1f} GB); "
                              "give shorter sequences or a device with more memory or disk")
     best = (0.0, None)
-    for _, gpu_batch, num_batches, index in sorted(shapes, reverse=True)[:REFINED_SHAPES]:
+    for _, gpu_batch, num_batches, index in sorted(shapes, key=lambda shape: -shape[0])[:REFINED_SHAPES]:
         around_w, around_c = coarse[0][index], coarse[1][index]
-        fine = _grid(_triples(FINE_STEP, tuple(around_w)), _triples(FINE_STEP, tuple(around_c)))
+        fine = placement_grid(_triples(FINE_STEP, tuple(around_w)), _triples(FINE_STEP, tuple(around_c)))
         speed, fits = _evaluate(model, device, task, gpu_batch, num_batches, fine, host_attention=host_attention,
                                 overlap=overlap, dtype=dtype)
         evaluated, feasible = evaluated + len(speed), feasible + int(fits.sum())
