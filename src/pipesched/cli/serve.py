@@ -91,7 +91,8 @@ if TYPE_CHECKING:  # the real runs' modules load when a real run is asked for (r
     from pipesched.runtime.serve_check import ServeCheckReport
 
 HELP = """Serve a model: simulate a trace, find a configuration's capacity, search a cluster's
-configurations, run a small model for real and check the simulation against it.
+configurations, run a small model for real and check the simulation against it; or run a
+block of sequences offline with offloading (offline).
 
 \b
 Examples:
