@@ -5,6 +5,8 @@ the command line."""
 from __future__ import annotations
 
 import dataclasses
+import doctest
+import importlib
 import json
 
 import numpy as np
@@ -196,6 +198,13 @@ def test_the_timeline_draws_every_step_and_keeps_each_link_one_move_at_a_time() 
         order = rows[np.argsort(transfers.start[rows], kind="stable")]
         assert (transfers.start[order][1:] >= transfers.end[order][:-1] - 1e-9).all()
     assert max(timeline.memory.peak) <= run.capacity_bytes[0]
+
+
+@pytest.mark.parametrize("name", ["pipesched.serving.offload", "pipesched.serving.offload_search",
+                                  "pipesched.model.tiers"])
+def test_docstring_examples_run(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.failed == 0 and result.attempted > 0
 
 
 # --- the command line ----------------------------------------------------------------------
