@@ -281,7 +281,7 @@ def weight_split(units: Units, shares: np.ndarray) -> np.ndarray:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Layout:
     """Which steps are evaluated, each standing for ``unit_count x batch_count`` steps: every
     unit and batch (the timeline), or the distinct ones (a sum)."""
@@ -300,11 +300,19 @@ def full_layout(num_units: int, num_batches: int) -> Layout:
     return Layout(np.arange(num_units), np.ones(num_units), k == 0, k == num_batches - 1, k == 0, np.ones(num_batches))
 
 
+def _blocks_alike(units: Units) -> bool:
+    """Every block's two units cost and hold the same (a dense model's do; a model with
+    dense and MoE blocks does not)."""
+    rows = [(units.kind[j], units.tensors[j], units.prefill_s[j], units.decode_s[j], units.kv_bytes[j])
+            for j in range(1, len(units) - 1)]
+    return all(row == rows[index % 2] for index, row in enumerate(rows))
+
+
 def compact_layout(units: Units, num_batches: int) -> Layout:
     """The distinct steps: every block's units alike but the first and last block's (their
     neighbours differ), and batch 0, the middle batches and the last batch."""
     kinds, blocks = units.kind, (len(units) - 2) // 2
-    if blocks < 3 or kinds[0] != EMBEDDING or kinds[-1] != LOSS:
+    if blocks < 3 or kinds[0] != EMBEDDING or kinds[-1] != LOSS or not _blocks_alike(units):
         position, count = np.arange(len(units)), np.ones(len(units))
     else:  # E, the first block, a middle block (standing for blocks - 2), the last block, L
         n = len(units)
