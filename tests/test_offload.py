@@ -180,13 +180,15 @@ def test_percentages_must_sum_to_100() -> None:
     assert str(TierShares.parse("cache", "25, 75, 0")) == "25,75,0"
 
 
-def test_the_timeline_draws_every_step_and_keeps_each_link_one_move_at_a_time() -> None:
+@pytest.mark.parametrize("num_batches, host_attention", [(3, True), (6, False)])
+def test_the_timeline_draws_every_step_and_keeps_each_link_one_move_at_a_time(num_batches, host_attention) -> None:
+    """Every step drawn (the run's sum over its distinct steps equals the steps one by one)."""
     policy = OffloadPolicy(weights=TierShares(30, 50, 20), cache=TierShares(0, 60, 40), activations=HOST,
-                           gpu_batch=2, num_batches=3)
+                           gpu_batch=2, num_batches=num_batches, host_attention=host_attention)
     run = offline_run(SMALL, T4, TASK, policy)
     timeline = offline_timeline(SMALL, T4, run)
     units = 2 * SMALL.num_layers + 2
-    assert len(timeline) == TASK.gen_len * units * 3
+    assert len(timeline) == TASK.gen_len * units * num_batches
     # the steps run back to back from the first unit's weight load: the run's time
     assert timeline.op_start[0] + timeline.makespan == pytest.approx(run.total_s, rel=1e-9)
     assert (np.diff(timeline.op_start) > 0).all()
