@@ -46,7 +46,8 @@ def test_the_serve_group_lists_its_commands(cli) -> None:
     assert result.code == 0
     for name in ("simulate", "capacity", "search", "run", "check", "residency", "pool"):
         assert f"  {name} " in result.out
-    assert set(_serve_commands()) == {"simulate", "capacity", "search", "run", "check", "residency", "pool"}
+    assert set(_serve_commands()) == {"simulate", "capacity", "search", "run", "check", "residency", "pool",
+                                      "offline"}
     bare = cli("serve")  # as bare `pipesched`: the help, and success
     assert bare.code == 0 and bare.err == "" and bare.out == result.out
 

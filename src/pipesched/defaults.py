@@ -88,6 +88,16 @@ class Defaults:
     serve_run_qps: float = 4.0  # requests per second of the trace a real run serves
     serve_run_prompt_tokens: str = "uniform:16-128"  # prompt lengths of a real run's synthetic trace
     serve_run_output_tokens: str = "uniform:8-32"  # output lengths of a real run's synthetic trace
+    # offline inference with offloading (serve offline): FlexGen's OPT-6.7B case on one T4
+    offline_model: str = "opt-6.7b"  # model preset or file of serve offline
+    offline_device: str = "t4"  # device preset of serve offline, with its host memory and disk
+    offline_weights: str = "100,0,0"  # weights' percentages in device memory, host memory, disk
+    offline_cache: str = "100,0,0"  # KV cache's percentages, the same tiers
+    offline_activations: str = "100,0,0"  # hidden states' percentages, the same tiers
+    offline_gpu_batch: int = 2  # sequences of one GPU batch
+    offline_num_batches: int = 1  # GPU batches of the block
+    offline_prompt_len: int = 512  # prompt tokens of every sequence
+    offline_gen_len: int = 32  # tokens generated for every sequence
 
 
 DEFAULTS = Defaults()

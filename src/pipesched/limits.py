@@ -106,6 +106,10 @@ MAX_CLUSTER_EVENTS = 1024  # device losses and additions of one events file (--e
 MAX_VIEW_ITERATIONS = 20_000
 MAX_POOL_MODELS = 256  # models of one pool's deployment file
 MAX_POOL_SHAPES = 64  # TP x PP shapes one model of a pool may take
+# offline inference (serve offline): sequences of one block (gpu_batch x num_batches) and
+# GPU batches of one block; a block's KV cache and hidden states are sized from these
+MAX_OFFLINE_SEQUENCES = 2**16
+MAX_OFFLINE_BATCHES = 4096
 
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
@@ -157,6 +161,8 @@ LIMITS = (
     ("MAX_VIEW_ITERATIONS", MAX_VIEW_ITERATIONS, "iterations one serving timeline draws"),
     ("MAX_POOL_MODELS", MAX_POOL_MODELS, "models of one pool (serve pool)"),
     ("MAX_POOL_SHAPES", MAX_POOL_SHAPES, "TP x PP shapes of one model of a pool"),
+    ("MAX_OFFLINE_SEQUENCES", MAX_OFFLINE_SEQUENCES, "sequences of one offline block (gpu batch x batches)"),
+    ("MAX_OFFLINE_BATCHES", MAX_OFFLINE_BATCHES, "GPU batches of one offline block"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),
     ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout or a solver's time limit"),
     ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),

@@ -53,6 +53,7 @@ from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.progress import StatusLine
 from pipesched.cli.search import ProgressBar
 from pipesched.cli.serve_events import EventsFile, print_changes
+from pipesched.cli.serve_offline import offline_command
 from pipesched.cli.serve_pool import pool_command
 from pipesched.cli.serve_residency import residency_command
 from pipesched.cli.views import Html, Png, Svg, Trace
@@ -98,7 +99,8 @@ if TYPE_CHECKING:  # the real runs' modules load when a real run is asked for (r
 
 HELP = """Serve a model: simulate a trace, find a configuration's capacity, search a cluster's
 configurations, run a small model for real and check the simulation against it; serve
-several models on one device pool.
+several models on one device pool; or run a block of sequences offline with offloading
+(offline).
 
 \b
 Examples:
@@ -524,4 +526,5 @@ def register(app: typer.Typer) -> None:
     serve.command("check")(check_command)
     serve.command("residency")(residency_command)
     serve.command("pool")(pool_command)
+    serve.command("offline")(offline_command)
     app.add_typer(serve, name="serve")

@@ -61,6 +61,9 @@ class DeviceSpec:
     disk_read_bandwidth: float = 0.0  # bytes/s disk -> host memory; 0 = no disk tier
     disk_write_bandwidth: float = 0.0  # bytes/s host memory -> disk; 0 = disk_read_bandwidth
     disk_bytes: float = 0.0  # disk the device's offloaded state may fill, bytes; 0 = none
+    # FLOP/s the host's cores reach on a decode step's attention over a KV cache held in host
+    # memory (FlexGen's compute delegation: the cache is not moved to the device); 0 = none
+    host_attention_flops: float = 0.0
 
     def __post_init__(self) -> None:
         require(bool(self.name), "device name", repr(self.name), "give the device a name")
@@ -99,7 +102,8 @@ class DeviceSpec:
         check_rate(f"{self.name}.host_bandwidth", self.host_bandwidth, zero=True)  # 0: no host link
         require(math.isfinite(self.host_memory_bytes) and self.host_memory_bytes >= 0,
                 f"{self.name}.host_memory_bytes", self.host_memory_bytes, "must be a finite number >= 0 (0: none)")
-        for field_name in ("host_write_bandwidth", "disk_read_bandwidth", "disk_write_bandwidth"):
+        for field_name in ("host_write_bandwidth", "disk_read_bandwidth", "disk_write_bandwidth",
+                           "host_attention_flops"):
             check_rate(f"{self.name}.{field_name}", getattr(self, field_name), zero=True)
         require(math.isfinite(self.disk_bytes) and self.disk_bytes >= 0,
                 f"{self.name}.disk_bytes", self.disk_bytes, "must be a finite number >= 0 (0: none)")

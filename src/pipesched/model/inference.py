@@ -346,6 +346,22 @@ class _Attention:
         return cls(prefill, 2.0 * heads * head_dim * elem / bandwidth, kv_bytes / bandwidth, kv_bytes)
 
 
+def block_attention(model: ModelSpec, device: DeviceSpec, *, tp: int = 1, dtype: str = "bf16") -> _Attention:
+    """One block's attention on one device of a ``tp``-way group, per unit of its work
+    (``prefill_s`` per unit of chunk x (context + chunk), ``request_s`` per decode request,
+    ``kv_token_s`` per cached token a decode reads, ``kv_bytes`` of one token's keys and
+    values): the terms every stage's iteration costs are made of, for a model of offloaded
+    inference that times the same attention (``pipesched.serving.offload``)."""
+    require(dtype in DTYPE_BYTES, "dtype", dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
+    return _Attention.of(model, device, tp, DTYPE_BYTES[dtype])
+
+
+def workspace_bytes_per_token(plan: LayerPlan, elem: int) -> float:
+    """Bytes per token live at once in ``plan``'s forward beside the residual stream: its
+    largest weight matmul's input and output (``_bytes_per_token``)."""
+    return max((_bytes_per_token(kernel, elem) for kernel in plan.kernels), default=0.0)
+
+
 def _bytes_per_token(kernel: Kernel, elem: int) -> float:
     """Bytes of one token's input and output of a weight matmul: what is live at once
     beside the residual stream (the elementwise kernels work in place or on as much)."""
