@@ -1,9 +1,10 @@
 """The serving prediction check: a trace served for real against the simulator's run of it on
 a latency model fitted on this machine.
 
-One launch (``serve_run`` with ``profile_repeats``): every rank first times its stage at
-fixed batch compositions (``serve_batches.profile_batches``) and ranks s and s + 1 time
-hidden-state messages, all outside the run; then the trace is served and measured. The
+One launch (``serve_run`` with ``profile_repeats``): every rank times its stage at fixed
+batch compositions (``serve_batches.profile_batches``), half the rounds before the run and
+half after it, and ranks s and s + 1 time hidden-state messages before it, all outside the
+run; between them the trace is served and measured. The
 profile is fitted: each stage's ``LatencyRow`` (``fit_latency_rows`` on the means of each
 composition's repeats, see ``fit_stage_rows``) and each link's latency and bandwidth (``nonnegative_least_squares``
 of the one-way times on the message bytes). The prediction is ``simulate_serving`` on the
@@ -41,7 +42,12 @@ import numpy as np
 
 from pipesched.errors import require
 from pipesched.model.hardware import LinkSpec
-from pipesched.model.inference import LatencyRow, fit_latency_rows, nonnegative_least_squares
+from pipesched.model.inference import (
+    LatencyRow,
+    StageIterationCosts,
+    fit_latency_rows,
+    nonnegative_least_squares,
+)
 from pipesched.model.spec import ModelSpec
 from pipesched.pairing import prediction_error
 from pipesched.runtime.launch import StatusCallback
@@ -101,10 +107,13 @@ class MetricError:
 
 @dataclass(frozen=True)
 class HostDelays:
-    """Mean waits of the run's messages beyond the work (the module docstring), seconds."""
+    """Mean waits of the run's messages beyond the work (the module docstring), seconds, and
+    the machine's speed while serving against its profile."""
 
     hop_s: tuple[float, ...]  # per link: hidden states to the next stage, beyond the link's time
     return_s: float  # tokens back to rank 0: stage 0 idle while a batch's requests come back
+    # per stage: the run's compute seconds over what the fitted row gives the run's batches
+    load: tuple[float, ...] = ()
 
 
 def host_delays(run: ServeRun, links: Sequence[LinkFit], hidden_bytes_per_token: float) -> HostDelays:
@@ -133,6 +142,34 @@ def host_delays(run: ServeRun, links: Sequence[LinkFit], hidden_bytes_per_token:
     return HostDelays(tuple(hops), float(np.mean(idle)) if idle else 0.0)
 
 
+def load_factors(measured: ServeRunReport, costs: Sequence[StageIterationCosts]) -> tuple[float, ...]:
+    """Per stage, the run's compute seconds (stage 0's without rank 0's time to form each
+    batch) over the seconds ``costs`` (the fitted rows') give the same batches: how much
+    slower (> 1) or faster the machine ran while serving than while it was profiled."""
+    entries = measured.ranks[0].entries
+    shape = [(sum(e.tokens for e in b), sum(e.attention for e in b), sum(1 for e in b if e.decode),
+              sum(e.kv_read for e in b), sum(1 for e in b if e.emits)) for b in entries]
+    log = measured.run.iterations
+    factors = []
+    for stage, stage_costs in enumerate(costs):
+        rows = np.flatnonzero(log.stage == stage)
+        took = log.end[rows] - log.start[rows]
+        if stage == 0:
+            took = took - measured.overhead_s[log.batch[rows]]
+        model = sum(stage_costs.time(*shape[b]) for b in log.batch[rows].tolist())
+        factors.append(float(took.sum()) / model if model > 0 else 1.0)
+    return tuple(factors)
+
+
+def scaled_rows(rows: Sequence[LatencyRow], load: Sequence[float]) -> tuple[LatencyRow, ...]:
+    """Each stage's fitted row with every coefficient times its load factor."""
+    return tuple(LatencyRow(row.stage, *(getattr(row, name) * factor for name in _COEFFICIENTS))
+                 for row, factor in zip(rows, load, strict=True))
+
+
+_COEFFICIENTS = ("base_s", "prefill_token_s", "prefill_attention_s", "decode_request_s", "kv_token_s")
+
+
 @dataclass(frozen=True)
 class ServeCheckReport:
     """A trace served for real and predicted on its fitted latency model."""
@@ -159,7 +196,8 @@ class ServeCheckReport:
             "latency_model": [dataclasses.asdict(row) for row in self.rows],
             "links": [{"stage": link.stage, "latency_s": link.latency_s, "bandwidth_bytes_per_s": link.bandwidth}
                       for link in self.links],
-            "host_delays": {"hop_s": list(self.delays.hop_s), "return_s": self.delays.return_s},
+            "host_delays": {"hop_s": list(self.delays.hop_s), "return_s": self.delays.return_s,
+                            "load": list(self.delays.load)},
             "metrics": _metrics_dict(self.metrics),
             "profile_only": _metrics_dict(self.profile_only),
             "tolerance": self.tolerance, "passed": self.passed,
@@ -183,7 +221,10 @@ def fit_stage_rows(ranks: Sequence[RankServeResult], trace: Trace, options: Serv
     batches = profile_batches(trace, options.scheduler, slots)
     samples = []
     for stage, rank in enumerate(ranks):
+        pooled: dict[int, list[float]] = {}  # composition -> its repeats, before and after the run
         for index, seconds in rank.profile:
+            pooled.setdefault(index, []).extend(seconds)
+        for index, seconds in sorted(pooled.items()):
             entries = batches[index]
             decodes = sum(1 for e in entries if e.decode)
             samples.append([stage, sum(e.tokens for e in entries), sum(e.attention for e in entries), decodes,
@@ -260,10 +301,12 @@ def serve_check(model: ModelSpec, trace: Trace, *, options: ServeRunOptions | No
     rows = fit_stage_rows(measured.ranks, trace, options, slots)
     links = fit_links(measured.ranks, model.hidden_size * ELEMENT_BYTES[options.dtype])
     delays = host_delays(measured.run, links, model.hidden_size * ELEMENT_BYTES[options.dtype])
-    bare = simulate_serving(predicted_deployment(model, trace, options, rows, links,
-                                                 cpu_overhead_s=measured.cpu_overhead_s, slots=slots), trace)
-    deployment = predicted_deployment(model, trace, options, rows, links, slots=slots, hop_s=delays.hop_s,
-                                      cpu_overhead_s=measured.cpu_overhead_s + delays.return_s)
+    profiled = predicted_deployment(model, trace, options, rows, links, cpu_overhead_s=measured.cpu_overhead_s,
+                                    slots=slots)
+    bare = simulate_serving(profiled, trace)
+    delays = dataclasses.replace(delays, load=load_factors(measured, profiled.instances[0].stages))
+    deployment = predicted_deployment(model, trace, options, scaled_rows(rows, delays.load), links, slots=slots,
+                                      hop_s=delays.hop_s, cpu_overhead_s=measured.cpu_overhead_s + delays.return_s)
     predicted = simulate_serving(deployment, trace)
     return ServeCheckReport(measured=measured, predicted=predicted, rows=rows, links=links,
                             metrics=compare_runs(measured.run, predicted), delays=delays,

@@ -82,8 +82,9 @@ class ServeRunOptions:
     threads: int = 1  # torch threads per rank
     pin_cpus: bool = True  # pin rank r to core r when the machine has a core per rank
     block_size: int = DEFAULTS.block_size  # tokens per block of the KV use reported (KVTrace)
-    # > 0: before serving, every rank times its stage at PROFILE_BATCHES, this many repeats
-    # each, and ranks s and s + 1 time hidden-state messages (serve_check's fitted model)
+    # > 0: every rank times its stage at the profile batches, this many repeats each (half
+    # before serving, half after), and ranks s and s + 1 time hidden-state messages before
+    # it (serve_check's fitted model)
     profile_repeats: int = 0
 
     def __post_init__(self) -> None:
