@@ -21,7 +21,16 @@ overhead (``host_delays``, means: the metrics add them up): the hop, a stage's s
 before when it was idle by then, less the link's time for the message;
 the return, stage 0's idle time between a batch's end on the last stage and the next batch
 with one of its requests. The prediction adds the hop to each stage's ``send_s`` and the
-return to ``cpu_overhead_s``; ``profile_only`` is the prediction without them.
+return to ``cpu_overhead_s``.
+
+The machine's speed. On a shared machine the cores run the ranks slower or faster while
+serving than while profiling, however the profile is spread around the run. Each stage's
+load factor (``load_factors``) is the run's compute seconds on that stage (stage 0's without
+rank 0's time to form each batch) over what its fitted row gives the same batches; the
+prediction runs every row's coefficients times its stage's factor (``scaled_rows``): the
+profile says how a batch's time grows with what it holds, the run how fast the machine was.
+``profile_only`` is the prediction with nothing measured from the run: no host delays, no
+load factors.
 
 Compared per request: time to first token, time per output token after the first (the
 mean time between its tokens; requests of one token have none) and end-to-end latency;
