@@ -306,6 +306,7 @@ def test_host_delays_find_a_hop_the_link_does_not_explain_and_no_return_in_a_sim
                                                   slots=4), trace)
     none = host_delays(plain, (link,), hidden)
     assert none.hop_s[0] == pytest.approx(0.0, abs=1e-12) and none.return_s == pytest.approx(0.0, abs=1e-12)
+    assert none.pickup_s[0] == pytest.approx(0.0, abs=1e-12)  # a free stage starts what is in hand at once
     slowed = simulate_serving(predicted_deployment(model, trace, options, ROWS, (link,), cpu_overhead_s=2e-4,
                                                    slots=4, hop_s=(3e-3,)), trace)
     assert host_delays(slowed, (link,), hidden).hop_s[0] == pytest.approx(3e-3, rel=1e-9)
@@ -361,3 +362,7 @@ def test_load_factors_are_the_runs_compute_over_the_fitted_rows_and_scale_every_
     assert load_factors(measured, costs) == pytest.approx((1.3, 0.8), rel=1e-5)
     for row, scaled, factor in zip(ROWS, scaled_rows(ROWS, (1.3, 0.8)), (1.3, 0.8), strict=True):
         assert _row_seconds(scaled, batches[1]) == pytest.approx(factor * _row_seconds(row, batches[1]), rel=1e-12)
+    # a pickup wait after the link lengthens every batch of the stage behind it, by itself
+    first, second = scaled_rows(ROWS, (1.0, 1.0), (2e-4,))
+    assert _row_seconds(first, batches[1]) == pytest.approx(_row_seconds(ROWS[0], batches[1]), rel=1e-12)
+    assert _row_seconds(second, batches[1]) == pytest.approx(_row_seconds(ROWS[1], batches[1]) + 2e-4, rel=1e-12)

@@ -16,12 +16,16 @@ run's median per-iteration CPU overhead as ``cpu_overhead_s``.
 The host's delays. On a shared machine a message waits for its receiver to get a core: the
 hidden states of a batch reach the next stage later than the link alone says, and a
 batch's tokens reach rank 0 later than the last stage made them (the engine makes a batch's
-requests ready at its end on the last stage). Both are measured from the run like the CPU
+requests ready at its end on the last stage), and a rank that lost its core between batches
+starts the next late. They are measured from the run like the CPU
 overhead (``host_delays``, means: the metrics add them up): the hop, a stage's start after its input's end on the stage
 before when it was idle by then, less the link's time for the message;
 the return, stage 0's idle time between a batch's end on the last stage and the next batch
-with one of its requests. The prediction adds the hop to each stage's ``send_s`` and the
-return to ``cpu_overhead_s``.
+with one of its requests; the pickup, a stage's wait after its previous batch's end to start
+one whose hidden states were already in hand (the rank lost its core between batches),
+summed and spread over all the stage's batches. The prediction adds the hop to each stage's
+``send_s``, the return to ``cpu_overhead_s`` and the pickup to the base of the stage after
+the link.
 
 The machine's speed. On a shared machine the cores run the ranks slower or faster while
 serving than while profiling, however the profile is spread around the run. Each stage's
@@ -123,6 +127,10 @@ class HostDelays:
     return_s: float  # tokens back to rank 0: stage 0 idle while a batch's requests come back
     # per stage: the run's compute seconds over what the fitted row gives the run's batches
     load: tuple[float, ...] = ()
+    # per link: the next stage's wait to start a batch whose hidden states came while it was
+    # busy, after its previous batch's end (the stage's time between batches, not the link's),
+    # over all its batches
+    pickup_s: tuple[float, ...] = ()
 
 
 def host_delays(run: ServeRun, links: Sequence[LinkFit], hidden_bytes_per_token: float) -> HostDelays:
@@ -131,13 +139,18 @@ def host_delays(run: ServeRun, links: Sequence[LinkFit], hidden_bytes_per_token:
     stages = int(log.stage.max()) + 1
     rows = [np.flatnonzero(log.stage == s) for s in range(stages)]  # batch order on every stage
     tokens = (log.prefill_tokens + log.decodes)[rows[0]]
-    hops = []
+    hops, pickups = [], []
     for stage, link in enumerate(links):
         before, after = rows[stage], rows[stage + 1]
         free = np.concatenate([[-np.inf], log.end[after][:-1]])
+        came = log.end[before] + link.latency_s + tokens * hidden_bytes_per_token / link.bandwidth
         idle = free <= log.end[before]  # the message alone decides when the stage starts
-        wait = log.start[after] - log.end[before] - (link.latency_s + tokens * hidden_bytes_per_token / link.bandwidth)
+        wait = log.start[after] - came
         hops.append(max(0.0, float(np.mean(wait[idle]))) if idle.any() else 0.0)
+        busy = free >= came  # the hidden states were in hand before the stage was free
+        # spread over every batch: the engine adds it to each, and a batch that found the stage
+        # idle waited in its hop instead
+        pickups.append(float(np.maximum(log.start[after] - free, 0.0)[busy].sum()) / max(after.size, 1))
     first, last = rows[0], rows[-1]
     idle = []
     seen: dict[int, int] = {}  # request -> the last batch that held it
@@ -148,7 +161,7 @@ def host_delays(run: ServeRun, links: Sequence[LinkFit], hidden_bytes_per_token:
             ready = max(float(log.end[last[max(held)]]), float(log.end[first[batch - 1]]))
             idle.append(max(0.0, float(log.start[first[batch]]) - ready - run.config.cpu_overhead_s))
         seen.update((r, batch) for r in members)
-    return HostDelays(tuple(hops), float(np.mean(idle)) if idle else 0.0)
+    return HostDelays(tuple(hops), float(np.mean(idle)) if idle else 0.0, pickup_s=tuple(pickups))
 
 
 def load_factors(measured: ServeRunReport, costs: Sequence[StageIterationCosts]) -> tuple[float, ...]:
@@ -170,9 +183,13 @@ def load_factors(measured: ServeRunReport, costs: Sequence[StageIterationCosts])
     return tuple(factors)
 
 
-def scaled_rows(rows: Sequence[LatencyRow], load: Sequence[float]) -> tuple[LatencyRow, ...]:
-    """Each stage's fitted row with every coefficient times its load factor."""
-    return tuple(LatencyRow(row.stage, *(getattr(row, name) * factor for name in _COEFFICIENTS))
+def scaled_rows(rows: Sequence[LatencyRow], load: Sequence[float],
+                pickup_s: Sequence[float] = ()) -> tuple[LatencyRow, ...]:
+    """Each stage's fitted row with every coefficient times its load factor, and the base of
+    stage s + 1 longer by ``pickup_s[s]``."""
+    extra = (0.0, *pickup_s, *(0.0,) * len(rows))  # stage 0 has no link before it
+    return tuple(LatencyRow(row.stage, *(getattr(row, name) * factor + (extra[row.stage] if name == "base_s" else 0.0)
+                                         for name in _COEFFICIENTS))
                  for row, factor in zip(rows, load, strict=True))
 
 
@@ -206,7 +223,7 @@ class ServeCheckReport:
             "links": [{"stage": link.stage, "latency_s": link.latency_s, "bandwidth_bytes_per_s": link.bandwidth}
                       for link in self.links],
             "host_delays": {"hop_s": list(self.delays.hop_s), "return_s": self.delays.return_s,
-                            "load": list(self.delays.load)},
+                            "pickup_s": list(self.delays.pickup_s), "load": list(self.delays.load)},
             "metrics": _metrics_dict(self.metrics),
             "profile_only": _metrics_dict(self.profile_only),
             "tolerance": self.tolerance, "passed": self.passed,
@@ -314,7 +331,8 @@ def serve_check(model: ModelSpec, trace: Trace, *, options: ServeRunOptions | No
                                     slots=slots)
     bare = simulate_serving(profiled, trace)
     delays = dataclasses.replace(delays, load=load_factors(measured, profiled.instances[0].stages))
-    deployment = predicted_deployment(model, trace, options, scaled_rows(rows, delays.load), links, slots=slots,
+    deployment = predicted_deployment(model, trace, options, scaled_rows(rows, delays.load, delays.pickup_s), links,
+                                      slots=slots,
                                       hop_s=delays.hop_s, cpu_overhead_s=measured.cpu_overhead_s + delays.return_s)
     predicted = simulate_serving(deployment, trace)
     return ServeCheckReport(measured=measured, predicted=predicted, rows=rows, links=links,
