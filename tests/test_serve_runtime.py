@@ -336,8 +336,8 @@ def test_each_measured_iteration_carries_its_model_flops(served):
 
 
 def test_load_factors_are_the_runs_compute_over_the_fitted_rows_and_scale_every_coefficient():
-    """A run whose stage 0 computed 1.3 times and stage 1 0.8 times what the rows say (stage
-    0's rows holding rank 0's time to form the batch besides) has load factors 1.3 and 0.8."""
+    """A run whose stage 0 computed 1.3 times and stage 1 0.8 times what the rows say has
+    load factors 1.3 and 0.8 (rank 0's time to form each batch, before its row, aside)."""
     model = load_model("tiny")
     trace = _trace([40, 12], [3, 2])
     options = ServeRunOptions(p=2, scheduler=SchedulerSpec(chunk=64, max_batch=4))
@@ -351,14 +351,14 @@ def test_load_factors_are_the_runs_compute_over_the_fitted_rows_and_scale_every_
     clock = 0
     for batch, entries in enumerate(batches):
         for stage, (rank, factor) in enumerate(zip(ranks, (1.3, 0.8), strict=True)):
-            took = round(factor * _row_seconds(ROWS[stage], entries) * 1e9) + (overhead_ns[batch] if stage == 0 else 0)
+            took = round(factor * _row_seconds(ROWS[stage], entries) * 1e9)
+            clock += overhead_ns[batch] if stage == 0 else 0  # rank 0 forms the batch, then its row starts
             rank.batch.append(batch)
             rank.start_ns.append(clock)
             rank.end_ns.append(clock + took)
             clock += took + 10_000
     measured = SimpleNamespace(run=SimpleNamespace(iterations=iteration_log(ranks, batches, 0, costs)),
-                               ranks=(SimpleNamespace(entries=batches),),
-                               overhead_s=np.asarray(overhead_ns, np.float64) * 1e-9)
+                               ranks=(SimpleNamespace(entries=batches),))
     assert load_factors(measured, costs) == pytest.approx((1.3, 0.8), rel=1e-5)
     for row, scaled, factor in zip(ROWS, scaled_rows(ROWS, (1.3, 0.8)), (1.3, 0.8), strict=True):
         assert _row_seconds(scaled, batches[1]) == pytest.approx(factor * _row_seconds(row, batches[1]), rel=1e-12)

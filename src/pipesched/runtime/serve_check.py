@@ -29,8 +29,7 @@ the link.
 
 The machine's speed. On a shared machine the cores run the ranks slower or faster while
 serving than while profiling, however the profile is spread around the run. Each stage's
-load factor (``load_factors``) is the run's compute seconds on that stage (stage 0's without
-rank 0's time to form each batch) over what its fitted row gives the same batches; the
+load factor (``load_factors``) is the run's compute seconds on that stage over what its fitted row gives the same batches; the
 prediction runs every row's coefficients times its stage's factor (``scaled_rows``): the
 profile says how a batch's time grows with what it holds, the run how fast the machine was.
 ``profile_only`` is the prediction with nothing measured from the run: no host delays, no
@@ -165,7 +164,7 @@ def host_delays(run: ServeRun, links: Sequence[LinkFit], hidden_bytes_per_token:
 
 
 def load_factors(measured: ServeRunReport, costs: Sequence[StageIterationCosts]) -> tuple[float, ...]:
-    """Per stage, the run's compute seconds (stage 0's without rank 0's time to form each
+    """Per stage, the run's compute seconds (its rows; stage 0's start once rank 0 formed the
     batch) over the seconds ``costs`` (the fitted rows') give the same batches: how much
     slower (> 1) or faster the machine ran while serving than while it was profiled."""
     entries = measured.ranks[0].entries
@@ -176,8 +175,6 @@ def load_factors(measured: ServeRunReport, costs: Sequence[StageIterationCosts])
     for stage, stage_costs in enumerate(costs):
         rows = np.flatnonzero(log.stage == stage)
         took = log.end[rows] - log.start[rows]
-        if stage == 0:
-            took = took - measured.overhead_s[log.batch[rows]]
         model = sum(stage_costs.time(*shape[b]) for b in log.batch[rows].tolist())
         factors.append(float(took.sum()) / model if model > 0 else 1.0)
     return tuple(factors)

@@ -226,7 +226,7 @@ def _dispatch(stage: ServeStage, lead: Lead, entries: list[BatchEntry], begun: i
     result.entries.append(entries)
     result.overhead_ns.append(start - begun)
     result.batch.append(batch)
-    result.start_ns.append(begun)
+    result.start_ns.append(start)  # after the batch was formed, as the engine starts stage 0
     result.end_ns.append(end)
     if stage.last:
         lead.send(InFlight(batch, entries, out.cpu(), []))
