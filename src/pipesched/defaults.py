@@ -82,9 +82,9 @@ class Defaults:
     placement: str = "greedy"  # how serve pool places the models: greedy, dedicated or round-robin
     pool_parallel: str = "1x1"  # TP x PP shapes a pool's model may take when its entry names none
     # real serving runs on this machine (serve run, serve check)
-    serve_run_model: str = "tiny"  # model preset or file of serve run and check
+    serve_run_model: str = "small"  # model preset or file of serve run and check
     serve_run_p: int = 2  # ranks (pipeline stages) of serve run and check
-    serve_run_requests: int = 16  # requests of the trace a real run serves
+    serve_run_requests: int = 32  # requests of the trace a real run serves
     serve_run_qps: float = 4.0  # requests per second of the trace a real run serves
     serve_run_prompt_tokens: str = "uniform:16-128"  # prompt lengths of a real run's synthetic trace
     serve_run_output_tokens: str = "uniform:8-32"  # output lengths of a real run's synthetic trace

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipesched.cli.options import (
     ArrivalForm,
@@ -83,7 +84,6 @@ from pipesched.cli.options import (
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import Preemption, Routing, SchedulerName
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.point import Point
 from pipesched.experiments.serving import (
     ServingPoint,
     ServingWorkload,
@@ -91,7 +91,6 @@ from pipesched.experiments.serving import (
     check_workload,
     trace_digest,
 )
-from pipesched.experiments.setup import check_partition
 from pipesched.io.stage_costs import load_stage_costs
 from pipesched.limits import (
     MAX_CLUSTER_RANKS,
@@ -122,6 +121,9 @@ from pipesched.variability import (
     parse_straggler,
 )
 from pipesched.variability.model import Variability
+
+if TYPE_CHECKING:  # the training experiments load when a training command builds its point
+    from pipesched.experiments.point import Point
 
 
 @dataclass(frozen=True)
@@ -219,12 +221,16 @@ class WorkloadOptions(OptionGroup):
                        "tp": _or(model.tensor_parallel, DEFAULTS.tensor_parallel),
                        "recompute": model.recompute or DEFAULTS.recompute,
                        "partition": self.partition or DEFAULTS.partition}
+        from pipesched.experiments.point import Point
+
         return Point(bandwidth=parse_bandwidth(self.bandwidth), **fields)
 
     def _check(self, training: TrainingOptions) -> None:
         """The option values are well formed, and a stage-cost file comes without a model's options."""
         check_training(training.frozen_layers, training.offload)
         if self.partition is not None:
+            from pipesched.experiments.setup import check_partition
+
             check_partition(self.partition)
         if self.latency is not None:
             check_amount("latency", self.latency, limit=MAX_SECONDS, unit="seconds")

@@ -51,7 +51,6 @@ from pipesched.cli.options import (
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.progress import StatusLine
-from pipesched.cli.search import ProgressBar
 from pipesched.cli.serve_events import EventsFile, print_changes
 from pipesched.cli.serve_offline import offline_command
 from pipesched.cli.serve_pool import pool_command
@@ -60,8 +59,6 @@ from pipesched.cli.views import Html, Png, Svg, Trace
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SchedulerName, SearchStatus
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.grid import process_map
-from pipesched.experiments.ray_pool import ray_pool, require_ray
 from pipesched.experiments.serving import (
     ServingPoint,
     Targets,
@@ -77,25 +74,17 @@ from pipesched.io.files import Output, check_outputs, write_all
 from pipesched.io.latency_model import dumps_latency_model
 from pipesched.limits import MAX_WORKERS, check_count
 from pipesched.model import load_model
-from pipesched.render.serving import serving_report
-from pipesched.render.views import render_views
-from pipesched.search.serving import (
-    ServingRow,
-    ServingSearchResult,
-    ServingSpace,
-    capacity_command_line,
-    layout_label,
-    read_serving_rows,
-    search_serving,
-)
-from pipesched.serving.capacity import CapacityResult
+from pipesched.serving.config import layout_label
 from pipesched.serving.events import reconfiguration_dicts
 from pipesched.serving.records import ServeRun
 from pipesched.serving.results import ServeResult, serve_result, summarize
-from pipesched.serving.timeline import serving_timeline
 
-if TYPE_CHECKING:  # the real runs' modules load when a real run is asked for (run, check)
+# what only some commands need loads when they run: the real runs' modules (run, check),
+# the search's (search), the pictures' (the views asked for)
+if TYPE_CHECKING:
     from pipesched.runtime.serve_check import ServeCheckReport
+    from pipesched.search.serving import ServingRow, ServingSearchResult, ServingSpace
+    from pipesched.serving.capacity import CapacityResult
 
 HELP = """Serve a model: simulate a trace, find a configuration's capacity, search a cluster's
 configurations, run a small model for real and check the simulation against it; serve
@@ -178,6 +167,10 @@ class ServeViews(OptionGroup):
         all or none; ``probes``: the rates of a capacity search, for the report."""
         if not self.any:
             return
+        from pipesched.render.serving import serving_report
+        from pipesched.render.views import render_views
+        from pipesched.serving.timeline import serving_timeline
+
         run = run if run is not None else simulate_point(point)
         targets = point.targets
         result = result or serve_result(run, slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot)
@@ -295,6 +288,8 @@ class ServeSpaceOptions(OptionGroup):
 
     def space(self, cache: CacheOptions, requests: RequestOptions, slo: SloOptions,
               attainment: float | None) -> ServingSpace:
+        from pipesched.search.serving import ServingSpace
+
         given = {"model": self.model, "cluster": self.cluster, "gpus": self.gpus,
                  "tensor_parallel": whole_numbers("tensor-parallel", self.tensor_parallel),
                  "pipeline": whole_numbers("pipeline", self.pipeline), "replicas": whole_numbers("replicas", self.replicas),
@@ -324,6 +319,11 @@ class ServePoolOptions(OptionGroup):
     show: Annotated[bool, typer.Option("--show", help="print the results stored in --db and stop")] = False
 
     def search(self, space: ServingSpace) -> ServingSearchResult:
+        from pipesched.cli.search import ProgressBar
+        from pipesched.experiments.grid import process_map
+        from pipesched.experiments.ray_pool import ray_pool, require_ray
+        from pipesched.search.serving import search_serving
+
         require(0 <= self.top <= 1_000_000, "top", self.top, "give a number of rows >= 0 (0: all)")
         if self.workers is not None:
             check_count("workers", self.workers, MAX_WORKERS, what="worker processes")
@@ -352,6 +352,8 @@ def search_command(*, space: ServeSpaceOptions, cache: CacheOptions, requests: R
       pipesched serve search --requests 60 -t 4,8 --pipeline 1,2 --replicas 1 --db serve.sqlite --top 5
       pipesched serve search --db serve.sqlite --show
     """
+    from pipesched.search.serving import read_serving_rows
+
     results = read_serving_rows(pool.db) if pool.show else [pool.search(space.space(cache, requests, slo, attainment))]
     if not pool.show:
         check_found(results[0])
@@ -403,6 +405,8 @@ def _seconds(value: float | None) -> str:
 
 def print_search(result: ServingSearchResult, *, top: int) -> None:
     """The ranking, the counts, why points were left out, and the best one's command."""
+    from pipesched.search.serving import capacity_command_line
+
     console = output_console()
     ranking = result.ranking
     shown = ranking if top == 0 else ranking[:top]

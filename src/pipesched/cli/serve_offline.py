@@ -5,7 +5,7 @@ schedule), or the placement with the most tokens per second (--optimize)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -17,17 +17,11 @@ from pipesched.cli.views import ViewPaths
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.model import load_cluster, load_device, load_model
-from pipesched.serving.offload import (
-    OfflineRun,
-    OfflineTask,
-    OffloadPolicy,
-    TierShares,
-    offline_run,
-    offline_units,
-)
-from pipesched.serving.offload_search import optimize_policy
-from pipesched.serving.offload_timeline import offline_timeline, view_tokens
 from pipesched.units import GB
+
+# the offloading model, its search and its timeline load when the command runs (not with `serve`)
+if TYPE_CHECKING:
+    from pipesched.serving.offload import OfflineRun, OffloadPolicy
 
 OfflineModel = Annotated[str | None, typer.Option(
     "--model", help=f"model preset, config.json or YAML/CSV model file [default: {DEFAULTS.offline_model}]")]
@@ -77,6 +71,8 @@ class OfflinePolicyOptions(OptionGroup):
 
     def policy(self) -> OffloadPolicy:
         """The policy asked for, each unset field its default."""
+        from pipesched.serving.offload import OffloadPolicy, TierShares
+
         return OffloadPolicy(
             TierShares.parse("weights", self.weights or DEFAULTS.offline_weights),
             TierShares.parse("cache", self.cache or DEFAULTS.offline_cache),
@@ -129,6 +125,10 @@ def offline_command(*, policy: OfflinePolicyOptions, views: ViewPaths, model: Of
       pipesched serve offline --model opt-30b --weights 20,80,0 --cache 0,100,0 --activations 0,100,0 --gpu-batch 48 --num-batches 3
       pipesched serve offline --model opt-175b --optimize --json
     """
+    from pipesched.serving.offload import OfflineTask, offline_run, offline_units
+    from pipesched.serving.offload_search import optimize_policy
+    from pipesched.serving.offload_timeline import offline_timeline, view_tokens
+
     require(device is None or cluster is None, "cluster", cluster, "give --device or --cluster, not both")
     policy.check()
     views.check()

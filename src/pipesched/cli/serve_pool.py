@@ -4,7 +4,7 @@ the placement, the pool's SLO attainment and the weight swaps."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -16,11 +16,10 @@ from pipesched.cli.views import Html, Trace
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.io.files import check_outputs, write_all
-from pipesched.render.views import render_views
-from pipesched.serving.pool import load_pool
-from pipesched.serving.pool_result import PoolResult, serve_pool, timed
-from pipesched.serving.pool_search import PLACEMENTS, check_placeable, place
-from pipesched.serving.timeline import serving_timeline
+
+# the pool's placement and run, and the views, load when the command runs (not with `serve`)
+if TYPE_CHECKING:
+    from pipesched.serving.pool_result import PoolResult
 
 DeploymentFile = Annotated[str, typer.Argument(metavar="DEPLOYMENT.yaml", help="the pool's deployment file: its "
                                                "devices, models, traffic, SLOs and allowed TPxPP shapes")]
@@ -42,6 +41,10 @@ def pool_command(*, deployment: DeploymentFile, placement: PlacementMethod = DEF
       pipesched serve pool src/pipesched/data/pools/example.yaml
       pipesched serve pool pool.yaml --placement round-robin --json
     """
+    from pipesched.serving.pool import load_pool
+    from pipesched.serving.pool_result import serve_pool, timed
+    from pipesched.serving.pool_search import PLACEMENTS, check_placeable, place
+
     require(placement in PLACEMENTS, "placement", placement, f"choose {' or '.join(PLACEMENTS)}")
     check_outputs([(name, path) for name, path in (("html", html), ("perfetto", perfetto)) if path is not None])
     pool = load_pool(deployment)
@@ -49,6 +52,9 @@ def pool_command(*, deployment: DeploymentFile, placement: PlacementMethod = DEF
     found, seconds = timed(place, pool, placement)
     result = serve_pool(pool, found, placement_s=seconds)
     if (html or perfetto) and result.run is not None:
+        from pipesched.render.views import render_views
+        from pipesched.serving.timeline import serving_timeline
+
         outputs = render_views([serving_timeline(result.run)], trace=perfetto, html=html,
                                title=f"serve pool: {deployment} ({placement})")
         for path in write_all(outputs):

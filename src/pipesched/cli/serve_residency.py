@@ -4,7 +4,7 @@ and drawn."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -21,9 +21,11 @@ from pipesched.cli.options import AsJson, command, split_names
 from pipesched.cli.output import console, print_json, print_whole, wrote
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
-from pipesched.experiments.residency import ResidencyRow, parse_fractions, residency_curve
 from pipesched.io.files import Output, check_outputs, write_all
-from pipesched.render.residency import COLUMNS, residency_cells, residency_figure, residency_report
+
+# the curve's experiment and its pictures load when the command runs (not with `serve`)
+if TYPE_CHECKING:
+    from pipesched.experiments.residency import ResidencyRow
 
 Fractions = Annotated[str | None, typer.Option(
     "--fractions", help=f"residencies to simulate, shares in (0, 1] [default: {DEFAULTS.residency_fractions}]")]
@@ -48,6 +50,9 @@ def residency_command(*, deployment: DeploymentOptions, batch: BatchOptions, cac
       pipesched serve residency --model llama3-8b -t 1 -p 1 --requests 50
       pipesched serve residency --models llama3-8b,llama3-70b -t 1 -p 1 --requests 20 --png residency.png
     """
+    from pipesched.experiments.residency import parse_fractions, residency_curve
+    from pipesched.render.residency import residency_figure, residency_report
+
     require(deployment.resident is None, "resident", deployment.resident, "give the residencies with --fractions")
     check_outputs([(name, path) for name, path in (("html", html), ("png", png), ("svg", svg)) if path is not None])
     point = serving_point(deployment, batch, cache, requests, slo)
@@ -67,6 +72,8 @@ def residency_command(*, deployment: DeploymentOptions, batch: BatchOptions, cac
 
 
 def _print(rows: tuple[ResidencyRow, ...], title: str) -> None:
+    from pipesched.render.residency import COLUMNS, residency_cells
+
     table = Table(title=title)
     for key, label in COLUMNS:
         table.add_column(label, justify="left" if key == "model" else "right")

@@ -20,7 +20,7 @@ from functools import partial
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SearchStatus
 from pipesched.errors import OutOfMemory, PipeschedError, require
-from pipesched.experiments.point import record_key
+from pipesched.experiments.keys import record_key
 from pipesched.io.files import read_text
 from pipesched.io.latency_model import load_latency_model
 from pipesched.limits import MAX_QPS, MAX_SECONDS

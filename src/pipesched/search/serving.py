@@ -65,6 +65,8 @@ from pipesched.serving.config import (
     KVSettings,
     SchedulerSpec,
     ServeConfig,
+    instances_text,
+    layout_label,
     stream_source,
     vocabulary_word,
 )
@@ -227,18 +229,6 @@ class ServingRow:
         """
         caps = f"chunk{self.chunk}" if self.scheduler == SchedulerName.SARATHI else f"tokens{self.max_tokens}"
         return f"{self.layout} {self.scheduler} b{self.max_batch} {caps}"
-
-
-def instances_text(instances: Instances) -> str:
-    """``TPxPPxN``, as ``--disaggregate`` takes each side."""
-    return f"{instances.tp}x{instances.pp}x{instances.count}"
-
-
-def layout_label(config: ServeConfig) -> str:
-    """``tp4 pp2 x1`` (colocated), or ``prefill 2x1x2 + decode 4x1x1`` (disaggregated)."""
-    if config.disaggregate is None:
-        return f"tp{config.instances.tp} pp{config.instances.pp} x{config.instances.count}"
-    return f"prefill {instances_text(config.disaggregate.prefill)} + decode {instances_text(config.disaggregate.decode)}"
 
 
 def serving_row(point: ServingPoint, record: CapacityRecord, *, run: int = 0) -> ServingRow:

@@ -140,3 +140,15 @@ class ServeConfig:
         if self.disaggregate is not None:
             return self.disaggregate.prefill.devices + self.disaggregate.decode.devices
         return self.instances.devices
+
+
+def instances_text(instances: Instances) -> str:
+    """``TPxPPxN``, as ``--disaggregate`` takes each side."""
+    return f"{instances.tp}x{instances.pp}x{instances.count}"
+
+
+def layout_label(config: ServeConfig) -> str:
+    """``tp4 pp2 x1`` (colocated), or ``prefill 2x1x2 + decode 4x1x1`` (disaggregated)."""
+    if config.disaggregate is None:
+        return f"tp{config.instances.tp} pp{config.instances.pp} x{config.instances.count}"
+    return f"prefill {instances_text(config.disaggregate.prefill)} + decode {instances_text(config.disaggregate.decode)}"
