@@ -53,6 +53,7 @@ from pipesched.cli.options import (
     Resident,
     ResidentFrom,
     RoutingChoice,
+    SameDevices,
     Samples,
     SchedulerChoice,
     Seed,
@@ -301,6 +302,7 @@ class DeploymentOptions(OptionGroup):
     p: ServeStages = None
     replicas: Replicas = None
     disaggregate: Disaggregate = None
+    same_devices: SameDevices = False
     latency_model: LatencyModelFile = None
     resident: Resident = None
     resident_from: ResidentFrom = None
@@ -318,10 +320,12 @@ class DeploymentOptions(OptionGroup):
     def split(self) -> Disaggregation | None:
         """``--disaggregate``'s prefill and decode instances; None when not given."""
         if self.disaggregate is None:
+            require(not self.same_devices, "same-devices", "true", "give --disaggregate PREFILL,DECODE with it")
             return None
         refuse_with("disaggregate", {"tensor-parallel": self.tensor_parallel, "p": self.p, "replicas": self.replicas},
                     "which gives each side's TPxPPxN")
-        return parse_disaggregation(self.disaggregate)
+        split = parse_disaggregation(self.disaggregate)
+        return Disaggregation(split.prefill, split.decode, shared=True) if self.same_devices else split
 
 
 def parse_disaggregation(text: str) -> Disaggregation:

@@ -5,7 +5,12 @@ devices; replica r's stage s runs on the cluster ranks ``(r x pp + s) x tp`` to 
 With ``disaggregate`` the prefill and decode phases run on their own instances (DistServe,
 Splitwise): ``Instances`` of their own TP x PP, the prefill instances first on the cluster's
 ranks, the decode instances after them, the KV cache of each prompt sent from one to the
-other over the cluster's links.
+other over the cluster's links. With ``Disaggregation.shared`` (phase-dependent
+parallelism) the decode instances sit on the prefill instances' devices instead, decode
+instance k on prefill instance k's, each layout with its own TP x PP (pipeline parallelism
+for prefill, tensor parallelism for decode, say): the two take the devices in turns, both
+layouts' weights stay on them, and each prompt's KV cache is re-sharded from the prefill
+layout to the decode layout by an all-to-all over the devices' links.
 """
 
 from __future__ import annotations
@@ -100,10 +105,24 @@ class Instances:
 
 @dataclass(frozen=True)
 class Disaggregation:
-    """Prefill and decode on separate instances."""
+    """Prefill and decode on separate instances (``shared``: on the same devices in turns)."""
 
     prefill: Instances
     decode: Instances
+    shared: bool = False  # decode instance k on prefill instance k's devices (the module docstring)
+
+    def __post_init__(self) -> None:
+        if not self.shared:
+            return
+        prefill, decode = self.prefill, self.decode
+        require(prefill.count == decode.count and prefill.tp * prefill.pp == decode.tp * decode.pp, "disaggregate",
+                f"{instances_text(prefill)},{instances_text(decode)}",
+                "on the same devices give as many prefill as decode instances, of as many devices each, like 1x4,4x1")
+
+    @property
+    def devices(self) -> int:
+        """Cluster ranks the two sides take."""
+        return self.prefill.devices if self.shared else self.prefill.devices + self.decode.devices
 
 
 @dataclass(frozen=True)
@@ -138,7 +157,7 @@ class ServeConfig:
     def devices(self) -> int:
         """Cluster ranks the deployment takes."""
         if self.disaggregate is not None:
-            return self.disaggregate.prefill.devices + self.disaggregate.decode.devices
+            return self.disaggregate.devices
         return self.instances.devices
 
 
@@ -151,4 +170,6 @@ def layout_label(config: ServeConfig) -> str:
     """``tp4 pp2 x1`` (colocated), or ``prefill 2x1x2 + decode 4x1x1`` (disaggregated)."""
     if config.disaggregate is None:
         return f"tp{config.instances.tp} pp{config.instances.pp} x{config.instances.count}"
-    return f"prefill {instances_text(config.disaggregate.prefill)} + decode {instances_text(config.disaggregate.decode)}"
+    split = config.disaggregate
+    shared = " on the same devices" if split.shared else ""
+    return f"prefill {instances_text(split.prefill)} + decode {instances_text(split.decode)}{shared}"

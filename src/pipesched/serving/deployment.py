@@ -10,8 +10,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipesched.enums import Tier
-from pipesched.errors import PipeschedError
+from pipesched.enums import Collective, Tier
+from pipesched.errors import PipeschedError, require
+from pipesched.model.collectives import collective_seconds, group_levels
 from pipesched.model.devices import DEFAULT_HOST_BANDWIDTH, HOST_COPY_LATENCY_S
 from pipesched.model.hardware import Cluster, LinkSpec
 from pipesched.model.inference import (
@@ -23,8 +24,10 @@ from pipesched.model.inference import (
 )
 from pipesched.model.spec import DTYPE_BYTES, ModelSpec
 from pipesched.model.tiers import link_bandwidth
-from pipesched.serving.config import Instances, KVSettings, ServeConfig
-from pipesched.units import GiB
+from pipesched.serving.config import Instances, KVSettings, ServeConfig, layout_label
+from pipesched.units import GB, GiB
+
+_RESHARD_PROBE_BYTES = 1 * GB  # the cache size reshard_link reads the all-to-all's slope at
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,6 +52,9 @@ class Sharing:
     load_s: np.ndarray  # float64 per stage: seconds to bring its weights onto its devices (move + latency)
     load_bytes: np.ndarray  # float64 per stage: its weight bytes per device
     load_from: np.ndarray  # int64 per instance: where its weights wait when swapped out (-1 host memory, -2 disk)
+    # int64 per stage: the slots it occupies, from ``slot`` on (a stage over more devices than
+    # another's on the same devices); None: one each
+    span: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,36 +100,102 @@ def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
     """
     groups = _groups(config)
     _check_devices(config, cluster, groups, first_rank)
+    shared = config.disaggregate is not None and config.disaggregate.shared
+    require(not (shared and memory_bytes is not None), "disaggregate", layout_label(config),
+            "prefill and decode on the same devices take the whole devices; give no memory share")
     spec = config.scheduler
     max_tokens = max(spec.token_budget, spec.max_batch)  # a decode-only iteration batches max_batch tokens
-    instances = []
+    layouts = []  # per instance: its kind, its side's shape, its stages' first ranks and their costs
     offset = first_rank
     for kind, group in groups:
+        offset = first_rank if shared and kind == "decode" else offset  # on the prefill instances' devices
         for _ in range(group.count):
             ranks = tuple(offset + stage * group.tp for stage in range(group.pp))
             stages = _stage_costs(model, cluster, group, ranks, latency, max_tokens, spec.max_batch, dtype)
             stages = tuple(with_residency(costs, cluster.devices[rank], config.resident, source=config.stream_from)
                            for costs, rank in zip(stages, ranks, strict=True))
-            memory = (tuple(cluster.devices[rank].memory_bytes for rank in ranks) if memory_bytes is None
-                      else tuple(memory_bytes))
-            instances.append(InstancePlan(kind=kind, stages=stages, devices=ranks, tp=group.tp,
-                                          kv_capacity_blocks=_kv_blocks(stages, memory, config.kv),
-                                          kv_bytes_per_token=model_kv_bytes_per_token(model, dtype)))
+            layouts.append((kind, group, ranks, stages))
             offset += group.devices // group.count
+    memories = (_shared_memory(layouts, cluster, config.kv) if shared else
+                [tuple(cluster.devices[rank].memory_bytes for rank in ranks) if memory_bytes is None
+                 else tuple(memory_bytes) for _, _, ranks, _ in layouts])
+    instances = tuple(InstancePlan(kind=kind, stages=stages, devices=ranks, tp=group.tp,
+                                   kv_capacity_blocks=_kv_blocks(stages, memory, config.kv),
+                                   kv_bytes_per_token=model_kv_bytes_per_token(model, dtype))
+                      for (kind, group, ranks, stages), memory in zip(layouts, memories, strict=True))
     max_context = model.context_length or min(plan.kv_capacity_blocks for plan in instances) * config.kv.block_size
-    for index, plan in enumerate(instances):
-        memory = (tuple(cluster.devices[rank].memory_bytes for rank in plan.devices) if memory_bytes is None
-                  else tuple(memory_bytes))
+    for index, (plan, memory) in enumerate(zip(instances, memories, strict=True)):
         _check_holds_one_request(plan, index, memory, config.kv, max_context)
-    firsts = [plan.devices[0] for plan in instances]
-    latency_matrix = np.array([[0.0 if a == b else cluster.latency(a, b) for b in firsts] for a in firsts])
-    bandwidth = np.array([[np.inf if a == b else cluster.link(a, b).bandwidth for b in firsts] for a in firsts])
+    latency_matrix, bandwidth = _links(instances, cluster, shared=shared)
     device = cluster.devices[0]
     host = device.host_bandwidth or DEFAULT_HOST_BANDWIDTH
-    return Deployment(config=config, instances=tuple(instances), max_context=max_context,
+    return Deployment(config=config, instances=instances, max_context=max_context,
                       peak_flops=device.peak_flops, host_link=LinkSpec(bandwidth=host, latency=HOST_COPY_LATENCY_S),
                       link_latency=latency_matrix, link_bandwidth=bandwidth,
-                      host_write_bandwidth=link_bandwidth(device, Tier.DEVICE, Tier.HOST) if device.host_bandwidth else 0.0)
+                      host_write_bandwidth=link_bandwidth(device, Tier.DEVICE, Tier.HOST) if device.host_bandwidth else 0.0,
+                      sharing=_phase_sharing(instances, first_rank) if shared else None)
+
+
+def _links(instances: Sequence[InstancePlan], cluster: Cluster, *, shared: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Latency and bandwidth of the KV cache's way between instances (``Deployment``): the
+    cluster's link between their first devices; on the same devices (``shared``), prefill
+    instance k to decode instance k, the re-sharding all-to-all's (``reshard_link``)."""
+    firsts = [plan.devices[0] for plan in instances]
+    latency = np.array([[0.0 if a == b else cluster.latency(a, b) for b in firsts] for a in firsts])
+    bandwidth = np.array([[np.inf if a == b else cluster.link(a, b).bandwidth for b in firsts] for a in firsts])
+    if shared:
+        half = len(instances) // 2
+        for k in range(half):
+            latency[k, k + half], bandwidth[k, k + half] = reshard_link(cluster, instance_ranks(instances[k]))
+    return latency, bandwidth
+
+
+def instance_ranks(plan: InstancePlan) -> tuple[int, ...]:
+    """Every cluster rank an instance runs on (its stages' tp ranks each)."""
+    return tuple(rank + k for rank in plan.devices for k in range(plan.tp))
+
+
+def reshard_link(cluster: Cluster, ranks: Sequence[int]) -> tuple[float, float]:
+    """A KV cache re-sharded from one layout of ``ranks`` to another (pipeline stages to
+    tensor-parallel heads): an all-to-all in which each rank holds 1 / n of the cache and
+    keeps 1 / n of that (``collectives.collective_seconds``), as the engine's link: latency
+    (seconds) and bandwidth (the whole cache's bytes per second), the time at no bytes and
+    the slope to a gigabyte's."""
+    levels = group_levels(cluster, ranks)
+    n = len(ranks)
+    empty = collective_seconds(Collective.ALL_TO_ALL, 0.0, levels)
+    slope = (collective_seconds(Collective.ALL_TO_ALL, _RESHARD_PROBE_BYTES / n, levels) - empty) / _RESHARD_PROBE_BYTES
+    return empty, (1.0 / slope if slope > 0 else math.inf)
+
+
+def _shared_memory(layouts: Sequence[tuple], cluster: Cluster, kv: KVSettings) -> list[tuple[float, ...]]:
+    """Device memory per stage each instance of a prefill-decode pair on the same devices
+    may take: its stage's weights and workspace on each of the stage's devices, and half the
+    ``kv_fraction`` of the device that both layouts' weights and workspace leave (the
+    tightest device of the stage): the two caches split what is left."""
+    need = {}  # (instance, rank): bytes its stage there holds besides the cache
+    for x, (_, group, ranks, stages) in enumerate(layouts):
+        for rank, costs in zip(ranks, stages, strict=True):
+            for device in range(rank, rank + group.tp):
+                need[x, device] = costs.device_weight_bytes + costs.workspace_bytes
+    half = len(layouts) // 2
+    memories = []
+    for x, (_, group, ranks, _) in enumerate(layouts):
+        partner = x + half if x < half else x - half
+        memories.append(tuple(
+            min(need[x, d] + (cluster.devices[d].memory_bytes * kv.kv_fraction - need[x, d] - need[partner, d]) / 2
+                for d in range(rank, rank + group.tp)) / kv.kv_fraction for rank in ranks))
+    return memories
+
+
+def _phase_sharing(instances: Sequence[InstancePlan], first_rank: int) -> Sharing:
+    """Prefill and decode instances on the same devices: a slot per device, each stage on
+    its tp devices' slots."""
+    slot = [rank - first_rank for plan in instances for rank in plan.devices]
+    span = [plan.tp for plan in instances for _ in plan.devices]
+    return Sharing(slot=np.array(slot, np.int64), swap_group=np.full(len(instances), -1, np.int64),
+                   load_s=np.zeros(len(slot)), load_bytes=np.zeros(len(slot)),
+                   load_from=np.full(len(instances), -1, np.int64), span=np.array(span, np.int64))
 
 
 def _groups(config: ServeConfig) -> tuple[tuple[str, Instances], ...]:

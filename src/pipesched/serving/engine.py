@@ -50,7 +50,9 @@ tokens it lost) and queueing (the rest: waiting for the host link, for a batch t
 back).
 
 Devices shared in time (``Deployment.sharing``: several models on one device group, each an
-instance of its own stage costs). A stage runs on a device slot (``Sharing.slot``); the
+instance of its own stage costs). A stage runs on a device slot (``Sharing.slot``), or on
+a run of them (``Sharing.span``: a decode stage over all the devices of a prefill
+pipeline's stages: ``Disaggregation.shared``); the
 instances on one slot serve one batch at a time on it, turn by turn (the least recently
 served instance first: one batch each while several wait). Requests come
 pre-routed (``routes``: the instance of each request; -1 lets the engine route it). In a swap
@@ -251,7 +253,8 @@ class _Tables:
                 watermark_blocks(plan.kv_capacity_blocks))
         self.routes = routes
         self.shared = _SharedTables(deployment.sharing, plans)
-        self.stage_free = np.zeros(int(self.shared.slot.max()) + 1 if len(stages) else 0)
+        slots = self.shared.slot[:, 0] + self.shared.slot[:, 1]  # past each stage's last slot
+        self.stage_free = np.zeros(int(slots.max()) if len(stages) else 0)
         self.terms = np.array([[c.base_s, c.prefill_attention_s, c.decode_request_s, c.kv_token_s, c.flops_per_token,
                                 c.flops_per_attention, c.kv_bytes_per_token, c.hidden_bytes_per_token, c.blocks,
                                 c.streamed_blocks, c.block_load_s]
@@ -280,18 +283,19 @@ class _Tables:
 
 class _SharedTables:
     """Devices shared in time, as the compiled loop reads them (each stage on its own slot,
-    no swap group, when nothing is shared)."""
+    no swap group, when nothing is shared). ``slot`` [stages, 2]: each stage's first slot
+    and the slots it occupies from there (``Sharing.span``)."""
 
     def __init__(self, sharing, plans) -> None:
         instances, stages = len(plans), sum(len(plan.stages) for plan in plans)
         owner = np.repeat(np.arange(instances), [len(plan.stages) for plan in plans])
         if sharing is None:
-            self.slot, self.group = np.arange(stages, dtype=np.int64), np.full(instances, -1, np.int64)
+            first, self.group = np.arange(stages, dtype=np.int64), np.full(instances, -1, np.int64)
             self.load_s, self.load_bytes = np.zeros(stages), np.zeros(stages)
             self.load_from, self.any = np.full(instances, _HOST, np.int64), False
             self.quantum = np.zeros(instances)
         else:
-            self.slot = np.ascontiguousarray(sharing.slot, np.int64)
+            first = np.asarray(sharing.slot, np.int64)
             self.group = np.ascontiguousarray(sharing.swap_group, np.int64)
             self.load_s = np.ascontiguousarray(sharing.load_s, np.float64)
             self.load_bytes = np.ascontiguousarray(sharing.load_bytes, np.float64)
@@ -299,8 +303,10 @@ class _SharedTables:
             # per instance: its longest stage load, the least its residency lasts before it yields
             self.quantum = np.array([max((float(self.load_s[g]) for g in np.flatnonzero(owner == i)), default=0.0)
                                      for i in range(instances)])
-        require(self.slot.shape == (stages,) and self.group.shape == (instances,), "sharing", self.slot.shape,
+        require(first.shape == (stages,) and self.group.shape == (instances,), "sharing", first.shape,
                 f"give a slot per stage ({stages}) and a swap group per instance ({instances})")
+        span = np.ones(stages, np.int64) if sharing is None or sharing.span is None else sharing.span
+        self.slot = np.ascontiguousarray(np.stack([first, np.asarray(span, np.int64)], axis=1))
         groups = int(self.group.max()) + 1 if instances else 0
         # the instance whose weights each swap group holds: its first
         self.resident = np.array([int(np.flatnonzero(self.group == g)[0]) for g in range(groups)], np.int64)
@@ -365,7 +371,7 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
             if not touched[i]:
                 continue
             touched[i] = False
-            if stage_free[slot[ins[i, FIRST_STAGE]]] > t or ins[i, IN_FLIGHT] >= ins[i, STAGES]:
+            if _slot_free(stage_free, slot, ins[i, FIRST_STAGE]) > t or ins[i, IN_FLIGHT] >= ins[i, STAGES]:
                 continue
             if counts[_ROWS] + stages > rows.shape[0] or counts[_BATCHES] + 1 > batches.shape[0]:
                 rows, batches = _room(rows, counts[_ROWS] + stages), _room(batches, counts[_BATCHES] + 1)
@@ -397,7 +403,8 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
                 heapq.heappush(heap, (ends[1], _STAGE_FREE, counts[_SEQUENCE] + 1, i))
                 counts[_SEQUENCE] += 2
             elif loaded:  # its weights arrive with nothing to run yet: look again then
-                heapq.heappush(heap, (stage_free[slot[ins[i, FIRST_STAGE]]], _STAGE_FREE, counts[_SEQUENCE], i))
+                heapq.heappush(heap, (_slot_free(stage_free, slot, ins[i, FIRST_STAGE]), _STAGE_FREE,
+                                      counts[_SEQUENCE], i))
                 counts[_SEQUENCE] += 1
     return rows, batches, members, kv_log, moves, preempt_log, counts
 
@@ -423,6 +430,31 @@ def _room_1d(buf, size):
 
 
 @njit(cache=True, _nrt=False)
+def _slot_free(stage_free, slot, g):
+    """When every slot stage g occupies is free."""
+    free = stage_free[slot[g, 0]]
+    for k in range(1, slot[g, 1]):
+        free = max(free, stage_free[slot[g, 0] + k])
+    return free
+
+
+@njit(cache=True, _nrt=False)
+def _occupy(stage_free, slot, g, until):
+    """Stage g holds its slots until ``until``."""
+    for k in range(slot[g, 1]):
+        stage_free[slot[g, 0] + k] = until
+
+
+@njit(cache=True, _nrt=False)
+def _slot_range(ins, slot, i):
+    """The slots instance i's stages occupy: [first, end)."""
+    low, high = slot[ins[i, FIRST_STAGE], 0], 0
+    for g in range(ins[i, FIRST_STAGE], ins[i, FIRST_STAGE] + ins[i, STAGES]):
+        low, high = min(low, slot[g, 0]), max(high, slot[g, 0] + slot[g, 1])
+    return low, high
+
+
+@njit(cache=True, _nrt=False)
 def _touch_sharers(touched, ins, slot):
     """Every instance on a touched instance's devices is touched too: a slot one frees or a
     swap group one leaves may start another's batch."""
@@ -430,8 +462,10 @@ def _touch_sharers(touched, ins, slot):
     for i in range(nins):
         if not touched[i]:
             continue
+        low, high = _slot_range(ins, slot, i)
         for j in range(nins):
-            if slot[ins[j, FIRST_STAGE]] == slot[ins[i, FIRST_STAGE]]:
+            other_low, other_high = _slot_range(ins, slot, j)
+            if other_low < high and low < other_high:
                 touched[j] = True
 
 
@@ -449,11 +483,10 @@ def _hold(i, t, ins, group, resident, stage_free, slot, load_s, load_bytes, load
     resident[group[i]] = i
     arrived = t
     for g in range(ins[i, FIRST_STAGE], ins[i, FIRST_STAGE] + ins[i, STAGES]):
-        begin = max(t, stage_free[slot[g]])
-        stage_free[slot[g]] = begin + load_s[g]
-        arrived = max(arrived, stage_free[slot[g]])
-        _log_move(moves, counts, -1, i, _WEIGHTS, load_from[i], device[g], load_bytes[g], begin,
-                  stage_free[slot[g]])
+        begin = max(t, _slot_free(stage_free, slot, g))
+        _occupy(stage_free, slot, g, begin + load_s[g])
+        arrived = max(arrived, begin + load_s[g])
+        _log_move(moves, counts, -1, i, _WEIGHTS, load_from[i], device[g], load_bytes[g], begin, begin + load_s[g])
     since[group[i]] = arrived
     return 1
 
@@ -674,7 +707,7 @@ def _form(i, t, req, times, ins, stage_free, slot, terms, token_s, send_s, sampl
     counts[_MEMBERS] += decodes + prefills
     ends[0] = _stages(i, b, start, ins, stage_free, slot, terms, token_s, send_s, sample_s, device, rows, counts,
                       prefill_tokens, decodes, attention, kv_tokens, sampled)
-    ends[1] = stage_free[slot[ins[i, FIRST_STAGE]]]
+    ends[1] = _slot_free(stage_free, slot, ins[i, FIRST_STAGE])
     stage0_start = rows[counts[_ROWS] - ins[i, STAGES], 4]
     for k in range(decodes, decodes + prefills):
         r = plan_rows[k]
@@ -694,11 +727,11 @@ def _stages(i, b, start, ins, stage_free, slot, terms, token_s, send_s, sample_s
     tokens = prefill_tokens + decodes
     ready, end = start, start
     for g in range(ins[i, FIRST_STAGE], ins[i, FIRST_STAGE] + ins[i, STAGES]):
-        begin = max(ready, stage_free[slot[g]])
+        begin = max(ready, _slot_free(stage_free, slot, g))
         compute = _seconds(terms[g, _BASE], token_s[g, tokens], terms[g, _ATTENTION], attention, terms[g, _DECODE],
                            decodes, terms[g, _KV], kv_tokens, sample_s[g, sampled])
         end = begin + _streamed(compute, terms[g, _BLOCKS], terms[g, _STREAMED], terms[g, _BLOCK_LOAD])
-        stage_free[slot[g]] = end
+        _occupy(stage_free, slot, g, end)
         flops = _flops(terms[g, _FLOPS_TOKEN], tokens, terms[g, _FLOPS_ATTENTION], attention, kv_tokens)
         row = counts[_ROWS]
         rows[row, 0], rows[row, 1], rows[row, 2], rows[row, 3] = b, i, g - ins[i, FIRST_STAGE], device[g]
