@@ -56,7 +56,9 @@ def test_the_reshard_is_an_all_to_all_of_each_devices_share(model, cluster):
     expected = cluster.latency(0, 1) + per_device / 2 / cluster.link(0, 1).bandwidth
     assert run.moves.end[k] - run.moves.start[k] == pytest.approx(expected, rel=1e-9)
     timeline = serving_timeline(run)
-    assert int(np.count_nonzero(timeline.transfers.kind == KV_CACHE)) == 1
+    drawn = np.flatnonzero(timeline.transfers.kind == KV_CACHE)
+    assert drawn.size == 1  # from the prefill's last stage (row 1) to the decode stage (row 2) on the same ranks
+    assert (int(timeline.transfers.src_device[drawn[0]]), int(timeline.transfers.dst_device[drawn[0]])) == (1, 2)
 
 
 def test_the_two_layouts_take_the_devices_in_turns(model, cluster):

@@ -215,10 +215,15 @@ class _Groups:
     def __len__(self) -> int:
         return int(self.instance.shape[0])
 
-    def of_rank(self, rank: np.ndarray) -> np.ndarray:
-        """The device (group) holding each cluster rank (-1: host memory, or no group's)."""
+    def of_rank(self, rank: np.ndarray, instance: np.ndarray | None = None) -> np.ndarray:
+        """The device (group) holding each cluster rank (-1: host memory, or no group's): of
+        each rank's ``instance`` where given and one of its stages holds it (instances that
+        share devices), else the first."""
         rank = np.asarray(rank, np.int64)
         inside = (rank[:, None] >= self.first_rank) & (rank[:, None] < self.first_rank + self.tp)
+        if instance is not None:
+            own = inside & (self.instance[None, :] == np.asarray(instance, np.int64)[:, None])
+            inside = np.where(own.any(axis=1)[:, None], own, inside)
         return np.where(inside.any(axis=1), np.argmax(inside, axis=1), -1)
 
 
@@ -267,7 +272,12 @@ def _transfers(run: ServeRun, rows: np.ndarray, device: np.ndarray, microbatch: 
         shown = np.flatnonzero((moves.start < high) & (moves.end > low))
         kind = np.array([{"transfer": KV_CACHE, "swap-out": SWAP_OUT, "swap-in": SWAP_IN, WEIGHTS: WEIGHT_MOVE}[k]
                          for k in np.asarray(moves.kind, dtype=object)[shown].tolist()], np.int64)
-        src, dst = groups.of_rank(moves.src_device[shown]), groups.of_rank(moves.dst_device[shown])
+        # the instance at each end: the mover's (the sender of a transfer), a transfer's
+        # receiver the request's decode instance
+        owner = moves.instance[shown] if moves.instance is not None else None
+        receiver = (np.where(kind == KV_CACHE, run.instance[np.maximum(moves.request[shown], 0)], owner)
+                    if owner is not None else None)
+        src, dst = groups.of_rank(moves.src_device[shown], owner), groups.of_rank(moves.dst_device[shown], receiver)
         # host memory is the device's own host link: a swap goes from and to its device
         src, dst = np.where(src < 0, dst, src), np.where(dst < 0, src, dst)
         parts.append((src, dst, kind, src, np.full(len(shown), -1), moves.nbytes[shown], moves.start[shown],
