@@ -56,7 +56,7 @@ def one_run(model_name: str, requests: int) -> dict[str, list[float]]:
     load = check.load_factors(measured, profiled.instances[0].stages)
     no_pickup = tuple(0.0 for _ in delays.pickup_s)
     return {"full": errors(check.scaled_rows(rows, load, delays.pickup_s), delayed=True),
-            "no-load": errors(check.scaled_rows(rows, tuple(1.0 for _ in load), no_pickup), delayed=True),
+            "no-load": errors(check.scaled_rows(rows, tuple((1.0, 1.0) for _ in load), no_pickup), delayed=True),
             "profile-only": errors(rows, delayed=False)}
 
 

@@ -29,9 +29,11 @@ the link.
 
 The machine's speed. On a shared machine the cores run the ranks slower or faster while
 serving than while profiling, however the profile is spread around the run. Each stage's
-load factor (``load_factors``) is the run's compute seconds on that stage over what its fitted row gives the same batches; the
-prediction runs every row's coefficients times its stage's factor (``scaled_rows``): the
-profile says how a batch's time grows with what it holds, the run how fast the machine was.
+load factors (``load_factors``) fit the run's compute seconds on that stage to what its
+fitted row gives the same batches, its prefill work and the rest apart (a prefill chunk's
+GEMMs and the decodes' small steps do not slow alike); the prediction runs every row's
+coefficients times its stage's factors (``scaled_rows``): the profile says how a batch's
+time grows with what it holds, the run how fast the machine was at each kind of work.
 ``profile_only`` is the prediction with nothing measured from the run: no host delays, no
 load factors.
 
@@ -124,8 +126,8 @@ class HostDelays:
 
     hop_s: tuple[float, ...]  # per link: hidden states to the next stage, beyond the link's time
     return_s: float  # tokens back to rank 0: stage 0 idle while a batch's requests come back
-    # per stage: the run's compute seconds over what the fitted row gives the run's batches
-    load: tuple[float, ...] = ()
+    # per stage: the run's speed against the fitted row's, (the rest, the prefill work)
+    load: tuple[tuple[float, float], ...] = ()
     # per link: the next stage's wait to start a batch whose hidden states came while it was
     # busy, after its previous batch's end (the stage's time between batches, not the link's),
     # over all its batches
@@ -163,34 +165,49 @@ def host_delays(run: ServeRun, links: Sequence[LinkFit], hidden_bytes_per_token:
     return HostDelays(tuple(hops), float(np.mean(idle)) if idle else 0.0, pickup_s=tuple(pickups))
 
 
-def load_factors(measured: ServeRunReport, costs: Sequence[StageIterationCosts]) -> tuple[float, ...]:
-    """Per stage, the run's compute seconds (its rows; stage 0's start once rank 0 formed the
-    batch) over the seconds ``costs`` (the fitted rows') give the same batches: how much
-    slower (> 1) or faster the machine ran while serving than while it was profiled."""
+def load_factors(measured: ServeRunReport, costs: Sequence[StageIterationCosts]) -> tuple[tuple[float, float], ...]:
+    """Per stage, how much slower (> 1) or faster the machine ran the batches while serving
+    than while it was profiled: the non-negative least-squares factors (f, g) of the run's
+    compute seconds (its rows; stage 0's start once rank 0 formed the batch) on what
+    ``costs`` (the fitted rows') give each batch, split into its prefill work (its chunks'
+    tokens and attention) and the rest (the base, the decodes and the KV they read):
+    seconds = f x rest + g x prefill. A stage without prefill work (or a fit that zeroes
+    one part) has f = g = its seconds over the rows'."""
     entries = measured.ranks[0].entries
-    shape = [(sum(e.tokens for e in b), sum(e.attention for e in b), sum(1 for e in b if e.decode),
-              sum(e.kv_read for e in b), sum(1 for e in b if e.emits)) for b in entries]
     log = measured.run.iterations
     factors = []
     for stage, stage_costs in enumerate(costs):
         rows = np.flatnonzero(log.stage == stage)
+        parts = np.array([_work_parts(stage_costs, entries[b]) for b in log.batch[rows].tolist()]).reshape(-1, 2)
         took = log.end[rows] - log.start[rows]
-        model = sum(stage_costs.time(*shape[b]) for b in log.batch[rows].tolist())
-        factors.append(float(took.sum()) / model if model > 0 else 1.0)
+        whole = float(parts.sum())
+        ratio = float(took.sum()) / whole if whole > 0 else 1.0
+        rest, prefill = nonnegative_least_squares(parts, took) if parts[:, 1].any() else (ratio, ratio)
+        factors.append((rest, prefill) if rest > 0 and prefill > 0 else (ratio, ratio))
     return tuple(factors)
 
 
-def scaled_rows(rows: Sequence[LatencyRow], load: Sequence[float],
+def _work_parts(costs: StageIterationCosts, entries: Sequence) -> tuple[float, float]:
+    """A batch's seconds on ``costs`` apart from its prefill work, and its prefill work."""
+    chunk = sum(e.tokens for e in entries if not e.decode)
+    attention = sum(e.attention for e in entries)
+    whole = costs.time(sum(e.tokens for e in entries), attention, sum(1 for e in entries if e.decode),
+                       sum(e.kv_read for e in entries), sum(1 for e in entries if e.emits))
+    prefill = costs.time(chunk, attention, 0, 0.0, 0) - costs.time(0, 0.0, 0, 0.0, 0)
+    return whole - prefill, prefill
+
+
+def scaled_rows(rows: Sequence[LatencyRow], load: Sequence[tuple[float, float]],
                 pickup_s: Sequence[float] = ()) -> tuple[LatencyRow, ...]:
-    """Each stage's fitted row with every coefficient times its load factor, and the base of
+    """Each stage's fitted row at the run's speed (``load_factors``: its prefill coefficients
+    times the stage's prefill factor, the others times its other factor), and the base of
     stage s + 1 longer by ``pickup_s[s]``."""
     extra = (0.0, *pickup_s, *(0.0,) * len(rows))  # stage 0 has no link before it
-    return tuple(LatencyRow(row.stage, *(getattr(row, name) * factor + (extra[row.stage] if name == "base_s" else 0.0)
-                                         for name in _COEFFICIENTS))
-                 for row, factor in zip(rows, load, strict=True))
+    return tuple(LatencyRow(row.stage, row.base_s * rest + extra[row.stage], row.prefill_token_s * prefill,
+                            row.prefill_attention_s * prefill, row.decode_request_s * rest, row.kv_token_s * rest)
+                 for row, (rest, prefill) in zip(rows, load, strict=True))
 
 
-_COEFFICIENTS = ("base_s", "prefill_token_s", "prefill_attention_s", "decode_request_s", "kv_token_s")
 
 
 @dataclass(frozen=True)
@@ -220,7 +237,7 @@ class ServeCheckReport:
             "links": [{"stage": link.stage, "latency_s": link.latency_s, "bandwidth_bytes_per_s": link.bandwidth}
                       for link in self.links],
             "host_delays": {"hop_s": list(self.delays.hop_s), "return_s": self.delays.return_s,
-                            "pickup_s": list(self.delays.pickup_s), "load": list(self.delays.load)},
+                            "pickup_s": list(self.delays.pickup_s), "load": [list(pair) for pair in self.delays.load]},
             "metrics": _metrics_dict(self.metrics),
             "profile_only": _metrics_dict(self.profile_only),
             "tolerance": self.tolerance, "passed": self.passed,
