@@ -44,9 +44,10 @@ def _flags(command) -> set[str]:
 def test_the_serve_group_lists_its_commands(cli) -> None:
     result = cli("serve", "--help")
     assert result.code == 0
-    for name in ("simulate", "capacity", "search", "run", "check"):
+    for name in ("simulate", "capacity", "search", "run", "check", "residency", "pool"):
         assert f"  {name} " in result.out
-    assert set(_serve_commands()) == {"simulate", "capacity", "search", "run", "check"}
+    assert set(_serve_commands()) == {"simulate", "capacity", "search", "run", "check", "residency", "pool",
+                                      "offline"}
     bare = cli("serve")  # as bare `pipesched`: the help, and success
     assert bare.code == 0 and bare.err == "" and bare.out == result.out
 

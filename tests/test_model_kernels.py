@@ -142,7 +142,8 @@ def test_square_matmuls_match_the_published_h100_sweep():
         assert abs(model / measured - 1) < 0.06, (n, model)
 
 
-@pytest.mark.parametrize("name", [name for name in DEVICES if name != "cpu"])
+# the T4 sustains about a third of its 65 TFLOP/s at its 70 W cap (tests/test_offload.py)
+@pytest.mark.parametrize("name", [name for name in DEVICES if name not in ("cpu", "t4")])
 def test_every_gpu_preset_lands_in_a_sensible_band(name):
     device = load_device(name)
     forward, backward = (value * 1e12 / device.peak_flops for value in useful_tflops(device, 4096, 4096))

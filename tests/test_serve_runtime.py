@@ -4,6 +4,7 @@ small trace whose greedy tokens match a cache-free single-process model."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,13 +20,16 @@ from pipesched.runtime.serve_check import (
     fit_links,
     fit_stage_rows,
     host_delays,
+    load_factors,
     predicted_deployment,
+    scaled_rows,
     serve_check,
 )
 from pipesched.runtime.serve_run import (
     RankServeResult,
     ServeRunOptions,
     check_serve_inputs,
+    iteration_log,
     kernel_stage_costs,
     serve_run,
 )
@@ -302,6 +306,7 @@ def test_host_delays_find_a_hop_the_link_does_not_explain_and_no_return_in_a_sim
                                                   slots=4), trace)
     none = host_delays(plain, (link,), hidden)
     assert none.hop_s[0] == pytest.approx(0.0, abs=1e-12) and none.return_s == pytest.approx(0.0, abs=1e-12)
+    assert none.pickup_s[0] == pytest.approx(0.0, abs=1e-12)  # a free stage starts what is in hand at once
     slowed = simulate_serving(predicted_deployment(model, trace, options, ROWS, (link,), cpu_overhead_s=2e-4,
                                                    slots=4, hop_s=(3e-3,)), trace)
     assert host_delays(slowed, (link,), hidden).hop_s[0] == pytest.approx(3e-3, rel=1e-9)
@@ -328,3 +333,51 @@ def test_each_measured_iteration_carries_its_model_flops(served):
         expected = costs[int(log.stage[row])].flops(int(log.prefill_tokens[row] + log.decodes[row]), attention,
                                                     int(log.kv_tokens[row]))
         assert log.flops[row] == pytest.approx(expected) and expected > 0
+
+
+def _row_parts(row: LatencyRow, entries) -> tuple[float, float]:
+    """The fitted form split by hand: (base + decodes + KV read, prefill tokens + attention)."""
+    prefill = sum(e.tokens for e in entries if not e.decode)
+    attention = sum(e.tokens * (e.context + e.tokens) for e in entries if not e.decode)
+    decodes = [e for e in entries if e.decode]
+    rest = row.base_s + row.decode_request_s * len(decodes) + row.kv_token_s * sum(e.context + 1 for e in decodes)
+    return rest, row.prefill_token_s * prefill + row.prefill_attention_s * attention
+
+
+def test_load_factors_are_the_runs_speed_on_each_kind_of_work_and_scale_the_rows():
+    """A run whose stages did their prefill work and the rest at their own speeds against the
+    rows (stage 0: 1.3 and 1.6 times, stage 1: 0.8 and 0.9) has those load factors (rank 0's
+    time to form each batch, before its row, aside)."""
+    model = load_model("tiny")
+    trace = _trace([40, 12], [3, 2])
+    options = ServeRunOptions(p=2, scheduler=SchedulerSpec(chunk=64, max_batch=4))
+    link = LinkFit(0, 1e-4, 1e8, (1,), (1e-4,))
+    costs = predicted_deployment(model, trace, options, ROWS, (link,), cpu_overhead_s=0.0, slots=2).instances[0].stages
+    batches = [[BatchEntry(0, 0, 0, 40, True, False)],
+               [BatchEntry(0, 0, 40, 1, True, True), BatchEntry(1, 1, 0, 12, True, False)],
+               [BatchEntry(0, 0, 41, 1, True, True), BatchEntry(1, 1, 12, 1, True, True)],
+               [BatchEntry(1, 1, 13, 1, True, True)]]
+    overhead_ns = [300_000, 200_000, 250_000, 220_000]
+    speeds = ((1.3, 1.6), (0.8, 0.9))
+    ranks = [RankServeResult(), RankServeResult()]
+    clock = 0
+    for batch, entries in enumerate(batches):
+        for stage, (rank, (rest, prefill)) in enumerate(zip(ranks, speeds, strict=True)):
+            parts = _row_parts(ROWS[stage], entries)
+            took = round((rest * parts[0] + prefill * parts[1]) * 1e9)
+            clock += overhead_ns[batch] if stage == 0 else 0  # rank 0 forms the batch, then its row starts
+            rank.batch.append(batch)
+            rank.start_ns.append(clock)
+            rank.end_ns.append(clock + took)
+            clock += took + 10_000
+    measured = SimpleNamespace(run=SimpleNamespace(iterations=iteration_log(ranks, batches, 0, costs)),
+                               ranks=(SimpleNamespace(entries=batches),))
+    for found, speed in zip(load_factors(measured, costs), speeds, strict=True):
+        assert found == pytest.approx(speed, rel=1e-4)
+    for row, scaled, (rest, prefill) in zip(ROWS, scaled_rows(ROWS, speeds), speeds, strict=True):
+        parts = _row_parts(row, batches[1])
+        assert _row_seconds(scaled, batches[1]) == pytest.approx(rest * parts[0] + prefill * parts[1], rel=1e-12)
+    # a pickup wait after the link lengthens every batch of the stage behind it, by itself
+    first, second = scaled_rows(ROWS, ((1.0, 1.0), (1.0, 1.0)), (2e-4,))
+    assert _row_seconds(first, batches[1]) == pytest.approx(_row_seconds(ROWS[0], batches[1]), rel=1e-12)
+    assert _row_seconds(second, batches[1]) == pytest.approx(_row_seconds(ROWS[1], batches[1]) + 2e-4, rel=1e-12)

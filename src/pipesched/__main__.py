@@ -1,3 +1,3 @@
-from pipesched.cli import main
+from pipesched.cli import run
 
-main()
+run()

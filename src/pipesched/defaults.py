@@ -82,13 +82,28 @@ class Defaults:
     slo_tpot: float = 0.1  # seconds per output token after the first
     attainment: float = 0.9  # share of requests that meet both SLOs (serve capacity)
     serve_db: str = "pipesched-serve.sqlite"  # serving search results store, in the working folder
+    resident: float = 1.0  # share of each stage's layers kept on the GPU; the rest stream in every iteration
+    resident_from: str = "host"  # where the non-resident layers live: host (memory) or disk
+    residency_fractions: str = "0.25,0.5,0.75,1"  # residencies serve residency simulates
+    placement: str = "greedy"  # how serve pool places the models: greedy, dedicated or round-robin
+    pool_parallel: str = "1x1"  # TP x PP shapes a pool's model may take when its entry names none
     # real serving runs on this machine (serve run, serve check)
-    serve_run_model: str = "tiny"  # model preset or file of serve run and check
+    serve_run_model: str = "small"  # model preset or file of serve run and check
     serve_run_p: int = 2  # ranks (pipeline stages) of serve run and check
-    serve_run_requests: int = 16  # requests of the trace a real run serves
+    serve_run_requests: int = 32  # requests of the trace a real run serves
     serve_run_qps: float = 4.0  # requests per second of the trace a real run serves
     serve_run_prompt_tokens: str = "uniform:16-128"  # prompt lengths of a real run's synthetic trace
     serve_run_output_tokens: str = "uniform:8-32"  # output lengths of a real run's synthetic trace
+    # offline inference with offloading (serve offline): FlexGen's OPT-6.7B case on one T4
+    offline_model: str = "opt-6.7b"  # model preset or file of serve offline
+    offline_device: str = "t4"  # device preset of serve offline, with its host memory and disk
+    offline_weights: str = "100,0,0"  # weights' percentages in device memory, host memory, disk
+    offline_cache: str = "100,0,0"  # KV cache's percentages, the same tiers
+    offline_activations: str = "100,0,0"  # hidden states' percentages, the same tiers
+    offline_gpu_batch: int = 2  # sequences of one GPU batch
+    offline_num_batches: int = 1  # GPU batches of the block
+    offline_prompt_len: int = 512  # prompt tokens of every sequence
+    offline_gen_len: int = 32  # tokens generated for every sequence
 
 
 DEFAULTS = Defaults()

@@ -105,8 +105,17 @@ MAX_BATCH_TOKENS = 2**20  # tokens one serving iteration may batch (--max-tokens
 MAX_BATCH_REQUESTS = 2**16  # requests one serving iteration may batch (--max-batch)
 MAX_KV_BLOCK = 4096  # tokens of one paged KV-cache block
 MAX_QPS = 1e6  # requests per second of a synthetic trace or a capacity search
+MAX_RESIDENCIES = 64  # residencies one serve residency curve simulates (--fractions)
+MAX_CURVE_MODELS = 16  # models one serve residency draws a curve each for (--models)
+MAX_CLUSTER_EVENTS = 1024  # device losses and additions of one events file (--events)
 # iterations one serving timeline draws (a window of the run: its stages x this many ops)
 MAX_VIEW_ITERATIONS = 20_000
+MAX_POOL_MODELS = 256  # models of one pool's deployment file
+MAX_POOL_SHAPES = 64  # TP x PP shapes one model of a pool may take
+# offline inference (serve offline): sequences of one block (gpu_batch x num_batches) and
+# GPU batches of one block; a block's KV cache and hidden states are sized from these
+MAX_OFFLINE_SEQUENCES = 2**16
+MAX_OFFLINE_BATCHES = 4096
 
 # --- real runs ------------------------------------------------------------------------------
 MAX_REPEATS = 100_000  # measured steps, warm-up steps, timed repeats, samples
@@ -160,6 +169,10 @@ LIMITS = (
     ("MAX_KV_BLOCK", MAX_KV_BLOCK, "tokens of one KV-cache block"),
     ("MAX_QPS", MAX_QPS, "requests per second"),
     ("MAX_VIEW_ITERATIONS", MAX_VIEW_ITERATIONS, "iterations one serving timeline draws"),
+    ("MAX_POOL_MODELS", MAX_POOL_MODELS, "models of one pool (serve pool)"),
+    ("MAX_POOL_SHAPES", MAX_POOL_SHAPES, "TP x PP shapes of one model of a pool"),
+    ("MAX_OFFLINE_SEQUENCES", MAX_OFFLINE_SEQUENCES, "sequences of one offline block (gpu batch x batches)"),
+    ("MAX_OFFLINE_BATCHES", MAX_OFFLINE_BATCHES, "GPU batches of one offline block"),
     ("MAX_REPEATS", MAX_REPEATS, "steps, warm-up steps, repeats"),
     ("MAX_TIMEOUT_S", MAX_TIMEOUT_S, "seconds of a run's timeout or a solver's time limit"),
     ("MAX_THREADS", MAX_THREADS, "torch threads per rank"),

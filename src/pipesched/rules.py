@@ -85,8 +85,9 @@ GRADIENT = "gradient"  # I/B(s+1) -> I/B(s): the gradient of that hidden state, 
 # parts, and serving's KV-cache moves (a prompt's cache sent from a prefill to a decode
 # instance, a preempted request's cache swapped to host memory and back); a transfer table
 # stores a kind as its index here (``timeline.ACTIVATION``, ``GRADIENT``, ``ALLREDUCE``,
-# ``ALL_TO_ALL``, ``KV_CACHE``, ``SWAP_OUT``, ``SWAP_IN``)
-TRANSFER_KIND_NAMES = (ACTIVATION, GRADIENT, "allreduce", "all-to-all", "kv-cache", "swap-out", "swap-in")
+# ``ALL_TO_ALL``, ``KV_CACHE``, ``SWAP_OUT``, ``SWAP_IN``), and a model's weights moved to a
+# device when a deployment changes shape (``WEIGHT_MOVE``)
+TRANSFER_KIND_NAMES = (ACTIVATION, GRADIENT, "allreduce", "all-to-all", "kv-cache", "swap-out", "swap-in", "weights")
 
 # most kinds in one table: a set of kinds is a bit mask in one int64 (complete sets)
 MAX_KINDS = 63

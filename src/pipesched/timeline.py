@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 # Transfer kinds stored in TransferTable.kind: their index in rules.TRANSFER_KIND_NAMES; an
 # all-to-all is one transfer per pair of its group (``pipesched.simulate.collective``); a
 # serving timeline's KV-cache moves (``pipesched.serving.timeline``)
-ACTIVATION, GRADIENT, ALLREDUCE, ALL_TO_ALL, KV_CACHE, SWAP_OUT, SWAP_IN = range(len(TRANSFER_KIND_NAMES))
+(ACTIVATION, GRADIENT, ALLREDUCE, ALL_TO_ALL, KV_CACHE, SWAP_OUT, SWAP_IN,
+ WEIGHT_MOVE) = range(len(TRANSFER_KIND_NAMES))
 
 
 @dataclass(frozen=True, eq=False)

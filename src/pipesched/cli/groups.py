@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipesched.cli.options import (
     ArrivalForm,
@@ -54,7 +55,10 @@ from pipesched.cli.options import (
     Replicas,
     Requests,
     RequestTrace,
+    Resident,
+    ResidentFrom,
     RoutingChoice,
+    SameDevices,
     Samples,
     SchedulerChoice,
     Seed,
@@ -86,7 +90,6 @@ from pipesched.cli.options import (
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import Preemption, Routing, SchedulerName
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.point import Point
 from pipesched.experiments.serving import (
     ServingPoint,
     ServingWorkload,
@@ -94,7 +97,6 @@ from pipesched.experiments.serving import (
     check_workload,
     trace_digest,
 )
-from pipesched.experiments.setup import check_partition
 from pipesched.io.stage_costs import load_stage_costs
 from pipesched.limits import (
     MAX_CLUSTER_RANKS,
@@ -114,6 +116,7 @@ from pipesched.serving.config import (
     KVSettings,
     SchedulerSpec,
     ServeConfig,
+    stream_source,
     vocabulary_word,
 )
 from pipesched.variability import (
@@ -124,6 +127,9 @@ from pipesched.variability import (
     parse_straggler,
 )
 from pipesched.variability.model import Variability
+
+if TYPE_CHECKING:  # the training experiments load when a training command builds its point
+    from pipesched.experiments.point import Point
 
 
 @dataclass(frozen=True)
@@ -237,12 +243,16 @@ class WorkloadOptions(OptionGroup):
                        "moe_dispatcher": model.moe_dispatcher or DEFAULTS.moe_dispatcher,
                        "recompute": model.recompute or DEFAULTS.recompute,
                        "partition": self.partition or DEFAULTS.partition}
+        from pipesched.experiments.point import Point
+
         return Point(bandwidth=parse_bandwidth(self.bandwidth), **fields)
 
     def _check(self, training: TrainingOptions) -> None:
         """The option values are well formed, and a stage-cost file comes without a model's options."""
         check_training(training.frozen_layers, training.offload)
         if self.partition is not None:
+            from pipesched.experiments.setup import check_partition
+
             check_partition(self.partition)
         if self.latency is not None:
             check_amount("latency", self.latency, limit=MAX_SECONDS, unit="seconds")
@@ -313,7 +323,15 @@ class DeploymentOptions(OptionGroup):
     p: ServeStages = None
     replicas: Replicas = None
     disaggregate: Disaggregate = None
+    same_devices: SameDevices = False
     latency_model: LatencyModelFile = None
+    resident: Resident = None
+    resident_from: ResidentFrom = None
+
+    def residency(self) -> dict[str, object]:
+        """``ServeConfig``'s residency fields asked for (each unset one from DEFAULTS)."""
+        return {"resident": _or(self.resident, DEFAULTS.resident),
+                "stream_from": stream_source(self.resident_from or DEFAULTS.resident_from)}
 
     def instances(self) -> Instances:
         """The colocated replicas asked for (each unset size from DEFAULTS)."""
@@ -323,10 +341,12 @@ class DeploymentOptions(OptionGroup):
     def split(self) -> Disaggregation | None:
         """``--disaggregate``'s prefill and decode instances; None when not given."""
         if self.disaggregate is None:
+            require(not self.same_devices, "same-devices", "true", "give --disaggregate PREFILL,DECODE with it")
             return None
         refuse_with("disaggregate", {"tensor-parallel": self.tensor_parallel, "p": self.p, "replicas": self.replicas},
                     "which gives each side's TPxPPxN")
-        return parse_disaggregation(self.disaggregate)
+        split = parse_disaggregation(self.disaggregate)
+        return Disaggregation(split.prefill, split.decode, shared=True) if self.same_devices else split
 
 
 def parse_disaggregation(text: str) -> Disaggregation:
@@ -451,7 +471,7 @@ def serving_point(deployment: DeploymentOptions, batch: BatchOptions, cache: Cac
                   slo: SloOptions, *, attainment: float | None = None) -> ServingPoint:
     """The serving point the options ask for, each unset option from DEFAULTS."""
     config = ServeConfig(deployment.instances(), batch.spec(cache.preemption), cache.kv(), cache.routed(),
-                         cache.overhead(), deployment.split())
+                         cache.overhead(), deployment.split(), **deployment.residency())
     return ServingPoint(model=deployment.model or DEFAULTS.serve_model,
                         cluster=deployment.cluster or DEFAULTS.serve_cluster, config=config,
                         workload=requests.workload(), targets=slo.targets(attainment),

@@ -202,6 +202,11 @@ Disaggregate = Annotated[str | None, typer.Option(
                            "(N instances of TP x PP devices, default 1), like 2x1x2,4x1; the prefill instances take "
                            "the cluster's first ranks, the KV cache of each prompt goes to a decode instance over the "
                            "cluster's links (instead of -t, -p and --replicas)")]
+SameDevices = Annotated[bool, typer.Option(
+    "--same-devices", help="with --disaggregate: the decode instances on the prefill instances' devices (as many "
+                           "instances of as many devices each, like 1x4,4x1: pipeline parallelism for prefill, tensor "
+                           "parallelism for decode), taking them in turns; both layouts' weights stay on the devices, "
+                           "the KV cache of each prompt is re-sharded between the layouts by an all-to-all")]
 LatencyModelFile = Annotated[str | None, typer.Option(
     "--latency-model", help="CSV of a fitted latency model, stage,base_s,prefill_token_s,prefill_attention_s,"
                             "decode_request_s,kv_token_s, one row per stage: the stage times instead of the kernel "
@@ -218,6 +223,13 @@ Chunk = Annotated[int | None, typer.Option(
     "--chunk", help=f"Sarathi-Serve's token budget per iteration [default: {DEFAULTS.chunk}]")]
 BlockSize = Annotated[int | None, typer.Option(
     "--block-size", help=f"tokens per paged KV-cache block [default: {DEFAULTS.block_size}]")]
+Resident = Annotated[float | None, typer.Option(
+    "--resident", help=f"share of each stage's layers kept on the GPU, in (0, 1]; the rest stream in from "
+                       f"--resident-from every iteration, overlapped with the layers before them "
+                       f"[default: {DEFAULTS.resident:g}]")]
+ResidentFrom = Annotated[str | None, typer.Option(
+    "--resident-from", help=f"where the layers --resident leaves off the GPU live: host or disk "
+                            f"[default: {DEFAULTS.resident_from}]")]
 KvFraction = Annotated[float | None, typer.Option(
     "--kv-fraction", help=f"share of device memory the weights, workspace and KV cache may use "
                           f"[default: {DEFAULTS.kv_fraction:g}]")]

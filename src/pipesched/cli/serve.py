@@ -34,6 +34,8 @@ from pipesched.cli.options import (
     PerRequest,
     RayAddress,
     RayFlag,
+    Resident,
+    ResidentFrom,
     RunDtype,
     ServeCluster,
     ServeModel,
@@ -49,13 +51,14 @@ from pipesched.cli.options import (
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json, print_whole, wrote
 from pipesched.cli.progress import StatusLine
-from pipesched.cli.search import ProgressBar
+from pipesched.cli.serve_events import EventsFile, print_changes
+from pipesched.cli.serve_offline import offline_command
+from pipesched.cli.serve_pool import pool_command
+from pipesched.cli.serve_residency import residency_command
 from pipesched.cli.views import Html, Png, Svg, Trace
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SchedulerName, SearchStatus
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.grid import process_map
-from pipesched.experiments.ray_pool import ray_pool, require_ray
 from pipesched.experiments.serving import (
     ServingPoint,
     Targets,
@@ -64,33 +67,29 @@ from pipesched.experiments.serving import (
     rate_rows,
     served_requests,
     simulate_point,
+    simulate_point_with_events,
     unbounded_reason,
 )
 from pipesched.io.files import Output, check_outputs, write_all
 from pipesched.io.latency_model import dumps_latency_model
 from pipesched.limits import MAX_WORKERS, check_count
 from pipesched.model import load_model
-from pipesched.render.serving import serving_report
-from pipesched.render.views import render_views
-from pipesched.search.serving import (
-    ServingRow,
-    ServingSearchResult,
-    ServingSpace,
-    capacity_command_line,
-    layout_label,
-    read_serving_rows,
-    search_serving,
-)
-from pipesched.serving.capacity import CapacityResult
+from pipesched.serving.config import layout_label
+from pipesched.serving.events import reconfiguration_dicts
 from pipesched.serving.records import ServeRun
 from pipesched.serving.results import ServeResult, serve_result, summarize
-from pipesched.serving.timeline import serving_timeline
 
-if TYPE_CHECKING:  # the real runs' modules load when a real run is asked for (run, check)
+# what only some commands need loads when they run: the real runs' modules (run, check),
+# the search's (search), the pictures' (the views asked for)
+if TYPE_CHECKING:
     from pipesched.runtime.serve_check import ServeCheckReport
+    from pipesched.search.serving import ServingRow, ServingSearchResult, ServingSpace
+    from pipesched.serving.capacity import CapacityResult
 
 HELP = """Serve a model: simulate a trace, find a configuration's capacity, search a cluster's
-configurations, run a small model for real and check the simulation against it.
+configurations, run a small model for real and check the simulation against it; serve
+several models on one device pool; or run a block of sequences offline with offloading
+(offline).
 
 \b
 Examples:
@@ -130,10 +129,16 @@ def print_summary(what: str, run: ServeRun, result: ServeResult, console: Consol
                  f"SLOs (TTFT <= {result.slo_ttft_s:g} s, TPOT <= {result.slo_tpot_s:g} s): "
                  f"{result.slo_attainment:.1%} of requests meet both; goodput {result.goodput_requests_per_s:.2f} "
                  "requests/s",
-                 f"preemptions: {int(result.preemptions.sum()):,}; KV cache peak {result.kv_peak_fraction:.1%} "
-                 "of its blocks",
+                 f"preemptions: {int(result.preemptions.sum()):,} (cost {_preemption_cost(result)}); KV cache peak "
+                 f"{result.kv_peak_fraction:.1%} of its blocks",
                  f"stage busy (stage by stage): {'; '.join(busy)}; pipeline bubble {result.bubble:.1%}"):
         console.print(line, highlight=False, markup=False)
+
+
+def _preemption_cost(result: ServeResult) -> str:
+    """The preemptions' seconds, all requests together, part by part."""
+    cost = result.preemption_cost()
+    return ", ".join(f"{name} {seconds:.3f} s" for name, seconds in cost.items())
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,10 @@ class ServeViews(OptionGroup):
         all or none; ``probes``: the rates of a capacity search, for the report."""
         if not self.any:
             return
+        from pipesched.render.serving import serving_report
+        from pipesched.render.views import render_views
+        from pipesched.serving.timeline import serving_timeline
+
         run = run if run is not None else simulate_point(point)
         targets = point.targets
         result = result or serve_result(run, slo_ttft=targets.slo_ttft, slo_tpot=targets.slo_tpot)
@@ -182,7 +191,7 @@ class ServeViews(OptionGroup):
 @command
 def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cache: CacheOptions,
                      requests: RequestOptions, slo: SloOptions, views: ServeViews, as_json: AsJson = False,
-                     per_request: PerRequest = False) -> None:
+                     per_request: PerRequest = False, events: EventsFile = None) -> None:
     """Simulate serving a trace: every iteration of every instance, stage by stage, with the
     paged KV cache and the scheduler; TTFT, TPOT, end-to-end latency, throughput, SLO
     attainment, goodput, KV-cache use, stage busy time and the pipeline bubble; --html the
@@ -193,17 +202,22 @@ def simulate_command(*, deployment: DeploymentOptions, batch: BatchOptions, cach
       pipesched serve simulate --requests 200
       pipesched serve simulate --requests 200 --scheduler vllm --json
       pipesched serve simulate --requests 100 --disaggregate 2x1x2,4x1 --qps 4
+      pipesched serve simulate --model llama3-8b -t 1 -p 1 --replicas 2 --requests 100 --events events.yaml
     """
     require(as_json or not per_request, "per-request", "true", "add --json (the requests are listed in it)")
     views.check()
     point = serving_point(deployment, batch, cache, requests, slo)
-    run = simulate_point(point)
+    changed = simulate_point_with_events(point, events) if events is not None else None
+    run = changed.run if changed is not None else simulate_point(point)
     result = serve_result(run, slo_ttft=point.targets.slo_ttft, slo_tpot=point.targets.slo_tpot)
     views.write(point, run=run, result=result)
+    changes = reconfiguration_dicts(changed) if changed is not None else None
     if as_json:
-        print_json(result.to_dict(per_request=per_request))
+        print_json({**result.to_dict(per_request=per_request), **({"reconfigurations": changes} if changes else {})})
         return
     print_summary(f"serve: {_deployment_line(point)}", run, result, output_console())
+    if changes:
+        print_changes(changes, output_console())
 
 
 def print_capacity(point: ServingPoint, found: CapacityResult) -> None:
@@ -269,16 +283,21 @@ class ServeSpaceOptions(OptionGroup):
     chunk: Annotated[str | None, typer.Option(
         "--chunk", help=f"Sarathi-Serve chunks to try [default: {DEFAULTS.chunk}]")] = None
     latency_model: LatencyModelFile = None
+    resident: Resident = None
+    resident_from: ResidentFrom = None
 
     def space(self, cache: CacheOptions, requests: RequestOptions, slo: SloOptions,
               attainment: float | None) -> ServingSpace:
+        from pipesched.search.serving import ServingSpace
+
         given = {"model": self.model, "cluster": self.cluster, "gpus": self.gpus,
                  "tensor_parallel": whole_numbers("tensor-parallel", self.tensor_parallel),
                  "pipeline": whole_numbers("pipeline", self.pipeline), "replicas": whole_numbers("replicas", self.replicas),
                  "schedulers": tuple(split_names(self.scheduler)) if self.scheduler is not None else None,
                  "max_batch": whole_numbers("max-batch", self.max_batch) or None,
                  "max_tokens": whole_numbers("max-tokens", self.max_tokens) or None,
-                 "chunks": whole_numbers("chunk", self.chunk) or None, "latency_model": self.latency_model}
+                 "chunks": whole_numbers("chunk", self.chunk) or None, "latency_model": self.latency_model,
+                 "resident": self.resident, "resident_from": self.resident_from}
         kv = cache.kv()
         return ServingSpace(**{name: value for name, value in given.items() if value is not None},
                             disaggregated=self.with_disaggregated, block_size=kv.block_size,
@@ -300,6 +319,11 @@ class ServePoolOptions(OptionGroup):
     show: Annotated[bool, typer.Option("--show", help="print the results stored in --db and stop")] = False
 
     def search(self, space: ServingSpace) -> ServingSearchResult:
+        from pipesched.cli.search import ProgressBar
+        from pipesched.experiments.grid import process_map
+        from pipesched.experiments.ray_pool import ray_pool, require_ray
+        from pipesched.search.serving import search_serving
+
         require(0 <= self.top <= 1_000_000, "top", self.top, "give a number of rows >= 0 (0: all)")
         if self.workers is not None:
             check_count("workers", self.workers, MAX_WORKERS, what="worker processes")
@@ -328,6 +352,8 @@ def search_command(*, space: ServeSpaceOptions, cache: CacheOptions, requests: R
       pipesched serve search --requests 60 -t 4,8 --pipeline 1,2 --replicas 1 --db serve.sqlite --top 5
       pipesched serve search --db serve.sqlite --show
     """
+    from pipesched.search.serving import read_serving_rows
+
     results = read_serving_rows(pool.db) if pool.show else [pool.search(space.space(cache, requests, slo, attainment))]
     if not pool.show:
         check_found(results[0])
@@ -379,6 +405,8 @@ def _seconds(value: float | None) -> str:
 
 def print_search(result: ServingSearchResult, *, top: int) -> None:
     """The ranking, the counts, why points were left out, and the best one's command."""
+    from pipesched.search.serving import capacity_command_line
+
     console = output_console()
     ranking = result.ranking
     shown = ranking if top == 0 else ranking[:top]
@@ -500,4 +528,7 @@ def register(app: typer.Typer) -> None:
     serve.command("search")(search_command)
     serve.command("run")(run_command)
     serve.command("check")(check_command)
+    serve.command("residency")(residency_command)
+    serve.command("pool")(pool_command)
+    serve.command("offline")(offline_command)
     app.add_typer(serve, name="serve")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING
 from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import PipeschedError, require
+from pipesched.experiments.keys import record_json
 from pipesched.experiments.setup import SimulationSetup, describe_model_setup
 from pipesched.generators import FAMILIES, generate, get_family
 from pipesched.generators.terapipe import FAMILY as TERAPIPE
@@ -425,50 +425,9 @@ def point_key(point: Point) -> str:
     schedule asked for, the workload, the engine settings) as canonical JSON, so that two
     points differing in any field have different keys and equal points the same one."""
     # the three records' canonical JSON in one object, its keys in sorted order
-    text = (f'{{"engine":{_record_json(point.engine)},"request":{_record_json(point.request)},'
-            f'"workload":{_record_json(point.workload)}}}')
+    text = (f'{{"engine":{record_json(point.engine)},"request":{record_json(point.request)},'
+            f'"workload":{record_json(point.workload)}}}')
     return hashlib.sha256(text.encode()).hexdigest()[:32]  # 128 bits
-
-
-def record_key(record: object) -> str:
-    """The name of any frozen record (a serving point, ``experiments.serving``) in a results
-    store: a digest of its fields as canonical JSON, as ``point_key`` names a Point."""
-    return hashlib.sha256(_record_json(record).encode()).hexdigest()[:32]  # 128 bits
-
-
-@functools.lru_cache(maxsize=4096)
-def _record_json(record: object) -> str:
-    """One record's fields as canonical JSON (cached: the points of a grid share records)."""
-    return json.dumps(_canonical(record)["fields"], sort_keys=True, separators=(",", ":"))
-
-
-@functools.cache
-def _field_names(record: type) -> tuple[str, ...]:
-    return tuple(field.name for field in dataclasses.fields(record))
-
-
-def _canonical(value: object) -> object:
-    """``value`` as plain data in which equal values are equal: a whole float as the int it
-    equals (1.0 == 1), a record as its type's name and fields (a given table, measured costs,
-    a model or cluster given as a record, an offload policy), a set sorted."""
-    if value is None or isinstance(value, bool | str):
-        return value
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else value
-    if isinstance(value, int):
-        return value
-    if isinstance(value, tuple | list):
-        return [_canonical(item) for item in value]
-    if isinstance(value, Mapping):
-        return {str(key): _canonical(item) for key, item in value.items()}
-    if isinstance(value, set | frozenset):
-        return sorted((_canonical(item) for item in value), key=repr)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {"type": type(value).__name__,
-                "fields": {name: _canonical(getattr(value, name)) for name in _field_names(type(value))}}
-    if hasattr(value, "tolist"):  # a numpy array or scalar
-        return _canonical(value.tolist())
-    raise TypeError(f"a point field of type {type(value).__name__} has no canonical form")
 
 
 def family_point(template: Point, family: str, *, p: int, m: int, v: int | None = None,

@@ -20,7 +20,7 @@ from functools import partial
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SearchStatus
 from pipesched.errors import OutOfMemory, PipeschedError, require
-from pipesched.experiments.point import record_key
+from pipesched.experiments.keys import record_key
 from pipesched.io.files import read_text
 from pipesched.io.latency_model import load_latency_model
 from pipesched.limits import MAX_QPS, MAX_SECONDS
@@ -29,6 +29,7 @@ from pipesched.serving.capacity import CapacityResult, capacity
 from pipesched.serving.config import ServeConfig
 from pipesched.serving.deployment import Deployment, build_deployment
 from pipesched.serving.engine import simulate_serving
+from pipesched.serving.events import EventsRun, read_events, simulate_with_events
 from pipesched.serving.records import ServeRun
 from pipesched.serving.trace import (
     Trace,
@@ -180,6 +181,17 @@ def simulate_point(point: ServingPoint) -> ServeRun:
     """One simulated run of the point's requests at its rate (``serve simulate``)."""
     deployment = point_deployment(point)
     return simulate_serving(deployment, served_requests(point.workload, deployment.max_context))
+
+
+def simulate_point_with_events(point: ServingPoint, events: str) -> EventsRun:
+    """One run of the point's requests while the cluster events of the file ``events``
+    change its devices (``serve simulate --events``: ``serving.events``)."""
+    latency = load_latency_model(point.latency_model) if point.latency_model is not None else None
+    model, cluster = load_model(point.model), load_cluster(point.cluster)
+    changes = read_events(events)
+    deployment = point_deployment(point)
+    return simulate_with_events(point.config, model, cluster, served_requests(point.workload, deployment.max_context),
+                                changes, latency=latency, dtype=point.dtype)
 
 
 def point_capacity(point: ServingPoint) -> CapacityResult:

@@ -30,7 +30,9 @@ set the same way: ``sm_count``, ``kernel_overhead`` (a time), ``flash_forward_ef
 compute units communication kernels take beside compute), the host link activation offloads
 use (``host_bandwidth``, a rate; ``host_memory``, bytes; 0 for none), the tiers below it
 that offloading and swapping use (``host_write_bandwidth`` when the way back is slower,
-``disk_read_bandwidth``, ``disk_write_bandwidth``, ``disk_space``: see ``pipesched.model.tiers``), and the fixed costs
+``disk_read_bandwidth``, ``disk_write_bandwidth``, ``disk_space``: see ``pipesched.model.tiers``), the host's
+attention over a KV cache it holds (``host_attention_flops``, FLOP/s: ``serve offline``'s compute
+delegation), and the fixed costs
 ``op_overhead`` and ``transfer_setup`` (times, as ``pipesched profile`` measures them)::
 
     device: {preset: h200, op_overhead: 35 us, transfer_setup: 12 us, flash_forward_efficiency: 0.355,
@@ -97,8 +99,9 @@ _TIME_KEYS = {"kernel_overhead": "kernel_overhead_s", "op_overhead": "op_overhea
 # the memory tiers below the device: rates (YAML key -> DeviceSpec field), and the disk's bytes
 _TIER_RATE_KEYS = {"host_write_bandwidth": "host_write_bandwidth", "disk_read_bandwidth": "disk_read_bandwidth",
                    "disk_write_bandwidth": "disk_write_bandwidth"}
-_DEVICE_KEYS = {"preset", "name", "peak_flops", "fp8_peak_flops", "memory", "memory_bandwidth", "sm_count", "host_bandwidth",
-                "host_memory", "disk_space", *_TIER_RATE_KEYS, *_NUMBER_KEYS, *_TIME_KEYS}
+_DEVICE_KEYS = {"preset", "name", "peak_flops", "fp8_peak_flops", "memory", "memory_bandwidth", "sm_count",
+                "host_bandwidth", "host_memory", "disk_space", "host_attention_flops", *_TIER_RATE_KEYS, *_NUMBER_KEYS,
+                *_TIME_KEYS}
 
 
 def _preset_dir():
@@ -240,6 +243,9 @@ def _device(entry: object, where: str) -> DeviceSpec:
             changes[field_name] = parse_quantity(entry[key], "bandwidth", f"{where}.{key}")
     if "disk_space" in entry:
         changes["disk_bytes"] = parse_quantity(entry["disk_space"], "bytes", f"{where}.disk_space")
+    if "host_attention_flops" in entry:  # FLOP/s of the host's attention over a cache in host memory
+        changes["host_attention_flops"] = parse_quantity(entry["host_attention_flops"], "flops",
+                                                         f"{where}.host_attention_flops")
     for key in _NUMBER_KEYS:
         if key in entry:
             value = entry[key]

@@ -72,6 +72,18 @@ Compute beside communication (``comm_sm_fraction``): DeepSeek-V3's report (secti
 gives its all-to-all kernels 20 of the H800's 132 SMs while they overlap compute, and
 DeepEP's ``Buffer`` takes 20 SMs by default; the GPU presets assume those 20 SMs on every
 device (``COMM_SMS``), the rest left to the compute they overlap.
+T4: NVIDIA's T4 data sheet (65 TFLOP/s fp16 tensor cores, 16 GB GDDR6 at 320 GB/s, 40
+SMs, PCIe Gen3 x16, 70 W), and its host as FlexGen measured it (Sheng et al., "FlexGen:
+High-Throughput Generative Inference of Large Language Models with a Single GPU", ICML 2023,
+Section 6 "Evaluation", Hardware: a GCP instance with one T4, 208 GB of CPU DRAM and a 1.5 TB
+SSD; the constants its cost model is fitted with, FLEXGEN-COST below). FLEXGEN-COST: the
+``CostModelConfig`` of FlexLLMGen's ``experimental/cost_model.py`` ("default value aligned
+on google cloud T4"): host -> GPU 12.89 GB/s; GPU -> host 0.97 GB/s for KV-cache stores and
+4.82 GB/s for hidden states (the preset takes the cache store's 0.97: the KV cache is most
+of what a block schedule writes back); disk -> host 0.473 GB/s, host -> disk 0.746 GB/s
+(cache) and 2.015 GB/s (hidden; the preset takes 0.746); prefill matmuls 21.24 TFLOP/s (the
+T4 throttles at its 70 W: 0.33 of its peak, the preset's matmul efficiency); the host's
+attention over a cache in host memory 0.0123 TFLOP/s (``host_attention_flops``).
 
 ``cpu`` is a nominal multi-core server CPU (AVX-512 FMA, DDR5): rough numbers that only make
 CPU runs of the ``tiny`` and ``small`` models comparable in order of magnitude, with the
@@ -84,10 +96,13 @@ from types import MappingProxyType
 
 from pipesched.errors import PipeschedError, shorten, suggest
 from pipesched.model.hardware import DeviceSpec
-from pipesched.units import GB, GiB
+from pipesched.units import GB, TB, GiB
 
 # output tiles the NVIDIA GEMM libraries pick from for bf16 (CUTLASS / cuBLAS threadblock tiles)
 NVIDIA_TILES = ((128, 128), (128, 256), (256, 128))
+# Turing's fp16 tensor-op GEMMs (CUTLASS's sm75 instances) add a 64 x 64 tile the
+# skinny decode matmuls of a small batch take
+T4_TILES = ((64, 64), *NVIDIA_TILES)
 # hipBLASLt macro tiles on CDNA3
 AMD_TILES = ((128, 128), (128, 256), (256, 128), (256, 256))
 KERNEL_OVERHEAD_S = 2.5e-6  # GEMM-SWEEP: 2048^3 and 4096^3 against their quantized compute time
@@ -101,6 +116,10 @@ COMM_SMS = 20  # SMs the communication kernels take beside compute (DeepSeek-V3,
 GPU_FRAGMENTATION = 1.1  # FRAGMENTATION: allocator bytes per activation byte
 HOST_LINK_EFFICIENCY = 0.85  # PCIE: achievable fraction of a host link's signalling rate (assumed)
 PCIE_GEN4_X16 = 31.5 * GB  # PCIE: bytes/s per direction
+# FLEXGEN-COST: the T4 host's links and its attention FLOP/s, as FlexGen fitted them
+T4_HOST_READ, T4_HOST_WRITE = 12.89 * GB, 0.97 * GB
+T4_DISK_READ, T4_DISK_WRITE = 0.473 * GB, 0.746 * GB
+T4_HOST_ATTENTION_FLOPS = 0.0123e12
 PCIE_GEN5_X16 = 63.0 * GB
 NVLINK_C2C = 450 * GB  # NVLINK-C2C: bytes/s per direction
 # a device with no host link of its own (a cluster file's device without host_bandwidth)
@@ -169,6 +188,15 @@ DEVICES: MappingProxyType[str, DeviceSpec] = MappingProxyType({
         _gpu("mi300x", peak_flops=1307e12, fp8_peak_flops=2615e12, memory_bytes=192 * GB, memory_bandwidth=5.3e12,
              matmul_efficiency=0.60, sm_count=304, attention=((0.60, 1.0), (0.48, 3.0)), tiles=AMD_TILES,
              host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
+        # Turing, 40 SMs, no fused attention (FlexGen's OPT runs unfused attention); the host
+        # link, host memory and disk as FlexGen measured them on its GCP machine (T4 above)
+        DeviceSpec("t4", peak_flops=65e12, memory_bytes=16 * GB, memory_bandwidth=320 * GB,
+                   matmul_efficiency=21.24 / 65, sm_count=40, matmul_tiles=T4_TILES,
+                   kernel_overhead_s=KERNEL_OVERHEAD_S, op_overhead_s=GPU_OP_OVERHEAD_S,
+                   transfer_setup_s=GPU_TRANSFER_SETUP_S, memory_fragmentation=GPU_FRAGMENTATION,
+                   host_bandwidth=T4_HOST_READ, host_write_bandwidth=T4_HOST_WRITE, host_memory_bytes=208 * GB,
+                   disk_read_bandwidth=T4_DISK_READ, disk_write_bandwidth=T4_DISK_WRITE, disk_bytes=1.5 * TB,
+                   host_attention_flops=T4_HOST_ATTENTION_FLOPS),
         # the host itself: no host link to offload over
         DeviceSpec("cpu", peak_flops=1e12, memory_bytes=64 * GiB, memory_bandwidth=100e9,
                    matmul_efficiency=0.5, bandwidth_efficiency=0.6),

@@ -67,6 +67,9 @@ class DeviceSpec:
     # units the communication kernels take while they run beside compute, which then runs
     # on the rest (DeepSeek-V3 gives 20 of 132 SMs to its all-to-all kernels); 0 = none
     comm_sm_fraction: float = 0.0
+    # FLOP/s the host's cores reach on a decode step's attention over a KV cache held in host
+    # memory (FlexGen's compute delegation: the cache is not moved to the device); 0 = none
+    host_attention_flops: float = 0.0
 
     def __post_init__(self) -> None:
         require(bool(self.name), "device name", repr(self.name), "give the device a name")
@@ -105,7 +108,8 @@ class DeviceSpec:
         check_rate(f"{self.name}.host_bandwidth", self.host_bandwidth, zero=True)  # 0: no host link
         require(math.isfinite(self.host_memory_bytes) and self.host_memory_bytes >= 0,
                 f"{self.name}.host_memory_bytes", self.host_memory_bytes, "must be a finite number >= 0 (0: none)")
-        for field_name in ("host_write_bandwidth", "disk_read_bandwidth", "disk_write_bandwidth"):
+        for field_name in ("host_write_bandwidth", "disk_read_bandwidth", "disk_write_bandwidth",
+                           "host_attention_flops"):
             check_rate(f"{self.name}.{field_name}", getattr(self, field_name), zero=True)
         check_rate(f"{self.name}.fp8_peak_flops", self.fp8_peak_flops, unit="FLOP/s", zero=True)
         require(math.isfinite(self.disk_bytes) and self.disk_bytes >= 0,

@@ -11,7 +11,10 @@ cache). Its time on a stage, per device of the stage's tensor-parallel group::
          + kv_token_s x K                 K = KV tokens the decodes read (their contexts)
          + sample_s[n]                    last stage: LM head and sampling of n sequences
 
-with T = prefill chunk tokens + D. ``send_s[T]`` is the hidden state of T tokens sent to the
+with T = prefill chunk tokens + D. With weights streamed (``--resident``: only part of a
+stage's blocks kept on the device, the rest loaded from host memory or disk every
+iteration), the iteration takes ``streamed_seconds`` of that compute time instead: the
+loads overlap the compute of the layers before them. ``send_s[T]`` is the hidden state of T tokens sent to the
 next stage (zeros on the last stage), T x ``hidden_bytes_per_token`` bytes. The kernel
 model fills ``token_s`` from the GEMM shapes at each token count (decode sizes are
 memory-bound: the weights are read once per iteration); a fitted latency model
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 import pipesched.model.kernels as kernels
+from pipesched.enums import Tier
 from pipesched.errors import PipeschedError, require
 from pipesched.io.latency_model import LatencyRow
 from pipesched.model.collectives import CollectiveLevel, collective_seconds, link_levels
@@ -41,6 +46,7 @@ from pipesched.model.spec import (
     ModelSpec,
     TrainingSettings,
 )
+from pipesched.model.tiers import move_seconds, tier_capacity
 from pipesched.model.transformer import WEIGHT_MATMUL, Kernel, LayerPlan, layer_plans
 from pipesched.partition import min_bottleneck
 
@@ -67,6 +73,13 @@ class StageIterationCosts:
     # bytes of one token's hidden state sent to the next stage (send_s's payload; 0 on the last
     # stage, and where the costs do not say)
     hidden_bytes_per_token: float = 0.0
+    # weights streamed each iteration (``with_residency``): the stage's transformer blocks,
+    # how many of them (its last) are not resident, one block's parameters per device (bytes)
+    # and the seconds one block's load takes over the link from where they live
+    blocks: int = 0
+    streamed_blocks: int = 0
+    block_weight_bytes: float = 0.0
+    block_load_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("token_s", "sample_s", "send_s"):
@@ -83,11 +96,19 @@ class StageIterationCosts:
     def max_batch(self) -> int:
         return int(self.sample_s.shape[0]) - 1
 
+    @property
+    def device_weight_bytes(self) -> float:
+        """Parameters in device memory per device: the resident blocks', the embedding's and
+        the head's, and the staging buffer of ``STAGING_BLOCKS`` streamed blocks."""
+        freed = self.streamed_blocks - min(self.streamed_blocks, STAGING_BLOCKS)
+        return self.weight_bytes - freed * self.block_weight_bytes
+
     def time(self, tokens: int, attention: float, decodes: int, kv_tokens: float, sampled: int) -> float:
         """Seconds of one iteration of ``tokens`` tokens (module docstring)."""
-        return iteration_seconds(self.base_s, float(self.token_s[tokens]), self.prefill_attention_s, attention,
-                                 self.decode_request_s, decodes, self.kv_token_s, kv_tokens,
-                                 float(self.sample_s[sampled]))
+        compute = iteration_seconds(self.base_s, float(self.token_s[tokens]), self.prefill_attention_s, attention,
+                                    self.decode_request_s, decodes, self.kv_token_s, kv_tokens,
+                                    float(self.sample_s[sampled]))
+        return streamed_seconds(compute, self.blocks, self.streamed_blocks, self.block_load_s)
 
     def flops(self, tokens: int, attention: float, kv_tokens: float) -> float:
         """Model FLOPs of one iteration on this stage (all its devices)."""
@@ -101,6 +122,73 @@ def iteration_seconds(base_s, token_s, prefill_attention_s, attention, decode_re
     engine compiles this one statement of it."""
     return (base_s + token_s + prefill_attention_s * attention + decode_request_s * decodes
             + kv_token_s * kv_tokens + sample_s)
+
+
+# streamed blocks in device memory at once: the one computing and the one loading (a double
+# buffer, as FlexGen and ZeRO-Inference prefetch the next layer during the current one)
+STAGING_BLOCKS = 2
+
+
+def streamed_seconds(compute_s, blocks, streamed, load_s):
+    """An iteration of ``compute_s`` seconds of compute on a stage of ``blocks`` blocks whose
+    last ``streamed`` are loaded over the host link (``load_s`` seconds each) while the
+    earlier ones compute. Each block computes c = compute_s / blocks (the embedding and head
+    counted in); the R = compute_s - streamed x c of the resident blocks runs first. Block
+    k's load starts when the link is free and a staging slot is (block k - 2's compute has
+    ended), its compute when block k - 1's compute and its own load have ended. That
+    recurrence has the closed form
+
+        max(R + m c, w + m c, m w + c, R + s c + (m - s) w),   s = min(m, 2)
+
+    (m = ``streamed``, w = ``load_s``): the compute chain; the first load then every streamed
+    block's compute; every load then the last compute; the staging slots, which let only s
+    loads run during the resident compute. Plain arithmetic: the engine compiles it.
+
+    >>> streamed_seconds(1.0, 10, 0, 5.0), streamed_seconds(1.0, 10, 5, 0.01), streamed_seconds(1.0, 10, 5, 0.5)
+    (1.0, 1.0, 2.6)
+    """
+    if streamed <= 0:
+        return compute_s
+    per_block = compute_s / blocks
+    staged = min(streamed, STAGING_BLOCKS)
+    return max(compute_s, load_s + streamed * per_block, streamed * load_s + per_block,
+               compute_s - (streamed - staged) * per_block + (streamed - staged) * load_s)
+
+
+def resident_blocks(blocks: int, resident: float) -> int:
+    """Blocks of a stage of ``blocks`` kept on the device at residency ``resident`` (its
+    first floor(resident x blocks); all of them at 1).
+
+    >>> resident_blocks(40, 0.25), resident_blocks(40, 1.0), resident_blocks(3, 0.5)
+    (10, 40, 1)
+    """
+    return min(blocks, math.floor(resident * blocks + 1e-9))
+
+
+def check_resident(resident: object) -> float:
+    """A residency: a share of each stage's layers kept on the GPU, in (0, 1]."""
+    require(isinstance(resident, int | float) and not isinstance(resident, bool) and 0.0 < resident <= 1.0,
+            "resident", resident, "give the share of each stage's layers kept on the GPU, in (0, 1]")
+    return float(resident)
+
+
+def with_residency(costs: StageIterationCosts, device: DeviceSpec, resident: float, *,
+                   source: Tier = Tier.HOST) -> StageIterationCosts:
+    """``costs`` with only ``resident`` of its blocks kept on ``device``: the rest live in
+    ``source`` (host memory or disk) and each iteration loads them block by block over the
+    link (``model.tiers.move_seconds``), into ``STAGING_BLOCKS`` blocks of device memory;
+    ``streamed_seconds`` is the iteration's time. The streamed blocks must fit the tier."""
+    check_resident(resident)
+    streamed = costs.blocks - resident_blocks(costs.blocks, resident)
+    if streamed == 0:
+        return costs
+    held = streamed * costs.block_weight_bytes
+    capacity = tier_capacity(device, source)
+    require(held <= capacity, "resident", resident,
+            f"stage {costs.stage} streams {held / 1e9:.1f} GB of weights from {source}, which holds "
+            f"{capacity / 1e9:.1f} GB per device; give a higher --resident or a tier with room")
+    return dataclasses.replace(costs, streamed_blocks=streamed,
+                               block_load_s=move_seconds(device, costs.block_weight_bytes, source, Tier.DEVICE))
 
 
 def iteration_flops(flops_per_token, tokens, flops_per_attention, attention, kv_tokens):
@@ -266,6 +354,22 @@ class _Attention:
         return cls(prefill, 2.0 * heads * head_dim * elem / bandwidth, kv_bytes / bandwidth, kv_bytes)
 
 
+def block_attention(model: ModelSpec, device: DeviceSpec, *, tp: int = 1, dtype: str = "bf16") -> _Attention:
+    """One block's attention on one device of a ``tp``-way group, per unit of its work
+    (``prefill_s`` per unit of chunk x (context + chunk), ``request_s`` per decode request,
+    ``kv_token_s`` per cached token a decode reads, ``kv_bytes`` of one token's keys and
+    values): the terms every stage's iteration costs are made of, for a model of offloaded
+    inference that times the same attention (``pipesched.serving.offload``)."""
+    require(dtype in DTYPE_BYTES, "dtype", dtype, f"must be one of {', '.join(DTYPE_BYTES)}")
+    return _Attention.of(model, device, tp, DTYPE_BYTES[dtype])
+
+
+def workspace_bytes_per_token(plan: LayerPlan, elem: int) -> float:
+    """Bytes per token live at once in ``plan``'s forward beside the residual stream: its
+    largest weight matmul's input and output (``_bytes_per_token``)."""
+    return max((_bytes_per_token(kernel, elem) for kernel in plan.kernels), default=0.0)
+
+
 def _bytes_per_token(kernel: Kernel, elem: int) -> float:
     """Bytes of one token's input and output of a weight matmul: what is live at once
     beside the residual stream (the elementwise kernels work in place or on as much)."""
@@ -332,6 +436,7 @@ def _stage(placed: _Placed, stage: int, bounds: Sequence[int], table: _Tables) -
                                         for kernel in plan.kernels if kernel.backward == WEIGHT_MATMUL),
         flops_per_attention=blocks * 4.0 * model.num_heads * model.kv_channels,
         hidden_bytes_per_token=0.0 if last else hidden,
+        blocks=blocks, block_weight_bytes=elem * placed.plans[1].params,
     )
 
 

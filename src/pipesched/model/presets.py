@@ -2,7 +2,9 @@
 
 GPT-3 sizes follow Brown et al. (2020) as Megatron configures them (vocabulary padded to
 51200, learned positions, biases, dropout); Llama-3 and Mixtral follow their published
-Hugging Face configs; the mixture-of-experts presets cite theirs beside them. ``tiny`` and ``small`` are CPU-sized models for real runs and tests.
+Hugging Face configs; the mixture-of-experts presets cite theirs beside them. OPT follows Zhang et al. (2022), Table 1, as the facebook/opt-* Hugging
+Face configs give it (learned positions, 2048 of them plus OPT's offset of 2 that holds no
+model position, ReLU MLP of 4 h, biases, vocabulary 50272, tied embeddings). ``tiny`` and ``small`` are CPU-sized models for real runs and tests.
 """
 
 from __future__ import annotations
@@ -18,6 +20,14 @@ def _gpt3(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
         name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
         ffn_hidden_size=4 * hidden, vocab_size=51200, tied_embeddings=True,
         position_embeddings=2048, context_length=2048, bias=True, dropout=True,
+    )
+
+
+def _opt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
+    return ModelSpec(
+        name=name, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads,
+        ffn_hidden_size=4 * hidden, vocab_size=50272, tied_embeddings=True,
+        position_embeddings=2048, context_length=2048, bias=True,
     )
 
 
@@ -41,6 +51,12 @@ MODELS: MappingProxyType[str, ModelSpec] = MappingProxyType({
         _gpt3("gpt3-6.7b", 32, 4096, 32),
         _gpt3("gpt3-13b", 40, 5120, 40),
         _gpt3("gpt3-175b", 96, 12288, 96),
+        _opt("opt-1.3b", 24, 2048, 32),
+        _opt("opt-6.7b", 32, 4096, 32),
+        _opt("opt-13b", 40, 5120, 40),
+        _opt("opt-30b", 48, 7168, 56),
+        _opt("opt-66b", 64, 9216, 72),
+        _opt("opt-175b", 96, 12288, 96),
         _llama3("llama3-8b", 32, 4096, 32, 14336),
         _llama3("llama3-70b", 80, 8192, 64, 28672),
         _llama3("llama3-405b", 126, 16384, 128, 53248),

@@ -16,17 +16,32 @@ pipeline, so the slower sets the rate. Moving within a tier is free.
 (1.0, 5.0)
 >>> move_seconds(d, 1e9, Tier.DISK, Tier.DEVICE), tier_capacity(d, Tier.DISK)
 (2.0, 1000000000000.0)
+
+Several moves at once (the loads and stores of one step of a block schedule) share links:
+``link_seconds`` routes each over the adjacent links it crosses (``LINKS``: each direction of
+the host link and of the disk is its own) and gives each link's busy time; moves on
+different links overlap, so the moves take the busiest link's time (``links_seconds``).
+
+>>> busy = link_seconds(d, [(1e9, Tier.DISK, Tier.DEVICE), (10e9, Tier.HOST, Tier.DEVICE)])
+>>> float(busy[(Tier.HOST, Tier.DEVICE)]), float(busy[(Tier.DISK, Tier.HOST)])
+(1.1, 2.0)
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Iterable
+
+import numpy as np
 
 from pipesched.enums import Tier
 from pipesched.errors import PipeschedError
 from pipesched.model.hardware import DeviceSpec
 
 TIERS = (Tier.DEVICE, Tier.HOST, Tier.DISK)  # fastest first
+# the links between adjacent tiers, one per direction (each runs beside the others)
+LINKS = ((Tier.HOST, Tier.DEVICE), (Tier.DEVICE, Tier.HOST), (Tier.DISK, Tier.HOST), (Tier.HOST, Tier.DISK))
 
 
 def tier_capacity(device: DeviceSpec, tier: Tier) -> float:
@@ -69,3 +84,42 @@ def move_seconds(device: DeviceSpec, nbytes: float, src: Tier, dst: Tier) -> flo
         raise PipeschedError(f"device={device.name}: it has no {missing} tier to move bytes {src} -> {dst}; give "
                              f"the device host_bandwidth and host_memory (host) or disk_read_bandwidth and disk (disk)")
     return nbytes / bandwidth
+
+
+def route(src: Tier, dst: Tier) -> tuple[tuple[Tier, Tier], ...]:
+    """The adjacent links (``LINKS``) a move from ``src`` to ``dst`` crosses, in order.
+
+    >>> [f"{a} -> {b}" for a, b in route(Tier.DEVICE, Tier.DISK)]
+    ['device memory -> host memory', 'host memory -> disk']
+    """
+    if src is dst:
+        return ()
+    path = [src]
+    step = 1 if TIERS.index(dst) > TIERS.index(src) else -1
+    while path[-1] is not dst:
+        path.append(TIERS[TIERS.index(path[-1]) + step])
+    return tuple(itertools.pairwise(path))
+
+
+def link_seconds(device: DeviceSpec, moves: Iterable[tuple[float | np.ndarray, Tier, Tier]]) -> dict:
+    """Each adjacent link's busy seconds (``LINKS`` -> seconds, a float or an array like the
+    bytes) under ``moves``, (bytes, source, destination) each, all at once: a move's bytes
+    cross every link of its ``route``; a link no move uses is 0. A move over a missing link
+    is refused as ``move_seconds`` refuses it."""
+    busy: dict = dict.fromkeys(LINKS, 0.0)
+    for nbytes, src, dst in moves:
+        if src is dst or not np.any(np.asarray(nbytes) > 0):
+            continue
+        for link in route(src, dst):
+            bandwidth = link_bandwidth(device, *link)
+            if bandwidth <= 0:
+                move_seconds(device, 1.0, *link)  # raises: the tier is missing
+            busy[link] = busy[link] + np.asarray(nbytes, np.float64) / bandwidth
+    return busy
+
+
+def links_seconds(device: DeviceSpec, moves: Iterable[tuple[float | np.ndarray, Tier, Tier]]):
+    """Seconds of ``moves`` overlapped on their links: the busiest link's time
+    (``link_seconds``)."""
+    busy = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in link_seconds(device, moves).values()))
+    return np.maximum.reduce(busy)

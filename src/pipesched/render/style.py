@@ -67,8 +67,10 @@ def kind_styles(rules: Rules) -> KindStyles:
 
 # index = timeline.TRANSFER_KIND_NAMES position (activation, gradient, allreduce,
 # all-to-all, kv-cache, swap-out, swap-in): teal, gold, purple, slate, then serving's KV moves
-# crimson and the swaps rose and pale rose, apart from every op colour and its lighter shades
-TRANSFER_COLORS: tuple[str, ...] = ("#5fb3b0", "#e3b52f", "#9d7cc1", "#607d8b", "#a63d57", "#d47a8f", "#e8b4c0")
+# crimson and the swaps rose and pale rose, a change of shape's weight moves olive, apart
+# from every op colour and its lighter shades
+TRANSFER_COLORS: tuple[str, ...] = ("#5fb3b0", "#e3b52f", "#9d7cc1", "#607d8b", "#a63d57", "#d47a8f", "#e8b4c0",
+                                    "#8a8f3a")
 TRANSFER_NAMES: tuple[str, ...] = TRANSFER_KIND_NAMES
 
 # one colour per device (memory curves), cycling beyond ten devices: apart from the red of

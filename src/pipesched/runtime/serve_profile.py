@@ -1,7 +1,8 @@
-"""Profiling a serving rank before its run: its stage's iteration time at fixed batch
-compositions (``serve_batches.profile_batches``), and the time of a hidden-state message to
-the next rank. Every rank times at once (the cores are shared as in the run), outside the
-run, so nothing measured while serving goes into the prediction."""
+"""Profiling a serving rank around its run: its stage's iteration time at fixed batch
+compositions (``serve_batches.profile_batches``; half the rounds before the run, half after),
+and the time of a hidden-state message to the next rank (before it). Every rank times at
+once (the cores are shared as in the run), outside the run, so nothing measured while
+serving goes into the prediction."""
 
 from __future__ import annotations
 

@@ -14,12 +14,12 @@ semantics) travel through the stages at once, each with its own requests; the ba
 the simulator's scheduler's (``serve_batches``).
 
 Times (every rank on the host's monotonic clock, ``measure``): a stage's iteration runs
-from when its input was in hand (rank 0: when the batch was formed) to when its output was
+from when its input was in hand (rank 0: once the batch was formed) to when its output was
 ready; a token is made when the last stage's iteration that sampled it ended. A request is
 scheduled when its first chunk's iteration started on the first stage. Rank 0's time to
 form each batch (admission and the policy, its entry table and inputs) is the per-iteration
-CPU overhead, kept apart (``ServeRunReport.overhead_s``) and inside stage 0's rows (the
-engine adds ``cpu_overhead_s`` to stage 0 likewise). The KV use reported is the
+CPU overhead, kept apart (``ServeRunReport.overhead_s``), just before stage 0's row (the
+engine's stage 0 likewise starts a batch ``cpu_overhead_s`` after it forms). The KV use reported is the
 scheduler's paged cache, blocks taken when a batch forms and freed when rank 0 has a
 request's last token.
 """
@@ -82,8 +82,9 @@ class ServeRunOptions:
     threads: int = 1  # torch threads per rank
     pin_cpus: bool = True  # pin rank r to core r when the machine has a core per rank
     block_size: int = DEFAULTS.block_size  # tokens per block of the KV use reported (KVTrace)
-    # > 0: before serving, every rank times its stage at PROFILE_BATCHES, this many repeats
-    # each, and ranks s and s + 1 time hidden-state messages (serve_check's fitted model)
+    # > 0: every rank times its stage at the profile batches, this many repeats each (half
+    # before serving, half after), and ranks s and s + 1 time hidden-state messages before
+    # it (serve_check's fitted model)
     profile_repeats: int = 0
 
     def __post_init__(self) -> None:

@@ -53,16 +53,22 @@ def run_serve(spec: LaunchSpec, context: RankContext) -> RankServeResult:
                        seed=task.options.seed, dtype=dtype, device=device)
     result = RankServeResult()
     profile_stage(stage, task, result, repeats=WARMUP, record=False)
-    if task.options.profile_repeats:
+    repeats = task.options.profile_repeats
+    # the profile brackets the run: half its rounds before, half after (so a change in the
+    # machine's load while the trace is served weighs on the fitted model as on the run)
+    if repeats:
         dist.barrier(group=channel.control)
-        profile_stage(stage, task, result, repeats=task.options.profile_repeats, record=True)
-        profile_link(task, rank, channel, result, repeats=task.options.profile_repeats)
+        profile_stage(stage, task, result, repeats=repeats - repeats // 2, record=True)
+        profile_link(task, rank, channel, result, repeats=repeats)
     dist.barrier(group=channel.control)
     context.progress.update(0, 0, 0)
     if rank == 0:
         _lead(stage, task, channel, result, context)
     else:
         _follow(stage, task, channel, result, context, rank, spec.world_size)
+    if repeats // 2:
+        dist.barrier(group=channel.control)
+        profile_stage(stage, task, result, repeats=repeats // 2, record=True)
     return result
 
 
@@ -220,7 +226,7 @@ def _dispatch(stage: ServeStage, lead: Lead, entries: list[BatchEntry], begun: i
     result.entries.append(entries)
     result.overhead_ns.append(start - begun)
     result.batch.append(batch)
-    result.start_ns.append(begun)
+    result.start_ns.append(start)  # after the batch was formed, as the engine starts stage 0
     result.end_ns.append(end)
     if stage.last:
         lead.send(InFlight(batch, entries, out.cpu(), []))

@@ -65,6 +65,9 @@ from pipesched.serving.config import (
     KVSettings,
     SchedulerSpec,
     ServeConfig,
+    instances_text,
+    layout_label,
+    stream_source,
     vocabulary_word,
 )
 
@@ -95,6 +98,8 @@ class ServingSpace:
     workload: ServingWorkload = field(default_factory=ServingWorkload)
     targets: Targets = field(default_factory=Targets)
     latency_model: str | None = None
+    resident: float = DEFAULTS.resident  # every point's share of each stage's layers on the GPU
+    resident_from: str = DEFAULTS.resident_from  # where the rest live: host or disk
 
     def __post_init__(self) -> None:
         check_name("model", self.model)
@@ -116,6 +121,7 @@ class ServingSpace:
         vocabulary_word(Preemption, "preemption", self.preemption)
         vocabulary_word(Routing, "routing", self.routing)
         KVSettings(self.block_size, self.kv_fraction)
+        ServeConfig(resident=self.resident, stream_from=stream_source(self.resident_from))
 
     def spec(self) -> dict:
         """The space as plain data: what the store keys a search by."""
@@ -173,12 +179,13 @@ class ServingSpace:
         template = ServingPoint(model=self.model, cluster=self.cluster, workload=self.workload, targets=self.targets,
                                 latency_model=self.latency_model)
         kv, routing = KVSettings(self.block_size, self.kv_fraction), Routing(self.routing)
+        residency = {"resident": self.resident, "stream_from": stream_source(self.resident_from)}
         points = []
         for layout in layouts:
             colocated = layout if isinstance(layout, Instances) else Instances()
             split = layout if isinstance(layout, Disaggregation) else None
             points += [template.replace(config=ServeConfig(colocated, scheduler, kv, routing, self.cpu_overhead,
-                                                           split)) for scheduler in schedulers]
+                                                           split, **residency)) for scheduler in schedulers]
         return points
 
 
@@ -222,18 +229,6 @@ class ServingRow:
         """
         caps = f"chunk{self.chunk}" if self.scheduler == SchedulerName.SARATHI else f"tokens{self.max_tokens}"
         return f"{self.layout} {self.scheduler} b{self.max_batch} {caps}"
-
-
-def instances_text(instances: Instances) -> str:
-    """``TPxPPxN``, as ``--disaggregate`` takes each side."""
-    return f"{instances.tp}x{instances.pp}x{instances.count}"
-
-
-def layout_label(config: ServeConfig) -> str:
-    """``tp4 pp2 x1`` (colocated), or ``prefill 2x1x2 + decode 4x1x1`` (disaggregated)."""
-    if config.disaggregate is None:
-        return f"tp{config.instances.tp} pp{config.instances.pp} x{config.instances.count}"
-    return f"prefill {instances_text(config.disaggregate.prefill)} + decode {instances_text(config.disaggregate.decode)}"
 
 
 def serving_row(point: ServingPoint, record: CapacityRecord, *, run: int = 0) -> ServingRow:
@@ -380,6 +375,9 @@ def capacity_command_line(space: dict, row: ServingRow) -> str:
               f"--requests {workload.requests} --arrival {workload.arrival} --prompt-tokens {workload.prompt_tokens} "
               f"--output-tokens {workload.output_tokens} --seed {workload.seed}")
     targets = Targets(**space["targets"]) if isinstance(space["targets"], dict) else space["targets"]
+    resident = space.get("resident", DEFAULTS.resident)
+    if resident != DEFAULTS.resident:
+        source += f" --resident {resident:g} --resident-from {space.get('resident_from', DEFAULTS.resident_from)}"
     return (f"pipesched serve capacity --model {shlex.quote(space['model'])} --cluster {shlex.quote(space['cluster'])} "
             f"{layout} --scheduler {row.scheduler} --max-batch {row.max_batch} {caps} {source} "
             f"--slo-ttft {targets.slo_ttft:g} --slo-tpot {targets.slo_tpot:g} --attainment {targets.attainment:g}")

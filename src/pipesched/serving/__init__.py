@@ -13,4 +13,7 @@ cache and a batch scheduler per replica.
 - ``timeline``: a run's window as a ``Timeline`` (one op per iteration and stage group, the
   ``SERVING_RULES`` kinds P, D, M), which every view draws (``pipesched.render.serving`` adds
   the request-level plots and the serving page)
+- ``pool``, ``placement``, ``pool_search``, ``pool_result``: several models on one device pool:
+  the deployment file (``PoolSpec``), placements under memory (greedy against the engine,
+  dedicated, round-robin), one run with shared devices and weight swaps, read per model
 """

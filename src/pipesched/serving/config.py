@@ -5,7 +5,12 @@ devices; replica r's stage s runs on the cluster ranks ``(r x pp + s) x tp`` to 
 With ``disaggregate`` the prefill and decode phases run on their own instances (DistServe,
 Splitwise): ``Instances`` of their own TP x PP, the prefill instances first on the cluster's
 ranks, the decode instances after them, the KV cache of each prompt sent from one to the
-other over the cluster's links.
+other over the cluster's links. With ``Disaggregation.shared`` (phase-dependent
+parallelism) the decode instances sit on the prefill instances' devices instead, decode
+instance k on prefill instance k's, each layout with its own TP x PP (pipeline parallelism
+for prefill, tensor parallelism for decode, say): the two take the devices in turns, both
+layouts' weights stay on them, and each prompt's KV cache is re-sharded from the prefill
+layout to the decode layout by an all-to-all over the devices' links.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipesched.defaults import DEFAULTS
-from pipesched.enums import Preemption, Routing, SchedulerName
+from pipesched.enums import Preemption, Routing, SchedulerName, Tier
 from pipesched.errors import require
 from pipesched.limits import (
     MAX_BATCH_REQUESTS,
@@ -25,6 +30,7 @@ from pipesched.limits import (
     MAX_TENSOR_PARALLEL,
     check_count,
 )
+from pipesched.model.inference import check_resident
 
 
 def vocabulary_word(kind: type, field: str, text: object) -> object:
@@ -32,6 +38,16 @@ def vocabulary_word(kind: type, field: str, text: object) -> object:
     ``Routing``) that ``text`` names; else one error line naming the choices."""
     require(text in tuple(kind), field, text, f"choose {' or '.join(kind)}")
     return kind(text)
+
+
+# the words of ``--resident-from``: the tier the layers not resident on the GPU live in
+STREAM_SOURCES = {"host": Tier.HOST, "disk": Tier.DISK}
+
+
+def stream_source(text: str) -> Tier:
+    """The tier ``--resident-from``'s word names; else one error line naming the choices."""
+    require(text in STREAM_SOURCES, "resident-from", text, f"choose {' or '.join(STREAM_SOURCES)}")
+    return STREAM_SOURCES[text]
 
 
 @dataclass(frozen=True)
@@ -89,10 +105,24 @@ class Instances:
 
 @dataclass(frozen=True)
 class Disaggregation:
-    """Prefill and decode on separate instances."""
+    """Prefill and decode on separate instances (``shared``: on the same devices in turns)."""
 
     prefill: Instances
     decode: Instances
+    shared: bool = False  # decode instance k on prefill instance k's devices (the module docstring)
+
+    def __post_init__(self) -> None:
+        if not self.shared:
+            return
+        prefill, decode = self.prefill, self.decode
+        require(prefill.count == decode.count and prefill.tp * prefill.pp == decode.tp * decode.pp, "disaggregate",
+                f"{instances_text(prefill)},{instances_text(decode)}",
+                "on the same devices give as many prefill as decode instances, of as many devices each, like 1x4,4x1")
+
+    @property
+    def devices(self) -> int:
+        """Cluster ranks the two sides take."""
+        return self.prefill.devices if self.shared else self.prefill.devices + self.decode.devices
 
 
 @dataclass(frozen=True)
@@ -110,9 +140,16 @@ class ServeConfig:
     routing: Routing = Routing.ROUND_ROBIN  # DEFAULTS.routing
     cpu_overhead_s: float = DEFAULTS.cpu_overhead  # per iteration, on the first stage
     disaggregate: Disaggregation | None = None
+    # share of each stage's transformer blocks kept in device memory; the rest stream in from
+    # ``stream_from`` every iteration (``model.inference.with_residency``)
+    resident: float = DEFAULTS.resident
+    stream_from: Tier = Tier.HOST  # DEFAULTS.resident_from: host memory or disk
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "routing", Routing(self.routing))
+        check_resident(self.resident)
+        require(self.stream_from in (Tier.HOST, Tier.DISK), "resident_from", self.stream_from,
+                "choose host or disk")
         require(0.0 <= self.cpu_overhead_s <= MAX_SECONDS, "cpu_overhead", self.cpu_overhead_s,
                 f"give seconds from 0 to {MAX_SECONDS:g}")
 
@@ -120,5 +157,19 @@ class ServeConfig:
     def devices(self) -> int:
         """Cluster ranks the deployment takes."""
         if self.disaggregate is not None:
-            return self.disaggregate.prefill.devices + self.disaggregate.decode.devices
+            return self.disaggregate.devices
         return self.instances.devices
+
+
+def instances_text(instances: Instances) -> str:
+    """``TPxPPxN``, as ``--disaggregate`` takes each side."""
+    return f"{instances.tp}x{instances.pp}x{instances.count}"
+
+
+def layout_label(config: ServeConfig) -> str:
+    """``tp4 pp2 x1`` (colocated), or ``prefill 2x1x2 + decode 4x1x1`` (disaggregated)."""
+    if config.disaggregate is None:
+        return f"tp{config.instances.tp} pp{config.instances.pp} x{config.instances.count}"
+    split = config.disaggregate
+    shared = " on the same devices" if split.shared else ""
+    return f"prefill {instances_text(split.prefill)} + decode {instances_text(split.decode)}{shared}"

@@ -7,7 +7,8 @@ batch in flight holds (``schedulers.select_batch``). It pays ``config.cpu_overhe
 (scheduling and launch on the host) and any swap of KV caches to or from host memory,
 then runs stage 0, sends its hidden state of T tokens to stage 1 (``send_s[T]``), runs
 stage 1, and so on; each stage serves batches in the order they formed. A stage's time is
-``StageIterationCosts.time(T, A, D, K, n)`` of the batch: T = prefill chunk tokens + D
+``StageIterationCosts.time(T, A, D, K, n)`` of the batch (its compute, and with weights
+streamed its loads overlapping it: ``streamed_seconds``): T = prefill chunk tokens + D
 decodes, A = sum over chunks of c tokens after x cached of c x (x + c), K = sum over the
 decodes of the tokens their attention reads (those cached before the step, + 1 for the
 new one), n = the tokens the batch makes (sampled on the last stage). Every (batch, stage)
@@ -36,9 +37,34 @@ other, ``KVMoves`` "transfer"); its blocks on the prefill instance are freed whe
 transfer ends, and it joins the decode instance's batches then.
 
 Swap preemption moves a request's cache (its tokens x the largest per-device
-``kv_bytes_per_token`` of the stages, all devices at once) over ``deployment.host_link``,
-one move after the other per instance, before the batch that needs the room (swap-out) or
-the request back (swap-in) starts.
+``kv_bytes_per_token`` of the stages, all devices at once) over ``deployment.host_link``
+(out at ``host_write_bandwidth``, in at its bandwidth), one move after the other per
+instance, before the batch that needs the room (swap-out) or the request back (swap-in)
+starts.
+
+What a preemption costs its request (``ServeRun.preemption_s``), from the batch whose
+selection preempted it to its cache whole on the device again, in four parts that tile
+that span: save (its swap-out), reload (its swap-in), recompute (from the start on stage 0
+of the prefill rebuilding a dropped cache to the end of the chunk that has rebuilt the
+tokens it lost) and queueing (the rest: waiting for the host link, for a batch to take it
+back).
+
+Devices shared in time (``Deployment.sharing``: several models on one device group, each an
+instance of its own stage costs). A stage runs on a device slot (``Sharing.slot``), or on
+a run of them (``Sharing.span``: a decode stage over all the devices of a prefill
+pipeline's stages: ``Disaggregation.shared``); the
+instances on one slot serve one batch at a time on it, turn by turn (the least recently
+served instance first: one batch each while several wait). Requests come
+pre-routed (``routes``: the instance of each request; -1 lets the engine route it). In a swap
+group (models whose weights do not fit on the group together) one instance's weights are
+on the devices at a time, the first's at the start. While another instance of the group has
+requests, the resident admits no new request once its residency has lasted as long as its
+own load took (a residency pays for its swap before it yields: the rent-or-buy rule), and
+finishes those it holds; when it holds no KV block and no batch is in flight, the waiting
+instance (the least recently served) takes the devices, its weights loaded stage by stage
+(``Sharing.load_s``: the tiers model's move from host memory or disk, plus latency;
+``KVMoves`` ``WEIGHTS``; the resident's weights are dropped for free, a copy stays below;
+the requests it has not admitted wait for its next turn).
 
 The run is compiled (numba): the request and instance state are integer tables
 (``queues``), the loop does per-iteration work only.
@@ -55,7 +81,7 @@ from numba import njit
 from pipesched.enums import Preemption, Routing
 from pipesched.errors import PipeschedError, require
 from pipesched.limits import MAX_SERVED_TOKENS, check_count
-from pipesched.model.inference import iteration_flops, iteration_seconds
+from pipesched.model.inference import iteration_flops, iteration_seconds, streamed_seconds
 from pipesched.serving.deployment import Deployment
 from pipesched.serving.kv_cache import release, watermark_blocks
 from pipesched.serving.queues import (
@@ -74,18 +100,31 @@ from pipesched.serving.queues import (
     INSTANCE_COLUMNS,
     KIND,
     KIND_CODES,
+    LOST,
     MADE,
+    NEXT,
     OUT,
     PARTIAL,
     PREEMPTED,
+    PREEMPTED_AT,
+    PREEMPTED_S,
+    PREEMPTION_COLUMNS,
     PREFILL,
+    PREV,
     PROMPT,
     QUEUE,
+    QUEUE_FROM,
+    QUEUEING_S,
+    RECOMPUTE_FROM,
+    RECOMPUTE_S,
+    RELOAD_S,
     REQUEST_COLUMNS,
     REQUEST_TIMES,
     RUNNING,
+    SAVE_S,
     SCHEDULED_AT,
     STAGES,
+    TAIL,
     TARGET,
     UNFINISHED,
     USED,
@@ -93,11 +132,12 @@ from pipesched.serving.queues import (
     WATERMARK,
     push_back,
 )
-from pipesched.serving.records import IterationLog, KVMoves, KVTrace, ServeRun
+from pipesched.serving.records import WEIGHTS, IterationLog, KVMoves, KVTrace, ServeRun
 from pipesched.serving.schedulers import (
     BLOCK,
     BUDGET,
     DECODES,
+    DROPPED,
     MAX_BATCH,
     NAME,
     PLAN_FIELDS,
@@ -105,6 +145,7 @@ from pipesched.serving.schedulers import (
     SCHEDULER_CODES,
     SPEC_FIELDS,
     SWAP,
+    SWAP_IN,
     SWAP_OUT,
     SWAPS,
     VICTIMS,
@@ -114,14 +155,16 @@ from pipesched.serving.schedulers import (
 from pipesched.serving.trace import Trace, check_context
 
 _seconds = njit(cache=True)(iteration_seconds)
+_streamed = njit(cache=True)(streamed_seconds)
 _flops = njit(cache=True)(iteration_flops)
 
 # event priorities at one time
 _BATCH_END, _TRANSFER_END, _STAGE_FREE = 0, 1, 2
 # stage terms (float64 table, one row per stage of every instance)
-_BASE, _ATTENTION, _DECODE, _KV, _FLOPS_TOKEN, _FLOPS_ATTENTION, _KV_DEVICE, _HIDDEN = range(8)
-# settings (float64): per-iteration overhead, host link
-_OVERHEAD, _HOST_LATENCY, _HOST_BANDWIDTH = range(3)
+(_BASE, _ATTENTION, _DECODE, _KV, _FLOPS_TOKEN, _FLOPS_ATTENTION, _KV_DEVICE, _HIDDEN, _BLOCKS, _STREAMED,
+ _BLOCK_LOAD) = range(11)
+# settings (float64): per-iteration overhead, host link (latency, host -> device and device -> host bytes/s)
+_OVERHEAD, _HOST_LATENCY, _HOST_BANDWIDTH, _HOST_WRITE_BANDWIDTH = range(4)
 # run counters (int64)
 (_ROWS, _BATCHES, _MEMBERS, _KV_LOG, _MOVES, _TRANSFERS, _SEQUENCE, _TURN_ENTRY, _TURN_DECODE, _CHUNKS,
  _PREEMPT_LOG) = range(11)
@@ -131,35 +174,51 @@ _COUNTERS = 11
 _ROW_FIELDS = 12
 # batches (int64): instance, first member, decodes, prefills, first chunk (of its prefills, in the chunk column)
 _BATCH_FIELDS = 5
-# moves (float64): request, kind, source device, destination device, bytes, start, end
-_MOVE_FIELDS = 7
-_MOVE_KINDS = ("transfer", "swap-out", "swap-in")
-_TRANSFER = 0
-_HOST = -1  # device of host memory in KVMoves
+# moves (float64): request (-1: weights), kind, source device, destination device, bytes, start, end, instance
+_MOVE_FIELDS = 8
+_MOVE_KINDS = ("transfer", "swap-out", "swap-in", WEIGHTS)
+_TRANSFER, _WEIGHTS = 0, 3
+_HOST = -1  # device of host memory in KVMoves (-2: disk)
 
 
-def simulate_serving(deployment: Deployment, trace: Trace) -> ServeRun:
-    """Every request of ``trace`` served on ``deployment`` (module docstring)."""
-    _check(deployment, trace)
-    tables = _Tables(deployment, trace)
+def simulate_serving(deployment: Deployment, trace: Trace, *, routes: np.ndarray | None = None) -> ServeRun:
+    """Every request of ``trace`` served on ``deployment`` (module docstring); ``routes``:
+    the instance each request goes to (-1 or None: routed by ``config.routing``)."""
+    routes = _routes(routes, len(trace), len(deployment.instances))
+    _check(deployment, trace, routes)
+    tables = _Tables(deployment, trace, routes)
     logs = _run(trace.arrived_at, tables.req, tables.times, tables.token_offsets, tables.token_times, tables.ins,
                 tables.stage_free, tables.terms, tables.token_s, tables.send_s, tables.sample_s, tables.device,
                 tables.kv_bytes, tables.spec, tables.settings, tables.link_latency, tables.link_bandwidth,
-                tables.entry, tables.decode, tables.least_loaded)
+                tables.entry, tables.decode, tables.least_loaded, tables.routes, tables.shared.arrays(),
+                tables.preemption)
     return _result(deployment, trace, tables, logs)
 
 
-def _check(deployment: Deployment, trace: Trace) -> None:
+def _routes(routes: np.ndarray | None, requests: int, instances: int) -> np.ndarray:
+    """The instance of each request (-1: the engine routes it)."""
+    if routes is None:
+        return np.full(requests, -1, np.int64)
+    routes = np.ascontiguousarray(routes, np.int64)
+    require(routes.shape == (requests,) and bool(np.all(routes < instances)), "routes", routes.shape,
+            f"give one instance below {instances} (or -1) per request")
+    return routes
+
+
+def _check(deployment: Deployment, trace: Trace, routes: np.ndarray) -> None:
+    """The trace fits the deployment: every instance's cache holds the longest request that
+    may go to it (any, unless routed)."""
     spec = deployment.config.scheduler
     check_count("output_tokens", int(trace.decode_tokens.sum()), MAX_SERVED_TOKENS, what="output tokens of a trace")
     check_context(trace, deployment.max_context)
-    longest = int(np.argmax(trace.total_tokens))
-    tokens = int(trace.total_tokens[longest])
-    blocks = blocks_of(tokens, deployment.config.kv.block_size)
-    for plan in deployment.instances:
-        require(plan.kv_capacity_blocks >= blocks, "kv_capacity_blocks", plan.kv_capacity_blocks,
-                f"a {plan.kind} instance's KV cache cannot hold request {longest} alone ({blocks:,} blocks); "
-                "give the cache more memory, a stage more devices, or shorten the requests")
+    for i, plan in enumerate(deployment.instances):
+        mine = np.flatnonzero((routes == i) | (routes < 0))
+        if mine.size:
+            longest = int(mine[np.argmax(trace.total_tokens[mine])])
+            blocks = blocks_of(int(trace.total_tokens[longest]), deployment.config.kv.block_size)
+            require(plan.kv_capacity_blocks >= blocks, "kv_capacity_blocks", plan.kv_capacity_blocks,
+                    f"a {plan.kind} instance's KV cache cannot hold request {longest} alone ({blocks:,} blocks); "
+                    "give the cache more memory, a stage more devices, or shorten the requests")
         for costs in plan.stages:
             require(costs.max_tokens >= spec.token_budget and costs.max_batch >= spec.max_batch, "stage_costs",
                     f"{costs.max_tokens} tokens, {costs.max_batch} sequences",
@@ -169,7 +228,7 @@ def _check(deployment: Deployment, trace: Trace) -> None:
 class _Tables:
     """The run's state and inputs as the compiled loop reads them."""
 
-    def __init__(self, deployment: Deployment, trace: Trace) -> None:
+    def __init__(self, deployment: Deployment, trace: Trace, routes: np.ndarray) -> None:
         config = deployment.config
         spec = config.scheduler
         n = len(trace)
@@ -192,9 +251,13 @@ class _Tables:
             self.ins[i, [KIND, STAGES, FIRST_STAGE, CAPACITY, WATERMARK]] = (
                 KIND_CODES[plan.kind], len(plan.stages), first[i], plan.kv_capacity_blocks,
                 watermark_blocks(plan.kv_capacity_blocks))
-        self.stage_free = np.zeros(len(stages))
+        self.routes = routes
+        self.shared = _SharedTables(deployment.sharing, plans)
+        slots = self.shared.slot[:, 0] + self.shared.slot[:, 1]  # past each stage's last slot
+        self.stage_free = np.zeros(int(slots.max()) if len(stages) else 0)
         self.terms = np.array([[c.base_s, c.prefill_attention_s, c.decode_request_s, c.kv_token_s, c.flops_per_token,
-                                c.flops_per_attention, c.kv_bytes_per_token, c.hidden_bytes_per_token]
+                                c.flops_per_attention, c.kv_bytes_per_token, c.hidden_bytes_per_token, c.blocks,
+                                c.streamed_blocks, c.block_load_s]
                                for c in stages], np.float64)
         self.token_s = np.stack([c.token_s[:spec.token_budget + 1] for c in stages])
         self.send_s = np.stack([c.send_s[:spec.token_budget + 1] for c in stages])
@@ -206,7 +269,10 @@ class _Tables:
             SCHEDULER_CODES[spec.name], spec.max_batch, spec.token_budget, spec.preemption == Preemption.SWAP,
             config.kv.block_size)
         host = deployment.host_link
-        self.settings = np.array([config.cpu_overhead_s, host.latency, host.bandwidth], np.float64)
+        self.settings = np.array([config.cpu_overhead_s, host.latency, host.bandwidth,
+                                  deployment.host_write_bandwidth or host.bandwidth], np.float64)
+        self.preemption = np.zeros((n, PREEMPTION_COLUMNS))
+        self.preemption[:, [PREEMPTED_AT, QUEUE_FROM, RECOMPUTE_FROM]] = np.nan
         self.link_latency = np.ascontiguousarray(deployment.link_latency, np.float64)
         self.link_bandwidth = np.ascontiguousarray(deployment.link_bandwidth, np.float64)
         kinds = [plan.kind for plan in plans]
@@ -215,14 +281,52 @@ class _Tables:
         self.least_loaded = config.routing == Routing.LEAST_LOADED
 
 
+class _SharedTables:
+    """Devices shared in time, as the compiled loop reads them (each stage on its own slot,
+    no swap group, when nothing is shared). ``slot`` [stages, 2]: each stage's first slot
+    and the slots it occupies from there (``Sharing.span``)."""
+
+    def __init__(self, sharing, plans) -> None:
+        instances, stages = len(plans), sum(len(plan.stages) for plan in plans)
+        owner = np.repeat(np.arange(instances), [len(plan.stages) for plan in plans])
+        if sharing is None:
+            first, self.group = np.arange(stages, dtype=np.int64), np.full(instances, -1, np.int64)
+            self.load_s, self.load_bytes = np.zeros(stages), np.zeros(stages)
+            self.load_from, self.any = np.full(instances, _HOST, np.int64), False
+            self.quantum = np.zeros(instances)
+        else:
+            first = np.asarray(sharing.slot, np.int64)
+            self.group = np.ascontiguousarray(sharing.swap_group, np.int64)
+            self.load_s = np.ascontiguousarray(sharing.load_s, np.float64)
+            self.load_bytes = np.ascontiguousarray(sharing.load_bytes, np.float64)
+            self.load_from, self.any = np.ascontiguousarray(sharing.load_from, np.int64), True
+            # per instance: its longest stage load, the least its residency lasts before it yields
+            self.quantum = np.array([max((float(self.load_s[g]) for g in np.flatnonzero(owner == i)), default=0.0)
+                                     for i in range(instances)])
+        require(first.shape == (stages,) and self.group.shape == (instances,), "sharing", first.shape,
+                f"give a slot per stage ({stages}) and a swap group per instance ({instances})")
+        span = np.ones(stages, np.int64) if sharing is None or sharing.span is None else sharing.span
+        self.slot = np.ascontiguousarray(np.stack([first, np.asarray(span, np.int64)], axis=1))
+        groups = int(self.group.max()) + 1 if instances else 0
+        # the instance whose weights each swap group holds: its first
+        self.resident = np.array([int(np.flatnonzero(self.group == g)[0]) for g in range(groups)], np.int64)
+        self.since = np.zeros(groups)  # per swap group: when its resident's weights arrived (seconds)
+
+    def arrays(self) -> tuple:
+        return (self.slot, self.group, self.resident, self.load_s, self.load_bytes, self.load_from, self.any,
+                self.since, self.quantum)
+
+
 @njit(cache=True)
 def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms, token_s, send_s, sample_s, device,
-         kv_bytes, spec, settings, link_latency, link_bandwidth, entry, decode, least_loaded):
+         kv_bytes, spec, settings, link_latency, link_bandwidth, entry, decode, least_loaded, routes, shared,
+         preemption):
     """The event loop (module docstring); returns the logs and their counters. The functions
     it calls allocate nothing and are compiled without reference counting (numba's
     ``_nrt=False``: no atomic count per array argument per call, half the time of a batch);
     the logs grow here, before each call that may write them."""
     n, nins = arrived.shape[0], ins.shape[0]
+    slot, group, resident, load_s, load_bytes, load_from, any_shared, since, quantum = shared
     stages, grow = ins[:, STAGES].max(), spec[MAX_BATCH] * (ins[:, STAGES].max() + 2) + 1
     counts = np.zeros(_COUNTERS, np.int64)
     # logs sized for a run without preemption: a member per output token and per prefill chunk
@@ -236,6 +340,7 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
     swaps, swap_kind, going = np.empty(grow, np.int64), np.empty(grow, np.int64), np.empty(grow, np.int64)
     plan = np.zeros(PLAN_FIELDS, np.int64)
     touched = np.zeros(nins, np.bool_)
+    served = np.full(nins, -1, np.int64)  # per instance: its latest batch
     heap = [(0.0, 0, 0, 0)]  # (time, priority, sequence, payload)
     heap.pop()
     nxt = 0
@@ -253,32 +358,54 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
                 transfers = _room(transfers, counts[_TRANSFERS] + grow)
             sent = _event(priority, payload, t, req, times, token_offsets, token_times, ins, batches, members,
                           chunks_of, kv_log, moves, transfers, counts, touched, device, kv_bytes, link_latency,
-                          link_bandwidth, link_free, decode, least_loaded, going, ends)
+                          link_bandwidth, link_free, decode, least_loaded, going, ends, preemption)
             for k in range(sent):  # KV caches on their way to decode instances
                 heapq.heappush(heap, (ends[k], _TRANSFER_END, counts[_SEQUENCE], counts[_TRANSFERS] - sent + k))
                 counts[_SEQUENCE] += 1
-        nxt = _arrive(nxt, t, arrived, req, ins, entry, least_loaded, counts, touched)
-        for i in range(nins):
+        nxt = _arrive(nxt, t, arrived, routes, req, ins, entry, least_loaded, counts, touched)
+        if any_shared:
+            _touch_sharers(touched, ins, slot)
+        # instances sharing devices take turns: the least recently served first
+        order = np.argsort(served, kind="mergesort") if any_shared else np.arange(nins)
+        for i in order:
             if not touched[i]:
                 continue
             touched[i] = False
-            if stage_free[ins[i, FIRST_STAGE]] > t or ins[i, IN_FLIGHT] >= ins[i, STAGES]:
+            if _slot_free(stage_free, slot, ins[i, FIRST_STAGE]) > t or ins[i, IN_FLIGHT] >= ins[i, STAGES]:
                 continue
             if counts[_ROWS] + stages > rows.shape[0] or counts[_BATCHES] + 1 > batches.shape[0]:
                 rows, batches = _room(rows, counts[_ROWS] + stages), _room(batches, counts[_BATCHES] + 1)
             if counts[_MEMBERS] + grow > members.shape[0] or counts[_CHUNKS] + grow > chunks_of.shape[0]:
                 members = _room_1d(members, counts[_MEMBERS] + grow)
                 chunks_of = _room_1d(chunks_of, counts[_CHUNKS] + grow)
-            if counts[_KV_LOG] + 1 > kv_log.shape[0] or counts[_MOVES] + grow > moves.shape[0]:
-                kv_log, moves = _room(kv_log, counts[_KV_LOG] + 1), _room(moves, counts[_MOVES] + grow)
+            if counts[_KV_LOG] + 1 > kv_log.shape[0] or counts[_MOVES] + grow + stages > moves.shape[0]:
+                kv_log, moves = _room(kv_log, counts[_KV_LOG] + 1), _room(moves, counts[_MOVES] + grow + stages)
             preempt_log = _room(preempt_log, counts[_PREEMPT_LOG] + 1)
-            b = _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec,
-                      settings, host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows,
-                      plan_chunks, swaps, swap_kind, plan, ends, preempt_log)
+            loaded, yielding = False, False
+            if group[i] >= 0:
+                held = _hold(i, t, ins, group, resident, stage_free, slot, load_s, load_bytes, load_from, device,
+                             moves, counts, since)
+                if held < 0:
+                    continue
+                loaded = held > 0
+                yielding = t >= since[group[i]] + quantum[i] and _others_wait(i, ins, group)
+            if yielding:  # it admits no new request: its waiting ones are set aside for this batch
+                head, tail, count = ins[i, HEAD + WAITING], ins[i, TAIL + WAITING], ins[i, COUNT + WAITING]
+                ins[i, HEAD + WAITING], ins[i, TAIL + WAITING], ins[i, COUNT + WAITING] = -1, -1, 0
+            b = _form(i, t, req, times, ins, stage_free, slot, terms, token_s, send_s, sample_s, device, kv_bytes,
+                      spec, settings, host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows,
+                      plan_chunks, swaps, swap_kind, plan, ends, preempt_log, preemption)
+            if yielding:
+                _rejoin(req, ins, i, head, tail, count)
             if b >= 0:  # its end on the last stage, and stage 0 free for the next
+                served[i] = b
                 heapq.heappush(heap, (ends[0], _BATCH_END, counts[_SEQUENCE], b))
                 heapq.heappush(heap, (ends[1], _STAGE_FREE, counts[_SEQUENCE] + 1, i))
                 counts[_SEQUENCE] += 2
+            elif loaded:  # its weights arrive with nothing to run yet: look again then
+                heapq.heappush(heap, (_slot_free(stage_free, slot, ins[i, FIRST_STAGE]), _STAGE_FREE,
+                                      counts[_SEQUENCE], i))
+                counts[_SEQUENCE] += 1
     return rows, batches, members, kv_log, moves, preempt_log, counts
 
 
@@ -303,10 +430,98 @@ def _room_1d(buf, size):
 
 
 @njit(cache=True, _nrt=False)
-def _arrive(nxt, t, arrived, req, ins, entry, least_loaded, counts, touched):
-    """Route the requests arriving at t, from trace row ``nxt`` on; the next row to arrive."""
+def _slot_free(stage_free, slot, g):
+    """When every slot stage g occupies is free."""
+    free = stage_free[slot[g, 0]]
+    for k in range(1, slot[g, 1]):
+        free = max(free, stage_free[slot[g, 0] + k])
+    return free
+
+
+@njit(cache=True, _nrt=False)
+def _occupy(stage_free, slot, g, until):
+    """Stage g holds its slots until ``until``."""
+    for k in range(slot[g, 1]):
+        stage_free[slot[g, 0] + k] = until
+
+
+@njit(cache=True, _nrt=False)
+def _slot_range(ins, slot, i):
+    """The slots instance i's stages occupy: [first, end)."""
+    low, high = slot[ins[i, FIRST_STAGE], 0], 0
+    for g in range(ins[i, FIRST_STAGE], ins[i, FIRST_STAGE] + ins[i, STAGES]):
+        low, high = min(low, slot[g, 0]), max(high, slot[g, 0] + slot[g, 1])
+    return low, high
+
+
+@njit(cache=True, _nrt=False)
+def _touch_sharers(touched, ins, slot):
+    """Every instance on a touched instance's devices is touched too: a slot one frees or a
+    swap group one leaves may start another's batch."""
+    nins = ins.shape[0]
+    for i in range(nins):
+        if not touched[i]:
+            continue
+        low, high = _slot_range(ins, slot, i)
+        for j in range(nins):
+            other_low, other_high = _slot_range(ins, slot, j)
+            if other_low < high and low < other_high:
+                touched[j] = True
+
+
+@njit(cache=True, _nrt=False)
+def _hold(i, t, ins, group, resident, stage_free, slot, load_s, load_bytes, load_from, device, moves, counts,
+          since):
+    """Instance i's weights on its devices at t: 0 when they are there, 1 when they are
+    loaded now (stage by stage, each after its slot frees), -1 when the resident instance of
+    its swap group still holds KV blocks or a batch in flight, or i has no request."""
+    h = resident[group[i]]
+    if h == i:
+        return 0
+    if ins[h, USED] > 0 or ins[h, IN_FLIGHT] > 0 or ins[i, UNFINISHED] == 0:
+        return -1
+    resident[group[i]] = i
+    arrived = t
+    for g in range(ins[i, FIRST_STAGE], ins[i, FIRST_STAGE] + ins[i, STAGES]):
+        begin = max(t, _slot_free(stage_free, slot, g))
+        _occupy(stage_free, slot, g, begin + load_s[g])
+        arrived = max(arrived, begin + load_s[g])
+        _log_move(moves, counts, -1, i, _WEIGHTS, load_from[i], device[g], load_bytes[g], begin, begin + load_s[g])
+    since[group[i]] = arrived
+    return 1
+
+
+@njit(cache=True, _nrt=False)
+def _others_wait(i, ins, group):
+    """Another instance of i's swap group has requests."""
+    for j in range(ins.shape[0]):
+        if j != i and group[j] == group[i] and ins[j, UNFINISHED] > 0:
+            return True
+    return False
+
+
+@njit(cache=True, _nrt=False)
+def _rejoin(req, ins, i, head, tail, count):
+    """Instance i's waiting queue as the batch left it, followed by the ``count`` requests
+    set aside (``head`` to ``tail``)."""
+    if count == 0:
+        return
+    last = ins[i, TAIL + WAITING]
+    if last >= 0:
+        req[last, NEXT] = head
+        req[head, PREV] = last
+    else:
+        ins[i, HEAD + WAITING] = head
+    ins[i, TAIL + WAITING] = tail
+    ins[i, COUNT + WAITING] += count
+
+
+@njit(cache=True, _nrt=False)
+def _arrive(nxt, t, arrived, routes, req, ins, entry, least_loaded, counts, touched):
+    """Route the requests arriving at t, from trace row ``nxt`` on (to ``routes[row]`` where
+    it names one); the next row to arrive."""
     while nxt < arrived.shape[0] and arrived[nxt] == t:
-        i = _route(entry, ins, least_loaded, counts, _TURN_ENTRY)
+        i = routes[nxt] if routes[nxt] >= 0 else _route(entry, ins, least_loaded, counts, _TURN_ENTRY)
         push_back(req, ins, i, WAITING, nxt)
         ins[i, UNFINISHED] += 1
         req[nxt, INSTANCE] = i
@@ -338,22 +553,23 @@ def _log_kv(kv_log, counts, i, t, ins):
 
 
 @njit(cache=True, _nrt=False)
-def _log_move(moves, counts, r, kind, src, dst, nbytes, start, end):
+def _log_move(moves, counts, r, i, kind, src, dst, nbytes, start, end):
     row = counts[_MOVES]
     moves[row, 0], moves[row, 1], moves[row, 2], moves[row, 3] = r, kind, src, dst
-    moves[row, 4], moves[row, 5], moves[row, 6] = nbytes, start, end
+    moves[row, 4], moves[row, 5], moves[row, 6], moves[row, 7] = nbytes, start, end, i
     counts[_MOVES] += 1
 
 
 @njit(cache=True, _nrt=False)
 def _event(priority, payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, kv_log,
            moves, transfers, counts, touched, device, kv_bytes, link_latency, link_bandwidth, link_free, decode,
-           least_loaded, going, ends):
+           least_loaded, going, ends, preemption):
     """One event: a batch ends (its tokens are made), a KV transfer ends, or a stage 0 frees.
     Returns how many KV caches a prefill instance's batch sent (their ends in ``ends``)."""
     if priority == _BATCH_END:
         i = batches[payload, 0]
         sent = end_batch(payload, t, req, times, token_offsets, token_times, ins, batches, members, chunks_of, going)
+        _rebuilt(payload, t, req, batches, members, preemption)
         _log_kv(kv_log, counts, i, t, ins)
         touched[i] = True
         for k in range(sent):
@@ -405,6 +621,34 @@ def end_batch(b, t, req, times, token_offsets, token_times, ins, batches, member
 
 
 @njit(cache=True, _nrt=False)
+def _rebuilt(b, t, req, batches, members, preemption):
+    """The preempted requests of batch b whose prefill has rebuilt the cache they lost: their
+    recompute, and their preemption, end at t."""
+    first, prefills = batches[b, 1] + batches[b, 2], batches[b, 3]
+    for k in range(first, first + prefills):
+        r = members[k]
+        if np.isnan(preemption[r, RECOMPUTE_FROM]) or req[r, CACHED] < req[r, LOST]:
+            continue
+        preemption[r, RECOMPUTE_S] += t - preemption[r, RECOMPUTE_FROM]
+        preemption[r, PREEMPTED_S] += t - preemption[r, PREEMPTED_AT]
+        preemption[r, PREEMPTED_AT] = np.nan
+        preemption[r, RECOMPUTE_FROM] = np.nan
+        req[r, LOST] = 0
+
+
+@njit(cache=True, _nrt=False)
+def _preempted(preemption, r, t):
+    """Request r is preempted at t: its preemption opens (a recompute in progress, preempted
+    again, ends its recompute part there and waits again)."""
+    if np.isnan(preemption[r, PREEMPTED_AT]):
+        preemption[r, PREEMPTED_AT] = t
+    elif not np.isnan(preemption[r, RECOMPUTE_FROM]):
+        preemption[r, RECOMPUTE_S] += t - preemption[r, RECOMPUTE_FROM]
+        preemption[r, RECOMPUTE_FROM] = np.nan
+    preemption[r, QUEUE_FROM] = t
+
+
+@njit(cache=True, _nrt=False)
 def _send(r, src, t, req, ins, moves, transfers, counts, device, kv_bytes, link_latency, link_bandwidth, link_free,
           decode, least_loaded):
     """Send request r's KV cache from prefill instance ``src`` to a decode instance; when it arrives."""
@@ -414,7 +658,7 @@ def _send(r, src, t, req, ins, moves, transfers, counts, device, kv_bytes, link_
     end = begin + link_latency[src, dst] + nbytes / link_bandwidth[src, dst]  # Deployment.transfer_s
     link_free[src, dst] = end
     last_stage = ins[src, FIRST_STAGE] + ins[src, STAGES] - 1
-    _log_move(moves, counts, r, _TRANSFER, device[last_stage], device[ins[dst, FIRST_STAGE]], nbytes, begin, end)
+    _log_move(moves, counts, r, src, _TRANSFER, device[last_stage], device[ins[dst, FIRST_STAGE]], nbytes, begin, end)
     transfers[counts[_TRANSFERS], 0] = r
     transfers[counts[_TRANSFERS], 1] = src
     transfers[counts[_TRANSFERS], 2] = dst
@@ -427,9 +671,9 @@ def _send(r, src, t, req, ins, moves, transfers, counts, device, kv_bytes, link_
 
 
 @njit(cache=True, _nrt=False)
-def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, device, kv_bytes, spec, settings,
+def _form(i, t, req, times, ins, stage_free, slot, terms, token_s, send_s, sample_s, device, kv_bytes, spec, settings,
           host_free, rows, batches, members, chunks_of, kv_log, moves, counts, plan_rows, plan_chunks, swaps,
-          swap_kind, plan, ends, preempt_log):
+          swap_kind, plan, ends, preempt_log, preemption):
     """Start instance i's next batch at t, if its scheduler finds one: its index (its end on
     the last stage and on stage 0 in ``ends``), or -1."""
     select_batch(spec, req, ins, i, plan_rows, plan_chunks, swaps, swap_kind, plan)
@@ -438,7 +682,7 @@ def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, d
         preempt_log[row, 0], preempt_log[row, 1], preempt_log[row, 2] = i, t, plan[VICTIMS]
         counts[_PREEMPT_LOG] += 1
     start = _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, swaps, swap_kind,
-                   plan)
+                   plan, preemption)
     _log_kv(kv_log, counts, i, t, ins)
     decodes, prefills = plan[DECODES], plan[PREFILLS]
     if decodes + prefills == 0:
@@ -461,28 +705,33 @@ def _form(i, t, req, times, ins, stage_free, terms, token_s, send_s, sample_s, d
     counts[_CHUNKS] += prefills
     counts[_BATCHES] += 1
     counts[_MEMBERS] += decodes + prefills
-    ends[0] = _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, device, rows, counts,
+    ends[0] = _stages(i, b, start, ins, stage_free, slot, terms, token_s, send_s, sample_s, device, rows, counts,
                       prefill_tokens, decodes, attention, kv_tokens, sampled)
-    ends[1] = stage_free[ins[i, FIRST_STAGE]]
+    ends[1] = _slot_free(stage_free, slot, ins[i, FIRST_STAGE])
     stage0_start = rows[counts[_ROWS] - ins[i, STAGES], 4]
     for k in range(decodes, decodes + prefills):
-        if np.isnan(times[plan_rows[k], SCHEDULED_AT]):
-            times[plan_rows[k], SCHEDULED_AT] = stage0_start
+        r = plan_rows[k]
+        if np.isnan(times[r, SCHEDULED_AT]):
+            times[r, SCHEDULED_AT] = stage0_start
+        if not np.isnan(preemption[r, PREEMPTED_AT]) and np.isnan(preemption[r, RECOMPUTE_FROM]):
+            preemption[r, QUEUEING_S] += stage0_start - preemption[r, QUEUE_FROM]  # its cache's rebuild starts
+            preemption[r, RECOMPUTE_FROM] = stage0_start
     ins[i, IN_FLIGHT] += 1
     return b
 
 
 @njit(cache=True, _nrt=False)
-def _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, device, rows, counts, prefill_tokens,
+def _stages(i, b, start, ins, stage_free, slot, terms, token_s, send_s, sample_s, device, rows, counts, prefill_tokens,
             decodes, attention, kv_tokens, sampled):
     """Run batch b through instance i's stages from ``start``, each after its last batch; its end."""
     tokens = prefill_tokens + decodes
     ready, end = start, start
     for g in range(ins[i, FIRST_STAGE], ins[i, FIRST_STAGE] + ins[i, STAGES]):
-        begin = max(ready, stage_free[g])
-        end = begin + _seconds(terms[g, _BASE], token_s[g, tokens], terms[g, _ATTENTION], attention,
-                               terms[g, _DECODE], decodes, terms[g, _KV], kv_tokens, sample_s[g, sampled])
-        stage_free[g] = end
+        begin = max(ready, _slot_free(stage_free, slot, g))
+        compute = _seconds(terms[g, _BASE], token_s[g, tokens], terms[g, _ATTENTION], attention, terms[g, _DECODE],
+                           decodes, terms[g, _KV], kv_tokens, sample_s[g, sampled])
+        end = begin + _streamed(compute, terms[g, _BLOCKS], terms[g, _STREAMED], terms[g, _BLOCK_LOAD])
+        _occupy(stage_free, slot, g, end)
         flops = _flops(terms[g, _FLOPS_TOKEN], tokens, terms[g, _FLOPS_ATTENTION], attention, kv_tokens)
         row = counts[_ROWS]
         rows[row, 0], rows[row, 1], rows[row, 2], rows[row, 3] = b, i, g - ins[i, FIRST_STAGE], device[g]
@@ -494,8 +743,11 @@ def _stages(i, b, start, ins, stage_free, terms, token_s, send_s, sample_s, devi
 
 
 @njit(cache=True, _nrt=False)
-def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, swaps, swap_kind, plan):
-    """Move the plan's swapped caches over instance i's host link; when its batch may start."""
+def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, counts, swaps, swap_kind, plan,
+           preemption):
+    """Move the plan's swapped caches over instance i's host link (out at its device -> host
+    bandwidth, in at host -> device), each after the one before; when its batch may start.
+    Each victim's preemption opens; a swap-in closes it."""
     start = t + settings[_OVERHEAD]
     first = ins[i, FIRST_STAGE]
     per_device = 0.0  # bytes per token on the stage's devices that hold the most
@@ -503,12 +755,23 @@ def _swaps(i, t, req, ins, terms, device, kv_bytes, settings, host_free, moves, 
         per_device = max(per_device, terms[g, _KV_DEVICE])
     for k in range(plan[SWAPS]):
         r, kind = swaps[k], swap_kind[k]
+        if kind != SWAP_IN:
+            _preempted(preemption, r, t)
+        if kind == DROPPED:
+            continue
         tokens = req[r, CACHED]
         begin = max(t, host_free[i])
-        host_free[i] = begin + settings[_HOST_LATENCY] + per_device * tokens / settings[_HOST_BANDWIDTH]
+        bandwidth = settings[_HOST_WRITE_BANDWIDTH] if kind == SWAP_OUT else settings[_HOST_BANDWIDTH]
+        host_free[i] = begin + settings[_HOST_LATENCY] + per_device * tokens / bandwidth
         src, dst = (device[first], _HOST) if kind == SWAP_OUT else (_HOST, device[first])
-        _log_move(moves, counts, r, 1 + kind, src, dst, kv_bytes[i] * tokens, begin, host_free[i])
+        _log_move(moves, counts, r, i, 1 + kind, src, dst, kv_bytes[i] * tokens, begin, host_free[i])
         start = max(start, host_free[i])
+        preemption[r, QUEUEING_S] += begin - preemption[r, QUEUE_FROM]
+        preemption[r, SAVE_S if kind == SWAP_OUT else RELOAD_S] += host_free[i] - begin
+        preemption[r, QUEUE_FROM] = host_free[i]
+        if kind == SWAP_IN:
+            preemption[r, PREEMPTED_S] += host_free[i] - preemption[r, PREEMPTED_AT]
+            preemption[r, PREEMPTED_AT] = np.nan
     return start
 
 
@@ -533,7 +796,8 @@ def _result(deployment: Deployment, trace: Trace, tables: _Tables, logs: tuple) 
         instance_devices=tuple(tuple(plan.devices) for plan in plans),
         tp=tuple(plan.tp for plan in plans), peak_flops=deployment.peak_flops,
         moves=_moves(moves[:counts[_MOVES]]),
-        kv_bytes_per_token=tuple(tuple(costs.kv_bytes_per_token for costs in plan.stages) for plan in plans))
+        kv_bytes_per_token=tuple(tuple(costs.kv_bytes_per_token for costs in plan.stages) for plan in plans),
+        preemption_s=tables.preemption[:, [SAVE_S, RELOAD_S, RECOMPUTE_S, QUEUEING_S, PREEMPTED_S]].copy())
 
 
 def _iteration_log(rows: np.ndarray, batches: np.ndarray, members: np.ndarray) -> IterationLog:
@@ -569,4 +833,4 @@ def _moves(moves: np.ndarray) -> KVMoves:
         return KVMoves.empty()
     return KVMoves(moves[:, 0].astype(np.int64), tuple(_MOVE_KINDS[int(k)] for k in moves[:, 1]),
                    moves[:, 2].astype(np.int32), moves[:, 3].astype(np.int32), moves[:, 4].copy(),
-                   moves[:, 5].copy(), moves[:, 6].copy())
+                   moves[:, 5].copy(), moves[:, 6].copy(), instance=moves[:, 7].astype(np.int32))

@@ -29,13 +29,26 @@ NEXT = 8  # next request in its queue (-1: last)
 PREV = 9  # previous request in its queue (-1: first)
 QUEUE = 10  # the queue it is in (-1: in a batch in flight, or finished)
 COHORT = 11  # the batch that gave it back (its cohort in AVAILABLE)
-REQUEST_COLUMNS = 12
+LOST = 12  # tokens its cache held when a recompute preemption dropped it (0: none to rebuild)
+REQUEST_COLUMNS = 13
 
 # request time columns (float64 table)
 SCHEDULED_AT = 0  # its first prefill chunk started on stage 0
 FIRST_TOKEN_AT = 1
 FINISHED_AT = 2
 REQUEST_TIMES = 3
+
+# preemption columns (float64 table, one row per request): the open preemption's marks
+# (NaN: none open) and the seconds of each part of its preemptions, summed
+PREEMPTED_AT = 0  # when the open preemption began
+QUEUE_FROM = 1  # when its latest wait began (the preemption, or its swap-out's end)
+RECOMPUTE_FROM = 2  # when the prefill rebuilding its lost cache started on stage 0
+SAVE_S = 3  # swap-outs: its cache to host memory
+RELOAD_S = 4  # swap-ins: its cache back
+RECOMPUTE_S = 5  # the prefill of its lost cache again
+QUEUEING_S = 6  # waiting, preempted, for the host link or a batch
+PREEMPTED_S = 7  # every preemption's span, its start to its cache whole again on the device
+PREEMPTION_COLUMNS = 8
 
 # the queues of an instance
 WAITING = 0

@@ -14,6 +14,8 @@ import numpy as np
 from pipesched.serving.config import ServeConfig
 from pipesched.serving.trace import Trace
 
+WEIGHTS = "weights"  # the kind of a weight move in ``KVMoves`` (rules.TRANSFER_KIND_NAMES' name)
+
 
 @dataclass(frozen=True, eq=False)
 class IterationLog:
@@ -61,15 +63,19 @@ class KVTrace:
 class KVMoves:
     """KV caches moved over a link: a prefill instance's cache sent to a decode instance
     (``"transfer"``), a preempted request's cache swapped to host memory and back
-    (``"swap-out"``, ``"swap-in"``). One row each."""
+    (``"swap-out"``, ``"swap-in"``), and a model's weights moved onto a device (``WEIGHTS``,
+    request -1, bytes per device): brought back onto a device group it shares with other
+    models (``serving.pool``), or moved when a deployment changes shape (``serving.events``).
+    One row each."""
 
-    request: np.ndarray  # int64 trace row
-    kind: tuple[str, ...]  # "transfer", "swap-out" or "swap-in"
+    request: np.ndarray  # int64 trace row (-1: weights)
+    kind: tuple[str, ...]  # "transfer", "swap-out", "swap-in" or WEIGHTS
     src_device: np.ndarray  # int32 cluster rank (-1: host memory)
     dst_device: np.ndarray  # int32 cluster rank (-1: host memory)
     nbytes: np.ndarray  # float64
     start: np.ndarray  # float64 seconds
     end: np.ndarray  # float64 seconds
+    instance: np.ndarray | None = None  # int32: the instance whose move it is (the sender of a transfer)
 
     def __len__(self) -> int:
         return int(self.start.shape[0])
@@ -77,7 +83,12 @@ class KVMoves:
     @classmethod
     def empty(cls) -> KVMoves:
         i64, i32, f64 = np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float64)
-        return cls(i64, (), i32, i32, f64, f64, f64)
+        return cls(i64, (), i32, i32, f64, f64, f64, instance=i32)
+
+
+# the columns of ``ServeRun.preemption_s``: the parts of a preemption's cost, then its span
+PREEMPTION_PARTS = ("save", "reload", "recompute", "queueing")
+PREEMPTION_TOTAL = "total"
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,6 +115,9 @@ class ServeRun:
     # per instance, per stage: KV cache of one token on each device of the stage, bytes
     # (``StageIterationCosts.kv_bytes_per_token``); () when not recorded
     kv_bytes_per_token: tuple[tuple[float, ...], ...] = ()
+    # float64 [requests, 5]: what its preemptions cost it, seconds, in PREEMPTION_PARTS order
+    # (save, reload, recompute, queueing: ``engine``'s parts) and their total span; None unrecorded
+    preemption_s: np.ndarray | None = None
 
     @property
     def duration(self) -> float:

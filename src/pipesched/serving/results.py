@@ -11,6 +11,11 @@ Per request, in seconds:
   over all gaps of all requests: the stalls a reader sees)
 - end to end: ``finished_at - arrived_at``; queueing: ``scheduled_at - arrived_at``
 
+What preemption cost (``preemption_cost_s``): per request and in total, the seconds from
+each preemption to its cache whole on the device again, split into save (swap-out over the
+device -> host link), reload (swap-in), recompute (the prefill of the dropped cache again)
+and queueing (the rest: waiting preempted).
+
 A request meets the SLOs when its TTFT is at most ``slo_ttft`` and its TPOT at most
 ``slo_tpot``; attainment is the share that do, goodput those per second. Rates are over the
 run's duration (first arrival to last token). Percentiles are numpy's default (``linear``:
@@ -34,7 +39,7 @@ from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
 from pipesched.limits import MAX_SECONDS
 from pipesched.metrics import union_length, utilization
-from pipesched.serving.records import IterationLog, ServeRun
+from pipesched.serving.records import PREEMPTION_PARTS, PREEMPTION_TOTAL, IterationLog, ServeRun
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,9 @@ class ServeResult:
     stage_bubble: tuple[tuple[float, ...], ...]  # per instance, per stage: idle share while a batch is in flight
     bubble: float  # all stages' idle time while in flight over their time in flight
     mfu: float  # model FLOPs over duration x peak FLOP/s of every device of the deployment
+    # float64 [requests, 5]: what preemption cost each request, seconds (``ServeRun.preemption_s``:
+    # save, reload, recompute, queueing, and their total); zeros when unrecorded
+    preemption_s: np.ndarray | None = None
 
     @property
     def requests(self) -> int:
@@ -102,6 +110,11 @@ class ServeResult:
     def slo_attainment(self) -> float:
         """Share of requests that meet both SLOs."""
         return float(self.meets_slo.mean())
+
+    def preemption_cost(self) -> dict[str, float]:
+        """Seconds the requests' preemptions cost, all requests together: each part and the total."""
+        costs = self.preemption_s if self.preemption_s is not None else np.zeros((self.requests, 5))
+        return dict(zip((*PREEMPTION_PARTS, PREEMPTION_TOTAL), costs.sum(axis=0).tolist(), strict=True))
 
     @property
     def goodput_requests_per_s(self) -> float:
@@ -124,6 +137,7 @@ class ServeResult:
             "slo_attainment": self.slo_attainment,
             "goodput_requests_per_s": self.goodput_requests_per_s,
             "preemptions": int(self.preemptions.sum()),
+            "preemption_cost_s": self.preemption_cost(),
             "kv_peak_fraction": self.kv_peak_fraction,
             "stage_busy": [list(shares) for shares in self.stage_busy],
             "stage_bubble": [list(shares) for shares in self.stage_bubble],
@@ -137,12 +151,15 @@ class ServeResult:
 
     def per_request(self) -> list[dict[str, object]]:
         """One object per request, in trace order."""
+        costs = self.preemption_s if self.preemption_s is not None else np.zeros((self.requests, 5))
+        names = (*PREEMPTION_PARTS, PREEMPTION_TOTAL)
         columns = zip(self.arrived_at.tolist(), self.ttft_s.tolist(), self.tpot_s.tolist(), self.e2e_s.tolist(),
                       self.queue_s.tolist(), self.output_tokens.tolist(), self.preemptions.tolist(),
-                      self.meets_slo.tolist(), strict=True)
+                      self.meets_slo.tolist(), costs.tolist(), strict=True)
         return [{"arrived_at": arrived, "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": queue,
-                 "output_tokens": tokens, "preemptions": preempted, "meets_slo": meets}
-                for arrived, ttft, tpot, e2e, queue, tokens, preempted, meets in columns]
+                 "output_tokens": tokens, "preemptions": preempted, "meets_slo": meets,
+                 "preemption_cost_s": dict(zip(names, cost, strict=True))}
+                for arrived, ttft, tpot, e2e, queue, tokens, preempted, meets, cost in columns]
 
 
 def _per_second(amount: float, duration: float) -> float:
@@ -167,10 +184,8 @@ def serve_result(run: ServeRun, *, slo_ttft: float = DEFAULTS.slo_ttft,
     """The metrics of ``run`` under the SLOs ``slo_ttft`` and ``slo_tpot`` (seconds; inf: none)."""
     slo_ttft, slo_tpot = check_slo("slo_ttft", slo_ttft), check_slo("slo_tpot", slo_tpot)
     arrived = run.trace.arrived_at
-    ttft = run.first_token_at - arrived
+    ttft, tpot = request_latencies(arrived, run.first_token_at, run.finished_at, run.token_offsets)
     output_tokens = np.diff(run.token_offsets)
-    gaps = np.maximum(output_tokens - 1, 0)
-    tpot = np.divide(run.finished_at - run.first_token_at, gaps, out=np.zeros(arrived.shape[0]), where=gaps > 0)
     duration = run.duration
     busy, bubble, total_bubble = _stage_shares(run, duration)
     flops = float(run.iterations.flops.sum())
@@ -178,10 +193,31 @@ def serve_result(run: ServeRun, *, slo_ttft: float = DEFAULTS.slo_ttft,
     return ServeResult(
         slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, duration_s=duration, arrived_at=arrived, ttft_s=ttft, tpot_s=tpot,
         e2e_s=run.finished_at - arrived, queue_s=run.scheduled_at - arrived, output_tokens=output_tokens,
-        preemptions=run.preemptions, meets_slo=(ttft <= slo_ttft) & (tpot <= slo_tpot),
+        preemptions=run.preemptions, meets_slo=meets_slos(ttft, tpot, slo_ttft, slo_tpot),
         tbt_s=token_gaps(run.token_times, run.token_offsets), kv_peak_fraction=_kv_peak(run), stage_busy=busy,
         stage_bubble=bubble, bubble=total_bubble,
-        mfu=utilization(duration, flops_per_iteration=flops, peak_flops=run.peak_flops, devices=devices))
+        mfu=utilization(duration, flops_per_iteration=flops, peak_flops=run.peak_flops, devices=devices),
+        preemption_s=run.preemption_s)
+
+
+def meets_slos(ttft: np.ndarray, tpot: np.ndarray, slo_ttft: float, slo_tpot: float) -> np.ndarray:
+    """The requests whose TTFT and TPOT are both within their SLOs (seconds)."""
+    return (ttft <= slo_ttft) & (tpot <= slo_tpot)
+
+
+def request_latencies(arrived: np.ndarray, first_token_at: np.ndarray, finished_at: np.ndarray,
+                      token_offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's TTFT (arrival to its first token) and TPOT (its later tokens' mean gap;
+    0 with one output token), seconds; a request meets its SLOs when both are within them.
+
+    >>> ttft, tpot = request_latencies(np.array([0.0, 1.0]), np.array([0.5, 1.2]), np.array([2.5, 1.2]),
+    ...                                np.array([0, 5, 6]))
+    >>> ttft.tolist(), tpot.tolist()
+    ([0.5, 0.19999999999999996], [0.5, 0.0])
+    """
+    gaps = np.maximum(np.diff(token_offsets) - 1, 0)
+    tpot = np.divide(finished_at - first_token_at, gaps, out=np.zeros(arrived.shape[0]), where=gaps > 0)
+    return first_token_at - arrived, tpot
 
 
 def token_gaps(token_times: np.ndarray, token_offsets: np.ndarray) -> np.ndarray:

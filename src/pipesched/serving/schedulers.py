@@ -4,7 +4,8 @@
 in flight; it picks from the requests no batch in flight holds, takes their KV blocks
 (``kv_cache``) and writes the plan: the decode steps then the prefill chunks of the batch
 (``rows``, ``chunks``; a decode's chunk is 0), the caches swapped out or in before it and
-how many requests it preempted (``VICTIMS``).
+the requests whose cache a recompute preemption dropped (``swaps``, ``swap_kind``), and how
+many requests it preempted (``VICTIMS``).
 Caps (``SchedulerSpec``): ``max_batch`` sequences per iteration, ``token_budget`` tokens per
 iteration (prefill chunk tokens + one per decode); an instance admits at most
 ``max_batch`` x p running requests (p batches in flight, as vLLM's virtual engines).
@@ -62,6 +63,7 @@ from pipesched.serving.queues import (
     IN_FLIGHT,
     INCOMING,
     KIND,
+    LOST,
     MADE,
     NEXT,
     OUT,
@@ -93,7 +95,8 @@ SPEC_FIELDS = 5
 # while this batch was selected (the engine's ``KVTrace.preempted_at``)
 DECODES, PREFILLS, SWAPS, TOKENS_LEFT, SEQS_LEFT, PREEMPTIONS, VICTIMS = 0, 1, 2, 3, 4, 5, 6
 PLAN_FIELDS = 7
-SWAP_OUT, SWAP_IN = 0, 1  # swap directions (the plan's swap_kind)
+# the plan's swap_kind: swap directions, and a victim of recompute (its cache dropped, no move)
+SWAP_OUT, SWAP_IN, DROPPED = 0, 1, 2
 
 
 @njit(cache=True, _nrt=False)
@@ -200,6 +203,10 @@ def _preempt(spec, req, ins, i, r, swaps, swap_kind, plan, may_swap):
         plan[SWAPS] += 1
         push_front(req, ins, i, SWAPPED, r)
     else:
+        swaps[plan[SWAPS]] = r
+        swap_kind[plan[SWAPS]] = DROPPED
+        plan[SWAPS] += 1
+        req[r, LOST] = max(req[r, LOST], req[r, CACHED])
         req[r, CACHED] = 0
         req[r, TARGET] = req[r, PROMPT] + req[r, MADE]
         push_front(req, ins, i, WAITING, r)

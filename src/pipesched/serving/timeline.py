@@ -17,7 +17,10 @@ needs nothing, and a batch runs on no other instance's stages (the empty complet
 Transfers. Each stage's hidden state sent to the next stage (when the run records its
 arrival, ``IterationLog.send_end``), and the KV-cache moves (``KVMoves``): a prompt's cache
 from a prefill to a decode instance (``KV_CACHE``), a preempted request's cache swapped to
-host memory and back (``SWAP_OUT``, ``SWAP_IN``, on the device's host link channel).
+host memory and back (``SWAP_OUT``, ``SWAP_IN``, on the device's host link channel), and
+the weights a device receives (``WEIGHT_MOVE``): a model's loaded from host memory or disk
+onto a device group it shares (on the device's host link channel), or, when the deployment
+changes shape, from a device or from host memory (``serving.events``).
 
 Memory. Per device, the KV cache of its instance over time: blocks in use x block size x
 the stage's KV bytes per token per device (``ServeRun.kv_bytes_per_token``), its capacity
@@ -45,12 +48,13 @@ from pipesched.ops import Op
 from pipesched.rules import ACTIVATION, KindRule, Need, Rules
 from pipesched.schedule import Placement, Schedule
 from pipesched.serving.config import ServeConfig
-from pipesched.serving.records import ServeRun
+from pipesched.serving.records import WEIGHTS, ServeRun
 from pipesched.timeline import ACTIVATION as ACTIVATION_KIND
 from pipesched.timeline import (
     KV_CACHE,
     SWAP_IN,
     SWAP_OUT,
+    WEIGHT_MOVE,
     MemoryTrace,
     ServingInfo,
     Source,
@@ -211,10 +215,15 @@ class _Groups:
     def __len__(self) -> int:
         return int(self.instance.shape[0])
 
-    def of_rank(self, rank: np.ndarray) -> np.ndarray:
-        """The device (group) holding each cluster rank (-1: host memory, or no group's)."""
+    def of_rank(self, rank: np.ndarray, instance: np.ndarray | None = None) -> np.ndarray:
+        """The device (group) holding each cluster rank (-1: host memory, or no group's): of
+        each rank's ``instance`` where given and one of its stages holds it (instances that
+        share devices), else the first."""
         rank = np.asarray(rank, np.int64)
         inside = (rank[:, None] >= self.first_rank) & (rank[:, None] < self.first_rank + self.tp)
+        if instance is not None:
+            own = inside & (self.instance[None, :] == np.asarray(instance, np.int64)[:, None])
+            inside = np.where(own.any(axis=1)[:, None], own, inside)
         return np.where(inside.any(axis=1), np.argmax(inside, axis=1), -1)
 
 
@@ -261,9 +270,14 @@ def _transfers(run: ServeRun, rows: np.ndarray, device: np.ndarray, microbatch: 
     if len(moves):
         low, high = float(log.start[rows].min()), float(log.end[rows].max())
         shown = np.flatnonzero((moves.start < high) & (moves.end > low))
-        kind = np.array([{"transfer": KV_CACHE, "swap-out": SWAP_OUT, "swap-in": SWAP_IN}[k]
+        kind = np.array([{"transfer": KV_CACHE, "swap-out": SWAP_OUT, "swap-in": SWAP_IN, WEIGHTS: WEIGHT_MOVE}[k]
                          for k in np.asarray(moves.kind, dtype=object)[shown].tolist()], np.int64)
-        src, dst = groups.of_rank(moves.src_device[shown]), groups.of_rank(moves.dst_device[shown])
+        # the instance at each end: the mover's (the sender of a transfer), a transfer's
+        # receiver the request's decode instance
+        owner = moves.instance[shown] if moves.instance is not None else None
+        receiver = (np.where(kind == KV_CACHE, run.instance[np.maximum(moves.request[shown], 0)], owner)
+                    if owner is not None else None)
+        src, dst = groups.of_rank(moves.src_device[shown], owner), groups.of_rank(moves.dst_device[shown], receiver)
         # host memory is the device's own host link: a swap goes from and to its device
         src, dst = np.where(src < 0, dst, src), np.where(dst < 0, src, dst)
         parts.append((src, dst, kind, src, np.full(len(shown), -1), moves.nbytes[shown], moves.start[shown],
@@ -281,7 +295,8 @@ def _transfers(run: ServeRun, rows: np.ndarray, device: np.ndarray, microbatch: 
 def _channels(src: np.ndarray, dst: np.ndarray, kind: np.ndarray, groups: _Groups) -> tuple[np.ndarray, tuple[str, ...]]:
     """One channel per link a transfer uses: a stage to the next, a prefill instance's stage
     to a decode instance's, a device to its host memory (both swap directions)."""
-    host = (kind == SWAP_OUT) | (kind == SWAP_IN)
+    # a weight move from host memory or disk comes as a move from the device to itself
+    host = (kind == SWAP_OUT) | (kind == SWAP_IN) | ((kind == WEIGHT_MOVE) & (src == dst))
     keys = np.stack([np.where(host, -1, src), np.where(host, src, dst)], axis=1)
     unique, channel = np.unique(keys, axis=0, return_inverse=True)
     labels = groups.labels
