@@ -81,7 +81,9 @@ def candidates(problem: SynthesisProblem) -> list[tuple[str, dict[str, object], 
                 schedule = generate(name, p, m, **options)
             except PipeschedError:
                 continue
-            if (schedule.placement == Placement.one_per_device(p)
+            # the problem's microbatches, one stage per device (TeraPipe's token slices are
+            # microbatches of their own, not the problem's)
+            if (schedule.placement == Placement.one_per_device(p) and schedule.num_microbatches == m
                     and schedule.splits_backward == problem.split_backward):
                 found.append((name, dict(options), schedule))
     return found
