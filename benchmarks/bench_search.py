@@ -9,7 +9,7 @@ kept for the whole run (its workers cache the schedules and stage costs they bui
 
 1. Level-3 evaluation rate (the target): a fixed list of points (every family at p = 4, 8,
    16 and m = 16, 32, 64, with two recompute modes and three partition methods) evaluated
-   at level 3 (``pipesched.experiments.evaluate``, what the search runs) over the pool:
+   at level 3 (``pipesched.experiments.evaluation``, what the search runs) over the pool:
    twice to warm the workers' caches, then timed, each point's CPU time measured in its
    worker. Also the rate of the search's first phase (exact memory and the lower bound,
    ``search.sweep.bound_row``) on the same points, warm. Target: at least 1,000 evaluated

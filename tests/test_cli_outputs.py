@@ -18,7 +18,7 @@ import pytest
 from cli_helpers import assert_one_line_error
 from pipesched import io
 from pipesched.errors import PipeschedError
-from pipesched.experiments.evaluate import Record
+from pipesched.experiments.evaluation import Record
 from pipesched.experiments.freeze_plan import evaluate_freeze_plan, parse_freeze_plan
 from pipesched.experiments.point import Point
 from pipesched.generators import generate

@@ -53,7 +53,7 @@ def test_the_process_writes_its_files_before_it_ends(tmp_path: Path):
 
 def test_a_serving_simulation_loads_no_training_experiment_picture_search_or_other_command():
     loaded = _loaded("import pipesched.cli.serve, pipesched.experiments.serving")
-    for module in ("pipesched.experiments.evaluate", "pipesched.experiments.point", "pipesched.generators",
+    for module in ("pipesched.experiments.evaluation", "pipesched.experiments.point", "pipesched.generators",
                    "pipesched.render.views", "pipesched.render.serving", "pipesched.search.serving",
                    "pipesched.cli.search", "pipesched.runtime", "pipesched.serving.pool_search",
                    "pipesched.serving.pool_result", "pipesched.serving.offload", "pipesched.serving.offload_search",
@@ -61,10 +61,10 @@ def test_a_serving_simulation_loads_no_training_experiment_picture_search_or_oth
         assert module not in loaded, module
 
 
-def test_the_experiments_package_keeps_its_functions_over_their_submodules():
-    """``evaluate`` and ``grid`` name a submodule and the function in it: the package gives
-    the function, whichever is imported first."""
-    code = ("import pipesched.experiments.evaluate, pipesched.experiments.grid\n"
+def test_the_experiments_package_gives_its_functions_whatever_was_imported_first():
+    """The package loads its names lazily: ``evaluate`` and ``grid`` are the functions after
+    their modules (``evaluation``, ``grids``) were imported directly."""
+    code = ("import pipesched.experiments.evaluation, pipesched.experiments.grids\n"
             "from pipesched.experiments import Point, evaluate, grid, process_map\n"
             "import pipesched.experiments as e\n"
             "print(callable(evaluate) and evaluate.__module__, callable(grid) and grid.__module__, "
@@ -72,4 +72,4 @@ def test_the_experiments_package_keeps_its_functions_over_their_submodules():
     env = {**os.environ, "PYTHONPATH": SRC}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
                          timeout=120).stdout.split()
-    assert out == ["pipesched.experiments.evaluate", "pipesched.experiments.grid", "True", "Point", "process_map"]
+    assert out == ["pipesched.experiments.evaluation", "pipesched.experiments.grids", "True", "Point", "process_map"]

@@ -10,7 +10,12 @@ import pytest
 
 from pipesched.costs import StageCosts
 from pipesched.experiments import Point, evaluate
-from pipesched.experiments.evaluate import FormulaResult, LevelResult, SimulatedResult, TableResult
+from pipesched.experiments.evaluation import (
+    FormulaResult,
+    LevelResult,
+    SimulatedResult,
+    TableResult,
+)
 
 FAST = Point(stage_costs=StageCosts.uniform(4, output_bytes=1.0))
 # the README's keys of the compare records: slots and 1F1B-stage activations below the sim

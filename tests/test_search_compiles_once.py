@@ -80,7 +80,7 @@ def _refuse(*args, **kwargs):
 
 
 # what simulates a point or builds its schedule: refused while a search page is drawn
-REFUSED = (("pipesched.experiments.evaluate", ("run_sim", "evaluate", "compile_graph", "with_network")),
+REFUSED = (("pipesched.experiments.evaluation", ("run_sim", "evaluate", "compile_graph", "with_network")),
            ("pipesched.experiments.simulation", ("simulate_point", "run_sim")),
            ("pipesched.simulate.run", ("run",)), ("pipesched.simulate.graph", ("compile_graph", "with_network")))
 
@@ -118,7 +118,7 @@ def test_the_search_page_reads_stored_results_and_simulates_nothing(tmp_path, cl
 
 
 def test_kept_graphs_are_taken_once_and_the_oldest_go_beyond_the_budget(monkeypatch) -> None:
-    evaluate_module = importlib.import_module("pipesched.experiments.evaluate")
+    evaluate_module = importlib.import_module("pipesched.experiments.evaluation")
     points = [Point("1f1b", p=2, m=m, tp=4, model="llama3-8b", cluster="1x8-h100") for m in (4, 8, 16)]
     graphs = [bound_graph(point) for point in points]
     # room for the two newest graphs' op rows only

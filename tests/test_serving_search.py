@@ -10,7 +10,7 @@ import pytest
 
 from pipesched.enums import SchedulerName, SearchStatus
 from pipesched.errors import PipeschedError
-from pipesched.experiments.grid import process_map
+from pipesched.experiments.grids import process_map
 from pipesched.experiments.serving import CapacityRecord, ServingPoint, ServingWorkload, serving_key
 from pipesched.search.serving import (
     ServingSpace,

@@ -14,7 +14,7 @@ from pipesched.compare import compare
 from pipesched.costs import StageCosts
 from pipesched.errors import PipeschedError
 from pipesched.experiments import Point, evaluate
-from pipesched.experiments.evaluate import sim_schedule
+from pipesched.experiments.evaluation import sim_schedule
 from pipesched.experiments.point import family_settings
 from pipesched.generators import FAMILIES, formula, generate
 from pipesched.simulate import Network, simulate

@@ -8,7 +8,7 @@ import pipesched
 import pipesched.variability
 from pipesched.cli import _Commands, _root
 from pipesched.dependencies import RuleArrays
-from pipesched.experiments.evaluate import LevelResult
+from pipesched.experiments.evaluation import LevelResult
 from pipesched.search.bounds import Bound
 from test_cli_groups import _Outer
 

@@ -2,7 +2,7 @@
 
 A comparison is a grid over the experiments layer (``pipesched.experiments``): one point per
 family at the same sizes and workload, evaluated at the requested levels
-(``experiments.evaluate`` defines them and their units), then ranked per level.
+(``experiments.evaluation`` defines them and their units), then ranked per level.
 
 Ranks are by iteration time within a level (1 = fastest; equal times share a rank) among
 the schedules that fit in memory, then the ones out of memory (``RANKING``; only the sim
@@ -30,8 +30,8 @@ from pipesched.costs import StageCosts
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError
-from pipesched.experiments.evaluate import LEVELS, LevelResult, check_levels
-from pipesched.experiments.grid import Mapper, evaluate_all, rank
+from pipesched.experiments.evaluation import LEVELS, LevelResult, check_levels
+from pipesched.experiments.grids import Mapper, evaluate_all, rank
 from pipesched.experiments.point import Point, points_for
 from pipesched.generators import FAMILIES
 from pipesched.timeline import Timeline
@@ -39,7 +39,7 @@ from pipesched.units import GiB
 from pipesched.variability.distribution import Distribution, PairedComparison, paired_comparison
 
 Progress = Callable[[int, int, str], None]  # (done, total, what runs next)
-# how each level ranks its schedules (``experiments.grid.rank_key``)
+# how each level ranks its schedules (``experiments.grids.rank_key``)
 RANKING = "by iteration time, the schedules that fit in memory before those out of memory (sim level)"
 
 

@@ -44,7 +44,7 @@ class Stream(Word):
 
 
 class Level(Word):
-    """The three evaluation levels (``experiments.evaluate``)."""
+    """The three evaluation levels (``experiments.evaluation``)."""
 
     FORMULA = "formula"  # level 1: the family's closed form, in slots
     TABLE = "table"  # level 2: the slot table, in slots

@@ -25,7 +25,7 @@ from pipesched.cli.views import ViewPaths
 from pipesched.compare import LEVELS, RANKING, Comparison, compare
 from pipesched.enums import Level, MemoryUnit, TimeUnit
 from pipesched.errors import PipeschedError
-from pipesched.experiments.evaluate import check_levels
+from pipesched.experiments.evaluation import check_levels
 from pipesched.experiments.point import Point, points_for
 from pipesched.units import GiB
 from pipesched.wording import significant

@@ -43,7 +43,7 @@ from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_whole, wrote
 from pipesched.defaults import DEFAULTS
 from pipesched.errors import require
-from pipesched.experiments.grid import process_map
+from pipesched.experiments.grids import process_map
 from pipesched.experiments.ray_pool import ray_pool, require_ray
 from pipesched.io.files import Output, check_outputs, write_all
 from pipesched.limits import MAX_WORKERS, check_count

@@ -320,7 +320,7 @@ class ServePoolOptions(OptionGroup):
 
     def search(self, space: ServingSpace) -> ServingSearchResult:
         from pipesched.cli.search import ProgressBar
-        from pipesched.experiments.grid import process_map
+        from pipesched.experiments.grids import process_map
         from pipesched.experiments.ray_pool import ray_pool, require_ray
         from pipesched.search.serving import search_serving
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from pipesched.enums import Level
 from pipesched.errors import PipeschedError, shorten
-from pipesched.experiments.evaluate import Record, evaluate
+from pipesched.experiments.evaluation import Record, evaluate
 from pipesched.experiments.point import Point
 from pipesched.io.files import read_text
 from pipesched.limits import MAX_FREEZE_RANGES, MAX_TRAINING_STEPS, check_number_text

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 from pipesched.errors import PipeschedError, shorten
-from pipesched.experiments.grid import Mapper
+from pipesched.experiments.grids import Mapper
 
 # Ray's switch for "this machine only": 0 makes it take the loopback address as this
 # machine's, so its services bind to 127.0.0.1. Ray reads it from the environment once, into

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesched.experiments.evaluate import run_sim
+from pipesched.experiments.evaluation import run_sim
 from pipesched.experiments.point import Point
 from pipesched.experiments.setup import SimulationSetup
 from pipesched.metrics import Metrics, allreduce_per_device, iteration_microbatches, summarize

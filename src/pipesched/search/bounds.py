@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipesched.costs import TIMES, StageCosts
-from pipesched.experiments.evaluate import (
+from pipesched.experiments.evaluation import (
     STEADY_ITERATIONS,
     in_steady_state,
     sim_schedule,

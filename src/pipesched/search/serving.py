@@ -37,7 +37,7 @@ from typing import ClassVar
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import Preemption, Routing, SchedulerName
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.grid import Mapper
+from pipesched.experiments.grids import Mapper
 from pipesched.experiments.serving import (
     CapacityRecord,
     ServingPoint,

@@ -8,11 +8,11 @@ points that cannot beat what was found, and write every result to the store as i
    twice as many each time, up to ``WAVE``). Before a wave, a point is ``pruned`` when an evaluated point needs no more memory and takes no
    longer than the point's lower bound: it can be neither faster nor on the Pareto front of
    time against memory. The rest of the wave is simulated at level 3 over the map
-   (``pipesched.experiments.evaluate_all``) and becomes ``evaluated``.
+   (``pipesched.experiments.evaluation_all``) and becomes ``evaluated``.
 
 Each point is built and compiled once: the bound's graph (free communication) stays in the
 process that bounded it, and the evaluation lowers the network onto it there
-(``experiments.evaluate.keep_graph``; ``process_map`` sends a point to the same worker in
+(``experiments.evaluation.keep_graph``; ``process_map`` sends a point to the same worker in
 both phases, and a point evaluated elsewhere is compiled again).
 
 Waves have fixed sizes, so a search gives the same rows with any map (one process, a pool
@@ -34,8 +34,8 @@ from functools import partial
 
 from pipesched.enums import Level
 from pipesched.errors import OutOfMemory, PipeschedError
-from pipesched.experiments.evaluate import Record, keep_graph
-from pipesched.experiments.grid import Mapper, evaluate_all
+from pipesched.experiments.evaluation import Record, keep_graph
+from pipesched.experiments.grids import Mapper, evaluate_all
 from pipesched.experiments.point import Point, point_key
 from pipesched.search.bounds import lower_bound
 from pipesched.search.results import SearchResult

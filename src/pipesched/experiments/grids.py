@@ -21,7 +21,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import replace
 from functools import partial
 
-from pipesched.experiments.evaluate import LEVELS, LevelResult, Record, check_levels, evaluate
+from pipesched.experiments.evaluation import LEVELS, LevelResult, Record, check_levels, evaluate
 from pipesched.experiments.point import Point
 from pipesched.limits import MAX_WORKERS, check_count
 
