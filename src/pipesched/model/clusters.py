@@ -53,7 +53,7 @@ default the H100 NVLink calibration inside a node and the NDR InfiniBand one acr
         switch_min_ranks: 5
         switch_ramp: 40 MB
         switch_latency: 25 us
-        p2p_efficiency: 0.94     # all-to-all and send/recv bytes / the link's bandwidth; 0: efficiency
+        p2p_efficiency: 0.68     # all-to-all and send/recv bytes / the link's bandwidth; 0: efficiency
         peer_latency: 0.3 us     # per all-to-all peer beyond the first (the sends overlap)
 
 ``pipesched profile --collectives`` writes such a link from measurements.
