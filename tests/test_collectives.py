@@ -176,6 +176,47 @@ def test_an_all_to_all_moves_the_others_share():
                                     - share / _busbw(NVLINK_H100, 450e9, 2, share), rel=1e-9)
 
 
+def test_an_all_to_all_across_nodes_goes_at_the_point_to_point_rate():
+    """One rank on each of 8 nodes: a large all-to-all sends 7/8 of its buffer at the
+    InfiniBand link's p2p_efficiency (not the all-reduce's efficiency), with Simple's launch,
+    one step and a peer_latency for each of the 6 further peers (the sends overlap)."""
+    cluster = homogeneous_cluster(H100, 8, devices_per_node=1)
+    levels = group_levels(cluster, tuple(range(8)))
+    c, bandwidth, big = INFINIBAND_NDR, levels[-1].bandwidth, 2.0**32
+    assert c.p2p_efficiency > c.efficiency
+    expected = (c.base_latency[2] + c.step_latency[2] + 6 * c.peer_latency
+                + 7 / 8 * big / (bandwidth * c.p2p_efficiency))
+    choice = collective_choice(Collective.ALL_TO_ALL, big, levels)
+    assert (choice.algorithm, choice.protocol) == ("direct", "Simple")
+    assert choice.seconds == pytest.approx(expected, rel=1e-12)
+    send = collective_choice(Collective.SEND_RECV, big, levels)
+    assert send.seconds == pytest.approx(c.base_latency[2] + c.step_latency[2] + big / (bandwidth * c.p2p_efficiency),
+                                         rel=1e-12)
+
+
+def test_an_all_to_alls_latency_grows_by_the_peer_latency_not_a_step_per_peer():
+    """Sends posted at once overlap: a tiny all-to-all over 8 ranks costs 4 peer_latency
+    more than over 4 (7 peers against 3); a plain (uncalibrated) link still pays a step per
+    peer."""
+    calibration = dataclasses.replace(NVLINK_H100, peer_latency=1e-6)
+    tiny = 16.0
+    small, large = (collective_seconds(Collective.ALL_TO_ALL, tiny, (CollectiveLevel(n, 3e-6, 450e9, calibration),))
+                    for n in (4, 8))
+    assert large - small == pytest.approx(4 * 1e-6, rel=1e-3)
+    plain = [collective_seconds(Collective.ALL_TO_ALL, 0.0, (CollectiveLevel(n, 3e-6, 450e9),)) for n in (4, 8)]
+    assert plain == pytest.approx([3 * 3e-6, 7 * 3e-6], rel=1e-12)
+
+
+def test_p2p_efficiency_zero_means_the_collectives_efficiency():
+    same = dataclasses.replace(NVLINK_H100, p2p_efficiency=0.0)
+    explicit = dataclasses.replace(NVLINK_H100, p2p_efficiency=NVLINK_H100.efficiency)
+    for calibration in (same, explicit):
+        assert calibration.point_to_point_efficiency == NVLINK_H100.efficiency
+    times = [collective_seconds(Collective.ALL_TO_ALL, 2.0**30, (CollectiveLevel(8, 3e-6, 450e9, c),))
+             for c in (same, explicit)]
+    assert times[0] == times[1]
+
+
 def test_arrays_are_timed_each_with_its_own_choice():
     sizes = np.array([0.0, 16.0, 2.0**21, 2.0**32])
     for kind in Collective:
@@ -189,13 +230,15 @@ nodes: [{count: 2, devices_per_node: 8, device: h100-sxm}]
 intra_node:
   bandwidth: 450 GB/s
   latency: 3 us
-  collectives: {efficiency: 0.9, step_latency: [1 us, 2 us, 3 us], ramp: 1 MiB, switch_bandwidth: 0}
+  collectives: {efficiency: 0.9, step_latency: [1 us, 2 us, 3 us], ramp: 1 MiB, switch_bandwidth: 0,
+                p2p_efficiency: 0.7, peer_latency: 0.4 us}
 inter_node: {bandwidth: 400 Gb/s, latency: 5 us, collectives: {fabric: ethernet, base_latency: [9 us, 9 us, 9 us]}}
 """
     cluster = parse_cluster(text)
     intra, inter = cluster.intra_node.collectives, cluster.inter_node.collectives
     assert (intra.efficiency, intra.step_latency, intra.ramp_bytes, intra.switch_bandwidth) == (
         0.9, (1e-6, 2e-6, 3e-6), 2**20, 0.0)
+    assert (intra.p2p_efficiency, intra.peer_latency) == (0.7, pytest.approx(0.4e-6))
     assert intra.base_latency == NVLINK_H100.base_latency  # the rest from the H100 default
     assert inter.fabric == "ethernet" and inter.base_latency == (9e-6,) * 3
     assert inter.efficiency == INFINIBAND_NDR.efficiency
@@ -213,6 +256,8 @@ inter_node: {bandwidth: 400 Gb/s, latency: 5 us, collectives: {fabric: ethernet,
     ("{ramp: -1}", "intra_node.collectives.ramp"),
     ("{switch_min_ranks: 1}", "collectives.switch_min_ranks=1"),
     ("{protocol_bandwidth: [0.5, 2, 1]}", "collectives.protocol_bandwidth"),
+    ("{p2p_efficiency: 1.2}", "collectives.p2p_efficiency=1.2"),
+    ("{peer_latency: -1 us}", "intra_node.collectives.peer_latency"),
     ("{speed: 3}", "intra_node.collectives.speed"),
     ("[1, 2]", "intra_node.collectives"),
 ])

@@ -79,32 +79,47 @@ def costs(*, model: ModelOptions, device: DeviceName = None, ops: ShowOps = Fals
     refuse_with("pair", {"ops": ops} if pair else {}, "which lists each layer's pair, not its kernels")
     require(pair or cluster is None, "cluster", cluster, "only --pair runs layers on a cluster's links; add --pair "
             "or drop --cluster")
+    if pair:
+        _print_pairs(model, device, cluster, as_json)
+    else:
+        _print_layers(model, device, ops, as_json)
+
+
+def _header(spec_name: str, device_name: str, settings: TrainingSettings) -> dict[str, object]:
+    """The keys every costs result starts with: the model, the device and the settings."""
+    return {"model": spec_name, "device": device_name, "micro_batch_size": settings.micro_batch_size,
+            "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
+            "recompute": settings.recompute, "dtype": settings.dtype,
+            "sequence_parallel": settings.sequence_parallel, "context_parallel": settings.context_parallel,
+            "cp_comm_type": settings.cp_comm_type}
+
+
+def _print_pairs(model: ModelOptions, device: str | None, cluster: str | None, as_json: bool) -> None:
+    """``costs --pair``: each layer's overlapped pair with its tensor and expert groups on a
+    cluster's links (--device: eight to a node)."""
+    spec, settings = model.spec(), model.settings()
+    hardware = _cluster(model, device, cluster, cluster_ranks(settings))
+    hardware = load_cluster(hardware) if isinstance(hardware, str) else hardware
+    pairs = layer_pairs(spec, hardware, settings)
+    if as_json:
+        print_json(_header(spec.name, hardware.devices[0].name, settings) | {"layers": pair_rows(pairs)})
+    else:
+        output_console().print(pair_table(f"{spec.name} on {hardware.name}", pairs))
+
+
+def _print_layers(model: ModelOptions, device: str | None, ops: bool, as_json: bool) -> None:
+    """``costs`` and ``costs --ops``: each layer's costs, or its kernels and collectives."""
     spec, chip, settings = model.spec(), model.device(device), model.settings()
-    header = {"model": spec.name, "device": chip.name, "micro_batch_size": settings.micro_batch_size,
-              "seq_len": settings.seq_len, "tensor_parallel": settings.tensor_parallel,
-              "recompute": settings.recompute, "dtype": settings.dtype,
-              "sequence_parallel": settings.sequence_parallel, "context_parallel": settings.context_parallel,
-              "cp_comm_type": settings.cp_comm_type}
-    if pair:  # the tensor and expert groups on a cluster's links (--device: eight to a node)
-        hardware = _cluster(model, device, cluster, cluster_ranks(settings))
-        hardware = load_cluster(hardware) if isinstance(hardware, str) else hardware
-        pairs = layer_pairs(spec, hardware, settings)
-        if as_json:
-            print_json(header | {"device": hardware.devices[0].name, "layers": pair_rows(pairs)})
-        else:
-            output_console().print(pair_table(f"{spec.name} on {hardware.name}", pairs))
-        return
     layers = layer_costs(spec, chip, settings)
     listed = layer_ops(spec, chip, settings) if ops else None
     if as_json:
         rows = [_layer_row(layer) for layer in layers] if listed is None else [_ops_row(entry) for entry in listed]
-        print_json(header | {"layers": rows})
-        return
-    if listed is None:
+        print_json(_header(spec.name, chip.name, settings) | {"layers": rows})
+    elif listed is None:
         output_console().print(_layer_table(spec.name, chip.name, settings, layers))
-        return
-    for table in _ops_tables(spec.name, chip.name, settings, listed):
-        output_console().print(table)
+    else:
+        for table in _ops_tables(spec.name, chip.name, settings, listed):
+            output_console().print(table)
 
 
 def _layer_row(layer: LayerCost) -> dict[str, object]:

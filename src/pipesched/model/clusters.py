@@ -55,6 +55,8 @@ default the H100 NVLink calibration inside a node and the NDR InfiniBand one acr
         switch_min_ranks: 5
         switch_ramp: 40 MB
         switch_latency: 25 us
+        p2p_efficiency: 0.68     # all-to-all and send/recv bytes / the link's bandwidth; 0: efficiency
+        peer_latency: 0.3 us     # per all-to-all peer beyond the first (the sends overlap)
 
 ``pipesched profile --collectives`` writes such a link from measurements.
 
@@ -86,7 +88,7 @@ INFINIBAND_400G = LinkSpec(bandwidth=50e9, latency=5e-6, collectives=INFINIBAND_
 _DEFAULT_CALIBRATION = {"intra_node": NVLINK_H100, "inter_node": INFINIBAND_NDR}
 _CALIBRATION_TIMES = ("base_latency", "step_latency")  # per-protocol lists of times
 _CALIBRATION_KEYS = {"fabric", "efficiency", "protocol_bandwidth", "ramp", "switch_bandwidth", "switch_min_ranks",
-                     "switch_ramp", "switch_latency", *_CALIBRATION_TIMES}
+                     "switch_ramp", "switch_latency", "p2p_efficiency", "peer_latency", *_CALIBRATION_TIMES}
 
 _CLUSTER_KEYS = {"name", "nodes", "intra_node", "inter_node", "nic_per_device"}
 _NODE_KEYS = {"count", "devices_per_node", "device", "devices"}
@@ -286,7 +288,7 @@ def _calibration(entry: object, where: str, base: CollectiveCalibration) -> Coll
             require(isinstance(values, list) and len(values) == len(PROTOCOLS), f"{where}.{key}", values,
                     f"give a list of {len(PROTOCOLS)} times, one per protocol ({', '.join(PROTOCOLS)})")
             changes[key] = tuple(parse_quantity(v, "time", f"{where}.{key}[{i}]") for i, v in enumerate(values))
-    for key in ("efficiency", "switch_bandwidth", "protocol_bandwidth"):
+    for key in ("efficiency", "switch_bandwidth", "protocol_bandwidth", "p2p_efficiency"):
         if key in entry:
             value = entry[key]
             numbers = value if key == "protocol_bandwidth" and isinstance(value, list) else [value]
@@ -297,8 +299,9 @@ def _calibration(entry: object, where: str, base: CollectiveCalibration) -> Coll
     for key in ("ramp", "switch_ramp"):
         if key in entry:
             changes[f"{key}_bytes"] = parse_quantity(entry[key], "bytes", f"{where}.{key}")
-    if "switch_latency" in entry:
-        changes["switch_latency"] = parse_quantity(entry["switch_latency"], "time", f"{where}.switch_latency")
+    for key in ("switch_latency", "peer_latency"):
+        if key in entry:
+            changes[key] = parse_quantity(entry[key], "time", f"{where}.{key}")
     if "switch_min_ranks" in entry:
         changes["switch_min_ranks"] = entry["switch_min_ranks"]
     if "fabric" in entry:

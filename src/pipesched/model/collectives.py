@@ -22,10 +22,12 @@ With protocol p (LL, LL128, Simple), B bytes per rank, n ranks on a level:
   bandwidth of algorithm bandwidth (ramped by ``switch_ramp_bytes``), whatever n.
 - Over several levels: reduce-scatter inside each inner level (the buffer shrinks n times at
   each), all-reduce at the outermost level, all-gather back inward; one launch (``base``).
-- All-to-all: each rank keeps 1 / n of its B and sends the rest, one step per peer; the
-  share for other nodes (and their steps) goes over the outer level while the rest goes
-  over the inner one, at once: the slower sets the time.
-- Send/recv: B over the outermost level's link, one step.
+- All-to-all: each rank keeps 1 / n of its B and sends the rest straight to its peers,
+  point-to-point at the link's ``p2p_efficiency``; the sends are posted at once and overlap:
+  one step, and ``peer_latency`` per further peer (over a plain link: a step per peer). The
+  share for other nodes goes over the outer level while the rest goes over the inner one,
+  at once: the slower sets the time.
+- Send/recv: B over the outermost level's link at its ``p2p_efficiency``, one step.
 
 NCCL picks the fastest (algorithm, protocol); so does ``collective_choice``. Without a
 calibration the protocols are alike and every formula is the plain ring / alpha-beta one.
@@ -70,8 +72,14 @@ NVLINK_H100 = CollectiveCalibration(fabric="nvlink", base_latency=(6.6e-6, 14e-6
 # reaches across nodes and Simple's step latency fitted to NCCL's all-reduce on 2 x 8 H100s
 # from 8 MiB to 8 GiB (nccl-tests#290): its cross-node algorithms reach about a third of
 # the NIC's line rate on the share of the buffer each NIC carries. LL and LL128: NCCL's model.
+# Point-to-point traffic (all-to-all, send/recv) is no such algorithm: RDMA writes straight
+# to each peer reach near the NIC's line rate, DeepEP's 39-46 GB/s of a 400 Gb/s NIC's 50
+# (deepseek-ai/DeepEP README, low-latency kernels at EP 16-256; its normal kernels 43-58 GB/s
+# of bottleneck-domain bytes), and the sends to all peers are posted at once: a peer beyond
+# the first adds the cost of posting one more work request, not a step.
 INFINIBAND_NDR = CollectiveCalibration(fabric="infiniband", base_latency=(6.6e-6, 14e-6, 8.4e-6),
-                                       step_latency=(2.7e-6, 4.0e-6, 10e-6), efficiency=0.32)
+                                       step_latency=(2.7e-6, 4.0e-6, 10e-6), efficiency=0.32,
+                                       p2p_efficiency=0.92, peer_latency=0.5e-6)
 
 NETWORK_FABRICS = ("infiniband", "ethernet")  # fabrics across nodes: NCCL's tree runs over them
 TREE_SHARE = 0.45  # NCCL's tree all-reduce: algorithm bandwidth / bus bandwidth (0.5 x 0.9)
@@ -132,14 +140,26 @@ def _step(level: CollectiveLevel, p: int | None) -> float:
     return level.latency if calibration is None or p is None else calibration.step_latency[p]
 
 
-def _busbw(level: CollectiveLevel, p: int | None, nbytes: float) -> float:
-    """Bytes/s a rank achieves on ``level`` with protocol ``p`` moving a buffer of ``nbytes``."""
+def _busbw(level: CollectiveLevel, p: int | None, nbytes: float, *, p2p: bool = False) -> float:
+    """Bytes/s a rank achieves on ``level`` with protocol ``p`` moving a buffer of ``nbytes``
+    (``p2p``: as point-to-point sends, an all-to-all's or a send/recv's)."""
     calibration = level.calibration
     if calibration is None or p is None:
         return level.bandwidth
     ramp = calibration.ramp_bytes
     share = (nbytes + ramp) / (nbytes + 2 * ramp) if ramp > 0 else 1.0
-    return level.bandwidth * calibration.efficiency * calibration.protocol_bandwidth[p] * share
+    efficiency = calibration.point_to_point_efficiency if p2p else calibration.efficiency
+    return level.bandwidth * efficiency * calibration.protocol_bandwidth[p] * share
+
+
+def _peer_steps(level: CollectiveLevel, p: int | None, peers: int) -> float:
+    """Latency of sends to ``peers`` peers over ``level``: over a calibrated link they are
+    posted at once and overlap (one step, ``peer_latency`` per further peer); over a plain
+    one they go one after the other (a step each)."""
+    calibration = level.calibration
+    if calibration is None or p is None:
+        return peers * level.latency
+    return _step(level, p) + max(0, peers - 1) * calibration.peer_latency
 
 
 def _label(p: int | None) -> str:
@@ -209,7 +229,7 @@ def _all_to_all_choices(nbytes: float, levels: list[CollectiveLevel]) -> list[Co
             # inside; a rank posts a send to each of them
             reached = inside * level.ranks - inside
             share = reached / total_ranks * nbytes
-            seconds = share / _busbw(level, p, share) + reached * _step(level, p)
+            seconds = share / _busbw(level, p, share, p2p=True) + _peer_steps(level, p, reached)
             slowest = np.maximum(slowest, seconds) if isinstance(seconds, np.ndarray) else max(slowest, seconds)
             inside *= level.ranks
         choices.append(CollectiveTime(_base(levels, p) + slowest, "direct", _label(p)))
@@ -218,7 +238,8 @@ def _all_to_all_choices(nbytes: float, levels: list[CollectiveLevel]) -> list[Co
 
 def _send_recv_choices(nbytes: float, levels: list[CollectiveLevel]) -> list[CollectiveTime]:
     top = levels[-1]
-    return [CollectiveTime(_base(levels, p) + nbytes / _busbw(top, p, nbytes) + _step(top, p), "direct", _label(p))
+    return [CollectiveTime(_base(levels, p) + nbytes / _busbw(top, p, nbytes, p2p=True) + _step(top, p), "direct",
+                           _label(p))
             for p in _protocols(levels)]
 
 
@@ -294,19 +315,21 @@ class CollectiveFit:
     def calibration(self, link_bandwidth: float, *, like: CollectiveCalibration | None = None) -> CollectiveCalibration:
         """The fit as a link's calibration: efficiency = bus bandwidth / ``link_bandwidth``.
         ``like`` (NCCL, which has protocols): the fit is its Simple protocol and LL and LL128
-        keep ``like``'s ratios to it; None (gloo): one protocol, all three alike."""
+        keep ``like``'s ratios to it; None (gloo): one protocol, all three alike. The fit has
+        one bandwidth and one step for every kind: point-to-point bytes go at the same
+        efficiency and an all-to-all's further peers cost a step each, as they were fitted."""
         efficiency = min(1.0, self.bus_bandwidth / link_bandwidth)
         if like is None:
             return CollectiveCalibration(fabric="measured", base_latency=(self.launch,) * 3,
                                          step_latency=(self.step,) * 3, efficiency=efficiency,
-                                         protocol_bandwidth=(1.0, 1.0, 1.0))
+                                         protocol_bandwidth=(1.0, 1.0, 1.0), peer_latency=self.step)
 
         def scaled(values: tuple[float, float, float], fitted: float) -> tuple[float, ...]:
             return tuple(fitted * v / values[_SIMPLE] if values[_SIMPLE] > 0 else fitted for v in values)
 
         return dataclasses.replace(like, base_latency=scaled(like.base_latency, self.launch),
                                    step_latency=scaled(like.step_latency, self.step), efficiency=efficiency,
-                                   ramp_bytes=0.0)
+                                   ramp_bytes=0.0, p2p_efficiency=0.0, peer_latency=self.step)
 
 
 def fit_collectives(ranks: int, samples: Sequence[tuple[Collective, float, float]]) -> CollectiveFit:

@@ -138,6 +138,10 @@ class CollectiveCalibration:
     An all-reduce may reduce in the switch (NVLink SHARP) at ``switch_bandwidth`` x the
     link's bandwidth of algorithm bandwidth, from ``switch_min_ranks`` ranks on, ramping the
     same way with ``switch_ramp_bytes``, after Simple's launch and ``switch_latency``.
+    Point-to-point traffic (all-to-all, send/recv) is no collective algorithm: its bytes go
+    at ``p2p_efficiency`` of the link's bandwidth (0: ``efficiency``), and an all-to-all's
+    sends to its peers are posted at once, so they overlap: one step of latency and
+    ``peer_latency`` more per peer beyond the first (the cost of posting each send).
     """
 
     fabric: str = "nvlink"  # the link's kind, as reports name it: nvlink, pcie, infiniband, ethernet
@@ -150,6 +154,8 @@ class CollectiveCalibration:
     switch_min_ranks: int = 5  # the least ranks the in-switch all-reduce runs on
     switch_ramp_bytes: float = 0.0  # ramp_bytes of the in-switch all-reduce; 0 = no ramp
     switch_latency: float = 0.0  # seconds the in-switch all-reduce adds to Simple's launch
+    p2p_efficiency: float = 0.0  # achieved bandwidth of all-to-all and send/recv bytes / the link's; 0 = efficiency
+    peer_latency: float = 0.0  # seconds each all-to-all peer beyond the first adds to its one step
 
     def __post_init__(self) -> None:
         check_name("collectives.fabric", self.fabric)
@@ -175,6 +181,16 @@ class CollectiveCalibration:
         check_amount("collectives.ramp_bytes", self.ramp_bytes, unit="bytes")
         check_amount("collectives.switch_ramp_bytes", self.switch_ramp_bytes, unit="bytes")
         check_amount("collectives.switch_latency", self.switch_latency, limit=MAX_SECONDS, unit="seconds")
+        require(isinstance(self.p2p_efficiency, int | float) and (self.p2p_efficiency == 0
+                                                                  or MIN_EFFICIENCY <= self.p2p_efficiency <= 1),
+                "collectives.p2p_efficiency", self.p2p_efficiency,
+                f"must be in [{MIN_EFFICIENCY:g}, 1] (0: the efficiency of the collectives)")
+        check_amount("collectives.peer_latency", self.peer_latency, limit=MAX_SECONDS, unit="seconds")
+
+    @property
+    def point_to_point_efficiency(self) -> float:
+        """Achieved bandwidth of point-to-point bytes (all-to-all, send/recv) / the link's."""
+        return self.p2p_efficiency or self.efficiency
 
 
 @dataclass(frozen=True)

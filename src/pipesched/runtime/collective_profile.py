@@ -76,7 +76,8 @@ def calibration_yaml(profile: CollectiveProfile, *, link_bandwidth: float | None
         "fabric": calibration.fabric, "base_latency": [float(x) for x in calibration.base_latency],
         "step_latency": [float(x) for x in calibration.step_latency], "efficiency": float(calibration.efficiency),
         "protocol_bandwidth": [float(x) for x in calibration.protocol_bandwidth],
-        "ramp": float(calibration.ramp_bytes), "switch_bandwidth": float(calibration.switch_bandwidth)}}
+        "ramp": float(calibration.ramp_bytes), "switch_bandwidth": float(calibration.switch_bandwidth),
+        "p2p_efficiency": float(calibration.p2p_efficiency), "peer_latency": float(calibration.peer_latency)}}
     lines = [f"# pipesched profile --collectives: {profile.ranks} {profile.backend} ranks; seconds = launch + steps x "
              f"step + share x bytes / {fit.bus_bandwidth:.6g} B/s (median error {fit.median_error:.1%})",
              f"# per-protocol lists: {', '.join(PROTOCOLS)}; measured (kind, bytes per rank, seconds):"]
