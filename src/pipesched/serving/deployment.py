@@ -91,7 +91,10 @@ def build_deployment(config: ServeConfig, model: ModelSpec, cluster: Cluster, *,
     ``config.cpu_overhead_s`` (the host's scheduling and launch) before each batch itself.
     The instances start at cluster rank ``first_rank``; ``memory_bytes`` (per stage) is the
     device memory the deployment may take in place of each device's own (its share of devices
-    it shares with other models).
+    it shares with other models). With ``config.disaggregate.shared`` the decode instances
+    sit on the prefill instances' ranks: the two caches split what both layouts' weights
+    leave (``_shared_memory``), each stage takes its tp devices' slots (``Sharing.span``) and
+    each prompt's cache goes over the re-sharding all-to-all (``reshard_link``).
 
     >>> from pipesched.model import load_cluster, load_model
     >>> deployment = build_deployment(ServeConfig(), load_model("llama3-70b"), load_cluster("1x8-h100"))

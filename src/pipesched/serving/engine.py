@@ -327,6 +327,9 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
     the logs grow here, before each call that may write them."""
     n, nins = arrived.shape[0], ins.shape[0]
     slot, group, resident, load_s, load_bytes, load_from, any_shared, since, quantum = shared
+    slot_low, slot_high = np.zeros(nins, np.int64), np.zeros(nins, np.int64)  # per instance: its slots [low, high)
+    for i in range(nins):
+        slot_low[i], slot_high[i] = _slot_range(ins, slot, i)
     stages, grow = ins[:, STAGES].max(), spec[MAX_BATCH] * (ins[:, STAGES].max() + 2) + 1
     counts = np.zeros(_COUNTERS, np.int64)
     # logs sized for a run without preemption: a member per output token and per prefill chunk
@@ -364,7 +367,7 @@ def _run(arrived, req, times, token_offsets, token_times, ins, stage_free, terms
                 counts[_SEQUENCE] += 1
         nxt = _arrive(nxt, t, arrived, routes, req, ins, entry, least_loaded, counts, touched)
         if any_shared:
-            _touch_sharers(touched, ins, slot)
+            _touch_sharers(touched, slot_low, slot_high)
         # instances sharing devices take turns: the least recently served first
         order = np.argsort(served, kind="mergesort") if any_shared else np.arange(nins)
         for i in order:
@@ -455,17 +458,15 @@ def _slot_range(ins, slot, i):
 
 
 @njit(cache=True, _nrt=False)
-def _touch_sharers(touched, ins, slot):
+def _touch_sharers(touched, slot_low, slot_high):
     """Every instance on a touched instance's devices is touched too: a slot one frees or a
     swap group one leaves may start another's batch."""
-    nins = ins.shape[0]
+    nins = touched.shape[0]
     for i in range(nins):
         if not touched[i]:
             continue
-        low, high = _slot_range(ins, slot, i)
         for j in range(nins):
-            other_low, other_high = _slot_range(ins, slot, j)
-            if other_low < high and low < other_high:
+            if slot_low[j] < slot_high[i] and slot_low[i] < slot_high[j]:
                 touched[j] = True
 
 
