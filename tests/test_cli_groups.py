@@ -121,14 +121,17 @@ def test_each_command_takes_its_groups_whole(names, groups) -> None:
 def _registered_functions() -> dict[str, ast.FunctionDef]:
     """Every function a ``register(app)`` hands to ``app.command(...)``, by name."""
     found: dict[str, ast.FunctionDef] = {}
-    for path in sorted(CLI.glob("*.py")):
-        tree = ast.parse(path.read_text())
+    trees = {path: ast.parse(path.read_text()) for path in sorted(CLI.glob("*.py"))}
+    # a command registered here may be defined in the module it comes from (cli/serve_pool.py)
+    defined = {node.name: node for tree in trees.values() for node in tree.body if isinstance(node, ast.FunctionDef)}
+    for path, tree in trees.items():
         functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
         for node in ast.walk(tree):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Call)
                     and getattr(node.func.func, "attr", None) == "command" and node.args
                     and isinstance(node.args[0], ast.Name)):
-                found[f"{path.name}:{node.args[0].id}"] = functions[node.args[0].id]
+                name = node.args[0].id
+                found[f"{path.name}:{name}"] = functions.get(name) or defined[name]
     return found
 
 

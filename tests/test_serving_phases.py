@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from cli_helpers import assert_one_line_error
+from pipesched.enums import Collective
 from pipesched.errors import PipeschedError
 from pipesched.model import load_cluster, load_model
+from pipesched.model.collectives import collective_seconds, group_levels
 from pipesched.serving.config import Disaggregation, Instances, ServeConfig
 from pipesched.serving.deployment import build_deployment
 from pipesched.serving.engine import simulate_serving
@@ -38,9 +40,8 @@ def cluster():
 
 
 def test_the_reshard_is_an_all_to_all_of_each_devices_share(model, cluster):
-    """One prompt, prefill PP2 and decode TP2 on ranks 0 and 1: the cache moves once, and it
-    takes one step's latency plus the half of each device's half that the other device
-    needs, over the link between the two."""
+    """One prompt, prefill PP2 and decode TP2 on ranks 0 and 1: the cache moves once, as an
+    all-to-all of each device's half between the two."""
     config = _config(Instances(1, 2), Instances(2, 1))
     deployment = build_deployment(config, model, cluster)
     assert [plan.devices for plan in deployment.instances] == [(0, 1), (0,)]
@@ -52,8 +53,12 @@ def test_the_reshard_is_an_all_to_all_of_each_devices_share(model, cluster):
     # the whole cache: keys and values of every layer, bf16
     whole = prompt * 2 * model.num_kv_heads * model.kv_channels * 2 * model.num_layers
     assert run.moves.nbytes[k] == pytest.approx(whole, rel=1e-12)
-    per_device = whole / 2
-    expected = cluster.latency(0, 1) + per_device / 2 / cluster.link(0, 1).bandwidth
+    # the engine's link is the all-to-all of each device's half (the collectives' model) as a
+    # line through its time at no bytes and at a gigabyte of cache
+    levels = group_levels(cluster, (0, 1))
+    at_zero = collective_seconds(Collective.ALL_TO_ALL, 0.0, levels)
+    at_gigabyte = collective_seconds(Collective.ALL_TO_ALL, 1e9 / 2, levels)
+    expected = at_zero + (at_gigabyte - at_zero) * whole / 1e9
     assert run.moves.end[k] - run.moves.start[k] == pytest.approx(expected, rel=1e-9)
     timeline = serving_timeline(run)
     drawn = np.flatnonzero(timeline.transfers.kind == KV_CACHE)

@@ -125,8 +125,7 @@ def offline_command(*, policy: OfflinePolicyOptions, views: ViewPaths, model: Of
       pipesched serve offline --model opt-30b --weights 20,80,0 --cache 0,100,0 --activations 0,100,0 --gpu-batch 48 --num-batches 3
       pipesched serve offline --model opt-175b --optimize --json
     """
-    from pipesched.serving.offload import OfflineTask, offline_run, offline_units
-    from pipesched.serving.offload_search import optimize_policy
+    from pipesched.serving.offload import OfflineTask, offline_units
     from pipesched.serving.offload_timeline import offline_timeline, view_tokens
 
     require(device is None or cluster is None, "cluster", cluster, "give --device or --cluster, not both")
@@ -136,13 +135,7 @@ def offline_command(*, policy: OfflinePolicyOptions, views: ViewPaths, model: Of
     hardware = load_cluster(cluster).devices[0] if cluster else load_device(device or DEFAULTS.offline_device)
     task = OfflineTask(prompt_len if prompt_len is not None else DEFAULTS.offline_prompt_len,
                        gen_len if gen_len is not None else DEFAULTS.offline_gen_len)
-    note = ""
-    if policy.optimize:
-        found = optimize_policy(spec, hardware, task, host_attention=not policy.no_host_attention,
-                                overlap=not policy.no_overlap)
-        run, note = found.run, f"; --optimize: best of {found.feasible:,} fitting of {found.evaluated:,} tried"
-    else:
-        run = offline_run(spec, hardware, task, policy.policy())
+    run, note = _offline_run(policy, spec, hardware, task)
     if views.any:
         tokens = view_tokens(run, len(offline_units(spec, hardware, task, run.policy.gpu_batch)))
         views.write([offline_timeline(spec, hardware, run)],
@@ -151,3 +144,17 @@ def offline_command(*, policy: OfflinePolicyOptions, views: ViewPaths, model: Of
         print_json(run.to_dict())
     else:
         print_offline(run, output_console(), note=note)
+
+
+def _offline_run(policy: OfflinePolicyOptions, spec, hardware, task) -> tuple:
+    """The run of the placement asked for, or of the one ``--optimize`` finds (with a note of
+    how many it tried)."""
+    from pipesched.serving.offload import offline_run
+    from pipesched.serving.offload_search import optimize_policy
+
+    if not policy.optimize:
+        return offline_run(spec, hardware, task, policy.policy()), ""
+    found = optimize_policy(spec, hardware, task, host_attention=not policy.no_host_attention,
+                            overlap=not policy.no_overlap)
+    return found.run, f"; --optimize: best of {found.feasible:,} fitting of {found.evaluated:,} tried"
+
