@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pipesched.model import TrainingSettings, load_cluster, load_model
 from pipesched.model.groups import expert_group_levels
-from pipesched.model.phases import chunk_pair, layer_phases
+from pipesched.model.phases import chunk_pair, layer_phases, overlap_seconds
 from pipesched.model.transformer import layer_ops
 
 DATA = Path(__file__).parent / "data" / "deepseek_dualpipe_pair.json"
@@ -66,17 +66,6 @@ def _union(intervals: list[tuple[float, float]]) -> list[list[float]]:
     return merged
 
 
-def _overlap(first: list[list[float]], second: list[list[float]]) -> float:
-    total, i, j = 0.0, 0, 0
-    while i < len(first) and j < len(second):
-        total += max(0.0, min(first[i][1], second[j][1]) - max(first[i][0], second[j][0]))
-        if first[i][1] < second[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def derive(trace: Path) -> dict[str, float]:
     """The held figures from the published trace (microseconds in the trace, seconds here)."""
     kernels = [e for e in json.loads(trace.read_text(encoding="utf-8"))["traceEvents"] if e.get("cat") == "kernel"]
@@ -89,8 +78,8 @@ def derive(trace: Path) -> dict[str, float]:
     length = sum(end - start for start, end in comm)
     span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
     return {"pair_s": span / 1e6, "compute_busy_s": sum(b - a for a, b in compute) / 1e6,
-            "comm_busy_s": length / 1e6, "comm_hidden_s": _overlap(comm, compute) / 1e6,
-            "hidden_fraction": _overlap(comm, compute) / length}
+            "comm_busy_s": length / 1e6, "comm_hidden_s": overlap_seconds(comm, compute) / 1e6,
+            "hidden_fraction": overlap_seconds(comm, compute) / length}
 
 
 def main() -> None:

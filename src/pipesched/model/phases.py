@@ -254,14 +254,14 @@ def _pair_cost(parts: tuple[Sequence[Phase], ...], run: PhaseRun) -> PairCost:
     return PairCost(
         pair_s=run.makespan,
         pair_comm_s=sum(phase.seconds for phases in parts for phase in phases if phase.resource is LINK),
-        pair_hidden_comm_s=_overlap(intervals[LINK], intervals[COMPUTE]),
+        pair_hidden_comm_s=overlap_seconds(intervals[LINK], intervals[COMPUTE]),
         forward_s=serial_time(parts[0]),
         backward_s=serial_time(parts[1]),
         compute_s=sum(phase.seconds for phases in parts for phase in phases if phase.resource is COMPUTE),
     )
 
 
-def _overlap(first: list[tuple[float, float]], second: list[tuple[float, float]]) -> float:
+def overlap_seconds(first: list[tuple[float, float]], second: list[tuple[float, float]]) -> float:
     """Seconds during which an interval of ``first`` and one of ``second`` both run (the
     intervals of each list never overlap one another: one stream each)."""
     first, second = sorted(first), sorted(second)
