@@ -21,8 +21,8 @@ from pipesched.io.files import check_outputs, write_all
 if TYPE_CHECKING:
     from pipesched.serving.pool_result import PoolResult
 
-DeploymentFile = Annotated[str, typer.Argument(metavar="DEPLOYMENT.yaml", help="the pool's deployment file: its "
-                                               "devices, models, traffic, SLOs and allowed TPxPP shapes")]
+DeploymentFile = Annotated[str, typer.Argument(metavar="DEPLOYMENT.yaml", help="the pool's deployment file, or a built-in one by name (example): its devices, models, traffic, "
+                                                    "SLOs and allowed TPxPP shapes")]
 PlacementMethod = Annotated[str, typer.Option(
     "--placement", help="greedy (AlpaServe's, against the simulator), dedicated (one model per device group) or "
                         "round-robin")]
@@ -38,8 +38,8 @@ def pool_command(*, deployment: DeploymentFile, placement: PlacementMethod = DEF
 
     \b
     Examples:
-      pipesched serve pool src/pipesched/data/pools/example.yaml
-      pipesched serve pool pool.yaml --placement round-robin --json
+      pipesched serve pool example
+      pipesched serve pool example --placement round-robin --json
     """
     from pipesched.serving.pool import load_pool
     from pipesched.serving.pool_result import serve_pool, timed

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from pipesched.defaults import DEFAULTS
@@ -92,8 +93,22 @@ class PoolSpec:
                 f"give seconds from 0 to {MAX_SECONDS:g}")
 
 
+def pool_presets() -> tuple[str, ...]:
+    """The built-in deployments (``data/pools/``), by name."""
+    return tuple(sorted(entry.name.removesuffix(".yaml") for entry in _preset_dir().iterdir()
+                        if entry.name.endswith(".yaml")))
+
+
+def _preset_dir():
+    return resources.files("pipesched") / "data" / "pools"
+
+
 def load_pool(path: str | os.PathLike[str]) -> PoolSpec:
-    """The deployment file at ``path`` (module docstring)."""
+    """The deployment file at ``path`` (module docstring), or a built-in one by name
+    (``pool_presets``: ``example``)."""
+    if not os.path.exists(path) and str(path) in pool_presets():
+        with resources.as_file(_preset_dir() / f"{path}.yaml") as found:
+            return parse_pool(read_text(found, "deployment"), source=str(path), folder=found.parent)
     return parse_pool(read_text(path, "deployment"), source=str(path), folder=Path(path).parent)
 
 
