@@ -179,15 +179,15 @@ class ModelOptions(OptionGroup):
     def settings(self, *, recompute: str | None = None) -> TrainingSettings:
         """The training settings asked for, each unset one from DEFAULTS; ``recompute``
         replaces the mode asked for (a uniform mode of a per-stage text)."""
-        return TrainingSettings(micro_batch_size=_or(self.micro_batch_size, DEFAULTS.micro_batch_size),
-                                seq_len=_or(self.seq_len, DEFAULTS.seq_len), dtype=self.dtype or DEFAULTS.dtype,
+        return TrainingSettings(micro_batch_size=given_or(self.micro_batch_size, DEFAULTS.micro_batch_size),
+                                seq_len=given_or(self.seq_len, DEFAULTS.seq_len), dtype=self.dtype or DEFAULTS.dtype,
                                 recompute=recompute or self.recompute or DEFAULTS.recompute,
-                                tensor_parallel=_or(self.tensor_parallel, DEFAULTS.tensor_parallel),
-                                sequence_parallel=_or(self.sequence_parallel, DEFAULTS.sequence_parallel),
-                                context_parallel=_or(self.context_parallel, DEFAULTS.context_parallel),
+                                tensor_parallel=given_or(self.tensor_parallel, DEFAULTS.tensor_parallel),
+                                sequence_parallel=given_or(self.sequence_parallel, DEFAULTS.sequence_parallel),
+                                context_parallel=given_or(self.context_parallel, DEFAULTS.context_parallel),
                                 cp_comm_type=self.cp_comm or DEFAULTS.cp_comm_type,
-                                expert_parallel=_or(self.expert_parallel, DEFAULTS.expert_parallel),
-                                expert_tensor_parallel=_or(self.expert_tensor_parallel,
+                                expert_parallel=given_or(self.expert_parallel, DEFAULTS.expert_parallel),
+                                expert_tensor_parallel=given_or(self.expert_tensor_parallel,
                                                            DEFAULTS.expert_tensor_parallel),
                                 moe_dispatcher=self.moe_dispatcher or DEFAULTS.moe_dispatcher)
 
@@ -225,21 +225,21 @@ class WorkloadOptions(OptionGroup):
                   "frozen_layers": training.frozen_layers or "", "offload": training.offload or "",
                   "host_bandwidth": parse_amount(self.host_bandwidth, "bandwidth", "host-bandwidth"),
                   "host_memory": parse_amount(self.host_memory, "bytes", "host-memory"),
-                  "dp": _or(training.dp, 1), "zero": _or(training.zero, 0),
-                  "micro_batch_size": _or(model.micro_batch_size, DEFAULTS.micro_batch_size),
-                  "seq_len": _or(model.seq_len, DEFAULTS.seq_len)}
+                  "dp": given_or(training.dp, 1), "zero": given_or(training.zero, 0),
+                  "micro_batch_size": given_or(model.micro_batch_size, DEFAULTS.micro_batch_size),
+                  "seq_len": given_or(model.seq_len, DEFAULTS.seq_len)}
         if self.stage_costs is not None:
             fields["stage_costs"] = load_stage_costs(self.stage_costs)
         else:
             fields |= {"model": model.model or DEFAULTS.model,
                        "cluster": model.cluster(self.cluster or DEFAULTS.cluster),
                        "dtype": model.dtype or DEFAULTS.dtype,
-                       "sequence_parallel": _or(model.sequence_parallel, DEFAULTS.sequence_parallel),
-                       "tp": _or(model.tensor_parallel, DEFAULTS.tensor_parallel),
-                       "cp": _or(model.context_parallel, DEFAULTS.context_parallel),
+                       "sequence_parallel": given_or(model.sequence_parallel, DEFAULTS.sequence_parallel),
+                       "tp": given_or(model.tensor_parallel, DEFAULTS.tensor_parallel),
+                       "cp": given_or(model.context_parallel, DEFAULTS.context_parallel),
                        "cp_comm": model.cp_comm or DEFAULTS.cp_comm_type,
-                       "ep": _or(model.expert_parallel, DEFAULTS.expert_parallel),
-                       "etp": _or(model.expert_tensor_parallel, DEFAULTS.expert_tensor_parallel),
+                       "ep": given_or(model.expert_parallel, DEFAULTS.expert_parallel),
+                       "etp": given_or(model.expert_tensor_parallel, DEFAULTS.expert_tensor_parallel),
                        "moe_dispatcher": model.moe_dispatcher or DEFAULTS.moe_dispatcher,
                        "recompute": model.recompute or DEFAULTS.recompute,
                        "partition": self.partition or DEFAULTS.partition}
@@ -270,7 +270,7 @@ _MODEL_FLAGS = ("model", "cluster", "tensor-parallel", "cp", "cp-comm", "recompu
                 "sequence-parallel", "matmul-efficiency", "bandwidth-efficiency", "ep", "etp", "moe-dispatcher")
 
 
-def _or(value: object, default: object) -> object:
+def given_or(value: object, default: object) -> object:
     """``value``, or ``default`` when it is not given (None)."""
     return default if value is None else value
 
@@ -304,8 +304,8 @@ class VariabilityOptions(OptionGroup):
             random_straggler=(parse_random_straggler(self.random_straggler)
                               if self.random_straggler is not None else None),
             slow_links=tuple(parse_slow_link(text) for text in self.slow_link or ()),
-            samples=_or(self.samples, DEFAULTS.samples),
-            seed=_or(self.seed, DEFAULTS.seed),
+            samples=given_or(self.samples, DEFAULTS.samples),
+            seed=given_or(self.seed, DEFAULTS.seed),
         )
 
 
@@ -330,13 +330,13 @@ class DeploymentOptions(OptionGroup):
 
     def residency(self) -> dict[str, object]:
         """``ServeConfig``'s residency fields asked for (each unset one from DEFAULTS)."""
-        return {"resident": _or(self.resident, DEFAULTS.resident),
+        return {"resident": given_or(self.resident, DEFAULTS.resident),
                 "stream_from": stream_source(self.resident_from or DEFAULTS.resident_from)}
 
     def instances(self) -> Instances:
         """The colocated replicas asked for (each unset size from DEFAULTS)."""
-        return Instances(_or(self.tensor_parallel, DEFAULTS.serve_tensor_parallel), _or(self.p, DEFAULTS.serve_p),
-                         _or(self.replicas, DEFAULTS.replicas))
+        return Instances(given_or(self.tensor_parallel, DEFAULTS.serve_tensor_parallel), given_or(self.p, DEFAULTS.serve_p),
+                         given_or(self.replicas, DEFAULTS.replicas))
 
     def split(self) -> Disaggregation | None:
         """``--disaggregate``'s prefill and decode instances; None when not given."""
@@ -377,8 +377,8 @@ class BatchOptions(OptionGroup):
     chunk: Chunk = None
 
     def spec(self, preemption: str | None = None) -> SchedulerSpec:
-        return SchedulerSpec(vocabulary_word(SchedulerName, "scheduler", self.scheduler or DEFAULTS.scheduler), _or(self.max_batch, DEFAULTS.max_batch),
-                             _or(self.max_tokens, DEFAULTS.max_tokens), _or(self.chunk, DEFAULTS.chunk),
+        return SchedulerSpec(vocabulary_word(SchedulerName, "scheduler", self.scheduler or DEFAULTS.scheduler), given_or(self.max_batch, DEFAULTS.max_batch),
+                             given_or(self.max_tokens, DEFAULTS.max_tokens), given_or(self.chunk, DEFAULTS.chunk),
                              vocabulary_word(Preemption, "preemption", preemption or DEFAULTS.preemption))
 
 
@@ -394,13 +394,13 @@ class CacheOptions(OptionGroup):
     cpu_overhead: CpuOverhead = None
 
     def kv(self) -> KVSettings:
-        return KVSettings(_or(self.block_size, DEFAULTS.block_size), _or(self.kv_fraction, DEFAULTS.kv_fraction))
+        return KVSettings(given_or(self.block_size, DEFAULTS.block_size), given_or(self.kv_fraction, DEFAULTS.kv_fraction))
 
     def routed(self) -> Routing:
         return vocabulary_word(Routing, "routing", self.routing or DEFAULTS.routing)
 
     def overhead(self) -> float:
-        return _or(self.cpu_overhead, DEFAULTS.cpu_overhead)
+        return given_or(self.cpu_overhead, DEFAULTS.cpu_overhead)
 
 
 @dataclass(frozen=True)
@@ -448,9 +448,9 @@ def serving_workload(given: RequestOptions | RealRequestOptions, *, requests: in
                               "prompt-tokens": given.prompt_tokens, "output-tokens": given.output_tokens,
                               "seed": given.seed}, "which gives the requests")
         return ServingWorkload(trace=given.trace, trace_digest=trace_digest(given.trace), qps=given.qps)
-    synthetic = ServingWorkload(requests=_or(given.requests, requests), qps=_or(given.qps, qps),
+    synthetic = ServingWorkload(requests=given_or(given.requests, requests), qps=given_or(given.qps, qps),
                                 arrival=given.arrival or DEFAULTS.arrival, prompt_tokens=given.prompt_tokens or prompt,
-                                output_tokens=given.output_tokens or output, seed=_or(given.seed, DEFAULTS.seed))
+                                output_tokens=given.output_tokens or output, seed=given_or(given.seed, DEFAULTS.seed))
     check_workload(synthetic)
     return synthetic
 
@@ -463,8 +463,8 @@ class SloOptions(OptionGroup):
     slo_tpot: SloTpot = None
 
     def targets(self, attainment: float | None = None) -> Targets:
-        return Targets(_or(self.slo_ttft, DEFAULTS.slo_ttft), _or(self.slo_tpot, DEFAULTS.slo_tpot),
-                       _or(attainment, DEFAULTS.attainment))
+        return Targets(given_or(self.slo_ttft, DEFAULTS.slo_ttft), given_or(self.slo_tpot, DEFAULTS.slo_tpot),
+                       given_or(attainment, DEFAULTS.attainment))
 
 
 def serving_point(deployment: DeploymentOptions, batch: BatchOptions, cache: CacheOptions, requests: RequestOptions,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
+from pipesched.cli.groups import given_or
 from pipesched.cli.options import AsJson, OptionGroup, command
 from pipesched.cli.output import console as output_console
 from pipesched.cli.output import print_json
@@ -77,8 +78,8 @@ class OfflinePolicyOptions(OptionGroup):
             TierShares.parse("weights", self.weights or DEFAULTS.offline_weights),
             TierShares.parse("cache", self.cache or DEFAULTS.offline_cache),
             TierShares.parse("activations", self.activations or DEFAULTS.offline_activations),
-            gpu_batch=self.gpu_batch if self.gpu_batch is not None else DEFAULTS.offline_gpu_batch,
-            num_batches=self.num_batches if self.num_batches is not None else DEFAULTS.offline_num_batches,
+            gpu_batch=given_or(self.gpu_batch, DEFAULTS.offline_gpu_batch),
+            num_batches=given_or(self.num_batches, DEFAULTS.offline_num_batches),
             host_attention=not self.no_host_attention, overlap=not self.no_overlap)
 
     def check(self) -> OfflinePolicyOptions:
@@ -133,8 +134,7 @@ def offline_command(*, policy: OfflinePolicyOptions, views: ViewPaths, model: Of
     views.check()
     spec = load_model(model or DEFAULTS.offline_model)
     hardware = load_cluster(cluster).devices[0] if cluster else load_device(device or DEFAULTS.offline_device)
-    task = OfflineTask(prompt_len if prompt_len is not None else DEFAULTS.offline_prompt_len,
-                       gen_len if gen_len is not None else DEFAULTS.offline_gen_len)
+    task = OfflineTask(given_or(prompt_len, DEFAULTS.offline_prompt_len), given_or(gen_len, DEFAULTS.offline_gen_len))
     run, note = _offline_run(policy, spec, hardware, task)
     if views.any:
         tokens = view_tokens(run, len(offline_units(spec, hardware, task, run.policy.gpu_batch)))
