@@ -235,10 +235,10 @@ class Point:
     def replace(self, **changes: object) -> Point:
         return Point(request=self.request, workload=self.workload, engine=self.engine, **changes)
 
-    @property
+    @functools.cached_property
     def settings(self) -> TrainingSettings:
         """The model's training settings at this point (per-stage recompute and frozen
-        layers are resolved by its setup, which knows the model)."""
+        layers are resolved by its setup, which knows the model); built once per point."""
         return TrainingSettings(micro_batch_size=self.micro_batch_size, seq_len=self.seq_len,
                                 tensor_parallel=self.tp, sequence_parallel=self.sequence_parallel,
                                 recompute=uniform_mode(self.recompute) or "none", dtype=self.dtype,

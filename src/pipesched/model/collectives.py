@@ -44,6 +44,7 @@ calibration the protocols are alike and every formula is the plain ring / alpha-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -254,6 +255,13 @@ def collective_choice(kind: Collective, nbytes: float, levels: Sequence[Collecti
     the buffer each rank holds: for an all-reduce the buffer reduced, for an all-gather the
     gathered result, for a reduce-scatter its input, for an all-to-all what each rank
     dispatches."""
+    return _choice(kind, nbytes, tuple(levels))
+
+
+@functools.lru_cache(maxsize=65536)
+def _choice(kind: Collective, nbytes: float, levels: tuple[CollectiveLevel, ...]) -> CollectiveTime:
+    """``collective_choice``, pure in hashable inputs: a sweep times the same few buffers
+    over the same groups on every placement."""
     active = _active(levels)
     if not active or (kind is Collective.SEND_RECV and nbytes <= 0):
         return CollectiveTime(0.0, "", "")

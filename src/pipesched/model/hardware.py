@@ -237,6 +237,11 @@ class Cluster:
             f"give one node index per device ({len(self.devices)})",
         )
 
+    def __hash__(self) -> int:
+        # a cache key several times per point of a sweep (stage plans, costs, networks):
+        # hashing every device is most of the cost, and equal clusters agree on these
+        return hash((self.name, self.node_of, self.intra_node, self.inter_node, self.nic_per_device, self.devices[0]))
+
     @property
     def num_devices(self) -> int:
         return len(self.devices)

@@ -697,7 +697,20 @@ def _head(model: ModelSpec, x: _Shape) -> LayerPlan:
 
 def layer_plans(model: ModelSpec, settings: TrainingSettings) -> list[LayerPlan]:
     x = _shape(model, settings)
-    return [_embedding(model, x), *(_block(model, x, i) for i in range(model.num_layers)), _head(model, x)]
+    return [_embedding(model, x), *_blocks(model, x), _head(model, x)]
+
+
+def _blocks(model: ModelSpec, x: _Shape) -> list[LayerPlan]:
+    """Every block: a block's plan depends on its index only through its name and whether
+    it is a MoE block, so each of the (at most two) kinds is planned once."""
+    planned: dict[bool, LayerPlan] = {}
+    blocks = []
+    for index in range(model.num_layers):
+        moe = model.moe_block(index)
+        if moe not in planned:
+            planned[moe] = _block(model, x, index)
+        blocks.append(dataclasses.replace(planned[moe], name=f"layer.{index}"))
+    return blocks
 
 
 def allreduce_time(nbytes: float, ranks: int, link: LinkSpec) -> float:
@@ -961,6 +974,7 @@ def _layer_costs(model: ModelSpec, device: DeviceSpec, settings: TrainingSetting
     return tuple(costs)
 
 
+@functools.lru_cache(maxsize=1024)
 def attention_time_share(model: ModelSpec, device: DeviceSpec, settings: TrainingSettings) -> float:
     """The share of a transformer block's F + B on ``device`` spent in its causal attention
     core (what grows with the prefix a token attends to: TeraPipe's slices); 0 for a model
@@ -973,7 +987,7 @@ def attention_time_share(model: ModelSpec, device: DeviceSpec, settings: Trainin
     """
     if model.measured or model.num_layers == 0:
         return 0.0
-    block = layer_plans(model, settings)[1]
+    block = _block(model, _shape(model, settings), 0)  # the first block, as layer_costs' [1]
     cost = layer_costs(model, device, settings)[1]
     total = cost.forward_s + cost.backward_input_s + cost.backward_weight_s
     return sum(core_seconds(block, device, settings)) / total if total > 0 else 0.0

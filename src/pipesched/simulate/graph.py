@@ -576,12 +576,16 @@ def collective_seconds(network: Network, reduces: AllReduces, nbytes: np.ndarray
     """Seconds of each gradient all-reduce on ``network`` (see the module docstring)."""
     data_parallel = network.data_parallel if network.reduces_gradients else None
     seconds = np.empty(len(reduces), np.float64)
-    for j, (a, b, size) in enumerate(zip(reduces.src.tolist(), reduces.dst.tolist(), nbytes.tolist(), strict=True)):
-        pair = network.pair_level(a, b) if a != b else None
-        if data_parallel is None:
-            seconds[j] = allreduce_seconds(size, (pair,))
-        else:
-            seconds[j] = max(data_parallel.seconds(a, size, inner=pair), data_parallel.seconds(b, size, inner=pair))
+    timed: dict[tuple[int, int, float], float] = {}  # a stage's gradients on a device pair: one time
+    for j, key in enumerate(zip(reduces.src.tolist(), reduces.dst.tolist(), nbytes.tolist(), strict=True)):
+        if key not in timed:
+            a, b, size = key
+            pair = network.pair_level(a, b) if a != b else None
+            if data_parallel is None:
+                timed[key] = allreduce_seconds(size, (pair,))
+            else:
+                timed[key] = max(data_parallel.seconds(a, size, inner=pair), data_parallel.seconds(b, size, inner=pair))
+        seconds[j] = timed[key]
     return seconds
 
 
