@@ -90,8 +90,9 @@ formulas at its 0.473 GB/s give FlexGen's published OPT-175B policy, whose KV ca
 disk, 0.15 tokens/s, a fifth of the 0.69 that FlexGen measured with it.)
 GCP-LOCAL-SSD: Google Cloud's Compute Engine documentation, "Configure disks to meet
 performance requirements", Local SSD (NVMe): 1.77 MB/s read and 0.94 MB/s write per GB of
-local SSD, at most 2,650 and 1,400 MB/s per instance (an N1 machine of 32 vCPUs, as FlexGen's
-208 GB n1-highmem-32 is, reaches the maximum).
+local SSD, at most 2,650 and 1,400 MB/s per instance, reached on N1 machines of 32 or more
+vCPUs (208 GB of DRAM is an n1-highmem-32's, 32 vCPUs: taken to be FlexGen's machine type,
+which its paper does not name).
 
 ``cpu`` is a nominal multi-core server CPU (AVX-512 FMA, DDR5): rough numbers that only make
 CPU runs of the ``tiny`` and ``small`` models comparable in order of magnitude, with the
