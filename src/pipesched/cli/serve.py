@@ -420,7 +420,7 @@ def print_search(result: ServingSearchResult, *, top: int) -> None:
         table = Table(title=f"the {len(shown)} configurations with the most capacity per device")
         # a residency column when the search tried layers off the GPU
         residency = any(row.resident != DEFAULTS.resident for row in result.rows)
-        for heading in (_HEADER[:2] + ("resident",) + _HEADER[2:]) if residency else _HEADER:
+        for heading in (*_HEADER[:2], "resident", *_HEADER[2:]) if residency else _HEADER:
             table.add_column(heading, justify="left" if heading in ("layout", "scheduler") else "right")
         for rank, row in enumerate(shown, start=1):
             table.add_row(*_cells(rank, row, residency=residency))
