@@ -213,6 +213,24 @@ def test_serve_search_ranks_resumes_and_shows(cli, tmp_path) -> None:
     assert shown.code == 0 and "best: " in shown.out and "serve capacity" in shown.out
 
 
+def test_serve_search_tries_each_residency_as_a_point(cli, tmp_path) -> None:
+    # every layer on the GPU against half of them streamed over the host link each iteration:
+    # one point per residency, the streamed one slower (throughput falls with residency)
+    db = str(tmp_path / "serve.sqlite")
+    argv = ("serve", "search", "--model", "llama3-8b", "--gpus", "1", "-t", "1", "--pipeline", "1", "--replicas", "1",
+            "--scheduler", "sarathi", "--requests", "200", "--prompt-tokens", "fixed:128", "--output-tokens",
+            "fixed:16", "--slo-ttft", "0.5", "--slo-tpot", "0.15", "--resident", "1,0.5", "--db", db, "--workers", "1")
+    result = cli(*argv, "--json")
+    assert result.code == 0, result
+    (search,) = json.loads(result.out)["searches"]
+    assert search["points"] == 2 and search["space"]["resident"] == [0.5, 1.0]
+    by_residency = {row["resident"]: row for row in search["rows"]}
+    assert set(by_residency) == {0.5, 1.0}
+    assert by_residency[1.0]["max_qps"] > by_residency[0.5]["max_qps"] > 0
+    shown = cli("serve", "search", "--db", db, "--show")
+    assert shown.code == 0 and "resident" in shown.out and "--resident 1 " not in shown.out
+
+
 # --- bad input: one line naming the field and the fix, exit 2 ----------------------------------
 def _trace(tmp_path, rows: str):
     path = tmp_path / "bad.csv"
@@ -346,6 +364,8 @@ def test_real_runs_refuse_what_they_cannot_serve(cli, tmp_path) -> None:
     (("-t", "a"), ("tensor-parallel='a'", "whole numbers")),
     (("-t", "16"), ("gpus=8", "widen --tensor-parallel")),
     (("--workers", "0"), ("workers=0",)),
+    (("--resident", "0,1"), ("resident=0", "(0, 1]")),
+    (("--resident", "half"), ("resident='half'", "separated by commas")),
 ])
 def test_a_bad_search_option_is_one_line_and_leaves_no_store(cli, tmp_path, argv, fragments) -> None:
     db = tmp_path / "s.sqlite"

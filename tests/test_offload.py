@@ -90,6 +90,24 @@ def test_weights_go_tensor_by_tensor_to_the_tier_holding_their_middle() -> None:
     assert split[1, 0].tolist() == [0.0, 0.0, 12.0]
 
 
+def test_an_opt_block_holds_its_query_key_and_value_projections_as_three_tensors() -> None:
+    """OPT's attention as FlexGen's ``SelfAttention`` holds it: four h x h matrices (query, key,
+    value, output) and the rest; under weights 0,50,50 the query's and key's middles (12.5 and
+    37.5 % of the matrices) fall in disk's 0-50 % range, the value's and output's in the
+    host's, and the MLP's up and down projections split the same way: half of each on disk."""
+    model = load_model("opt-175b")
+    units = offline_units(model, T4, TASK, 1)
+    h, elem = model.hidden_size, 2
+    attention = units.kind.index("a")
+    assert units.tensors[attention][:4] == (elem * h * h,) * 4
+    split = weight_split(units, np.array([[0.0, 0.5, 0.5]]))[0]
+    matrices = (attention, attention + 1)  # the first block's attention and MLP
+    for j in matrices:
+        on_host, on_disk = split[j, 1], split[j, 2]
+        assert on_disk == pytest.approx(sum(units.tensors[j][:4 if j == attention else 2]) / 2)
+        assert on_host >= on_disk
+
+
 @pytest.mark.parametrize("field", ["host_bandwidth", "host_write_bandwidth", "disk_read_bandwidth",
                                    "disk_write_bandwidth", "host_attention_flops"])
 def test_a_link_twice_as_fast_never_makes_a_run_slower(field) -> None:

@@ -184,6 +184,6 @@ def test_serve_search_and_capacity_take_resident(cli, tmp_path) -> None:
     search = ("serve", "search", *SMALL[:2], *SMALL[6:], "-t", "1", "--pipeline", "1", "--replicas", "1",
               "--scheduler", "sarathi", "--db", str(tmp_path / "serve.sqlite"), "--workers", "1")
     assert_one_line_error(cli(*search, "--resident", "0.5"), "slo_tpot=0.1")
-    space = ServingSpace(model=MODEL, tensor_parallel=(1,), pipeline=(1, 2), replicas=(1,), resident=0.25,
+    space = ServingSpace(model=MODEL, tensor_parallel=(1,), pipeline=(1, 2), replicas=(1,), resident=(0.25,),
                          resident_from="host")
     assert {point.config.resident for point in space.points()} == {0.25}

@@ -34,7 +34,6 @@ from pipesched.cli.options import (
     PerRequest,
     RayAddress,
     RayFlag,
-    Resident,
     ResidentFrom,
     RunDtype,
     ServeCluster,
@@ -59,6 +58,7 @@ from pipesched.cli.views import Html, Png, Svg, Trace
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SchedulerName, SearchStatus
 from pipesched.errors import PipeschedError, require
+from pipesched.experiments.residency import parse_fractions
 from pipesched.experiments.serving import (
     ServingPoint,
     Targets,
@@ -283,7 +283,9 @@ class ServeSpaceOptions(OptionGroup):
     chunk: Annotated[str | None, typer.Option(
         "--chunk", help=f"Sarathi-Serve chunks to try [default: {DEFAULTS.chunk}]")] = None
     latency_model: LatencyModelFile = None
-    resident: Resident = None
+    resident: Annotated[str | None, typer.Option(
+        "--resident", help=f"residencies to try, like 0.5,1: shares of each stage's layers kept on the GPU, in (0, 1]; "
+                           f"the rest stream in from --resident-from every iteration [default: {DEFAULTS.resident:g}]")] = None
     resident_from: ResidentFrom = None
 
     def space(self, cache: CacheOptions, requests: RequestOptions, slo: SloOptions,
@@ -297,7 +299,8 @@ class ServeSpaceOptions(OptionGroup):
                  "max_batch": whole_numbers("max-batch", self.max_batch) or None,
                  "max_tokens": whole_numbers("max-tokens", self.max_tokens) or None,
                  "chunks": whole_numbers("chunk", self.chunk) or None, "latency_model": self.latency_model,
-                 "resident": self.resident, "resident_from": self.resident_from}
+                 "resident": parse_fractions(self.resident, field="resident") if self.resident is not None else None,
+                 "resident_from": self.resident_from}
         kv = cache.kv()
         return ServingSpace(**{name: value for name, value in given.items() if value is not None},
                             disaggregated=self.with_disaggregated, block_size=kv.block_size,
@@ -388,9 +391,10 @@ _HEADER = ("rank", "layout", "scheduler", "batch", "tokens", "devices", "max qps
            "TTFT p99", "TPOT p99")
 
 
-def _cells(rank: int, row: ServingRow) -> list[str]:
+def _cells(rank: int, row: ServingRow, *, residency: bool) -> list[str]:
     tokens = row.chunk if row.scheduler == SchedulerName.SARATHI else row.max_tokens
-    return [str(rank), row.layout, row.scheduler, str(row.max_batch), str(tokens), str(row.devices),
+    resident = [f"{row.resident:g}"] if residency else []
+    return [str(rank), row.layout, *resident, row.scheduler, str(row.max_batch), str(tokens), str(row.devices),
             f"{row.max_qps:.3g}", f"{row.qps_per_gpu:.3g}", _share(row.slo_attainment), _seconds(row.ttft_p99_s),
             _seconds(row.tpot_p99_s)]
 
@@ -414,10 +418,12 @@ def print_search(result: ServingSearchResult, *, top: int) -> None:
                   f"{result.evaluated_now:,} evaluated now", highlight=False, markup=False)
     if shown:
         table = Table(title=f"the {len(shown)} configurations with the most capacity per device")
-        for heading in _HEADER:
+        # a residency column when the search tried layers off the GPU
+        residency = any(row.resident != DEFAULTS.resident for row in result.rows)
+        for heading in (*_HEADER[:2], "resident", *_HEADER[2:]) if residency else _HEADER:
             table.add_column(heading, justify="left" if heading in ("layout", "scheduler") else "right")
         for rank, row in enumerate(shown, start=1):
-            table.add_row(*_cells(rank, row))
+            table.add_row(*_cells(rank, row, residency=residency))
         print_whole(console, table)
     console.print(f"{result.count(SearchStatus.EVALUATED):,} evaluated, {result.count(SearchStatus.OUT_OF_MEMORY):,} out of memory, "
                   f"{result.count(SearchStatus.INVALID):,} invalid", highlight=False)

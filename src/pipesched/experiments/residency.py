@@ -49,19 +49,20 @@ class ResidencyRow:
         return dataclasses.asdict(self)
 
 
-def parse_fractions(text: str) -> tuple[float, ...]:
-    """``"0.25,0.5,1"`` -> the residencies, each in (0, 1], in increasing order."""
+def parse_fractions(text: str, *, field: str = "fractions") -> tuple[float, ...]:
+    """``"0.25,0.5,1"`` -> the residencies, each in (0, 1], in increasing order (an error
+    names ``field``, the option that gave them)."""
     values = []
     for part in (piece.strip() for piece in text.split(",")):
         try:
             values.append(float(part))
         except ValueError:
-            raise PipeschedError(f"fractions={text[:40]!r}: give shares in (0, 1] separated by commas, "
+            raise PipeschedError(f"{field}={text[:40]!r}: give shares in (0, 1] separated by commas, "
                                  "e.g. 0.25,0.5,1") from None
-    require(1 <= len(values) <= MAX_RESIDENCIES, "fractions", text[:40],
+    require(1 <= len(values) <= MAX_RESIDENCIES, field, text[:40],
             f"give 1 to {MAX_RESIDENCIES} shares in (0, 1]")
     for value in values:
-        require(0.0 < value <= 1.0, "fractions", value, "give shares of the layers kept on the GPU in (0, 1]")
+        require(0.0 < value <= 1.0, field, value, "give shares of the layers kept on the GPU in (0, 1]")
     return tuple(sorted({check_resident(value) for value in values}))
 
 

@@ -80,10 +80,19 @@ SSD; the constants its cost model is fitted with, FLEXGEN-COST below). FLEXGEN-C
 ``CostModelConfig`` of FlexLLMGen's ``experimental/cost_model.py`` ("default value aligned
 on google cloud T4"): host -> GPU 12.89 GB/s; GPU -> host 0.97 GB/s for KV-cache stores and
 4.82 GB/s for hidden states (the preset takes the cache store's 0.97: the KV cache is most
-of what a block schedule writes back); disk -> host 0.473 GB/s, host -> disk 0.746 GB/s
-(cache) and 2.015 GB/s (hidden; the preset takes 0.746); prefill matmuls 21.24 TFLOP/s (the
-T4 throttles at its 70 W: 0.33 of its peak, the preset's matmul efficiency); the host's
-attention over a cache in host memory 0.0123 TFLOP/s (``host_attention_flops``).
+of what a block schedule writes back); prefill matmuls 21.24 TFLOP/s (the T4 throttles at its
+70 W: 0.33 of its peak, the preset's matmul efficiency); the host's attention over a cache in
+host memory 0.0123 TFLOP/s (``host_attention_flops``). The disk is not the cost model's
+(disk -> host 0.473 GB/s, host -> disk 0.746 GB/s): FlexGen's disk is four 375 GB local NVMe
+SSDs striped into one 1.5 TB volume (FlexLLMGen's ``scripts/mount_nvme_gcp.sh``), and
+GCP-LOCAL-SSD gives that volume 2.65 GB/s read and 1.40 GB/s write. (The cost model's own
+formulas at its 0.473 GB/s give FlexGen's published OPT-175B policy, whose KV cache is all on
+disk, 0.15 tokens/s, a fifth of the 0.69 that FlexGen measured with it.)
+GCP-LOCAL-SSD: Google Cloud's Compute Engine documentation, "Configure disks to meet
+performance requirements", Local SSD (NVMe): 1.77 MB/s read and 0.94 MB/s write per GB of
+local SSD, at most 2,650 and 1,400 MB/s per instance, reached on N1 machines of 32 or more
+vCPUs (208 GB of DRAM is an n1-highmem-32's, 32 vCPUs: taken to be FlexGen's machine type,
+which its paper does not name).
 
 ``cpu`` is a nominal multi-core server CPU (AVX-512 FMA, DDR5): rough numbers that only make
 CPU runs of the ``tiny`` and ``small`` models comparable in order of magnitude, with the
@@ -116,9 +125,10 @@ COMM_SMS = 20  # SMs the communication kernels take beside compute (DeepSeek-V3,
 GPU_FRAGMENTATION = 1.1  # FRAGMENTATION: allocator bytes per activation byte
 HOST_LINK_EFFICIENCY = 0.85  # PCIE: achievable fraction of a host link's signalling rate (assumed)
 PCIE_GEN4_X16 = 31.5 * GB  # PCIE: bytes/s per direction
-# FLEXGEN-COST: the T4 host's links and its attention FLOP/s, as FlexGen fitted them
+# FLEXGEN-COST: the T4 host's link and its attention FLOP/s, as FlexGen fitted them
 T4_HOST_READ, T4_HOST_WRITE = 12.89 * GB, 0.97 * GB
-T4_DISK_READ, T4_DISK_WRITE = 0.473 * GB, 0.746 * GB
+# GCP-LOCAL-SSD: the 1.5 TB local NVMe volume FlexGen offloads to, read and write
+T4_DISK_READ, T4_DISK_WRITE = 2.65 * GB, 1.40 * GB
 T4_HOST_ATTENTION_FLOPS = 0.0123e12
 PCIE_GEN5_X16 = 63.0 * GB
 NVLINK_C2C = 450 * GB  # NVLINK-C2C: bytes/s per direction

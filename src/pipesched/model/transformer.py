@@ -108,6 +108,7 @@ ELEMENTWISE = "elementwise"
 # elementwise op on the way to a weight with no input gradient (the embedding lookup): W
 # moves twice the forward bytes (the scatter-add into the embedding gradient)
 WEIGHT_ELEMENTWISE = "weight elementwise"
+QKV_KERNEL = "qkv"  # the fused query, key and value projection of an attention block
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,7 @@ def _attention(model: ModelSpec, x: _Shape) -> tuple[_Part, _Core]:
     norm_params = h * (2 if model.bias else 1)
     kernels = [
         _elementwise("norm 1", 2 * hidden_bytes),
-        _matmul("qkv", tokens, x.q_width + 2 * x.kv_width, h, e),
+        _matmul(QKV_KERNEL, tokens, x.q_width + 2 * x.kv_width, h, e),
         *_core_kernels(model, x, core, x.head_dim, x.head_dim),
         _matmul("projection", tokens, h, x.q_width, e),
     ]

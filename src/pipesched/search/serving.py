@@ -9,6 +9,8 @@ Axes, each a tuple of the values to try (empty: every value that fits):
   no pipeline);
 - with ``disaggregated``, also every split into prefill and decode instances (DistServe,
   Splitwise), each side a deployment of the same kind, both together within the devices;
+- the residency: each stage's share of its layers kept on the GPU (``resident``, the rest
+  streamed in from ``resident_from`` every iteration, ``ServeConfig.resident``);
 - the scheduler, its sequence cap ``max_batch``, and its token cap: ``chunk`` for
   Sarathi-Serve, ``max_tokens`` for the others.
 
@@ -57,6 +59,7 @@ from pipesched.limits import (
     check_name,
 )
 from pipesched.model import load_cluster
+from pipesched.model.inference import check_resident
 from pipesched.search.store import EVALUATED, INVALID, OUT_OF_MEMORY, SearchStore, store_schema
 from pipesched.search.sweep import Progress
 from pipesched.serving.config import (
@@ -98,7 +101,7 @@ class ServingSpace:
     workload: ServingWorkload = field(default_factory=ServingWorkload)
     targets: Targets = field(default_factory=Targets)
     latency_model: str | None = None
-    resident: float = DEFAULTS.resident  # every point's share of each stage's layers on the GPU
+    resident: tuple[float, ...] = (DEFAULTS.resident,)  # shares of each stage's layers on the GPU to try
     resident_from: str = DEFAULTS.resident_from  # where the rest live: host or disk
 
     def __post_init__(self) -> None:
@@ -113,7 +116,9 @@ class ServingSpace:
         names = tuple(dict.fromkeys(vocabulary_word(SchedulerName, "scheduler", name) for name in self.schedulers))
         require(bool(names), "scheduler", "''", f"give at least one of {', '.join(SchedulerName)}")
         object.__setattr__(self, "schedulers", names)
-        for name in ("max_batch", "max_tokens", "chunks"):
+        residencies = (self.resident,) if isinstance(self.resident, int | float) else tuple(self.resident)
+        object.__setattr__(self, "resident", tuple(sorted({check_resident(value) for value in residencies})))
+        for name in ("max_batch", "max_tokens", "chunks", "resident"):
             require(bool(getattr(self, name)), name, "''", "give at least one value")
         for name, kind in (("workload", ServingWorkload), ("targets", Targets)):
             value = getattr(self, name)
@@ -121,7 +126,7 @@ class ServingSpace:
         vocabulary_word(Preemption, "preemption", self.preemption)
         vocabulary_word(Routing, "routing", self.routing)
         KVSettings(self.block_size, self.kv_fraction)
-        ServeConfig(resident=self.resident, stream_from=stream_source(self.resident_from))
+        stream_source(self.resident_from)
 
     def spec(self) -> dict:
         """The space as plain data: what the store keys a search by."""
@@ -170,22 +175,24 @@ class ServingSpace:
                 for tokens in (self.chunks if name == SchedulerName.SARATHI else self.max_tokens)]
 
     def points(self) -> list[ServingPoint]:
-        """Every point of the space, in a fixed order: layout, then scheduler and caps."""
+        """Every point of the space, in a fixed order: layout, residency, then scheduler and
+        caps."""
         layouts, schedulers = self.layouts(), self.schedulers_of_space()
-        size = len(layouts) * len(schedulers)
+        size = len(layouts) * len(self.resident) * len(schedulers)
         require(size <= MAX_SEARCH_POINTS, "space", f"{size:,} points",
                 f"at most {MAX_SEARCH_POINTS:,} in one search; narrow it with --tensor-parallel, --pipeline, "
-                "--replicas or --scheduler")
+                "--replicas, --resident or --scheduler")
         template = ServingPoint(model=self.model, cluster=self.cluster, workload=self.workload, targets=self.targets,
                                 latency_model=self.latency_model)
         kv, routing = KVSettings(self.block_size, self.kv_fraction), Routing(self.routing)
-        residency = {"resident": self.resident, "stream_from": stream_source(self.resident_from)}
+        stream_from = stream_source(self.resident_from)
         points = []
         for layout in layouts:
             colocated = layout if isinstance(layout, Instances) else Instances()
             split = layout if isinstance(layout, Disaggregation) else None
             points += [template.replace(config=ServeConfig(colocated, scheduler, kv, routing, self.cpu_overhead,
-                                                           split, **residency)) for scheduler in schedulers]
+                                                           split, resident=resident, stream_from=stream_from))
+                       for resident in self.resident for scheduler in schedulers]
         return points
 
 
@@ -209,6 +216,7 @@ class ServingRow:
     max_batch: int
     max_tokens: int
     chunk: int
+    resident: float  # share of each stage's layers kept on the GPU
     devices: int
     status: str  # evaluated, out of memory or invalid
     max_qps: float | None = None
@@ -228,7 +236,8 @@ class ServingRow:
         'tp4 pp2 x1 sarathi b256 chunk512'
         """
         caps = f"chunk{self.chunk}" if self.scheduler == SchedulerName.SARATHI else f"tokens{self.max_tokens}"
-        return f"{self.layout} {self.scheduler} b{self.max_batch} {caps}"
+        residency = "" if self.resident == DEFAULTS.resident else f" resident{self.resident:g}"
+        return f"{self.layout}{residency} {self.scheduler} b{self.max_batch} {caps}"
 
 
 def serving_row(point: ServingPoint, record: CapacityRecord, *, run: int = 0) -> ServingRow:
@@ -239,17 +248,17 @@ def serving_row(point: ServingPoint, record: CapacityRecord, *, run: int = 0) ->
     scheduler = config.scheduler
     return ServingRow(serving_key(point), layout_label(config), served.count, served.tp, served.pp, prefill,
                       str(scheduler.name), scheduler.max_batch, scheduler.max_tokens, scheduler.chunk,
-                      record.devices, str(record.status), record.max_qps, record.qps_per_gpu, record.slo_attainment,
+                      config.resident, record.devices, str(record.status), record.max_qps, record.qps_per_gpu, record.slo_attainment,
                       record.ttft_p99_s, record.tpot_p99_s, record.probes, record.reason, run)
 
 
 FORMAT = "pipesched-serve-search"
-VERSION = 1
+VERSION = 2  # 2: the residency column
 _POINTS_TABLE = """CREATE TABLE points (
     search INTEGER NOT NULL REFERENCES searches(id),
     key TEXT NOT NULL, layout TEXT NOT NULL, replicas INTEGER NOT NULL, tp INTEGER NOT NULL, pp INTEGER NOT NULL,
     prefill TEXT NOT NULL, scheduler TEXT NOT NULL, max_batch INTEGER NOT NULL, max_tokens INTEGER NOT NULL,
-    chunk INTEGER NOT NULL, devices INTEGER NOT NULL, status TEXT NOT NULL, max_qps REAL, qps_per_gpu REAL,
+    chunk INTEGER NOT NULL, resident REAL NOT NULL, devices INTEGER NOT NULL, status TEXT NOT NULL, max_qps REAL, qps_per_gpu REAL,
     slo_attainment REAL, ttft_p99_s REAL, tpot_p99_s REAL, probes INTEGER NOT NULL, reason TEXT NOT NULL,
     run INTEGER NOT NULL,
     PRIMARY KEY (search, key)
@@ -375,9 +384,8 @@ def capacity_command_line(space: dict, row: ServingRow) -> str:
               f"--requests {workload.requests} --arrival {workload.arrival} --prompt-tokens {workload.prompt_tokens} "
               f"--output-tokens {workload.output_tokens} --seed {workload.seed}")
     targets = Targets(**space["targets"]) if isinstance(space["targets"], dict) else space["targets"]
-    resident = space.get("resident", DEFAULTS.resident)
-    if resident != DEFAULTS.resident:
-        source += f" --resident {resident:g} --resident-from {space.get('resident_from', DEFAULTS.resident_from)}"
+    if row.resident != DEFAULTS.resident:
+        source += f" --resident {row.resident:g} --resident-from {space['resident_from']}"
     return (f"pipesched serve capacity --model {shlex.quote(space['model'])} --cluster {shlex.quote(space['cluster'])} "
             f"{layout} --scheduler {row.scheduler} --max-batch {row.max_batch} {caps} {source} "
             f"--slo-ttft {targets.slo_ttft:g} --slo-tpot {targets.slo_tpot:g} --attainment {targets.attainment:g}")

@@ -30,8 +30,9 @@ host memory first), so that share of the cache never crosses the host link.
 
 Placement. Weights go tensor by tensor (FlexGen's ``init_weight_list``): each weight matrix
 of a unit goes whole to the tier whose share of the cumulative percentages (disk first, then
-host memory, then device memory) holds the matrix's middle; a fused QKV matrix is one
-tensor. The KV cache and the activations are split by their percentages.
+host memory, then device memory) holds the matrix's middle; the query, key and value
+projections are three tensors, as OPT's checkpoints and FlexGen hold them. The KV cache and
+the activations are split by their percentages.
 
 Memory per tier (checked against ``tiers.tier_capacity``; a placement that does not fit is
 refused): device memory holds its weights, two buffers of the largest unit's offloaded
@@ -70,7 +71,7 @@ from pipesched.model.inference import (
 )
 from pipesched.model.spec import DTYPE_BYTES, EMBEDDING, LOSS, ModelSpec
 from pipesched.model.tiers import TIERS, link_seconds, links_seconds, tier_capacity
-from pipesched.model.transformer import WEIGHT_MATMUL, LayerPlan
+from pipesched.model.transformer import QKV_KERNEL, WEIGHT_MATMUL, Kernel, LayerPlan
 from pipesched.units import GB
 
 DEVICE, HOST, DISK = range(3)  # a tier's column in the share arrays (``TIERS`` order)
@@ -197,16 +198,27 @@ def _split_block(plan: LayerPlan) -> tuple[LayerPlan, LayerPlan]:
             dataclasses.replace(plan, kernels=plan.kernels[cut:]))
 
 
-def _tensors(plan: LayerPlan, params: float, elem: int) -> tuple[float, ...]:
-    """Bytes of ``plan``'s weight tensors: its weight matrices, then the rest of ``params``
-    (biases, norms, embeddings) as one."""
-    matrices = [elem * k.groups * k.k * k.n for k in plan.kernels if k.backward == WEIGHT_MATMUL and k.groups > 0]
+def _matrix_columns(kernel: Kernel, kv_width: float) -> tuple[float, ...]:
+    """The output columns of each weight tensor a weight matmul multiplies by: one, or the
+    fused QKV projection's three, its query, key and value matrices (``kv_width`` columns
+    each of the key's and the value's), as OPT's checkpoints and FlexGen's ``SelfAttention``
+    hold them (``w_q``, ``w_k``, ``w_v``, each placed on its own)."""
+    if kernel.name == QKV_KERNEL and 0 < 2 * kv_width < kernel.n:
+        return (kernel.n - 2 * kv_width, kv_width, kv_width)
+    return (kernel.n,)
+
+
+def _tensors(plan: LayerPlan, params: float, elem: int, kv_width: float) -> tuple[float, ...]:
+    """Bytes of ``plan``'s weight tensors: its weight matrices (``_matrix_columns``), then the
+    rest of ``params`` (biases, norms, embeddings) as one."""
+    matrices = [elem * k.groups * k.k * columns for k in plan.kernels if k.backward == WEIGHT_MATMUL and k.groups > 0
+                for columns in _matrix_columns(k, kv_width)]
     rest = max(elem * params - sum(matrices), 0.0)
     return tuple(matrices) + ((rest,) if rest > 0 else ())
 
 
 def _unit_row(kind: str, unit: LayerPlan, params: float, out_bytes: float, device: DeviceSpec, attention,
-              task: OfflineTask, gpu_batch: int, dtype: str) -> tuple:
+              task: OfflineTask, gpu_batch: int, dtype: str, kv_width: float) -> tuple:
     """One unit's entries of ``Units``: its tensors, its prefill and decode times, its
     attention terms and its bytes per token."""
     s, elem = task.prompt_len, DTYPE_BYTES[dtype]
@@ -216,9 +228,9 @@ def _unit_row(kind: str, unit: LayerPlan, params: float, out_bytes: float, devic
     prefill = float(layer_forward_s(unit, device, (), prefill_tokens, dtype=dtype)[0])
     decode = float(layer_forward_s(unit, device, (), decode_tokens, dtype=dtype)[0])
     if kind != ATTENTION_UNIT:
-        return (kind, _tensors(unit, params, elem), prefill, decode, 0.0, 0.0, 0.0, out_bytes)
+        return (kind, _tensors(unit, params, elem, kv_width), prefill, decode, 0.0, 0.0, 0.0, out_bytes)
     model_flops = 4.0 * unit.attention[0] * unit.attention[2] if unit.attention else 0.0
-    return (kind, _tensors(unit, params, elem), prefill + attention.prefill_s * gpu_batch * s * s
+    return (kind, _tensors(unit, params, elem, kv_width), prefill + attention.prefill_s * gpu_batch * s * s
             + device.kernel_overhead_s, decode + attention.request_s * gpu_batch + device.kernel_overhead_s,
             attention.kv_token_s, model_flops, attention.kv_bytes, out_bytes)
 
@@ -236,6 +248,8 @@ def offline_units(model: ModelSpec, device: DeviceSpec, task: OfflineTask, gpu_b
     rows: list[tuple] = []
     timed: dict = {}
     hidden = float(model.hidden_size * elem)
+    # columns of the key (and of the value) projection; latent attention has no fused QKV
+    kv_width = 0.0 if model.is_mla else float(model.num_kv_heads * model.kv_channels)
     for plan in plans:
         if plan.kind == EMBEDDING:
             parts = [(EMBEDDING, plan, plan.params, hidden)]
@@ -248,7 +262,8 @@ def offline_units(model: ModelSpec, device: DeviceSpec, task: OfflineTask, gpu_b
         for kind, unit, params, out_bytes in parts:
             key = (kind, unit.kernels, params)  # every block alike: timed once
             if key not in timed:
-                timed[key] = _unit_row(kind, unit, params, out_bytes, device, attention, task, gpu_batch, dtype)
+                timed[key] = _unit_row(kind, unit, params, out_bytes, device, attention, task, gpu_batch, dtype,
+                                       kv_width)
             rows.append(timed[key])
     kind, tensors, prefill, decode, kv_read, attn_flops, kv_bytes, hidden_out = zip(*rows, strict=True)
     largest = max(workspace_bytes_per_token(plan, elem) for plan in plans[:-1])
