@@ -12,6 +12,7 @@ import pytest
 
 from pipesched.errors import PipeschedError
 from pipesched.model import TrainingSettings, load_cluster, load_model
+from pipesched.model.clusters import parse_cluster
 from pipesched.model.devices import load_device
 from pipesched.model.groups import expert_group_levels
 from pipesched.model.kernel_tables import (
@@ -106,8 +107,26 @@ def test_a_bad_table_is_refused_with_the_field():
         load_gemm_table("no-such-table")
     with pytest.raises(PipeschedError, match=r"row 1\.tflops"):
         parse_gemm_table("table,groups,m,n,k,tflops\nnormal,1,64,64,64,-3\n", source="t")
+    with pytest.raises(PipeschedError, match=r"h800\.fp8_gemm_table"):
+        dataclasses.replace(load_device("h800"), fp8_gemm_table="deepgemm_h900")
+
+
+def test_a_cluster_file_names_or_clears_the_table():
+    text = """name: one
+nodes:
+  - count: 1
+    devices:
+      - {preset: h800}
+      - {preset: h800, fp8_gemm_table: ""}
+      - {name: hopper-like, peak_flops: 989 TFLOP/s, fp8_peak_flops: 1979 TFLOP/s, memory: 80 GiB,
+         memory_bandwidth: 3.35 TB/s, fp8_gemm_table: deepgemm_h800}
+intra_node: {bandwidth: 450 GB/s, latency: 3 us}
+inter_node: {bandwidth: 400 Gb/s, latency: 5 us}
+"""
+    devices = parse_cluster(text, source="one").devices
+    assert [d.fp8_gemm_table for d in devices] == [TABLE, "", TABLE]
     with pytest.raises(PipeschedError, match=r"fp8_gemm_table"):
-        dataclasses.replace(load_device("a100-80gb"), fp8_gemm_table=TABLE)
+        parse_cluster(text.replace('fp8_gemm_table: ""', "fp8_gemm_table: 3"), source="one")
 
 
 def test_the_dualpipe_pair_lies_between_its_longer_part_and_the_two_back_to_back():

@@ -14,6 +14,7 @@ from pipesched.limits import (
     check_name,
     check_rate,
 )
+from pipesched.model.kernel_tables import kernel_tables
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,8 @@ class DeviceSpec:
                            "host_attention_flops"):
             check_rate(f"{self.name}.{field_name}", getattr(self, field_name), zero=True)
         check_rate(f"{self.name}.fp8_peak_flops", self.fp8_peak_flops, unit="FLOP/s", zero=True)
-        require(isinstance(self.fp8_gemm_table, str) and (not self.fp8_gemm_table or self.fp8_peak_flops > 0),
-                f"{self.name}.fp8_gemm_table", self.fp8_gemm_table,
-                "give a kernel table's name only to a device with fp8_peak_flops")
+        require(self.fp8_gemm_table == "" or self.fp8_gemm_table in kernel_tables(), f"{self.name}.fp8_gemm_table",
+                self.fp8_gemm_table, f"give a built-in kernel table ({', '.join(kernel_tables())}) or \"\" for none")
         require(math.isfinite(self.disk_bytes) and self.disk_bytes >= 0,
                 f"{self.name}.disk_bytes", self.disk_bytes, "must be a finite number >= 0 (0: none)")
         require(isinstance(self.comm_sm_fraction, int | float) and 0 <= self.comm_sm_fraction < 1,

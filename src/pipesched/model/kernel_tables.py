@@ -52,6 +52,7 @@ class GemmRate:
     tflops: float  # achieved TFLOP/s
 
 
+@functools.cache
 def kernel_tables() -> tuple[str, ...]:
     """Names of the built-in kernel tables."""
     folder = resources.files("pipesched") / "data" / "kernels"
