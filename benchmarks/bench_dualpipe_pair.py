@@ -8,9 +8,10 @@ figures come from the trace: the pair's span, the compute and communication stre
 time, and the share of the communication that runs beside compute.
 
 The predicted side is the phase model (``pipesched.model.phases``): the deepseek-v3 preset's
-MoE blocks (layers 3-6) costed at micro-batch 1 x 4096 tokens, FP8 GEMMs, TP1, EP64 on the
-``8x8-h800`` cluster preset (NVLink cut to 400 GB/s both ways, one 400 Gb/s InfiniBand NIC
-per GPU), every layer's dispatch and combine all-to-all over those links as DeepEP sends them
+MoE blocks (layers 3-6) costed at micro-batch 1 x 4096 tokens, FP8 GEMMs (at DeepGEMM's
+published H800 rates by shape, the h800 preset's kernel table: nothing is taken from the
+trace's kernels), TP1, EP64 on the ``8x8-h800`` cluster preset (NVLink cut to 400 GB/s both
+ways, one 400 Gb/s InfiniBand NIC per GPU), every layer's dispatch and combine all-to-all over those links as DeepEP sends them
 (``moe_dispatcher="deepep"``: each token across nodes once per destination node, DeepSeek-V3's
 routing to at most 4 nodes, what the trace's kernels run); the forward
 chunk beside the backward chunk on a compute and a communication stream, the communication

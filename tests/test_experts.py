@@ -179,10 +179,15 @@ def test_fp8_runs_the_linear_layers_at_the_fp8_rate():
     times = {dtype: {k.name: k for k in layer_ops(model, device, dataclasses.replace(settings, dtype=dtype))[1].kernels}
              for dtype in ("bf16", "fp8")}
     bf16, fp8 = times["bf16"], times["fp8"]
-    # a compute-bound linear layer: at most the bf16 time over the peak ratio, plus its fixed cost
+    # a compute-bound linear layer: faster than in bf16, but at the FP8 kernels' published
+    # rate (the device's kernel table), short of the peak ratio's speed-up
     ratio = device.fp8_peak_flops / device.peak_flops
-    assert fp8["qkv"].forward_s < bf16["qkv"].forward_s / ratio * 1.1
+    assert bf16["qkv"].forward_s / ratio < fp8["qkv"].forward_s < bf16["qkv"].forward_s
     assert fp8["qkv"].backward_weight_s < bf16["qkv"].backward_weight_s
+    # without a kernel table: at most the bf16 time over the peak ratio, plus its fixed cost
+    plain = dataclasses.replace(device, fp8_gemm_table="")
+    untabled = {k.name: k for k in layer_ops(model, plain, dataclasses.replace(settings, dtype="fp8"))[1].kernels}
+    assert untabled["qkv"].forward_s < bf16["qkv"].forward_s / ratio * 1.1
     # the router and the attention core stay in bf16
     for name in ("router", "flash attention"):
         assert (fp8[name].forward_s, fp8[name].backward_input_s) == (bf16[name].forward_s, bf16[name].backward_input_s)

@@ -101,7 +101,7 @@ _TIME_KEYS = {"kernel_overhead": "kernel_overhead_s", "op_overhead": "op_overhea
 # the memory tiers below the device: rates (YAML key -> DeviceSpec field), and the disk's bytes
 _TIER_RATE_KEYS = {"host_write_bandwidth": "host_write_bandwidth", "disk_read_bandwidth": "disk_read_bandwidth",
                    "disk_write_bandwidth": "disk_write_bandwidth"}
-_DEVICE_KEYS = {"preset", "name", "peak_flops", "fp8_peak_flops", "memory", "memory_bandwidth", "sm_count",
+_DEVICE_KEYS = {"preset", "name", "peak_flops", "fp8_peak_flops", "fp8_gemm_table", "memory", "memory_bandwidth", "sm_count",
                 "host_bandwidth", "host_memory", "disk_space", "host_attention_flops", *_TIER_RATE_KEYS, *_NUMBER_KEYS,
                 *_TIME_KEYS}
 
@@ -232,6 +232,10 @@ def _device(entry: object, where: str) -> DeviceSpec:
         changes["peak_flops"] = parse_quantity(entry["peak_flops"], "flops", f"{where}.peak_flops")
     if "fp8_peak_flops" in entry:
         changes["fp8_peak_flops"] = parse_quantity(entry["fp8_peak_flops"], "flops", f"{where}.fp8_peak_flops")
+    if "fp8_gemm_table" in entry:  # a built-in kernel table's name, or "" for the FP8 peak x matmul_efficiency
+        require(isinstance(entry["fp8_gemm_table"], str), f"{where}.fp8_gemm_table", entry["fp8_gemm_table"],
+                "give a kernel table's name, or \"\" for none")
+        changes["fp8_gemm_table"] = entry["fp8_gemm_table"]
     if "memory" in entry:
         changes["memory_bytes"] = parse_quantity(entry["memory"], "bytes", f"{where}.memory")
     if "memory_bandwidth" in entry:

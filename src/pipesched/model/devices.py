@@ -68,6 +68,12 @@ Host link and host memory (what activation offload moves over and fills:
   host buffers share it with the data loader and the operating system: set
   ``host_memory`` in a cluster file for the share a job really has.
 
+- DEEPGEMM: FP8 matmuls (training's ``--dtype fp8``) on the Hopper presets run at DeepGEMM's
+  own H800 figures by shape (``pipesched/data/kernels/deepgemm_h800.csv``: the README tables
+  of its first release, normal and grouped GEMMs, and its weight-gradient kernels' tables),
+  the kernels DeepSeek-V3 trains with: 1058-1358 TFLOP/s forward at 4096 rows (0.53-0.69 of
+  the FP8 peak, against the 16-bit matmuls' 0.80), 920-1092 for weight gradients.
+
 Compute beside communication (``comm_sm_fraction``): DeepSeek-V3's report (section 3.2.2)
 gives its all-to-all kernels 20 of the H800's 132 SMs while they overlap compute, and
 DeepEP's ``Buffer`` takes 20 SMs by default; the GPU presets assume those 20 SMs on every
@@ -121,6 +127,9 @@ CUDNN_ATTENTION = ((0.565, 1.0), (0.55, 3.0))
 FLASH_ATTENTION_2_A100 = ((0.70, 1.1), (0.64, 2.2))
 GPU_OP_OVERHEAD_S = 20e-6  # assumed: first launch + event wait + schedule bookkeeping per pipeline op
 GPU_TRANSFER_SETUP_S = 10e-6  # assumed: host-side cost of posting and matching one NCCL send/receive
+# DEEPGEMM: FP8 GEMMs of the 132-SM Hopper parts (H100 SXM, H200, H800, GH200: one chip, one
+# FP8 peak) at DeepGEMM's published H800 rates by shape (the table's header gives its source)
+HOPPER_FP8_GEMMS = "deepgemm_h800"
 COMM_SMS = 20  # SMs the communication kernels take beside compute (DeepSeek-V3, DeepEP)
 GPU_FRAGMENTATION = 1.1  # FRAGMENTATION: allocator bytes per activation byte
 HOST_LINK_EFFICIENCY = 0.85  # PCIE: achievable fraction of a host link's signalling rate (assumed)
@@ -141,7 +150,8 @@ HOST_COPY_LATENCY_S = 10e-6  # assumed: launching one device-host copy and waiti
 def _gpu(name: str, *, peak_flops: float, memory_bytes: float, memory_bandwidth: float, matmul_efficiency: float,
          sm_count: int, attention: tuple[tuple[float, float], tuple[float, float]],
          host_link: float, host_memory_bytes: float,
-         tiles: tuple[tuple[int, int], ...] = NVIDIA_TILES, fp8_peak_flops: float = 0.0) -> DeviceSpec:
+         tiles: tuple[tuple[int, int], ...] = NVIDIA_TILES, fp8_peak_flops: float = 0.0,
+         fp8_gemm_table: str = "") -> DeviceSpec:
     (forward, forward_overhead), (backward, backward_overhead) = attention
     return DeviceSpec(
         name, peak_flops=peak_flops, memory_bytes=memory_bytes, memory_bandwidth=memory_bandwidth,
@@ -151,7 +161,8 @@ def _gpu(name: str, *, peak_flops: float, memory_bytes: float, memory_bandwidth:
         flash_backward_tile_overhead=backward_overhead, grad_accumulation_traffic=3.0,
         op_overhead_s=GPU_OP_OVERHEAD_S, transfer_setup_s=GPU_TRANSFER_SETUP_S,
         memory_fragmentation=GPU_FRAGMENTATION, host_bandwidth=HOST_LINK_EFFICIENCY * host_link,
-        host_memory_bytes=host_memory_bytes, fp8_peak_flops=fp8_peak_flops, comm_sm_fraction=COMM_SMS / sm_count,
+        host_memory_bytes=host_memory_bytes, fp8_peak_flops=fp8_peak_flops, fp8_gemm_table=fp8_gemm_table,
+        comm_sm_fraction=COMM_SMS / sm_count,
     )
 
 
@@ -168,23 +179,23 @@ DEVICES: MappingProxyType[str, DeviceSpec] = MappingProxyType({
              host_link=PCIE_GEN4_X16, host_memory_bytes=1e12 / 8),
         # 132 SMs; MAMF 80.3% (GEMM-SWEEP: 8192^3 at 798 = 0.81 x peak x its 0.97 tile
         # efficiency); cuDNN fused attention (FA3-PAPER)
-        _gpu("h100-sxm", peak_flops=989e12, fp8_peak_flops=1979e12, memory_bytes=80 * GiB, memory_bandwidth=3.35e12,
+        _gpu("h100-sxm", peak_flops=989e12, fp8_peak_flops=1979e12, fp8_gemm_table=HOPPER_FP8_GEMMS, memory_bytes=80 * GiB, memory_bandwidth=3.35e12,
              matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
              host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
         # the same chip as the H100 with more and faster memory (HBM3e); MAMF lists H100 and
         # H200 together (794.5 TFLOP/s); FlashAttention-3 on an H200 runs within 4% of an H100
         # (Dao-AILab/flash-attention issue 1438)
-        _gpu("h200", peak_flops=989e12, fp8_peak_flops=1979e12, memory_bytes=141 * GB, memory_bandwidth=4.8e12,
+        _gpu("h200", peak_flops=989e12, fp8_peak_flops=1979e12, fp8_gemm_table=HOPPER_FP8_GEMMS, memory_bytes=141 * GB, memory_bandwidth=4.8e12,
              matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
              host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
         # the H100 SXM's compute and memory (FP8 dense 1979 TFLOP/s, as all Hopper SXM parts)
         # with NVLink cut to 400 GB/s both directions (the links live in the cluster: 8x8-h800)
-        _gpu("h800", peak_flops=989e12, fp8_peak_flops=1979e12, memory_bytes=80 * GiB, memory_bandwidth=3.35e12,
+        _gpu("h800", peak_flops=989e12, fp8_peak_flops=1979e12, fp8_gemm_table=HOPPER_FP8_GEMMS, memory_bytes=80 * GiB, memory_bandwidth=3.35e12,
              matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
              host_link=PCIE_GEN5_X16, host_memory_bytes=2e12 / 8),
         # a Grace Hopper superchip: the H100 chip with 96 GB of HBM3 at 4 TB/s (the Grace
         # Hopper data sheet), its host memory behind NVLink-C2C (NVLINK-C2C)
-        _gpu("gh200", peak_flops=989e12, fp8_peak_flops=1979e12, memory_bytes=96 * GB, memory_bandwidth=4.0e12,
+        _gpu("gh200", peak_flops=989e12, fp8_peak_flops=1979e12, fp8_gemm_table=HOPPER_FP8_GEMMS, memory_bytes=96 * GB, memory_bandwidth=4.0e12,
              matmul_efficiency=0.80, sm_count=132, attention=CUDNN_ATTENTION,
              host_link=NVLINK_C2C, host_memory_bytes=480 * GB),
         # 148 SMs; MAMF 77.6%; FlashAttention-4 on a B200, head dim 128, causal, 8k tokens:

@@ -14,6 +14,7 @@ from pipesched.limits import (
     check_name,
     check_rate,
 )
+from pipesched.model.kernel_tables import kernel_tables
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,10 @@ class DeviceSpec:
     disk_bytes: float = 0.0  # disk the device's offloaded state may fill, bytes; 0 = none
     # --- FP8 tensor cores (training's --dtype fp8: the linear layers' matmuls at this rate)
     fp8_peak_flops: float = 0.0  # dense FP8 FLOP/s; 0 = no FP8 tensor cores
+    # the FP8 GEMM library's published rates by shape (pipesched/data/kernels/NAME.csv,
+    # pipesched.model.kernel_tables) that FP8 matmuls run at instead of matmul_efficiency
+    # and the tile model; "" = the FP8 peak at matmul_efficiency, as the 16-bit matmuls
+    fp8_gemm_table: str = ""
     # --- compute beside communication (pipesched.model.phases): the share of the compute
     # units the communication kernels take while they run beside compute, which then runs
     # on the rest (DeepSeek-V3 gives 20 of 132 SMs to its all-to-all kernels); 0 = none
@@ -112,6 +117,8 @@ class DeviceSpec:
                            "host_attention_flops"):
             check_rate(f"{self.name}.{field_name}", getattr(self, field_name), zero=True)
         check_rate(f"{self.name}.fp8_peak_flops", self.fp8_peak_flops, unit="FLOP/s", zero=True)
+        require(self.fp8_gemm_table == "" or self.fp8_gemm_table in kernel_tables(), f"{self.name}.fp8_gemm_table",
+                self.fp8_gemm_table, f"give a built-in kernel table ({', '.join(kernel_tables())}) or \"\" for none")
         require(math.isfinite(self.disk_bytes) and self.disk_bytes >= 0,
                 f"{self.name}.disk_bytes", self.disk_bytes, "must be a finite number >= 0 (0: none)")
         require(isinstance(self.comm_sm_fraction, int | float) and 0 <= self.comm_sm_fraction < 1,

@@ -47,6 +47,13 @@ Nothing of size ``s x s`` touches memory. The efficiencies are what the kernel r
 long sequences; the tile overhead is what makes short sequences slower (the FlashAttention
 papers' curves over 512 ... 16k tokens).
 
+FP8 matmuls on a device with a kernel table (``device.fp8_gemm_table``: DeepGEMM's published
+H800 rates on the Hopper presets) run at the table's rate for their shape instead of
+``matmul_efficiency`` x tile efficiency (``pipesched.model.kernel_tables``: the forward and
+input-gradient kernels by one table, the weight gradients, slower, by their own)::
+
+    compute time    = 2 m n k groups / (fp8 peak x table efficiency(m, n, k, groups))
+
 Memory-bound kernels (norms, activation functions, residual adds, dropout): ``bytes /
 (memory_bandwidth x bandwidth_efficiency) + kernel_overhead_s``.
 """
@@ -58,6 +65,7 @@ import math
 import numpy as np
 
 from pipesched.model.hardware import DeviceSpec
+from pipesched.model.kernel_tables import gemm_efficiency
 
 # rows of ``k`` one split-K slice takes at least (a few of the kernel's 32- to 64-deep main
 # loop steps, so each slice still pipelines its loads)
@@ -124,24 +132,32 @@ def memory_time(device: DeviceSpec, traffic: float) -> float:
 
 
 def matmul_time(device: DeviceSpec, m: float, n: float, k: float, *, groups: float = 1.0, traffic: float = 0.0,
-                fp32: bool = False, fp8: bool = False) -> float:
-    """Seconds of ``groups`` matmuls ``[m, k] x [k, n]`` moving ``traffic`` bytes in all.
+                fp32: bool = False, fp8: bool = False, weight_gradient: bool = False) -> float:
+    """Seconds of ``groups`` matmuls ``[m, k] x [k, n]`` moving ``traffic`` bytes in all
+    (``weight_gradient``: a weight's gradient, reduced over ``k`` tokens).
 
     ``m`` and ``traffic`` may be arrays of the same shape (one matmul per row count, every
     count >= 1: a serving iteration's table over its token counts); the time is then the
     array of their times."""
     if not isinstance(m, np.ndarray) and (m <= 0 or n <= 0 or k <= 0):
         return memory_time(device, traffic)
-    compute, memory = matmul_roofline(device, m, n, k, groups=groups, traffic=traffic, fp32=fp32, fp8=fp8)
+    compute, memory = matmul_roofline(device, m, n, k, groups=groups, traffic=traffic, fp32=fp32, fp8=fp8,
+                                      weight_gradient=weight_gradient)
     return _larger(compute, memory) + device.kernel_overhead_s
 
 
 def matmul_roofline(device: DeviceSpec, m, n: float, k: float, *, groups: float = 1.0, traffic=0.0,
-                    fp32: bool = False, fp8: bool = False):
+                    fp32: bool = False, fp8: bool = False, weight_gradient: bool = False):
     """The two sides of a matmul's roofline (``matmul_time`` is the larger plus the fixed
-    cost): seconds of its FLOPs at the quantized matmul rate, and of its bytes."""
+    cost): seconds of its FLOPs at the quantized matmul rate (an FP8 one at its kernel
+    table's rate, where the device has one), and of its bytes."""
     flops = 2.0 * groups * m * n * k
-    compute = flops / (_matmul_peak(device, fp32, fp8) * tile_efficiency(device, m, n, groups, k))
+    if fp8 and device.fp8_gemm_table:
+        efficiency = gemm_efficiency(device.fp8_gemm_table, device.fp8_peak_flops, groups=groups, m=m, n=n, k=k,
+                                     weight_gradient=weight_gradient)
+        compute = flops / (device.fp8_peak_flops * efficiency)
+    else:
+        compute = flops / (_matmul_peak(device, fp32, fp8) * tile_efficiency(device, m, n, groups, k))
     return compute, traffic / (device.memory_bandwidth * device.bandwidth_efficiency)
 
 

@@ -52,7 +52,8 @@ every collective the phase it ends. Latent attention (DeepSeek's MLA) projects q
 and keys/values through low-rank latents.
 
 FP8 training (``dtype="fp8"``): the linear layers' matmuls (forward, input and weight
-gradients) run at the device's ``fp8_peak_flops``; the router, the LM head, the attention
+gradients) run at the device's ``fp8_peak_flops`` (at its FP8 kernel table's rate by shape
+where it has one, ``pipesched.model.kernels``); the router, the LM head, the attention
 core and every elementwise kernel stay in bf16, and activations are kept in bf16 (2 bytes).
 
 Context parallelism of degree c (``context_parallel``, Megatron-Core's ``cp_comm_type``)
@@ -803,7 +804,7 @@ def kernel_times(kernel: Kernel, device: DeviceSpec, settings: TrainingSettings)
     forward = matmul(kernel.m, kernel.n, kernel.k)
     if kernel.backward != WEIGHT_MATMUL:
         return forward, matmul(kernel.m, kernel.k, kernel.n) + matmul(kernel.k, kernel.n, kernel.m), 0.0
-    weight = matmul(kernel.k, kernel.n, kernel.m)
+    weight = matmul(kernel.k, kernel.n, kernel.m, weight_gradient=True)
     accumulate = device.grad_accumulation_traffic * kernel.groups * kernel.k * kernel.n * settings.element_bytes
     if accumulate > 0:
         weight += kernels.memory_time(device, accumulate)
