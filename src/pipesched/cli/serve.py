@@ -58,7 +58,6 @@ from pipesched.cli.views import Html, Png, Svg, Trace
 from pipesched.defaults import DEFAULTS
 from pipesched.enums import SchedulerName, SearchStatus
 from pipesched.errors import PipeschedError, require
-from pipesched.experiments.residency import parse_fractions
 from pipesched.experiments.serving import (
     ServingPoint,
     Targets,
@@ -290,6 +289,8 @@ class ServeSpaceOptions(OptionGroup):
 
     def space(self, cache: CacheOptions, requests: RequestOptions, slo: SloOptions,
               attainment: float | None) -> ServingSpace:
+        # loaded here, as serve residency loads it: a serving simulation imports no experiment module
+        from pipesched.experiments.residency import parse_fractions
         from pipesched.search.serving import ServingSpace
 
         given = {"model": self.model, "cluster": self.cluster, "gpus": self.gpus,
