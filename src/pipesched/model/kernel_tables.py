@@ -120,10 +120,21 @@ def gemm_rate(name: str, *, groups: float, m, n: float, k: float, weight_gradien
     >>> gemm_rate("deepgemm_h800", groups=1, m=4096, n=7168, k=2048)
     1025.0
     """
+    others = (m, n) if weight_gradient else (n, k)
+    tokens, rates = _curve(name, float(groups), tuple(float(x) for x in others), weight_gradient)
+    axis = k if weight_gradient else m
+    rate = np.interp(np.log2(np.maximum(axis, 1.0)), tokens, rates)
+    return rate if isinstance(axis, np.ndarray) else float(rate)
+
+
+@functools.lru_cache(maxsize=4096)
+def _curve(name: str, groups: float, others: tuple[float, float],
+           weight_gradient: bool) -> tuple[np.ndarray, tuple[float, ...]]:
+    """The tabled curve a GEMM of ``groups`` and ``others`` reads (module docstring): log2 of
+    its token counts and their TFLOP/s, found once per shape (every layer of a sweep asks)."""
     kinds = tables_of(grouped=groups > 1, weight_gradient=weight_gradient)
     rows = [row for row in load_gemm_table(name) if row.table in kinds]
     require(bool(rows), "fp8_gemm_table", name, f"give the table rows of {' or '.join(kinds)} GEMMs")
-    others = (m, n) if weight_gradient else (n, k)
 
     def distance(row: GemmRate) -> float:
         _, row_others = _axes(row, weight_gradient)
@@ -139,10 +150,7 @@ def gemm_rate(name: str, *, groups: float, m, n: float, k: float, weight_gradien
             if held is None or abs(math.log2(row.groups / groups)) < abs(math.log2(held.groups / groups)):
                 points[tokens_of_row] = row
     curve = sorted(points.items())
-    tokens, rates = np.log2([point for point, _ in curve]), [row.tflops for _, row in curve]
-    axis = k if weight_gradient else m
-    rate = np.interp(np.log2(np.maximum(axis, 1.0)), tokens, rates)
-    return rate if isinstance(axis, np.ndarray) else float(rate)
+    return np.log2([point for point, _ in curve]), tuple(row.tflops for _, row in curve)
 
 
 def gemm_efficiency(name: str, peak_flops: float, *, groups: float, m, n: float, k: float,
